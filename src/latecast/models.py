@@ -1,7 +1,7 @@
 """Reference models, chosen by name from ``MODELS``.
 
 ``mlp`` and ``cnn`` are for 28x28 grayscale (any size and channel count works: the input
-shape is a constructor argument); ``resnet`` is a small residual net for 32x32 colour.
+shape is a constructor argument); ``resnet9`` is a small residual net for 32x32 colour.
 """
 from __future__ import annotations
 
@@ -36,7 +36,43 @@ def cnn(in_shape: tuple[int, int, int], num_classes: int, width: int = 32) -> nn
         nn.Linear(2 * width, num_classes))
 
 
-MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "cnn": cnn}
+class _Residual(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(_conv_bn(width, width), _conv_bn(width, width))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.body(x)
+
+
+def resnet9(in_shape: tuple[int, int, int], num_classes: int,
+            widths: tuple[int, int, int, int] = (64, 128, 256, 512)) -> nn.Module:
+    """The ResNet-9 of the DAWNBench CIFAR-10 entries (Page, 2018): 94% in about 24 epochs.
+
+    prep conv, then three stages of conv-bn-relu + 2x2 pool, residual pairs after the first
+    and the last; global max pool and a linear head scaled by 1/8 (it trains faster).
+    """
+    c = in_shape[0]
+    w0, w1, w2, w3 = widths
+    return nn.Sequential(
+        _conv_bn(c, w0),
+        _conv_bn(w0, w1), nn.MaxPool2d(2), _Residual(w1),   # (N, w1, H/2, W/2)
+        _conv_bn(w1, w2), nn.MaxPool2d(2),                 # (N, w2, H/4, W/4)
+        _conv_bn(w2, w3), nn.MaxPool2d(2), _Residual(w3),   # (N, w3, H/8, W/8)
+        nn.AdaptiveMaxPool2d(1), nn.Flatten(),
+        nn.Linear(w3, num_classes, bias=False), _Scale(0.125))
+
+
+class _Scale(nn.Module):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.factor
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "cnn": cnn, "resnet9": resnet9}
 
 
 def build_model(name: str, in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
