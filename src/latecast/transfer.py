@@ -231,7 +231,7 @@ class Resident(Strategy):
                     f"{free / 2**20:.0f} MiB of {total / 2**20:.0f} MiB free; "
                     f"use --transfer prefetch")
         self.images = torch.from_numpy(np.array(ds.images)).to(self.device)  # (N, H, W, C)
-        raw = torch.from_numpy(np.ascontiguousarray(ds.labels).view(np.uint8)).to(self.device)
+        raw = torch.from_numpy(np.array(ds.labels).view(np.uint8)).to(self.device)  # copy: may be a read-only memmap
         self.labels = _widen(raw, ds.labels.itemsize)  # narrow upload, widened on the device
         self.stats.image_bytes += ds.image_bytes
         self.stats.label_bytes += ds.label_bytes

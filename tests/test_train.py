@@ -1,0 +1,126 @@
+"""Training learns, the CLI keeps its contract (exit codes, one-line errors, --json)."""
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import latecast
+from latecast.errors import ConfigError
+from latecast.train import TrainConfig, train
+
+BUNDLED = Path(latecast.__file__).parent / "bundled"
+NAMES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+         "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
+
+
+def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "latecast", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_short_training_run_learns(tmp_path):
+    summary = train(TrainConfig(model="mlp", epochs=1, batch_size=256, lr=0.05,
+                                device="cpu", output_dir=str(tmp_path)))
+    assert summary["test_accuracy"] > 0.93
+    assert summary["h2d_bytes"] * 3 < summary["h2d_bytes_float32"]
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[0])["epoch"] == 1
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model"] == "mlp" and saved["transfer"] == "resident"
+
+
+def test_seeded_runs_are_reproducible_on_cpu(tmp_path):
+    cfg = dict(model="mlp", epochs=1, batch_size=512, lr=0.05, device="cpu", transfer="uint8")
+    a = train(TrainConfig(**cfg, output_dir=str(tmp_path / "a")))
+    b = train(TrainConfig(**cfg, output_dir=str(tmp_path / "b")))
+    assert a["test_accuracy"] == b["test_accuracy"]
+    ma = json.loads((tmp_path / "a" / "metrics.jsonl").read_text())
+    mb = json.loads((tmp_path / "b" / "metrics.jsonl").read_text())
+    assert ma["train_loss"] == mb["train_loss"]
+
+
+@pytest.mark.parametrize("field,value", [("epochs", -1), ("batch_size", 0), ("lr", 0.0)])
+def test_bad_config_values_are_named(field, value, tmp_path):
+    with pytest.raises(ConfigError, match=field):
+        train(TrainConfig(**{field: value}, output_dir=str(tmp_path)))
+
+
+@pytest.mark.parametrize("transfer", ["float32", "uint8", "prefetch", "resident", "auto"])
+def test_cli_train_json_every_strategy(transfer, tmp_path):
+    proc = run_cli("train", "--model", "mlp", "--epochs", "1", "-b", "1024", "--lr", "0.05",
+                   "--transfer", transfer, "--device", "cpu", "--output-dir", str(tmp_path),
+                   "--json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("test_accuracy", "train_seconds", "epochs", "transfer", "device",
+                "h2d_bytes", "h2d_bytes_float32"):
+        assert key in result
+    assert 0.8 < result["test_accuracy"] <= 1 and result["device"] == "cpu"
+    assert result["transfer"] == ("resident" if transfer == "auto" else transfer)
+    assert "float32 would have moved" in proc.stdout
+
+
+def test_cli_info_json():
+    proc = run_cli("info", "--json")
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert info["train"]["samples"] == 60000 and info["test"]["samples"] == 10000
+    epoch = info["train"]["epoch_bytes"]
+    assert epoch["float32"]["per_epoch"] == 60000 * (784 * 4 + 8)
+    assert epoch["uint8"]["per_epoch"] == 60000 * (784 + 1)
+
+
+def test_cli_bad_usage_exits_2():
+    assert run_cli("train", "--epochs", "many").returncode == 2
+    assert run_cli("nonsense").returncode == 2
+
+
+def _data_root(tmp_path: Path) -> Path:
+    root = tmp_path / "mnist"
+    root.mkdir()
+    for name in NAMES:
+        (root / name).write_bytes(gzip.decompress((BUNDLED / f"{name}.gz").read_bytes()))
+    return root
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, mentions: str) -> None:
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert mentions in lines[0]
+
+
+@pytest.mark.parametrize("fault", ["missing", "truncated", "wrong-role", "html"])
+def test_bad_data_root_gives_one_line_naming_the_file(fault, tmp_path):
+    root = _data_root(tmp_path)
+    target = root / "train-labels-idx1-ubyte"
+    if fault == "missing":
+        target.unlink()
+    elif fault == "truncated":
+        target.write_bytes(target.read_bytes()[:1000])
+    elif fault == "wrong-role":
+        target.write_bytes((root / "t10k-images-idx3-ubyte").read_bytes())
+    else:
+        target.write_bytes(b"<!DOCTYPE html><html>Not found</html>")
+    proc = run_cli("train", "--data-root", str(root), "--epochs", "1", "--device", "cpu",
+                   "--output-dir", str(tmp_path / "out"))
+    _one_line_error(proc, "train-labels-idx1-ubyte")
+
+
+def test_data_root_with_good_files_trains(tmp_path):
+    root = _data_root(tmp_path)
+    proc = run_cli("train", "--data-root", str(root), "--model", "mlp", "--epochs", "1",
+                   "-b", "1024", "--device", "cpu", "--output-dir", str(tmp_path / "o"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["test_accuracy"] > 0.8
+
+
+def test_unknown_dataset_lists_valid_names(tmp_path):
+    proc = run_cli("train", "imagenet-22k", "--output-dir", str(tmp_path))
+    _one_line_error(proc, "imagenet-22k")
+    assert "mnist" in proc.stderr
