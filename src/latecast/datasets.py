@@ -222,7 +222,8 @@ def load_dataset(name: str, split: str = "train", root: str | os.PathLike | None
     """Load a known dataset as uint8 arrays, memory-mapped from the decoded cache.
 
     Args:
-        name: ``"mnist"``, ``"fashion-mnist"``, ``"kmnist"``, ``"cifar10"`` or ``"cifar100"``.
+        name: ``"mnist"``, ``"fashion-mnist"``, ``"kmnist"``, ``"cifar10"``, ``"cifar100"``,
+            or the folder of a store written by ``latecast convert`` / ``store.write_store``.
         split: ``"train"`` or ``"test"``; mean/std always come from the train split.
         root: folder with the original files (plain or ``.gz``), directly or in torchvision's
             layout (``MNIST/raw``, ``cifar-10-batches-bin``, ...). Default: ``$LATECAST_DATA``
@@ -236,8 +237,12 @@ def load_dataset(name: str, split: str = "train", root: str | os.PathLike | None
         >>> test = load_dataset("cifar10", "test", root="~/data")
     """
     spec = DATASETS.get(name)
+    if spec is None and Path(name).expanduser().is_dir():  # a store from `latecast convert`
+        from .store import open_store
+        return open_store(Path(name).expanduser(), split)
     if spec is None:
-        raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+        raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}, "
+                          "or a store folder made by `latecast convert`")
     if split not in spec.files:
         raise ConfigError(f"unknown split {split!r} for {name}; valid: {', '.join(spec.files)}")
     images, labels, meta = _cached(name, spec, split, _sources(name, spec, split, root, mirrors))
