@@ -95,9 +95,74 @@ def _run_info(args: argparse.Namespace) -> dict:
     return {"dataset": args.dataset, **info}
 
 
+# -- profile -----------------------------------------------------------------------------
+
+def _add_profile(p: argparse.ArgumentParser) -> None:
+    from .profile import ROWS, ProfileConfig
+    d = ProfileConfig()
+    p.add_argument("dataset", nargs="?", default=d.dataset, help=DATASET_HELP)
+    p.add_argument("--steps", type=int, default=d.steps, help="recorded steps per row, default %(default)s")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="profiler warm-up steps, default %(default)s")
+    p.add_argument("--transfer", default=d.transfer, help=f"all, or a comma list of {','.join(ROWS)}")
+    p.add_argument("-b", "--batch-size", type=int, default=d.batch_size, help="default %(default)s")
+    p.add_argument("--workers", type=int, default=d.workers, help="baseline DataLoader num_workers")
+    p.add_argument("--device", default=d.device, help="auto|cpu|cuda|cuda:N")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--data-root", default=d.data_root, help="folder with the dataset's files")
+    p.add_argument("--output-dir", default=d.output_dir, help="default %(default)s")
+
+
+def _need_bench_extra(command: str) -> None:
+    """profile and bench compare against torchvision and plot with matplotlib."""
+    from .errors import ConfigError
+    for module in ("torchvision", "matplotlib", "PIL"):
+        try:
+            __import__(module)
+        except ImportError:
+            raise ConfigError(f"latecast {command} needs {module}: pip install 'latecast[bench]'") from None
+
+
+def _run_profile(args: argparse.Namespace) -> dict:
+    from .profile import ProfileConfig, profile
+    _need_bench_extra("profile")
+    result = profile(_config(ProfileConfig, args))
+    print(f"wrote report.md, report.json, profile.png and {len(result['rows'])} traces to "
+          f"{args.output_dir}")
+    return result
+
+
+# -- bench -------------------------------------------------------------------------------
+
+def _add_bench(p: argparse.ArgumentParser) -> None:
+    from .bench import BenchConfig
+    d = BenchConfig()
+    p.add_argument("dataset", nargs="?", default=d.dataset, help=DATASET_HELP)
+    p.add_argument("--device", default=d.device, help="auto|cpu|cuda|cuda:N")
+    p.add_argument("--repeats", type=int, default=d.repeats, help="timed passes after a warm-up, default %(default)s")
+    p.add_argument("-b", "--batch-size", type=int, default=d.batch_size, help="loader batch, default %(default)s")
+    p.add_argument("--limit-batches", type=int, default=d.limit_batches,
+                   help="batches per timed pass and per end-to-end epoch (default: whole epochs)")
+    p.add_argument("--e2e-epochs", type=int, default=d.e2e_epochs, help="0 skips end to end, default %(default)s")
+    p.add_argument("--e2e-batch-size", type=int, default=d.e2e_batch_size, help="default %(default)s")
+    p.add_argument("--lr", type=float, default=d.lr, help="end-to-end peak learning rate, default %(default)s")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--data-root", default=d.data_root, help="folder with the dataset's files")
+    p.add_argument("--output-dir", default=d.output_dir, help="default %(default)s")
+
+
+def _run_bench(args: argparse.Namespace) -> dict:
+    from .bench import BenchConfig, bench
+    _need_bench_extra("bench")
+    result = bench(_config(BenchConfig, args))
+    print(f"wrote bench.json, bench.md and bench.png to {args.output_dir}")
+    return result
+
+
 COMMANDS = {
     "train": (_add_train, _run_train, "train a reference model (default: bundled MNIST)"),
     "info": (_add_info, _run_info, "dataset shapes and bytes per epoch per strategy"),
+    "profile": (_add_profile, _run_profile, "each transfer strategy under torch.profiler, vs the usual loop"),
+    "bench": (_add_bench, _run_bench, "loader and training throughput vs torchvision's DataLoader"),
 }
 
 

@@ -1,0 +1,353 @@
+"""Benchmarks: latecast against the plain torchvision ``DataLoader`` loop, in one run.
+
+(a) Loader throughput: images/s delivered as normalized batches ready on the device, for
+    each transfer strategy, torchvision's ``DataLoader`` + ``ToTensor()`` + ``Normalize`` at
+    0, 2 and ``os.cpu_count()`` workers, an upper bound (a uint8 batch already on the device,
+    only normalized) and a bandwidth reference (a numpy uint8 gather, nothing else).
+(b) End to end: the same model, optimizer and schedule trained through the usual loop and
+    through latecast; seconds per epoch and seconds to 99% test accuracy.
+(c) Host->device bytes per epoch per strategy, from ``transfer.epoch_bytes`` and checked
+    against what a ``Loader`` counts over one real epoch.
+
+Every timing is one warm-up pass, then ``repeats`` passes with the device synchronized
+before and after each; we report the median and the min/max. Ratios come from one run:
+absolute times on a shared machine are not comparable across runs.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import platform
+import subprocess
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import transforms
+from .datasets import Dataset, load_dataset
+from .errors import ConfigError
+from .loader import Loader, epoch_order, resolve_device
+from .models import build_model
+from .transfer import STRATEGIES, Batch, epoch_bytes, float32_bytes
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    dataset: str = "mnist"            # a known dataset name
+    device: str = "auto"              # auto | cpu | cuda | cuda:N
+    repeats: int = 3                  # timed passes per measurement, after one warm-up pass
+    batch_size: int = 256             # images per batch in the loader throughput runs
+    limit_batches: int | None = None  # batches per pass/epoch (default: whole epochs); for tests
+    e2e_epochs: int = 3               # epochs of each end-to-end run; 0 skips part (b)
+    e2e_batch_size: int = 128         # training batch (as `latecast train`)
+    lr: float = 0.1                   # peak one-cycle learning rate (as `latecast train`)
+    seed: int = 0                     # weights and order
+    data_root: str | None = None      # folder with the dataset's original files
+    output_dir: str = "runs/bench"    # bench.json, bench.md, bench.png
+
+    def validate(self) -> None:
+        bad = [f"{k}={getattr(self, k)!r}" for k, ok in (
+            ("repeats", self.repeats >= 1), ("batch_size", self.batch_size >= 1),
+            ("e2e_epochs", self.e2e_epochs >= 0), ("e2e_batch_size", self.e2e_batch_size >= 1),
+            ("limit_batches", self.limit_batches is None or self.limit_batches >= 1)) if not ok]
+        if bad:
+            raise ConfigError(f"bench settings out of range: {', '.join(bad)} (counts must be >= 1, "
+                              "e2e_epochs >= 0)")
+
+
+# ---- pieces shared with profile.py -------------------------------------------------------
+
+def sync(device: torch.device) -> None:
+    """Wait for queued device work, so a host timer measures it (no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_info(device: torch.device) -> dict:
+    """Machine, versions and git revision, saved next to every number."""
+    try:  # outside a checkout, or without git: "unknown"
+        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except OSError:
+        git = "unknown"
+    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    cpu = next((ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines()
+                if ln.startswith("model name")), platform.machine())
+    return {"device": str(device), "cpu": cpu, "cpu_count": os.cpu_count(), "git": git,
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+
+
+class PILImages(torch.utils.data.Dataset):
+    """What torchvision's ``MNIST``/``CIFAR10.__getitem__`` do: one PIL image per sample
+    through ``transform``, label as a Python int. The usual code, fed the same arrays."""
+
+    def __init__(self, ds: Dataset, transform: Callable) -> None:
+        self.images, self.labels, self.transform = ds.images, ds.labels, transform
+        self.gray = ds.image_shape[2] == 1
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        from PIL import Image
+        img = np.asarray(self.images[i])  # (H, W, C)
+        return self.transform(Image.fromarray(img[..., 0] if self.gray else img)), int(self.labels[i])
+
+
+def torchvision_loader(ds: Dataset, batch_size: int, workers: int, device: torch.device,
+                       seed: int, persistent: bool = False,
+                       pin: bool | None = None) -> torch.utils.data.DataLoader:
+    """``DataLoader(ToTensor() + Normalize(mean, std))``, shuffled, pinned by default on CUDA."""
+    from torchvision import transforms as T  # the `bench` extra
+    tf = T.Compose([T.ToTensor(), T.Normalize(ds.mean, ds.std)])
+    return torch.utils.data.DataLoader(
+        PILImages(ds, tf), batch_size=batch_size, shuffle=True, num_workers=workers,
+        generator=torch.Generator().manual_seed(seed),
+        pin_memory=device.type == "cuda" if pin is None else pin,
+        persistent_workers=persistent and workers > 0)
+
+
+def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:
+    """The usual loop's ``images.to(device), labels.to(device)``."""
+    for x, y in batches:
+        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+
+
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+
+# ---- (a) loader throughput ---------------------------------------------------------------
+
+def _rates(make_iter: Callable[[], Iterator[Batch]], n_batches: int, repeats: int,
+           device: torch.device) -> list[float]:
+    """images/s of each timed pass over ``n_batches`` batches, after a warm-up pass of at most
+    20 (enough to start workers and allocators; a full torchvision epoch costs minutes)."""
+    rates = []
+    for r in range(repeats + 1):
+        it = make_iter()  # outside the timer: e.g. DataLoader worker reset
+        sync(device)
+        t0, images = time.perf_counter(), 0
+        for x, _ in itertools.islice(it, n_batches if r else min(n_batches, 20)):
+            images += len(x)
+        sync(device)
+        if r:
+            rates.append(images / (time.perf_counter() - t0))
+    return rates
+
+
+def _upper_bound(ds: Dataset, cfg: BenchConfig, device: torch.device) -> Iterator[Batch]:
+    """A uint8 batch already on the device: the only work left is the normalize."""
+    h, w, c = ds.image_shape
+    x = torch.randint(0, 256, (cfg.batch_size, h, w, c), dtype=torch.uint8, device=device)
+    y = torch.zeros(cfg.batch_size, dtype=torch.int64, device=device)
+    while True:
+        yield transforms.normalize(x, ds.mean, ds.std), y
+
+
+def _gather(ds: Dataset, cfg: BenchConfig, epoch: int) -> Iterator[Batch]:
+    """Bandwidth reference: the same shuffled uint8 bytes gathered by numpy into one buffer."""
+    buf = np.empty((cfg.batch_size, *ds.image_shape), dtype=np.uint8)
+    lab = np.empty(cfg.batch_size, dtype=ds.labels.dtype)
+    for idx in torch.split(epoch_order(len(ds), seed=cfg.seed, epoch=epoch), cfg.batch_size):
+        n, idx_np = len(idx), idx.numpy()
+        np.take(ds.images, idx_np, axis=0, out=buf[:n])
+        np.take(ds.labels, idx_np, axis=0, out=lab[:n])
+        yield buf[:n], lab[:n]
+
+
+def loader_throughput(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict[str, list[float]]:
+    """images/s of every loader, ``repeats`` timed passes each."""
+    n = cfg.limit_batches or -(-len(ds) // cfg.batch_size)
+    out: dict[str, list[float]] = {}
+    for name in STRATEGIES:
+        loader = Loader(ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed)
+        out[name] = _rates(lambda: iter(loader), n, cfg.repeats, device)
+    cores = os.cpu_count() or 1
+    for label, workers in (("torchvision-w0", 0), ("torchvision-w2", 2), ("torchvision-wN", cores)):
+        # Persistent workers: start-up is not timed, which flatters torchvision.
+        dl = torchvision_loader(ds, cfg.batch_size, workers, device, cfg.seed, persistent=True)
+        out[label] = _rates(lambda: to_device(iter(dl), device), n, cfg.repeats, device)
+        del dl  # stop its workers before the next setting starts its own
+    out["upper-bound"] = _rates(lambda: _upper_bound(ds, cfg, device), n, cfg.repeats, device)
+    epochs = itertools.count()
+    out["gather"] = _rates(lambda: _gather(ds, cfg, next(epochs)), n, cfg.repeats, device)
+    return out
+
+
+# ---- (b) end to end ----------------------------------------------------------------------
+
+def _accuracy(model: torch.nn.Module, test: Dataset, device: torch.device,
+              limit: int | None) -> float:
+    """Test accuracy over the first ``limit`` batches of 1000 (all by default)."""
+    model.eval()
+    loader = Loader(test, 1000, device=device, transfer="auto", shuffle=False, pad=False)
+    correct, total = torch.zeros((), dtype=torch.int64, device=device), 0
+    with torch.no_grad():
+        for x, y in itertools.islice(loader, limit):
+            correct += (model(x).argmax(1) == y).sum()
+            total += len(y)
+    model.train()
+    return int(correct.item()) / max(total, 1)  # .item() syncs the device
+
+
+def fit(batches: Callable[[int], Iterable[Batch]], steps_per_epoch: int, ds: Dataset,
+        test: Dataset, cfg: BenchConfig, device: torch.device) -> dict:
+    """Train a fresh ``cnn`` on ``batches(epoch)`` as ``latecast train`` does (SGD, Nesterov,
+    one-cycle); time each epoch between device syncs, evaluate outside the timer."""
+    torch.manual_seed(cfg.seed)  # same initial weights for every data path
+    h, w, c = ds.image_shape
+    model = build_model("cnn", (c, h, w), ds.num_classes).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, nesterov=True,
+                          weight_decay=5e-4)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, max_lr=cfg.lr, total_steps=max(cfg.e2e_epochs * steps_per_epoch, 1), pct_start=0.25)
+    seconds, accuracy = [], []
+    for epoch in range(cfg.e2e_epochs):
+        sync(device)
+        t0 = time.perf_counter()
+        for x, y in itertools.islice(batches(epoch), steps_per_epoch):
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+        sync(device)
+        seconds.append(time.perf_counter() - t0)
+        accuracy.append(_accuracy(model, test, device, cfg.limit_batches))
+    hit = next((i for i, a in enumerate(accuracy) if a >= 0.99), None)
+    return {"epoch_seconds": seconds, "test_accuracy": accuracy,
+            "seconds_to_99": None if hit is None else sum(seconds[:hit + 1])}
+
+
+def end_to_end(ds: Dataset, test: Dataset, cfg: BenchConfig, device: torch.device,
+               workers: int) -> dict[str, dict]:
+    """The usual loop (torchvision DataLoader at ``workers``) and latecast (``auto``)."""
+    dl = torchvision_loader(ds, cfg.e2e_batch_size, workers, device, cfg.seed)
+    steps = min(len(dl), cfg.limit_batches or len(dl))
+    usual = fit(lambda epoch: to_device(dl, device), steps, ds, test, cfg, device)
+    loader = Loader(ds, cfg.e2e_batch_size, device=device, transfer="auto", seed=cfg.seed)
+    ours = fit(lambda epoch: loader, steps, ds, test, cfg, device)  # epochs advance by themselves
+    return {"usual-loop": {**usual, "workers": workers},
+            "latecast": {**ours, "transfer": loader.transfer}}
+
+
+# ---- (c) bytes ---------------------------------------------------------------------------
+
+def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int,
+                    measure: bool) -> dict[str, dict]:
+    """``epoch_bytes`` per strategy (the torchvision loop moves what ``float32`` moves); with
+    ``measure``, also what a Loader counts over one real epoch, images and labels apart."""
+    out = {"torchvision": {"per_epoch": float32_bytes(ds, len(ds)), "once": 0}}
+    for name in STRATEGIES:
+        out[name] = dict(epoch_bytes(ds, name))
+        if measure:
+            loader = Loader(ds, batch_size, device=device, transfer=name)
+            s0 = replace(loader.stats)  # a copy, after resident's upload in the constructor
+            for _ in loader:
+                pass
+            s = loader.stats
+            out[name].update(measured=s.h2d_bytes - s0.h2d_bytes,
+                             image_bytes=s.image_bytes - s0.image_bytes,
+                             label_bytes=s.label_bytes - s0.label_bytes, index_bytes=s.index_bytes)
+    u8, f32 = out["uint8"], out["float32"]
+    # float32 / uint8 bytes: counted when measured, else from the dtype sizes (equal, exactly).
+    out["ratio"] = ({"image": f32["image_bytes"] / u8["image_bytes"],
+                     "label": f32["label_bytes"] / u8["label_bytes"]} if measure else
+                    {"image": 4.0, "label": 8 / ds.labels.itemsize})
+    return out
+
+
+# ---- the command -------------------------------------------------------------------------
+
+def bench(cfg: BenchConfig) -> dict:
+    """Run (a), (b), (c); write bench.json, bench.md, bench.png to ``cfg.output_dir``."""
+    cfg.validate()
+    device = resolve_device(cfg.device)
+    ds = load_dataset(cfg.dataset, "train", root=cfg.data_root)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = loader_throughput(ds, cfg, device)
+    rates = {k: float(np.median(v)) for k, v in runs.items()}
+    tv = {k: v for k, v in rates.items() if k.startswith("torchvision")}
+    best_tv = max(tv, key=tv.get)
+    e2e: dict[str, dict] = {}
+    if cfg.e2e_epochs:
+        workers = {"torchvision-w0": 0, "torchvision-w2": 2}.get(best_tv, os.cpu_count() or 1)
+        e2e = end_to_end(ds, load_dataset(cfg.dataset, "test", root=cfg.data_root), cfg,
+                         device, workers)
+    nbytes = bytes_per_epoch(ds, device, cfg.batch_size, measure=cfg.limit_batches is None)
+    ratio = nbytes.pop("ratio")
+    result = {
+        "config": asdict(cfg), **run_info(device), "dataset": ds.name, "best_torchvision": best_tv,
+        "loader_images_per_s": rates,
+        "loader_images_per_s_range": {k: [min(v), max(v)] for k, v in runs.items()},
+        "epoch_seconds": {k: float(np.median(v["epoch_seconds"])) for k, v in e2e.items()},
+        "seconds_to_99": {k: v["seconds_to_99"] for k, v in e2e.items()},
+        "end_to_end": e2e,
+        "h2d_bytes_per_epoch": {k: int(v["per_epoch"]) for k, v in nbytes.items()},
+        "h2d_detail": nbytes,
+        "bytes_fewer_than_float32": ratio,
+    }
+    md = report_markdown(result)
+    (out / "bench.json").write_text(json.dumps(result, indent=2))
+    (out / "bench.md").write_text(md + "\n")
+    plot(result, out / "bench.png")
+    print(md)
+    return result
+
+
+def report_markdown(r: dict) -> str:
+    """The three tables of ``bench``'s result, with the run's machine and revision on top."""
+    rates, best = r["loader_images_per_s"], r["best_torchvision"]
+    rows = [[k, f"{v:,.0f}", "{:,.0f} .. {:,.0f}".format(*r["loader_images_per_s_range"][k]),
+             f"{v / rates[best]:.1f}x"] for k, v in rates.items()]
+    parts = [f"`latecast bench` on {r['device']} ({r['gpu'] or r['cpu']}), torch {r['torch']}, "
+             f"git {r['git']}, {r['date']}: median of {r['config']['repeats']} after a warm-up.",
+             "", f"Loader throughput, batch {r['config']['batch_size']}, shuffled, normalized "
+             "on the device", "", markdown_table(["loader", "images/s", "min .. max", f"vs {best}"], rows)]
+    if r["end_to_end"]:
+        rows = [[k, f"{np.median(v['epoch_seconds']):.2f}",
+                 f"{min(v['epoch_seconds']):.2f} .. {max(v['epoch_seconds']):.2f}",
+                 " ".join(f"{a:.4f}" for a in v["test_accuracy"]),
+                 "not reached" if v["seconds_to_99"] is None else f"{v['seconds_to_99']:.1f}"]
+                for k, v in r["end_to_end"].items()]
+        parts += ["", f"End to end: cnn, SGD + one-cycle, batch {r['config']['e2e_batch_size']}",
+                  "", markdown_table(["loop", "s/epoch", "min .. max", "test acc per epoch",
+                                      "s to 99%"], rows)]
+    f32 = r["h2d_bytes_per_epoch"]["float32"]
+    rows = [[k, f"{v['per_epoch']:,}", f"{v['once']:,}", f"{v['measured']:,}" if "measured" in v else "-",
+             f"{f32 / v['per_epoch']:.2f}x" if v["per_epoch"] else "-"]
+            for k, v in r["h2d_detail"].items()]
+    parts += ["", "Host->device bytes per epoch", "", markdown_table(
+        ["path", "per epoch", "once", "counted over 1 epoch", "fewer than float32"], rows)]
+    return "\n".join(parts)
+
+
+def plot(r: dict, path: Path) -> None:
+    """Three panels: loader images/s (log), seconds per epoch, bytes per epoch."""
+    import matplotlib
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+    panels = [(r["loader_images_per_s"], "loader images/s (median, log scale)", "tab:blue"),
+              (r["epoch_seconds"], "seconds per epoch, end to end (median)", "tab:green"),
+              ({k: v / 1e6 for k, v in r["h2d_bytes_per_epoch"].items()},
+               "MB host->device per epoch", "tab:orange")]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for ax, (values, label, color) in zip(axes, panels):
+        ax.barh(list(values), list(values.values()), color=color)
+        ax.set_xlabel(label)
+        ax.invert_yaxis()  # first row on top, as in the tables
+    axes[0].set_xscale("log")
+    fig.suptitle(f"latecast bench: {r['dataset']} on {r['gpu'] or r['device']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,281 @@
+"""The profiler comparison: the same training steps once per data path, under ``torch.profiler``.
+
+This is the measurement latecast started from: in an MNIST loop, ``Memcpy HtoD`` took a
+visible share of the step, and casting after the copy cut it by about 4x. Rows: latecast's
+strategies, ``baseline`` (torchvision ``ToTensor()+Normalize`` + ``DataLoader`` +
+``.to(device)``, the usual code) and ``baseline-u8`` (the same ``DataLoader`` over uint8
+tensors, ``.float() / 255`` and normalize after the copy).
+
+Each row: a fresh ``cnn`` (same seed), ``wait + warmup`` unrecorded steps, then ``steps``
+recorded ones with ``record_function`` ranges ``data``, ``h2d``, ``normalize``, ``step``.
+Host timers give step time, data wait (wall time until the batch is ready on the device)
+and the CPU seconds spent preparing it; the Chrome trace of the recorded steps gives device
+kernel time and each ``Memcpy HtoD (Pinned|Pageable -> Device)`` row with its bytes.
+Numbers are per recorded step and include the profiler's overhead: this is a picture of
+where time goes, ``latecast bench`` is the benchmark.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, record_function
+
+from . import transforms
+from .bench import markdown_table, run_info, sync, torchvision_loader
+from .datasets import Dataset, load_dataset
+from .errors import ConfigError
+from .loader import epoch_order, resolve_device
+from .models import build_model
+from .transfer import STRATEGIES, Batch, TransferStats
+
+ROWS = (*STRATEGIES, "baseline", "baseline-u8")
+NO_DEVICE = "n/a (no device)"
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    dataset: str = "mnist"          # a known dataset name
+    steps: int = 20                 # recorded training steps per row
+    warmup: int = 3                 # profiler warm-up steps before them (after 1 wait step)
+    transfer: str = "all"           # "all" or a comma list of ROWS
+    batch_size: int = 256           # images per step
+    workers: int = 0                # baseline DataLoader workers (0: its CPU work is in the trace)
+    device: str = "auto"            # auto | cpu | cuda | cuda:N
+    seed: int = 0                   # weights and order
+    data_root: str | None = None    # folder with the dataset's original files
+    output_dir: str = "runs/profile"  # report.md, report.json, profile.png, trace-<row>.json
+
+    def rows(self) -> list[str]:
+        names = list(ROWS) if self.transfer == "all" else [
+            t.strip() for t in self.transfer.split(",") if t.strip()]
+        bad = [n for n in names if n not in ROWS]
+        if bad or not names:
+            raise ConfigError(f"--transfer {self.transfer!r}: unknown row(s) {bad}; "
+                              f"valid: all or a comma list of {', '.join(ROWS)}")
+        if self.steps < 1 or self.warmup < 0 or self.batch_size < 1 or self.workers < 0:
+            raise ConfigError(f"profile needs steps >= 1, warmup >= 0, batch_size >= 1, "
+                              f"workers >= 0; got {self.steps}, {self.warmup}, "
+                              f"{self.batch_size}, {self.workers}")
+        return names
+
+
+# ---- the batch sources, one per row; each yields (images, labels, bytes copied) ----------
+
+def _latecast(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig) -> Iterator:
+    """A strategy driven as the Loader drives it, with our own ``prepare`` so the normalize
+    carries its label (the copy inside the strategy shows up as ``aten::to``/``copy_``)."""
+    def prepare(images: torch.Tensor, k: int) -> torch.Tensor:
+        with record_function("normalize"):
+            return transforms.normalize(images, ds.mean, ds.std)
+    stats = TransferStats()
+    strategy = STRATEGIES[name](ds, device, cfg.batch_size, prepare, stats)
+    for epoch in itertools.count():
+        order = epoch_order(len(ds), seed=cfg.seed, epoch=epoch)
+        it = strategy.batches(list(torch.split(order, cfg.batch_size)))
+        while True:
+            before = stats.h2d_bytes
+            with record_function("data"):
+                batch = next(it, None)
+            if batch is None:
+                break
+            yield batch[0], batch[1], stats.h2d_bytes - before
+
+
+def _baseline(ds: Dataset, device: torch.device, cfg: ProfileConfig) -> Iterator:
+    """The usual code: float32 normalized on the CPU per image, then ``.to(device)``."""
+    # pin_memory=False, as the code is most often written: pageable copies.
+    dl = torchvision_loader(ds, cfg.batch_size, cfg.workers, device, cfg.seed, pin=False)
+    while True:
+        for x, y in _labelled(dl):
+            with record_function("h2d"):
+                x_dev, y_dev = x.to(device), y.to(device)
+            yield x_dev, y_dev, x.nbytes + y.nbytes
+
+
+def _baseline_u8(ds: Dataset, device: torch.device, cfg: ProfileConfig) -> Iterator:
+    """The same DataLoader over uint8 tensors; cast and normalize after the copy."""
+    data = torch.utils.data.TensorDataset(torch.from_numpy(np.array(ds.images)),  # in memory, writable
+                                          torch.from_numpy(np.array(ds.labels)))
+    dl = torch.utils.data.DataLoader(data, batch_size=cfg.batch_size, shuffle=True,
+                                     num_workers=cfg.workers,
+                                     generator=torch.Generator().manual_seed(cfg.seed))
+    mean = torch.tensor(ds.mean, device=device).view(1, -1, 1, 1)  # (1, C, 1, 1)
+    std = torch.tensor(ds.std, device=device).view(1, -1, 1, 1)
+    while True:
+        for x, y in _labelled(dl):
+            with record_function("h2d"):
+                x_dev, y_dev = x.to(device), y.to(device)
+            with record_function("normalize"):
+                images = (x_dev.permute(0, 3, 1, 2).float() / 255 - mean) / std  # NHWC -> NCHW
+            yield images, y_dev.long(), x.nbytes + y.nbytes
+
+
+def _labelled(dl: torch.utils.data.DataLoader) -> Iterator:
+    it = iter(dl)
+    while True:
+        with record_function("data"):
+            batch = next(it, None)
+        if batch is None:
+            return
+        yield batch
+
+
+# ---- one row -------------------------------------------------------------------------
+
+def _trace_totals(path: Path) -> tuple[float, dict[str, dict]]:
+    """(device kernel µs, {"Memcpy HtoD (...)": {us, count, bytes}}) from a Chrome trace."""
+    kernel_us, memcpy = 0.0, {}
+    for e in json.loads(path.read_text()).get("traceEvents", []):
+        cat, name = str(e.get("cat", "")).lower(), str(e.get("name", ""))
+        if e.get("ph") != "X":
+            continue
+        if cat == "kernel":
+            kernel_us += e.get("dur", 0)
+        elif "memcpy" in cat and name.startswith("Memcpy HtoD"):
+            m = memcpy.setdefault(name, {"us": 0.0, "count": 0, "bytes": 0})
+            m["us"] += e.get("dur", 0)
+            m["count"] += 1
+            m["bytes"] += int((e.get("args") or {}).get("bytes", 0))
+    return kernel_us, memcpy
+
+
+def profile_row(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig,
+                out: Path) -> dict:
+    """Train ``1 + warmup + steps`` steps of a fresh cnn on row ``name``'s batches."""
+    torch.manual_seed(cfg.seed)
+    h, w, c = ds.image_shape
+    model = build_model("cnn", (c, h, w), ds.num_classes).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+    source = (_baseline(ds, device, cfg) if name == "baseline" else
+              _baseline_u8(ds, device, cfg) if name == "baseline-u8" else
+              _latecast(ds, name, device, cfg))
+    skip = 1 + cfg.warmup
+    trace = out / f"trace-{name}.json"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    wait = cpu = step_phase = nbytes = 0.0
+    with torch.profiler.profile(
+            activities=activities,
+            schedule=torch.profiler.schedule(wait=1, warmup=cfg.warmup, active=cfg.steps),
+            on_trace_ready=lambda p: p.export_chrome_trace(str(trace))) as prof:
+        for i in range(skip + cfg.steps):
+            if i == skip:
+                sync(device)  # the recorded window starts with an idle device
+                start = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
+            x, y, copied = next(source)  # fetch + copy + normalize: the data wait
+            t1, c1 = time.perf_counter(), time.process_time()
+            with record_function("step"):
+                loss = F.cross_entropy(model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+            if i >= skip:
+                wait, cpu, nbytes = wait + t1 - t0, cpu + c1 - c0, nbytes + copied
+                step_phase += time.perf_counter() - t1
+            prof.step()
+        sync(device)
+        elapsed = time.perf_counter() - start
+    source.close()  # stop DataLoader workers, if any
+    n = cfg.steps
+    kernel_us, memcpy = _trace_totals(trace)
+    on_device = device.type == "cuda"
+    row = {"step_ms": 1e3 * elapsed / n, "data_wait_ms": 1e3 * wait / n,
+           "data_cpu_ms": 1e3 * cpu / n, "h2d_bytes_per_step": nbytes / n,
+           # On CPU the model's kernels run on the host: the step phase's wall time.
+           "kernel_ms": kernel_us / 1e3 / n if on_device else 1e3 * step_phase / n,
+           "memcpy": {k: {"ms": v["us"] / 1e3 / n, "count": v["count"] / n,
+                          "bytes": v["bytes"] / n} for k, v in memcpy.items()} if on_device else None,
+           "loss": loss.detach().item(), "trace": trace.name}
+    row["data_wait_pct"] = 100 * row["data_wait_ms"] / row["step_ms"]
+    if on_device:
+        row["memcpy_ms"] = sum(v["ms"] for v in row["memcpy"].values())
+        row["memcpy_count"] = sum(v["count"] for v in row["memcpy"].values())
+        row["profiler_bytes_per_step"] = sum(v["bytes"] for v in row["memcpy"].values())
+    return row
+
+
+# ---- report --------------------------------------------------------------------------
+
+def _memcpy_cell(row: dict, kind: str) -> str:
+    if row["memcpy"] is None:
+        return NO_DEVICE
+    m = row["memcpy"].get(f"Memcpy HtoD ({kind} -> Device)")
+    return "0" if m is None else f"{m['ms']:.3f} ms ({m['count']:.1f}x)"
+
+
+def report_markdown(r: dict) -> str:
+    rows = []
+    for name, v in r["rows"].items():
+        prof_bytes = (NO_DEVICE if v["memcpy"] is None else f"{v['profiler_bytes_per_step']:,.0f}")
+        rows.append([name, f"{v['step_ms']:.2f}", f"{v['kernel_ms']:.2f}",
+                     _memcpy_cell(v, "Pinned"), _memcpy_cell(v, "Pageable"),
+                     f"{v['h2d_bytes_per_step']:,.0f}", prof_bytes, f"{v['data_cpu_ms']:.2f}",
+                     f"{v['data_wait_ms']:.2f} ({v['data_wait_pct']:.1f}%)"])
+    kernels = "device kernels" if r["device"].startswith("cuda") else "model step (CPU)"
+    head = (f"`latecast profile` on {r['device']} ({r['gpu'] or r['cpu']}), torch {r['torch']}, "
+            f"git {r['git']}, {r['date']}: {r['config']['steps']} recorded steps per row after "
+            f"{1 + r['config']['warmup']} unrecorded, batch {r['config']['batch_size']}. "
+            "Times per step, under the profiler.")
+    return head + "\n\n" + markdown_table(
+        ["row", "step ms", f"{kernels} ms", "Memcpy HtoD Pinned", "Memcpy HtoD Pageable",
+         "bytes h2d (loader)", "bytes h2d (profiler)", "data CPU ms", "data wait ms (% step)"],
+        rows)
+
+
+def plot(r: dict, path: Path) -> None:
+    """Stacked bars per row: kernels, memcpy, data wait, other (the rest of the step)."""
+    import matplotlib
+    matplotlib.use("Agg")  # no display needed
+    import matplotlib.pyplot as plt
+    names = list(r["rows"])
+    parts = {"kernels": [r["rows"][n]["kernel_ms"] for n in names],
+             "memcpy HtoD": [r["rows"][n].get("memcpy_ms", 0.0) for n in names],
+             "data wait": [r["rows"][n]["data_wait_ms"] for n in names]}
+    # On a GPU these overlap (async copies, queued kernels): "other" is what is left, >= 0.
+    parts["other"] = [max(r["rows"][n]["step_ms"] - sum(p[i] for p in parts.values()), 0.0)
+                      for i, n in enumerate(names)]
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    bottom = np.zeros(len(names))
+    for label, values in parts.items():
+        ax.bar(names, values, bottom=bottom, label=label)
+        bottom += np.array(values)
+    ax.plot(names, [r["rows"][n]["step_ms"] for n in names], "k_", markersize=30, label="step time")
+    ax.set_ylabel("ms per step")
+    ax.set_title(f"latecast profile: {r['dataset']} on {r['gpu'] or r['device']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def profile(cfg: ProfileConfig) -> dict:
+    """Profile every row of ``cfg``; write report.md, report.json, profile.png and traces."""
+    names = cfg.rows()
+    device = resolve_device(cfg.device)
+    ds = load_dataset(cfg.dataset, "train", root=cfg.data_root)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = {}
+    for name in names:
+        rows[name] = profile_row(ds, name, device, cfg, out)
+        print(f"profiled {name}: {rows[name]['step_ms']:.2f} ms/step", flush=True)
+    bad = [k for k, v in rows.items() for f in ("step_ms", "kernel_ms")
+           if not (math.isfinite(v[f]) and v[f] > 0)]
+    result = {"config": asdict(cfg), **run_info(device), "dataset": ds.name,
+              "steps_per_epoch": math.ceil(len(ds) / cfg.batch_size), "rows": rows,
+              "not_finite": bad}
+    md = report_markdown(result)
+    (out / "report.md").write_text(md + "\n")
+    (out / "report.json").write_text(json.dumps(result, indent=2))
+    plot(result, out / "profile.png")
+    print(md)
+    return result

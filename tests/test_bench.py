@@ -1,0 +1,78 @@
+"""`latecast bench` on CPU with tiny settings: every loader, finite numbers, all files written."""
+import contextlib
+import io
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from latecast.bench import bytes_per_epoch
+from latecast.cli import main
+from latecast.datasets import from_arrays
+from latecast.transfer import STRATEGIES
+
+PNG = b"\x89PNG\r\n\x1a\n"
+LOADERS = ["float32", "uint8", "prefetch", "resident", "torchvision-w0", "torchvision-w2",
+           "torchvision-wN", "upper-bound", "gather"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["bench", "--device", "cpu", "--repeats", "1", "--limit-batches", "1",
+                   "-b", "64", "--e2e-epochs", "1", "--e2e-batch-size", "32",
+                   "--output-dir", str(out), "--json"])
+    assert rc == 0
+    return out, json.loads(buf.getvalue().strip().splitlines()[-1])
+
+
+def test_every_loader_and_loop_is_measured(run):
+    out, r = run
+    assert r == json.loads((out / "bench.json").read_text())
+    assert r["device"] == "cpu"
+    assert list(r["loader_images_per_s"]) == LOADERS
+    for name, rate in r["loader_images_per_s"].items():
+        lo, hi = r["loader_images_per_s_range"][name]
+        assert math.isfinite(rate) and 0 < lo <= rate <= hi, name
+    assert set(r["epoch_seconds"]) == {"usual-loop", "latecast"}
+    assert all(math.isfinite(s) and s > 0 for s in r["epoch_seconds"].values())
+    assert r["best_torchvision"].startswith("torchvision-")
+
+
+def test_bytes_per_epoch(run):
+    b = run[1]["h2d_bytes_per_epoch"]
+    n, pixels = 60000, 28 * 28
+    assert b["float32"] == b["torchvision"] == n * (pixels * 4 + 8)
+    assert b["uint8"] == b["prefetch"] == n * (pixels + 1)
+    assert b["resident"] == n * 8  # one int64 permutation per epoch
+    assert all(isinstance(v, int) for v in b.values())
+
+
+def test_report_and_plot(run):
+    out, _ = run
+    md = (out / "bench.md").read_text()
+    for name in LOADERS + ["usual-loop", "latecast"]:
+        assert f"| {name} |" in md, name
+    assert (out / "bench.png").read_bytes().startswith(PNG)
+
+
+def test_counted_bytes_match_epoch_bytes():
+    """Over one real epoch the loaders count exactly what ``epoch_bytes`` promises."""
+    rng = np.random.default_rng(0)
+    ds = from_arrays(rng.integers(0, 256, (300, 8, 8, 3), dtype=np.uint8),
+                     rng.integers(0, 10, 300))
+    got = bytes_per_epoch(ds, torch.device("cpu"), 64, measure=True)
+    assert got.pop("ratio") == {"image": 4.0, "label": 8.0}
+    for name in STRATEGIES:
+        assert got[name]["measured"] == got[name]["per_epoch"], name
+    assert got["resident"]["image_bytes"] == got["resident"]["label_bytes"] == 0
+    assert got["resident"]["once"] == 300 * (8 * 8 * 3 + 1)
+
+
+def test_bad_settings_are_a_one_line_error(capsys):
+    assert main(["bench", "--repeats", "0", "--device", "cpu"]) == 1
+    assert "repeats=0" in capsys.readouterr().err

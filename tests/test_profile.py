@@ -1,0 +1,87 @@
+"""`latecast profile` on CPU with tiny settings: every row, finite numbers, all files written."""
+import contextlib
+import io
+import json
+import math
+
+import pytest
+
+from latecast.cli import main
+from latecast.profile import ROWS, _trace_totals, plot, report_markdown
+
+PNG = b"\x89PNG\r\n\x1a\n"
+BATCH = 16
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("profile")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["profile", "--device", "cpu", "--steps", "2", "--warmup", "1",
+                   "-b", str(BATCH), "--output-dir", str(out), "--json"])
+    assert rc == 0
+    return out, json.loads(buf.getvalue().strip().splitlines()[-1])
+
+
+def test_every_row_is_measured(run):
+    out, result = run
+    assert list(result["rows"]) == list(ROWS)
+    assert result == json.loads((out / "report.json").read_text())
+    for name, row in result["rows"].items():
+        for field in ("step_ms", "kernel_ms", "data_wait_ms", "data_cpu_ms", "data_wait_pct"):
+            assert math.isfinite(row[field]) and row[field] > 0, (name, field, row[field])
+        assert row["memcpy"] is None  # no device: the profiler has no copy rows
+        trace = json.loads((out / row["trace"]).read_text())
+        assert trace["traceEvents"], name
+
+
+def test_bytes_per_step_follow_the_strategy(run):
+    rows = run[1]["rows"]
+    pixels = 28 * 28
+    assert rows["float32"]["h2d_bytes_per_step"] == BATCH * (pixels * 4 + 8)
+    assert rows["baseline"]["h2d_bytes_per_step"] == BATCH * (pixels * 4 + 8)
+    for name in ("uint8", "prefetch", "baseline-u8"):
+        assert rows[name]["h2d_bytes_per_step"] == BATCH * (pixels + 1), name
+    assert rows["resident"]["h2d_bytes_per_step"] == 0  # after its one upload
+
+
+def test_report_and_plot(run):
+    out, _ = run
+    md = (out / "report.md").read_text()
+    for name in ROWS:
+        assert f"| {name} |" in md
+    assert "n/a (no device)" in md
+    assert (out / "profile.png").read_bytes().startswith(PNG)
+
+
+def test_gpu_trace_and_report_paths(tmp_path):
+    """What a CUDA run's trace holds (kernels, HtoD copies with bytes), parsed on any machine."""
+    events = [{"ph": "X", "cat": "kernel", "name": "k", "dur": 30.0},
+              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)",
+               "dur": 5.0, "args": {"bytes": 1000}},
+              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)",
+               "dur": 7.0, "args": {"bytes": 3000}},
+              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "dur": 9.0},
+              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 50.0}]
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    kernel_us, memcpy = _trace_totals(path)
+    assert kernel_us == 30.0
+    assert memcpy == {"Memcpy HtoD (Pinned -> Device)": {"us": 12.0, "count": 2, "bytes": 4000}}
+    row = {"step_ms": 2.0, "kernel_ms": 1.0, "data_wait_ms": 0.01, "data_cpu_ms": 0.01,
+           "data_wait_pct": 0.5, "h2d_bytes_per_step": 4000.0, "memcpy_ms": 0.012,
+           "memcpy_count": 2.0, "profiler_bytes_per_step": 4000.0,
+           "memcpy": {"Memcpy HtoD (Pinned -> Device)": {"ms": 0.012, "count": 2.0, "bytes": 4000.0}}}
+    result = {"device": "cuda:0", "gpu": "Test GPU", "cpu": "x", "torch": "t", "git": "g",
+              "date": "d", "dataset": "mnist", "config": {"steps": 1, "warmup": 0, "batch_size": 4},
+              "rows": {"uint8": row}}
+    md = report_markdown(result)
+    assert "0.012 ms (2.0x)" in md and "device kernels" in md
+    plot(result, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes().startswith(PNG)
+
+
+def test_unknown_row_is_a_one_line_error(capsys):
+    assert main(["profile", "--transfer", "uint8,nope", "--device", "cpu"]) == 1
+    assert "nope" in capsys.readouterr().err
