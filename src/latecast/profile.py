@@ -181,9 +181,10 @@ def profile_row(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig
             if i >= skip:
                 wait, cpu, nbytes = wait + t1 - t0, cpu + c1 - c0, nbytes + copied
                 step_phase += time.perf_counter() - t1
+            if i == skip + cfg.steps - 1:
+                sync(device)  # stop the clock here: the next prof.step() exports the trace
+                elapsed = time.perf_counter() - start
             prof.step()
-        sync(device)
-        elapsed = time.perf_counter() - start
     source.close()  # stop DataLoader workers, if any
     n = cfg.steps
     kernel_us, memcpy = _trace_totals(trace)
