@@ -1,0 +1,290 @@
+"""Pure batched transforms on the device.
+
+Every function takes a whole batch and returns a new tensor; randomness is drawn per
+sample on ``images.device`` from an optional ``torch.Generator``. Input images are uint8
+``(N, H, W, C)`` as they come off the bus; ``normalize`` is the last step and produces
+``(N, C, H, W)`` floats.
+
+Augmentation (``random_crop``, ``random_flip``, ``cutout``, ``Augment``) runs on the uint8
+batch *before* ``normalize``: one index or mask kernel per op for the whole batch, no
+Python loop over images, and each image gets its own random parameters (torchvision v2
+draws one set per batch; Kornia rejects uint8).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import ConfigError
+
+_affine_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _scale_shift(mean: tuple[float, ...], std: tuple[float, ...],
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x/255 - mean)/std == x*scale + shift``; built once per (device, mean, std)."""
+    key = (str(device), tuple(mean), tuple(std))
+    if key not in _affine_cache:
+        m = torch.tensor(mean, dtype=torch.float64)
+        s = torch.tensor(std, dtype=torch.float64)
+        scale = (1.0 / (255.0 * s)).to(torch.float32).view(1, -1, 1, 1)  # (1, C, 1, 1)
+        shift = (-m / s).to(torch.float32).view(1, -1, 1, 1)
+        _affine_cache[key] = (scale.to(device), shift.to(device))
+    return _affine_cache[key]
+
+
+def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...], *,
+              dtype: torch.dtype = torch.float32, channels_last: bool = False) -> torch.Tensor:
+    """uint8 ``(N, H, W, C)`` -> normalized ``(N, C, H, W)`` in ``dtype``, in one fused op.
+
+    Equals torchvision's ``ToTensor()`` + ``Normalize(mean, std)`` within 1e-6 in float32:
+    the two divisions fold into one multiply-add (``addcmul``) with constants computed in
+    float64, so the only rounding is float32's own.
+
+    Args:
+        images: uint8 ``(N, H, W, C)`` on any device.
+        mean, std: per-channel statistics in [0, 1] units.
+        dtype: float32, bfloat16 or float16 (computed in float32, rounded once at the end).
+        channels_last: return ``torch.channels_last`` memory format (NHWC in memory).
+
+    Example:
+        >>> x = torch.randint(0, 256, (8, 28, 28, 1), dtype=torch.uint8)
+        >>> normalize(x, (0.1307,), (0.3081,)).shape
+        torch.Size([8, 1, 28, 28])
+    """
+    if images.dtype != torch.uint8 or images.ndim != 4:
+        raise ConfigError(f"normalize expects uint8 (N, H, W, C), got {images.dtype} "
+                          f"with shape {tuple(images.shape)}")
+    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ConfigError(f"normalize dtype must be float32, bfloat16 or float16, got {dtype}")
+    scale, shift = _scale_shift(mean, std, images.device)
+    x = images.permute(0, 3, 1, 2)  # (N, H, W, C) -> (N, C, H, W) view, NHWC in memory
+    out = torch.addcmul(shift, x.float(), scale)  # one elementwise kernel (plus the cast)
+    # addcmul follows the input's NHWC strides; make the layout what was asked for.
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return out.to(dtype=dtype, memory_format=fmt)
+
+
+# ---- augmentation: uint8 (N, H, W, C) in, same shape and dtype out ----------------------
+
+_FILLS = ("zero", "reflect")
+
+
+def _check_batch(images: torch.Tensor, fn: str, generator: torch.Generator | None) -> None:
+    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.ndim != 4:
+        got = (f"{images.dtype} with shape {tuple(images.shape)}" if isinstance(images, torch.Tensor)
+               else type(images).__name__)
+        raise ConfigError(f"{fn} expects a uint8 tensor (N, H, W, C), got {got}")
+    if generator is not None and generator.device.type != images.device.type:
+        raise ConfigError(f"{fn}: the generator is on {generator.device} but the images are on "
+                          f"{images.device}; create it with torch.Generator(device=images.device)")
+
+
+def _crop_offsets(n: int, padding: int, generator: torch.Generator | None,
+                  device: torch.device) -> torch.Tensor:
+    """``(N, 2)`` int64 ``(dy, dx)`` in ``0..2*padding``: each crop's corner in the padded image."""
+    return torch.randint(0, 2 * padding + 1, (n, 2), generator=generator, device=device)
+
+
+def _flip_mask(n: int, p: float, generator: torch.Generator | None,
+               device: torch.device) -> torch.Tensor:
+    """``(N,)`` bool, True where an image is flipped."""
+    return torch.rand(n, generator=generator, device=device) < p
+
+
+def _cutout_centers(n: int, h: int, w: int, generator: torch.Generator | None,
+                    device: torch.device) -> torch.Tensor:
+    """``(N, 2)`` int64 ``(cy, cx)``: each square's center, anywhere in the image."""
+    cy = torch.randint(0, h, (n,), generator=generator, device=device)
+    cx = torch.randint(0, w, (n,), generator=generator, device=device)
+    return torch.stack([cy, cx], 1)
+
+
+def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
+    """Mirror indices in ``-(n-1)..2(n-1)`` into ``0..n-1`` without repeating the edge
+    (``np.pad(mode="reflect")``)."""
+    return (n - 1) - ((n - 1) - i.abs()).abs()
+
+
+def random_crop(images: torch.Tensor, padding: int, *, fill: str = "zero",
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Pad each side by ``padding``, then crop back to ``(H, W)`` at a random offset per image.
+
+    Equivalent to translating each image by its own ``(dy, dx)`` in ``-padding..padding``.
+    Done as one gather with per-image row/column indices, so the padded batch is never built.
+
+    Args:
+        images: uint8 ``(N, H, W, C)`` on any device.
+        padding: pixels added on each side (0 returns a copy).
+        fill: ``"zero"`` pads with 0; ``"reflect"`` mirrors like ``np.pad(mode="reflect")``
+            (needs ``padding < min(H, W)``).
+        generator: a ``torch.Generator`` on ``images.device``, for reproducible draws.
+
+    Example:
+        >>> x = torch.randint(0, 256, (8, 32, 32, 3), dtype=torch.uint8)
+        >>> random_crop(x, 4, fill="reflect").shape
+        torch.Size([8, 32, 32, 3])
+    """
+    _check_batch(images, "random_crop", generator)
+    n, h, w, _ = images.shape
+    if fill not in _FILLS:
+        raise ConfigError(f"random_crop fill must be one of {_FILLS}, got {fill!r}")
+    if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
+        raise ConfigError(f"random_crop padding must be an int >= 0, got {padding!r}")
+    if fill == "reflect" and padding >= min(h, w):
+        raise ConfigError(f"random_crop fill='reflect' needs padding < {min(h, w)} for "
+                          f"{h}x{w} images, got {padding}")
+    if padding == 0:
+        return images.clone()
+    dev = images.device
+    shift = _crop_offsets(n, padding, generator, dev) - padding  # (N, 2) in -p..p
+    rows = torch.arange(h, device=dev) + shift[:, :1]  # (N, H) source row of each output row
+    cols = torch.arange(w, device=dev) + shift[:, 1:]  # (N, W)
+    batch = torch.arange(n, device=dev)[:, None, None]  # (N, 1, 1)
+    if fill == "reflect":
+        return images[batch, _reflect(rows, h)[:, :, None], _reflect(cols, w)[:, None, :]]
+    inside = (((rows >= 0) & (rows < h))[:, :, None]
+              & ((cols >= 0) & (cols < w))[:, None, :])  # (N, H, W)
+    out = images[batch, rows.clamp(0, h - 1)[:, :, None], cols.clamp(0, w - 1)[:, None, :]]
+    return out.masked_fill_(~inside[..., None], 0)  # (N, H, W, C)
+
+
+def random_flip(images: torch.Tensor, p: float = 0.5, *,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """Flip each image left-right with probability ``p``, independently per image.
+
+    Args:
+        images: uint8 ``(N, H, W, C)`` on any device.
+        p: flip probability in [0, 1].
+        generator: a ``torch.Generator`` on ``images.device``.
+
+    Example:
+        >>> x = torch.randint(0, 256, (8, 28, 28, 1), dtype=torch.uint8)
+        >>> torch.equal(random_flip(x, p=1.0), x.flip(2))
+        True
+    """
+    _check_batch(images, "random_flip", generator)
+    if isinstance(p, bool) or not 0.0 <= p <= 1.0:
+        raise ConfigError(f"random_flip p must be a probability in [0, 1], got {p!r}")
+    flip = _flip_mask(len(images), p, generator, images.device)
+    return torch.where(flip[:, None, None, None], images.flip(2), images)  # W is dim 2 in NHWC
+
+
+def cutout(images: torch.Tensor, size: int, *,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Zero a ``size x size`` square at a random center per image, clipped at the borders.
+
+    The square covers rows ``cy - size//2 .. cy - size//2 + size - 1`` (same for columns),
+    with the center ``(cy, cx)`` anywhere in the image, as in DeVries & Taylor (2017).
+
+    Args:
+        images: uint8 ``(N, H, W, C)`` on any device.
+        size: side of the square in pixels (0 returns a copy).
+        generator: a ``torch.Generator`` on ``images.device``.
+
+    Example:
+        >>> x = torch.full((8, 32, 32, 3), 255, dtype=torch.uint8)
+        >>> int((cutout(x, 8) == 0).all(3).sum((1, 2)).max()) <= 64
+        True
+    """
+    _check_batch(images, "cutout", generator)
+    n, h, w, _ = images.shape
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ConfigError(f"cutout size must be an int >= 0, got {size!r}")
+    if size == 0:
+        return images.clone()
+    dev = images.device
+    top_left = _cutout_centers(n, h, w, generator, dev) - size // 2  # (N, 2)
+    ys, xs = torch.arange(h, device=dev), torch.arange(w, device=dev)
+    in_y = (ys >= top_left[:, :1]) & (ys < top_left[:, :1] + size)  # (N, H)
+    in_x = (xs >= top_left[:, 1:]) & (xs < top_left[:, 1:] + size)  # (N, W)
+    return images.masked_fill(in_y[:, :, None, None] & in_x[:, None, :, None], 0)
+
+
+@dataclass(frozen=True)
+class Augment:
+    """Per-sample augmentation of uint8 ``(N, H, W, C)`` batches: crop -> flip -> cutout.
+
+    Settings are checked on construction. ``str(aug)`` is the CLI spec, and
+    ``parse_augment(str(aug)) == aug``.
+
+    Example:
+        >>> aug = Augment(crop=4, flip=0.5, cutout=8)
+        >>> g = torch.Generator().manual_seed(0)
+        >>> aug(torch.zeros(16, 32, 32, 3, dtype=torch.uint8), g).shape
+        torch.Size([16, 32, 32, 3])
+    """
+
+    crop: int = 0  # pixels of padding on each side; translates by -crop..crop (0 = off)
+    flip: float = 0.0  # probability of a left-right flip per image (0 = off)
+    cutout: int = 0  # side in pixels of the zeroed square (0 = off)
+    fill: str = "zero"  # what the crop pads with: "zero" or "reflect"
+
+    def __post_init__(self) -> None:
+        for name in ("crop", "cutout"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"Augment {name} must be an int >= 0 (pixels), got {v!r}")
+        if isinstance(self.flip, bool) or not isinstance(self.flip, (int, float)) \
+                or not 0.0 <= self.flip <= 1.0:
+            raise ConfigError(f"Augment flip is a probability in [0, 1] (e.g. 0.5), "
+                              f"got {self.flip!r}")
+        if self.fill not in _FILLS:
+            raise ConfigError(f"Augment fill must be one of {_FILLS}, got {self.fill!r}")
+
+    def __call__(self, images: torch.Tensor,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        _check_batch(images, "Augment", generator)
+        if self.crop:
+            images = random_crop(images, self.crop, fill=self.fill, generator=generator)
+        if self.flip:
+            images = random_flip(images, self.flip, generator=generator)
+        if self.cutout:
+            images = cutout(images, self.cutout, generator=generator)
+        return images
+
+    def __str__(self) -> str:
+        parts = [f"crop={self.crop}" if self.crop else "",
+                 f"flip={self.flip!r}" if self.flip else "",
+                 f"cutout={self.cutout}" if self.cutout else "",
+                 f"fill={self.fill}" if self.fill != "zero" else ""]
+        return ",".join(p for p in parts if p) or "crop=0"
+
+
+# Values used when a name is given without "=value" (CIFAR-style settings).
+_AUGMENT_DEFAULTS = {"crop": "4", "flip": "0.5", "cutout": "8", "fill": "zero"}
+_AUGMENT_TYPES = {"crop": int, "flip": float, "cutout": int, "fill": str}
+
+
+def parse_augment(spec: str) -> Augment | None:
+    """An ``Augment`` from the CLI string, ``None`` for ``""`` or ``"none"``.
+
+    Comma-separated names, each optionally ``=value``: ``crop`` (padding, default 4),
+    ``flip`` (probability, default 0.5), ``cutout`` (square side, default 8) and
+    ``fill=zero|reflect`` (crop padding, default zero).
+
+    Args:
+        spec: e.g. ``"crop,flip,cutout"`` or ``"crop=2,flip,fill=reflect"``.
+
+    Example:
+        >>> parse_augment("crop=2,flip")
+        Augment(crop=2, flip=0.5, cutout=0, fill='zero')
+    """
+    spec = spec.strip().lower()
+    if spec in ("", "none"):
+        return None
+    fields: dict[str, object] = {}
+    for item in spec.split(","):
+        name, _, value = (part.strip() for part in item.partition("="))
+        if name not in _AUGMENT_DEFAULTS:
+            raise ConfigError(f"unknown augmentation {name!r} in {spec!r}; valid: "
+                              "crop[=PAD], flip[=P], cutout[=SIZE], fill=zero|reflect, or none")
+        if name in fields:
+            raise ConfigError(f"augmentation {name!r} given twice in {spec!r}")
+        try:
+            fields[name] = _AUGMENT_TYPES[name](value or _AUGMENT_DEFAULTS[name])
+        except ValueError:
+            raise ConfigError(f"augmentation {name}={value!r} in {spec!r} is not a valid "
+                              f"{_AUGMENT_TYPES[name].__name__}") from None
+    return Augment(**fields)

@@ -1,0 +1,347 @@
+"""The on-disk store: round trip, every corruption of RELIABILITY row 12, kill -9 during a
+write (row 18), and image-folder conversion with bad files (row 11)."""
+import io
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from PIL import Image
+
+from latecast import store
+from latecast.datasets import Dataset, from_arrays
+from latecast.errors import ConfigError, FormatError, LatecastError
+from latecast.store import convert_folder, open_store, write_store
+
+
+def small(n=10, shape=(6, 5, 3), classes=4, seed=0) -> Dataset:
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+    return from_arrays(images, np.arange(n) % classes, name="small", classes=[f"c{i}" for i in range(classes)])
+
+
+def same(a: Dataset, b: Dataset) -> bool:
+    return (np.array_equal(a.images, b.images) and np.array_equal(a.labels, b.labels)
+            and a.labels.dtype == b.labels.dtype
+            and (a.name, a.split, a.classes) == (b.name, b.split, b.classes)
+            and np.allclose(a.mean, b.mean) and np.allclose(a.std, b.std))
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+# ---- round trip and layout -------------------------------------------------------------
+
+def test_round_trip_is_equal_and_a_read_only_memmap(tmp_path):
+    ds = small()
+    out = write_store(ds, tmp_path / "s", source="sha256:abc")
+    assert sorted(p.name for p in out.iterdir()) == ["images.npy", "labels.npy", "meta.json"]
+    back = open_store(out)
+    assert same(ds, back)
+    assert isinstance(back.images, np.memmap) and not back.images.flags.writeable
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["schema"], meta["count"], meta["source"]) == (1, 10, "sha256:abc")
+    assert meta["images"]["shape"] == [10, 6, 5, 3] and meta["labels"]["dtype"] == "uint8"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left
+
+
+def test_uint16_labels_and_memmap_source_written_in_chunks(tmp_path, monkeypatch):
+    src = np.lib.format.open_memmap(tmp_path / "src.npy", mode="w+", dtype=np.uint8, shape=(300, 8, 8, 1))
+    src[:] = np.arange(300, dtype=np.uint8)[:, None, None, None]
+    ds = from_arrays(src, np.arange(300), classes=[str(i) for i in range(300)])
+    monkeypatch.setattr(store, "CHUNK_BYTES", 1000)  # 15 images per chunk: many chunks
+    back = open_store(write_store(ds, tmp_path / "s"))
+    assert back.labels.dtype == np.uint16 and same(ds, back)
+
+
+def test_replaces_a_store_but_never_other_data(tmp_path):
+    out = write_store(small(seed=1), tmp_path / "s")
+    write_store(small(seed=2), out)
+    assert same(open_store(out), small(seed=2))
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(ConfigError, match="not a latecast store; refusing"):
+        write_store(small(), tmp_path / "mine")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_write_rejects_labels_outside_classes(tmp_path):
+    ds = small()
+    bad = Dataset("x", "train", ds.images, np.array([0, 1, 2, 3, 9, 0, 1, 2, 3, 0], np.uint8),
+                  ds.classes, ds.mean, ds.std)
+    with pytest.raises(FormatError, match="label 9 at index 4 is outside 0..3"):
+        write_store(bad, tmp_path / "s")
+    assert not list(tmp_path.iterdir())
+
+
+# ---- row 12: a damaged store is refused, naming the file ---------------------------------
+
+def edit_meta(out: Path, fn) -> None:
+    meta = json.loads((out / "meta.json").read_text())
+    fn(meta)
+    (out / "meta.json").write_text(json.dumps(meta))
+
+
+def resign(out: Path, key: str, name: str) -> None:
+    """Make meta.json agree with a replaced file's size and fingerprint (a careful forger)."""
+    def fix(meta):
+        meta[key]["bytes"] = (out / name).stat().st_size
+        meta[key]["sha256_head_tail"] = store._fingerprint(out / name)
+    edit_meta(out, fix)
+
+
+def truncate(p: Path) -> None:
+    p.write_bytes(p.read_bytes()[:-7])
+
+
+def stale(p: Path) -> None:  # another conversion's file: same shape and size, other pixels
+    np.save(p, small(seed=99).images)
+
+
+CORRUPTIONS = {
+    "truncated images": (lambda o: truncate(o / "images.npy"), r"images\.npy: \d+ bytes, meta\.json says"),
+    "truncated labels": (lambda o: truncate(o / "labels.npy"), r"labels\.npy: \d+ bytes"),
+    "empty images": (lambda o: (o / "images.npy").write_bytes(b""), r"images\.npy: 0 bytes"),
+    "stale images": (lambda o: stale(o / "images.npy"), r"images\.npy: contents differ"),
+    "missing labels": (lambda o: (o / "labels.npy").unlink(), r"labels\.npy: missing"),
+    "missing meta": (lambda o: (o / "meta.json").unlink(), r"meta\.json is missing"),
+    "meta not json": (lambda o: (o / "meta.json").write_text("{\"schema\": 1,"), r"meta\.json: not valid JSON"),
+    "meta schema": (lambda o: edit_meta(o, lambda m: m.update(schema=2)), r"schema version 2, this latecast reads 1"),
+    "meta count": (lambda o: edit_meta(o, lambda m: m.update(count=11)), r"images\.npy: holds uint8 .* count 11"),
+    "meta shape": (lambda o: edit_meta(o, lambda m: m["images"].update(shape=[10, 5, 6, 3])),
+                   r"images\.npy: holds uint8 \[10, 6, 5, 3\], meta\.json says uint8 \[10, 5, 6, 3\]"),
+    "meta dtype": (lambda o: edit_meta(o, lambda m: m["labels"].update(dtype="uint16")), r"labels\.npy: holds uint8"),
+    "meta field": (lambda o: edit_meta(o, lambda m: m.pop("classes")), r"field 'classes' should be a list"),
+    "meta mean": (lambda o: edit_meta(o, lambda m: m.update(mean=[0.5])), r"mean/std need 3 channel values"),
+    "meta std": (lambda o: edit_meta(o, lambda m: m.update(std=[0.2, 0.0, 0.2])), r"meta\.json: mean/std need"),
+    "meta classes": (lambda o: edit_meta(o, lambda m: m.update(classes=["a", "b"])),
+                     r"labels\.npy: label 2 at index 2 is outside 0\.\.1"),
+    "reshaped images": (lambda o: (np.save(o / "images.npy", small().images.reshape(10, 5, 6, 3)),
+                                   resign(o, "images", "images.npy")), r"holds uint8 \[10, 5, 6, 3\]"),
+    "pickled labels": (lambda o: (np.save(o / "labels.npy", np.array([None] * 10, object), allow_pickle=True),
+                                  resign(o, "labels", "labels.npy")), r"labels\.npy: not a readable \.npy"),
+    "bad label": (lambda o: (np.save(o / "labels.npy", np.array([0, 1, 2, 3, 0, 1, 7, 3, 0, 1], np.uint8)),
+                             resign(o, "labels", "labels.npy")), r"label 7 at index 6 is outside 0\.\.3"),
+}
+
+
+@pytest.mark.parametrize("damage", CORRUPTIONS)
+def test_damaged_store_is_refused_naming_the_file(tmp_path, damage):
+    out = write_store(small(), tmp_path / "s")
+    fn, message = CORRUPTIONS[damage]
+    fn(out)
+    with pytest.raises(FormatError, match=message):
+        open_store(out)
+
+
+@settings(max_examples=60, deadline=None)
+@given(which=st.sampled_from(["meta.json", "images.npy", "labels.npy"]), data=st.data())
+def test_any_byte_flip_or_cut_gives_equal_data_or_a_latecast_error(tmp_path_factory, which, data):
+    # meta.json's descriptive fields (name, source, class names, mean/std values) may be
+    # edited by hand; whatever describes the files must agree with them.
+    out = write_store(small(), tmp_path_factory.mktemp("fuzz") / "s")
+    raw = bytearray((out / which).read_bytes())
+    if data.draw(st.booleans()):
+        raw = raw[:data.draw(st.integers(0, len(raw) - 1))]
+    else:
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] ^= data.draw(st.integers(1, 255))
+    (out / which).write_bytes(bytes(raw))
+    try:
+        back = open_store(out)
+    except LatecastError:
+        return
+    ref = small()
+    assert np.array_equal(back.images, ref.images) and np.array_equal(back.labels, ref.labels)
+    assert len(back.classes) == len(ref.classes) and back.labels.dtype == ref.labels.dtype
+
+
+def test_splits(tmp_path):
+    root = tmp_path / "both"
+    write_store(small(), root / "train")
+    write_store(Dataset("small", "test", small().images[:4], small().labels[:4], small().classes,
+                        small().mean, small().std), root / "test")
+    assert open_store(root).split == "train" and len(open_store(root, split="test")) == 4
+    with pytest.raises(ConfigError, match=r"no split 'val'; this store has \['test', 'train'\]"):
+        open_store(root, split="val")
+    with pytest.raises(ConfigError, match="holds split 'train', asked for 'test'"):
+        open_store(root / "train", split="test")
+
+
+# ---- row 18: kill -9 mid-write leaves the previous store, and the next run starts clean ---
+
+WRITER = """
+import numpy as np, sys
+from latecast.datasets import Dataset
+from latecast.store import write_store
+images = np.broadcast_to(np.uint8(7), (4096, 256, 256, 1))  # 256 MiB, no memory used
+labels = np.zeros(4096, np.uint8)
+write_store(Dataset("big", "train", images, labels, ("a",), (0.5,), (0.5,)), sys.argv[1])
+"""
+
+
+def test_kill_9_during_write_keeps_previous_store(tmp_path):
+    out = write_store(small(), tmp_path / "s")
+    child = subprocess.Popen([sys.executable, "-c", WRITER, str(out)])
+    partial = tmp_path / f".s.tmp-{child.pid}" / "images.npy"
+    deadline = time.monotonic() + 60
+    while not partial.exists() and child.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    assert child.returncode == -signal.SIGKILL, "the writer finished before it was killed"
+    assert partial.exists()  # killed mid-write: its half store is still lying around
+    assert same(open_store(out), small())  # ... but out is the previous good store
+    write_store(small(seed=3), out)  # the next run removes the dead writer's leftovers
+    assert same(open_store(out), small(seed=3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+
+
+def test_crash_between_renames_restores_the_old_store(tmp_path):
+    # A writer died after renaming the old store away and before renaming its new one in.
+    old = write_store(small(seed=4), tmp_path / "elsewhere")
+    pid = dead_pid()
+    os.replace(old, tmp_path / f".s.old-{pid}")
+    (tmp_path / f".s.tmp-{pid}").mkdir()
+    with pytest.raises(FormatError):  # this write fails, so nothing replaces the restored store
+        write_store(Dataset("x", "train", small().images, np.full(10, 9, np.uint8), ("a",),
+                            small().mean, small().std), tmp_path / "s")
+    assert same(open_store(tmp_path / "s"), small(seed=4))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+
+
+def test_a_live_writers_temp_folder_is_left_alone(tmp_path):
+    busy = tmp_path / f".s.tmp-{os.getppid()}"  # our parent is alive
+    busy.mkdir()
+    write_store(small(), tmp_path / "s")
+    assert busy.exists()
+
+
+# ---- row 11: image-folder conversion ------------------------------------------------------
+
+def image(path: Path, mode: str, size_wh: tuple[int, int], value: int, fmt: str = "PNG") -> np.ndarray:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(value)
+    shape = size_wh[::-1] if mode == "L" else (*size_wh[::-1], 3)
+    arr = rng.integers(0, 256, shape, dtype=np.uint8)
+    Image.fromarray(arr, mode).save(path, fmt)
+    return np.asarray(Image.open(path).convert(mode))  # what a decoder returns (JPEG is lossy)
+
+
+def png_header(w: int, h: int) -> bytes:
+    """A PNG that claims w x h pixels (the header is all Pillow reads before decoding)."""
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)
+    chunk = lambda kind, body: (struct.pack(">I", len(body)) + kind + body
+                                + struct.pack(">I", zlib.crc32(kind + body)))
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 9)) + chunk(b"IEND", b"")
+
+
+def test_convert_grayscale_folder_exactly(tmp_path):
+    src = tmp_path / "digits"
+    expected = {}
+    for i, cls in enumerate(["zero", "one", "two"]):
+        for j in range(3):
+            expected[(cls, j)] = image(src / cls / f"{j}.png", "L", (7, 5), 10 * i + j)
+    image(src / "one" / "sub" / "deep.png", "L", (7, 5), 99)  # nested files count, like ImageFolder
+    (src / "two" / "README.txt").write_text("not an image")
+    (src / "two" / ".hidden.png").write_bytes(b"junk")
+    out, skipped = convert_folder(src, tmp_path / "store")
+    ds = open_store(out)
+    assert skipped == [] and ds.classes == ("one", "two", "zero") and ds.image_shape == (5, 7, 1)
+    assert list(ds.labels) == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert np.array_equal(ds.images[7, :, :, 0], expected[("zero", 0)])  # lossless PNG kept exactly
+    assert np.array_equal(ds.images[4, :, :, 0], expected[("two", 0)])
+    assert ds.mean == pytest.approx([ds.images[:].mean() / 255])
+
+
+def test_convert_mixed_png_jpeg_gray_rgb_and_sizes(tmp_path):
+    src = tmp_path / "mix"
+    gray = image(src / "a" / "0.png", "L", (8, 6), 1)
+    rgb = image(src / "a" / "1.jpg", "RGB", (8, 6), 2, "JPEG")
+    image(src / "b" / "2.jpeg", "L", (8, 6), 3, "JPEG")
+    image(src / "b" / "3.png", "RGB", (16, 6), 4)  # wider: the one to be resized
+    ds = open_store(convert_folder(src, tmp_path / "store")[0])
+    # RGB because not every image is grayscale; the most common size (H=6, W=8) wins.
+    assert ds.image_shape == (6, 8, 3) and len(ds) == 4
+    assert np.array_equal(ds.images[0], np.repeat(gray[..., None], 3, 2))
+    assert np.array_equal(ds.images[1], rgb)
+    wide = Image.open(src / "b" / "3.png").resize((16, 6), Image.Resampling.BILINEAR).crop((4, 0, 12, 6))
+    assert np.array_equal(ds.images[3], np.asarray(wide))  # covered, then center-cropped
+
+
+def test_convert_to_a_given_size_keeps_aspect_then_center_crops(tmp_path):
+    src = tmp_path / "sz"
+    (src / "c").mkdir(parents=True)
+    arr = np.zeros((20, 40, 3), np.uint8)
+    arr[:, 8:32] = 255  # white middle: covered (20x10) then center-cropped, only white remains
+    Image.fromarray(arr).save(src / "c" / "wide.png")
+    image(src / "c" / "small.png", "RGB", (3, 3), 5)
+    ds = open_store(convert_folder(src, tmp_path / "store", size=(10, 10))[0])
+    assert ds.image_shape == (10, 10, 3)
+    assert (ds.images[1] == 255).all()
+    with pytest.raises(ConfigError, match=r"size must be \(height, width\)"):
+        convert_folder(src, tmp_path / "store", size=(0, 10))
+
+
+def truncated_png() -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (40, 40), np.uint8)).save(buf, "PNG")
+    return buf.getvalue()[:len(buf.getvalue()) // 2]
+
+
+BAD_FILES = {
+    "random.png": lambda: np.random.default_rng(0).bytes(500),
+    "truncated.png": truncated_png,
+    "empty.jpg": lambda: b"",
+    "huge.png": lambda: png_header(10_001, 10_000),
+    "bomb.png": lambda: png_header(30_000, 30_000),
+}
+
+
+@pytest.mark.parametrize("name", BAD_FILES)
+def test_bad_image_names_the_file_or_is_skipped(tmp_path, name):
+    src = tmp_path / "bad"
+    image(src / "a" / "good.png", "L", (4, 4), 1)
+    image(src / "b" / "good.png", "L", (4, 4), 2)
+    (src / "b" / name).write_bytes(BAD_FILES[name]())
+    with pytest.raises(FormatError, match=rf"b/{name}: "):
+        convert_folder(src, tmp_path / "store")
+    assert not (tmp_path / "store").exists()
+    out, skipped = convert_folder(src, tmp_path / "store", skip_bad=True)
+    assert skipped == [f"b/{name}"] and len(open_store(out)) == 2
+    assert (out / "skipped.txt").read_text().startswith(f"b/{name}\t")
+
+
+def test_convert_train_test_split(tmp_path):
+    src = tmp_path / "split"
+    for split, n in (("train", 3), ("val", 2)):
+        for cls in ("cat", "dog"):
+            for j in range(n):
+                image(src / split / cls / f"{j}.png", "RGB", (4, 4), hash((split, cls, j)) % 1000)
+    out, _ = convert_folder(src, tmp_path / "store")
+    train, val = open_store(out), open_store(out, split="val")
+    assert (len(train), len(val), train.classes, val.classes) == (6, 2 * 2, ("cat", "dog"), ("cat", "dog"))
+    assert val.mean == train.mean  # normalized with the train statistics
+    assert sorted(p.name for p in out.iterdir()) == ["train", "val"]
+    (src / "val" / "bird").mkdir()
+    image(src / "val" / "bird" / "0.png", "RGB", (4, 4), 1)
+    with pytest.raises(FormatError, match=r"class folders \['bird'\]"):
+        convert_folder(src, tmp_path / "store2")
+
+
+def test_convert_without_pillow_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "PIL", None)  # import PIL now raises ImportError
+    monkeypatch.setitem(sys.modules, "PIL.Image", None)
+    with pytest.raises(ConfigError, match=r"pip install 'latecast\[bench\]'"):
+        convert_folder(tmp_path, tmp_path / "store")

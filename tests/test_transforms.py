@@ -1,0 +1,168 @@
+"""Augmentation: per-image parameters, determinism, and agreement with slow references."""
+import numpy as np
+import pytest
+import torch
+
+from latecast.errors import ConfigError
+from latecast.transforms import (Augment, _crop_offsets, _cutout_centers, _flip_mask,
+                                 cutout, parse_augment, random_crop, random_flip)
+
+
+def batch(n=64, h=12, w=10, c=3, seed=0) -> torch.Tensor:
+    return torch.randint(0, 256, (n, h, w, c), dtype=torch.uint8,
+                         generator=torch.Generator().manual_seed(seed))
+
+
+def gen(seed: int, device: str = "cpu") -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+# Every device path runs on CPU; on a CUDA machine the same tests also run there.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+# ---- slow per-image references, fed the parameters the fast code draws ----------------
+
+def ref_crop(x: torch.Tensor, padding: int, fill: str, seed: int) -> torch.Tensor:
+    offsets = _crop_offsets(len(x), padding, gen(seed, x.device.type), x.device)
+    mode = "constant" if fill == "zero" else "reflect"
+    out = []
+    for img, (dy, dx) in zip(x.cpu().numpy(), offsets.tolist()):
+        padded = np.pad(img, ((padding, padding), (padding, padding), (0, 0)), mode=mode)
+        out.append(padded[dy:dy + x.shape[1], dx:dx + x.shape[2]])
+    return torch.from_numpy(np.stack(out)).to(x.device)
+
+
+def ref_flip(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
+    mask = _flip_mask(len(x), p, gen(seed, x.device.type), x.device)
+    return torch.stack([torch.flip(img, [1]) if m else img for img, m in zip(x, mask)])
+
+
+def ref_cutout(x: torch.Tensor, size: int, seed: int) -> torch.Tensor:
+    centers = _cutout_centers(len(x), x.shape[1], x.shape[2], gen(seed, x.device.type), x.device)
+    out = x.clone()
+    for img, (cy, cx) in zip(out, centers.tolist()):
+        y0, x0 = cy - size // 2, cx - size // 2
+        img[max(y0, 0):max(y0 + size, 0), max(x0, 0):max(x0 + size, 0)] = 0
+    return out
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("padding", [1, 3, 9])
+@pytest.mark.parametrize("fill", ["zero", "reflect"])
+def test_crop_equals_pad_then_slice_reference(padding, fill, device):
+    x = batch().to(device)
+    assert torch.equal(random_crop(x, padding, fill=fill, generator=gen(5, device)),
+                       ref_crop(x, padding, fill, seed=5))
+
+
+def test_reflect_padding_matches_numpy_at_the_extreme_offset():
+    x = batch(n=1, h=5, w=4, c=1)
+    # padding 3 on a 4-wide image: every reflected index reaches the far mirror.
+    for seed in range(20):
+        assert torch.equal(random_crop(x, 3, fill="reflect", generator=gen(seed)),
+                           ref_crop(x, 3, "reflect", seed))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("p", [0.3, 0.5, 1.0])
+def test_flip_equals_reference(p, device):
+    x = batch().to(device)
+    assert torch.equal(random_flip(x, p, generator=gen(2, device)), ref_flip(x, p, seed=2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("size", [1, 4, 7, 30])
+def test_cutout_equals_reference(size, device):
+    x = batch().to(device) | 1  # no zero pixels, so only the square is zero
+    assert torch.equal(cutout(x, size, generator=gen(3, device)), ref_cutout(x, size, seed=3))
+
+
+def test_parameters_differ_per_image():
+    x = batch(n=200)
+    offsets = _crop_offsets(200, 4, gen(0), x.device)
+    assert len({tuple(o) for o in offsets.tolist()}) > 40  # 81 possible offsets
+    # The same image repeated must come out in many different ways within one batch.
+    same = x[:1].expand(200, -1, -1, -1)
+    for f in (lambda b: random_crop(b, 4, generator=gen(1)),
+              lambda b: random_flip(b, generator=gen(1)),
+              lambda b: cutout(b | 1, 4, generator=gen(1))):
+        assert len({bytes(img.numpy()) for img in f(same)}) > 1
+
+
+def test_flip_rate_is_near_half_per_image():
+    x = batch(n=4000, h=2, w=3, c=1)
+    x[:, :, 0], x[:, :, 2] = 1, 2  # asymmetric, so a flip is visible
+    flipped = (random_flip(x, generator=gen(9))[:, 0, 0, 0] == 2).float()
+    # 4000 Bernoulli(0.5): sd of the mean 0.008, so +-0.05 is > 6 sd; 0%, 100% or one
+    # decision per batch fail.
+    assert abs(flipped.mean().item() - 0.5) < 0.05
+
+
+def test_same_seed_same_output_other_seed_differs():
+    x = batch()
+    aug = Augment(crop=4, flip=0.5, cutout=4)
+    assert torch.equal(aug(x, gen(7)), aug(x, gen(7)))
+    assert not torch.equal(aug(x, gen(7)), aug(x, gen(8)))
+
+
+def test_off_is_identity_and_shape_dtype_kept():
+    x = batch()
+    assert torch.equal(random_crop(x, 0), x)
+    assert torch.equal(random_flip(x, p=0.0), x)
+    assert torch.equal(cutout(x, 0), x)
+    assert torch.equal(Augment()(x), x)
+    y = Augment(crop=2, flip=0.5, cutout=3, fill="reflect")(x, gen(0))
+    assert y.shape == x.shape and y.dtype == torch.uint8
+
+
+def test_augment_applies_crop_then_flip_then_cutout():
+    x = batch()
+    g = gen(4)
+    expected = cutout(random_flip(random_crop(x, 2, generator=g), 0.5, generator=g), 5, generator=g)
+    assert torch.equal(Augment(crop=2, flip=0.5, cutout=5)(x, gen(4)), expected)
+
+
+@pytest.mark.parametrize("bad", [torch.zeros(2, 8, 8, 3), torch.zeros(8, 8, 3, dtype=torch.uint8),
+                                 np.zeros((2, 8, 8, 3), np.uint8)])
+def test_bad_input_names_expected_and_received(bad):
+    for f in (lambda: random_crop(bad, 2), lambda: random_flip(bad), lambda: cutout(bad, 2),
+              lambda: Augment(flip=0.5)(bad)):
+        with pytest.raises(ConfigError, match=r"uint8 tensor \(N, H, W, C\), got"):
+            f()
+
+
+def test_bad_settings_rejected():
+    x = batch(h=4, w=4)
+    with pytest.raises(ConfigError, match="needs padding < 4"):
+        random_crop(x, 4, fill="reflect")
+    with pytest.raises(ConfigError, match="fill"):
+        random_crop(x, 1, fill="edge")
+    with pytest.raises(ConfigError, match="probability"):
+        random_flip(x, 1.5)
+    with pytest.raises(ConfigError, match="size"):
+        cutout(x, -1)
+    for kwargs in ({"crop": -1}, {"flip": True}, {"cutout": 2.0}, {"fill": "wrap"}):
+        with pytest.raises(ConfigError):
+            Augment(**kwargs)
+
+
+def test_generator_on_another_device_rejected():
+    meta = torch.zeros(2, 4, 4, 1, dtype=torch.uint8, device="meta")
+    with pytest.raises(ConfigError, match="generator is on cpu"):
+        random_flip(meta, generator=gen(0))
+
+
+def test_parse_augment():
+    assert parse_augment("") is None and parse_augment(" None ") is None
+    assert parse_augment("crop,flip,cutout") == Augment(crop=4, flip=0.5, cutout=8)
+    assert parse_augment("crop=2, cutout=6,fill=reflect") == Augment(crop=2, cutout=6, fill="reflect")
+    assert parse_augment("flip=0.25") == Augment(flip=0.25)
+    for aug in (Augment(crop=3, flip=0.1, cutout=2, fill="reflect"), Augment(flip=1.0)):
+        assert parse_augment(str(aug)) == aug
+    with pytest.raises(ConfigError, match=r"unknown augmentation 'rotate'.*valid: crop"):
+        parse_augment("crop,rotate")
+    with pytest.raises(ConfigError, match="not a valid int"):
+        parse_augment("crop=x")
+    with pytest.raises(ConfigError, match="twice"):
+        parse_augment("flip,flip")
