@@ -1,0 +1,119 @@
+"""Checkpoints: plain dicts, written atomically, read without unpickling code.
+
+A checkpoint holds everything an exact resume needs: model (unwrapped from DDP),
+optimizer, scheduler, step, the loader's epoch and position, the RNG states, the run's
+config and its metric history. The loader's augmentation generators need no saved state:
+they are reseeded per batch from (seed, epoch, rank, batch).
+
+Writes go to a temporary file in the same folder, which is flushed, fsynced and then
+``os.replace``d onto the target, so a crash mid-save leaves the previous checkpoint intact
+(RELIABILITY row 19). Reads use ``torch.load(weights_only=True, map_location="cpu")``:
+tensors, numbers, strings, lists and dicts only (row 20).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from .errors import CheckpointError, LatecastError
+from .idx import atomic_write
+from .loader import Loader
+
+FORMAT = "latecast-checkpoint"
+VERSION = 1
+_REQUIRED = ("model", "optimizer", "scheduler", "step", "loader", "rng", "config", "world_size")
+
+# TrainConfig fields (plus world_size) that must match to continue a run: they decide
+# which samples are seen in which order and what each step computes. The rest (device,
+# transfer, output_dir, logging, timeouts) may change between the two halves of a run.
+RUN_FIELDS = ("dataset", "limit_train", "model", "epochs", "batch_size", "lr", "momentum",
+              "weight_decay", "label_smoothing", "augment", "amp", "channels_last", "seed",
+              "world_size")
+
+
+def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
+    """Write ``state`` (plain dict) to ``path`` atomically, tagged with the format version."""
+    with atomic_write(path) as f:
+        torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict:
+    """Read a checkpoint written by ``save_checkpoint``; ``CheckpointError`` naming the file
+    if it is missing, truncated, corrupt, not plain data, or not a latecast checkpoint."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: no such checkpoint file")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # zip, pickle and unpickler-allowlist errors all land here
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint ({first})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a latecast checkpoint (no '{FORMAT}' format tag)")
+    if state.get("version") != VERSION:
+        raise CheckpointError(f"{path}: checkpoint format version {state.get('version')!r}, "
+                              f"this latecast reads version {VERSION}")
+    missing = [k for k in _REQUIRED if k not in state]
+    if missing:
+        raise CheckpointError(f"{path}: checkpoint lacks {', '.join(missing)}")
+    return state
+
+
+def resume_path(resume: str | None, latest: Path, say: bool = True) -> Path | None:
+    """The checkpoint to continue from: ``resume`` itself, or for ``"auto"`` ``latest``
+    when it exists (else a fresh start, said when ``say``)."""
+    if resume is None:
+        return None
+    if resume != "auto":
+        return Path(resume)
+    if latest.is_file():
+        return latest
+    if say:
+        print(f"--resume auto: no {latest} yet; starting fresh", flush=True)
+    return None
+
+
+def restore(path: Path, run: dict, model: torch.nn.Module, opt: torch.optim.Optimizer,
+            sched: torch.optim.lr_scheduler.LRScheduler, loader: Loader) -> dict:
+    """Load the checkpoint at ``path`` into a run's objects, once it is known to come from
+    the same run (``run``: this run's config dict plus ``world_size``); return it."""
+    state = load_checkpoint(path)
+    check_same_run(path, {**state["config"], "world_size": state["world_size"]}, run)
+    try:  # a checkpoint edited by hand, or from another latecast version
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        loader.load_state_dict(state["loader"])
+        set_rng_state(state["rng"])
+    except (RuntimeError, ValueError, KeyError, TypeError, LatecastError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise CheckpointError(f"{path}: does not fit this run ({first})") from None
+    return state
+
+
+def check_same_run(path: str | os.PathLike, saved: dict, now: dict) -> None:
+    """Refuse to continue from ``saved`` (config dict + world_size) under a run that differs
+    in any of ``RUN_FIELDS``, listing every field that differs (row 21)."""
+    differ = [f"{k} {saved.get(k)!r} (checkpoint) != {now.get(k)!r} (now)"
+              for k in RUN_FIELDS if saved.get(k) != now.get(k)]
+    if differ:
+        raise CheckpointError(f"{path}: cannot resume, the run differs: " + "; ".join(differ))
+
+
+def rng_state() -> dict:
+    """CPU and (when in use) every CUDA device's generator state, as tensors."""
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    """Restore what ``rng_state`` saved; CUDA states only when this machine has as many
+    devices (a CUDA run resumed on the CPU keeps going without them)."""
+    torch.set_rng_state(state["cpu"])
+    cuda = state.get("cuda")
+    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(cuda)

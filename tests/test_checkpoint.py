@@ -1,0 +1,291 @@
+"""Checkpoints and exact resume: atomic saves (RELIABILITY row 19), corrupt or foreign files
+(row 20), refusing another run (row 21), bit-identical resume after an interruption or a
+real kill -9 (row 22), and a NaN loss that keeps the last good checkpoint (row 30).
+
+Runs use one CPU thread (in-process and in subprocesses alike): float sums are then done in
+one fixed order, so "bit-identical" compares like with like, and a loaded 2-core machine
+does not spend its time with two spinning OpenMP threads per process.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from latecast import checkpoint as ckpt
+from latecast.errors import CheckpointError, TrainingError
+from latecast.train import TrainConfig, train
+
+train_mod = importlib.import_module("latecast.train")  # the package re-exports train()
+
+# 10 steps an epoch; checkpoints every 3 steps land mid-epoch and on neither epoch's end.
+# crop augmentation is on so the per-batch generators' reseeding is part of what is checked.
+TINY = dict(model="mlp", epochs=2, batch_size=32, lr=0.05, augment="crop=2",
+            limit_train=320, limit_test=500, device="cpu", checkpoint_every=3,
+            log_every=2, progress=False)
+
+
+@pytest.fixture
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def run(tmp: Path, **over) -> dict:
+    return train(TrainConfig(**{**TINY, "output_dir": str(tmp), **over}))
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    """Final checkpoints hold bit-identical weights and optimizer state, same metrics."""
+    sa, sb = ckpt.load_checkpoint(a / "checkpoint.pt"), ckpt.load_checkpoint(b / "checkpoint.pt")
+    assert sa["step"] == sb["step"]
+    for name, tensor in sa["model"].items():
+        assert torch.equal(tensor, sb["model"][name]), name
+    for i, s in sa["optimizer"]["state"].items():
+        assert torch.equal(s["momentum_buffer"], sb["optimizer"]["state"][i]["momentum_buffer"])
+    assert sa["scheduler"] == sb["scheduler"]
+    timing = ("epoch_seconds", "images_per_s")
+    strip = [{k: v for k, v in r.items() if k not in timing} for r in sa["history"]]
+    assert strip == [{k: v for k, v in r.items() if k not in timing} for r in sb["history"]]
+    assert (a / "metrics.jsonl").read_text().count("\n") == len(sa["history"])
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    """An uninterrupted TINY run, one thread."""
+    out = tmp_path_factory.mktemp("reference")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run(out)
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+# -- exact resume (row 22) -------------------------------------------------------------------
+
+@pytest.mark.parametrize("stop_after", [3, 10, 15])  # mid-epoch 1, epoch 1's end, mid-epoch 2
+def test_interrupted_run_resumes_bit_identical(stop_after, reference, tmp_path, one_thread,
+                                               monkeypatch):
+    real_save = train_mod.save_checkpoint
+
+    def save_then_stop(path, state):
+        real_save(path, state)
+        if state["step"] == stop_after and Path(path).name == "checkpoint.pt":
+            raise KeyboardInterrupt  # the run stops right after this checkpoint
+    monkeypatch.setattr(train_mod, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path)
+    monkeypatch.setattr(train_mod, "save_checkpoint", real_save)
+    assert ckpt.load_checkpoint(tmp_path / "checkpoint.pt")["step"] == stop_after
+    summary = run(tmp_path, resume="auto")
+    assert_same_run(tmp_path, reference)
+    assert summary["test_accuracy"] == json.loads((reference / "summary.json").read_text())[
+        "test_accuracy"]
+
+
+KILLED = dict(model="mlp", epochs=2, batch_size=16, lr=0.05, augment="crop=2",
+              limit_train=2048, limit_test=1000, device="cpu", checkpoint_every=20,
+              progress=False)  # 128 steps an epoch: long enough to be killed mid-run
+
+
+def _cli(out: Path, *extra: str) -> list[str]:
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in KILLED.items() if k != "progress"]
+    return [sys.executable, "-m", "latecast", "train", *flags, "--no-progress",
+            "--output-dir", str(out), *extra]
+
+
+@pytest.mark.slow
+def test_kill9_between_checkpoints_then_resume_auto_is_exact(tmp_path, one_thread):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # same as one_thread in this process
+    killed = tmp_path / "killed"
+    victim = subprocess.Popen(_cli(killed), env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        train(TrainConfig(**KILLED, output_dir=str(tmp_path / "full")))  # meanwhile: reference
+        deadline = time.monotonic() + 120
+        while not (killed / "checkpoint.pt").exists():
+            assert victim.poll() is None, "finished before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.005)
+        assert victim.poll() is None, "finished before it could be killed"
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(30)
+    finally:
+        victim.kill()
+    state = ckpt.load_checkpoint(killed / "checkpoint.pt")  # row 19 under a real kill
+    assert 0 < state["step"] < 2 * 128
+    resumed = subprocess.run(_cli(killed, "--resume", "auto"), env=env, capture_output=True,
+                             text=True, timeout=180)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resuming from {killed / 'checkpoint.pt'}" in resumed.stdout
+    assert_same_run(killed, tmp_path / "full")
+
+
+def test_resume_auto_without_checkpoint_starts_fresh(tmp_path, one_thread, capsys):
+    summary = run(tmp_path, epochs=1, checkpoint_every=None, resume="auto")
+    assert "starting fresh" in capsys.readouterr().out
+    assert summary["step"] == 10 and (tmp_path / "checkpoint.pt").is_file()
+    assert (tmp_path / "best.pt").is_file()
+
+
+# -- refusing another run (row 21) -------------------------------------------------------------
+
+def test_resume_with_another_run_names_every_field(tmp_path, one_thread):
+    run(tmp_path, epochs=1)
+    with pytest.raises(CheckpointError) as err:
+        run(tmp_path, epochs=1, batch_size=64, model="cnn", resume="auto")
+    msg = str(err.value)
+    assert str(tmp_path / "checkpoint.pt") in msg
+    assert "batch_size 32 (checkpoint) != 64 (now)" in msg
+    listed = {part.split()[0] for part in msg.split("the run differs: ")[1].split("; ")}
+    assert listed == {"batch_size", "model"}  # all that differs, nothing else
+
+
+@pytest.mark.parametrize("field,value", [("world_size", 2), ("dataset", "fashion-mnist")])
+def test_resume_refuses_other_world_size_or_dataset(field, value, tmp_path, one_thread):
+    run(tmp_path, epochs=1)
+    path = tmp_path / "checkpoint.pt"
+    state = ckpt.load_checkpoint(path)
+    if field == "world_size":
+        state["world_size"] = value
+    else:
+        state["config"][field] = value
+    ckpt.save_checkpoint(path, state)
+    with pytest.raises(CheckpointError, match=f"{field} {value!r} \\(checkpoint\\)"):
+        run(tmp_path, epochs=1, resume=str(path))
+
+
+# -- atomic saves (row 19) ---------------------------------------------------------------------
+
+def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    good = {"model": {"w": torch.arange(4.0)}, "optimizer": {}, "scheduler": {}, "step": 1,
+            "loader": {}, "rng": {}, "config": {}, "world_size": 1}
+    ckpt.save_checkpoint(path, good)
+
+    def torn_save(obj, f):
+        f.write(b"PK\x03\x04 half a zip")  # partial bytes, then the "crash"
+        raise OSError("disk full")
+    monkeypatch.setattr(torch, "save", torn_save)
+    with pytest.raises(OSError):
+        ckpt.save_checkpoint(path, {**good, "step": 2})
+    monkeypatch.undo()
+    assert ckpt.load_checkpoint(path)["step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]
+
+
+SAVER = """
+import sys, torch
+from latecast.checkpoint import save_checkpoint
+for i in range(10**6):
+    save_checkpoint(sys.argv[1], {"model": {"w": torch.full((4_000_000,), float(i))},
+        "optimizer": {}, "scheduler": {}, "step": i, "loader": {}, "rng": {}, "config": {},
+        "world_size": 1})
+"""
+
+
+def test_kill9_during_saves_leaves_a_loadable_checkpoint(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    proc = subprocess.Popen([sys.executable, "-c", SAVER, str(path)])
+    try:
+        deadline = time.monotonic() + 60
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # somewhere inside a later save
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    state = ckpt.load_checkpoint(path)
+    assert torch.all(state["model"]["w"] == state["step"])  # one whole save, not a mix
+
+
+# -- corrupt or foreign files (row 20) ---------------------------------------------------------
+
+def _corrupt(path: Path, kind: str) -> None:
+    good = {"model": {}, "optimizer": {}, "scheduler": {}, "step": 0, "loader": {},
+            "rng": {}, "config": {}, "world_size": 1}
+    ckpt.save_checkpoint(path, good)
+    data = path.read_bytes()
+    if kind == "empty":
+        path.write_bytes(b"")
+    elif kind == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif kind == "garbage":
+        path.write_bytes(os.urandom(4096))
+    elif kind == "foreign":
+        torch.save({"state_dict": {"w": torch.ones(2)}}, path)
+    elif kind == "code":  # a pickled object: weights_only refuses to build it
+        torch.save({"format": ckpt.FORMAT, "obj": argparse_namespace()}, path)
+    elif kind == "future":
+        torch.save({**good, "format": ckpt.FORMAT, "version": 99}, path)
+    elif kind == "incomplete":
+        torch.save({"format": ckpt.FORMAT, "version": ckpt.VERSION, "model": {}}, path)
+
+
+def argparse_namespace():
+    import argparse
+    return argparse.Namespace(x=1)
+
+
+@pytest.mark.parametrize("kind", ["empty", "truncated", "garbage", "foreign", "code",
+                                  "future", "incomplete", "missing"])
+def test_corrupt_or_foreign_checkpoint_is_named(kind, tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    if kind != "missing":
+        _corrupt(path, kind)
+    with pytest.raises(CheckpointError) as err:
+        ckpt.load_checkpoint(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+def test_cli_resume_from_garbage_is_one_line(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"<html>not a checkpoint</html>")
+    proc = subprocess.run([sys.executable, "-m", "latecast", "train", "--model", "mlp",
+                           "--limit-train", "64", "--limit-test", "64", "--device", "cpu",
+                           "--output-dir", str(tmp_path / "o"), "--resume", str(bad)],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 1
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("latecast:")]
+    assert len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in proc.stderr
+
+
+# -- contents and NaN (rows 20, 30) ------------------------------------------------------------
+
+def test_checkpoint_is_plain_data_with_everything_for_resume(reference):
+    raw = torch.load(reference / "checkpoint.pt", map_location="cpu", weights_only=True)
+    assert raw["format"] == ckpt.FORMAT and raw["version"] == ckpt.VERSION
+    for key in ("model", "optimizer", "scheduler", "epoch", "step", "loader", "rng",
+                "config", "world_size", "history", "best_accuracy"):
+        assert key in raw, key
+    assert raw["config"] == asdict(TrainConfig(**{**TINY, "output_dir": str(reference),
+                                                  "label_smoothing": 0.0, "amp": False,
+                                                  "channels_last": False}))  # resolved
+    assert raw["loader"]["epoch"] == 2 and raw["loader"]["position"] == 0 and raw["step"] == 20
+    assert not any(k.startswith("module.") for k in raw["model"])
+    best = ckpt.load_checkpoint(reference / "best.pt")
+    assert best["best_accuracy"] == max(r["test_accuracy"] for r in raw["history"])
+
+
+def test_nan_loss_names_the_step_and_keeps_last_good_checkpoint(tmp_path, one_thread):
+    with pytest.raises(TrainingError) as err:
+        run(tmp_path, lr=1e4, epochs=1, checkpoint_every=2, log_every=1)
+    msg = str(err.value)
+    bad = int(msg.split("at step ")[1].split(";")[0])
+    kept = ckpt.load_checkpoint(tmp_path / "checkpoint.pt")
+    assert kept["step"] < bad and f"(step {kept['step']})" in msg
+    assert str(tmp_path / "checkpoint.pt") in msg
