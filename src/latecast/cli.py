@@ -40,23 +40,49 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     from .models import MODELS
     from .train import TrainConfig
     d = TrainConfig()
+    per = "default: per dataset"
     p.add_argument("dataset", nargs="?", default=d.dataset, help=DATASET_HELP)
-    p.add_argument("--model", default=d.model, help=f"one of {', '.join(MODELS)} (default %(default)s)")
-    p.add_argument("--epochs", type=int, default=d.epochs, help="default %(default)s")
-    p.add_argument("-b", "--batch-size", type=int, default=d.batch_size, help="per process, default %(default)s")
-    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate, default %(default)s")
-    p.add_argument("--label-smoothing", type=float, default=d.label_smoothing)
+    p.add_argument("--model", default=d.model, help=f"one of {', '.join(MODELS)} ({per})")
+    p.add_argument("--epochs", type=int, default=d.epochs, help=per)
+    p.add_argument("-b", "--batch-size", type=int, default=d.batch_size, help=f"per process, {per}")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate, {per}")
+    p.add_argument("--label-smoothing", type=float, default=d.label_smoothing, help=per)
+    p.add_argument("--augment", default=d.augment, help=f'e.g. "crop=4,flip,cutout=8" or "none", {per}')
+    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=d.amp,
+                   help=f"bf16 autocast, CUDA only ({per})")
+    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction,
+                   default=d.channels_last, help=f"NHWC on CUDA ({per})")
+    p.add_argument("--momentum", type=float, default=d.momentum, help="default %(default)s")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="default %(default)s")
     p.add_argument("--transfer", default=d.transfer, help="float32|uint8|prefetch|resident|auto")
-    p.add_argument("--device", default=d.device, help="auto|cpu|cuda|cuda:N")
+    p.add_argument("--device", default=d.device,
+                   help="auto|cpu|cuda|cuda:N; under torchrun auto/cuda mean cuda:LOCAL_RANK")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--data-root", default=d.data_root, help="folder with the dataset's files")
     p.add_argument("--output-dir", default=d.output_dir, help="default %(default)s")
+    p.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size,
+                   help="per process, default %(default)s")
+    p.add_argument("--log-every", type=int, default=d.log_every,
+                   help="steps between loss/NaN checks, default %(default)s")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
+    p.add_argument("--limit-train", type=int, default=d.limit_train, metavar="N",
+                   help="train on the first N training samples only (smoke runs)")
+    p.add_argument("--limit-test", type=int, default=d.limit_test, metavar="N",
+                   help="evaluate on the first N test samples only (smoke runs)")
+    p.add_argument("--resume", default=d.resume, metavar="PATH|auto",
+                   help="continue from a checkpoint; auto: OUTPUT_DIR/checkpoint.pt if it exists")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="N",
+                   help="also save checkpoint.pt every N steps (always at each epoch end)")
+    p.add_argument("--dist-timeout", type=float, default=d.dist_timeout, metavar="S",
+                   help="seconds a rank waits for the others under torchrun, default %(default)s")
 
 
 def _run_train(args: argparse.Namespace) -> dict:
     from .train import TrainConfig, train
     summary = train(_config(TrainConfig, args))
+    if summary["rank"] != 0:  # under torchrun only rank 0 reports (and prints the JSON)
+        args.json = False
+        return summary
     saved = 1 - summary["h2d_bytes"] / max(summary["h2d_bytes_float32"], 1)
     print(f"test accuracy {summary['test_accuracy']:.4f} after {summary['epochs']} epochs, "
           f"{summary['train_seconds']:.1f} s of training on {summary['device']} "
