@@ -184,11 +184,43 @@ def _run_bench(args: argparse.Namespace) -> dict:
     return result
 
 
+# -- convert -----------------------------------------------------------------------------
+
+def _size(text: str) -> tuple[int, int]:
+    """``"32x32"`` -> ``(32, 32)`` for ``--size`` (argparse turns the ValueError into exit 2)."""
+    h, _, w = text.lower().partition("x")
+    size = (int(h), int(w or h))
+    if min(size) < 1:
+        raise ValueError(text)
+    return size
+
+
+def _add_convert(p: argparse.ArgumentParser) -> None:
+    p.add_argument("folder", help="class-per-subfolder images (optionally under train/ and test/)")
+    p.add_argument("out", help="store folder to write (replaced atomically if it is a store)")
+    p.add_argument("--size", type=_size, default=None, metavar="HxW",
+                   help="resize to cover HxW, then center-crop (default: the most common size)")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip unreadable images and list them in OUT/skipped.txt")
+
+
+def _run_convert(args: argparse.Namespace) -> dict:
+    from .datasets import load_dataset
+    from .store import convert_folder
+    out, skipped = convert_folder(args.folder, args.out, size=args.size, skip_bad=args.skip_bad)
+    ds = load_dataset(str(out))
+    print(f"{out}: {len(ds)} images {ds.image_shape} uint8, {ds.num_classes} classes"
+          + (f"; skipped {len(skipped)} (listed in {out}/skipped.txt)" if skipped else ""))
+    return {"store": str(out), "samples": len(ds), "image_shape": list(ds.image_shape),
+            "classes": list(ds.classes), "skipped": skipped}
+
+
 COMMANDS = {
     "train": (_add_train, _run_train, "train a reference model (default: bundled MNIST)"),
     "info": (_add_info, _run_info, "dataset shapes and bytes per epoch per strategy"),
     "profile": (_add_profile, _run_profile, "each transfer strategy under torch.profiler, vs the usual loop"),
     "bench": (_add_bench, _run_bench, "loader and training throughput vs torchvision's DataLoader"),
+    "convert": (_add_convert, _run_convert, "an image folder into a compact uint8 store"),
 }
 
 
