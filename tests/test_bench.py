@@ -1,6 +1,7 @@
 """`latecast bench` on CPU with tiny settings: every loader, finite numbers, all files written."""
 import contextlib
 import io
+import itertools
 import json
 import math
 
@@ -8,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from latecast.bench import bytes_per_epoch
+from latecast.bench import bytes_per_epoch, epochs
 from latecast.cli import main
 from latecast.datasets import from_arrays
+from latecast.loader import Loader
 from latecast.transfer import STRATEGIES
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -60,17 +62,31 @@ def test_report_and_plot(run):
     assert (out / "bench.png").read_bytes().startswith(PNG)
 
 
-def test_counted_bytes_match_epoch_bytes():
-    """Over one real epoch the loaders count exactly what ``epoch_bytes`` promises."""
+def tiny(n: int = 300):
     rng = np.random.default_rng(0)
-    ds = from_arrays(rng.integers(0, 256, (300, 8, 8, 3), dtype=np.uint8),
-                     rng.integers(0, 10, 300))
-    got = bytes_per_epoch(ds, torch.device("cpu"), 64, measure=True)
-    assert got.pop("ratio") == {"image": 4.0, "label": 8.0}
+    return from_arrays(rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8), rng.integers(0, 10, n))
+
+
+def test_counted_bytes_match_epoch_bytes(run):
+    """Over one real epoch the loaders count exactly what ``epoch_bytes`` promises."""
+    got = bytes_per_epoch(tiny(), torch.device("cpu"), 64)
     for name in STRATEGIES:
         assert got[name]["measured"] == got[name]["per_epoch"], name
+    assert got["float32"]["image_bytes"] == 4 * got["uint8"]["image_bytes"]
+    assert got["float32"]["label_bytes"] == 8 * got["uint8"]["label_bytes"]
     assert got["resident"]["image_bytes"] == got["resident"]["label_bytes"] == 0
     assert got["resident"]["once"] == 300 * (8 * 8 * 3 + 1)
+    assert run[1]["bytes_fewer_than_float32"] == {"image": 4.0, "label": 8.0}  # MNIST, counted
+
+
+@pytest.mark.parametrize("transfer", list(STRATEGIES))
+def test_every_pass_is_a_whole_epoch(transfer):
+    """A pass stopped right after its last batch leaves a Loader at the end of its epoch; the
+    benchmark must still time full epochs (regression: the 3rd pass used to deliver 0 images)."""
+    loader = Loader(tiny(), 64, device="cpu", transfer=transfer)
+    start = epochs(loader)
+    for _ in range(4):
+        assert sum(len(x) for x, _ in itertools.islice(start(), len(loader))) == 300
 
 
 def test_bad_settings_are_a_one_line_error(capsys):

@@ -46,6 +46,7 @@ class BenchConfig:
     limit_batches: int | None = None  # batches per pass/epoch (default: whole epochs); for tests
     e2e_epochs: int = 3               # epochs of each end-to-end run; 0 skips part (b)
     e2e_batch_size: int = 128         # training batch (as `latecast train`)
+    e2e_workers: int | None = None    # usual loop's DataLoader workers; None: the fastest in (a)
     lr: float = 0.1                   # peak one-cycle learning rate (as `latecast train`)
     seed: int = 0                     # weights and order
     data_root: str | None = None      # folder with the dataset's original files
@@ -55,10 +56,10 @@ class BenchConfig:
         bad = [f"{k}={getattr(self, k)!r}" for k, ok in (
             ("repeats", self.repeats >= 1), ("batch_size", self.batch_size >= 1),
             ("e2e_epochs", self.e2e_epochs >= 0), ("e2e_batch_size", self.e2e_batch_size >= 1),
+            ("e2e_workers", self.e2e_workers is None or self.e2e_workers >= 0),
             ("limit_batches", self.limit_batches is None or self.limit_batches >= 1)) if not ok]
         if bad:
-            raise ConfigError(f"bench settings out of range: {', '.join(bad)} (counts must be >= 1, "
-                              "e2e_epochs >= 0)")
+            raise ConfigError(f"bench settings out of range: {', '.join(bad)}")
 
 
 # ---- pieces shared with profile.py -------------------------------------------------------
@@ -120,6 +121,17 @@ def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]
         yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
+def epochs(loader: Loader) -> Callable[[], Iterator[Batch]]:
+    """Each call starts the loader's next epoch at its first batch (a pass cut short, or
+    stopped right after its last batch, leaves a Loader mid-epoch: ``iter`` resumes there)."""
+    count = itertools.count(loader.epoch + 1)
+
+    def start() -> Iterator[Batch]:
+        loader.set_epoch(next(count))
+        return iter(loader)
+    return start
+
+
 def markdown_table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
@@ -146,8 +158,7 @@ def _rates(make_iter: Callable[[], Iterator[Batch]], n_batches: int, repeats: in
 
 def _upper_bound(ds: Dataset, cfg: BenchConfig, device: torch.device) -> Iterator[Batch]:
     """A uint8 batch already on the device: the only work left is the normalize."""
-    h, w, c = ds.image_shape
-    x = torch.randint(0, 256, (cfg.batch_size, h, w, c), dtype=torch.uint8, device=device)
+    x = torch.randint(0, 256, (cfg.batch_size, *ds.image_shape), dtype=torch.uint8, device=device)
     y = torch.zeros(cfg.batch_size, dtype=torch.int64, device=device)
     while True:
         yield transforms.normalize(x, ds.mean, ds.std), y
@@ -170,7 +181,7 @@ def loader_throughput(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
     out: dict[str, list[float]] = {}
     for name in STRATEGIES:
         loader = Loader(ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed)
-        out[name] = _rates(lambda: iter(loader), n, cfg.repeats, device)
+        out[name] = _rates(epochs(loader), n, cfg.repeats, device)
     cores = os.cpu_count() or 1
     for label, workers in (("torchvision-w0", 0), ("torchvision-w2", 2), ("torchvision-wN", cores)):
         # Persistent workers: start-up is not timed, which flatters torchvision.
@@ -178,8 +189,8 @@ def loader_throughput(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
         out[label] = _rates(lambda: to_device(iter(dl), device), n, cfg.repeats, device)
         del dl  # stop its workers before the next setting starts its own
     out["upper-bound"] = _rates(lambda: _upper_bound(ds, cfg, device), n, cfg.repeats, device)
-    epochs = itertools.count()
-    out["gather"] = _rates(lambda: _gather(ds, cfg, next(epochs)), n, cfg.repeats, device)
+    count = itertools.count()
+    out["gather"] = _rates(lambda: _gather(ds, cfg, next(count)), n, cfg.repeats, device)
     return out
 
 
@@ -199,22 +210,21 @@ def _accuracy(model: torch.nn.Module, test: Dataset, device: torch.device,
     return int(correct.item()) / max(total, 1)  # .item() syncs the device
 
 
-def fit(batches: Callable[[int], Iterable[Batch]], steps_per_epoch: int, ds: Dataset,
+def fit(passes: Callable[[], Iterable[Batch]], steps_per_epoch: int, ds: Dataset,
         test: Dataset, cfg: BenchConfig, device: torch.device) -> dict:
-    """Train a fresh ``cnn`` on ``batches(epoch)`` as ``latecast train`` does (SGD, Nesterov,
-    one-cycle); time each epoch between device syncs, evaluate outside the timer."""
+    """Train a fresh ``cnn`` on one ``passes()`` per epoch as ``latecast train`` does (SGD,
+    Nesterov, one-cycle); time each epoch between device syncs, evaluate outside the timer."""
     torch.manual_seed(cfg.seed)  # same initial weights for every data path
     h, w, c = ds.image_shape
     model = build_model("cnn", (c, h, w), ds.num_classes).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, nesterov=True,
-                          weight_decay=5e-4)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
     sched = torch.optim.lr_scheduler.OneCycleLR(
         opt, max_lr=cfg.lr, total_steps=max(cfg.e2e_epochs * steps_per_epoch, 1), pct_start=0.25)
     seconds, accuracy = [], []
-    for epoch in range(cfg.e2e_epochs):
+    for _ in range(cfg.e2e_epochs):
         sync(device)
         t0 = time.perf_counter()
-        for x, y in itertools.islice(batches(epoch), steps_per_epoch):
+        for x, y in itertools.islice(passes(), steps_per_epoch):
             loss = F.cross_entropy(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -233,36 +243,28 @@ def end_to_end(ds: Dataset, test: Dataset, cfg: BenchConfig, device: torch.devic
     """The usual loop (torchvision DataLoader at ``workers``) and latecast (``auto``)."""
     dl = torchvision_loader(ds, cfg.e2e_batch_size, workers, device, cfg.seed)
     steps = min(len(dl), cfg.limit_batches or len(dl))
-    usual = fit(lambda epoch: to_device(dl, device), steps, ds, test, cfg, device)
+    usual = fit(lambda: to_device(dl, device), steps, ds, test, cfg, device)
     loader = Loader(ds, cfg.e2e_batch_size, device=device, transfer="auto", seed=cfg.seed)
-    ours = fit(lambda epoch: loader, steps, ds, test, cfg, device)  # epochs advance by themselves
+    ours = fit(epochs(loader), steps, ds, test, cfg, device)
     return {"usual-loop": {**usual, "workers": workers},
             "latecast": {**ours, "transfer": loader.transfer}}
 
 
 # ---- (c) bytes ---------------------------------------------------------------------------
 
-def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int,
-                    measure: bool) -> dict[str, dict]:
-    """``epoch_bytes`` per strategy (the torchvision loop moves what ``float32`` moves); with
-    ``measure``, also what a Loader counts over one real epoch, images and labels apart."""
+def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[str, dict]:
+    """``epoch_bytes`` per strategy (the torchvision loop moves what ``float32`` moves), and
+    what a Loader counts over one real epoch, images and labels apart."""
     out = {"torchvision": {"per_epoch": float32_bytes(ds, len(ds)), "once": 0}}
     for name in STRATEGIES:
-        out[name] = dict(epoch_bytes(ds, name))
-        if measure:
-            loader = Loader(ds, batch_size, device=device, transfer=name)
-            s0 = replace(loader.stats)  # a copy, after resident's upload in the constructor
-            for _ in loader:
-                pass
-            s = loader.stats
-            out[name].update(measured=s.h2d_bytes - s0.h2d_bytes,
-                             image_bytes=s.image_bytes - s0.image_bytes,
-                             label_bytes=s.label_bytes - s0.label_bytes, index_bytes=s.index_bytes)
-    u8, f32 = out["uint8"], out["float32"]
-    # float32 / uint8 bytes: counted when measured, else from the dtype sizes (equal, exactly).
-    out["ratio"] = ({"image": f32["image_bytes"] / u8["image_bytes"],
-                     "label": f32["label_bytes"] / u8["label_bytes"]} if measure else
-                    {"image": 4.0, "label": 8 / ds.labels.itemsize})
+        loader = Loader(ds, batch_size, device=device, transfer=name)
+        s0 = replace(loader.stats)  # a copy, after resident's upload in the constructor
+        for _ in loader:
+            pass
+        s = loader.stats
+        out[name] = {**epoch_bytes(ds, name), "measured": s.h2d_bytes - s0.h2d_bytes,
+                     "image_bytes": s.image_bytes - s0.image_bytes,
+                     "label_bytes": s.label_bytes - s0.label_bytes, "index_bytes": s.index_bytes}
     return out
 
 
@@ -281,11 +283,13 @@ def bench(cfg: BenchConfig) -> dict:
     best_tv = max(tv, key=tv.get)
     e2e: dict[str, dict] = {}
     if cfg.e2e_epochs:
-        workers = {"torchvision-w0": 0, "torchvision-w2": 2}.get(best_tv, os.cpu_count() or 1)
+        # The usual loop gets the worker count that delivered the most images/s in (a).
+        workers = cfg.e2e_workers if cfg.e2e_workers is not None else \
+            {"torchvision-w0": 0, "torchvision-w2": 2}.get(best_tv, os.cpu_count() or 1)
         e2e = end_to_end(ds, load_dataset(cfg.dataset, "test", root=cfg.data_root), cfg,
                          device, workers)
-    nbytes = bytes_per_epoch(ds, device, cfg.batch_size, measure=cfg.limit_batches is None)
-    ratio = nbytes.pop("ratio")
+    nbytes = bytes_per_epoch(ds, device, cfg.batch_size)
+    f32, u8 = nbytes["float32"], nbytes["uint8"]
     result = {
         "config": asdict(cfg), **run_info(device), "dataset": ds.name, "best_torchvision": best_tv,
         "loader_images_per_s": rates,
@@ -295,7 +299,8 @@ def bench(cfg: BenchConfig) -> dict:
         "end_to_end": e2e,
         "h2d_bytes_per_epoch": {k: int(v["per_epoch"]) for k, v in nbytes.items()},
         "h2d_detail": nbytes,
-        "bytes_fewer_than_float32": ratio,
+        "bytes_fewer_than_float32": {"image": f32["image_bytes"] / u8["image_bytes"],
+                                     "label": f32["label_bytes"] / u8["label_bytes"]},
     }
     md = report_markdown(result)
     (out / "bench.json").write_text(json.dumps(result, indent=2))

@@ -170,6 +170,8 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                    help="batches per timed pass and per end-to-end epoch (default: whole epochs)")
     p.add_argument("--e2e-epochs", type=int, default=d.e2e_epochs, help="0 skips end to end, default %(default)s")
     p.add_argument("--e2e-batch-size", type=int, default=d.e2e_batch_size, help="default %(default)s")
+    p.add_argument("--e2e-workers", type=int, default=d.e2e_workers,
+                   help="usual loop's DataLoader workers (default: the fastest setting in (a))")
     p.add_argument("--lr", type=float, default=d.lr, help="end-to-end peak learning rate, default %(default)s")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--data-root", default=d.data_root, help="folder with the dataset's files")
