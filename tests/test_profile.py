@@ -5,9 +5,10 @@ import json
 import math
 
 import pytest
+import torch
 
 from latecast.cli import main
-from latecast.profile import ROWS, _trace_totals, plot, report_markdown
+from latecast.profile import ROWS, ProfileConfig, _trace_totals, plot, profile, report_markdown
 
 PNG = b"\x89PNG\r\n\x1a\n"
 BATCH = 16
@@ -85,3 +86,20 @@ def test_gpu_trace_and_report_paths(tmp_path):
 def test_unknown_row_is_a_one_line_error(capsys):
     assert main(["profile", "--transfer", "uint8,nope", "--device", "cpu"]) == 1
     assert "nope" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_copies_match_the_loader_accounting(tmp_path):
+    """The profiler's Memcpy HtoD bytes equal what the loaders count; uint8 packs images
+    and labels into one pinned copy; resident copies nothing per step."""
+    r = profile(ProfileConfig(steps=3, warmup=1, batch_size=64, device="cuda",
+                              transfer="float32,uint8,resident,baseline", output_dir=str(tmp_path)))
+    rows = r["rows"]
+    assert all("Pageable" in k for k in rows["float32"]["memcpy"]), rows["float32"]["memcpy"]
+    assert all("Pinned" in k for k in rows["uint8"]["memcpy"]), rows["uint8"]["memcpy"]
+    assert rows["uint8"]["memcpy_count"] == 1
+    for name in ("float32", "uint8", "baseline"):
+        assert rows[name]["profiler_bytes_per_step"] == rows[name]["h2d_bytes_per_step"], name
+    assert rows["resident"]["profiler_bytes_per_step"] == 0, rows["resident"]["memcpy"]
+    assert rows["uint8"]["memcpy_ms"] > 0 and rows["resident"]["kernel_ms"] > 0

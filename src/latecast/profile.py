@@ -210,8 +210,10 @@ def profile_row(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig
 def _memcpy_cell(row: dict, kind: str) -> str:
     if row["memcpy"] is None:
         return NO_DEVICE
-    m = row["memcpy"].get(f"Memcpy HtoD ({kind} -> Device)")
-    return "0" if m is None else f"{m['ms']:.3f} ms ({m['count']:.1f}x)"
+    found = [m for name, m in row["memcpy"].items() if kind in name]  # "(Pinned -> Device)"
+    if not found:
+        return "0"
+    return f"{sum(m['ms'] for m in found):.3f} ms ({sum(m['count'] for m in found):.1f}x)"
 
 
 def report_markdown(r: dict) -> str:
