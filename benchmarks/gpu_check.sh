@@ -5,9 +5,10 @@
 #   1. the gpu-marked tests            (pytest -m gpu)
 #   2. latecast profile                (every row, Chrome traces)
 #   3. latecast bench                  (loader throughput, end to end, bytes)
-#   4. HOOK: CIFAR-10-shaped run       (hook_cifar10 below: empty for now)
-#   5. HOOK: 1-GPU torchrun run        (hook_torchrun below: empty for now)
+#   4. a CIFAR-10-shaped run           (synthetic store: bench with augment off/on, ResNet-9)
+#   5. a 1-GPU torchrun run            (NCCL, DDP, mid-epoch checkpoints)
 #   6. time to 99% on MNIST            (one warm-up run, then the median of $SEEDS seeds)
+#   7. a few other time-to-99% settings, one run each
 # then prints the CUDA targets as a table (benchmarks/gpu_summary.py). A part that fails is
 # recorded and the rest still runs; the exit status is non-zero if any part failed (a missed
 # target is reported in the table, it is not a failure).
@@ -22,6 +23,9 @@
 #   TRAIN_ARGS [--transfer resident -b 512 --epochs 3 --lr 0.2] latecast train settings
 #   PROFILE_ARGS [] BENCH_ARGS [] extra flags, e.g. "-b 16"
 #   PYTEST_ARGS [-m gpu]  PART_TIMEOUT [300] seconds before a part is stopped
+#   CIFAR_TRAIN [50000] CIFAR_TEST [10000] CIFAR_EPOCHS [2] CIFAR_ARGS [] CIFAR_BATCHES [40]
+#   TORCHRUN_ARGS [--epochs 2 -b 512 --lr 0.2 --checkpoint-every 50] 1-GPU torchrun train
+#   SWEEP ["-b 1024 --epochs 3 --lr 0.4|..."] time-to-99% settings, one run each; SWEEP_ARGS []
 set -u
 cd "$(dirname "$0")/.."
 
@@ -87,44 +91,6 @@ part() {
 } > "$RESULTS/env.txt" 2>&1
 cat "$RESULTS/env.txt" >> "$LOG"
 
-# latecast imports tqdm (progress bars). Where it is missing, put a pass-through stand-in on
-# PYTHONPATH for this run only, so the measurements still happen; say so in the log.
-if ! "$PYTHON" -c "import tqdm" 2> /dev/null; then
-    mkdir -p "$SCRATCH/stub/tqdm"
-    cat > "$SCRATCH/stub/tqdm/__init__.py" << 'PY'
-"""Stand-in written by benchmarks/gpu_check.sh: tqdm is not installed; no progress bars."""
-
-
-class tqdm:
-    def __init__(self, iterable=None, *args, **kwargs):
-        self.iterable = iterable
-
-    def __iter__(self):
-        return iter(self.iterable)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-    def set_postfix(self, *args, **kwargs):
-        pass
-
-    def set_description(self, *args, **kwargs):
-        pass
-
-    def update(self, *args, **kwargs):
-        pass
-
-    def close(self):
-        pass
-PY
-    echo "from . import tqdm" > "$SCRATCH/stub/tqdm/auto.py"
-    export PYTHONPATH="$PYTHONPATH:$SCRATCH/stub"
-    log "tqdm is not installed: using a pass-through stand-in (progress bars off)"
-fi
-
 # ---- 1. gpu-marked tests -----------------------------------------------------------------
 # pytest exits 5 when no test is selected: nothing to run is not a failure.
 # shellcheck disable=SC2016,SC2086  # PYTEST_ARGS and TRAIN_ARGS are word lists on purpose
@@ -145,21 +111,41 @@ part bench "$PYTHON" -m latecast bench --device "$DEVICE" --repeats "$REPEATS" \
     ${LIMIT_BATCHES:+--limit-batches "$LIMIT_BATCHES"} --e2e-epochs "$E2E_EPOCHS" $BENCH_ARGS \
     --output-dir "$RESULTS/bench" --json
 
-# ---- 4. HOOK: CIFAR-10-shaped run --------------------------------------------------------
-# HOOK POINT 1 (CIFAR-10-shaped run): fill in. Use `part cifar10 CMD...` so the run is timed,
-# logged and counted; write outputs under "$RESULTS/cifar10"; add its target to
-# benchmarks/gpu_summary.py. Nothing runs here yet.
+# ---- 4. CIFAR-10-shaped run --------------------------------------------------------------
+# No CIFAR-10 files on the GPU machine (no network): a store of random uint8 images of the
+# real shape (50,000 + 10,000 x 32x32x3) measures bytes and speed, never accuracy. Loader
+# throughput with augmentation off and on, then ResNet-9 epochs with the cifar10 preset
+# (crop+flip+cutout on the device, bf16, channels_last).
+CIFAR_TRAIN=${CIFAR_TRAIN:-50000}
+CIFAR_TEST=${CIFAR_TEST:-10000}
+CIFAR_EPOCHS=${CIFAR_EPOCHS:-2}
+CIFAR_ARGS=${CIFAR_ARGS:-}
+CIFAR_BATCHES=${CIFAR_BATCHES:-40}  # batches of 256 per timed pass: torchvision's rows are slow
 hook_cifar10() {
-    :
+    local store=$SCRATCH/cifar10-shaped
+    part cifar10-store "$PYTHON" benchmarks/synthetic_store.py "$store" --shape 32x32x3 \
+        --train "$CIFAR_TRAIN" --test "$CIFAR_TEST" || return
+    for aug in off crop,flip,cutout; do
+        # shellcheck disable=SC2086
+        part "cifar10-bench-${aug%%,*}" "$PYTHON" -m latecast bench "$store" --device "$DEVICE" \
+            --repeats "$REPEATS" --limit-batches "${LIMIT_BATCHES:-$CIFAR_BATCHES}" \
+            --e2e-epochs 0 --augment "$([ "$aug" = off ] || echo "$aug")" $BENCH_ARGS \
+            --output-dir "$RESULTS/cifar10/bench-${aug%%,*}" --json
+    done
+    # shellcheck disable=SC2086
+    part cifar10-train "$PYTHON" -m latecast train "$store" --device "$DEVICE" \
+        --epochs "$CIFAR_EPOCHS" $CIFAR_ARGS --no-progress \
+        --output-dir "$RESULTS/cifar10/train" --json
 }
 hook_cifar10
 
-# ---- 5. HOOK: 1-GPU torchrun run ---------------------------------------------------------
-# HOOK POINT 2 (torchrun, one GPU): fill in, e.g.
-#   part torchrun "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node 1 -m latecast train ...
-# with outputs under "$RESULTS/torchrun". Nothing runs here yet.
+# ---- 5. torchrun, one GPU, NCCL ----------------------------------------------------------
+TORCHRUN_ARGS=${TORCHRUN_ARGS:---epochs 2 -b 512 --lr 0.2 --checkpoint-every 50}
 hook_torchrun() {
-    :
+    # shellcheck disable=SC2086
+    part torchrun "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node=1 \
+        -m latecast train --device "$DEVICE" $TORCHRUN_ARGS --no-progress \
+        --output-dir "$RESULTS/torchrun" --json
 }
 hook_torchrun
 
@@ -173,6 +159,17 @@ for seed in warmup $(seq 1 "$SEEDS"); do
     part "train-$seed" "$PYTHON" -m latecast train --device "$DEVICE" $TRAIN_ARGS --seed "$s" \
         --no-progress --output-dir "$RESULTS/train/$seed" --json \
         && tail -n 1 "$RESULTS/train-$seed.out" > "$RESULTS/train/$seed.json"
+done
+
+# ---- 7. time-to-99% settings tried once each (informs the default; not in the table) --------
+SWEEP=${SWEEP:-"-b 1024 --epochs 3 --lr 0.4|-b 512 --epochs 2 --lr 0.2|-b 256 --epochs 2 --lr 0.1"}
+IFS='|' read -r -a SWEEP_RUNS <<< "$SWEEP"
+mkdir -p "$RESULTS/sweep"
+for i in "${!SWEEP_RUNS[@]}"; do
+    # shellcheck disable=SC2086
+    part "sweep-$i" "$PYTHON" -m latecast train --device "$DEVICE" --transfer resident \
+        ${SWEEP_RUNS[$i]} ${SWEEP_ARGS:-} --no-progress --output-dir "$RESULTS/sweep/$i" --json \
+        && tail -n 1 "$RESULTS/sweep-$i.out" > "$RESULTS/sweep/$i.json"
 done
 
 # ---- summary -----------------------------------------------------------------------------

@@ -92,3 +92,24 @@ def test_every_pass_is_a_whole_epoch(transfer):
 def test_bad_settings_are_a_one_line_error(capsys):
     assert main(["bench", "--repeats", "0", "--device", "cpu"]) == 1
     assert "repeats=0" in capsys.readouterr().err
+
+
+def test_colour_store_with_augmentation(tmp_path):
+    """A CIFAR-shaped store, augmentation on: every loader row still runs, bytes are 4x/8x."""
+    from latecast.store import write_store
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 300), ("test", 50)):
+        write_store(from_arrays(rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
+                                rng.integers(0, 10, n), split=split, name="c10"), tmp_path / "c10" / split)
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        rc = main(["bench", str(tmp_path / "c10"), "--device", "cpu", "--repeats", "1",
+                   "--limit-batches", "1", "-b", "64", "--e2e-epochs", "0",
+                   "--augment", "crop,flip,cutout", "--output-dir", str(tmp_path / "out"), "--json"])
+    assert rc == 0
+    r = json.loads(buf.getvalue().strip().splitlines()[-1])
+    assert r["config"]["augment"] == "crop,flip,cutout" and list(r["loader_images_per_s"]) == LOADERS
+    assert all(v > 0 for v in r["loader_images_per_s"].values())
+    assert r["bytes_fewer_than_float32"] == {"image": 4.0, "label": 8.0}
+    assert r["h2d_bytes_per_epoch"]["uint8"] == 300 * (32 * 32 * 3 + 1)
+    assert "augment: crop,flip,cutout" in (tmp_path / "out" / "bench.md").read_text()

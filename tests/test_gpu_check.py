@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+TINY = "--model mlp --epochs 1 -b 256 --limit-train 512 --limit-test 500"
 
 
 @pytest.mark.slow
@@ -15,20 +16,29 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "DEVICE": "cpu",
            "STEPS": "1", "PROFILE_ARGS": "--warmup 0 -b 16", "REPEATS": "1",
            "LIMIT_BATCHES": "1", "E2E_EPOCHS": "1", "BENCH_ARGS": "-b 32 --e2e-batch-size 32",
-           "SEEDS": "1", "TRAIN_ARGS": "--model mlp --epochs 1 -b 256 --limit-train 512 "
-                                       "--limit-test 500 --transfer resident"}
+           "SEEDS": "1", "TRAIN_ARGS": f"{TINY} --transfer resident",
+           "CIFAR_TRAIN": "256", "CIFAR_TEST": "64", "CIFAR_EPOCHS": "1", "CIFAR_ARGS": "-b 64",
+           "TORCHRUN_ARGS": TINY, "SWEEP": "-b 128|-b 512", "SWEEP_ARGS": TINY}
     proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     parts = (tmp_path / "parts.tsv").read_text().splitlines()[1:]
     names = [line.split("\t")[0] for line in parts]
-    assert names == ["gpu-tests", "profile", "bench", "train-warmup", "train-1", "summary"]
+    assert names == ["gpu-tests", "profile", "bench", "cifar10-store", "cifar10-bench-off",
+                     "cifar10-bench-crop", "cifar10-train", "torchrun", "train-warmup",
+                     "train-1", "sweep-0", "sweep-1", "summary"]
     assert all(line.split("\t")[1] == "ok" for line in parts), parts
     # what the summary reads, and the summary itself
     assert json.loads((tmp_path / "profile" / "report.json").read_text())["rows"]
     assert list((tmp_path / "profile").glob("trace-*.json.gz"))
     assert json.loads((tmp_path / "bench" / "bench.json").read_text())["device"] == "cpu"
     assert json.loads((tmp_path / "train" / "1.json").read_text())["device"] == "cpu"
+    assert json.loads((tmp_path / "sweep" / "1.json").read_text())["epochs"] == 1
+    cifar = json.loads((tmp_path / "cifar10-train.out").read_text().splitlines()[-1])
+    assert cifar["model"] == "resnet9" and cifar["dataset"] == "cifar10-shaped"
+    augmented = json.loads((tmp_path / "cifar10" / "bench-crop" / "bench.json").read_text())
+    assert augmented["config"]["augment"] == "crop,flip,cutout"
+    assert json.loads((tmp_path / "torchrun.out").read_text().splitlines()[-1])["world_size"] == 1
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert len(summary["targets"]) >= 8 and summary["failed_parts"] == []
     assert "| target | measured |" in proc.stdout and "n/a (no device)" in proc.stdout
@@ -44,8 +54,8 @@ def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0
     table = (tmp_path / "parts.tsv").read_text()
-    for name in ("profile", "bench", "train-warmup", "train-1"):
+    for name in ("profile", "bench", "cifar10-bench-off", "torchrun", "train-warmup", "train-1"):
         assert f"{name}\tFAILED" in table, table
     assert "summary\tok" in table and "gpu-tests\tok" in table
-    assert "FAILED parts: profile bench train-warmup train-1" in proc.stdout
+    assert "FAILED parts: profile bench" in proc.stdout
     assert "missing" in (tmp_path / "summary.md").read_text()

@@ -34,6 +34,8 @@ from .datasets import Dataset, load_dataset
 from .errors import ConfigError
 from .loader import Loader, epoch_order, resolve_device
 from .models import build_model
+from .train import one_cycle
+from .transforms import Augment, parse_augment
 from .transfer import STRATEGIES, Batch, epoch_bytes, float32_bytes
 
 
@@ -48,6 +50,7 @@ class BenchConfig:
     e2e_batch_size: int = 128         # training batch (as `latecast train`)
     e2e_workers: int | None = None    # usual loop's DataLoader workers; None: the fastest in (a)
     lr: float = 0.1                   # peak one-cycle learning rate (as `latecast train`)
+    augment: str = ""                 # augmentation in (a), e.g. "crop,flip,cutout"; "" = off
     seed: int = 0                     # weights and order
     data_root: str | None = None      # folder with the dataset's original files
     output_dir: str = "runs/bench"    # bench.json, bench.md, bench.png
@@ -103,11 +106,22 @@ class PILImages(torch.utils.data.Dataset):
 
 
 def torchvision_loader(ds: Dataset, batch_size: int, workers: int, device: torch.device,
-                       seed: int, persistent: bool = False,
-                       pin: bool | None = None) -> torch.utils.data.DataLoader:
-    """``DataLoader(ToTensor() + Normalize(mean, std))``, shuffled, pinned by default on CUDA."""
+                       seed: int, persistent: bool = False, pin: bool | None = None,
+                       augment: Augment | None = None) -> torch.utils.data.DataLoader:
+    """``DataLoader(ToTensor() + Normalize(mean, std))``, shuffled, pinned by default on CUDA;
+    with ``augment``, torchvision's per-image equivalents first (cutout: ``RandomErasing``)."""
     from torchvision import transforms as T  # the `bench` extra
-    tf = T.Compose([T.ToTensor(), T.Normalize(ds.mean, ds.std)])
+    h, w, _ = ds.image_shape
+    pil, tensor = [], []
+    if augment is not None and augment.crop:
+        pil.append(T.RandomCrop((h, w), padding=augment.crop,
+                                padding_mode="reflect" if augment.fill == "reflect" else "constant"))
+    if augment is not None and augment.flip:
+        pil.append(T.RandomHorizontalFlip(augment.flip))
+    if augment is not None and augment.cutout:
+        area = augment.cutout ** 2 / (h * w)
+        tensor.append(T.RandomErasing(p=1.0, scale=(area, area), ratio=(1.0, 1.0)))
+    tf = T.Compose([*pil, T.ToTensor(), *tensor, T.Normalize(ds.mean, ds.std)])
     return torch.utils.data.DataLoader(
         PILImages(ds, tf), batch_size=batch_size, shuffle=True, num_workers=workers,
         generator=torch.Generator().manual_seed(seed),
@@ -157,11 +171,12 @@ def _rates(make_iter: Callable[[], Iterator[Batch]], n_batches: int, repeats: in
 
 
 def _upper_bound(ds: Dataset, cfg: BenchConfig, device: torch.device) -> Iterator[Batch]:
-    """A uint8 batch already on the device: the only work left is the normalize."""
+    """A uint8 batch already on the device: the only work left is augment + normalize."""
     x = torch.randint(0, 256, (cfg.batch_size, *ds.image_shape), dtype=torch.uint8, device=device)
     y = torch.zeros(cfg.batch_size, dtype=torch.int64, device=device)
+    aug, g = parse_augment(cfg.augment), torch.Generator(device=device).manual_seed(cfg.seed)
     while True:
-        yield transforms.normalize(x, ds.mean, ds.std), y
+        yield transforms.normalize(x if aug is None else aug(x, g), ds.mean, ds.std), y
 
 
 def _gather(ds: Dataset, cfg: BenchConfig, epoch: int) -> Iterator[Batch]:
@@ -178,14 +193,17 @@ def _gather(ds: Dataset, cfg: BenchConfig, epoch: int) -> Iterator[Batch]:
 def loader_throughput(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict[str, list[float]]:
     """images/s of every loader, ``repeats`` timed passes each."""
     n = cfg.limit_batches or -(-len(ds) // cfg.batch_size)
+    aug = parse_augment(cfg.augment)
     out: dict[str, list[float]] = {}
     for name in STRATEGIES:
-        loader = Loader(ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed)
+        loader = Loader(ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed,
+                        augment=aug)
         out[name] = _rates(epochs(loader), n, cfg.repeats, device)
     cores = os.cpu_count() or 1
     for label, workers in (("torchvision-w0", 0), ("torchvision-w2", 2), ("torchvision-wN", cores)):
         # Persistent workers: start-up is not timed, which flatters torchvision.
-        dl = torchvision_loader(ds, cfg.batch_size, workers, device, cfg.seed, persistent=True)
+        dl = torchvision_loader(ds, cfg.batch_size, workers, device, cfg.seed, persistent=True,
+                                augment=aug)
         out[label] = _rates(lambda: to_device(iter(dl), device), n, cfg.repeats, device)
         del dl  # stop its workers before the next setting starts its own
     out["upper-bound"] = _rates(lambda: _upper_bound(ds, cfg, device), n, cfg.repeats, device)
@@ -218,8 +236,7 @@ def fit(passes: Callable[[], Iterable[Batch]], steps_per_epoch: int, ds: Dataset
     h, w, c = ds.image_shape
     model = build_model("cnn", (c, h, w), ds.num_classes).to(device)
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt, max_lr=cfg.lr, total_steps=max(cfg.e2e_epochs * steps_per_epoch, 1), pct_start=0.25)
+    sched = one_cycle(opt, cfg.e2e_epochs * steps_per_epoch)
     seconds, accuracy = [], []
     for _ in range(cfg.e2e_epochs):
         sync(device)
@@ -317,8 +334,8 @@ def report_markdown(r: dict) -> str:
              f"{v / rates[best]:.1f}x"] for k, v in rates.items()]
     parts = [f"`latecast bench` on {r['device']} ({r['gpu'] or r['cpu']}), torch {r['torch']}, "
              f"git {r['git']}, {r['date']}: median of {r['config']['repeats']} after a warm-up.",
-             "", f"Loader throughput, batch {r['config']['batch_size']}, shuffled, normalized "
-             "on the device", "", markdown_table(["loader", "images/s", "min .. max", f"vs {best}"], rows)]
+             "", f"Loader throughput on {r['dataset']}, batch {r['config']['batch_size']}, "
+             f"shuffled, augment: {r['config']['augment'] or 'off'}, normalized on the device", "", markdown_table(["loader", "images/s", "min .. max", f"vs {best}"], rows)]
     if r["end_to_end"]:
         rows = [[k, f"{np.median(v['epoch_seconds']):.2f}",
                  f"{min(v['epoch_seconds']):.2f} .. {max(v['epoch_seconds']):.2f}",

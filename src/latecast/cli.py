@@ -51,7 +51,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=d.amp,
                    help=f"bf16 autocast, CUDA only ({per})")
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction,
-                   default=d.channels_last, help=f"NHWC on CUDA ({per})")
+                   default=d.channels_last, help=f"NHWC images and model ({per})")
     p.add_argument("--momentum", type=float, default=d.momentum, help="default %(default)s")
     p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="default %(default)s")
     p.add_argument("--transfer", default=d.transfer, help="float32|uint8|prefetch|resident|auto")
@@ -173,6 +173,8 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--e2e-workers", type=int, default=d.e2e_workers,
                    help="usual loop's DataLoader workers (default: the fastest setting in (a))")
     p.add_argument("--lr", type=float, default=d.lr, help="end-to-end peak learning rate, default %(default)s")
+    p.add_argument("--augment", default=d.augment,
+                   help='augment in the loader runs, e.g. "crop,flip,cutout" (default: off)')
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--data-root", default=d.data_root, help="folder with the dataset's files")
     p.add_argument("--output-dir", default=d.output_dir, help="default %(default)s")

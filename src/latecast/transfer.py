@@ -22,6 +22,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from .datasets import Dataset
 from .errors import ConfigError, DeviceError
@@ -107,7 +108,9 @@ class Float32(Strategy):
             self.stats.image_bytes += x.nbytes
             self.stats.label_bytes += y.nbytes
             self.stats.copies += 2
-            yield x.to(self.device), y.to(self.device)
+            with record_function("h2d"):
+                x, y = x.to(self.device), y.to(self.device)
+            yield x, y
 
 
 class _Slot:
@@ -162,7 +165,8 @@ class Uint8(Strategy):
         """Gather into ``slot`` and start its copy on the current stream."""
         n = len(idx)
         used = slot.fill(self.dataset, idx.numpy())
-        dev = slot.host[:used].to(self.device, non_blocking=True)
+        with record_function("h2d"):
+            dev = slot.host[:used].to(self.device, non_blocking=True)
         if self.cuda:
             slot.done = torch.cuda.Event()
             slot.done.record()
@@ -241,7 +245,8 @@ class Resident(Strategy):
         if not index_batches:
             return
         order = torch.cat(index_batches)  # this epoch's order, one upload
-        order_dev = order.to(self.device, non_blocking=self.cuda)
+        with record_function("h2d"):
+            order_dev = order.to(self.device, non_blocking=self.cuda)
         self.stats.index_bytes += order.nbytes
         self.stats.copies += 1
         start = 0
