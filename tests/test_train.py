@@ -124,3 +124,19 @@ def test_unknown_dataset_lists_valid_names(tmp_path):
     proc = run_cli("train", "imagenet-22k", "--output-dir", str(tmp_path))
     _one_line_error(proc, "imagenet-22k")
     assert "mnist" in proc.stderr
+
+
+def test_warm_up_leaves_weights_and_batchnorm_untouched():
+    import torch
+
+    from latecast.loader import Loader
+    from latecast.models import build_model
+    from latecast.train import _warm_up
+    ds = latecast.load_dataset("mnist", "test")
+    loader = Loader(ds, 64, device="cpu", channels_last=True)
+    model = build_model("cnn", (1, 28, 28), 10).to(memory_format=torch.channels_last)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    _warm_up(model, loader, torch.autocast("cpu", enabled=False))
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in model.parameters())

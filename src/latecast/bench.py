@@ -122,11 +122,16 @@ def torchvision_loader(ds: Dataset, batch_size: int, workers: int, device: torch
         area = augment.cutout ** 2 / (h * w)
         tensor.append(T.RandomErasing(p=1.0, scale=(area, area), ratio=(1.0, 1.0)))
     tf = T.Compose([*pil, T.ToTensor(), *tensor, T.Normalize(ds.mean, ds.std)])
+    # Forked workers inherit this process's CUDA state; one that frees a CUDA tensor (a
+    # pinned buffer of an earlier row, collected as garbage) aborts with "CUDA error:
+    # initialization error" (seen on the H200). Spawned workers start clean.
+    spawn = workers > 0 and torch.cuda.is_initialized()
     return torch.utils.data.DataLoader(
         PILImages(ds, tf), batch_size=batch_size, shuffle=True, num_workers=workers,
         generator=torch.Generator().manual_seed(seed),
         pin_memory=device.type == "cuda" if pin is None else pin,
-        persistent_workers=persistent and workers > 0)
+        persistent_workers=persistent and workers > 0,
+        multiprocessing_context="spawn" if spawn else None)
 
 
 def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:
@@ -258,7 +263,8 @@ def fit(passes: Callable[[], Iterable[Batch]], steps_per_epoch: int, ds: Dataset
 def end_to_end(ds: Dataset, test: Dataset, cfg: BenchConfig, device: torch.device,
                workers: int) -> dict[str, dict]:
     """The usual loop (torchvision DataLoader at ``workers``) and latecast (``auto``)."""
-    dl = torchvision_loader(ds, cfg.e2e_batch_size, workers, device, cfg.seed)
+    # Persistent workers: their start-up is not paid every epoch (flatters the usual loop).
+    dl = torchvision_loader(ds, cfg.e2e_batch_size, workers, device, cfg.seed, persistent=True)
     steps = min(len(dl), cfg.limit_batches or len(dl))
     usual = fit(lambda: to_device(dl, device), steps, ds, test, cfg, device)
     loader = Loader(ds, cfg.e2e_batch_size, device=device, transfer="auto", seed=cfg.seed)
