@@ -20,7 +20,7 @@
 #   PYTHON [python3]  DEVICE [cuda]  STEPS [20] profile steps per row
 #   REPEATS [3] bench repeats  LIMIT_BATCHES [] bench batches per pass (empty: whole epochs)
 #   E2E_EPOCHS [3] bench end-to-end epochs (0 skips)  SEEDS [5] time-to-99% seeds
-#   TRAIN_ARGS [--transfer resident -b 512 --epochs 3 --lr 0.2] latecast train settings
+#   TRAIN_ARGS [--transfer resident -b 512 --epochs 2 --lr 0.1] latecast train settings
 #   PROFILE_ARGS [] BENCH_ARGS [] extra flags, e.g. "-b 16"
 #   PYTEST_ARGS [-m gpu]  PART_TIMEOUT [300] seconds before a part is stopped
 #   CIFAR_TRAIN [50000] CIFAR_TEST [10000] CIFAR_EPOCHS [2] CIFAR_ARGS [] CIFAR_BATCHES [40]
@@ -36,7 +36,7 @@ REPEATS=${REPEATS:-3}
 LIMIT_BATCHES=${LIMIT_BATCHES:-}
 E2E_EPOCHS=${E2E_EPOCHS:-3}
 SEEDS=${SEEDS:-5}
-TRAIN_ARGS=${TRAIN_ARGS:---transfer resident -b 512 --epochs 3 --lr 0.2}
+TRAIN_ARGS=${TRAIN_ARGS:---transfer resident -b 512 --epochs 2 --lr 0.1}
 PROFILE_ARGS=${PROFILE_ARGS:-}
 BENCH_ARGS=${BENCH_ARGS:-}
 PYTEST_ARGS=${PYTEST_ARGS:--m gpu}
@@ -162,7 +162,7 @@ for seed in warmup $(seq 1 "$SEEDS"); do
 done
 
 # ---- 7. time-to-99% settings tried once each (informs the default; not in the table) --------
-SWEEP=${SWEEP:-"-b 1024 --epochs 3 --lr 0.4|-b 512 --epochs 2 --lr 0.2|-b 256 --epochs 2 --lr 0.1"}
+SWEEP=${SWEEP:-"-b 1024 --epochs 2 --lr 0.2|-b 512 --epochs 3 --lr 0.2|-b 256 --epochs 2 --lr 0.1"}
 IFS='|' read -r -a SWEEP_RUNS <<< "$SWEEP"
 mkdir -p "$RESULTS/sweep"
 for i in "${!SWEEP_RUNS[@]}"; do
