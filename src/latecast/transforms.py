@@ -26,11 +26,10 @@ def _scale_shift(mean: tuple[float, ...], std: tuple[float, ...],
     """``(x/255 - mean)/std == x*scale + shift``; built once per (device, mean, std)."""
     key = (str(device), tuple(mean), tuple(std))
     if key not in _affine_cache:
-        m = torch.tensor(mean, dtype=torch.float64)
-        s = torch.tensor(std, dtype=torch.float64)
-        scale = (1.0 / (255.0 * s)).to(torch.float32).view(1, -1, 1, 1)  # (1, C, 1, 1)
-        shift = (-m / s).to(torch.float32).view(1, -1, 1, 1)
-        _affine_cache[key] = (scale.to(device), shift.to(device))
+        m, s = torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
+        scale = (1.0 / (255.0 * s)).to(device, torch.float32).view(1, -1, 1, 1)  # (1, C, 1, 1)
+        shift = (-m / s).to(device, torch.float32).view(1, -1, 1, 1)
+        _affine_cache[key] = (scale, shift)
     return _affine_cache[key]
 
 
@@ -102,8 +101,7 @@ def _cutout_centers(n: int, h: int, w: int, generator: torch.Generator | None,
 
 
 def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
-    """Mirror indices in ``-(n-1)..2(n-1)`` into ``0..n-1`` without repeating the edge
-    (``np.pad(mode="reflect")``)."""
+    """Mirror ``-(n-1)..2(n-1)`` into ``0..n-1`` without repeating the edge, as ``np.pad``."""
     return (n - 1) - ((n - 1) - i.abs()).abs()
 
 
@@ -226,10 +224,9 @@ class Augment:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"Augment {name} must be an int >= 0 (pixels), got {v!r}")
-        if isinstance(self.flip, bool) or not isinstance(self.flip, (int, float)) \
-                or not 0.0 <= self.flip <= 1.0:
-            raise ConfigError(f"Augment flip is a probability in [0, 1] (e.g. 0.5), "
-                              f"got {self.flip!r}")
+        p = self.flip
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ConfigError(f"Augment flip is a probability in [0, 1] (e.g. 0.5), got {p!r}")
         if self.fill not in _FILLS:
             raise ConfigError(f"Augment fill must be one of {_FILLS}, got {self.fill!r}")
 
@@ -245,16 +242,15 @@ class Augment:
         return images
 
     def __str__(self) -> str:
-        parts = [f"crop={self.crop}" if self.crop else "",
-                 f"flip={self.flip!r}" if self.flip else "",
-                 f"cutout={self.cutout}" if self.cutout else "",
-                 f"fill={self.fill}" if self.fill != "zero" else ""]
-        return ",".join(p for p in parts if p) or "crop=0"
+        parts = [f"{k}={v!r}" for k, v in (("crop", self.crop), ("flip", self.flip),
+                                            ("cutout", self.cutout)) if v]
+        if self.fill != "zero":
+            parts.append(f"fill={self.fill}")
+        return ",".join(parts) or "crop=0"
 
 
-# Values used when a name is given without "=value" (CIFAR-style settings).
-_AUGMENT_DEFAULTS = {"crop": "4", "flip": "0.5", "cutout": "8", "fill": "zero"}
-_AUGMENT_TYPES = {"crop": int, "flip": float, "cutout": int, "fill": str}
+# Used when a name is given without "=value" (CIFAR-style settings); also gives its type.
+_AUGMENT_DEFAULTS = {"crop": 4, "flip": 0.5, "cutout": 8, "fill": "zero"}
 
 
 def parse_augment(spec: str) -> Augment | None:
@@ -282,9 +278,10 @@ def parse_augment(spec: str) -> Augment | None:
                               "crop[=PAD], flip[=P], cutout[=SIZE], fill=zero|reflect, or none")
         if name in fields:
             raise ConfigError(f"augmentation {name!r} given twice in {spec!r}")
+        kind = type(_AUGMENT_DEFAULTS[name])
         try:
-            fields[name] = _AUGMENT_TYPES[name](value or _AUGMENT_DEFAULTS[name])
+            fields[name] = kind(value) if value else _AUGMENT_DEFAULTS[name]
         except ValueError:
             raise ConfigError(f"augmentation {name}={value!r} in {spec!r} is not a valid "
-                              f"{_AUGMENT_TYPES[name].__name__}") from None
+                              f"{kind.__name__}") from None
     return Augment(**fields)
