@@ -128,9 +128,7 @@ def from_arrays(images, labels, *, name: str = "arrays", split: str = "train",
     if labels.size and (labels.min() < 0 or labels.max() > np.iinfo(np.uint16).max):
         raise FormatError(f"{name}: labels must lie in 0..65535, got {labels.min()}..{labels.max()}")
     n_classes = len(classes) if classes is not None else int(labels.max()) + 1 if labels.size else 0
-    if labels.size and labels.max() >= n_classes:
-        bad = int(np.argmax(labels >= n_classes))
-        raise FormatError(f"{name}: label {labels[bad]} at index {bad} is outside 0..{n_classes - 1}")
+    _check_labels(labels, n_classes, name)
     labels = labels.astype(np.uint8 if n_classes <= 256 else np.uint16)
     if mean is None or std is None:
         mean, std = channel_stats(images)
@@ -424,10 +422,10 @@ def _read_cifar_split(paths: list[Path], spec: Spec, n_classes: int) -> tuple[np
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def _check_labels(labels: np.ndarray, n_classes: int, source: Path) -> None:
+def _check_labels(labels: np.ndarray, n_classes: int, where: str | Path) -> None:
     bad = np.flatnonzero(labels >= n_classes)
     if bad.size:
-        raise FormatError(f"{source}: label {labels[bad[0]]} at index {bad[0]} is outside "
+        raise FormatError(f"{where}: label {labels[bad[0]]} at index {bad[0]} is outside "
                           f"0..{n_classes - 1}")
 
 
@@ -503,15 +501,12 @@ def download(urls: Sequence[str], dest: str | os.PathLike, sha256: str, *,
                         f"SHA-256 is {sha256}, and save it as {dest}")
 
 
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
 def _check_url(url: str) -> bool:
     """True for a loopback test URL; raises for anything but https://."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme == "https":
         return False
-    if parts.scheme == "http" and parts.hostname in _LOOPBACK:
+    if parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost", "::1"):
         return True
     raise DownloadError(f"refused {url}: only https:// is used (http:// only to 127.0.0.1/localhost)")
 
@@ -576,9 +571,9 @@ def extract_tar(archive: str | os.PathLike, dest: str | os.PathLike, wanted: set
         with tarfile.open(archive, "r:*") as tar:
             members = tar.getmembers()
             for m in members:
-                if _unsafe(m):
+                if why := _unsafe(m):
                     raise FormatError(f"{archive}: refusing the archive, member {m.name!r} is "
-                                      f"{_unsafe(m)}; nothing was extracted")
+                                      f"{why}; nothing was extracted")
             for m in members:
                 name = str(PurePosixPath(m.name))
                 if m.isfile() and name in wanted:

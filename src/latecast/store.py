@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from .datasets import Dataset, channel_stats
+from .datasets import Dataset, _check_labels, channel_stats
 from .errors import ConfigError, FormatError
 
 SCHEMA = 1
@@ -84,11 +84,6 @@ def _fsync(path: Path) -> None:
             os.close(fd)
 
 
-def _fsync_tree(root: Path) -> None:
-    for p in sorted(root.rglob("*"), reverse=True) + [root]:  # files before their folder
-        _fsync(p)
-
-
 def _publish(tmp: Path, out: Path) -> None:
     old = out.parent / f".{out.name}.old-{os.getpid()}"
     if out.exists():
@@ -114,7 +109,8 @@ def _staging(out: Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-        _fsync_tree(tmp)
+        for p in sorted(tmp.rglob("*"), reverse=True) + [tmp]:  # files before their folder
+            _fsync(p)
         _publish(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -132,12 +128,6 @@ def _fingerprint(path: Path) -> str:
         f.seek(max(size - (1 << 20), 0))
         h.update(f.read())
     return h.hexdigest()
-
-
-def _check_labels(labels: np.ndarray, n_classes: int, where: str) -> None:
-    if labels.size and int(labels.max()) >= n_classes:
-        bad = int(np.argmax(labels >= n_classes))
-        raise FormatError(f"{where}: label {labels[bad]} at index {bad} is outside 0..{n_classes - 1}")
 
 
 def _finish_split(folder: Path, ds: Dataset, source: str) -> None:
@@ -309,8 +299,7 @@ def _list_images(root: Path, classes: tuple[str, ...] | None
 
 
 def _decode(path: Path, fn: Callable):
-    """Open and fully decode ``path``, then return ``fn(image)``; a corrupt, truncated,
-    empty or huge file raises ``FormatError`` naming it."""
+    """``fn(image)`` of the fully decoded ``path``; an unreadable or huge file is a FormatError."""
     from PIL import Image
     try:
         with warnings.catch_warnings():
