@@ -137,7 +137,7 @@ def check_role(array: np.ndarray, role: str, name: str) -> np.ndarray:
     """
     ndim = ROLES[role]
     if array.dtype != np.uint8 or array.ndim != ndim:
-        kind = {3: "images", 1: "labels"}.get(array.ndim, "data")
+        kind = next((r for r, n in ROLES.items() if n == array.ndim), "data")
         raise FormatError(f"expected {role} (type 0x08, {ndim} dimension{'s' if ndim > 1 else ''}) "
                           f"but {name} holds {array.dtype} {kind} of shape {tuple(array.shape)}")
     return array
@@ -162,14 +162,10 @@ def write_idx(path: str | os.PathLike, array: np.ndarray, *, compress: bool = Fa
         raise ConfigError(f"IDX needs 1..{_MAX_NDIM} dimensions each below 2^32, got shape {array.shape}")
     header = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
     body = np.ascontiguousarray(array, dtype=TYPES[code]).tobytes()
-    with atomic_write(path) as f:
-        if compress:
-            with gzip.GzipFile(fileobj=f, mode="wb", mtime=0) as gz:
-                gz.write(header)
-                gz.write(body)
-        else:
-            f.write(header)
-            f.write(body)
+    with atomic_write(path) as f, contextlib.ExitStack() as stack:
+        out = stack.enter_context(gzip.GzipFile(fileobj=f, mode="wb", mtime=0)) if compress else f
+        out.write(header)
+        out.write(body)
 
 
 @contextlib.contextmanager
