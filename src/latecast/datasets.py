@@ -389,14 +389,10 @@ def _read_idx_split(paths: list[Path], spec: Spec, n_classes: int) -> tuple[np.n
 def parse_cifar(data: bytes, name: str, record: int = 3073) -> tuple[np.ndarray, np.ndarray]:
     """Decode CIFAR binary records into uint8 images ``(N, 32, 32, 3)`` and labels ``(N,)``.
 
-    A record is its label byte(s), then 3072 pixel bytes: the red, green and blue 32x32
-    planes. CIFAR-100 records (3074 bytes) hold a coarse then a fine label; the fine one is
-    returned.
-
-    Args:
-        data: the whole file.
-        name: the file, for messages.
-        record: 3073 (CIFAR-10) or 3074 (CIFAR-100).
+    ``data`` is the whole file, ``name`` names it in messages. A record is its label byte(s),
+    then 3072 pixel bytes: the red, green and blue 32x32 planes. CIFAR-10 records are 3073
+    bytes; CIFAR-100 records (``record=3074``) hold a coarse then a fine label, and the fine
+    one is returned.
 
     Example:
         >>> images, labels = parse_cifar(Path("test_batch.bin").read_bytes(), "test_batch.bin")

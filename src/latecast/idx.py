@@ -125,12 +125,8 @@ def _parse(f: BinaryIO, name: str, size: int | None, limit: int) -> np.ndarray:
 
 
 def check_role(array: np.ndarray, role: str, name: str) -> np.ndarray:
-    """Check an IDX array fits its dataset role: images uint8 ``(N, H, W)``, labels uint8 ``(N,)``.
-
-    Args:
-        array: what ``read_idx`` returned.
-        role: ``"images"`` or ``"labels"``.
-        name: the file it came from, for the message.
+    """Check that ``array`` (read from file ``name``) fits ``role``: ``"images"`` are uint8
+    ``(N, H, W)``, ``"labels"`` uint8 ``(N,)``. Returns ``array``.
 
     Example:
         >>> images = check_role(read_idx(path), "images", str(path))
