@@ -274,7 +274,7 @@ def test_checkpoint_is_plain_data_with_everything_for_resume(reference):
         assert key in raw, key
     assert raw["config"] == asdict(TrainConfig(**{**TINY, "output_dir": str(reference),
                                                   "label_smoothing": 0.0, "amp": False,
-                                                  "channels_last": False}))  # resolved
+                                                  "channels_last": True}))  # resolved
     assert raw["loader"]["epoch"] == 2 and raw["loader"]["position"] == 0 and raw["step"] == 20
     assert not any(k.startswith("module.") for k in raw["model"])
     best = ckpt.load_checkpoint(reference / "best.pt")
