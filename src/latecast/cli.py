@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 from dataclasses import fields
 
 from .errors import LatecastError
@@ -239,8 +240,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    return f"latecast: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if not args.debug:  # warnings as one line each, without the source line under them
+        warnings.formatwarning = _one_line_warning
     try:
         result = COMMANDS[args.command][1](args)
     except LatecastError as err:
