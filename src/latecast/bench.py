@@ -33,8 +33,7 @@ from . import transforms
 from .datasets import Dataset, load_dataset
 from .errors import ConfigError
 from .loader import Loader, epoch_order, resolve_device
-from .models import build_model
-from .train import one_cycle
+from .train import TrainConfig, model_and_optimizer
 from .transforms import Augment, parse_augment
 from .transfer import STRATEGIES, Batch, epoch_bytes, float32_bytes
 
@@ -238,10 +237,8 @@ def fit(passes: Callable[[], Iterable[Batch]], steps_per_epoch: int, ds: Dataset
     """Train a fresh ``cnn`` on one ``passes()`` per epoch as ``latecast train`` does (SGD,
     Nesterov, one-cycle); time each epoch between device syncs, evaluate outside the timer."""
     torch.manual_seed(cfg.seed)  # same initial weights for every data path
-    h, w, c = ds.image_shape
-    model = build_model("cnn", (c, h, w), ds.num_classes).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    sched = one_cycle(opt, cfg.e2e_epochs * steps_per_epoch)
+    recipe = TrainConfig(model="cnn", lr=cfg.lr, epochs=cfg.e2e_epochs, channels_last=False)
+    model, opt, sched = model_and_optimizer(recipe, ds, device, steps_per_epoch)
     seconds, accuracy = [], []
     for _ in range(cfg.e2e_epochs):
         sync(device)

@@ -263,7 +263,7 @@ def _train(config: TrainConfig, device: torch.device, distributed: bool) -> dict
     test_loader = Loader(test_set, config.eval_batch_size, device=device,
                          transfer=config.transfer, shuffle=False, pad=False, dtype=dtype,
                          channels_last=config.channels_last)
-    model, opt, sched = _model_and_optimizer(config, train_set, device, len(loader))
+    model, opt, sched = model_and_optimizer(config, train_set, device, len(loader))
     out = Path(config.output_dir)
     latest, best_path = out / "checkpoint.pt", out / "best.pt"
     run = {**asdict(config), "world_size": world}
@@ -329,8 +329,7 @@ def _train(config: TrainConfig, device: torch.device, distributed: bool) -> dict
             loss = loss.detach()
             step, seen, samples = step + 1, seen + 1, samples + len(labels)
             # Device-side bookkeeping: no host sync until the log interval.
-            first_bad = torch.minimum(first_bad, torch.where(
-                torch.isfinite(loss), _NO_BAD, torch.full_like(first_bad, step)))
+            first_bad = torch.where(torch.isfinite(loss), first_bad, first_bad.clamp(max=step))
             loss_sum += loss
             if step % config.log_every == 0:
                 epoch_loss = _check_finite(loss_sum, first_bad, distributed, last_good) / seen
@@ -400,8 +399,8 @@ def _progress(loader: Loader, desc: str, show: bool):
     return tqdm(loader, desc=desc, leave=False)
 
 
-def _model_and_optimizer(config: TrainConfig, train_set: Dataset, device: torch.device,
-                         steps_per_epoch: int):
+def model_and_optimizer(config: TrainConfig, train_set: Dataset, device: torch.device,
+                        steps_per_epoch: int):
     """The model on ``device``; SGD (Nesterov) under a one-cycle schedule over the run."""
     h, w, c = train_set.image_shape
     model = build_model(config.model, (c, h, w), train_set.num_classes).to(device)

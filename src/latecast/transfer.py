@@ -117,10 +117,10 @@ class _Slot:
     """One staging buffer: images then labels packed back to back, plus the event of
     the last copy that read it (the buffer is rewritten only after that copy is done)."""
 
-    def __init__(self, nbytes: int, pin: bool) -> None:
-        self.host = _host_buffer(nbytes, pin)
+    def __init__(self, nbytes: int, cuda: bool) -> None:
+        self.host = _host_buffer(nbytes, pin=cuda)
         self.host_np = self.host.numpy()
-        self.done: torch.cuda.Event | None = None
+        self.done = torch.cuda.Event() if cuda else None  # re-recorded by every copy
 
     def fill(self, ds: Dataset, idx: np.ndarray) -> int:
         """Gather the batch into this buffer; return the number of bytes used."""
@@ -158,8 +158,9 @@ class Uint8(Strategy):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         ds = self.dataset
-        nbytes = self.batch_size * (int(np.prod(ds.image_shape)) + ds.labels.itemsize)
-        self.ring = [_Slot(nbytes, pin=self.cuda) for _ in range(self.slots)]
+        self.pixels = int(np.prod(ds.image_shape))  # uint8 bytes of one image
+        nbytes = self.batch_size * (self.pixels + ds.labels.itemsize)
+        self.ring = [_Slot(nbytes, self.cuda) for _ in range(self.slots)]
 
     def _copy(self, slot: _Slot, idx: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Gather into ``slot`` and start its copy on the current stream."""
@@ -168,9 +169,8 @@ class Uint8(Strategy):
         with record_function("h2d"):
             dev = slot.host[:used].to(self.device, non_blocking=True)
         if self.cuda:
-            slot.done = torch.cuda.Event()
             slot.done.record()
-        self.stats.image_bytes += n * int(np.prod(self.dataset.image_shape))
+        self.stats.image_bytes += n * self.pixels
         self.stats.label_bytes += n * self.dataset.labels.itemsize
         self.stats.copies += 1
         return dev, n
