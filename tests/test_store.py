@@ -71,7 +71,7 @@ def test_replaces_a_store_but_never_other_data(tmp_path):
     assert same(open_store(out), small(seed=2))
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
-    with pytest.raises(ConfigError, match="not a latecast store; refusing"):
+    with pytest.raises(ConfigError, match=r"not a latecast store \(.+\); refusing"):
         write_store(small(), tmp_path / "mine")
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
 
@@ -345,3 +345,94 @@ def test_convert_without_pillow_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "PIL.Image", None)
     with pytest.raises(ConfigError, match=r"pip install 'latecast\[bench\]'"):
         convert_folder(tmp_path, tmp_path / "store")
+
+
+# ---- never delete what latecast did not write ----------------------------------------------
+
+def tree(path: Path) -> dict:
+    """Every file under ``path`` with its bytes: what must survive a refused write."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+
+
+def project_with_meta_json(out: Path) -> None:
+    out.mkdir()
+    (out / "meta.json").write_text('{"my": "project settings"}')
+    (out / "train.py").write_text("print('mine')")
+
+
+def folder_of_stores_plus_notes(out: Path) -> None:
+    write_store(small(seed=1), out / "a")
+    write_store(small(seed=2), out / "b")
+    (out / "notes.md").write_text("which store is which")
+
+
+def store_plus_user_file(out: Path) -> None:
+    write_store(small(seed=1), out)
+    (out / "README.txt").write_text("my notes about this store")
+
+
+def split_store_plus_user_folder(out: Path) -> None:
+    write_store(small(seed=1), out / "train")
+    (out / "photos").mkdir()
+    (out / "photos" / "cat.jpg").write_bytes(b"not latecast's")
+
+
+def a_file(out: Path) -> None:
+    out.write_text("a plain file")
+
+
+NOT_STORES = {"meta.json of a project": project_with_meta_json,
+              "stores plus notes": folder_of_stores_plus_notes,
+              "store plus a user file": store_plus_user_file,
+              "split store plus a user folder": split_store_plus_user_folder,
+              "a file": a_file}
+
+
+@pytest.mark.parametrize("case", NOT_STORES)
+def test_write_and_convert_refuse_what_is_not_verifiably_a_store(tmp_path, case):
+    out = tmp_path / "out"
+    NOT_STORES[case](out)
+    before = tree(tmp_path)
+    with pytest.raises(ConfigError, match=rf"{out} exists and is not a latecast store \(.+\); refusing"):
+        write_store(small(), out)
+    src = tmp_path / "src"
+    image(src / "a" / "0.png", "L", (4, 4), 1)
+    image(src / "b" / "0.png", "L", (4, 4), 2)
+    before = tree(tmp_path)
+    with pytest.raises(ConfigError, match="is not a latecast store"):
+        convert_folder(src, out)
+    assert tree(tmp_path) == before  # nothing deleted, nothing half-written left behind
+
+
+def test_a_converted_split_store_is_replaced(tmp_path):
+    src = tmp_path / "src"
+    for split in ("train", "test"):
+        for cls in ("a", "b"):
+            image(src / split / cls / "0.png", "L", (4, 4), hash((split, cls)) % 100)
+    (src / "train" / "b" / "bad.png").write_bytes(b"junk")
+    out, skipped = convert_folder(src, tmp_path / "store", skip_bad=True)
+    assert skipped and (out / "skipped.txt").exists()
+    (src / "train" / "b" / "bad.png").unlink()
+    out, skipped = convert_folder(src, out)  # its own store: replaced, stale list gone
+    assert not skipped and sorted(p.name for p in out.iterdir()) == ["test", "train"]
+
+
+@pytest.mark.parametrize("where", ["cwd", "source", "parent of source", "inside source"])
+def test_convert_refuses_its_own_source_and_the_current_folder(tmp_path, monkeypatch, where):
+    src = tmp_path / "project" / "images"
+    image(src / "a" / "0.png", "L", (4, 4), 1)
+    image(src / "b" / "0.png", "L", (4, 4), 2)
+    monkeypatch.chdir(tmp_path / "project")
+    out = {"cwd": Path("."), "source": src, "parent of source": tmp_path / "project",
+           "inside source": src / "store"}[where]
+    before = tree(tmp_path)
+    with pytest.raises(ConfigError, match="refusing|cannot be the image folder"):
+        convert_folder(src, out)
+    assert tree(tmp_path) == before
+
+
+def test_write_refuses_the_current_folder_even_when_empty(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="current folder"):
+        write_store(small(), ".")
+    assert list(tmp_path.iterdir()) == []

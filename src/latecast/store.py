@@ -65,14 +65,40 @@ def _clean_leftovers(out: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def _store_problem(folder: Path) -> str:
+    """Why ``folder`` is not, verifiably, one split's store ("" when it is): its meta.json
+    must parse with this schema and nothing but the store's own files may be in it."""
+    try:
+        _read_meta(folder)
+    except FormatError as e:
+        return str(e)
+    others = sorted(p.name for p in folder.iterdir() if p.name not in (IMAGES, LABELS, META))
+    return f"{folder} also holds {others[:3]}, which latecast did not write" if others else ""
+
+
+def _replace_problem(out: Path) -> str:
+    """Why ``out`` may not be replaced ("" when it may): it must be an empty folder, a
+    store, or a folder of split stores (plus the skipped-files list) and nothing else."""
+    if not out.is_dir():
+        return "it is not a folder"
+    entries = [p for p in out.iterdir() if p.name != SKIPPED]
+    if not entries and not (out / SKIPPED).exists():
+        return ""
+    if (out / META).exists() or not entries:
+        return _store_problem(out)
+    for p in entries:
+        if p.name not in SPLIT_NAMES or not p.is_dir():
+            return f"it holds {p.name!r}, which is not a split store latecast wrote"
+        if why := _store_problem(p):
+            return why
+    return ""
+
+
 def _check_replaceable(out: Path) -> None:
     """Only a store (or an empty folder) may be replaced: never delete a user's other data."""
-    if not out.exists():
-        return
-    if out.is_dir() and (not any(out.iterdir()) or (out / META).is_file()
-                         or any((p / META).is_file() for p in out.iterdir())):
-        return
-    raise ConfigError(f"{out} exists and is not a latecast store; refusing to replace it")
+    if out.exists() and (why := _replace_problem(out)):
+        raise ConfigError(f"{out} exists and is not a latecast store ({why}); refusing to "
+                          f"replace it: choose a new folder")
 
 
 def _fsync(path: Path) -> None:
@@ -101,6 +127,10 @@ def _publish(tmp: Path, out: Path) -> None:
 @contextmanager
 def _staging(out: Path) -> Iterator[Path]:
     """Yield an empty temporary sibling of ``out``; on success fsync it and rename it to ``out``."""
+    out = out.resolve()
+    if out == Path.cwd() or out in Path.cwd().parents:
+        raise ConfigError(f"{out} is the current folder or holds it; refusing to write a store "
+                          f"over it: choose a new folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     _clean_leftovers(out)
     _check_replaceable(out)
@@ -390,6 +420,10 @@ def convert_folder(folder: str | os.PathLike, out: str | os.PathLike, *,
     folder, out = Path(folder), Path(out)
     if not folder.is_dir():
         raise ConfigError(f"{folder}: not a folder of class subfolders")
+    src, dst = folder.resolve(), out.resolve()
+    if dst == src or dst in src.parents or src in dst.parents:
+        raise ConfigError(f"{out}: the store cannot be the image folder {folder}, hold it, or "
+                          f"lie inside it; choose a folder outside it")
     if size is not None and (len(size) != 2
                              or not all(type(v) is int and 0 < v <= 10_000 for v in size)):
         raise ConfigError(f"size must be (height, width) in 1..10000 pixels, got {size!r}")
