@@ -1,5 +1,12 @@
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -25,3 +32,42 @@ def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     path = tmp_path / "cache"
     monkeypatch.setenv("LATECAST_CACHE", str(path))
     return path
+
+
+@dataclass
+class CliRun:
+    """What one ``latecast`` command did: unpacks as ``rc, json`` (the last stdout line
+    parsed, or None), with the whole ``out`` and ``err`` beside."""
+
+    rc: int
+    json: dict | None
+    out: str
+    err: str
+
+    def __iter__(self):
+        return iter((self.rc, self.json))
+
+
+@pytest.fixture(scope="session")
+def run_cli():
+    """``run_cli(*argv, process=False)``: the CLI's ``main`` in this process (fast), or with
+    ``process=True`` a real ``python -m latecast`` (exit codes, signals, stderr as a user
+    sees it). Arguments may be paths or numbers."""
+    def run(*argv, process: bool = False, timeout: float = 300, env: dict | None = None) -> CliRun:
+        args = [str(a) for a in argv]
+        if process:
+            proc = subprocess.run([sys.executable, "-m", "latecast", *args], capture_output=True,
+                                  text=True, timeout=timeout, env={**os.environ, **(env or {})})
+            rc, out, err = proc.returncode, proc.stdout, proc.stderr
+        else:
+            from latecast.cli import main
+            out_buf, err_buf = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out_buf), contextlib.redirect_stderr(err_buf):
+                try:
+                    rc = main(args)
+                except SystemExit as stop:  # argparse: --help (0) and bad usage (2)
+                    rc = stop.code if isinstance(stop.code, int) else 1
+            out, err = out_buf.getvalue(), err_buf.getvalue()
+        last = out.strip().splitlines()[-1] if out.strip() else ""
+        return CliRun(rc, json.loads(last) if last.startswith("{") else None, out, err)
+    return run

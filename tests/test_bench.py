@@ -1,6 +1,4 @@
 """`latecast bench` on CPU with tiny settings: every loader, finite numbers, all files written."""
-import contextlib
-import io
 import itertools
 import json
 import math
@@ -10,10 +8,9 @@ import pytest
 import torch
 
 from latecast.bench import bytes_per_epoch, epochs
-from latecast.cli import main
 from latecast.datasets import from_arrays
 from latecast.loader import Loader
-from latecast.transfer import STRATEGIES
+from latecast.transfer import MOVERS
 
 PNG = b"\x89PNG\r\n\x1a\n"
 LOADERS = ["float32", "uint8", "prefetch", "resident", "torchvision-w0", "torchvision-w2",
@@ -21,15 +18,13 @@ LOADERS = ["float32", "uint8", "prefetch", "resident", "torchvision-w0", "torchv
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, run_cli):
     out = tmp_path_factory.mktemp("bench")
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = main(["bench", "--device", "cpu", "--repeats", "1", "--limit-batches", "1",
-                   "-b", "64", "--e2e-epochs", "1", "--e2e-batch-size", "32",
-                   "--output-dir", str(out), "--json"])
+    rc, result = run_cli("bench", "--device", "cpu", "--repeats", "1", "--limit-batches", "1",
+                         "-b", "64", "--e2e-epochs", "1", "--e2e-batch-size", "32",
+                         "--output-dir", out, "--json")
     assert rc == 0
-    return out, json.loads(buf.getvalue().strip().splitlines()[-1])
+    return out, result
 
 
 def test_every_loader_and_loop_is_measured(run):
@@ -70,7 +65,7 @@ def tiny(n: int = 300):
 def test_counted_bytes_match_epoch_bytes(run):
     """Over one real epoch the loaders count exactly what ``epoch_bytes`` promises."""
     got = bytes_per_epoch(tiny(), torch.device("cpu"), 64)
-    for name in STRATEGIES:
+    for name in MOVERS:
         assert got[name]["measured"] == got[name]["per_epoch"], name
     assert got["float32"]["image_bytes"] == 4 * got["uint8"]["image_bytes"]
     assert got["float32"]["label_bytes"] == 8 * got["uint8"]["label_bytes"]
@@ -79,7 +74,7 @@ def test_counted_bytes_match_epoch_bytes(run):
     assert run[1]["bytes_fewer_than_float32"] == {"image": 4.0, "label": 8.0}  # MNIST, counted
 
 
-@pytest.mark.parametrize("transfer", list(STRATEGIES))
+@pytest.mark.parametrize("transfer", list(MOVERS))
 def test_every_pass_is_a_whole_epoch(transfer):
     """A pass stopped right after its last batch leaves a Loader at the end of its epoch; the
     benchmark must still time full epochs (regression: the 3rd pass used to deliver 0 images)."""
@@ -89,25 +84,22 @@ def test_every_pass_is_a_whole_epoch(transfer):
         assert sum(len(x) for x, _ in itertools.islice(start(), len(loader))) == 300
 
 
-def test_bad_settings_are_a_one_line_error(capsys):
-    assert main(["bench", "--repeats", "0", "--device", "cpu"]) == 1
-    assert "repeats=0" in capsys.readouterr().err
+def test_bad_settings_are_a_one_line_error(run_cli):
+    r = run_cli("bench", "--repeats", "0", "--device", "cpu")
+    assert r.rc == 1 and r.err == "latecast: error: repeats must be an integer >= 1, got 0\n"
 
 
-def test_colour_store_with_augmentation(tmp_path):
+def test_colour_store_with_augmentation(tmp_path, run_cli):
     """A CIFAR-shaped store, augmentation on: every loader row still runs, bytes are 4x/8x."""
     from latecast.store import write_store
     rng = np.random.default_rng(0)
     for split, n in (("train", 300), ("test", 50)):
         write_store(from_arrays(rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
                                 rng.integers(0, 10, n), split=split, name="c10"), tmp_path / "c10" / split)
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = main(["bench", str(tmp_path / "c10"), "--device", "cpu", "--repeats", "1",
-                   "--limit-batches", "1", "-b", "64", "--e2e-epochs", "0",
-                   "--augment", "crop,flip,cutout", "--output-dir", str(tmp_path / "out"), "--json"])
+    rc, r = run_cli("bench", tmp_path / "c10", "--device", "cpu", "--repeats", "1",
+                    "--limit-batches", "1", "-b", "64", "--e2e-epochs", "0",
+                    "--augment", "crop,flip,cutout", "--output-dir", tmp_path / "out", "--json")
     assert rc == 0
-    r = json.loads(buf.getvalue().strip().splitlines()[-1])
     assert r["config"]["augment"] == "crop,flip,cutout" and list(r["loader_images_per_s"]) == LOADERS
     assert all(v > 0 for v in r["loader_images_per_s"].values())
     assert r["bytes_fewer_than_float32"] == {"image": 4.0, "label": 8.0}

@@ -79,16 +79,16 @@ def reference(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("stop_after", [3, 10, 15])  # mid-epoch 1, epoch 1's end, mid-epoch 2
 def test_interrupted_run_resumes_bit_identical(stop_after, reference, tmp_path, one_thread,
                                                monkeypatch):
-    real_save = train_mod.save_checkpoint
+    real_save = ckpt.save_checkpoint
 
     def save_then_stop(path, state):
         real_save(path, state)
         if state["step"] == stop_after and Path(path).name == "checkpoint.pt":
             raise KeyboardInterrupt  # the run stops right after this checkpoint
-    monkeypatch.setattr(train_mod, "save_checkpoint", save_then_stop)
+    monkeypatch.setattr(ckpt, "save_checkpoint", save_then_stop)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path)
-    monkeypatch.setattr(train_mod, "save_checkpoint", real_save)
+    monkeypatch.setattr(ckpt, "save_checkpoint", real_save)
     assert ckpt.load_checkpoint(tmp_path / "checkpoint.pt")["step"] == stop_after
     summary = run(tmp_path, resume="auto")
     assert_same_run(tmp_path, reference)
@@ -251,17 +251,15 @@ def test_corrupt_or_foreign_checkpoint_is_named(kind, tmp_path):
     assert str(path) in str(err.value) and "\n" not in str(err.value)
 
 
-def test_cli_resume_from_garbage_is_one_line(tmp_path):
+def test_cli_resume_from_garbage_is_one_line(tmp_path, run_cli):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"<html>not a checkpoint</html>")
-    proc = subprocess.run([sys.executable, "-m", "latecast", "train", "--model", "mlp",
-                           "--limit-train", "64", "--limit-test", "64", "--device", "cpu",
-                           "--output-dir", str(tmp_path / "o"), "--resume", str(bad)],
-                          capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 1
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("latecast:")]
-    assert len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in proc.stderr
+    proc = run_cli("train", "--model", "mlp", "--limit-train", "64", "--limit-test", "64",
+                   "--device", "cpu", "--output-dir", tmp_path / "o", "--resume", bad,
+                   process=True, env={"OMP_NUM_THREADS": "1"}, timeout=120)
+    assert proc.rc == 1
+    lines = [line for line in proc.err.splitlines() if line.startswith("latecast:")]
+    assert len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in proc.err
 
 
 # -- contents and NaN (rows 20, 30) ------------------------------------------------------------
@@ -274,7 +272,7 @@ def test_checkpoint_is_plain_data_with_everything_for_resume(reference):
         assert key in raw, key
     assert raw["config"] == asdict(TrainConfig(**{**TINY, "output_dir": str(reference),
                                                   "label_smoothing": 0.0, "amp": False,
-                                                  "channels_last": True}))  # resolved
+                                                  "channels_last": True, "preset": "gray"}))
     assert raw["loader"]["epoch"] == 2 and raw["loader"]["position"] == 0 and raw["step"] == 20
     assert not any(k.startswith("module.") for k in raw["model"])
     best = ckpt.load_checkpoint(reference / "best.pt")

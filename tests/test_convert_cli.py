@@ -1,20 +1,12 @@
 """`latecast convert` then `latecast train` on a generated image folder (RELIABILITY row 11)."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 Image = pytest.importorskip("PIL.Image")
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "latecast", *args], capture_output=True,
-                          text=True, timeout=300)
 
 
 def make_folder(root: Path, per_class: int = 12) -> Path:
@@ -31,36 +23,36 @@ def make_folder(root: Path, per_class: int = 12) -> Path:
     return root
 
 
-def test_convert_then_train(tmp_path):
+def test_convert_then_train(tmp_path, run_cli):
     src = make_folder(tmp_path / "images")
-    proc = run_cli("convert", str(src), str(tmp_path / "store"), "--size", "16x16", "--json")
-    assert proc.returncode == 0, proc.stderr
-    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = run_cli("convert", src, tmp_path / "store", "--size", "16x16", "--json")
+    assert proc.rc == 0, proc.err
+    info = proc.json
     assert info["samples"] == 24 and info["image_shape"] == [16, 16, 3]
     assert info["classes"] == ["dark", "light"]
-    proc = run_cli("train", str(tmp_path / "store"), "--model", "mlp", "--epochs", "2",
+    proc = run_cli("train", tmp_path / "store", "--model", "mlp", "--epochs", "2",
                    "-b", "8", "--lr", "0.05", "--device", "cpu",
-                   "--output-dir", str(tmp_path / "run"), "--json")
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+                   "--output-dir", tmp_path / "run", "--json", process=True)
+    assert proc.rc == 0, proc.err
+    result = proc.json
     assert result["epochs"] == 2 and 0 <= result["test_accuracy"] <= 1
 
 
-def test_corrupt_image_is_named_or_skipped_and_listed(tmp_path):
+def test_corrupt_image_is_named_or_skipped_and_listed(tmp_path, run_cli):
     src = make_folder(tmp_path / "images")
     bad = src / "train" / "dark" / "broken.png"
     bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)  # a PNG signature, then garbage
-    proc = run_cli("convert", str(src), str(tmp_path / "store"))
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert len(proc.stderr.strip().splitlines()) == 1 and "broken.png" in proc.stderr
+    proc = run_cli("convert", src, tmp_path / "store", process=True)
+    assert proc.rc == 1 and "Traceback" not in proc.err
+    assert len(proc.err.strip().splitlines()) == 1 and "broken.png" in proc.err
     assert not (tmp_path / "store").exists()  # nothing half-written
-    proc = run_cli("convert", str(src), str(tmp_path / "store"), "--skip-bad", "--json")
-    assert proc.returncode == 0, proc.stderr
-    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    proc = run_cli("convert", src, tmp_path / "store", "--skip-bad", "--json")
+    assert proc.rc == 0, proc.err
+    info = proc.json
     assert info["samples"] == 24 and any("broken.png" in s for s in info["skipped"])
     listed = list((tmp_path / "store").rglob("skipped.txt"))
     assert listed and "broken.png" in listed[0].read_text()
 
 
-def test_bad_size_is_usage_error(tmp_path):
-    assert run_cli("convert", str(tmp_path), str(tmp_path / "o"), "--size", "0x5").returncode == 2
+def test_bad_size_is_usage_error(tmp_path, run_cli):
+    assert run_cli("convert", tmp_path, tmp_path / "o", "--size", "0x5").rc == 2

@@ -13,9 +13,9 @@ from torch.utils.data import DistributedSampler
 import latecast
 from latecast.errors import ConfigError
 from latecast.loader import Loader, epoch_order
-from latecast.transfer import STRATEGIES, float32_bytes
+from latecast.transfer import MOVERS, float32_bytes
 
-STRATS = list(STRATEGIES)
+STRATS = list(MOVERS)
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,11 +14,6 @@ from latecast.train import TrainConfig, train
 BUNDLED = Path(latecast.__file__).parent / "bundled"
 NAMES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte",
          "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
-
-
-def run_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "latecast", *args], capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def test_short_training_run_learns(tmp_path):
@@ -51,33 +44,33 @@ def test_bad_config_values_are_named(field, value, tmp_path):
 
 
 @pytest.mark.parametrize("transfer", ["float32", "uint8", "prefetch", "resident", "auto"])
-def test_cli_train_json_every_strategy(transfer, tmp_path):
+def test_cli_train_json_every_strategy(transfer, tmp_path, run_cli):
     proc = run_cli("train", "--model", "mlp", "--epochs", "1", "-b", "1024", "--lr", "0.05",
-                   "--transfer", transfer, "--device", "cpu", "--output-dir", str(tmp_path),
+                   "--transfer", transfer, "--device", "cpu", "--output-dir", tmp_path,
                    "--json")
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.rc == 0, proc.err
+    result = proc.json
     for key in ("test_accuracy", "train_seconds", "epochs", "transfer", "device",
                 "h2d_bytes", "h2d_bytes_float32"):
         assert key in result
     assert 0.8 < result["test_accuracy"] <= 1 and result["device"] == "cpu"
     assert result["transfer"] == ("resident" if transfer == "auto" else transfer)
-    assert "float32 would have moved" in proc.stdout
+    assert "float32 would have moved" in proc.out
 
 
-def test_cli_info_json():
+def test_cli_info_json(run_cli):
     proc = run_cli("info", "--json")
-    assert proc.returncode == 0, proc.stderr
-    info = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert proc.rc == 0, proc.err
+    info = proc.json
     assert info["train"]["samples"] == 60000 and info["test"]["samples"] == 10000
     epoch = info["train"]["epoch_bytes"]
     assert epoch["float32"]["per_epoch"] == 60000 * (784 * 4 + 8)
     assert epoch["uint8"]["per_epoch"] == 60000 * (784 + 1)
 
 
-def test_cli_bad_usage_exits_2():
-    assert run_cli("train", "--epochs", "many").returncode == 2
-    assert run_cli("nonsense").returncode == 2
+def test_cli_bad_usage_exits_2(run_cli):
+    assert run_cli("train", "--epochs", "many", process=True).rc == 2
+    assert run_cli("nonsense").rc == 2
 
 
 def _data_root(tmp_path: Path) -> Path:
@@ -88,15 +81,15 @@ def _data_root(tmp_path: Path) -> Path:
     return root
 
 
-def _one_line_error(proc: subprocess.CompletedProcess, mentions: str) -> None:
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+def _one_line_error(proc, mentions: str) -> None:
+    assert proc.rc == 1, proc.out + proc.err
+    lines = proc.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.err, proc.err
     assert mentions in lines[0]
 
 
 @pytest.mark.parametrize("fault", ["missing", "truncated", "wrong-role", "html"])
-def test_bad_data_root_gives_one_line_naming_the_file(fault, tmp_path):
+def test_bad_data_root_gives_one_line_naming_the_file(fault, tmp_path, run_cli):
     root = _data_root(tmp_path)
     target = root / "train-labels-idx1-ubyte"
     if fault == "missing":
@@ -107,23 +100,22 @@ def test_bad_data_root_gives_one_line_naming_the_file(fault, tmp_path):
         target.write_bytes((root / "t10k-images-idx3-ubyte").read_bytes())
     else:
         target.write_bytes(b"<!DOCTYPE html><html>Not found</html>")
-    proc = run_cli("train", "--data-root", str(root), "--epochs", "1", "--device", "cpu",
-                   "--output-dir", str(tmp_path / "out"))
+    proc = run_cli("train", "--data-root", root, "--epochs", "1", "--device", "cpu",
+                   "--output-dir", tmp_path / "out", process=True)
     _one_line_error(proc, "train-labels-idx1-ubyte")
 
 
-def test_data_root_with_good_files_trains(tmp_path):
+def test_data_root_with_good_files_trains(tmp_path, run_cli):
     root = _data_root(tmp_path)
-    proc = run_cli("train", "--data-root", str(root), "--model", "mlp", "--epochs", "1",
-                   "-b", "1024", "--device", "cpu", "--output-dir", str(tmp_path / "o"), "--json")
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout.strip().splitlines()[-1])["test_accuracy"] > 0.8
+    rc, result = run_cli("train", "--data-root", root, "--model", "mlp", "--epochs", "1",
+                         "-b", "1024", "--device", "cpu", "--output-dir", tmp_path / "o", "--json")
+    assert rc == 0 and result["test_accuracy"] > 0.8
 
 
-def test_unknown_dataset_lists_valid_names(tmp_path):
-    proc = run_cli("train", "imagenet-22k", "--output-dir", str(tmp_path))
+def test_unknown_dataset_lists_valid_names(tmp_path, run_cli):
+    proc = run_cli("train", "imagenet-22k", "--output-dir", tmp_path)
     _one_line_error(proc, "imagenet-22k")
-    assert "mnist" in proc.stderr
+    assert "mnist" in proc.err
 
 
 def test_warm_up_leaves_weights_and_batchnorm_untouched():
@@ -131,12 +123,12 @@ def test_warm_up_leaves_weights_and_batchnorm_untouched():
 
     from latecast.loader import Loader
     from latecast.models import build_model
-    from latecast.train import _warm_up
+    from latecast.train import warm_up
     ds = latecast.load_dataset("mnist", "test")
     loader = Loader(ds, 64, device="cpu", channels_last=True)
     model = build_model("cnn", (1, 28, 28), 10).to(memory_format=torch.channels_last)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    _warm_up(model, loader, torch.autocast("cpu", enabled=False))
+    warm_up(model, loader, amp=False)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert all(p.grad is None for p in model.parameters())

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from latecast.errors import ConfigError
-from latecast.transforms import (Augment, _crop_offsets, _cutout_centers, _flip_mask,
-                                 cutout, parse_augment, random_crop, random_flip)
+from latecast.transforms import (Augment, crop_params, cutout, cutout_params, erase, flip,
+                                 flip_params, parse_augment, random_crop, random_flip,
+                                 translate)
 
 
 def batch(n=64, h=12, w=10, c=3, seed=0) -> torch.Tensor:
@@ -24,22 +25,23 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # ---- slow per-image references, fed the parameters the fast code draws ----------------
 
 def ref_crop(x: torch.Tensor, padding: int, fill: str, seed: int) -> torch.Tensor:
-    offsets = _crop_offsets(len(x), padding, gen(seed, x.device.type), x.device)
+    shifts = crop_params(len(x), padding, generator=gen(seed, x.device.type), device=x.device)
     mode = "constant" if fill == "zero" else "reflect"
     out = []
-    for img, (dy, dx) in zip(x.cpu().numpy(), offsets.tolist()):
+    for img, (dy, dx) in zip(x.cpu().numpy(), (shifts + padding).tolist()):
         padded = np.pad(img, ((padding, padding), (padding, padding), (0, 0)), mode=mode)
         out.append(padded[dy:dy + x.shape[1], dx:dx + x.shape[2]])
     return torch.from_numpy(np.stack(out)).to(x.device)
 
 
 def ref_flip(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
-    mask = _flip_mask(len(x), p, gen(seed, x.device.type), x.device)
+    mask = flip_params(len(x), p, generator=gen(seed, x.device.type), device=x.device)
     return torch.stack([torch.flip(img, [1]) if m else img for img, m in zip(x, mask)])
 
 
 def ref_cutout(x: torch.Tensor, size: int, seed: int) -> torch.Tensor:
-    centers = _cutout_centers(len(x), x.shape[1], x.shape[2], gen(seed, x.device.type), x.device)
+    centers = cutout_params(len(x), x.shape[1], x.shape[2], generator=gen(seed, x.device.type),
+                            device=x.device)
     out = x.clone()
     for img, (cy, cx) in zip(out, centers.tolist()):
         y0, x0 = cy - size // 2, cx - size // 2
@@ -80,8 +82,9 @@ def test_cutout_equals_reference(size, device):
 
 def test_parameters_differ_per_image():
     x = batch(n=200)
-    offsets = _crop_offsets(200, 4, gen(0), x.device)
-    assert len({tuple(o) for o in offsets.tolist()}) > 40  # 81 possible offsets
+    shifts = crop_params(200, 4, generator=gen(0))
+    assert len({tuple(o) for o in shifts.tolist()}) > 40  # 81 possible shifts
+    assert shifts.min() == -4 and shifts.max() == 4
     # The same image repeated must come out in many different ways within one batch.
     same = x[:1].expand(200, -1, -1, -1)
     for f in (lambda b: random_crop(b, 4, generator=gen(1)),
@@ -166,3 +169,14 @@ def test_parse_augment():
         parse_augment("crop=x")
     with pytest.raises(ConfigError, match="twice"):
         parse_augment("flip,flip")
+
+
+def test_applying_halves_take_explicit_parameters():
+    x = torch.arange(12, dtype=torch.uint8).view(1, 3, 4, 1)  # rows 0-3, 4-7, 8-11
+    assert translate(x, torch.tensor([[1, -1]]))[0, :, :, 0].tolist() == [
+        [0, 4, 5, 6], [0, 8, 9, 10], [0, 0, 0, 0]]
+    assert translate(x, torch.tensor([[0, 2]]), fill="reflect")[0, 0, :, 0].tolist() == [2, 3, 2, 1]
+    two = torch.cat([x, x])
+    assert torch.equal(flip(two, torch.tensor([True, False])), torch.cat([x.flip(2), x]))
+    erased = erase(x | 1, torch.tensor([[1, 1]]), 2)[0, :, :, 0]
+    assert (erased == 0).nonzero().tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]

@@ -6,7 +6,7 @@
     only normalized) and a bandwidth reference (a numpy uint8 gather, nothing else).
 (b) End to end: the same model, optimizer and schedule trained through the usual loop and
     through latecast; seconds per epoch and seconds to 99% test accuracy.
-(c) Host->device bytes per epoch per strategy, from ``transfer.epoch_bytes`` and checked
+(c) Host->device bytes per epoch per strategy, from each mover's ``epoch_bytes`` and checked
     against what a ``Loader`` counts over one real epoch.
 
 Every timing is one warm-up pass, then ``repeats`` passes with the device synchronized
@@ -27,41 +27,45 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from . import transforms
-from .datasets import Dataset, load_dataset
-from .errors import ConfigError
-from .loader import Loader, epoch_order, resolve_device
-from .train import TrainConfig, model_and_optimizer
+from .config import DATASET_HELP, option, validate
+from .datasets import Dataset, load_dataset  # MERGE: .data
+from .distributed import resolve_device
+from .loader import Loader, epoch_order
+from .train import TrainConfig, evaluate, model_and_optimizer, resolve_config, train_step
 from .transforms import Augment, parse_augment
-from .transfer import STRATEGIES, Batch, epoch_bytes, float32_bytes
+from .transfer import MOVERS, Batch, float32_bytes
 
 
 @dataclass(frozen=True)
 class BenchConfig:
-    dataset: str = "mnist"            # a known dataset name
-    device: str = "auto"              # auto | cpu | cuda | cuda:N
-    repeats: int = 3                  # timed passes per measurement, after one warm-up pass
-    batch_size: int = 256             # images per batch in the loader throughput runs
-    limit_batches: int | None = None  # batches per pass/epoch (default: whole epochs); for tests
-    e2e_epochs: int = 3               # epochs of each end-to-end run; 0 skips part (b)
-    e2e_batch_size: int = 128         # training batch (as `latecast train`)
-    e2e_workers: int | None = None    # usual loop's DataLoader workers; None: the fastest in (a)
-    lr: float = 0.1                   # peak one-cycle learning rate (as `latecast train`)
-    augment: str = ""                 # augmentation in (a), e.g. "crop,flip,cutout"; "" = off
-    seed: int = 0                     # weights and order
-    data_root: str | None = None      # folder with the dataset's original files
-    output_dir: str = "runs/bench"    # bench.json, bench.md, bench.png
+    dataset: str = option("mnist", DATASET_HELP, positional=True)
+    device: str = option("auto", "auto|cpu|cuda|cuda:N")
+    repeats: int = option(3, "timed passes per measurement, after a warm-up pass")
+    batch_size: int = option(256, "images per batch in the loader runs", short="-b")
+    limit_batches: int | None = option(None, "batches per timed pass and per end-to-end "
+                                       "epoch (default: whole epochs)")
+    e2e_epochs: int = option(3, "epochs of each end-to-end run; 0 skips them")
+    e2e_batch_size: int | None = option(None, "end-to-end training batch (default: the "
+                                        "dataset's preset, as latecast train)")
+    e2e_workers: int | None = option(None, "usual loop's DataLoader workers (default: the "
+                                     "fastest setting in the loader runs)")
+    preset: str | None = option(None, "the training recipe of the end-to-end runs (default: "
+                                "the dataset's, as latecast train)")
+    lr: float | None = option(None, "end-to-end peak learning rate (default: the preset's)")
+    augment: str = option("", 'augmentation in every run, e.g. "crop,flip,cutout" '
+                          '(default: off)')
+    seed: int = option(0, "weights and order")
+    data_root: str | None = option(None, "folder with the dataset's files")
+    output_dir: str = option("runs/bench", "bench.json, bench.md and bench.png go here")
 
-    def validate(self) -> None:
-        bad = [f"{k}={getattr(self, k)!r}" for k, ok in (
-            ("repeats", self.repeats >= 1), ("batch_size", self.batch_size >= 1),
-            ("e2e_epochs", self.e2e_epochs >= 0), ("e2e_batch_size", self.e2e_batch_size >= 1),
-            ("e2e_workers", self.e2e_workers is None or self.e2e_workers >= 0),
-            ("limit_batches", self.limit_batches is None or self.limit_batches >= 1)) if not ok]
-        if bad:
-            raise ConfigError(f"bench settings out of range: {', '.join(bad)}")
+    def __post_init__(self) -> None:
+        at_least = lambda low: (lambda v: v >= low, f"an integer >= {low}")  # noqa: E731
+        validate(self, {"repeats": at_least(1), "batch_size": at_least(1),
+                        "limit_batches": at_least(1), "e2e_epochs": at_least(0),
+                        "e2e_batch_size": at_least(1), "e2e_workers": at_least(0),
+                        "lr": (lambda v: v > 0, "a positive number")})
 
 
 # ---- pieces shared with profile.py -------------------------------------------------------
@@ -199,7 +203,7 @@ def loader_throughput(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
     n = cfg.limit_batches or -(-len(ds) // cfg.batch_size)
     aug = parse_augment(cfg.augment)
     out: dict[str, list[float]] = {}
-    for name in STRATEGIES:
+    for name in MOVERS:
         loader = Loader(ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed,
                         augment=aug)
         out[name] = _rates(epochs(loader), n, cfg.repeats, device)
@@ -218,40 +222,31 @@ def loader_throughput(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
 
 # ---- (b) end to end ----------------------------------------------------------------------
 
-def _accuracy(model: torch.nn.Module, test: Dataset, device: torch.device,
-              limit: int | None) -> float:
-    """Test accuracy over the first ``limit`` batches of 1000 (all by default)."""
-    model.eval()
-    loader = Loader(test, 1000, device=device, transfer="auto", shuffle=False, pad=False)
-    correct, total = torch.zeros((), dtype=torch.int64, device=device), 0
-    with torch.no_grad():
-        for x, y in itertools.islice(loader, limit):
-            correct += (model(x).argmax(1) == y).sum()
-            total += len(y)
-    model.train()
-    return int(correct.item()) / max(total, 1)  # .item() syncs the device
+def recipe(ds: Dataset, cfg: BenchConfig, device: torch.device) -> TrainConfig:
+    """What ``latecast train`` would run on ``ds``, with the bench's settings on top."""
+    return resolve_config(TrainConfig(dataset=cfg.dataset, preset=cfg.preset,
+                                      epochs=cfg.e2e_epochs, lr=cfg.lr,
+                                      batch_size=cfg.e2e_batch_size, augment=cfg.augment,
+                                      seed=cfg.seed, device=str(device)), ds, device)
 
 
 def fit(passes: Callable[[], Iterable[Batch]], steps_per_epoch: int, ds: Dataset,
-        test: Dataset, cfg: BenchConfig, device: torch.device) -> dict:
-    """Train a fresh ``cnn`` on one ``passes()`` per epoch as ``latecast train`` does (SGD,
-    Nesterov, one-cycle); time each epoch between device syncs, evaluate outside the timer."""
-    torch.manual_seed(cfg.seed)  # same initial weights for every data path
-    recipe = TrainConfig(model="cnn", lr=cfg.lr, epochs=cfg.e2e_epochs, channels_last=False)
-    model, opt, sched = model_and_optimizer(recipe, ds, device, steps_per_epoch)
+        test: Dataset, config: TrainConfig, device: torch.device, limit: int | None) -> dict:
+    """Train a fresh model on one ``passes()`` per epoch with ``train``'s own step and
+    recipe; time each epoch between device syncs, evaluate outside the timer."""
+    torch.manual_seed(config.seed)  # same initial weights for every data path
+    model, opt, sched = model_and_optimizer(config, ds, device, steps_per_epoch)
+    test_loader = Loader(test, 1000, device=device, shuffle=False, pad=False)
     seconds, accuracy = [], []
-    for _ in range(cfg.e2e_epochs):
+    for _ in range(config.epochs):
         sync(device)
         t0 = time.perf_counter()
         for x, y in itertools.islice(passes(), steps_per_epoch):
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
+            train_step(model, opt, sched, x, y, config)
         sync(device)
         seconds.append(time.perf_counter() - t0)
-        accuracy.append(_accuracy(model, test, device, cfg.limit_batches))
+        correct, total = evaluate(model, itertools.islice(test_loader, limit), config.amp)
+        accuracy.append(correct / total)
     hit = next((i for i, a in enumerate(accuracy) if a >= 0.99), None)
     return {"epoch_seconds": seconds, "test_accuracy": accuracy,
             "seconds_to_99": None if hit is None else sum(seconds[:hit + 1])}
@@ -260,13 +255,18 @@ def fit(passes: Callable[[], Iterable[Batch]], steps_per_epoch: int, ds: Dataset
 def end_to_end(ds: Dataset, test: Dataset, cfg: BenchConfig, device: torch.device,
                workers: int) -> dict[str, dict]:
     """The usual loop (torchvision DataLoader at ``workers``) and latecast (``auto``)."""
+    config = recipe(ds, cfg, device)
+    aug = parse_augment(config.augment)
     # Persistent workers: their start-up is not paid every epoch (flatters the usual loop).
-    dl = torchvision_loader(ds, cfg.e2e_batch_size, workers, device, cfg.seed, persistent=True)
+    dl = torchvision_loader(ds, config.batch_size, workers, device, cfg.seed, persistent=True,
+                            augment=aug)
     next(iter(dl))  # start the workers before the clock (spawning 16 took 60 s on the H200)
     steps = min(len(dl), cfg.limit_batches or len(dl))
-    usual = fit(lambda: to_device(dl, device), steps, ds, test, cfg, device)
-    loader = Loader(ds, cfg.e2e_batch_size, device=device, transfer="auto", seed=cfg.seed)
-    ours = fit(epochs(loader), steps, ds, test, cfg, device)
+    usual = fit(lambda: to_device(dl, device), steps, ds, test, config, device, cfg.limit_batches)
+    loader = Loader(ds, config.batch_size, device=device, transfer="auto", seed=cfg.seed,
+                    augment=aug, channels_last=config.channels_last,
+                    dtype=torch.bfloat16 if config.amp else torch.float32)
+    ours = fit(epochs(loader), steps, ds, test, config, device, cfg.limit_batches)
     return {"usual-loop": {**usual, "workers": workers},
             "latecast": {**ours, "transfer": loader.transfer}}
 
@@ -274,18 +274,22 @@ def end_to_end(ds: Dataset, test: Dataset, cfg: BenchConfig, device: torch.devic
 # ---- (c) bytes ---------------------------------------------------------------------------
 
 def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[str, dict]:
-    """``epoch_bytes`` per strategy (the torchvision loop moves what ``float32`` moves), and
-    what a Loader counts over one real epoch, images and labels apart."""
+    """Each mover's ``epoch_bytes`` (the torchvision loop moves what ``float32`` moves), and
+    what a Loader counts over one real epoch (its second: the first holds start-up uploads),
+    images and labels apart."""
     out = {"torchvision": {"per_epoch": float32_bytes(ds, len(ds)), "once": 0}}
-    for name in STRATEGIES:
+    for name, mover in MOVERS.items():
         loader = Loader(ds, batch_size, device=device, transfer=name)
-        s0 = replace(loader.stats)  # a copy, after resident's upload in the constructor
+        for _ in loader:
+            pass
+        s0 = loader.stats
         for _ in loader:
             pass
         s = loader.stats
-        out[name] = {**epoch_bytes(ds, name), "measured": s.h2d_bytes - s0.h2d_bytes,
+        out[name] = {**mover.epoch_bytes(ds), "measured": s.h2d_bytes - s0.h2d_bytes,
                      "image_bytes": s.image_bytes - s0.image_bytes,
-                     "label_bytes": s.label_bytes - s0.label_bytes, "index_bytes": s.index_bytes}
+                     "label_bytes": s.label_bytes - s0.label_bytes,
+                     "index_bytes": s.index_bytes - s0.index_bytes}
     return out
 
 
@@ -293,7 +297,6 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
 
 def bench(cfg: BenchConfig) -> dict:
     """Run (a), (b), (c); write bench.json, bench.md, bench.png to ``cfg.output_dir``."""
-    cfg.validate()
     device = resolve_device(cfg.device)
     ds = load_dataset(cfg.dataset, "train", root=cfg.data_root)
     out = Path(cfg.output_dir)
@@ -312,7 +315,8 @@ def bench(cfg: BenchConfig) -> dict:
     nbytes = bytes_per_epoch(ds, device, cfg.batch_size)
     f32, u8 = nbytes["float32"], nbytes["uint8"]
     result = {
-        "config": asdict(cfg), **run_info(device), "dataset": ds.name, "best_torchvision": best_tv,
+        "config": asdict(cfg), "recipe": asdict(recipe(ds, cfg, device)), **run_info(device),
+        "dataset": ds.name, "best_torchvision": best_tv,
         "loader_images_per_s": rates,
         "loader_images_per_s_range": {k: [min(v), max(v)] for k, v in runs.items()},
         "epoch_seconds": {k: float(np.median(v["epoch_seconds"])) for k, v in e2e.items()},
@@ -346,7 +350,8 @@ def report_markdown(r: dict) -> str:
                  " ".join(f"{a:.4f}" for a in v["test_accuracy"]),
                  "not reached" if v["seconds_to_99"] is None else f"{v['seconds_to_99']:.1f}"]
                 for k, v in r["end_to_end"].items()]
-        parts += ["", f"End to end: cnn, SGD + one-cycle, batch {r['config']['e2e_batch_size']}",
+        parts += ["", f"End to end: {r['recipe']['model']}, SGD + one-cycle, batch "
+                  f"{r['recipe']['batch_size']} (preset {r['recipe']['preset']})",
                   "", markdown_table(["loop", "s/epoch", "min .. max", "test acc per epoch",
                                       "s to 99%"], rows)]
     f32 = r["h2d_bytes_per_epoch"]["float32"]

@@ -7,18 +7,19 @@ they are reseeded per batch from (seed, epoch, rank, batch).
 
 Writes go to a temporary file in the same folder, which is flushed, fsynced and then
 ``os.replace``d onto the target, so a crash mid-save leaves the previous checkpoint intact
-(RELIABILITY row 19). Reads use ``torch.load(weights_only=True, map_location="cpu")``:
+(docs/RELIABILITY.md row 19). Reads use ``torch.load(weights_only=True, map_location="cpu")``:
 tensors, numbers, strings, lists and dicts only (row 20).
 """
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .errors import CheckpointError, LatecastError
-from .idx import atomic_write
+from .idx import atomic_write  # MERGE: .fileio
 from .loader import Loader
 
 FORMAT = "latecast-checkpoint"
@@ -75,10 +76,36 @@ def resume_path(resume: str | None, latest: Path, say: bool = True) -> Path | No
     return None
 
 
+@dataclass
+class Progress:
+    """Where a run stands, beyond its model and optimizer: saved in every checkpoint."""
+
+    step: int = 0
+    history: list[dict] = field(default_factory=list)  # one row per finished epoch
+    best_accuracy: float = -1.0
+    train_seconds: float = 0.0
+    epoch_loss_sum: torch.Tensor = field(default_factory=lambda: torch.zeros(()))  # mid-epoch
+    epoch_seen: int = 0  # steps summed into epoch_loss_sum
+
+
+def save(path: str | os.PathLike, model: torch.nn.Module, opt: torch.optim.Optimizer,
+         sched: torch.optim.lr_scheduler.LRScheduler, loader: Loader, progress: Progress,
+         config: dict, world_size: int) -> None:
+    """Checkpoint a run: the mirror of ``restore``, the one place the schema is written."""
+    save_checkpoint(path, {
+        "model": model.state_dict(), "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(), "epoch": loader.epoch, "step": progress.step,
+        "loader": loader.state_dict(), "rng": rng_state(), "config": config,
+        "world_size": world_size, "history": progress.history,
+        "best_accuracy": progress.best_accuracy, "train_seconds": progress.train_seconds,
+        "epoch_loss_sum": progress.epoch_loss_sum.detach().cpu(),
+        "epoch_seen": progress.epoch_seen})
+
+
 def restore(path: Path, run: dict, model: torch.nn.Module, opt: torch.optim.Optimizer,
-            sched: torch.optim.lr_scheduler.LRScheduler, loader: Loader) -> dict:
+            sched: torch.optim.lr_scheduler.LRScheduler, loader: Loader) -> Progress:
     """Load the checkpoint at ``path`` into a run's objects, once it is known to come from
-    the same run (``run``: this run's config dict plus ``world_size``); return it."""
+    the same run (``run``: this run's config dict plus ``world_size``); return its progress."""
     state = load_checkpoint(path)
     check_same_run(path, {**state["config"], "world_size": state["world_size"]}, run)
     try:  # a checkpoint edited by hand, or from another latecast version
@@ -87,10 +114,14 @@ def restore(path: Path, run: dict, model: torch.nn.Module, opt: torch.optim.Opti
         sched.load_state_dict(state["scheduler"])
         loader.load_state_dict(state["loader"])
         set_rng_state(state["rng"])
+        return Progress(int(state["step"]), list(state.get("history", [])),
+                        float(state.get("best_accuracy", -1.0)),
+                        float(state.get("train_seconds", 0.0)),
+                        state.get("epoch_loss_sum", torch.zeros(())),
+                        int(state.get("epoch_seen", 0)))
     except (RuntimeError, ValueError, KeyError, TypeError, LatecastError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{path}: does not fit this run ({first})") from None
-    return state
 
 
 def check_same_run(path: str | os.PathLike, saved: dict, now: dict) -> None:

@@ -6,19 +6,43 @@ no traceback unless ``--debug``). With ``--json`` the last stdout line is one JS
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import warnings
 from dataclasses import fields
+from typing import Callable
 
+from .config import DATASET_HELP, kind
 from .errors import LatecastError
 
-DATASET_HELP = "dataset name (mnist, fashion-mnist, kmnist, cifar10, cifar100) or a store folder"
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+
+
+def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None]:
+    """An ``add`` function declaring one flag per field of the config dataclass ``name`` in
+    ``latecast.module``: ``--name-with-dashes``, its type, default and help from the field
+    (``config.option``). Imported when called: torch loads inside ``main``'s handlers."""
+    def add(p: argparse.ArgumentParser) -> None:
+        cls = getattr(importlib.import_module(f"latecast.{module}"), name)
+        for f in fields(cls):
+            meta, default = f.metadata, f.default
+            shown = "" if default is None or kind(f) == "bool" else " (default: %(default)s)"
+            if meta["positional"]:
+                p.add_argument(f.name, nargs="?", default=default, help=meta["help"] + shown)
+                continue
+            names = [n for n in (meta["short"], "--" + f.name.replace("_", "-")) if n]
+            if kind(f) == "bool":
+                p.add_argument(*names, action=argparse.BooleanOptionalAction, default=default,
+                               help=meta["help"])
+            else:
+                p.add_argument(*names, type={"int": int, "float": float}.get(kind(f), str),
+                               default=default, metavar=meta["metavar"], help=meta["help"] + shown)
+    return add
 
 
 def _config(cls, args: argparse.Namespace):
@@ -36,47 +60,6 @@ def _human_bytes(n: float) -> str:
 
 
 # -- train -------------------------------------------------------------------------------
-
-def _add_train(p: argparse.ArgumentParser) -> None:
-    from .models import MODELS
-    from .train import TrainConfig
-    d = TrainConfig()
-    per = "default: per dataset"
-    p.add_argument("dataset", nargs="?", default=d.dataset, help=DATASET_HELP)
-    p.add_argument("--model", default=d.model, help=f"one of {', '.join(MODELS)} ({per})")
-    p.add_argument("--epochs", type=int, default=d.epochs, help=per)
-    p.add_argument("-b", "--batch-size", type=int, default=d.batch_size, help=f"per process, {per}")
-    p.add_argument("--lr", type=float, default=d.lr, help=f"peak learning rate, {per}")
-    p.add_argument("--label-smoothing", type=float, default=d.label_smoothing, help=per)
-    p.add_argument("--augment", default=d.augment, help=f'e.g. "crop=4,flip,cutout=8" or "none", {per}')
-    p.add_argument("--amp", action=argparse.BooleanOptionalAction, default=d.amp,
-                   help=f"bf16 autocast, CUDA only ({per})")
-    p.add_argument("--channels-last", action=argparse.BooleanOptionalAction,
-                   default=d.channels_last, help=f"NHWC images and model ({per})")
-    p.add_argument("--momentum", type=float, default=d.momentum, help="default %(default)s")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="default %(default)s")
-    p.add_argument("--transfer", default=d.transfer, help="float32|uint8|prefetch|resident|auto")
-    p.add_argument("--device", default=d.device,
-                   help="auto|cpu|cuda|cuda:N; under torchrun auto/cuda mean cuda:LOCAL_RANK")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--data-root", default=d.data_root, help="folder with the dataset's files")
-    p.add_argument("--output-dir", default=d.output_dir, help="default %(default)s")
-    p.add_argument("--eval-batch-size", type=int, default=d.eval_batch_size,
-                   help="per process, default %(default)s")
-    p.add_argument("--log-every", type=int, default=d.log_every,
-                   help="steps between loss/NaN checks, default %(default)s")
-    p.add_argument("--no-progress", dest="progress", action="store_false", help="no tqdm bar")
-    p.add_argument("--limit-train", type=int, default=d.limit_train, metavar="N",
-                   help="train on the first N training samples only (smoke runs)")
-    p.add_argument("--limit-test", type=int, default=d.limit_test, metavar="N",
-                   help="evaluate on the first N test samples only (smoke runs)")
-    p.add_argument("--resume", default=d.resume, metavar="PATH|auto",
-                   help="continue from a checkpoint; auto: OUTPUT_DIR/checkpoint.pt if it exists")
-    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every, metavar="N",
-                   help="also save checkpoint.pt every N steps (always at each epoch end)")
-    p.add_argument("--dist-timeout", type=float, default=d.dist_timeout, metavar="S",
-                   help="seconds a rank waits for the others under torchrun, default %(default)s")
-
 
 def _run_train(args: argparse.Namespace) -> dict:
     from .train import TrainConfig, train
@@ -102,14 +85,14 @@ def _add_info(p: argparse.ArgumentParser) -> None:
 
 def _run_info(args: argparse.Namespace) -> dict:
     from .datasets import load_dataset
-    from .transfer import STRATEGIES, epoch_bytes
+    from .transfer import MOVERS
     info = {}
     for split in ("train", "test"):
         ds = load_dataset(args.dataset, split, root=args.data_root)
         info[split] = {"samples": len(ds), "image_shape": list(ds.image_shape),
                        "classes": len(ds.classes), "image_bytes": ds.image_bytes,
                        "label_bytes": ds.label_bytes,
-                       "epoch_bytes": {s: epoch_bytes(ds, s) for s in STRATEGIES}}
+                       "epoch_bytes": {s: m.epoch_bytes(ds) for s, m in MOVERS.items()}}
         if split == "train":
             info["mean"], info["std"] = list(ds.mean), list(ds.std)
     tr = info["train"]
@@ -124,21 +107,6 @@ def _run_info(args: argparse.Namespace) -> dict:
 
 # -- profile -----------------------------------------------------------------------------
 
-def _add_profile(p: argparse.ArgumentParser) -> None:
-    from .profile import ROWS, ProfileConfig
-    d = ProfileConfig()
-    p.add_argument("dataset", nargs="?", default=d.dataset, help=DATASET_HELP)
-    p.add_argument("--steps", type=int, default=d.steps, help="recorded steps per row, default %(default)s")
-    p.add_argument("--warmup", type=int, default=d.warmup, help="profiler warm-up steps, default %(default)s")
-    p.add_argument("--transfer", default=d.transfer, help=f"all, or a comma list of {','.join(ROWS)}")
-    p.add_argument("-b", "--batch-size", type=int, default=d.batch_size, help="default %(default)s")
-    p.add_argument("--workers", type=int, default=d.workers, help="baseline DataLoader num_workers")
-    p.add_argument("--device", default=d.device, help="auto|cpu|cuda|cuda:N")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--data-root", default=d.data_root, help="folder with the dataset's files")
-    p.add_argument("--output-dir", default=d.output_dir, help="default %(default)s")
-
-
 def _need_bench_extra(command: str) -> None:
     """profile and bench compare against torchvision and plot with matplotlib."""
     from .errors import ConfigError
@@ -150,7 +118,7 @@ def _need_bench_extra(command: str) -> None:
 
 
 def _run_profile(args: argparse.Namespace) -> dict:
-    from .profile import ProfileConfig, profile
+    from .profiling import ProfileConfig, profile
     _need_bench_extra("profile")
     result = profile(_config(ProfileConfig, args))
     print(f"wrote report.md, report.json, profile.png and {len(result['rows'])} traces to "
@@ -159,27 +127,6 @@ def _run_profile(args: argparse.Namespace) -> dict:
 
 
 # -- bench -------------------------------------------------------------------------------
-
-def _add_bench(p: argparse.ArgumentParser) -> None:
-    from .bench import BenchConfig
-    d = BenchConfig()
-    p.add_argument("dataset", nargs="?", default=d.dataset, help=DATASET_HELP)
-    p.add_argument("--device", default=d.device, help="auto|cpu|cuda|cuda:N")
-    p.add_argument("--repeats", type=int, default=d.repeats, help="timed passes after a warm-up, default %(default)s")
-    p.add_argument("-b", "--batch-size", type=int, default=d.batch_size, help="loader batch, default %(default)s")
-    p.add_argument("--limit-batches", type=int, default=d.limit_batches,
-                   help="batches per timed pass and per end-to-end epoch (default: whole epochs)")
-    p.add_argument("--e2e-epochs", type=int, default=d.e2e_epochs, help="0 skips end to end, default %(default)s")
-    p.add_argument("--e2e-batch-size", type=int, default=d.e2e_batch_size, help="default %(default)s")
-    p.add_argument("--e2e-workers", type=int, default=d.e2e_workers,
-                   help="usual loop's DataLoader workers (default: the fastest setting in (a))")
-    p.add_argument("--lr", type=float, default=d.lr, help="end-to-end peak learning rate, default %(default)s")
-    p.add_argument("--augment", default=d.augment,
-                   help='augment in the loader runs, e.g. "crop,flip,cutout" (default: off)')
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--data-root", default=d.data_root, help="folder with the dataset's files")
-    p.add_argument("--output-dir", default=d.output_dir, help="default %(default)s")
-
 
 def _run_bench(args: argparse.Namespace) -> dict:
     from .bench import BenchConfig, bench
@@ -221,10 +168,10 @@ def _run_convert(args: argparse.Namespace) -> dict:
 
 
 COMMANDS = {
-    "train": (_add_train, _run_train, "train a reference model (default: bundled MNIST)"),
+    "train": (_options("train", "TrainConfig"), _run_train, "train a reference model (default: bundled MNIST)"),
     "info": (_add_info, _run_info, "dataset shapes and bytes per epoch per strategy"),
-    "profile": (_add_profile, _run_profile, "each transfer strategy under torch.profiler, vs the usual loop"),
-    "bench": (_add_bench, _run_bench, "loader and training throughput vs torchvision's DataLoader"),
+    "profile": (_options("profiling", "ProfileConfig"), _run_profile, "each transfer strategy under torch.profiler, vs the usual loop"),
+    "bench": (_options("bench", "BenchConfig"), _run_bench, "loader and training throughput vs torchvision's DataLoader"),
     "convert": (_add_convert, _run_convert, "an image folder into a compact uint8 store"),
 }
 

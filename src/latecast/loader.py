@@ -1,24 +1,25 @@
-"""The loader: which samples, in what order, in which batches, on which rank.
+"""The loader: which samples, in what order, in which batches, on which rank (the source),
+then moved (``transfer.py``) and prepared on the device (``prepare.py``).
 
 Order follows ``torch.utils.data.DistributedSampler`` exactly: a permutation from
 ``seed + epoch`` (``torch.randperm`` on a CPU generator), padded by wrapping around to a
 multiple of the world size, and rank ``r`` takes ``indices[r::world]``. Every rank thus
-sees the same permutation and the same number of batches. The batches then go to a
-transfer strategy (``transfer.py``) that moves them and normalizes them on the device.
+sees the same permutation and the same number of batches.
 """
 from __future__ import annotations
 
 import math
-import os
 import time
-from typing import Callable, Iterator
+from dataclasses import replace
+from typing import Iterator
 
 import torch
 
-from . import transforms
-from .datasets import Dataset
+from .datasets import Dataset  # MERGE: .data
+from .distributed import placement
 from .errors import ConfigError
-from .transfer import STRATEGIES, Batch, TransferStats, resolve
+from .prepare import Augmentation, Prepare
+from .transfer import MOVERS, Batch, Mover, TransferStats, resolve
 
 
 def epoch_order(n: int, *, seed: int, epoch: int, shuffle: bool = True, rank: int = 0,
@@ -41,43 +42,17 @@ def epoch_order(n: int, *, seed: int, epoch: int, shuffle: bool = True, rank: in
     return indices[rank::world_size]
 
 
-def dist_env(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Rank and world size: given, else from an initialized process group, else torchrun's
-    ``RANK``/``WORLD_SIZE``, else a single process."""
-    if rank is not None and world_size is not None:
-        pass
-    elif torch.distributed.is_available() and torch.distributed.is_initialized():
-        rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    else:
-        rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-        world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ConfigError(f"rank {rank} / world size {world_size}: need 0 <= rank < world size")
-    return rank, world_size
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    """``"auto"`` -> the current CUDA device when there is one, else the CPU."""
-    if str(device) == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as err:
-        raise ConfigError(f"unknown device {device!r}: {err}") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r} asked for but torch sees no CUDA device here")
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
-
-
 class Loader:
     """Batches of ``(images, labels)`` ready on the device: images normalized float
     ``(N, C, H, W)``, labels int64. ``len()`` and ``set_epoch()`` work as with a
     ``DataLoader`` over a ``DistributedSampler``; the epoch also advances by itself after
     each complete pass, so calling ``set_epoch`` is optional.
+
+    The three stages, one way: this rank's order of the dataset (the source) goes to a
+    mover (``transfer.MOVERS``) that yields uint8 batches on the device, which ``Prepare``
+    augments and normalizes there. Rank, world size and device are resolved at the first
+    pass (``distributed.placement``), not at construction, so a Loader built before a
+    launcher's processes exist still gets its own share and device.
 
     Args:
         dataset: a ``Dataset`` (uint8 images, narrow labels).
@@ -88,7 +63,7 @@ class Loader:
         drop_last: drop this rank's last partial batch.
         dtype: float32, bfloat16 or float16 output.
         channels_last: output in ``torch.channels_last`` memory format.
-        rank, world_size: this process's share; default from torchrun's environment.
+        rank, world_size: this process's share; default from the process group or launcher.
         augment: optional uint8 -> uint8 batch function ``f(images, generator)`` applied on
             the device before the normalize (see ``transforms.Augment``).
         pad: pad the order to a multiple of the world size (training); ``False`` for
@@ -104,50 +79,73 @@ class Loader:
                  transfer: str = "auto", shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, dtype: torch.dtype = torch.float32,
                  channels_last: bool = False, rank: int | None = None,
-                 world_size: int | None = None,
-                 augment: Callable[[torch.Tensor, torch.Generator], torch.Tensor] | None = None,
+                 world_size: int | None = None, augment: Augmentation | None = None,
                  pad: bool = True) -> None:
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         if len(dataset) == 0:
             raise ConfigError(f"{dataset.name}/{dataset.split} is empty")
+        if transfer != "auto" and transfer not in MOVERS:
+            resolve(transfer, dataset, torch.device("cpu"))  # raises, listing valid names
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
-        self.shuffle, self.seed, self.pad = shuffle, seed, pad
-        self.dtype, self.channels_last, self.augment = dtype, channels_last, augment
-        self.rank, self.world_size = dist_env(rank, world_size)
-        self.device = resolve_device(device)
-        self.transfer = resolve(transfer, dataset, self.device)
-        self.stats = TransferStats()
+        self.shuffle, self.seed, self.pad, self.augment = shuffle, seed, pad, augment
+        self.dtype, self.channels_last = dtype, channels_last
+        self._asked = (device, transfer, rank, world_size)
+        placement(device, rank, world_size)  # bad values fail here, not at the first pass
+        self.prepare = Prepare(dataset.mean, dataset.std, dtype=dtype,
+                               channels_last=channels_last, augment=augment, seed=seed)
         self.epoch, self.position = 0, 0  # position: batches of `epoch` already yielded
-        self._strategy = STRATEGIES[self.transfer](dataset, self.device, batch_size,
-                                                   self._prepare, self.stats)
-        self._generators: dict[str, torch.Generator] = {}
+        self._mover: Mover | None = None
+        self._batches, self._wait = 0, 0.0
 
-    def _prepare(self, images: torch.Tensor, batch: int) -> torch.Tensor:
-        """Augment (uint8) then normalize, on whatever device ``images`` is on."""
-        if self.augment is not None:
-            images = self.augment(images, self._generator(images.device, batch))
-        return transforms.normalize(images, self.dataset.mean, self.dataset.std,
-                                    dtype=self.dtype, channels_last=self.channels_last)
+    # -- where: resolved at the first pass; before it, what the environment says now -----
 
-    def _generator(self, device: torch.device, batch: int) -> torch.Generator:
-        """A generator on ``device`` seeded from (seed, epoch, rank, batch): augmentation is
-        reproducible and independent of where a resumed run starts."""
-        key = str(device)
-        if key not in self._generators:
-            self._generators[key] = torch.Generator(device=device)
-        g = self._generators[key]
-        mixed = 0
-        for part in (self.seed, self.epoch, self.rank, batch):
-            mixed = (mixed * 1_000_003 + part) % (2**63 - 1)
-        g.manual_seed(mixed)
-        return g
+    def _placement(self) -> tuple[torch.device, int, int]:
+        if self._mover is not None:
+            return self._mover.device, self._rank, self._world
+        device, transfer, rank, world = self._asked
+        return placement(device, rank, world)
+
+    @property
+    def device(self) -> torch.device:
+        return self._placement()[0]
+
+    @property
+    def rank(self) -> int:
+        return self._placement()[1]
+
+    @property
+    def world_size(self) -> int:
+        return self._placement()[2]
+
+    @property
+    def transfer(self) -> str:
+        """The mover's name (``auto`` resolved)."""
+        if self._mover is not None:
+            return self._mover.name
+        return resolve(self._asked[1], self.dataset, self.device)
+
+    @property
+    def stats(self) -> TransferStats:
+        """Bytes and copies (the mover's count), batches and data wait (this Loader's)."""
+        moved = self._mover.stats if self._mover is not None else TransferStats()
+        return replace(moved, batches=self._batches, wait_seconds=self._wait)
+
+    def _start(self) -> Mover:
+        if self._mover is None:
+            device, self._rank, self._world = self._placement()
+            cls = MOVERS[resolve(self._asked[1], self.dataset, device)]
+            args = (self.dataset, device, self.batch_size)
+            self._mover = cls(*args, self.prepare) if cls.prepares else cls(*args)
+        return self._mover
+
+    # -- which samples, in what order -----------------------------------------------------
 
     @property
     def num_samples(self) -> int:
         """Samples this rank visits per epoch."""
-        n, w = len(self.dataset), self.world_size
-        return math.ceil(n / w) if self.pad else len(range(self.rank, n, w))
+        n, rank, w = len(self.dataset), self.rank, self.world_size
+        return math.ceil(n / w) if self.pad else len(range(rank, n, w))
 
     def __len__(self) -> int:
         m, b = self.num_samples, self.batch_size
@@ -185,15 +183,19 @@ class Loader:
         return batches[self.position:]
 
     def __iter__(self) -> Iterator[Batch]:
-        it = self._strategy.batches(self.index_batches(), first=self.position)
+        mover = self._start()
+        self.prepare.seek(self.epoch, self._rank, self.position)
+        it = mover.batches(self.index_batches())
         while True:
             t0 = time.perf_counter()
             try:
-                batch = next(it)
+                images, labels = next(it)
             except StopIteration:
                 break
-            self.stats.wait_seconds += time.perf_counter() - t0
-            self.stats.batches += 1
+            if not mover.prepares:
+                images = self.prepare(images)
+            self._wait += time.perf_counter() - t0
+            self._batches += 1
             self.position += 1
-            yield batch
+            yield images, labels
         self.epoch, self.position = self.epoch + 1, 0  # a full pass: advance by itself

@@ -1,8 +1,10 @@
 """Training: one readable loop over a latecast ``Loader``, evaluation, checkpoints, DDP.
 
 ``train(TrainConfig(...))`` is what ``latecast train`` runs. The defaults train the small
-``cnn`` on the bundled MNIST to >= 99% test accuracy in 3 epochs (about 30 s an epoch on a
-2-core CPU; seconds on a GPU). SGD with Nesterov momentum under a triangular one-cycle schedule.
+``cnn`` on the bundled MNIST to >= 99% test accuracy in 3 epochs (about 20 s an epoch on a
+2-core CPU; seconds on a GPU). SGD with Nesterov momentum under a triangular one-cycle
+schedule. ``train_step`` and ``evaluate`` are the one step and the one evaluation that
+``bench`` and ``profile`` use too, so all three train the same way for the same config.
 
 Under ``torchrun`` every process joins the process group (NCCL on CUDA, one device per
 process: ``cuda:LOCAL_RANK``; gloo on CPU) and trains a ``DistributedDataParallel`` copy of
@@ -15,12 +17,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from datetime import timedelta
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
@@ -28,60 +29,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from .checkpoint import resume_path, restore, rng_state, save_checkpoint
-from .datasets import Dataset, load_dataset
+from . import checkpoint, distributed
+from .config import DATASET_HELP, option, validate
+from .datasets import Dataset, load_dataset  # MERGE: .data
 from .errors import CheckpointError, ConfigError, TrainingError
-from .loader import Loader, dist_env, resolve_device
-from .models import build_model
+from .loader import Loader
+from .models import MODELS, build_model
+from .transfer import MOVERS, Batch, float32_bytes
 from .transforms import parse_augment
-from .transfer import float32_bytes
 
-
-@dataclass(frozen=True)
-class TrainConfig:
-    dataset: str = "mnist"         # a known dataset name, or a store folder (latecast convert)
-    # Fields left at None take the preset for the dataset's kind of image (PRESETS below).
-    model: str | None = None       # a name in models.MODELS
-    epochs: int | None = None      # full passes over the training split
-    batch_size: int | None = None  # samples per step, per process
-    lr: float | None = None        # peak learning rate of the one-cycle schedule
-    label_smoothing: float | None = None  # cross-entropy label smoothing, 0..1
-    augment: str | None = None     # on-device augmentation spec, e.g. "crop,flip,cutout"
-    amp: bool | None = None        # bf16 autocast (CUDA only)
-    channels_last: bool | None = None  # NHWC memory format for images and model
-    momentum: float = 0.9          # Nesterov momentum
-    weight_decay: float = 5e-4     # L2 on all parameters
-    transfer: str = "auto"         # float32 | uint8 | prefetch | resident | auto
-    device: str = "auto"           # auto | cpu | cuda | cuda:N (under torchrun: cuda:LOCAL_RANK)
-    seed: int = 0                  # weights, order and augmentation all follow it
-    data_root: str | None = None   # folder with the dataset's original files
-    output_dir: str = "runs/latest"  # metrics.jsonl, config.json, summary.json, *.pt go here
-    eval_batch_size: int = 1000    # test-time batch, per process
-    log_every: int = 50            # steps between host syncs for the loss/NaN check
-    progress: bool = True          # tqdm bar (only when stdout is a terminal, rank 0)
-    limit_train: int | None = None  # train on the first N training samples only (smoke runs)
-    limit_test: int | None = None  # evaluate on the first N test samples only (smoke runs)
-    resume: str | None = None      # checkpoint path, or "auto": output_dir/checkpoint.pt if any
-    checkpoint_every: int | None = None  # also save checkpoint.pt every N steps (always per epoch)
-    dist_timeout: float = 300.0    # seconds a rank waits for the others (init, collectives)
-
-    def validate(self) -> None:
-        """Reject impossible values with the field, the value and what is allowed (row 29)."""
-        checks = [("epochs", lambda v: v >= 0, "an integer >= 0"),
-                  ("batch_size", lambda v: v >= 1, "an integer >= 1"),
-                  ("eval_batch_size", lambda v: v >= 1, "an integer >= 1"),
-                  ("lr", lambda v: v > 0 and math.isfinite(v), "a positive number"),
-                  ("label_smoothing", lambda v: 0 <= v < 1, "in [0, 1)"),
-                  ("log_every", lambda v: v >= 1, "an integer >= 1"),
-                  ("limit_train", lambda v: v >= 1, "an integer >= 1"),
-                  ("limit_test", lambda v: v >= 1, "an integer >= 1"),
-                  ("checkpoint_every", lambda v: v >= 1, "an integer >= 1"),
-                  ("dist_timeout", lambda v: v > 0, "a positive number of seconds")]
-        for field, ok, want in checks:
-            value = getattr(self, field)
-            if value is not None and not ok(value):
-                raise ConfigError(f"{field} must be {want}, got {getattr(self, field)!r}")
-
+_PRESET = "; default: the preset's"
 
 # Defaults by kind of image. "gray": 28x28 digits and clothes, the small cnn reaches 99% on
 # MNIST in 3 epochs. "colour": 32x32 RGB, the ResNet-9 recipe of the DAWNBench CIFAR-10
@@ -94,14 +51,74 @@ PRESETS: dict[str, dict] = {
     "colour": dict(model="resnet9", epochs=16, batch_size=512, lr=0.4, label_smoothing=0.2,
                    augment="crop=4,flip,cutout=8,fill=reflect", amp=True, channels_last=True),
 }
+_PRESET_SIZE = 32  # the presets are tuned on images up to 32x32
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    dataset: str = option("mnist", DATASET_HELP, positional=True)
+    preset: str | None = option(None, "recipe the fields below default to: gray (28x28 "
+                                "digits: cnn) or colour (32x32 RGB: ResNet-9); default: from "
+                                "the dataset's images")
+    model: str | None = option(None, f"one of {', '.join(MODELS)}{_PRESET}")
+    epochs: int | None = option(None, f"full passes over the training split{_PRESET}")
+    batch_size: int | None = option(None, f"samples per step, per process{_PRESET}", short="-b")
+    lr: float | None = option(None, f"peak learning rate of the one-cycle schedule{_PRESET}")
+    label_smoothing: float | None = option(None, f"cross-entropy label smoothing{_PRESET}")
+    augment: str | None = option(None, f'on-device augmentation, e.g. "crop=4,flip,cutout=8" '
+                                 f'or "none"{_PRESET}')
+    amp: bool | None = option(None, f"bf16 autocast, CUDA only{_PRESET}")
+    channels_last: bool | None = option(None, f"NHWC images and model{_PRESET}")
+    momentum: float = option(0.9, "Nesterov momentum")
+    weight_decay: float = option(5e-4, "L2 on all parameters")
+    transfer: str = option("auto", "|".join([*MOVERS, "auto"]))
+    device: str = option("auto", "auto|cpu|cuda|cuda:N; under torchrun auto/cuda mean "
+                         "cuda:LOCAL_RANK")
+    seed: int = option(0, "weights, order and augmentation all follow it")
+    data_root: str | None = option(None, "folder with the dataset's original files")
+    output_dir: str = option("runs/latest", "config.json, metrics.jsonl, summary.json and "
+                             "the checkpoints go here")
+    eval_batch_size: int = option(1000, "test-time batch, per process")
+    log_every: int = option(50, "steps between host syncs for the loss/NaN check")
+    progress: bool = option(True, "tqdm bar (only on a terminal, rank 0)")
+    limit_train: int | None = option(None, "train on the first N training samples only "
+                                     "(smoke runs)", metavar="N")
+    limit_test: int | None = option(None, "evaluate on the first N test samples only "
+                                    "(smoke runs)", metavar="N")
+    resume: str | None = option(None, "continue from a checkpoint; auto: "
+                                "OUTPUT_DIR/checkpoint.pt if it exists", metavar="PATH|auto")
+    checkpoint_every: int | None = option(None, "also save checkpoint.pt every N steps "
+                                          "(always at each epoch end)", metavar="N")
+    dist_timeout: float = option(300.0, "seconds a rank waits for the others under torchrun",
+                                 metavar="S")
+
+    def __post_init__(self) -> None:
+        """Reject impossible values naming the field, the value and what is allowed
+        (docs/RELIABILITY.md row 29)."""
+        positive = (lambda v: v >= 1, "an integer >= 1")
+        validate(self, {
+            "preset": (lambda v: v in PRESETS, f"one of {', '.join(PRESETS)}"),
+            "epochs": (lambda v: v >= 0, "an integer >= 0"), "batch_size": positive,
+            "eval_batch_size": positive, "log_every": positive, "limit_train": positive,
+            "limit_test": positive, "checkpoint_every": positive,
+            "lr": (lambda v: v > 0, "a positive number"),
+            "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
+            "dist_timeout": (lambda v: v > 0, "a positive number of seconds")})
 
 
 def resolve_config(config: TrainConfig, train_set: Dataset, device: torch.device) -> TrainConfig:
-    """Fill the fields left at None from the preset for ``train_set``'s kind of image."""
-    preset = dict(PRESETS["gray" if train_set.image_shape[2] == 1 else "colour"])
-    if device.type != "cuda":  # bf16 autocast pays off on tensor cores, not on a CPU
-        preset.update(amp=False)
-    return replace(config, **{k: v for k, v in preset.items() if getattr(config, k) is None})
+    """Fill the fields left at None from the preset (by default the one for ``train_set``'s
+    kind of image); bf16 autocast only on CUDA, where it pays off on tensor cores."""
+    h, w, c = train_set.image_shape
+    preset = config.preset or ("gray" if c == 1 else "colour")
+    if config.preset is None and (max(h, w) > _PRESET_SIZE or c not in (1, 3)):
+        raise ConfigError(f"{config.dataset}: no preset fits {h}x{w}x{c} images (they are "
+                          f"tuned for 1 or 3 channels up to {_PRESET_SIZE}x{_PRESET_SIZE}); "
+                          f"choose one with --preset {'|'.join(PRESETS)} and set what "
+                          f"differs (--model, --batch-size, --lr, ...)")
+    values = {**PRESETS[preset], **({} if device.type == "cuda" else {"amp": False})}
+    return replace(config, preset=preset,
+                   **{k: v for k, v in values.items() if getattr(config, k) is None})
 
 
 def load_splits(config: TrainConfig) -> tuple[Dataset, Dataset]:
@@ -115,288 +132,6 @@ def _first(ds: Dataset, n: int | None) -> Dataset:
     """The first ``n`` samples; mean/std stay those of the full train split."""
     return ds if n is None or n >= len(ds) else replace(ds, images=ds.images[:n],
                                                         labels=ds.labels[:n])
-
-
-def evaluate(model: torch.nn.Module, loader: Loader) -> tuple[int, int]:
-    """(correct, total) over one pass of ``loader``; one host sync at the end."""
-    model.eval()
-    correct = torch.zeros((), dtype=torch.int64, device=loader.device)
-    total = 0
-    with torch.no_grad():
-        for images, labels in loader:
-            correct += (model(images).argmax(1) == labels).sum()
-            total += len(labels)
-    model.train()
-    return int(correct.item()), total  # .item() syncs the device
-
-
-# -- distributed helpers: collectives, so every rank calls them, in the same order ---------
-
-def _start(config: TrainConfig) -> tuple[torch.device, bool, bool]:
-    """(device, distributed, own_group). Under torchrun (``WORLD_SIZE`` set) join the
-    process group: NCCL on CUDA, gloo on CPU, waiting at most ``dist_timeout`` seconds."""
-    local = os.environ.get("LOCAL_RANK")
-    if config.device in ("auto", "cuda") and local is not None and torch.cuda.is_available():
-        device = torch.device("cuda", int(local))  # one device per process
-    else:
-        device = resolve_device(config.device)
-    if dist.is_available() and dist.is_initialized():
-        return device, True, False  # the caller's group: theirs to destroy
-    if "WORLD_SIZE" not in os.environ:
-        return device, False, False
-    cuda = device.type == "cuda"
-    if cuda:
-        torch.cuda.set_device(device)
-    try:
-        dist.init_process_group("nccl" if cuda else "gloo",
-                                timeout=timedelta(seconds=config.dist_timeout),
-                                **({"device_id": device} if cuda else {}))
-    except ValueError as err:  # env:// without MASTER_ADDR/PORT: not launched by torchrun
-        raise ConfigError(f"WORLD_SIZE is set but the process group cannot start: {err}; "
-                          f"launch with torchrun") from None
-    return device, True, True
-
-
-def _gather(values: list[int], device: torch.device) -> list[list[int]]:
-    """``values`` from every rank, in rank order."""
-    mine = torch.tensor(values, dtype=torch.int64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    return [t.tolist() for t in every]
-
-
-def _check_same_data(train_set: Dataset, test_set: Dataset, device: torch.device) -> None:
-    """Row 23: every rank must hold the same data (sizes and label sums compared)."""
-    rows = _gather([len(train_set), len(test_set), int(train_set.labels.sum(dtype=np.int64)),
-                    int(test_set.labels.sum(dtype=np.int64))], device)
-    if any(r != rows[0] for r in rows):
-        raise ConfigError("ranks hold different data ([train size, test size, train label "
-                          "sum, test label sum]): " + "; ".join(
-                              f"rank {i} {r}" for i, r in enumerate(rows)))
-
-
-def _sync_buffers(model: torch.nn.Module, distributed: bool) -> None:
-    """Copy rank 0's BatchNorm running statistics to every rank (DDP does this at each
-    forward; after the last step they differ again) so all ranks hold the same weights."""
-    if distributed:
-        for buffer in model.buffers():
-            dist.broadcast(buffer, 0)
-
-
-def _accuracy(model: torch.nn.Module, loader: Loader, distributed: bool) -> tuple[int, int]:
-    """(correct, total) over every rank's unpadded share of the test set (row 24)."""
-    _sync_buffers(model, distributed)
-    correct, total = evaluate(model, loader)
-    if distributed:
-        both = torch.tensor([correct, total], dtype=torch.int64, device=loader.device)
-        dist.all_reduce(both)
-        correct, total = both.tolist()
-    return correct, total
-
-
-def _check_finite(loss_sum: torch.Tensor, first_bad: torch.Tensor, distributed: bool,
-                  last_good: str) -> float:
-    """Read the loss so far (one sync), summed over ranks; stop naming the first step whose
-    loss was not finite on any rank (row 30). Collective: all ranks stop together."""
-    total, bad = loss_sum.detach().clone().float(), first_bad.clone()
-    if distributed:
-        dist.all_reduce(total)
-        dist.all_reduce(bad, op=dist.ReduceOp.MIN)
-    bad_step = int(bad.item())  # .item() syncs the device
-    if bad_step < _NO_BAD:
-        raise TrainingError(f"loss became NaN/inf at step {bad_step}; stopping "
-                            f"(lower --lr, or check the data); {last_good}")
-    return float(total.item()) / (dist.get_world_size() if distributed else 1)
-
-
-_NO_BAD = 2**62  # first_bad's value while every loss has been finite
-
-
-def _peer_failure(err: RuntimeError) -> bool:
-    """A collective that failed because a peer died or timed out. Collectives called here
-    raise ``DistError``; DDP's gradient all-reduce fails inside autograd, which re-raises
-    the backend's message as a plain ``RuntimeError``."""
-    text = str(err).lower()
-    return isinstance(err, dist.DistError) or any(
-        s in text for s in ("gloo", "nccl", "timed out", "connection closed", "connection reset"))
-
-
-# -- the loop ------------------------------------------------------------------------------
-
-def train(config: TrainConfig) -> dict:
-    """Train ``config.model`` on ``config.dataset``; return the summary (also saved as JSON).
-
-    Under ``torchrun`` this process trains its share with DDP; the process group is
-    destroyed on the way out, also on error.
-
-    Example:
-        >>> summary = train(TrainConfig(model="mlp", epochs=1, output_dir="runs/mlp"))
-        >>> summary["test_accuracy"]  # about 0.97
-    """
-    config.validate()
-    device, distributed, own_group = _start(config)
-    try:
-        return _train(config, device, distributed)
-    except RuntimeError as err:
-        if not (distributed and _peer_failure(err)):
-            raise
-        first = str(err).strip().splitlines()[0][:300]
-        raise TrainingError(f"rank {dist.get_rank()}: another rank failed or did not answer "
-                            f"within {config.dist_timeout:g} s ({first})") from err
-    finally:
-        if own_group:
-            dist.destroy_process_group()
-
-
-def _train(config: TrainConfig, device: torch.device, distributed: bool) -> dict:
-    rank, world = dist_env(None, None)
-    lead = rank == 0  # logs, progress bar, metrics and checkpoints
-    torch.manual_seed(config.seed)
-    train_set, test_set = load_splits(config)
-    if distributed:
-        _check_same_data(train_set, test_set, device)
-    config = resolve_config(config, train_set, device)
-    dtype = torch.bfloat16 if config.amp else torch.float32
-    loader = Loader(train_set, config.batch_size, device=device, transfer=config.transfer,
-                    seed=config.seed, dtype=dtype, channels_last=config.channels_last,
-                    augment=parse_augment(config.augment))
-    test_loader = Loader(test_set, config.eval_batch_size, device=device,
-                         transfer=config.transfer, shuffle=False, pad=False, dtype=dtype,
-                         channels_last=config.channels_last)
-    model, opt, sched = model_and_optimizer(config, train_set, device, len(loader))
-    out = Path(config.output_dir)
-    latest, best_path = out / "checkpoint.pt", out / "best.pt"
-    run = {**asdict(config), "world_size": world}
-
-    # Resume: every rank reads the same file (rank 0 wrote it) and continues at its step.
-    resume_from = resume_path(config.resume, latest, say=lead)
-    state = restore(resume_from, run, model, opt, sched, loader) if resume_from else {}
-    if distributed:
-        _check_same_start(state.get("step", -1), device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.amp)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # fixed shapes: autotune once, in the warm-up
-        _warm_up(model, loader, autocast)
-    net = (DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda"
-                                   else None) if distributed else model)
-    step, history = state.get("step", 0), list(state.get("history", []))
-    best, train_seconds = state.get("best_accuracy", -1.0), state.get("train_seconds", 0.0)
-    # A mid-epoch checkpoint carries the loss summed so far in its epoch.
-    carried_sum = state.get("epoch_loss_sum", torch.zeros(()))
-    carried_seen = state.get("epoch_seen", 0)
-    last_good = (f"last good checkpoint: {resume_from} (step {step})" if resume_from
-                 else "no checkpoint saved yet")
-    if lead:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(
-            {**run, "transfer": loader.transfer, "device": str(loader.device)}, indent=2))
-        # Rebuilt from the checkpoint's history on resume: no duplicate or missing epochs.
-        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
-        if resume_from:
-            print(f"resuming from {resume_from}: epoch {loader.epoch + 1}, "
-                  f"batch {loader.position} of {len(loader)}, step {step}", flush=True)
-
-    def save(path: Path, loss_sum: torch.Tensor, seen: int) -> str:
-        _sync_buffers(model, distributed)  # collective, then rank 0 writes
-        if lead:
-            save_checkpoint(path, {
-                "model": model.state_dict(), "optimizer": opt.state_dict(),
-                "scheduler": sched.state_dict(), "epoch": loader.epoch, "step": step,
-                "loader": loader.state_dict(), "rng": rng_state(), "config": asdict(config),
-                "world_size": world, "history": history, "best_accuracy": best,
-                "train_seconds": train_seconds, "epoch_loss_sum": loss_sum.detach().cpu(),
-                "epoch_seen": seen})
-        return f"last good checkpoint: {path} (step {step})"
-
-    show = lead and config.progress and sys.stdout.isatty()
-    samples, evaluated = 0, 0  # for the float32 byte comparison
-    accuracy = history[-1]["test_accuracy"] if history else float("nan")
-    for epoch in range(loader.epoch, config.epochs):
-        loader.set_epoch(epoch)  # on resume the same epoch: the position is kept
-        t0 = time.perf_counter()
-        loss_sum, seen = carried_sum.to(device, copy=True), carried_seen
-        carried_sum, carried_seen = torch.zeros(()), 0
-        first_bad = torch.full((), _NO_BAD, dtype=torch.int64, device=device)
-        bar = _progress(loader, f"epoch {epoch + 1}/{config.epochs}", show)
-        for images, labels in bar:
-            with autocast:
-                loss = F.cross_entropy(net(images), labels,
-                                       label_smoothing=config.label_smoothing)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            sched.step()
-            loss = loss.detach()
-            step, seen, samples = step + 1, seen + 1, samples + len(labels)
-            # Device-side bookkeeping: no host sync until the log interval.
-            first_bad = torch.where(torch.isfinite(loss), first_bad, first_bad.clamp(max=step))
-            loss_sum += loss
-            if step % config.log_every == 0:
-                epoch_loss = _check_finite(loss_sum, first_bad, distributed, last_good) / seen
-                if show:
-                    bar.set_postfix(loss=f"{epoch_loss:.4f}")
-            if (config.checkpoint_every and step % config.checkpoint_every == 0
-                    and loader.position < len(loader)):  # the epoch's end saves anyway
-                _check_finite(loss_sum, first_bad, distributed, last_good)  # never save NaN
-                last_good = save(latest, loss_sum, seen)
-        epoch_loss = _check_finite(loss_sum, first_bad, distributed, last_good) / max(seen, 1)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        epoch_seconds = time.perf_counter() - t0
-        train_seconds += epoch_seconds
-        with autocast:
-            correct, total = _accuracy(model, test_loader, distributed)
-        accuracy, evaluated = correct / total, evaluated + test_loader.num_samples
-        history.append({"epoch": epoch + 1, "step": step, "train_loss": epoch_loss,
-                        "test_accuracy": accuracy, "epoch_seconds": epoch_seconds,
-                        "images_per_s": loader.num_samples * world / epoch_seconds})
-        if lead:
-            with (out / "metrics.jsonl").open("a") as metrics:
-                metrics.write(json.dumps(history[-1]) + "\n")
-            print(f"epoch {epoch + 1}/{config.epochs}  loss {epoch_loss:.4f}  "
-                  f"test acc {accuracy:.4f}  {epoch_seconds:.1f} s", flush=True)
-        if accuracy > best:  # best.pt first: a crash between the two redoes this epoch
-            best = accuracy
-            save(best_path, torch.zeros(()), 0)
-        last_good = save(latest, torch.zeros(()), 0)
-
-    summary = {"test_accuracy": accuracy, "train_seconds": train_seconds,
-               "epochs": config.epochs, "transfer": loader.transfer,
-               "device": str(loader.device), "dataset": train_set.name, "model": config.model,
-               # bytes are this process's; float32 is what the same samples would have cost
-               "h2d_bytes": loader.stats.h2d_bytes + test_loader.stats.h2d_bytes,
-               "h2d_bytes_float32": float32_bytes(train_set, samples + evaluated),
-               "data_wait_seconds": loader.stats.wait_seconds, "step": step,
-               "best_accuracy": best, "rank": rank, "world_size": world,
-               "output_dir": str(out)}
-    if lead:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
-
-
-def _warm_up(model: torch.nn.Module, loader: Loader, autocast) -> None:
-    """One forward and backward on a zero batch before the clock starts, then weights and
-    BatchNorm statistics put back exactly: CUDA's one-time costs (cuBLAS/cuDNN handles,
-    kernel loading: about a second on the H200) are start-up, not training."""
-    saved = {k: v.clone() for k, v in model.state_dict().items()}
-    h, w, c = loader.dataset.image_shape
-    fmt = torch.channels_last if loader.channels_last else torch.contiguous_format
-    x = torch.zeros(loader.batch_size, c, h, w, dtype=loader.dtype, device=loader.device)
-    with autocast:
-        model(x.contiguous(memory_format=fmt)).float().sum().backward()
-    model.zero_grad(set_to_none=True)
-    model.load_state_dict(saved)
-    if loader.device.type == "cuda":
-        torch.cuda.synchronize(loader.device)
-
-
-def _progress(loader: Loader, desc: str, show: bool):
-    """A tqdm bar over ``loader`` on a terminal; else the loader itself (tqdm is imported
-    only here, so batch jobs and minimal environments run without it)."""
-    if not show:
-        return loader
-    from tqdm import tqdm
-    return tqdm(loader, desc=desc, leave=False)
 
 
 def model_and_optimizer(config: TrainConfig, train_set: Dataset, device: torch.device,
@@ -426,10 +161,291 @@ def one_cycle(opt: torch.optim.Optimizer, total_steps: int, warmup: float = 0.25
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
+def _autocast(device: torch.device, amp: bool):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(amp))
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer,
+               sched: torch.optim.lr_scheduler.LRScheduler, images: torch.Tensor,
+               labels: torch.Tensor, config: TrainConfig) -> torch.Tensor:
+    """One step of ``config``'s recipe (resolved): forward and loss under bf16 autocast when
+    ``amp``, with ``label_smoothing``; backward; optimizer and schedule step. Returns the
+    loss, detached and still on the device (no host sync)."""
+    with _autocast(images.device, config.amp):
+        loss = F.cross_entropy(model(images), labels, label_smoothing=config.label_smoothing)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    sched.step()
+    return loss.detach()
+
+
+def evaluate(model: torch.nn.Module, batches: Iterable[Batch], amp: bool = False
+             ) -> tuple[int, int]:
+    """(correct, total) over ``batches`` in eval mode; one host sync at the end."""
+    model.eval()
+    correct, total = None, 0
+    with torch.no_grad():
+        for images, labels in batches:
+            with _autocast(images.device, amp):
+                hits = (model(images).argmax(1) == labels).sum()
+            correct = hits if correct is None else correct + hits
+            total += len(labels)
+    model.train()
+    return (0 if correct is None else int(correct.item())), total  # .item() syncs the device
+
+
+class LossTracker:
+    """An epoch's training loss, summed on the device (no host sync per step) and read
+    every ``log_every`` steps; a loss that is not finite stops the run naming its step
+    (docs/RELIABILITY.md row 30). ``mean`` is collective under DDP: all ranks stop together."""
+
+    def __init__(self, device: torch.device, distributed: bool,
+                 loss_sum: torch.Tensor | None = None, seen: int = 0) -> None:
+        self.sum = torch.zeros((), device=device) if loss_sum is None else loss_sum.to(device)
+        self.seen, self.distributed = seen, distributed
+        self.first_bad = torch.full((), math.inf, dtype=torch.float64, device=device)
+
+    def add(self, loss: torch.Tensor, step: int) -> None:
+        self.first_bad = torch.where(torch.isfinite(loss), self.first_bad,
+                                     self.first_bad.clamp(max=step))
+        self.sum = self.sum + loss
+        self.seen += 1
+
+    def mean(self, last_good: str) -> float:
+        """The mean loss so far (one sync), over every rank."""
+        total, bad = self.sum.clone().float(), self.first_bad.clone()
+        if self.distributed:
+            dist.all_reduce(total)
+            dist.all_reduce(bad, op=dist.ReduceOp.MIN)
+        if math.isfinite(bad.item()):  # .item() syncs the device
+            raise TrainingError(f"loss became NaN/inf at step {int(bad.item())}; stopping "
+                                f"(lower --lr, or check the data); {last_good}")
+        world = dist.get_world_size() if self.distributed else 1
+        return float(total.item()) / world / max(self.seen, 1)
+
+
+# -- run set-up -----------------------------------------------------------------------------
+
+@dataclass
+class Run:
+    """Everything a training run holds, set up once by ``_set_up``."""
+
+    config: TrainConfig  # resolved: no field left at None
+    device: torch.device
+    distributed: bool
+    rank: int
+    world: int
+    train_set: Dataset
+    loader: Loader
+    test_loader: Loader
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LRScheduler
+    out: Path
+    resumed_from: Path | None
+    progress: checkpoint.Progress
+
+    @property
+    def lead(self) -> bool:  # rank 0: logs, progress bar, metrics and checkpoints
+        return self.rank == 0
+
+    def save(self, path: Path) -> str:
+        """Checkpoint (collective: BatchNorm statistics first; rank 0 writes); returns the
+        line that names the last good checkpoint."""
+        distributed.sync_buffers(self.model, self.distributed)
+        if self.lead:
+            checkpoint.save(path, self.model, self.opt, self.sched, self.loader, self.progress,
+                            asdict(self.config), self.world)
+        return f"last good checkpoint: {path} (step {self.progress.step})"
+
+
+def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Run:
+    """Data (the same on every rank), the resolved config, loaders, model and optimizer,
+    and the state to continue from when resuming."""
+    _, rank, world = distributed.placement(device)
+    torch.manual_seed(config.seed)
+    train_set, test_set = load_splits(config)
+    if distributed_:
+        _check_same_data(train_set, test_set, device)
+    config = resolve_config(config, train_set, device)
+    dtype = torch.bfloat16 if config.amp else torch.float32
+    shared = dict(device=device, transfer=config.transfer, dtype=dtype,
+                  channels_last=config.channels_last)
+    loader = Loader(train_set, config.batch_size, seed=config.seed,
+                    augment=parse_augment(config.augment), **shared)
+    test_loader = Loader(test_set, config.eval_batch_size, shuffle=False, pad=False, **shared)
+    model, opt, sched = model_and_optimizer(config, train_set, device, len(loader))
+    out = Path(config.output_dir)
+    resumed_from = checkpoint.resume_path(config.resume, out / "checkpoint.pt", say=rank == 0)
+    progress = checkpoint.Progress()
+    if resumed_from:
+        progress = checkpoint.restore(resumed_from, {**asdict(config), "world_size": world},
+                                      model, opt, sched, loader)
+    if distributed_:
+        _check_same_start(progress.step if resumed_from else -1, device)
+    return Run(config, device, distributed_, rank, world, train_set, loader, test_loader,
+               model, opt, sched, out, resumed_from, progress)
+
+
+def _check_same_data(train_set: Dataset, test_set: Dataset, device: torch.device) -> None:
+    """Every rank must hold the same data (sizes and label sums compared; row 23)."""
+    rows = distributed.gather([len(train_set), len(test_set),
+                               int(train_set.labels.sum(dtype=np.int64)),
+                               int(test_set.labels.sum(dtype=np.int64))], device)
+    if any(r != rows[0] for r in rows):
+        raise ConfigError("ranks hold different data ([train size, test size, train label "
+                          "sum, test label sum]): " + "; ".join(
+                              f"rank {i} {r}" for i, r in enumerate(rows)))
+
+
 def _check_same_start(step: int, device: torch.device) -> None:
     """Every rank must continue from the same step (-1: fresh start)."""
-    steps = [r[0] for r in _gather([step], device)]
+    steps = [r[0] for r in distributed.gather([step], device)]
     if len(set(steps)) > 1:
-        raise CheckpointError(f"ranks would start from different steps {steps} (-1: no "
-                              f"checkpoint found); with several machines the checkpoint "
-                              f"folder must be one every machine can read")
+        raise CheckpointError(
+            f"ranks would start from different steps {steps} (-1: no checkpoint found); with "
+            f"several machines the checkpoint folder must be one every machine can read")
+
+
+# -- the loop ------------------------------------------------------------------------------
+
+def train(config: TrainConfig) -> dict:
+    """Train ``config.model`` on ``config.dataset``; return the summary (also saved as JSON).
+
+    Under ``torchrun`` this process trains its share with DDP; the process group is
+    destroyed on the way out, also on error.
+
+    Example:
+        >>> summary = train(TrainConfig(model="mlp", epochs=1, output_dir="runs/mlp"))
+        >>> summary["test_accuracy"]  # about 0.97
+    """
+    device, distributed_, own_group = distributed.start(config.device, config.dist_timeout)
+    try:
+        return _train(_set_up(config, device, distributed_))
+    except RuntimeError as err:
+        if not (distributed_ and distributed.peer_failure(err)):
+            raise
+        first = str(err).strip().splitlines()[0][:300]
+        raise TrainingError(f"rank {dist.get_rank()}: another rank failed or did not answer "
+                            f"within {config.dist_timeout:g} s ({first})") from err
+    finally:
+        if own_group:
+            dist.destroy_process_group()
+
+
+def _train(run: Run) -> dict:
+    config, loader, progress, out = run.config, run.loader, run.progress, run.out
+    if run.device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed shapes: autotune once, in the warm-up
+        warm_up(run.model, loader, config.amp)
+    net = (DistributedDataParallel(run.model, device_ids=[run.device.index] if
+                                   run.device.type == "cuda" else None)
+           if run.distributed else run.model)
+    last_good = (f"last good checkpoint: {run.resumed_from} (step {progress.step})"
+                 if run.resumed_from else "no checkpoint saved yet")
+    if run.lead:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.json").write_text(json.dumps(
+            {**asdict(config), "world_size": run.world, "transfer": loader.transfer,
+             "device": str(loader.device)}, indent=2))
+        # Rebuilt from the checkpoint's history on resume: no duplicate or missing epochs.
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in progress.history))
+        if run.resumed_from:
+            print(f"resuming from {run.resumed_from}: epoch {loader.epoch + 1}, "
+                  f"batch {loader.position} of {len(loader)}, step {progress.step}", flush=True)
+
+    show = run.lead and config.progress and sys.stdout.isatty()
+    samples, evaluated = 0, 0  # for the float32 byte comparison
+    accuracy = progress.history[-1]["test_accuracy"] if progress.history else float("nan")
+    for epoch in range(loader.epoch, config.epochs):
+        loader.set_epoch(epoch)  # on resume the same epoch: the position is kept
+        t0 = time.perf_counter()
+        # A mid-epoch checkpoint carries the loss summed so far in its epoch.
+        losses = LossTracker(run.device, run.distributed, progress.epoch_loss_sum,
+                             progress.epoch_seen)
+        bar = _progress(loader, f"epoch {epoch + 1}/{config.epochs}", show)
+        for images, labels in bar:
+            loss = train_step(net, run.opt, run.sched, images, labels, config)
+            progress.step, samples = progress.step + 1, samples + len(labels)
+            losses.add(loss, progress.step)
+            if progress.step % config.log_every == 0:
+                epoch_loss = losses.mean(last_good)
+                if show:
+                    bar.set_postfix(loss=f"{epoch_loss:.4f}")
+            if (config.checkpoint_every and progress.step % config.checkpoint_every == 0
+                    and loader.position < len(loader)):  # the epoch's end saves anyway
+                losses.mean(last_good)  # never save a NaN
+                progress.epoch_loss_sum, progress.epoch_seen = losses.sum.cpu(), losses.seen
+                last_good = run.save(out / "checkpoint.pt")
+        epoch_loss = losses.mean(last_good)
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+        epoch_seconds = time.perf_counter() - t0
+        progress.train_seconds += epoch_seconds
+        progress.epoch_loss_sum, progress.epoch_seen = torch.zeros(()), 0
+        accuracy = _accuracy(run)
+        evaluated += run.test_loader.num_samples
+        progress.history.append({"epoch": epoch + 1, "step": progress.step,
+                                 "train_loss": epoch_loss, "test_accuracy": accuracy,
+                                 "epoch_seconds": epoch_seconds,
+                                 "images_per_s": loader.num_samples * run.world / epoch_seconds})
+        if run.lead:
+            with (out / "metrics.jsonl").open("a") as metrics:
+                metrics.write(json.dumps(progress.history[-1]) + "\n")
+            print(f"epoch {epoch + 1}/{config.epochs}  loss {epoch_loss:.4f}  "
+                  f"test acc {accuracy:.4f}  {epoch_seconds:.1f} s", flush=True)
+        if accuracy > progress.best_accuracy:  # best.pt first: a crash between the two redoes this epoch
+            progress.best_accuracy = accuracy
+            run.save(out / "best.pt")
+        last_good = run.save(out / "checkpoint.pt")
+
+    stats, test_stats = loader.stats, run.test_loader.stats
+    summary = {"test_accuracy": accuracy, "train_seconds": progress.train_seconds,
+               "epochs": config.epochs, "transfer": loader.transfer,
+               "device": str(loader.device), "dataset": run.train_set.name, "model": config.model,
+               # bytes are this process's; float32 is what the same samples would have cost
+               "h2d_bytes": stats.h2d_bytes + test_stats.h2d_bytes,
+               "h2d_bytes_float32": float32_bytes(run.train_set, samples + evaluated),
+               "data_wait_seconds": stats.wait_seconds, "step": progress.step,
+               "best_accuracy": progress.best_accuracy, "rank": run.rank,
+               "world_size": run.world, "output_dir": str(out)}
+    if run.lead:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _accuracy(run: Run) -> float:
+    """Test accuracy over every rank's unpadded share of the test set (row 24)."""
+    distributed.sync_buffers(run.model, run.distributed)
+    correct, total = evaluate(run.model, run.test_loader, run.config.amp)
+    if run.distributed:
+        both = torch.tensor([correct, total], dtype=torch.int64, device=run.device)
+        dist.all_reduce(both)
+        correct, total = both.tolist()
+    return correct / total
+
+
+def warm_up(model: torch.nn.Module, loader: Loader, amp: bool) -> None:
+    """One forward and backward on a zero batch before the clock starts, then weights and
+    BatchNorm statistics put back exactly: CUDA's one-time costs (cuBLAS/cuDNN handles,
+    kernel loading: about a second on the H200) are start-up, not training."""
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    h, w, c = loader.dataset.image_shape
+    fmt = torch.channels_last if loader.channels_last else torch.contiguous_format
+    x = torch.zeros(loader.batch_size, c, h, w, dtype=loader.dtype, device=loader.device)
+    with _autocast(loader.device, amp):
+        model(x.contiguous(memory_format=fmt)).float().sum().backward()
+    model.zero_grad(set_to_none=True)
+    model.load_state_dict(saved)
+    if loader.device.type == "cuda":
+        torch.cuda.synchronize(loader.device)
+
+
+def _progress(loader: Loader, desc: str, show: bool):
+    """A tqdm bar over ``loader`` on a terminal; else the loader itself (tqdm is imported
+    only here, so batch jobs and minimal environments run without it)."""
+    if not show:
+        return loader
+    from tqdm import tqdm
+    return tqdm(loader, desc=desc, leave=False)

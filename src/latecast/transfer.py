@@ -1,47 +1,54 @@
-"""How a batch crosses from host memory to the device: the transfer strategies.
+"""Movers: how batches cross from host memory to the device, the middle of three stages.
 
-A strategy turns batches of dataset indices into ready ``(images, labels)`` on the device.
-They share one interface and are chosen by name from ``STRATEGIES``:
+    source (dataset + order) -> move (this module) -> prepare (augment, normalize)
 
-- ``float32``  gather, cast and normalize on the CPU, copy float32 + int64 (the usual way).
-- ``uint8``    gather uint8 images and labels into one reused pinned buffer, one
-               ``non_blocking`` copy, then cast + normalize on the device.
+A mover takes this rank's batches of dataset indices and yields the same fields on the
+device: uint8 ``(n, H, W, C)`` images and int64 labels (widened there from their narrow
+storage dtype). It only moves: it knows nothing of augmentation or normalization. It owns
+what is true of it: the bytes an epoch costs (``epoch_bytes``), whether the data fits
+(``Resident.fits``), its pinned ring and events, and the counters in ``stats``.
+
+- ``float32``  the usual way, kept as the baseline and the one exception: it prepares on
+               the host (that is what it stands for), then copies float32 + int64.
+- ``uint8``    gather uint8 images and narrow labels into one reused pinned buffer, one
+               ``non_blocking`` copy.
 - ``prefetch`` as ``uint8``, but the next batch is gathered and copied on a side CUDA
-               stream while the current one is used; one event per buffer guards reuse.
-- ``resident`` the whole uint8 dataset is copied once; batches are gathered on the device.
+               stream while the current one is used.
+- ``resident`` the whole uint8 dataset is uploaded once; batches are gathered on the device.
 
-Packing labels behind the images in the same pinned buffer makes one copy per batch
+Packing labels and images in the same pinned buffer makes one copy per batch
 instead of two: for MNIST at batch 256 a copy is ~200 KB, small enough that the fixed
 cost of each ``cudaMemcpyAsync`` matters.
 """
 from __future__ import annotations
 
+import math
+import os
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch.profiler import record_function
 
-from .datasets import Dataset
+from .datasets import Dataset  # MERGE: .data
 from .errors import ConfigError, DeviceError
 
-Prepare = Callable[[torch.Tensor, int], torch.Tensor]  # (uint8 NHWC, batch number) -> NCHW float
 Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass
 class TransferStats:
-    """What crossed host->device, counted by the strategy itself (exact on every device;
+    """What crossed host->device, counted by the mover itself (exact on every device;
     on a CPU "device" the copies are no-ops but the accounting is the same)."""
 
     image_bytes: int = 0     # image bytes handed to the device
     label_bytes: int = 0     # label bytes handed to the device
     index_bytes: int = 0     # resident: one int64 permutation per epoch
     copies: int = 0          # host->device copy calls
-    batches: int = 0         # batches yielded
-    wait_seconds: float = 0.0  # host time the consumer spent waiting inside next()
+    batches: int = 0         # batches yielded (counted by the Loader)
+    wait_seconds: float = 0.0  # host time the consumer spent waiting inside next() (Loader)
 
     @property
     def h2d_bytes(self) -> int:
@@ -49,25 +56,27 @@ class TransferStats:
 
 
 def float32_bytes(dataset: Dataset, samples: int) -> int:
-    """Bytes the ``float32`` strategy moves for ``samples`` images: float32 pixels, int64 labels."""
-    h, w, c = dataset.image_shape
-    return samples * (h * w * c * 4 + 8)
+    """Bytes the usual path moves for ``samples`` images: float32 pixels, int64 labels."""
+    return samples * (math.prod(dataset.image_shape) * 4 + 8)
 
 
-def epoch_bytes(dataset: Dataset, name: str) -> dict[str, int]:
-    """Host->device bytes one epoch over ``dataset`` costs with strategy ``name``:
-    ``per_epoch`` every epoch, ``once`` at start-up (``resident``'s upload)."""
-    n, (h, w, c) = len(dataset), dataset.image_shape
-    narrow = n * (h * w * c + dataset.labels.itemsize)
-    table = {"float32": {"per_epoch": float32_bytes(dataset, n), "once": 0},
-             "uint8": {"per_epoch": narrow, "once": 0},
-             "prefetch": {"per_epoch": narrow, "once": 0},
-             "resident": {"per_epoch": n * 8, "once": narrow}}  # int64 permutation per epoch
-    return table[name]
+def _narrow_bytes(dataset: Dataset, samples: int) -> int:
+    return samples * (math.prod(dataset.image_shape) + dataset.labels.itemsize)
+
+
+def widen(raw: torch.Tensor, dtype: np.dtype) -> torch.Tensor:
+    """Narrow integer bytes (uint8 on the device) -> int64, what ``cross_entropy`` wants.
+    uint16 travels as two raw bytes and is widened through int16 (torch has few uint16 ops)."""
+    if dtype == np.uint8:
+        return raw.long()
+    if dtype == np.uint16:
+        return raw.view(torch.int16).long() & 0xFFFF
+    return raw.view(getattr(torch, np.dtype(dtype).name)).long()
 
 
 def _host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
-    """A reusable uint8 staging buffer, pinned when a CUDA copy will read it (row 27)."""
+    """A reusable uint8 staging buffer, pinned when a CUDA copy will read it (RELIABILITY
+    row 27: a failed pin falls back to pageable memory with one warning)."""
     if pin:
         try:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -77,33 +86,83 @@ def _host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
-class Strategy:
-    """Shared set-up: dataset, device, the ``prepare`` step and the byte counters."""
+class Ring:
+    """``slots`` reused host buffers (pinned for CUDA), each guarded by the event of the
+    last copy that read it, so a buffer is rewritten only once that copy is done. A buffer
+    grows when a larger batch comes and is reused after."""
+
+    def __init__(self, slots: int, device: torch.device) -> None:
+        self.device, self.cuda = device, device.type == "cuda"
+        self.buffers: list[torch.Tensor | None] = [None] * slots
+        self.events = [torch.cuda.Event() if self.cuda else None for _ in range(slots)]
+        self.used = [False] * slots  # an event waited on before it was recorded never returns
+        self.turn = 0
+
+    def stage(self, nbytes: int) -> tuple[int, torch.Tensor]:
+        """The next slot and a host uint8 view of ``nbytes`` in it, free to write."""
+        i = self.turn % len(self.buffers)
+        self.turn += 1
+        if self.used[i] and self.events[i] is not None:
+            self.events[i].synchronize()  # the previous copy out of this buffer has finished
+        buf = self.buffers[i]
+        if buf is None or buf.numel() < nbytes:
+            buf = self.buffers[i] = _host_buffer(nbytes, pin=self.cuda)
+        return i, buf[:nbytes]
+
+    def send(self, i: int, host: torch.Tensor) -> torch.Tensor:
+        """Copy slot ``i``'s ``host`` view to the device on the current stream."""
+        with record_function("h2d"):
+            dev = host.to(self.device, non_blocking=True)
+        if self.events[i] is not None:
+            self.events[i].record()
+        self.used[i] = True
+        return dev
+
+
+class Mover:
+    """Shared set-up of the movers: dataset, device, batch size and the byte counters."""
 
     name = ""
+    prepares = False  # True only for the float32 baseline: its batches come out prepared
 
-    def __init__(self, dataset: Dataset, device: torch.device, batch_size: int,
-                 prepare: Prepare, stats: TransferStats) -> None:
+    def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
         self.dataset, self.device, self.batch_size = dataset, device, batch_size
-        self.prepare, self.stats = prepare, stats
         self.cuda = device.type == "cuda"
+        self.stats = TransferStats()
 
-    def batches(self, index_batches: list[torch.Tensor], first: int = 0) -> Iterator[Batch]:
-        """Yield ready batches for ``index_batches`` (CPU int64 tensors); ``first`` is the
-        number of the first batch (per-batch augmentation seeds depend on it)."""
+    @staticmethod
+    def epoch_bytes(dataset: Dataset) -> dict[str, int]:
+        """Host->device bytes one epoch over ``dataset`` costs: ``per_epoch`` every epoch,
+        ``once`` at start-up."""
+        return {"per_epoch": _narrow_bytes(dataset, len(dataset)), "once": 0}
+
+    def batches(self, index_batches: Sequence[torch.Tensor]) -> Iterator[Batch]:
+        """Yield ``(images, labels)`` on the device for ``index_batches`` (CPU int64)."""
         raise NotImplementedError
 
 
-class Float32(Strategy):
-    """The baseline: normalize on the CPU, copy float32 images and int64 labels."""
+class Float32(Mover):
+    """The usual way, kept as the baseline: gather, then *prepare on the host* (this path
+    means exactly that), then copy float32 images and int64 labels. The one mover that is
+    handed the prepare stage; the Loader does not prepare what it yields."""
 
     name = "float32"
+    prepares = True
 
-    def batches(self, index_batches, first=0):
+    def __init__(self, dataset: Dataset, device: torch.device, batch_size: int,
+                 prepare: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        super().__init__(dataset, device, batch_size)
+        self.prepare = prepare
+
+    @staticmethod
+    def epoch_bytes(dataset: Dataset) -> dict[str, int]:
+        return {"per_epoch": float32_bytes(dataset, len(dataset)), "once": 0}
+
+    def batches(self, index_batches):
         ds = self.dataset
-        for k, idx in enumerate(index_batches, first):
+        for idx in index_batches:
             idx_np = idx.numpy()
-            x = self.prepare(torch.from_numpy(ds.images[idx_np]), k)  # (n, C, H, W) float on CPU
+            x = self.prepare(torch.from_numpy(ds.images[idx_np]))  # (n, C, H, W) float on CPU
             y = torch.from_numpy(ds.labels[idx_np].astype(np.int64))
             self.stats.image_bytes += x.nbytes
             self.stats.label_bytes += y.nbytes
@@ -113,73 +172,42 @@ class Float32(Strategy):
             yield x, y
 
 
-class _Slot:
-    """One staging buffer: images then labels packed back to back, plus the event of
-    the last copy that read it (the buffer is rewritten only after that copy is done)."""
-
-    def __init__(self, nbytes: int, cuda: bool) -> None:
-        self.host = _host_buffer(nbytes, pin=cuda)
-        self.host_np = self.host.numpy()
-        self.done = torch.cuda.Event() if cuda else None  # re-recorded by every copy
-
-    def fill(self, ds: Dataset, idx: np.ndarray) -> int:
-        """Gather the batch into this buffer; return the number of bytes used."""
-        if self.done is not None:
-            self.done.synchronize()  # the previous copy out of this buffer has finished
-        n, (h, w, c) = len(idx), ds.image_shape
-        img_end = n * h * w * c
-        lab_end = img_end + n * ds.labels.itemsize
-        np.take(ds.images, idx, axis=0, out=self.host_np[:img_end].reshape(n, h, w, c))
-        np.take(ds.labels, idx, axis=0, out=self.host_np[img_end:lab_end].view(ds.labels.dtype))
-        return lab_end
-
-
-def _unpack(dev: torch.Tensor, ds: Dataset, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split a packed device buffer into uint8 (n, H, W, C) images and int64 labels."""
-    h, w, c = ds.image_shape
-    img_end = n * h * w * c
-    images = dev[:img_end].view(n, h, w, c)
-    return images, _widen(dev[img_end:img_end + n * ds.labels.itemsize], ds.labels.itemsize)
-
-
-def _widen(raw: torch.Tensor, itemsize: int) -> torch.Tensor:
-    """Narrow label bytes on the device -> int64 (what ``cross_entropy`` wants)."""
-    if itemsize == 1:
-        return raw.long()
-    return raw.view(torch.int16).long() & 0xFFFF  # uint16 travels as 2 raw bytes
-
-
-class Uint8(Strategy):
-    """uint8 images + narrow labels in one pinned buffer, one async copy, normalize on device."""
+class Uint8(Mover):
+    """uint8 images + narrow labels packed in one pinned buffer, one async copy."""
 
     name = "uint8"
     slots = 2
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        ds = self.dataset
-        self.pixels = int(np.prod(ds.image_shape))  # uint8 bytes of one image
-        nbytes = self.batch_size * (self.pixels + ds.labels.itemsize)
-        self.ring = [_Slot(nbytes, self.cuda) for _ in range(self.slots)]
+    def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
+        super().__init__(dataset, device, batch_size)
+        self.ring = Ring(self.slots, device)
+        self.pixels = math.prod(dataset.image_shape)  # uint8 bytes of one image
 
-    def _copy(self, slot: _Slot, idx: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Gather into ``slot`` and start its copy on the current stream."""
-        n = len(idx)
-        used = slot.fill(self.dataset, idx.numpy())
-        with record_function("h2d"):
-            dev = slot.host[:used].to(self.device, non_blocking=True)
-        if self.cuda:
-            slot.done.record()
+    def _copy(self, idx: torch.Tensor) -> tuple[int, torch.Tensor, int]:
+        """Gather the batch into the next slot and start its copy on the current stream;
+        (slot, packed device buffer, batch size). Labels go first, so that uint16 labels
+        sit at an even offset and can be viewed as int16 on the device."""
+        ds, n = self.dataset, len(idx)
+        lab_end = n * ds.labels.itemsize
+        i, host = self.ring.stage(lab_end + n * self.pixels)
+        np.take(ds.labels, idx.numpy(), out=host[:lab_end].numpy().view(ds.labels.dtype))
+        np.take(ds.images, idx.numpy(), axis=0,
+                out=host[lab_end:].numpy().reshape(n, *ds.image_shape))
         self.stats.image_bytes += n * self.pixels
-        self.stats.label_bytes += n * self.dataset.labels.itemsize
+        self.stats.label_bytes += lab_end
         self.stats.copies += 1
-        return dev, n
+        return i, self.ring.send(i, host), n
 
-    def batches(self, index_batches, first=0):
-        for k, idx in enumerate(index_batches, first):
-            dev, n = self._copy(self.ring[k % self.slots], idx)
-            images, labels = _unpack(dev, self.dataset, n)
-            yield self.prepare(images, k), labels
+    def _unpack(self, dev: torch.Tensor, n: int) -> Batch:
+        """A packed device buffer -> uint8 ``(n, H, W, C)`` images and int64 labels."""
+        lab_end = n * self.dataset.labels.itemsize
+        return (dev[lab_end:].view(n, *self.dataset.image_shape),
+                widen(dev[:lab_end], self.dataset.labels.dtype))
+
+    def batches(self, index_batches):
+        for idx in index_batches:
+            _, dev, n = self._copy(idx)
+            yield self._unpack(dev, n)
 
 
 class Prefetch(Uint8):
@@ -192,90 +220,105 @@ class Prefetch(Uint8):
     name = "prefetch"
     slots = 3
 
-    def batches(self, index_batches, first=0):
+    def batches(self, index_batches):
         if not self.cuda:
-            yield from super().batches(index_batches, first)
+            yield from super().batches(index_batches)
             return
         side = torch.cuda.Stream(self.device)
         main = torch.cuda.current_stream(self.device)
 
-        def start(k: int):
+        def start(idx: torch.Tensor) -> tuple[torch.Tensor, int, torch.cuda.Event]:
             with torch.cuda.stream(side):
-                dev, n = self._copy(self.ring[k % self.slots], index_batches[k - first])
-            return dev, n, self.ring[k % self.slots].done
+                i, dev, n = self._copy(idx)
+            return dev, n, self.ring.events[i]
 
-        pending = start(first) if index_batches else None
-        for k in range(first, first + len(index_batches)):
+        pending = start(index_batches[0]) if len(index_batches) else None
+        for k in range(len(index_batches)):
             dev, n, copied = pending
-            if k + 1 < first + len(index_batches):
-                pending = start(k + 1)  # overlaps with the consumer's work on batch k
+            if k + 1 < len(index_batches):
+                pending = start(index_batches[k + 1])  # overlaps the consumer's work on batch k
             main.wait_event(copied)
             dev.record_stream(main)  # allocated on `side`, used on `main`
-            images, labels = _unpack(dev, self.dataset, n)
-            yield self.prepare(images, k), labels
+            yield self._unpack(dev, n)
 
 
-class Resident(Strategy):
+def _free_bytes(device: torch.device) -> int:
+    """Free memory on ``device``: CUDA's own count, or the host's available RAM."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+        return int(meminfo["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+class Resident(Mover):
     """The whole uint8 dataset lives on the device; shuffle and gather happen there.
 
-    One upload of the dataset, then one int64 permutation per epoch: nothing per step.
+    One upload, in chunks straight from the (possibly memory-mapped) arrays, so the host
+    never holds a second whole copy; then one int64 permutation per epoch, nothing per step.
     """
 
     name = "resident"
+    CHUNK_BYTES = 64 << 20  # upload in 64 MiB pieces
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        ds = self.dataset
-        need = ds.image_bytes + ds.label_bytes
-        if self.cuda:
-            free, total = torch.cuda.mem_get_info(self.device)
-            if need > free * RESIDENT_FRACTION:
-                raise DeviceError(
-                    f"resident: {ds.name}/{ds.split} needs {need / 2**20:.0f} MiB on {self.device}, "
-                    f"{free / 2**20:.0f} MiB of {total / 2**20:.0f} MiB free; "
-                    f"use --transfer prefetch")
-        self.images = torch.from_numpy(np.array(ds.images)).to(self.device)  # (N, H, W, C)
-        raw = torch.from_numpy(np.array(ds.labels).view(np.uint8)).to(self.device)  # copy: may be a read-only memmap
-        self.labels = _widen(raw, ds.labels.itemsize)  # narrow upload, widened on the device
-        self.stats.image_bytes += ds.image_bytes
-        self.stats.label_bytes += ds.label_bytes
-        self.stats.copies += 2
+    @staticmethod
+    def epoch_bytes(dataset: Dataset) -> dict[str, int]:
+        return {"per_epoch": len(dataset) * 8, "once": _narrow_bytes(dataset, len(dataset))}
 
-    def batches(self, index_batches, first=0):
-        if not index_batches:
+    @staticmethod
+    def fits(dataset: Dataset, device: torch.device) -> tuple[bool, str]:
+        """Whether the dataset takes at most ``RESIDENT_FRACTION`` of the free memory (the
+        rest is for the model, activations and the allocator's slack), and the sizes."""
+        need, free = _narrow_bytes(dataset, len(dataset)), _free_bytes(device)
+        return need <= free * RESIDENT_FRACTION, (
+            f"{dataset.name}/{dataset.split} needs {need / 2**20:.0f} MiB on {device}, "
+            f"{free / 2**20:.0f} MiB free")
+
+    def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
+        super().__init__(dataset, device, batch_size)
+        ok, sizes = self.fits(dataset, device)
+        if not ok:
+            raise DeviceError(f"resident: {sizes}; use --transfer prefetch")
+        self.images = self._upload(dataset.images)  # (N, H, W, C)
+        self.labels = widen(self._upload(dataset.labels.view(np.uint8)), dataset.labels.dtype)
+        self.stats.image_bytes += dataset.image_bytes
+        self.stats.label_bytes += dataset.label_bytes
+
+    def _upload(self, array: np.ndarray) -> torch.Tensor:
+        out = torch.empty(array.shape, dtype=torch.uint8, device=self.device)
+        step = max(1, self.CHUNK_BYTES // max(1, array[:1].nbytes))
+        for start in range(0, len(array), step):
+            part = torch.from_numpy(np.array(array[start:start + step]))  # 64 MiB at most
+            out[start:start + step].copy_(part)  # (the source may be a read-only memmap)
+            self.stats.copies += 1
+        return out
+
+    def batches(self, index_batches):
+        if not len(index_batches):
             return
-        order = torch.cat(index_batches)  # this epoch's order, one upload
+        order = torch.cat(list(index_batches))  # this epoch's order, one upload
         with record_function("h2d"):
             order_dev = order.to(self.device, non_blocking=self.cuda)
         self.stats.index_bytes += order.nbytes
         self.stats.copies += 1
-        start = 0
-        for k, idx in enumerate(index_batches, first):
-            sel = order_dev[start:start + len(idx)]
-            start += len(idx)
-            images = self.images.index_select(0, sel)  # (n, H, W, C) gathered on device
-            yield self.prepare(images, k), self.labels.index_select(0, sel)
+        for sel in torch.split(order_dev, [len(i) for i in index_batches]):
+            yield self.images.index_select(0, sel), self.labels.index_select(0, sel)
 
 
-# A dataset is "resident" only if it takes at most this share of free device memory: the
-# rest is for the model, activations and the allocator's slack.
+# A dataset is "resident" only if it takes at most this share of free device memory.
 RESIDENT_FRACTION = 0.5
 
-STRATEGIES: dict[str, type[Strategy]] = {
-    s.name: s for s in (Float32, Uint8, Prefetch, Resident)
-}
+MOVERS: dict[str, type[Mover]] = {m.name: m for m in (Float32, Uint8, Prefetch, Resident)}
 
 
 def resolve(name: str, dataset: Dataset, device: torch.device) -> str:
-    """``auto`` -> ``resident`` when the dataset fits comfortably on the device (always on
-    CPU), else ``prefetch``; any other name is checked and returned."""
+    """``auto`` -> ``resident`` when the dataset fits comfortably in the device's free
+    memory (host RAM for a CPU device), else ``prefetch``; other names are checked."""
     if name == "auto":
-        if device.type != "cuda":
-            return "resident"
-        free, _ = torch.cuda.mem_get_info(device)
-        fits = dataset.image_bytes + dataset.label_bytes <= free * RESIDENT_FRACTION
-        return "resident" if fits else "prefetch"
-    if name not in STRATEGIES:
+        return "resident" if Resident.fits(dataset, device)[0] else "prefetch"
+    if name not in MOVERS:
         raise ConfigError(f"unknown transfer strategy {name!r}; valid: "
-                          f"{', '.join(['auto', *STRATEGIES])}")
+                          f"{', '.join(['auto', *MOVERS])}")
     return name

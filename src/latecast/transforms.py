@@ -80,24 +80,69 @@ def _check_batch(images: torch.Tensor, fn: str, generator: torch.Generator | Non
                           f"{images.device}; create it with torch.Generator(device=images.device)")
 
 
-def _crop_offsets(n: int, padding: int, generator: torch.Generator | None,
-                  device: torch.device) -> torch.Tensor:
-    """``(N, 2)`` int64 ``(dy, dx)`` in ``0..2*padding``: each crop's corner in the padded image."""
-    return torch.randint(0, 2 * padding + 1, (n, 2), generator=generator, device=device)
+def crop_params(n: int, padding: int, *, generator: torch.Generator | None = None,
+                device: torch.device | str = "cpu") -> torch.Tensor:
+    """``(N, 2)`` int64 ``(dy, dx)`` in ``-padding..padding``: each image's translation."""
+    return torch.randint(0, 2 * padding + 1, (n, 2), generator=generator, device=device) - padding
 
 
-def _flip_mask(n: int, p: float, generator: torch.Generator | None,
-               device: torch.device) -> torch.Tensor:
-    """``(N,)`` bool, True where an image is flipped."""
+def translate(images: torch.Tensor, shifts: torch.Tensor, *, fill: str = "zero") -> torch.Tensor:
+    """Move image ``i`` by ``shifts[i] = (dy, dx)``: output pixel ``(y, x)`` is input pixel
+    ``(y + dy, x + dx)``; outside the image it is 0 (``fill="zero"``) or mirrored like
+    ``np.pad(mode="reflect")``. One gather with per-image row/column indices.
+
+    Example:
+        >>> x = torch.arange(4, dtype=torch.uint8).view(1, 1, 4, 1)
+        >>> translate(x, torch.tensor([[0, 1]]))[0, 0, :, 0].tolist()
+        [1, 2, 3, 0]
+    """
+    _check_batch(images, "translate", None)
+    n, h, w, _ = images.shape
+    if fill not in _FILLS:
+        raise ConfigError(f"fill must be one of {_FILLS}, got {fill!r}")
+    dev = images.device
+    rows = torch.arange(h, device=dev) + shifts[:, :1]  # (N, H) source row of each output row
+    cols = torch.arange(w, device=dev) + shifts[:, 1:]  # (N, W)
+    batch = torch.arange(n, device=dev)[:, None, None]  # (N, 1, 1)
+    if fill == "reflect":
+        return images[batch, _reflect(rows, h)[:, :, None], _reflect(cols, w)[:, None, :]]
+    inside = (((rows >= 0) & (rows < h))[:, :, None]
+              & ((cols >= 0) & (cols < w))[:, None, :])  # (N, H, W)
+    out = images[batch, rows.clamp(0, h - 1)[:, :, None], cols.clamp(0, w - 1)[:, None, :]]
+    return out.masked_fill_(~inside[..., None], 0)  # (N, H, W, C)
+
+
+def flip_params(n: int, p: float, *, generator: torch.Generator | None = None,
+                device: torch.device | str = "cpu") -> torch.Tensor:
+    """``(N,)`` bool, True where an image is flipped (probability ``p`` each)."""
     return torch.rand(n, generator=generator, device=device) < p
 
 
-def _cutout_centers(n: int, h: int, w: int, generator: torch.Generator | None,
-                    device: torch.device) -> torch.Tensor:
-    """``(N, 2)`` int64 ``(cy, cx)``: each square's center, anywhere in the image."""
+def flip(images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Flip left-right the images where ``mask`` is True."""
+    _check_batch(images, "flip", None)
+    return torch.where(mask[:, None, None, None], images.flip(2), images)  # W is dim 2 in NHWC
+
+
+def cutout_params(n: int, h: int, w: int, *, generator: torch.Generator | None = None,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
+    """``(N, 2)`` int64 ``(cy, cx)``: each square's center, anywhere in an ``h x w`` image."""
     cy = torch.randint(0, h, (n,), generator=generator, device=device)
     cx = torch.randint(0, w, (n,), generator=generator, device=device)
     return torch.stack([cy, cx], 1)
+
+
+def erase(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tensor:
+    """Zero a ``size x size`` square per image: rows ``cy - size//2 .. cy - size//2 + size - 1``
+    (columns alike) around ``centers[i] = (cy, cx)``, clipped at the borders."""
+    _check_batch(images, "erase", None)
+    _, h, w, _ = images.shape
+    dev = images.device
+    top_left = centers - size // 2  # (N, 2)
+    ys, xs = torch.arange(h, device=dev), torch.arange(w, device=dev)
+    in_y = (ys >= top_left[:, :1]) & (ys < top_left[:, :1] + size)  # (N, H)
+    in_x = (xs >= top_left[:, 1:]) & (xs < top_left[:, 1:] + size)  # (N, W)
+    return images.masked_fill(in_y[:, :, None, None] & in_x[:, None, :, None], 0)
 
 
 def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
@@ -105,12 +150,15 @@ def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
     return (n - 1) - ((n - 1) - i.abs()).abs()
 
 
+def _check_int(value, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{what} must be an int >= 0, got {value!r}")
+
+
 def random_crop(images: torch.Tensor, padding: int, *, fill: str = "zero",
                 generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pad each side by ``padding``, then crop back to ``(H, W)`` at a random offset per image.
-
-    Equivalent to translating each image by its own ``(dy, dx)`` in ``-padding..padding``.
-    Done as one gather with per-image row/column indices, so the padded batch is never built.
+    """Pad each side by ``padding``, then crop back to ``(H, W)`` at a random offset per image:
+    ``translate`` by ``crop_params``. The padded batch is never built.
 
     Args:
         images: uint8 ``(N, H, W, C)`` on any device.
@@ -126,36 +174,19 @@ def random_crop(images: torch.Tensor, padding: int, *, fill: str = "zero",
     """
     _check_batch(images, "random_crop", generator)
     n, h, w, _ = images.shape
-    if fill not in _FILLS:
-        raise ConfigError(f"random_crop fill must be one of {_FILLS}, got {fill!r}")
-    if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
-        raise ConfigError(f"random_crop padding must be an int >= 0, got {padding!r}")
+    _check_int(padding, "random_crop padding")
     if fill == "reflect" and padding >= min(h, w):
         raise ConfigError(f"random_crop fill='reflect' needs padding < {min(h, w)} for "
                           f"{h}x{w} images, got {padding}")
     if padding == 0:
         return images.clone()
-    dev = images.device
-    shift = _crop_offsets(n, padding, generator, dev) - padding  # (N, 2) in -p..p
-    rows = torch.arange(h, device=dev) + shift[:, :1]  # (N, H) source row of each output row
-    cols = torch.arange(w, device=dev) + shift[:, 1:]  # (N, W)
-    batch = torch.arange(n, device=dev)[:, None, None]  # (N, 1, 1)
-    if fill == "reflect":
-        return images[batch, _reflect(rows, h)[:, :, None], _reflect(cols, w)[:, None, :]]
-    inside = (((rows >= 0) & (rows < h))[:, :, None]
-              & ((cols >= 0) & (cols < w))[:, None, :])  # (N, H, W)
-    out = images[batch, rows.clamp(0, h - 1)[:, :, None], cols.clamp(0, w - 1)[:, None, :]]
-    return out.masked_fill_(~inside[..., None], 0)  # (N, H, W, C)
+    shifts = crop_params(n, padding, generator=generator, device=images.device)
+    return translate(images, shifts, fill=fill)
 
 
 def random_flip(images: torch.Tensor, p: float = 0.5, *,
                 generator: torch.Generator | None = None) -> torch.Tensor:
     """Flip each image left-right with probability ``p``, independently per image.
-
-    Args:
-        images: uint8 ``(N, H, W, C)`` on any device.
-        p: flip probability in [0, 1].
-        generator: a ``torch.Generator`` on ``images.device``.
 
     Example:
         >>> x = torch.randint(0, 256, (8, 28, 28, 1), dtype=torch.uint8)
@@ -165,21 +196,13 @@ def random_flip(images: torch.Tensor, p: float = 0.5, *,
     _check_batch(images, "random_flip", generator)
     if isinstance(p, bool) or not 0.0 <= p <= 1.0:
         raise ConfigError(f"random_flip p must be a probability in [0, 1], got {p!r}")
-    flip = _flip_mask(len(images), p, generator, images.device)
-    return torch.where(flip[:, None, None, None], images.flip(2), images)  # W is dim 2 in NHWC
+    return flip(images, flip_params(len(images), p, generator=generator, device=images.device))
 
 
 def cutout(images: torch.Tensor, size: int, *,
            generator: torch.Generator | None = None) -> torch.Tensor:
-    """Zero a ``size x size`` square at a random center per image, clipped at the borders.
-
-    The square covers rows ``cy - size//2 .. cy - size//2 + size - 1`` (same for columns),
-    with the center ``(cy, cx)`` anywhere in the image, as in DeVries & Taylor (2017).
-
-    Args:
-        images: uint8 ``(N, H, W, C)`` on any device.
-        size: side of the square in pixels (0 returns a copy).
-        generator: a ``torch.Generator`` on ``images.device``.
+    """Zero a ``size x size`` square at a random center per image (DeVries & Taylor, 2017):
+    ``erase`` at ``cutout_params``. ``size`` 0 returns a copy.
 
     Example:
         >>> x = torch.full((8, 32, 32, 3), 255, dtype=torch.uint8)
@@ -188,16 +211,10 @@ def cutout(images: torch.Tensor, size: int, *,
     """
     _check_batch(images, "cutout", generator)
     n, h, w, _ = images.shape
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        raise ConfigError(f"cutout size must be an int >= 0, got {size!r}")
+    _check_int(size, "cutout size")
     if size == 0:
         return images.clone()
-    dev = images.device
-    top_left = _cutout_centers(n, h, w, generator, dev) - size // 2  # (N, 2)
-    ys, xs = torch.arange(h, device=dev), torch.arange(w, device=dev)
-    in_y = (ys >= top_left[:, :1]) & (ys < top_left[:, :1] + size)  # (N, H)
-    in_x = (xs >= top_left[:, 1:]) & (xs < top_left[:, 1:] + size)  # (N, W)
-    return images.masked_fill(in_y[:, :, None, None] & in_x[:, None, :, None], 0)
+    return erase(images, cutout_params(n, h, w, generator=generator, device=images.device), size)
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,23 @@
 """`latecast profile` on CPU with tiny settings: every row, finite numbers, all files written."""
-import contextlib
-import io
 import json
 import math
 
 import pytest
 import torch
 
-from latecast.cli import main
-from latecast.profile import ROWS, ProfileConfig, _trace_totals, plot, profile, report_markdown
+from latecast.profiling import ROWS, ProfileConfig, plot, profile, report_markdown, trace_totals
 
 PNG = b"\x89PNG\r\n\x1a\n"
 BATCH = 16
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, run_cli):
     out = tmp_path_factory.mktemp("profile")
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = main(["profile", "--device", "cpu", "--steps", "2", "--warmup", "1",
-                   "-b", str(BATCH), "--output-dir", str(out), "--json"])
+    rc, result = run_cli("profile", "--device", "cpu", "--steps", "2", "--warmup", "1",
+                         "-b", BATCH, "--output-dir", out, "--json")
     assert rc == 0
-    return out, json.loads(buf.getvalue().strip().splitlines()[-1])
+    return out, result
 
 
 def test_every_row_is_measured(run):
@@ -67,7 +62,7 @@ def test_gpu_trace_and_report_paths(tmp_path):
               {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 50.0}]
     path = tmp_path / "trace.json"
     path.write_text(json.dumps({"traceEvents": events}))
-    kernel_us, memcpy = _trace_totals(path)
+    kernel_us, memcpy = trace_totals(path)
     assert kernel_us == 30.0
     assert memcpy == {"Memcpy HtoD (Pinned -> Device)": {"us": 12.0, "count": 2, "bytes": 4000}}
     row = {"step_ms": 2.0, "kernel_ms": 1.0, "data_wait_ms": 0.01, "data_cpu_ms": 0.01,
@@ -83,9 +78,9 @@ def test_gpu_trace_and_report_paths(tmp_path):
     assert (tmp_path / "p.png").read_bytes().startswith(PNG)
 
 
-def test_unknown_row_is_a_one_line_error(capsys):
-    assert main(["profile", "--transfer", "uint8,nope", "--device", "cpu"]) == 1
-    assert "nope" in capsys.readouterr().err
+def test_unknown_row_is_a_one_line_error(run_cli):
+    r = run_cli("profile", "--transfer", "uint8,nope", "--device", "cpu")
+    assert r.rc == 1 and "nope" in r.err and len(r.err.splitlines()) == 1
 
 
 @pytest.mark.gpu

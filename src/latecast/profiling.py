@@ -26,33 +26,42 @@ from typing import Iterator
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, record_function
 
-from . import transforms
 from .bench import markdown_table, run_info, sync, torchvision_loader
-from .datasets import Dataset, load_dataset
+from .config import DATASET_HELP, option, validate
+from .datasets import Dataset, load_dataset  # MERGE: .data
+from .distributed import resolve_device
 from .errors import ConfigError
-from .loader import epoch_order, resolve_device
-from .models import build_model
-from .transfer import STRATEGIES, Batch, TransferStats
+from .loader import epoch_order
+from .prepare import Prepare
+from .train import TrainConfig, model_and_optimizer, resolve_config, train_step
+from .transfer import MOVERS
 
-ROWS = (*STRATEGIES, "baseline", "baseline-u8")
+ROWS = (*MOVERS, "baseline", "baseline-u8")
 NO_DEVICE = "n/a (no device)"
 
 
 @dataclass(frozen=True)
 class ProfileConfig:
-    dataset: str = "mnist"          # a known dataset name
-    steps: int = 20                 # recorded training steps per row
-    warmup: int = 3                 # profiler warm-up steps before them (after 1 wait step)
-    transfer: str = "all"           # "all" or a comma list of ROWS
-    batch_size: int = 256           # images per step
-    workers: int = 0                # baseline DataLoader workers (0: its CPU work is in the trace)
-    device: str = "auto"            # auto | cpu | cuda | cuda:N
-    seed: int = 0                   # weights and order
-    data_root: str | None = None    # folder with the dataset's original files
-    output_dir: str = "runs/profile"  # report.md, report.json, profile.png, trace-<row>.json
+    dataset: str = option("mnist", DATASET_HELP, positional=True)
+    steps: int = option(20, "recorded training steps per row")
+    warmup: int = option(3, "profiler warm-up steps before them (after 1 wait step)")
+    transfer: str = option("all", f"all, or a comma list of {','.join(ROWS)}")
+    batch_size: int = option(256, "images per step", short="-b")
+    workers: int = option(0, "baseline DataLoader num_workers (0: its CPU work is in the trace)")
+    device: str = option("auto", "auto|cpu|cuda|cuda:N")
+    seed: int = option(0, "weights and order")
+    data_root: str | None = option(None, "folder with the dataset's files")
+    output_dir: str = option("runs/profile", "report.md, report.json, profile.png and one "
+                             "Chrome trace per row go here")
+
+    def __post_init__(self) -> None:
+        validate(self, {"steps": (lambda v: v >= 1, "an integer >= 1"),
+                        "warmup": (lambda v: v >= 0, "an integer >= 0"),
+                        "batch_size": (lambda v: v >= 1, "an integer >= 1"),
+                        "workers": (lambda v: v >= 0, "an integer >= 0")})
+        self.rows()
 
     def rows(self) -> list[str]:
         names = list(ROWS) if self.transfer == "all" else [
@@ -61,33 +70,32 @@ class ProfileConfig:
         if bad or not names:
             raise ConfigError(f"--transfer {self.transfer!r}: unknown row(s) {bad}; "
                               f"valid: all or a comma list of {', '.join(ROWS)}")
-        if self.steps < 1 or self.warmup < 0 or self.batch_size < 1 or self.workers < 0:
-            raise ConfigError(f"profile needs steps >= 1, warmup >= 0, batch_size >= 1, "
-                              f"workers >= 0; got {self.steps}, {self.warmup}, "
-                              f"{self.batch_size}, {self.workers}")
         return names
 
 
 # ---- the batch sources, one per row; each yields (images, labels, bytes copied) ----------
 
-def _latecast(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig) -> Iterator:
-    """A strategy driven as the Loader drives it, with our own ``prepare`` so the normalize
-    carries its label (the copy inside the strategy shows up as ``aten::to``/``copy_``)."""
-    def prepare(images: torch.Tensor, k: int) -> torch.Tensor:
-        with record_function("normalize"):
-            return transforms.normalize(images, ds.mean, ds.std)
-    stats = TransferStats()
-    strategy = STRATEGIES[name](ds, device, cfg.batch_size, prepare, stats)
+def _latecast(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig,
+              recipe: TrainConfig) -> Iterator:
+    """A mover and the prepare stage driven as the Loader drives them, each with its label
+    (the copy inside the mover shows up as ``aten::to``/``copy_`` under ``h2d``)."""
+    prepare = Prepare(ds.mean, ds.std, channels_last=recipe.channels_last)
+    cls = MOVERS[name]
+    mover = cls(ds, device, cfg.batch_size, *([prepare] if cls.prepares else []))
     for epoch in itertools.count():
         order = epoch_order(len(ds), seed=cfg.seed, epoch=epoch)
-        it = strategy.batches(list(torch.split(order, cfg.batch_size)))
+        it = mover.batches(list(torch.split(order, cfg.batch_size)))
         while True:
-            before = stats.h2d_bytes
+            before = mover.stats.h2d_bytes
             with record_function("data"):
                 batch = next(it, None)
             if batch is None:
                 break
-            yield batch[0], batch[1], stats.h2d_bytes - before
+            images, labels = batch
+            if not cls.prepares:
+                with record_function("normalize"):
+                    images = prepare(images)
+            yield images, labels, mover.stats.h2d_bytes - before
 
 
 def _baseline(ds: Dataset, device: torch.device, cfg: ProfileConfig) -> Iterator:
@@ -132,7 +140,7 @@ def _labelled(dl: torch.utils.data.DataLoader) -> Iterator:
 
 # ---- one row -------------------------------------------------------------------------
 
-def _trace_totals(path: Path) -> tuple[float, dict[str, dict]]:
+def trace_totals(path: Path) -> tuple[float, dict[str, dict]]:
     """(device kernel µs, {"Memcpy HtoD (...)": {us, count, bytes}}) from a Chrome trace."""
     kernel_us, memcpy = 0.0, {}
     for e in json.loads(path.read_text()).get("traceEvents", []):
@@ -151,15 +159,17 @@ def _trace_totals(path: Path) -> tuple[float, dict[str, dict]]:
 
 def profile_row(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig,
                 out: Path) -> dict:
-    """Train ``1 + warmup + steps`` steps of a fresh cnn on row ``name``'s batches."""
+    """Train ``1 + warmup + steps`` steps of a fresh model on row ``name``'s batches, with
+    ``latecast train``'s step and recipe for the dataset."""
+    skip = 1 + cfg.warmup
+    recipe = resolve_config(TrainConfig(dataset=cfg.dataset, epochs=1, seed=cfg.seed,
+                                        batch_size=cfg.batch_size, device=str(device)),
+                            ds, device)
     torch.manual_seed(cfg.seed)
-    h, w, c = ds.image_shape
-    model = build_model("cnn", (c, h, w), ds.num_classes).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, nesterov=True)
+    model, opt, sched = model_and_optimizer(recipe, ds, device, skip + cfg.steps)
     source = (_baseline(ds, device, cfg) if name == "baseline" else
               _baseline_u8(ds, device, cfg) if name == "baseline-u8" else
-              _latecast(ds, name, device, cfg))
-    skip = 1 + cfg.warmup
+              _latecast(ds, name, device, cfg, recipe))
     trace = out / f"trace-{name}.json"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     wait = cpu = step_phase = nbytes = 0.0
@@ -175,10 +185,7 @@ def profile_row(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig
             x, y, copied = next(source)  # fetch + copy + normalize: the data wait
             t1, c1 = time.perf_counter(), time.process_time()
             with record_function("step"):
-                loss = F.cross_entropy(model(x), y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
+                loss = train_step(model, opt, sched, x, y, recipe)
             if i >= skip:
                 wait, cpu, nbytes = wait + t1 - t0, cpu + c1 - c0, nbytes + copied
                 step_phase += time.perf_counter() - t1
@@ -188,7 +195,7 @@ def profile_row(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig
             prof.step()
     source.close()  # stop DataLoader workers, if any
     n = cfg.steps
-    kernel_us, memcpy = _trace_totals(trace)
+    kernel_us, memcpy = trace_totals(trace)
     on_device = device.type == "cuda"
     row = {"step_ms": 1e3 * elapsed / n, "data_wait_ms": 1e3 * wait / n,
            "data_cpu_ms": 1e3 * cpu / n, "h2d_bytes_per_step": nbytes / n,
@@ -196,7 +203,7 @@ def profile_row(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig
            "kernel_ms": kernel_us / 1e3 / n if on_device else 1e3 * step_phase / n,
            "memcpy": {k: {"ms": v["us"] / 1e3 / n, "count": v["count"] / n,
                           "bytes": v["bytes"] / n} for k, v in memcpy.items()} if on_device else None,
-           "loss": loss.detach().item(), "trace": trace.name}
+           "loss": loss.item(), "trace": trace.name}
     row["data_wait_pct"] = 100 * row["data_wait_ms"] / row["step_ms"]
     if on_device:
         row["memcpy_ms"] = sum(v["ms"] for v in row["memcpy"].values())
