@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from .errors import CheckpointError, LatecastError
-from .idx import atomic_write
+from .fileio import atomic_write
 from .loader import Loader
 
 FORMAT = "latecast-checkpoint"

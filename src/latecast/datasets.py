@@ -30,7 +30,8 @@ from typing import Sequence
 import numpy as np
 
 from .errors import ConfigError, DownloadError, FormatError
-from .idx import atomic_write, check_role, read_idx
+from .fileio import atomic_write
+from .idx import check_role, read_idx
 
 @dataclass(frozen=True, eq=False)
 class Dataset:

@@ -7,27 +7,25 @@ with ``train/`` and ``test/`` (or ``val/``) holds one such store per split: ``ou
 ``out/test``. Opening never reads the images: a store larger than memory is paged in as
 the loader touches it.
 
-Writes go to a temporary sibling folder, are fsynced, then renamed into place, so a crash
-(even ``kill -9``) leaves either the previous store or none, never half of one; the next
-write removes what a dead writer left behind.
+Writes go through ``fileio.atomic_folder``: a crash (even ``kill -9``) leaves the previous
+store or none, never half of one. Only a store is ever replaced, never a user's other data.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import shutil
 import warnings
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
 from .datasets import Dataset, _check_labels, channel_stats
 from .errors import ConfigError, FormatError
+from .fileio import atomic_folder
 
 SCHEMA = 1
 IMAGES, LABELS, META, SKIPPED = "images.npy", "labels.npy", "meta.json", "skipped.txt"
@@ -37,33 +35,7 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 SPLIT_NAMES = ("train", "test", "val")
 
 
-# ---- atomic publication ----------------------------------------------------------------
-
-def _alive(pid: int) -> bool:
-    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
-        return False
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-
-
-def _clean_leftovers(out: Path) -> None:
-    """Remove ``.out.tmp-PID`` / ``.out.old-PID`` of dead writers; restore an old store a
-    crash left renamed away (the instant between the two renames of ``_publish``)."""
-    prefix = f".{out.name}."
-    for p in sorted(p for p in out.parent.iterdir() if p.name.startswith(prefix)):
-        kind, _, pid = p.name[len(prefix):].partition("-")
-        if kind not in ("tmp", "old") or not pid.isdigit() or _alive(int(pid)):
-            continue
-        if kind == "old" and not out.exists():
-            os.replace(p, out)
-        else:
-            shutil.rmtree(p, ignore_errors=True)
-
+# ---- what may be replaced -------------------------------------------------------------
 
 def _store_problem(folder: Path) -> str:
     """Why ``folder`` is not, verifiably, one split's store ("" when it is): its meta.json
@@ -99,51 +71,6 @@ def _check_replaceable(out: Path) -> None:
     if out.exists() and (why := _replace_problem(out)):
         raise ConfigError(f"{out} exists and is not a latecast store ({why}); refusing to "
                           f"replace it: choose a new folder")
-
-
-def _fsync(path: Path) -> None:
-    if path.is_file() or os.name == "posix":  # folders can be fsynced on POSIX only
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        os.replace(out, old)  # a directory rename is atomic; a crash here is undone next run
-    try:
-        os.replace(tmp, out)
-    except OSError:
-        if old.exists():
-            os.replace(old, out)
-        raise
-    _fsync(out.parent)  # make the renames themselves durable
-    shutil.rmtree(old, ignore_errors=True)
-
-
-@contextmanager
-def _staging(out: Path) -> Iterator[Path]:
-    """Yield an empty temporary sibling of ``out``; on success fsync it and rename it to ``out``."""
-    out = out.resolve()
-    if out == Path.cwd() or out in Path.cwd().parents:
-        raise ConfigError(f"{out} is the current folder or holds it; refusing to write a store "
-                          f"over it: choose a new folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _clean_leftovers(out)
-    _check_replaceable(out)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-        for p in sorted(tmp.rglob("*"), reverse=True) + [tmp]:  # files before their folder
-            _fsync(p)
-        _publish(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---- writing ---------------------------------------------------------------------------
@@ -196,7 +123,7 @@ def write_store(dataset: Dataset, out: str | os.PathLike, *, source: str = "") -
         (28, 28, 1)
     """
     out = Path(out)
-    with _staging(out) as tmp:
+    with atomic_folder(out, _check_replaceable) as tmp:
         images = _empty_images(tmp, dataset.images.shape)
         step = max(1, CHUNK_BYTES // max(1, images[0].nbytes))
         for start in range(0, len(images), step):
@@ -432,7 +359,7 @@ def convert_folder(folder: str | os.PathLike, out: str | os.PathLike, *,
     mode = "L" if all(gray for gray, _ in infos) else "RGB"
     size = tuple(size or Counter(hw for _, hw in infos).most_common(1)[0][0])
     shape = (*size, 1 if mode == "L" else 3)  # (H, W, C)
-    with _staging(out) as tmp:
+    with atomic_folder(out, _check_replaceable) as tmp:
         stats = None
         for name, items in splits.items():  # train first: its mean/std serve every split
             (tmp / name).mkdir(exist_ok=True)
