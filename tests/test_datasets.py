@@ -15,7 +15,7 @@ import pytest
 from latecast import datasets
 from latecast.datasets import DATASETS, Dataset, load_dataset, parse_cifar
 from latecast.errors import ConfigError, FormatError, LatecastError
-from latecast.idx import read_idx, write_idx
+from latecast.idxfile import read_idx, write_idx
 
 # from the bundled files' README
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]

@@ -19,7 +19,7 @@ import pytest
 from latecast import datasets
 from latecast.datasets import download, extract_tar, load_dataset
 from latecast.errors import DownloadError, FormatError
-from latecast.idx import write_idx
+from latecast.idxfile import write_idx
 
 Route = Callable[[BaseHTTPRequestHandler], None]
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from .errors import ConfigError, DownloadError, FormatError
 from .fileio import atomic_write
-from .idx import check_role, read_idx
+from .idxfile import check_role, read_idx
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
