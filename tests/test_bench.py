@@ -11,7 +11,7 @@ import torch
 
 from latecast.bench import bytes_per_epoch, epochs
 from latecast.cli import main
-from latecast.datasets import from_arrays
+from latecast.data import from_arrays
 from latecast.loader import Loader
 from latecast.transfer import STRATEGIES
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from latecast import datasets
-from latecast.datasets import DATASETS, Dataset, load_dataset, parse_cifar
+from latecast.data import Dataset
+from latecast.datasets import DATASETS, load_dataset, parse_cifar
 from latecast.errors import ConfigError, FormatError, LatecastError
 from latecast.idxfile import read_idx, write_idx
 

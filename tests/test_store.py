@@ -17,7 +17,7 @@ from hypothesis import given, settings, strategies as st
 from PIL import Image
 
 from latecast import store
-from latecast.datasets import Dataset, from_arrays
+from latecast.data import Dataset, from_arrays
 from latecast.errors import ConfigError, FormatError, LatecastError
 from latecast.store import convert_folder, open_store, write_store
 
@@ -183,7 +183,7 @@ def test_splits(tmp_path):
 
 WRITER = """
 import numpy as np, sys
-from latecast.datasets import Dataset
+from latecast.data import Dataset
 from latecast.store import write_store
 images = np.broadcast_to(np.uint8(7), (4096, 256, 256, 1))  # 256 MiB, no memory used
 labels = np.zeros(4096, np.uint8)

@@ -11,7 +11,8 @@ Example:
     >>> for images, labels in loader:   # float (N, C, H, W) normalized on the device
     ...     ...
 """
-from .datasets import Dataset, from_arrays, load_dataset
+from .data import Dataset, from_arrays
+from .datasets import load_dataset
 from .errors import LatecastError
 from .loader import Loader
 from .store import convert_folder, open_store

@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from . import transforms
-from .datasets import Dataset, load_dataset
+from .data import Dataset
+from .datasets import load_dataset
 from .errors import ConfigError
 from .loader import Loader, epoch_order, resolve_device
 from .train import TrainConfig, model_and_optimizer

@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 import torch
 
 from . import transforms
-from .datasets import Dataset
+from .data import Dataset
 from .errors import ConfigError
 from .transfer import STRATEGIES, Batch, TransferStats, resolve
 

@@ -31,7 +31,8 @@ from torch.profiler import ProfilerActivity, record_function
 
 from . import transforms
 from .bench import markdown_table, run_info, sync, torchvision_loader
-from .datasets import Dataset, load_dataset
+from .data import Dataset
+from .datasets import load_dataset
 from .errors import ConfigError
 from .loader import epoch_order, resolve_device
 from .models import build_model

@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from .datasets import Dataset, _check_labels, channel_stats
+from .data import Dataset, channel_stats, check_labels
 from .errors import ConfigError, FormatError
 from .fileio import atomic_folder
 
@@ -89,7 +89,7 @@ def _fingerprint(path: Path) -> str:
 
 def _finish_split(folder: Path, ds: Dataset, source: str) -> None:
     """Write labels.npy and meta.json next to an images.npy already written in ``folder``."""
-    _check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
+    check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
     np.save(folder / LABELS, np.ascontiguousarray(ds.labels), allow_pickle=False)
     files = {key: {"file": name, "shape": list(arr.shape), "dtype": arr.dtype.name,
                    "bytes": (folder / name).stat().st_size,
@@ -222,7 +222,7 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset:
             and all(0 < v <= 1 for v in std)):
         raise FormatError(f"{folder / META}: mean/std need {c} channel values in [0, 1] "
                           f"(std > 0), got {mean}/{std}")
-    _check_labels(labels, len(meta["classes"]), str(folder / LABELS))
+    check_labels(labels, len(meta["classes"]), str(folder / LABELS))
     return Dataset(meta["name"], meta["split"], images, labels, tuple(map(str, meta["classes"])),
                    tuple(map(float, mean)), tuple(map(float, std)))
 

@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from .checkpoint import resume_path, restore, rng_state, save_checkpoint
-from .datasets import Dataset, load_dataset
+from .data import Dataset
+from .datasets import load_dataset
 from .errors import CheckpointError, ConfigError, TrainingError
 from .loader import Loader, dist_env, resolve_device
 from .models import build_model

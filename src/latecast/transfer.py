@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
-from .datasets import Dataset
+from .data import Dataset
 from .errors import ConfigError, DeviceError
 
 Prepare = Callable[[torch.Tensor, int], torch.Tensor]  # (uint8 NHWC, batch number) -> NCHW float
