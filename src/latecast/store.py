@@ -36,7 +36,7 @@ def _store_problem(folder: Path) -> str:
     """Why ``folder`` is not, verifiably, one split's store ("" when it is): its meta.json
     must parse with this schema and nothing but the store's own files may be in it."""
     try:
-        _read_meta(folder)
+        read_meta(folder)
     except FormatError as e:
         return str(e)
     others = sorted(p.name for p in folder.iterdir() if p.name not in (IMAGES, LABELS, META))
@@ -132,7 +132,8 @@ def write_store(dataset: Dataset, out: str | os.PathLike, *, source: str = "") -
 
 # ---- reading ---------------------------------------------------------------------------
 
-def _read_meta(folder: Path) -> dict:
+def read_meta(folder: Path) -> dict:
+    """The checked meta.json of one store folder; ``FormatError`` when it is not a store's."""
     path = folder / META
     try:
         meta = json.loads(path.read_text())
@@ -203,7 +204,7 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset:
         (10000, 32, 32, 3)
     """
     folder = _store_folder(Path(path), split)
-    meta = _read_meta(folder)
+    meta = read_meta(folder)
     if split is not None and meta["split"] != split:
         raise ConfigError(f"{folder}: holds split {meta['split']!r}, asked for {split!r}")
     count = meta["count"]
