@@ -1,8 +1,4 @@
-"""Image folder -> store (``latecast convert``; docs/RELIABILITY.md row 11).
-
-Every file is decoded in full before anything is written, so a corrupt or truncated image
-is named at conversion time and never reaches training.
-"""
+"""Image folder -> store (``convert_folder``, ``latecast convert``; docs/RELIABILITY.md row 11)."""
 from __future__ import annotations
 
 import os

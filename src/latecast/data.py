@@ -1,10 +1,5 @@
-"""``Dataset``: images and labels in their storage dtype, and the checks every source shares.
-
-Whatever the source (``load_dataset``, ``open_store``, or ``from_arrays`` for arrays already
-in memory), the loader gets one ``Dataset``: uint8 ``(N, H, W, C)`` images, uint8 or uint16
-labels, class names, and the train split's per-channel mean/std for the device-side
-normalize. It is checked once, when made, so the loader never has to.
-"""
+"""``Dataset``, what every source (``load_dataset``, ``open_store``, ``from_arrays``) gives the
+loader: uint8 images, narrow labels, class names, the train split's mean/std; checked once."""
 from __future__ import annotations
 
 import os
@@ -120,8 +115,7 @@ def from_arrays(images, labels, *, name: str = "arrays", split: str = "train",
 
 
 def check_labels(labels: np.ndarray, n_classes: int, where: str | os.PathLike) -> None:
-    """Raise ``FormatError`` naming ``where``, the first label outside ``0..n_classes-1`` and
-    its index (docs/RELIABILITY.md row 8)."""
+    """Raise ``FormatError`` naming ``where`` and the first label outside ``0..n_classes-1``."""
     bad = np.flatnonzero(labels >= n_classes)
     if bad.size:
         raise FormatError(f"{where}: label {labels[bad[0]]} at index {bad[0]} is outside "

@@ -1,9 +1,5 @@
-"""Verified downloads and safe archive extraction (docs/RELIABILITY.md rows 13-17).
-
-A download streams into ``<dest>.part`` and is renamed onto ``dest`` only once its SHA-256
-matches the pinned one; a failing mirror is recorded and the next one tried. Only https://
-is used, never a fallback to plain http. An archive is checked member by member before
-anything is written: one unsafe member (``..``, an absolute path, a link) refuses it whole.
+"""Downloads checked against a pinned SHA-256, https only, and tar extraction that refuses
+an archive with any unsafe member before writing anything (docs/RELIABILITY.md rows 13-17).
 """
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Crash-safe writes: a file, or a whole folder, appears complete or not at all.
-
-``atomic_write`` fills a temp file next to the target, fsyncs it and renames it over the
-target. ``atomic_folder`` does the same for a folder (a store): it is built as a hidden
-sibling ``.NAME.tmp-PID``, fsynced, and renamed into place after the old folder is
-renamed to ``.NAME.old-PID``. A writer killed at any point (even ``kill -9``) leaves the
-previous file or folder; the next write removes a dead writer's leftovers and puts back
-an old folder that a crash left renamed away (docs/RELIABILITY.md rows 18-19).
-"""
+"""Crash-safe writes: a file or a folder is built next to its target, fsynced and renamed over
+it, so a writer killed at any point (even ``kill -9``) leaves the previous one; the next folder
+write removes what dead writers left behind (docs/RELIABILITY.md rows 18-19)."""
 from __future__ import annotations
 
 import contextlib
@@ -47,17 +41,8 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
 
 @contextlib.contextmanager
 def atomic_folder(out: Path, check: Callable[[Path], None]) -> Iterator[Path]:
-    """Yield an empty temporary sibling of ``out``; on success fsync it and rename it to ``out``.
-
-    Args:
-        out: the folder to create or replace; never the current folder or one holding it.
-        check: called with ``out`` once dead writers' leftovers are cleaned, before
-            anything is written; it raises when an existing ``out`` must not be replaced.
-
-    Example:
-        >>> with atomic_folder(Path("stores/s"), check=lambda out: None) as tmp:
-        ...     (tmp / "meta.json").write_text("{}")
-    """
+    """Yield an empty temporary sibling ``.out.tmp-PID``; on success fsync it and rename it
+    to ``out``. ``check(out)`` runs first and raises when an existing ``out`` must be kept."""
     out = out.resolve()
     if out == Path.cwd() or out in Path.cwd().parents:
         raise ConfigError(f"{out} is the current folder or holds it; refusing to write a store "

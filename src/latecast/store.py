@@ -30,8 +30,6 @@ CHUNK_BYTES = 64 << 20  # copy images in 64 MiB pieces, so a memmap source is ne
 SPLIT_NAMES = ("train", "test", "val")
 
 
-# ---- what may be replaced -------------------------------------------------------------
-
 def _store_problem(folder: Path) -> str:
     """Why ``folder`` is not, verifiably, one split's store ("" when it is): its meta.json
     must parse with this schema and nothing but the store's own files may be in it."""
@@ -67,8 +65,6 @@ def check_replaceable(out: Path) -> None:
         raise ConfigError(f"{out} exists and is not a latecast store ({why}); refusing to "
                           f"replace it: choose a new folder")
 
-
-# ---- writing ---------------------------------------------------------------------------
 
 def _fingerprint(path: Path) -> str:
     """SHA-256 of the size and the first and last MiB: catches a stale or swapped file
@@ -118,8 +114,7 @@ def write_store(dataset: Dataset, out: str | os.PathLike, *, source: str = "") -
         >>> open_store(write_store(ds, Path("stores/zeros"))).image_shape
         (28, 28, 1)
     """
-    out = Path(out)
-    with atomic_folder(out, check_replaceable) as tmp:
+    with atomic_folder(Path(out), check_replaceable) as tmp:
         images = empty_images(tmp, dataset.images.shape)
         step = max(1, CHUNK_BYTES // max(1, images[0].nbytes))
         for start in range(0, len(images), step):
@@ -127,17 +122,15 @@ def write_store(dataset: Dataset, out: str | os.PathLike, *, source: str = "") -
         images.flush()
         finish_split(tmp, replace(dataset, images=images), source)
         del images  # close the memmap before the folder is renamed
-    return out
+    return Path(out)
 
-
-# ---- reading ---------------------------------------------------------------------------
 
 def read_meta(folder: Path) -> dict:
     """The checked meta.json of one store folder; ``FormatError`` when it is not a store's."""
     path = folder / META
     try:
         meta = json.loads(path.read_text())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise FormatError(f"{folder}: not a latecast store ({META} is missing)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FormatError(f"{path}: not valid JSON ({e})") from None
@@ -176,11 +169,10 @@ def _open_array(folder: Path, name: str, entry: dict, count: int) -> np.ndarray:
 
 
 def _store_folder(path: Path, split: str | None) -> Path:
-    if (path / META).is_file():
+    splits = sorted(p.name for p in path.iterdir() if (p / META).is_file()) \
+        if path.is_dir() and not (path / META).is_file() else []
+    if not splits:  # one store, or none: read_meta says which
         return path
-    splits = sorted(p.name for p in path.iterdir() if (p / META).is_file()) if path.is_dir() else []
-    if not splits:
-        raise FormatError(f"{path}: not a latecast store ({META} is missing)")
     if (split or "train") not in splits:
         raise ConfigError(f"{path}: no split {split or 'train'!r}; this store has {splits}")
     return path / (split or "train")
@@ -210,15 +202,12 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset:
     count = meta["count"]
     images = _open_array(folder, IMAGES, meta["images"], count)
     labels = np.array(_open_array(folder, LABELS, meta["labels"], count))  # small: read it whole
-    if images.ndim != 4 or images.dtype != np.uint8 or labels.dtype not in (np.uint8, np.uint16):
-        raise FormatError(f"{folder}: need uint8 (N, H, W, C) images and uint8/uint16 labels, "
-                          f"got {images.dtype} {images.shape} and {labels.dtype}")
-    mean, std, c = meta["mean"], meta["std"], images.shape[3]
-    numbers = all(isinstance(v, (int, float)) for v in mean + std)
-    if not (len(mean) == len(std) == c and numbers and all(0 <= m <= 1 for m in mean)
-            and all(0 < v <= 1 for v in std)):
+    mean, std, c = meta["mean"], meta["std"], images.shape[-1]
+    if not (len(mean) == len(std) == c and all(isinstance(v, (int, float)) for v in mean + std)
+            and all(0 <= m <= 1 for m in mean) and all(0 < v <= 1 for v in std)):
         raise FormatError(f"{folder / META}: mean/std need {c} channel values in [0, 1] "
                           f"(std > 0), got {mean}/{std}")
-    check_labels(labels, len(meta["classes"]), str(folder / LABELS))
-    return Dataset(meta["name"], meta["split"], images, labels, tuple(map(str, meta["classes"])),
-                   tuple(map(float, mean)), tuple(map(float, std)))
+    ds = Dataset(meta["name"], meta["split"], images, labels, tuple(map(str, meta["classes"])),
+                 tuple(map(float, mean)), tuple(map(float, std)))  # checks the dtypes and ndim
+    check_labels(labels, ds.num_classes, str(folder / LABELS))
+    return ds
