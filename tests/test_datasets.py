@@ -1,5 +1,5 @@
-"""load_dataset: bundled MNIST, root layouts, CIFAR binary, the decoded cache (docs/RELIABILITY.md
-rows 4-10)."""
+"""load_dataset: bundled MNIST, root layouts, CIFAR binary, the decoded cache
+(docs/RELIABILITY.md rows 4-10)."""
 from __future__ import annotations
 
 import gzip
