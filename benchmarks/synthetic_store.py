@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from latecast.datasets import from_arrays
+from latecast.data import from_arrays
 from latecast.store import write_store
 
 

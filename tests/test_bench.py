@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from latecast.bench import bytes_per_epoch, epochs
-from latecast.datasets import from_arrays
+from latecast.data import from_arrays
 from latecast.loader import Loader
 from latecast.transfer import MOVERS
 

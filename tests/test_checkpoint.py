@@ -1,4 +1,4 @@
-"""Checkpoints and exact resume: atomic saves (RELIABILITY row 19), corrupt or foreign files
+"""Checkpoints and exact resume: atomic saves (docs/RELIABILITY.md row 19), corrupt or foreign files
 (row 20), refusing another run (row 21), bit-identical resume after an interruption or a
 real kill -9 (row 22), and a NaN loss that keeps the last good checkpoint (row 30).
 
@@ -74,7 +74,7 @@ def reference(tmp_path_factory) -> Path:
     return out
 
 
-# -- exact resume (row 22) -------------------------------------------------------------------
+# -- exact resume (docs/RELIABILITY.md row 22) -------------------------------------------------------------------
 
 @pytest.mark.parametrize("stop_after", [3, 10, 15])  # mid-epoch 1, epoch 1's end, mid-epoch 2
 def test_interrupted_run_resumes_bit_identical(stop_after, reference, tmp_path, one_thread,
@@ -141,7 +141,7 @@ def test_resume_auto_without_checkpoint_starts_fresh(tmp_path, one_thread, capsy
     assert (tmp_path / "best.pt").is_file()
 
 
-# -- refusing another run (row 21) -------------------------------------------------------------
+# -- refusing another run (docs/RELIABILITY.md row 21) -------------------------------------------------------------
 
 def test_resume_with_another_run_names_every_field(tmp_path, one_thread):
     run(tmp_path, epochs=1)
@@ -168,7 +168,7 @@ def test_resume_refuses_other_world_size_or_dataset(field, value, tmp_path, one_
         run(tmp_path, epochs=1, resume=str(path))
 
 
-# -- atomic saves (row 19) ---------------------------------------------------------------------
+# -- atomic saves (docs/RELIABILITY.md row 19) ---------------------------------------------------------------------
 
 def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
@@ -212,7 +212,7 @@ def test_kill9_during_saves_leaves_a_loadable_checkpoint(tmp_path):
     assert torch.all(state["model"]["w"] == state["step"])  # one whole save, not a mix
 
 
-# -- corrupt or foreign files (row 20) ---------------------------------------------------------
+# -- corrupt or foreign files (docs/RELIABILITY.md row 20) ---------------------------------------------------------
 
 def _corrupt(path: Path, kind: str) -> None:
     good = {"model": {}, "optimizer": {}, "scheduler": {}, "step": 0, "loader": {},

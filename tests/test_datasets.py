@@ -1,4 +1,5 @@
-"""load_dataset: bundled MNIST, root layouts, CIFAR binary, the decoded cache (rows 4-10)."""
+"""load_dataset: bundled MNIST, root layouts, CIFAR binary, the decoded cache
+(docs/RELIABILITY.md rows 4-10)."""
 from __future__ import annotations
 
 import gzip
@@ -13,9 +14,11 @@ import numpy as np
 import pytest
 
 from latecast import datasets
-from latecast.datasets import DATASETS, Dataset, load_dataset, parse_cifar
+from latecast.data import Dataset
+from latecast.datasets import DATASETS, load_dataset, parse_cifar
 from latecast.errors import ConfigError, FormatError, LatecastError
-from latecast.idx import read_idx, write_idx
+from latecast.idxfile import read_idx, write_idx
+from latecast.store import open_store
 
 # from the bundled files' README
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
@@ -267,7 +270,7 @@ def test_cifar_parser_fuzz():
             assert images.shape == (len(data) // record, 32, 32, 3) and labels.shape == images.shape[:1]
 
 
-# --- the decoded cache ------------------------------------------------------------------
+# --- the decoded cache: one store per split ----------------------------------------------
 
 def corrupt_truncate(folder: Path):
     path = folder / "images.npy"
@@ -280,7 +283,7 @@ def corrupt_meta_garbage(folder: Path):
 
 def corrupt_meta_shape(folder: Path):
     meta = json.loads((folder / "meta.json").read_text())
-    meta["images"][0][0] = 11
+    meta["images"]["shape"][0] = 11
     (folder / "meta.json").write_text(json.dumps(meta))
 
 
@@ -307,21 +310,27 @@ def corrupt_meta_removed(folder: Path):
     (folder / "meta.json").unlink()
 
 
+def corrupt_old_format(folder: Path):  # the .npy cache of latecast before it wrote stores
+    (folder / "meta.json").write_text(json.dumps({"version": 1, "classes": list("0123456789")}))
+
+
 @pytest.mark.parametrize("corrupt", [corrupt_truncate, corrupt_meta_garbage, corrupt_meta_shape,
                                      corrupt_pickled_labels, corrupt_empty, corrupt_labels_out_of_range,
-                                     corrupt_appended, corrupt_meta_removed])
-def test_corrupt_cache_is_ignored_and_rewritten(tmp_path, fresh_cache, corrupt):
+                                     corrupt_appended, corrupt_meta_removed, corrupt_old_format])
+def test_damaged_cache_store_is_decoded_again_and_rewritten(tmp_path, fresh_cache, corrupt):
     arrays = make_idx_root(tmp_path / "data")
     load_dataset("kmnist", root=tmp_path / "data")
     (folder,) = fresh_cache.glob("decoded/kmnist-train-*")
     corrupt(folder)
+    with pytest.raises(FormatError):
+        open_store(folder)
     ds = load_dataset("kmnist", root=tmp_path / "data")
     np.testing.assert_array_equal(ds.images[..., 0], arrays["train"][0])
     np.testing.assert_array_equal(ds.labels, arrays["train"][1])
     assert isinstance(ds.images, np.memmap)  # rewritten, then mapped again
-    assert os.path.getsize(folder / "images.npy") == ds.images.offset + ds.images.nbytes
-    assert datasets._open_cache(folder, json.loads((folder / "meta.json").read_text())["sources"],
-                                "train") is not None
+    cached = open_store(folder)  # a valid store again, holding the same data
+    np.testing.assert_array_equal(cached.images, ds.images)
+    assert (cached.name, cached.split, cached.mean) == ("kmnist", "train", ds.mean)
 
 
 def test_changed_source_file_invalidates_the_cache(tmp_path):
@@ -342,3 +351,11 @@ def test_unwritable_cache_still_loads(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="cannot write the dataset cache"):
         ds = load_dataset("kmnist", root=tmp_path / "data")
     assert len(ds) == 12
+
+
+def test_test_split_uses_the_train_statistics_when_cached_too(tmp_path):
+    arrays = make_idx_root(tmp_path)
+    write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", arrays["test"][0] // 4, compress=True)  # darker
+    train_mean = arrays["train"][0].mean() / 255
+    for _ in range(2):  # decoded and written, then read back from the cache
+        assert load_dataset("kmnist", "test", root=tmp_path).mean == pytest.approx((train_mean,))

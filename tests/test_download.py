@@ -1,4 +1,4 @@
-"""Downloads against a real HTTP server on 127.0.0.1 (RELIABILITY.md rows 13-17)."""
+"""Downloads against a real HTTP server on 127.0.0.1 (docs/RELIABILITY.md rows 13-17)."""
 from __future__ import annotations
 
 import dataclasses
@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from latecast import datasets
-from latecast.datasets import download, extract_tar, load_dataset
+from latecast.datasets import load_dataset
+from latecast.download import download, extract_tar
 from latecast.errors import DownloadError, FormatError
-from latecast.idx import write_idx
+from latecast.idxfile import write_idx
 
 Route = Callable[[BaseHTTPRequestHandler], None]
 

@@ -220,7 +220,7 @@ def test_resident_moves_nothing_per_step():
         assert loader.stats.h2d_bytes == after_first
 
 
-# -- bad arguments (RELIABILITY row 29) -----------------------------------------------------
+# -- bad arguments (docs/RELIABILITY.md row 29) -----------------------------------------------------
 
 @pytest.mark.parametrize("kwargs,match", [
     ({"batch_size": 0}, "batch_size"),
@@ -244,3 +244,15 @@ def test_cuda_device_works_or_is_refused_clearly():
 
 def test_auto_is_resident_on_cpu():
     assert Loader(small(n=10, shape=(2, 2, 1)), 4, device="cpu").transfer == "resident"
+
+
+def test_pinned_buffer_falls_back_to_pageable_with_one_warning():
+    """docs/RELIABILITY.md row 27: where pinning fails (no driver here, or the OS limit on a
+    GPU machine) the buffer is pageable and one warning says copies become synchronous."""
+    from latecast.transfer import host_buffer
+    if torch.cuda.is_available():
+        assert host_buffer(64, pin=True).is_pinned()
+        return
+    with pytest.warns(UserWarning, match="pinned host buffer of 64 bytes failed"):
+        buf = host_buffer(64, pin=True)
+    assert buf.numel() == 64 and buf.dtype == torch.uint8 and not buf.is_pinned()

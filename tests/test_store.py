@@ -1,5 +1,5 @@
-"""The on-disk store: round trip, every corruption of RELIABILITY row 12, kill -9 during a
-write (row 18), and image-folder conversion with bad files (row 11)."""
+"""The on-disk store: round trip, every corruption of docs/RELIABILITY.md row 12, kill -9
+during a write (row 18), and image-folder conversion with bad files (row 11)."""
 import io
 import json
 import os
@@ -17,9 +17,10 @@ from hypothesis import given, settings, strategies as st
 from PIL import Image
 
 from latecast import store
-from latecast.datasets import Dataset, from_arrays
+from latecast.data import Dataset, from_arrays
 from latecast.errors import ConfigError, FormatError, LatecastError
-from latecast.store import convert_folder, open_store, write_store
+from latecast.convert import convert_folder
+from latecast.store import open_store, write_store
 
 
 def small(n=10, shape=(6, 5, 3), classes=4, seed=0) -> Dataset:
@@ -183,7 +184,7 @@ def test_splits(tmp_path):
 
 WRITER = """
 import numpy as np, sys
-from latecast.datasets import Dataset
+from latecast.data import Dataset
 from latecast.store import write_store
 images = np.broadcast_to(np.uint8(7), (4096, 256, 256, 1))  # 256 MiB, no memory used
 labels = np.zeros(4096, np.uint8)

@@ -11,10 +11,12 @@ Example:
     >>> for images, labels in loader:   # float (N, C, H, W) normalized on the device
     ...     ...
 """
-from .datasets import Dataset, from_arrays, load_dataset
+from .convert import convert_folder
+from .data import Dataset, from_arrays
+from .datasets import load_dataset
 from .errors import LatecastError
 from .loader import Loader
-from .store import convert_folder, open_store
+from .store import open_store
 from .train import TrainConfig, train
 from .transforms import Augment, normalize
 

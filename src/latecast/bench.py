@@ -30,7 +30,8 @@ import torch
 
 from . import transforms
 from .config import DATASET_HELP, option, validate
-from .datasets import Dataset, load_dataset  # MERGE: .data
+from .data import Dataset
+from .datasets import load_dataset
 from .distributed import resolve_device
 from .loader import Loader, epoch_order
 from .train import TrainConfig, evaluate, model_and_optimizer, resolve_config, train_step

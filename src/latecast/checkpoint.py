@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from .errors import CheckpointError, LatecastError
-from .idx import atomic_write  # MERGE: .fileio
+from .fileio import atomic_write
 from .loader import Loader
 
 FORMAT = "latecast-checkpoint"
@@ -126,7 +126,7 @@ def restore(path: Path, run: dict, model: torch.nn.Module, opt: torch.optim.Opti
 
 def check_same_run(path: str | os.PathLike, saved: dict, now: dict) -> None:
     """Refuse to continue from ``saved`` (config dict + world_size) under a run that differs
-    in any of ``RUN_FIELDS``, listing every field that differs (row 21)."""
+    in any of ``RUN_FIELDS``, listing every field that differs (docs/RELIABILITY.md row 21)."""
     differ = [f"{k} {saved.get(k)!r} (checkpoint) != {now.get(k)!r} (now)"
               for k in RUN_FIELDS if saved.get(k) != now.get(k)]
     if differ:

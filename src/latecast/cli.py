@@ -158,7 +158,7 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
 
 def _run_convert(args: argparse.Namespace) -> dict:
     from .datasets import load_dataset
-    from .store import convert_folder
+    from .convert import convert_folder
     out, skipped = convert_folder(args.folder, args.out, size=args.size, skip_bad=args.skip_bad)
     ds = load_dataset(str(out))
     print(f"{out}: {len(ds)} images {ds.image_shape} uint8, {ds.num_classes} classes"

@@ -2,9 +2,9 @@
 
 ``load_dataset(name, split)`` finds a dataset's original files (MNIST bundled in the
 package, a ``root`` folder in the original or torchvision layout, or a download checked
-against a pinned SHA-256), decodes them once, strictly, and keeps the result as plain
-``.npy`` files in a cache (``$LATECAST_CACHE``, default ``~/.cache/latecast``). Later loads
-memory-map that cache: MNIST loads in about 2 ms instead of about 1 s to gunzip, decode
+against a pinned SHA-256), decodes them once, strictly, and keeps each split as a store
+(``store.py``) in a cache (``$LATECAST_CACHE``, default ``~/.cache/latecast``). Later loads
+memory-map that store: MNIST loads in about 4 ms instead of about 1 s to gunzip, decode
 and compute the mean/std, and no pixel is read until a batch needs it.
 
 Only binary formats are read. CIFAR's pickle "python version" is refused: unpickling a
@@ -12,131 +12,22 @@ downloaded file can run arbitrary code.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import http.client
 import json
 import os
-import shutil
-import tarfile
-import urllib.error
-import urllib.parse
-import urllib.request
 import warnings
-import zlib
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from .errors import ConfigError, DownloadError, FormatError
-from .idx import atomic_write, check_role, read_idx
-
-@dataclass(frozen=True, eq=False)
-class Dataset:
-    """Images and labels kept in their storage dtype, ready for a ``Loader``.
-
-    Args:
-        name: dataset name (``"mnist"``, ``"cifar10"``, a store folder name, ...).
-        split: ``"train"`` or ``"test"``.
-        images: ``(N, H, W, C)`` uint8, possibly a read-only memmap.
-        labels: ``(N,)`` uint8 class indices (uint16 where there are more than 256 classes).
-        classes: class names, ``len(classes)`` is the number of classes.
-        mean, std: per-channel statistics in [0, 1] units (of the *train* split), used by
-            the device-side normalize exactly like torchvision's ``Normalize(mean, std)``.
-    """
-
-    name: str
-    split: str
-    images: np.ndarray
-    labels: np.ndarray
-    classes: tuple[str, ...]
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-
-    def __post_init__(self) -> None:
-        im, lb = self.images, self.labels
-        if im.dtype != np.uint8 or im.ndim != 4:
-            raise FormatError(f"{self.name}/{self.split}: images must be uint8 (N, H, W, C), "
-                              f"got {im.dtype} with shape {tuple(im.shape)}")
-        if lb.ndim != 1 or lb.dtype not in (np.uint8, np.uint16):
-            raise FormatError(f"{self.name}/{self.split}: labels must be uint8/uint16 (N,), "
-                              f"got {lb.dtype} with shape {tuple(lb.shape)}")
-        if len(im) != len(lb):
-            raise FormatError(f"{self.name}/{self.split}: {len(im)} images but {len(lb)} labels")
-        c = im.shape[3]
-        if len(self.mean) != c or len(self.std) != c:
-            raise FormatError(f"{self.name}/{self.split}: mean/std need {c} channel values, "
-                              f"got {len(self.mean)}/{len(self.std)}")
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        """``(H, W, C)`` of one image."""
-        return tuple(self.images.shape[1:])
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    @property
-    def image_bytes(self) -> int:
-        return int(self.images.nbytes)
-
-    @property
-    def label_bytes(self) -> int:
-        return int(self.labels.nbytes)
-
-
-def channel_stats(images: np.ndarray, chunk: int = 8192) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and (population) std of uint8 ``(N, H, W, C)`` images in [0, 1] units.
-
-    Summed in float64 over chunks, so a memmap larger than memory is read once, in pieces.
-    """
-    c = images.shape[3]
-    total, total_sq, count = np.zeros(c), np.zeros(c), 0
-    for start in range(0, len(images), chunk):
-        part = np.asarray(images[start:start + chunk], dtype=np.float64).reshape(-1, c) / 255.0
-        total += part.sum(0)
-        total_sq += (part * part).sum(0)
-        count += len(part)
-    if count == 0:
-        raise FormatError("cannot compute mean/std of an empty dataset")
-    mean = total / count
-    std = np.sqrt(np.maximum(total_sq / count - mean * mean, 0.0))
-    return tuple(float(m) for m in mean), tuple(float(max(s, 1e-8)) for s in std)
-
-
-def from_arrays(images, labels, *, name: str = "arrays", split: str = "train",
-                classes: tuple[str, ...] | None = None, mean=None, std=None) -> Dataset:
-    """A ``Dataset`` from uint8 arrays or tensors people already have.
-
-    Accepts ``(N, H, W)`` or ``(N, H, W, C)`` uint8 images (numpy or torch, e.g.
-    ``torchvision.datasets.MNIST(...).data``) and integer labels. Missing ``mean``/``std``
-    are computed from the images; missing ``classes`` are ``"0"`` .. ``str(max label)``.
-
-    Example:
-        >>> mnist = torchvision.datasets.MNIST("data", download=False)
-        >>> train = latecast.from_arrays(mnist.data, mnist.targets, name="mnist")
-    """
-    images = images.numpy() if hasattr(images, "numpy") else np.asarray(images)
-    labels = labels.numpy() if hasattr(labels, "numpy") else np.asarray(labels)
-    if images.ndim == 3:
-        images = images[..., None]  # (N, H, W) -> (N, H, W, 1)
-    if labels.size and (labels.min() < 0 or labels.max() > np.iinfo(np.uint16).max):
-        raise FormatError(f"{name}: labels must lie in 0..65535, got {labels.min()}..{labels.max()}")
-    n_classes = len(classes) if classes is not None else int(labels.max()) + 1 if labels.size else 0
-    _check_labels(labels, n_classes, name)
-    labels = labels.astype(np.uint8 if n_classes <= 256 else np.uint16)
-    if mean is None or std is None:
-        mean, std = channel_stats(images)
-    classes = tuple(classes) if classes is not None else tuple(str(i) for i in range(n_classes))
-    return Dataset(name, split, images, labels, classes, tuple(mean), tuple(std))
-
-
-# --- known datasets --------------------------------------------------------------------
+from .data import Dataset, check_labels, from_arrays
+from .download import download, extract_tar
+from .errors import ConfigError, FormatError, LatecastError
+from .idxfile import check_role, read_idx
+from .store import IMAGES, LABELS, META, open_store, read_meta, write_store
 
 @dataclass(frozen=True)
 class Spec:
@@ -211,8 +102,6 @@ DATASETS: dict[str, Spec] = {
         pickle_names=("cifar-100-python", "cifar-100-python.tar.gz")),
 }
 BUNDLED = Path(__file__).parent / "bundled"
-_CACHE_VERSION = 1
-_CHUNK = 1 << 20
 
 
 def load_dataset(name: str, split: str = "train", root: str | os.PathLike | None = None, *,
@@ -236,20 +125,17 @@ def load_dataset(name: str, split: str = "train", root: str | os.PathLike | None
     """
     spec = DATASETS.get(name)
     if spec is None and Path(name).expanduser().is_dir():  # a store from `latecast convert`
-        from .store import open_store
         return open_store(Path(name).expanduser(), split)
     if spec is None:
         raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}, "
                           "or a store folder made by `latecast convert`")
     if split not in spec.files:
         raise ConfigError(f"unknown split {split!r} for {name}; valid: {', '.join(spec.files)}")
-    images, labels, meta = _cached(name, spec, split, _sources(name, spec, split, root, mirrors))
-    if split == "train":
-        mean, std = meta["mean"], meta["std"]
-    else:  # test data is normalized with the train statistics
+    ds = _cached(name, spec, split, _sources(name, spec, split, root, mirrors))
+    if split != "train":  # test data is normalized with the train statistics
         train = load_dataset(name, "train", root, mirrors=mirrors)
-        mean, std = train.mean, train.std
-    return Dataset(name, split, images, labels, tuple(meta["classes"]), tuple(mean), tuple(std))
+        ds = replace(ds, mean=train.mean, std=train.std)
+    return ds
 
 
 def _sources(name: str, spec: Spec, split: str, root, mirrors) -> list[Path]:
@@ -288,76 +174,41 @@ def _find(name: str, spec: Spec, split: str, root: Path) -> list[Path]:
                       f"{', '.join(map(str, missing))}")
 
 
-def _cached(name: str, spec: Spec, split: str, sources: list[Path]):
-    """(images, labels, meta) memory-mapped from the cache; decoded and written if stale."""
-    identity = [{"path": str(p.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-                for p, st in ((p, p.stat()) for p in sources)]
-    key = hashlib.sha256(json.dumps([s["path"] for s in identity]).encode()).hexdigest()[:12]
+def _cached(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
+    """The split memory-mapped from its cache store; decoded and rewritten if that is damaged
+    or was made from other files (path, size, mtime)."""
+    identity = "; ".join(f"{p.resolve()} ({st.st_size} bytes, mtime_ns {st.st_mtime_ns})"
+                         for p, st in ((p, p.stat()) for p in sources))
+    key = hashlib.sha256(json.dumps([str(p.resolve()) for p in sources]).encode()).hexdigest()[:12]
     folder = _cache_dir() / "decoded" / f"{name}-{split}-{key}"
-    hit = _open_cache(folder, identity, split)
-    if hit is not None:
-        return hit
-    images, labels, meta = _decode(spec, split, sources)
-    meta.update(version=_CACHE_VERSION, sources=identity)
+    with contextlib.suppress(FormatError):
+        if read_meta(folder).get("source") == identity:
+            return open_store(folder)
+    ds = _decode(name, spec, split, sources)
     try:
-        _write_cache(folder, images, labels, meta)
-    except OSError as e:  # a read-only home still gets its data, only slower next time
+        for file in (META, IMAGES, LABELS):  # our own cache entry: replaced, even when damaged
+            (folder / file).unlink(missing_ok=True)
+        return open_store(write_store(ds, folder, source=identity))
+    except (OSError, LatecastError) as e:  # a read-only home still gets its data, only slower next time
         warnings.warn(f"cannot write the dataset cache {folder}: {e}; it will be decoded again")
-        return images, labels, meta
-    return _open_cache(folder, identity, split) or (images, labels, meta)
+        return ds
 
 
 def _cache_dir() -> Path:
     return Path(os.environ.get("LATECAST_CACHE") or Path.home() / ".cache" / "latecast").expanduser()
 
 
-def _open_cache(folder: Path, identity: list[dict], split: str):
-    """The cached arrays when meta.json, both .npy files and the sources all agree; else None."""
-    try:
-        meta = json.loads((folder / "meta.json").read_bytes())
-        if meta["version"] != _CACHE_VERSION or meta["sources"] != identity:
-            return None
-        images, labels = (np.load(folder / f"{k}.npy", mmap_mode="r", allow_pickle=False)
-                          for k in ("images", "labels"))
-        for key, arr in (("images", images), ("labels", labels)):
-            if [list(arr.shape), str(arr.dtype)] != meta[key] or \
-                    arr.offset + arr.nbytes != os.path.getsize(arr.filename):
-                return None
-        ok = (images.dtype == np.uint8 and images.ndim == 4 and labels.dtype == np.uint8
-              and labels.ndim == 1 and len(images) == len(labels)
-              and int(labels.max(initial=0)) < len(meta["classes"])  # 60 kB: cheap to rescan
-              and (split != "train" or len(meta["mean"]) == len(meta["std"]) == images.shape[3]))
-    except (OSError, ValueError, KeyError, TypeError, EOFError):  # missing, corrupt, truncated
-        return None
-    return (images, labels, meta) if ok else None
-
-
-def _write_cache(folder: Path, images: np.ndarray, labels: np.ndarray, meta: dict) -> None:
-    """The .npy files first, meta.json last, so a half-written entry never validates."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "meta.json").unlink(missing_ok=True)
-    for key, arr in (("images", images), ("labels", labels)):
-        with atomic_write(folder / f"{key}.npy") as f:
-            np.save(f, arr, allow_pickle=False)
-        meta[key] = [list(arr.shape), str(arr.dtype)]
-    with atomic_write(folder / "meta.json") as f:
-        f.write(json.dumps(meta, indent=1).encode())
-
-
-def _decode(spec: Spec, split: str, sources: list[Path]) -> tuple[np.ndarray, np.ndarray, dict]:
-    digests = {str(p): _sha256_file(p) for p in sources}
+def _decode(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
     for p in sources:
         if p.parent == BUNDLED:
-            _check_bundled(p, digests[str(p)])
+            _check_bundled(p)
     classes = _classes(spec, sources[0].parent)
     images, labels = _READERS[spec.reader](sources, spec, len(classes))
-    meta = {"classes": list(classes), "sha256": digests}
-    if split == "train":
-        meta["mean"], meta["std"] = channel_stats(images)
-    return images, labels, meta
+    return from_arrays(images, labels, name=name, split=split, classes=classes)
 
 
-def _check_bundled(path: Path, digest: str) -> None:
+def _check_bundled(path: Path) -> None:
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()  # at most 10 MB, read once per decode
     sums_file = BUNDLED / "SHA256SUMS"
     sums = {f: h for h, f in (line.split() for line in sums_file.read_text().splitlines() if line.strip())}
     if sums.get(path.name) != digest:
@@ -382,7 +233,7 @@ def _read_idx_split(paths: list[Path], spec: Spec, n_classes: int) -> tuple[np.n
     if len(images) != len(labels):
         raise FormatError(f"{image_path} holds {len(images)} images but {label_path} holds "
                           f"{len(labels)} labels")
-    _check_labels(labels, n_classes, label_path)
+    check_labels(labels, n_classes, label_path)
     return images[..., None], labels  # (N, H, W) -> (N, H, W, 1)
 
 
@@ -413,30 +264,13 @@ def _read_cifar_split(paths: list[Path], spec: Spec, n_classes: int) -> tuple[np
     parts = []
     for path in paths:
         images, labels = parse_cifar(path.read_bytes(), str(path), spec.record)
-        _check_labels(labels, n_classes, path)
+        check_labels(labels, n_classes, path)
         parts.append((images, labels))
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def _check_labels(labels: np.ndarray, n_classes: int, where: str | Path) -> None:
-    bad = np.flatnonzero(labels >= n_classes)
-    if bad.size:
-        raise FormatError(f"{where}: label {labels[bad[0]]} at index {bad[0]} is outside "
-                          f"0..{n_classes - 1}")
-
-
 _READERS = {"idx": _read_idx_split, "cifar": _read_cifar_split}
 
-
-def _sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
-# --- downloads -------------------------------------------------------------------------
 
 def _fetch(spec: Spec, split: str, home: Path, mirrors: Sequence[str] | None) -> None:
     """Download what the split needs into ``home`` (CIFAR: the archive, then unpack it)."""
@@ -452,143 +286,3 @@ def _fetch(spec: Spec, split: str, home: Path, mirrors: Sequence[str] | None) ->
             extract_tar(home / spec.archive, home, wanted | {f"{folder}/{spec.class_file}"})
         finally:
             (home / spec.archive).unlink(missing_ok=True)
-
-
-def download(urls: Sequence[str], dest: str | os.PathLike, sha256: str, *,
-             timeout: float = 60.0) -> Path:
-    """Download a file from the first mirror that serves it with the pinned SHA-256.
-
-    Each try streams into ``<dest>.part``, renamed onto ``dest`` only once the hash matches.
-    A failing mirror (HTTP error, timeout, HTML page, dropped connection, wrong hash) is
-    recorded and the next one tried. Only https:// is used; plain http:// only to
-    127.0.0.1/localhost (test servers), and never through a redirect.
-
-    Args:
-        urls: full URLs of the same file, tried in order.
-        dest: where the file goes.
-        sha256: its expected SHA-256 (hex).
-        timeout: seconds to wait to connect and for each read.
-
-    Returns:
-        ``dest``. Raises ``DownloadError`` listing every mirror's failure when all fail.
-
-    Example:
-        >>> download(["https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"],
-        ...          "data/cifar-10-binary.tar.gz", DATASETS["cifar10"].sha256["cifar-10-binary.tar.gz"])
-    """
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
-    failures = []
-    for url in urls:
-        try:
-            actual = _fetch_url(url, part, timeout)
-            if actual != sha256.lower():
-                raise DownloadError(f"SHA-256 mismatch: expected {sha256}, got {actual}; file removed")
-            os.replace(part, dest)
-            return dest
-        except (DownloadError, OSError, ValueError, http.client.HTTPException) as e:
-            failures.append(f"{url}: {_reason(e, timeout)}")
-            warnings.warn(f"download failed, {failures[-1]}", stacklevel=2)
-        finally:
-            part.unlink(missing_ok=True)
-    raise DownloadError(f"could not download {dest.name}: {'; '.join(failures) or 'no mirrors given'}. "
-                        f"To place it by hand: fetch it from any of those URLs, check that its "
-                        f"SHA-256 is {sha256}, and save it as {dest}")
-
-
-def _check_url(url: str) -> bool:
-    """True for a loopback test URL; raises for anything but https://."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme == "https":
-        return False
-    if parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost", "::1"):
-        return True
-    raise DownloadError(f"refused {url}: only https:// is used (http:// only to 127.0.0.1/localhost)")
-
-
-class _HttpsOnlyRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req, fp, code, msg, headers, newurl):
-        _check_url(newurl)  # a redirect must never downgrade to plain http
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
-
-
-_OPENER = urllib.request.build_opener(_HttpsOnlyRedirects)
-# loopback test servers bypass any configured proxy
-_LOCAL_OPENER = urllib.request.build_opener(_HttpsOnlyRedirects, urllib.request.ProxyHandler({}))
-
-
-def _fetch_url(url: str, part: Path, timeout: float) -> str:
-    """Stream ``url`` into ``part``; return its SHA-256. Raises unless the body is complete."""
-    opener = _LOCAL_OPENER if _check_url(url) else _OPENER
-    request = urllib.request.Request(url, headers={"User-Agent": "latecast"})
-    digest, received = hashlib.sha256(), 0
-    with opener.open(request, timeout=timeout) as resp, open(part, "wb") as out:
-        length = resp.headers.get("Content-Length")
-        while chunk := resp.read(_CHUNK):
-            if received == 0 and ("text/html" in resp.headers.get("Content-Type", "")
-                                  or chunk.lstrip()[:14].lower().startswith((b"<!doctype", b"<html"))):
-                raise DownloadError("HTML page, not the file (an error or sign-in page?)")
-            digest.update(chunk)
-            out.write(chunk)
-            received += len(chunk)
-    if length is not None and received != int(length):  # http.client does not raise on this
-        raise DownloadError(f"connection dropped after {received:,} of {int(length):,} bytes")
-    return digest.hexdigest()
-
-
-def _reason(e: BaseException, timeout: float) -> str:
-    if isinstance(e, urllib.error.HTTPError):
-        return f"HTTP {e.code} {e.reason}"
-    reason = getattr(e, "reason", e)  # URLError wraps the socket error
-    if isinstance(reason, TimeoutError):
-        return f"timed out after {timeout:g} s"
-    return str(reason) or type(reason).__name__
-
-
-def extract_tar(archive: str | os.PathLike, dest: str | os.PathLike, wanted: set[str]) -> list[Path]:
-    """Extract the ``wanted`` regular files of a tar archive; refuse unsafe archives outright.
-
-    Every member is checked before anything is written: an absolute name, a ``..``
-    component, a link or a device rejects the whole archive. Only members named in
-    ``wanted`` are extracted, each atomically.
-
-    Args:
-        archive: a tar file, compressed or not.
-        dest: folder the member paths are relative to.
-        wanted: member names (``"cifar-10-batches-bin/test_batch.bin"``) to extract.
-
-    Example:
-        >>> extract_tar("cifar-10-binary.tar.gz", "data", {"cifar-10-batches-bin/test_batch.bin"})
-    """
-    archive, dest = Path(archive), Path(dest)
-    written = []
-    try:
-        with tarfile.open(archive, "r:*") as tar:
-            members = tar.getmembers()
-            for m in members:
-                if why := _unsafe(m):
-                    raise FormatError(f"{archive}: refusing the archive, member {m.name!r} is "
-                                      f"{why}; nothing was extracted")
-            for m in members:
-                name = str(PurePosixPath(m.name))
-                if m.isfile() and name in wanted:
-                    with tar.extractfile(m) as src, atomic_write(dest / name) as out:
-                        shutil.copyfileobj(src, out, _CHUNK)
-                    written.append(dest / name)
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as e:
-        raise FormatError(f"{archive}: corrupt archive ({e})") from e
-    return written
-
-
-def _unsafe(member: tarfile.TarInfo) -> str:
-    path = PurePosixPath(member.name)
-    if path.is_absolute() or member.name.startswith("\\"):
-        return "an absolute path"
-    if ".." in path.parts:
-        return "outside the archive ('..')"
-    if member.issym() or member.islnk():
-        return "a link"
-    if not (member.isfile() or member.isdir()):
-        return "not a regular file"
-    return ""

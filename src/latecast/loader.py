@@ -15,7 +15,7 @@ from typing import Iterator
 
 import torch
 
-from .datasets import Dataset  # MERGE: .data
+from .data import Dataset
 from .distributed import placement
 from .errors import ConfigError
 from .prepare import Augmentation, Prepare

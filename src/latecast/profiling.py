@@ -30,7 +30,8 @@ from torch.profiler import ProfilerActivity, record_function
 
 from .bench import markdown_table, run_info, sync, torchvision_loader
 from .config import DATASET_HELP, option, validate
-from .datasets import Dataset, load_dataset  # MERGE: .data
+from .data import Dataset
+from .datasets import load_dataset
 from .distributed import resolve_device
 from .errors import ConfigError
 from .loader import epoch_order

@@ -7,69 +7,34 @@ with ``train/`` and ``test/`` (or ``val/``) holds one such store per split: ``ou
 ``out/test``. Opening never reads the images: a store larger than memory is paged in as
 the loader touches it.
 
-Writes go to a temporary sibling folder, are fsynced, then renamed into place, so a crash
-(even ``kill -9``) leaves either the previous store or none, never half of one; the next
-write removes what a dead writer left behind.
+Writes go through ``fileio.atomic_folder``: a crash (even ``kill -9``) leaves the previous
+store or none, never half of one. Only a store is ever replaced, never a user's other data.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import shutil
-import warnings
-from collections import Counter
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
-from .datasets import Dataset, _check_labels, channel_stats
+from .data import Dataset, check_labels
 from .errors import ConfigError, FormatError
+from .fileio import atomic_folder
 
 SCHEMA = 1
 IMAGES, LABELS, META, SKIPPED = "images.npy", "labels.npy", "meta.json", "skipped.txt"
 CHUNK_BYTES = 64 << 20  # copy images in 64 MiB pieces, so a memmap source is never read whole
-MAX_PIXELS = 10_000 * 10_000  # larger images are rejected from the header, before decoding
-IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 SPLIT_NAMES = ("train", "test", "val")
-
-
-# ---- atomic publication ----------------------------------------------------------------
-
-def _alive(pid: int) -> bool:
-    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
-        return False
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-
-
-def _clean_leftovers(out: Path) -> None:
-    """Remove ``.out.tmp-PID`` / ``.out.old-PID`` of dead writers; restore an old store a
-    crash left renamed away (the instant between the two renames of ``_publish``)."""
-    prefix = f".{out.name}."
-    for p in sorted(p for p in out.parent.iterdir() if p.name.startswith(prefix)):
-        kind, _, pid = p.name[len(prefix):].partition("-")
-        if kind not in ("tmp", "old") or not pid.isdigit() or _alive(int(pid)):
-            continue
-        if kind == "old" and not out.exists():
-            os.replace(p, out)
-        else:
-            shutil.rmtree(p, ignore_errors=True)
 
 
 def _store_problem(folder: Path) -> str:
     """Why ``folder`` is not, verifiably, one split's store ("" when it is): its meta.json
     must parse with this schema and nothing but the store's own files may be in it."""
     try:
-        _read_meta(folder)
+        read_meta(folder)
     except FormatError as e:
         return str(e)
     others = sorted(p.name for p in folder.iterdir() if p.name not in (IMAGES, LABELS, META))
@@ -94,59 +59,12 @@ def _replace_problem(out: Path) -> str:
     return ""
 
 
-def _check_replaceable(out: Path) -> None:
+def check_replaceable(out: Path) -> None:
     """Only a store (or an empty folder) may be replaced: never delete a user's other data."""
     if out.exists() and (why := _replace_problem(out)):
         raise ConfigError(f"{out} exists and is not a latecast store ({why}); refusing to "
                           f"replace it: choose a new folder")
 
-
-def _fsync(path: Path) -> None:
-    if path.is_file() or os.name == "posix":  # folders can be fsynced on POSIX only
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _publish(tmp: Path, out: Path) -> None:
-    old = out.parent / f".{out.name}.old-{os.getpid()}"
-    if out.exists():
-        os.replace(out, old)  # a directory rename is atomic; a crash here is undone next run
-    try:
-        os.replace(tmp, out)
-    except OSError:
-        if old.exists():
-            os.replace(old, out)
-        raise
-    _fsync(out.parent)  # make the renames themselves durable
-    shutil.rmtree(old, ignore_errors=True)
-
-
-@contextmanager
-def _staging(out: Path) -> Iterator[Path]:
-    """Yield an empty temporary sibling of ``out``; on success fsync it and rename it to ``out``."""
-    out = out.resolve()
-    if out == Path.cwd() or out in Path.cwd().parents:
-        raise ConfigError(f"{out} is the current folder or holds it; refusing to write a store "
-                          f"over it: choose a new folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _clean_leftovers(out)
-    _check_replaceable(out)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-        for p in sorted(tmp.rglob("*"), reverse=True) + [tmp]:  # files before their folder
-            _fsync(p)
-        _publish(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-# ---- writing ---------------------------------------------------------------------------
 
 def _fingerprint(path: Path) -> str:
     """SHA-256 of the size and the first and last MiB: catches a stale or swapped file
@@ -160,9 +78,9 @@ def _fingerprint(path: Path) -> str:
     return h.hexdigest()
 
 
-def _finish_split(folder: Path, ds: Dataset, source: str) -> None:
+def finish_split(folder: Path, ds: Dataset, source: str) -> None:
     """Write labels.npy and meta.json next to an images.npy already written in ``folder``."""
-    _check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
+    check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
     np.save(folder / LABELS, np.ascontiguousarray(ds.labels), allow_pickle=False)
     files = {key: {"file": name, "shape": list(arr.shape), "dtype": arr.dtype.name,
                    "bytes": (folder / name).stat().st_size,
@@ -173,7 +91,8 @@ def _finish_split(folder: Path, ds: Dataset, source: str) -> None:
     (folder / META).write_text(json.dumps(meta, indent=1) + "\n")
 
 
-def _empty_images(folder: Path, shape: tuple[int, ...]) -> np.memmap:
+def empty_images(folder: Path, shape: tuple[int, ...]) -> np.memmap:
+    """A new uint8 ``images.npy`` of ``shape`` in ``folder``, mapped for writing."""
     if shape[0] == 0:
         raise FormatError(f"{folder.name}: refusing to write a store with no images")
     return np.lib.format.open_memmap(folder / IMAGES, mode="w+", dtype=np.uint8, shape=shape)
@@ -195,25 +114,23 @@ def write_store(dataset: Dataset, out: str | os.PathLike, *, source: str = "") -
         >>> open_store(write_store(ds, Path("stores/zeros"))).image_shape
         (28, 28, 1)
     """
-    out = Path(out)
-    with _staging(out) as tmp:
-        images = _empty_images(tmp, dataset.images.shape)
+    with atomic_folder(Path(out), check_replaceable) as tmp:
+        images = empty_images(tmp, dataset.images.shape)
         step = max(1, CHUNK_BYTES // max(1, images[0].nbytes))
         for start in range(0, len(images), step):
             images[start:start + step] = dataset.images[start:start + step]
         images.flush()
-        _finish_split(tmp, replace(dataset, images=images), source)
+        finish_split(tmp, replace(dataset, images=images), source)
         del images  # close the memmap before the folder is renamed
-    return out
+    return Path(out)
 
 
-# ---- reading ---------------------------------------------------------------------------
-
-def _read_meta(folder: Path) -> dict:
+def read_meta(folder: Path) -> dict:
+    """The checked meta.json of one store folder; ``FormatError`` when it is not a store's."""
     path = folder / META
     try:
         meta = json.loads(path.read_text())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise FormatError(f"{folder}: not a latecast store ({META} is missing)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise FormatError(f"{path}: not valid JSON ({e})") from None
@@ -252,11 +169,10 @@ def _open_array(folder: Path, name: str, entry: dict, count: int) -> np.ndarray:
 
 
 def _store_folder(path: Path, split: str | None) -> Path:
-    if (path / META).is_file():
+    splits = sorted(p.name for p in path.iterdir() if (p / META).is_file()) \
+        if path.is_dir() and not (path / META).is_file() else []
+    if not splits:  # one store, or none: read_meta says which
         return path
-    splits = sorted(p.name for p in path.iterdir() if (p / META).is_file()) if path.is_dir() else []
-    if not splits:
-        raise FormatError(f"{path}: not a latecast store ({META} is missing)")
     if (split or "train") not in splits:
         raise ConfigError(f"{path}: no split {split or 'train'!r}; this store has {splits}")
     return path / (split or "train")
@@ -280,172 +196,18 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset:
         (10000, 32, 32, 3)
     """
     folder = _store_folder(Path(path), split)
-    meta = _read_meta(folder)
+    meta = read_meta(folder)
     if split is not None and meta["split"] != split:
         raise ConfigError(f"{folder}: holds split {meta['split']!r}, asked for {split!r}")
     count = meta["count"]
     images = _open_array(folder, IMAGES, meta["images"], count)
     labels = np.array(_open_array(folder, LABELS, meta["labels"], count))  # small: read it whole
-    if images.ndim != 4 or images.dtype != np.uint8 or labels.dtype not in (np.uint8, np.uint16):
-        raise FormatError(f"{folder}: need uint8 (N, H, W, C) images and uint8/uint16 labels, "
-                          f"got {images.dtype} {images.shape} and {labels.dtype}")
-    mean, std, c = meta["mean"], meta["std"], images.shape[3]
-    numbers = all(isinstance(v, (int, float)) for v in mean + std)
-    if not (len(mean) == len(std) == c and numbers and all(0 <= m <= 1 for m in mean)
-            and all(0 < v <= 1 for v in std)):
+    mean, std, c = meta["mean"], meta["std"], images.shape[-1]
+    if not (len(mean) == len(std) == c and all(isinstance(v, (int, float)) for v in mean + std)
+            and all(0 <= m <= 1 for m in mean) and all(0 < v <= 1 for v in std)):
         raise FormatError(f"{folder / META}: mean/std need {c} channel values in [0, 1] "
                           f"(std > 0), got {mean}/{std}")
-    _check_labels(labels, len(meta["classes"]), str(folder / LABELS))
-    return Dataset(meta["name"], meta["split"], images, labels, tuple(map(str, meta["classes"])),
-                   tuple(map(float, mean)), tuple(map(float, std)))
-
-
-# ---- image folders ---------------------------------------------------------------------
-
-def _find_splits(folder: Path) -> dict[str, Path]:
-    """``{"train": .., "test": ..}`` when the top level holds only ``train`` plus ``test``
-    and/or ``val``; else ``{"": folder}``: the folder is one split of class subfolders."""
-    subdirs = {p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")}
-    if "train" in subdirs and len(subdirs) > 1 and subdirs <= set(SPLIT_NAMES):
-        return {name: folder / name for name in SPLIT_NAMES if name in subdirs}
-    return {"": folder}
-
-
-def _list_images(root: Path, classes: tuple[str, ...] | None
-                 ) -> tuple[tuple[str, ...], list[tuple[Path, int]]]:
-    """Class names (sorted subfolders, as torchvision's ImageFolder) and ``(file, label)``s.
-    Other splits reuse the train split's classes, so a label means the same class in each."""
-    found = tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")))
-    classes = classes or found
-    if set(found) - set(classes) or not classes:
-        raise FormatError(f"{root}: class folders {sorted(set(found) - set(classes)) or 'missing'}; "
-                          f"expected subfolders of {list(classes) or 'one folder per class'}")
-    if len(classes) > 1 << 16:
-        raise FormatError(f"{root}: {len(classes)} classes, at most 65536 fit uint16 labels")
-    files = [(p, label) for label, name in enumerate(classes) if (root / name).is_dir()
-             for p in sorted((root / name).rglob("*"))
-             if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and p.is_file()]
-    return classes, files
-
-
-def _decode(path: Path, fn: Callable):
-    """``fn(image)`` of the fully decoded ``path``; an unreadable or huge file is a FormatError."""
-    from PIL import Image
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # MAX_PIXELS is the cap
-            with Image.open(path) as im:
-                if im.width * im.height > MAX_PIXELS:
-                    raise FormatError(f"{path}: {im.width}x{im.height} image is larger than "
-                                      f"the {MAX_PIXELS:,} pixels allowed")
-                im.load()  # decode every byte now: a truncated file fails here, not in training
-                return fn(im)
-    except FormatError:
-        raise
-    except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, struct.error, ...
-        raise FormatError(f"{path}: not a readable image ({type(e).__name__}: {e})") from None
-
-
-def _fit(im, size: tuple[int, int]):
-    """Scale to cover ``size`` (H, W) keeping the aspect ratio, then center-crop to it."""
-    from PIL import Image
-    h, w = size
-    if (im.height, im.width) == (h, w):
-        return im
-    s = max(h / im.height, w / im.width)
-    rw, rh = max(w, round(im.width * s)), max(h, round(im.height * s))
-    left, top = (rw - w) // 2, (rh - h) // 2
-    return im.resize((rw, rh), Image.Resampling.BILINEAR).crop((left, top, left + w, top + h))
-
-
-def _check_all(folder: Path, skip_bad: bool) -> tuple[tuple[str, ...], dict[str, list], list]:
-    """Pass 1: decode every file once. Classes, ``{split: [(path, label, (gray?, (H, W)))]}``
-    and the skipped ``(path relative to folder, reason)``s."""
-    classes, splits, skipped = None, {}, []
-    for name, root in _find_splits(folder).items():
-        classes, files = _list_images(root, classes)
-        splits[name] = []
-        for path, label in files:
-            try:
-                info = _decode(path, lambda im: (im.mode in ("1", "L"), im.size[::-1]))
-                splits[name].append((path, label, info))
-            except FormatError as e:
-                if not skip_bad:
-                    raise
-                skipped.append((str(path.relative_to(folder)), str(e)))
-        if not splits[name]:
-            raise FormatError(f"{root}: no readable images (suffixes {sorted(IMAGE_SUFFIXES)})")
-    return classes, splits, skipped
-
-
-def convert_folder(folder: str | os.PathLike, out: str | os.PathLike, *,
-                   size: tuple[int, int] | None = None,
-                   skip_bad: bool = False) -> tuple[Path, list[str]]:
-    """Convert a class-per-subfolder image folder (torchvision ``ImageFolder`` layout) to a store.
-
-    Rules:
-      - classes: sorted subfolder names; files with an image suffix are read (nested too),
-        others and hidden files ignored. A top level of only ``train/`` plus ``test/``
-        and/or ``val/`` gives one store per split (``out/train``, ...; see ``open_store``),
-        all with the train split's classes, mean and std; else ``out`` is one store.
-      - every file is fully decoded with Pillow; a corrupt, truncated, empty or huge
-        (over ``MAX_PIXELS``) file raises ``FormatError`` naming it, or with ``skip_bad``
-        is left out and listed in ``out/skipped.txt`` (``path<TAB>reason`` lines).
-      - channels: 1 if every image is grayscale (mode "L" or "1"), else RGB (alpha dropped).
-      - size: images are scaled to cover ``size`` = (H, W), keeping their aspect ratio, then
-        center-cropped (torchvision ``Resize`` + ``CenterCrop``). Without ``size``, the
-        most common image size is used and only images of another size are resized.
-
-    Files are decoded twice (to check them and learn modes and sizes, then to write) and
-    written straight into a memmap, so memory stays at about one image.
-
-    Args:
-        folder: the image folder.
-        out: the store folder to create; an existing store there is replaced atomically.
-        size: ``(height, width)`` of every stored image, or ``None``.
-        skip_bad: skip unreadable images instead of raising.
-
-    Returns:
-        ``(out, skipped)``, skipped files as paths relative to ``folder``.
-
-    Example:
-        >>> out, skipped = convert_folder("pets/", "stores/pets", size=(64, 64), skip_bad=True)
-        >>> open_store(out, split="test").image_shape
-        (64, 64, 3)
-    """
-    try:
-        import PIL.Image  # noqa: F401  (optional: the "bench" extra)
-    except ImportError:
-        raise ConfigError("latecast convert needs Pillow: pip install 'latecast[bench]'") from None
-    folder, out = Path(folder), Path(out)
-    if not folder.is_dir():
-        raise ConfigError(f"{folder}: not a folder of class subfolders")
-    src, dst = folder.resolve(), out.resolve()
-    if dst == src or dst in src.parents or src in dst.parents:
-        raise ConfigError(f"{out}: the store cannot be the image folder {folder}, hold it, or "
-                          f"lie inside it; choose a folder outside it")
-    if size is not None and (len(size) != 2
-                             or not all(type(v) is int and 0 < v <= 10_000 for v in size)):
-        raise ConfigError(f"size must be (height, width) in 1..10000 pixels, got {size!r}")
-    classes, splits, skipped = _check_all(folder, skip_bad)
-    infos = [info for items in splits.values() for _, _, info in items]
-    mode = "L" if all(gray for gray, _ in infos) else "RGB"
-    size = tuple(size or Counter(hw for _, hw in infos).most_common(1)[0][0])
-    shape = (*size, 1 if mode == "L" else 3)  # (H, W, C)
-    with _staging(out) as tmp:
-        stats = None
-        for name, items in splits.items():  # train first: its mean/std serve every split
-            (tmp / name).mkdir(exist_ok=True)
-            images = _empty_images(tmp / name, (len(items), *shape))
-            for i, (path, _, _) in enumerate(items):  # pass 2
-                pixels = _decode(path, lambda im: np.asarray(_fit(im.convert(mode), size)))
-                images[i] = pixels.reshape(shape)  # (H, W) for "L" -> (H, W, 1)
-            images.flush()
-            stats = stats or channel_stats(images)
-            labels = np.array([lb for _, lb, _ in items], np.uint8 if len(classes) <= 256 else np.uint16)
-            ds = Dataset(folder.resolve().name, name or "train", images, labels, classes, *stats)
-            _finish_split(tmp / name, ds, f"image folder {folder.resolve()}")
-            del images, ds  # close the memmap before the folder is renamed
-        if skip_bad:
-            (tmp / SKIPPED).write_text("".join(f"{p}\t{why}\n" for p, why in skipped))
-    return out, [p for p, _ in skipped]
+    ds = Dataset(meta["name"], meta["split"], images, labels, tuple(map(str, meta["classes"])),
+                 tuple(map(float, mean)), tuple(map(float, std)))  # checks the dtypes and ndim
+    check_labels(labels, ds.num_classes, str(folder / LABELS))
+    return ds

@@ -31,7 +31,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from . import checkpoint, distributed
 from .config import DATASET_HELP, option, validate
-from .datasets import Dataset, load_dataset  # MERGE: .data
+from .data import Dataset
+from .datasets import load_dataset
 from .errors import CheckpointError, ConfigError, TrainingError
 from .loader import Loader
 from .models import MODELS, build_model
@@ -416,7 +417,7 @@ def _train(run: Run) -> dict:
 
 
 def _accuracy(run: Run) -> float:
-    """Test accuracy over every rank's unpadded share of the test set (row 24)."""
+    """Test accuracy over every rank's unpadded share of the test set (docs/RELIABILITY.md row 24)."""
     distributed.sync_buffers(run.model, run.distributed)
     correct, total = evaluate(run.model, run.test_loader, run.config.amp)
     if run.distributed:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
-from .datasets import Dataset  # MERGE: .data
+from .data import Dataset
 from .errors import ConfigError, DeviceError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -74,8 +74,8 @@ def widen(raw: torch.Tensor, dtype: np.dtype) -> torch.Tensor:
     return raw.view(getattr(torch, np.dtype(dtype).name)).long()
 
 
-def _host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
-    """A reusable uint8 staging buffer, pinned when a CUDA copy will read it (RELIABILITY
+def host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
+    """A reusable uint8 staging buffer, pinned when a CUDA copy will read it (docs/RELIABILITY.md
     row 27: a failed pin falls back to pageable memory with one warning)."""
     if pin:
         try:
@@ -106,7 +106,7 @@ class Ring:
             self.events[i].synchronize()  # the previous copy out of this buffer has finished
         buf = self.buffers[i]
         if buf is None or buf.numel() < nbytes:
-            buf = self.buffers[i] = _host_buffer(nbytes, pin=self.cuda)
+            buf = self.buffers[i] = host_buffer(nbytes, pin=self.cuda)
         return i, buf[:nbytes]
 
     def send(self, i: int, host: torch.Tensor) -> torch.Tensor:

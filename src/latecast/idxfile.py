@@ -17,14 +17,14 @@ import io
 import math
 import os
 import struct
-import tempfile
 import zlib
 from pathlib import Path
-from typing import BinaryIO, Iterator
+from typing import BinaryIO
 
 import numpy as np
 
 from .errors import ConfigError, FormatError
+from .fileio import atomic_write
 
 # type code -> dtype as stored (big-endian), from the IDX description on the MNIST page
 TYPES: dict[int, np.dtype] = {
@@ -163,28 +163,3 @@ def write_idx(path: str | os.PathLike, array: np.ndarray, *, compress: bool = Fa
         out.write(header)
         out.write(body)
 
-
-@contextlib.contextmanager
-def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """Yield a temp file next to ``path``; on success fsync it and ``os.replace`` it onto ``path``.
-
-    An exception (or a crash) leaves ``path`` as it was: the previous file, or nothing.
-
-    Example:
-        >>> with atomic_write("meta.json") as f:
-        ...     f.write(b"{}")
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.fchmod(fd, 0o644)  # mkstemp's 0600 would make shared caches unreadable to others
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise

@@ -1,4 +1,4 @@
-"""IDX reader/writer: round trips, every bad input of RELIABILITY.md rows 1-6, fuzzing."""
+"""IDX reader/writer: round trips, every bad input of docs/RELIABILITY.md rows 1-6, fuzzing."""
 from __future__ import annotations
 
 import gzip
@@ -13,7 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from latecast.errors import ConfigError, FormatError, LatecastError
-from latecast.idx import TYPES, atomic_write, check_role, parse_idx, read_idx, write_idx
+from latecast.fileio import atomic_write
+from latecast.idxfile import TYPES, check_role, parse_idx, read_idx, write_idx
 
 SHAPES = [(7,), (3, 5), (4, 2, 3), (2, 1, 3, 2), (0, 4)]
 

@@ -1,0 +1,122 @@
+"""``Dataset``, what every source (``load_dataset``, ``open_store``, ``from_arrays``) gives the
+loader: uint8 images, narrow labels, class names, the train split's mean/std; checked once."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import FormatError
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset:
+    """Images and labels kept in their storage dtype, ready for a ``Loader``.
+
+    Args:
+        name: dataset name (``"mnist"``, ``"cifar10"``, a store folder name, ...).
+        split: ``"train"`` or ``"test"``.
+        images: ``(N, H, W, C)`` uint8, possibly a read-only memmap.
+        labels: ``(N,)`` uint8 class indices (uint16 where there are more than 256 classes).
+        classes: class names, ``len(classes)`` is the number of classes.
+        mean, std: per-channel statistics in [0, 1] units (of the *train* split), used by
+            the device-side normalize exactly like torchvision's ``Normalize(mean, std)``.
+    """
+
+    name: str
+    split: str
+    images: np.ndarray
+    labels: np.ndarray
+    classes: tuple[str, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        im, lb = self.images, self.labels
+        if im.dtype != np.uint8 or im.ndim != 4:
+            raise FormatError(f"{self.name}/{self.split}: images must be uint8 (N, H, W, C), "
+                              f"got {im.dtype} with shape {tuple(im.shape)}")
+        if lb.ndim != 1 or lb.dtype not in (np.uint8, np.uint16):
+            raise FormatError(f"{self.name}/{self.split}: labels must be uint8/uint16 (N,), "
+                              f"got {lb.dtype} with shape {tuple(lb.shape)}")
+        if len(im) != len(lb):
+            raise FormatError(f"{self.name}/{self.split}: {len(im)} images but {len(lb)} labels")
+        c = im.shape[3]
+        if len(self.mean) != c or len(self.std) != c:
+            raise FormatError(f"{self.name}/{self.split}: mean/std need {c} channel values, "
+                              f"got {len(self.mean)}/{len(self.std)}")
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """``(H, W, C)`` of one image."""
+        return tuple(self.images.shape[1:])
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def image_bytes(self) -> int:
+        return int(self.images.nbytes)
+
+    @property
+    def label_bytes(self) -> int:
+        return int(self.labels.nbytes)
+
+
+def channel_stats(images: np.ndarray, chunk: int = 8192) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and (population) std of uint8 ``(N, H, W, C)`` images in [0, 1] units.
+
+    Summed in float64 over chunks, so a memmap larger than memory is read once, in pieces.
+    """
+    c = images.shape[3]
+    total, total_sq, count = np.zeros(c), np.zeros(c), 0
+    for start in range(0, len(images), chunk):
+        part = np.asarray(images[start:start + chunk], dtype=np.float64).reshape(-1, c) / 255.0
+        total += part.sum(0)
+        total_sq += (part * part).sum(0)
+        count += len(part)
+    if count == 0:
+        raise FormatError("cannot compute mean/std of an empty dataset")
+    mean = total / count
+    std = np.sqrt(np.maximum(total_sq / count - mean * mean, 0.0))
+    return tuple(float(m) for m in mean), tuple(float(max(s, 1e-8)) for s in std)
+
+
+def from_arrays(images, labels, *, name: str = "arrays", split: str = "train",
+                classes: tuple[str, ...] | None = None, mean=None, std=None) -> Dataset:
+    """A ``Dataset`` from uint8 arrays or tensors people already have.
+
+    Accepts ``(N, H, W)`` or ``(N, H, W, C)`` uint8 images (numpy or torch, e.g.
+    ``torchvision.datasets.MNIST(...).data``) and integer labels. Missing ``mean``/``std``
+    are computed from the images; missing ``classes`` are ``"0"`` .. ``str(max label)``.
+
+    Example:
+        >>> mnist = torchvision.datasets.MNIST("data", download=False)
+        >>> train = latecast.from_arrays(mnist.data, mnist.targets, name="mnist")
+    """
+    images = images.numpy() if hasattr(images, "numpy") else np.asarray(images)
+    labels = labels.numpy() if hasattr(labels, "numpy") else np.asarray(labels)
+    if images.ndim == 3:
+        images = images[..., None]  # (N, H, W) -> (N, H, W, 1)
+    if labels.size and (labels.min() < 0 or labels.max() > np.iinfo(np.uint16).max):
+        raise FormatError(f"{name}: labels must lie in 0..65535, got {labels.min()}..{labels.max()}")
+    n_classes = len(classes) if classes is not None else int(labels.max()) + 1 if labels.size else 0
+    check_labels(labels, n_classes, name)
+    labels = labels.astype(np.uint8 if n_classes <= 256 else np.uint16)
+    if mean is None or std is None:
+        mean, std = channel_stats(images)
+    classes = tuple(classes) if classes is not None else tuple(str(i) for i in range(n_classes))
+    return Dataset(name, split, images, labels, classes, tuple(mean), tuple(std))
+
+
+def check_labels(labels: np.ndarray, n_classes: int, where: str | os.PathLike) -> None:
+    """Raise ``FormatError`` naming ``where`` and the first label outside ``0..n_classes-1``."""
+    bad = np.flatnonzero(labels >= n_classes)
+    if bad.size:
+        raise FormatError(f"{where}: label {labels[bad[0]]} at index {bad[0]} is outside "
+                          f"0..{n_classes - 1}")

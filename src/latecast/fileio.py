@@ -1,0 +1,111 @@
+"""Crash-safe writes: a file or a folder is built next to its target, fsynced and renamed over
+it, so a writer killed at any point (even ``kill -9``) leaves the previous one; the next folder
+write removes what dead writers left behind (docs/RELIABILITY.md rows 18-19)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+from .errors import ConfigError
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """Yield a temp file next to ``path``; on success fsync it and ``os.replace`` it onto ``path``.
+
+    An exception (or a crash) leaves ``path`` as it was: the previous file, or nothing.
+
+    Example:
+        >>> with atomic_write("meta.json") as f:
+        ...     f.write(b"{}")
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would make shared caches unreadable to others
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def atomic_folder(out: Path, check: Callable[[Path], None]) -> Iterator[Path]:
+    """Yield an empty temporary sibling ``.out.tmp-PID``; on success fsync it and rename it to
+    ``out``. ``check(out)``, run once dead writers' leftovers are cleaned, raises to keep ``out``."""
+    out = out.resolve()
+    if out == Path.cwd() or out in Path.cwd().parents:
+        raise ConfigError(f"{out} is the current folder or holds it; refusing to write a store "
+                          f"over it: choose a new folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _clean_leftovers(out)
+    check(out)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        for p in sorted(tmp.rglob("*"), reverse=True) + [tmp]:  # files before their folder
+            _fsync(p)
+        _publish(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if os.name != "posix":  # os.kill(pid, 0) would terminate the process on Windows
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by another user
+        return True
+
+
+def _clean_leftovers(out: Path) -> None:
+    """Remove ``.out.tmp-PID`` / ``.out.old-PID`` of dead writers; restore an old folder a
+    crash left renamed away (the instant between the two renames of ``_publish``)."""
+    prefix = f".{out.name}."
+    for p in sorted(p for p in out.parent.iterdir() if p.name.startswith(prefix)):
+        kind, _, pid = p.name[len(prefix):].partition("-")
+        if kind not in ("tmp", "old") or not pid.isdigit() or _alive(int(pid)):
+            continue
+        if kind == "old" and not out.exists():
+            os.replace(p, out)
+        else:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _fsync(path: Path) -> None:
+    if path.is_file() or os.name == "posix":  # folders can be fsynced on POSIX only
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    old = out.parent / f".{out.name}.old-{os.getpid()}"
+    if out.exists():
+        os.replace(out, old)  # a directory rename is atomic; a crash here is undone next run
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        if old.exists():
+            os.replace(old, out)
+        raise
+    _fsync(out.parent)  # make the renames themselves durable
+    shutil.rmtree(old, ignore_errors=True)
