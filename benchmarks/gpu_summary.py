@@ -6,6 +6,7 @@ Reads RESULTS_DIR/profile/report.json, bench/bench.json and train/<seed>.json (w
 exists: a part that failed shows as "missing"), prints a markdown table and writes it to
 summary.md, with the numbers in summary.json. Standard library only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,22 +42,36 @@ def profile_targets(report: dict | None) -> list[tuple[str, str, bool | None]]:
     else:
         a, b = f32["memcpy_ms"] * per_epoch, u8["memcpy_ms"] * per_epoch
         ratio = a / b if b else math.inf
-        out.append(("Memcpy HtoD per epoch: uint8 <= float32 / 3.5",
-                    f"float32 {a:.1f} ms, uint8 {b:.1f} ms: {ratio:.2f}x less", ratio >= 3.5))
+        out.append(
+            (
+                "Memcpy HtoD per epoch: uint8 <= float32 / 3.5",
+                f"float32 {a:.1f} ms, uint8 {b:.1f} ms: {ratio:.2f}x less",
+                ratio >= 3.5,
+            )
+        )
     for name in ("prefetch", "resident"):
         r = rows.get(name)
         if r is None:
             out.append((f"data wait < 1% of step ({name})", "row missing", None))
             continue
-        out.append((f"data wait < 1% of step ({name})",
-                    f"{r['data_wait_pct']:.2f}% ({r['data_wait_ms']:.3f} of {r['step_ms']:.3f} ms)",
-                    r["data_wait_pct"] < 1.0))
+        out.append(
+            (
+                f"data wait < 1% of step ({name})",
+                f"{r['data_wait_pct']:.2f}% ({r['data_wait_ms']:.3f} of {r['step_ms']:.3f} ms)",
+                r["data_wait_pct"] < 1.0,
+            )
+        )
     r = rows.get("resident")
     if r is not None:
         moved = r["h2d_bytes_per_step"]
         seen = "" if r.get("memcpy") is None else f", profiler: {r['memcpy_count']:.2f} copies/step"
-        out.append(("resident: 0 bytes per step after its upload",
-                    f"{moved:,.0f} B/step (loader){seen}", moved == 0))
+        out.append(
+            (
+                "resident: 0 bytes per step after its upload",
+                f"{moved:,.0f} B/step (loader){seen}",
+                moved == 0,
+            )
+        )
     return out
 
 
@@ -66,19 +81,32 @@ def bench_targets(bench: dict | None) -> list[tuple[str, str, bool | None]]:
     rates, best_tv = bench["loader_images_per_s"], bench["best_torchvision"]
     ours = max(("float32", "uint8", "prefetch", "resident"), key=lambda k: rates[k])
     x = rates[ours] / rates[best_tv]
-    out = [("loader >= 100x best torchvision DataLoader",
+    out = [
+        (
+            "loader >= 100x best torchvision DataLoader",
             f"{ours} {rates[ours]:,.0f} img/s vs {best_tv} {rates[best_tv]:,.0f}: {x:.1f}x",
-            x >= 100)]
+            x >= 100,
+        )
+    ]
     ep = bench.get("epoch_seconds") or {}
     if "usual-loop" in ep and "latecast" in ep:
         x = ep["usual-loop"] / ep["latecast"]
-        out.append(("end-to-end epoch >= 1.5x faster than the usual loop",
-                    f"{ep['usual-loop']:.2f} s vs {ep['latecast']:.2f} s: {x:.2f}x", x >= 1.5))
+        out.append(
+            (
+                "end-to-end epoch >= 1.5x faster than the usual loop",
+                f"{ep['usual-loop']:.2f} s vs {ep['latecast']:.2f} s: {x:.2f}x",
+                x >= 1.5,
+            )
+        )
     ratio = bench.get("bytes_fewer_than_float32") or {}
     if ratio:
-        out.append(("image bytes 4x, label bytes 8x fewer than float32",
-                    f"images {ratio['image']:.2f}x, labels {ratio['label']:.2f}x",
-                    ratio["image"] == 4 and ratio["label"] == 8))
+        out.append(
+            (
+                "image bytes 4x, label bytes 8x fewer than float32",
+                f"images {ratio['image']:.2f}x, labels {ratio['label']:.2f}x",
+                ratio["image"] == 4 and ratio["label"] == 8,
+            )
+        )
     return out
 
 
@@ -86,20 +114,34 @@ def train_targets(folder: Path) -> tuple[list[tuple[str, str, bool | None]], dic
     runs = {p.stem: _load(p) for p in sorted(folder.glob("*.json"))}
     seeded = [r for k, r in runs.items() if k != "warmup" and r is not None]
     if not seeded:
-        return [("MNIST >= 99.0% in < 0.3 s of training", "missing (no seeded train run)", None)], {}
+        return [
+            ("MNIST >= 99.0% in < 0.3 s of training", "missing (no seeded train run)", None)
+        ], {}
     secs = statistics.median(r["train_seconds"] for r in seeded)
     accs = [r["test_accuracy"] for r in seeded]
     acc = statistics.median(accs)
-    wait = statistics.median(100 * r.get("data_wait_seconds", math.nan) / max(r["train_seconds"], 1e-9)
-                             for r in seeded)
-    stats = {"runs": len(seeded), "median_train_seconds": secs, "median_test_accuracy": acc,
-             "min_test_accuracy": min(accs), "median_data_wait_pct": wait}
-    value = (f"median of {len(seeded)}: {acc:.4f} in {secs:.3f} s "
-             f"(min acc {min(accs):.4f}, transfer {seeded[0].get('transfer')})")
-    return [("MNIST >= 99.0% in < 0.3 s of training", value, acc >= 0.99 and secs < 0.3),
-            (f"data wait < 1% of training time ({seeded[0].get('transfer')}, no profiler)",
-             f"{wait:.2f}% (median of the seeded runs)", wait < 1.0 if math.isfinite(wait) else None)
-            ], stats
+    wait = statistics.median(
+        100 * r.get("data_wait_seconds", math.nan) / max(r["train_seconds"], 1e-9) for r in seeded
+    )
+    stats = {
+        "runs": len(seeded),
+        "median_train_seconds": secs,
+        "median_test_accuracy": acc,
+        "min_test_accuracy": min(accs),
+        "median_data_wait_pct": wait,
+    }
+    value = (
+        f"median of {len(seeded)}: {acc:.4f} in {secs:.3f} s "
+        f"(min acc {min(accs):.4f}, transfer {seeded[0].get('transfer')})"
+    )
+    return [
+        ("MNIST >= 99.0% in < 0.3 s of training", value, acc >= 0.99 and secs < 0.3),
+        (
+            f"data wait < 1% of training time ({seeded[0].get('transfer')}, no profiler)",
+            f"{wait:.2f}% (median of the seeded runs)",
+            wait < 1.0 if math.isfinite(wait) else None,
+        ),
+    ], stats
 
 
 def main() -> None:
@@ -119,9 +161,17 @@ def main() -> None:
     lines += ["", f"parts failed: {', '.join(failed)}" if failed else "every part ran"]
     text = "\n".join(lines)
     (args.results / "summary.md").write_text(text + "\n")
-    (args.results / "summary.json").write_text(json.dumps(
-        {"device": device, "targets": [{"target": t, "measured": v, "met": ok} for t, v, ok in targets],
-         "train": train_stats, "failed_parts": failed}, indent=2))
+    (args.results / "summary.json").write_text(
+        json.dumps(
+            {
+                "device": device,
+                "targets": [{"target": t, "measured": v, "met": ok} for t, v, ok in targets],
+                "train": train_stats,
+                "failed_parts": failed,
+            },
+            indent=2,
+        )
+    )
     print(text)
 
 

@@ -7,6 +7,7 @@ store read whole would inflate), RssFile the store's pages mapped in from the pa
 (reclaimable: the kernel drops them under pressure; they are not a copy). Prints one JSON
 line. Linux only.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,10 +44,20 @@ def main() -> None:
         if args.batches and n >= args.batches * args.batch_size:
             break
     after = rss()
-    print(json.dumps({"store_bytes": ds.image_bytes + ds.label_bytes, "images": len(ds),
-                      "images_read": n, "seconds": round(time.perf_counter() - t0, 2),
-                      "rss_anon_before": before["RssAnon"], "peak_rss_anon": peak_anon,
-                      "rss_file_after": after["RssFile"], "vm_hwm": after["VmHWM"]}))
+    print(
+        json.dumps(
+            {
+                "store_bytes": ds.image_bytes + ds.label_bytes,
+                "images": len(ds),
+                "images_read": n,
+                "seconds": round(time.perf_counter() - t0, 2),
+                "rss_anon_before": before["RssAnon"],
+                "peak_rss_anon": peak_anon,
+                "rss_file_after": after["RssFile"],
+                "vm_hwm": after["VmHWM"],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

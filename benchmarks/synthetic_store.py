@@ -6,6 +6,7 @@ Makes OUT/train and OUT/test (as `latecast convert` does), generated in chunks s
 larger than memory can be made: 1,000,000 MNIST-sized images are 784 MB on disk. The
 pixels are noise: use it to measure bytes and speed, never accuracy.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,21 +19,29 @@ from latecast.data import from_arrays
 from latecast.store import write_store
 
 
-def synthetic_split(folder: Path, n: int, shape: tuple[int, int, int], classes: int,
-                    split: str, seed: int) -> Path:
+def synthetic_split(
+    folder: Path, n: int, shape: tuple[int, int, int], classes: int, split: str, seed: int
+) -> Path:
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        images = np.lib.format.open_memmap(Path(tmp) / "x.npy", mode="w+", dtype=np.uint8,
-                                           shape=(n, *shape))
+        images = np.lib.format.open_memmap(
+            Path(tmp) / "x.npy", mode="w+", dtype=np.uint8, shape=(n, *shape)
+        )
         chunk = max(1, (64 << 20) // int(np.prod(shape)))
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
             images[start:stop] = rng.integers(0, 256, (stop - start, *shape), dtype=np.uint8)
         labels = rng.integers(0, classes, n)
         # mean/std of uniform noise in [0, 1] units: known, so nothing reads the images twice
-        ds = from_arrays(images, labels, name=folder.name, split=split,
-                         classes=[str(i) for i in range(classes)],
-                         mean=(0.5,) * shape[2], std=(0.2887,) * shape[2])
+        ds = from_arrays(
+            images,
+            labels,
+            name=folder.name,
+            split=split,
+            classes=[str(i) for i in range(classes)],
+            mean=(0.5,) * shape[2],
+            std=(0.2887,) * shape[2],
+        )
         write_store(ds, folder / split, source=f"synthetic noise, seed {seed}")
     return folder / split
 

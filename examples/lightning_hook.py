@@ -6,6 +6,7 @@
 2. Keep your DataLoader but let it yield uint8: the device-side work goes in
    `on_after_batch_transfer`, Lightning's official place for it.
 """
+
 import lightning as L
 import torch
 import torch.nn.functional as F
@@ -17,8 +18,9 @@ class Classifier(L.LightningModule):
     def __init__(self, mean, std, augment=None):
         super().__init__()
         self.mean, self.std, self.augment = mean, std, augment
-        self.net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 256),
-                                       torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        self.net = torch.nn.Sequential(
+            torch.nn.Flatten(), torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+        )
 
     def on_after_batch_transfer(self, batch, dataloader_idx):
         images, labels = batch
@@ -46,7 +48,8 @@ if __name__ == "__main__":
     loader = latecast.Loader(train, 256, device="cuda" if torch.cuda.is_available() else "cpu")
     trainer.fit(model, train_dataloaders=loader)
     # Way 2: an ordinary DataLoader over uint8 tensors; the module normalizes on the device.
-    uint8_set = torch.utils.data.TensorDataset(torch.from_numpy(train.images.copy()),
-                                               torch.from_numpy(train.labels.copy()))
+    uint8_set = torch.utils.data.TensorDataset(
+        torch.from_numpy(train.images.copy()), torch.from_numpy(train.labels.copy())
+    )
     dl = torch.utils.data.DataLoader(uint8_set, batch_size=256, shuffle=True, pin_memory=True)
     L.Trainer(max_epochs=1, accelerator="auto", devices=1).fit(model, train_dataloaders=dl)

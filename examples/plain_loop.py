@@ -2,6 +2,7 @@
 
 python examples/plain_loop.py   (raises if the model does not reach 97% test accuracy)
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -11,8 +12,9 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 train = latecast.load_dataset("mnist", "train")
 test = latecast.load_dataset("mnist", "test")
 loader = latecast.Loader(train, batch_size=256, device=device, seed=0)
-model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 512), torch.nn.ReLU(),
-                            torch.nn.Linear(512, 10)).to(device)
+model = torch.nn.Sequential(
+    torch.nn.Flatten(), torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+).to(device)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
 for epoch in range(2):

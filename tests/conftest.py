@@ -53,14 +53,21 @@ def run_cli():
     """``run_cli(*argv, process=False)``: the CLI's ``main`` in this process (fast), or with
     ``process=True`` a real ``python -m latecast`` (exit codes, signals, stderr as a user
     sees it). Arguments may be paths or numbers."""
+
     def run(*argv, process: bool = False, timeout: float = 300, env: dict | None = None) -> CliRun:
         args = [str(a) for a in argv]
         if process:
-            proc = subprocess.run([sys.executable, "-m", "latecast", *args], capture_output=True,
-                                  text=True, timeout=timeout, env={**os.environ, **(env or {})})
+            proc = subprocess.run(
+                [sys.executable, "-m", "latecast", *args],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env={**os.environ, **(env or {})},
+            )
             rc, out, err = proc.returncode, proc.stdout, proc.stderr
         else:
             from latecast.cli import main
+
             out_buf, err_buf = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(out_buf), contextlib.redirect_stderr(err_buf):
                 try:
@@ -70,4 +77,5 @@ def run_cli():
             out, err = out_buf.getvalue(), err_buf.getvalue()
         last = out.strip().splitlines()[-1] if out.strip() else ""
         return CliRun(rc, json.loads(last) if last.startswith("{") else None, out, err)
+
     return run

@@ -1,5 +1,6 @@
 """The package's shape, read from its source with ``ast``: no import cycle, and the library
 never imports the tools (``bench``, ``profiling``, ``cli``) built on top of it."""
+
 from __future__ import annotations
 
 import ast
@@ -16,8 +17,11 @@ def module_imports(path: Path, package: str, modules: set[str]) -> set[str]:
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found |= {(a.name.split(".") + ["__init__"])[1] for a in node.names  # pkg.x -> x,
-                      if a.name.split(".")[0] == package}  # pkg alone -> __init__
+            found |= {
+                (a.name.split(".") + ["__init__"])[1]
+                for a in node.names  # pkg.x -> x,
+                if a.name.split(".")[0] == package
+            }  # pkg alone -> __init__
         elif isinstance(node, ast.ImportFrom):
             parts = (node.module or "").split(".")
             if node.level == 0 and parts[0] == package:
@@ -34,8 +38,9 @@ def module_imports(path: Path, package: str, modules: set[str]) -> set[str]:
 def import_graph(package_dir: Path) -> dict[str, set[str]]:
     """Module name -> the package modules it imports."""
     modules = {p.stem for p in package_dir.glob("*.py")}
-    return {m: module_imports(package_dir / f"{m}.py", package_dir.name, modules) - {m}
-            for m in modules}
+    return {
+        m: module_imports(package_dir / f"{m}.py", package_dir.name, modules) - {m} for m in modules
+    }
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -44,7 +49,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
 
     def visit(node: str, path: list[str]) -> list[str]:
         if node in path:
-            return path[path.index(node):] + [node]
+            return path[path.index(node) :] + [node]
         if node in done:
             return []
         for after in sorted(graph.get(node, ())):
@@ -57,7 +62,9 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
 
 
 def tool_imports(graph: dict[str, set[str]]) -> list[str]:
-    return [f"{m} imports {t}" for m in sorted(set(graph) - TOOLS) for t in sorted(graph[m] & TOOLS)]
+    return [
+        f"{m} imports {t}" for m in sorted(set(graph) - TOOLS) for t in sorted(graph[m] & TOOLS)
+    ]
 
 
 def test_no_import_cycle():
@@ -73,17 +80,29 @@ def test_the_library_never_imports_the_tools():
 def test_the_checks_see_every_kind_of_import(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
-    files = {"__init__": "from .a import run\n",
-             "a": "from . import b\n",
-             "b": "def late():\n    from pkg.c import thing\n",  # inside a function
-             "c": "import pkg.a\nimport numpy\n",
-             "d": "from pkg import run\n",  # a name from the package: __init__
-             "e": "from .profiling import x\n", "profiling": "", "cli": "from .a import run\n"}
+    files = {
+        "__init__": "from .a import run\n",
+        "a": "from . import b\n",
+        "b": "def late():\n    from pkg.c import thing\n",  # inside a function
+        "c": "import pkg.a\nimport numpy\n",
+        "d": "from pkg import run\n",  # a name from the package: __init__
+        "e": "from .profiling import x\n",
+        "profiling": "",
+        "cli": "from .a import run\n",
+    }
     for name, text in files.items():
         (pkg / f"{name}.py").write_text(text)
     graph = import_graph(pkg)
-    assert graph == {"__init__": {"a"}, "a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"__init__"},
-                     "e": {"profiling"}, "profiling": set(), "cli": {"a"}}
+    assert graph == {
+        "__init__": {"a"},
+        "a": {"b"},
+        "b": {"c"},
+        "c": {"a"},
+        "d": {"__init__"},
+        "e": {"profiling"},
+        "profiling": set(),
+        "cli": {"a"},
+    }
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert tool_imports(graph) == ["e imports profiling"]
     assert find_cycle({"x": {"y"}, "y": set()}) == []

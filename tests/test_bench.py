@@ -1,4 +1,5 @@
 """`latecast bench` on CPU with tiny settings: every loader, finite numbers, all files written."""
+
 import itertools
 import json
 import math
@@ -13,16 +14,40 @@ from latecast.loader import Loader
 from latecast.transfer import MOVERS
 
 PNG = b"\x89PNG\r\n\x1a\n"
-LOADERS = ["float32", "uint8", "prefetch", "resident", "torchvision-w0", "torchvision-w2",
-           "torchvision-wN", "upper-bound", "gather"]
+LOADERS = [
+    "float32",
+    "uint8",
+    "prefetch",
+    "resident",
+    "torchvision-w0",
+    "torchvision-w2",
+    "torchvision-wN",
+    "upper-bound",
+    "gather",
+]
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, run_cli):
     out = tmp_path_factory.mktemp("bench")
-    rc, result = run_cli("bench", "--device", "cpu", "--repeats", "1", "--limit-batches", "1",
-                         "-b", "64", "--e2e-epochs", "1", "--e2e-batch-size", "32",
-                         "--output-dir", out, "--json")
+    rc, result = run_cli(
+        "bench",
+        "--device",
+        "cpu",
+        "--repeats",
+        "1",
+        "--limit-batches",
+        "1",
+        "-b",
+        "64",
+        "--e2e-epochs",
+        "1",
+        "--e2e-batch-size",
+        "32",
+        "--output-dir",
+        out,
+        "--json",
+    )
     assert rc == 0
     return out, result
 
@@ -92,15 +117,41 @@ def test_bad_settings_are_a_one_line_error(run_cli):
 def test_colour_store_with_augmentation(tmp_path, run_cli):
     """A CIFAR-shaped store, augmentation on: every loader row still runs, bytes are 4x/8x."""
     from latecast.store import write_store
+
     rng = np.random.default_rng(0)
     for split, n in (("train", 300), ("test", 50)):
-        write_store(from_arrays(rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
-                                rng.integers(0, 10, n), split=split, name="c10"), tmp_path / "c10" / split)
-    rc, r = run_cli("bench", tmp_path / "c10", "--device", "cpu", "--repeats", "1",
-                    "--limit-batches", "1", "-b", "64", "--e2e-epochs", "0",
-                    "--augment", "crop,flip,cutout", "--output-dir", tmp_path / "out", "--json")
+        write_store(
+            from_arrays(
+                rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
+                rng.integers(0, 10, n),
+                split=split,
+                name="c10",
+            ),
+            tmp_path / "c10" / split,
+        )
+    rc, r = run_cli(
+        "bench",
+        tmp_path / "c10",
+        "--device",
+        "cpu",
+        "--repeats",
+        "1",
+        "--limit-batches",
+        "1",
+        "-b",
+        "64",
+        "--e2e-epochs",
+        "0",
+        "--augment",
+        "crop,flip,cutout",
+        "--output-dir",
+        tmp_path / "out",
+        "--json",
+    )
     assert rc == 0
-    assert r["config"]["augment"] == "crop,flip,cutout" and list(r["loader_images_per_s"]) == LOADERS
+    assert (
+        r["config"]["augment"] == "crop,flip,cutout" and list(r["loader_images_per_s"]) == LOADERS
+    )
     assert all(v > 0 for v in r["loader_images_per_s"].values())
     assert r["bytes_fewer_than_float32"] == {"image": 4.0, "label": 8.0}
     assert r["h2d_bytes_per_epoch"]["uint8"] == 300 * (32 * 32 * 3 + 1)

@@ -6,6 +6,7 @@ Runs use one CPU thread (in-process and in subprocesses alike): float sums are t
 one fixed order, so "bit-identical" compares like with like, and a loaded 2-core machine
 does not spend its time with two spinning OpenMP threads per process.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -29,9 +30,19 @@ train_mod = importlib.import_module("latecast.train")  # the package re-exports 
 
 # 10 steps an epoch; checkpoints every 3 steps land mid-epoch and on neither epoch's end.
 # crop augmentation is on so the per-batch generators' reseeding is part of what is checked.
-TINY = dict(model="mlp", epochs=2, batch_size=32, lr=0.05, augment="crop=2",
-            limit_train=320, limit_test=500, device="cpu", checkpoint_every=3,
-            log_every=2, progress=False)
+TINY = dict(
+    model="mlp",
+    epochs=2,
+    batch_size=32,
+    lr=0.05,
+    augment="crop=2",
+    limit_train=320,
+    limit_test=500,
+    device="cpu",
+    checkpoint_every=3,
+    log_every=2,
+    progress=False,
+)
 
 
 @pytest.fixture
@@ -76,15 +87,18 @@ def reference(tmp_path_factory) -> Path:
 
 # -- exact resume (docs/RELIABILITY.md row 22) -------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("stop_after", [3, 10, 15])  # mid-epoch 1, epoch 1's end, mid-epoch 2
-def test_interrupted_run_resumes_bit_identical(stop_after, reference, tmp_path, one_thread,
-                                               monkeypatch):
+def test_interrupted_run_resumes_bit_identical(
+    stop_after, reference, tmp_path, one_thread, monkeypatch
+):
     real_save = ckpt.save_checkpoint
 
     def save_then_stop(path, state):
         real_save(path, state)
         if state["step"] == stop_after and Path(path).name == "checkpoint.pt":
             raise KeyboardInterrupt  # the run stops right after this checkpoint
+
     monkeypatch.setattr(ckpt, "save_checkpoint", save_then_stop)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path)
@@ -92,27 +106,48 @@ def test_interrupted_run_resumes_bit_identical(stop_after, reference, tmp_path, 
     assert ckpt.load_checkpoint(tmp_path / "checkpoint.pt")["step"] == stop_after
     summary = run(tmp_path, resume="auto")
     assert_same_run(tmp_path, reference)
-    assert summary["test_accuracy"] == json.loads((reference / "summary.json").read_text())[
-        "test_accuracy"]
+    assert (
+        summary["test_accuracy"]
+        == json.loads((reference / "summary.json").read_text())["test_accuracy"]
+    )
 
 
-KILLED = dict(model="mlp", epochs=2, batch_size=16, lr=0.05, augment="crop=2",
-              limit_train=2048, limit_test=1000, device="cpu", checkpoint_every=20,
-              progress=False)  # 128 steps an epoch: long enough to be killed mid-run
+KILLED = dict(
+    model="mlp",
+    epochs=2,
+    batch_size=16,
+    lr=0.05,
+    augment="crop=2",
+    limit_train=2048,
+    limit_test=1000,
+    device="cpu",
+    checkpoint_every=20,
+    progress=False,
+)  # 128 steps an epoch: long enough to be killed mid-run
 
 
 def _cli(out: Path, *extra: str) -> list[str]:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in KILLED.items() if k != "progress"]
-    return [sys.executable, "-m", "latecast", "train", *flags, "--no-progress",
-            "--output-dir", str(out), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "latecast",
+        "train",
+        *flags,
+        "--no-progress",
+        "--output-dir",
+        str(out),
+        *extra,
+    ]
 
 
 @pytest.mark.slow
 def test_kill9_between_checkpoints_then_resume_auto_is_exact(tmp_path, one_thread):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # same as one_thread in this process
     killed = tmp_path / "killed"
-    victim = subprocess.Popen(_cli(killed), env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
+    victim = subprocess.Popen(
+        _cli(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         train(TrainConfig(**KILLED, output_dir=str(tmp_path / "full")))  # meanwhile: reference
         deadline = time.monotonic() + 120
@@ -127,8 +162,9 @@ def test_kill9_between_checkpoints_then_resume_auto_is_exact(tmp_path, one_threa
         victim.kill()
     state = ckpt.load_checkpoint(killed / "checkpoint.pt")  # row 19 under a real kill
     assert 0 < state["step"] < 2 * 128
-    resumed = subprocess.run(_cli(killed, "--resume", "auto"), env=env, capture_output=True,
-                             text=True, timeout=180)
+    resumed = subprocess.run(
+        _cli(killed, "--resume", "auto"), env=env, capture_output=True, text=True, timeout=180
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert f"resuming from {killed / 'checkpoint.pt'}" in resumed.stdout
     assert_same_run(killed, tmp_path / "full")
@@ -142,6 +178,7 @@ def test_resume_auto_without_checkpoint_starts_fresh(tmp_path, one_thread, capsy
 
 
 # -- refusing another run (docs/RELIABILITY.md row 21) -------------------------------------------------------------
+
 
 def test_resume_with_another_run_names_every_field(tmp_path, one_thread):
     run(tmp_path, epochs=1)
@@ -170,15 +207,25 @@ def test_resume_refuses_other_world_size_or_dataset(field, value, tmp_path, one_
 
 # -- atomic saves (docs/RELIABILITY.md row 19) ---------------------------------------------------------------------
 
+
 def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
-    good = {"model": {"w": torch.arange(4.0)}, "optimizer": {}, "scheduler": {}, "step": 1,
-            "loader": {}, "rng": {}, "config": {}, "world_size": 1}
+    good = {
+        "model": {"w": torch.arange(4.0)},
+        "optimizer": {},
+        "scheduler": {},
+        "step": 1,
+        "loader": {},
+        "rng": {},
+        "config": {},
+        "world_size": 1,
+    }
     ckpt.save_checkpoint(path, good)
 
     def torn_save(obj, f):
         f.write(b"PK\x03\x04 half a zip")  # partial bytes, then the "crash"
         raise OSError("disk full")
+
     monkeypatch.setattr(torch, "save", torn_save)
     with pytest.raises(OSError):
         ckpt.save_checkpoint(path, {**good, "step": 2})
@@ -214,9 +261,18 @@ def test_kill9_during_saves_leaves_a_loadable_checkpoint(tmp_path):
 
 # -- corrupt or foreign files (docs/RELIABILITY.md row 20) ---------------------------------------------------------
 
+
 def _corrupt(path: Path, kind: str) -> None:
-    good = {"model": {}, "optimizer": {}, "scheduler": {}, "step": 0, "loader": {},
-            "rng": {}, "config": {}, "world_size": 1}
+    good = {
+        "model": {},
+        "optimizer": {},
+        "scheduler": {},
+        "step": 0,
+        "loader": {},
+        "rng": {},
+        "config": {},
+        "world_size": 1,
+    }
     ckpt.save_checkpoint(path, good)
     data = path.read_bytes()
     if kind == "empty":
@@ -237,11 +293,13 @@ def _corrupt(path: Path, kind: str) -> None:
 
 def argparse_namespace():
     import argparse
+
     return argparse.Namespace(x=1)
 
 
-@pytest.mark.parametrize("kind", ["empty", "truncated", "garbage", "foreign", "code",
-                                  "future", "incomplete", "missing"])
+@pytest.mark.parametrize(
+    "kind", ["empty", "truncated", "garbage", "foreign", "code", "future", "incomplete", "missing"]
+)
 def test_corrupt_or_foreign_checkpoint_is_named(kind, tmp_path):
     path = tmp_path / "checkpoint.pt"
     if kind != "missing":
@@ -254,9 +312,24 @@ def test_corrupt_or_foreign_checkpoint_is_named(kind, tmp_path):
 def test_cli_resume_from_garbage_is_one_line(tmp_path, run_cli):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"<html>not a checkpoint</html>")
-    proc = run_cli("train", "--model", "mlp", "--limit-train", "64", "--limit-test", "64",
-                   "--device", "cpu", "--output-dir", tmp_path / "o", "--resume", bad,
-                   process=True, env={"OMP_NUM_THREADS": "1"}, timeout=120)
+    proc = run_cli(
+        "train",
+        "--model",
+        "mlp",
+        "--limit-train",
+        "64",
+        "--limit-test",
+        "64",
+        "--device",
+        "cpu",
+        "--output-dir",
+        tmp_path / "o",
+        "--resume",
+        bad,
+        process=True,
+        env={"OMP_NUM_THREADS": "1"},
+        timeout=120,
+    )
     assert proc.rc == 1
     lines = [line for line in proc.err.splitlines() if line.startswith("latecast:")]
     assert len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in proc.err
@@ -264,15 +337,36 @@ def test_cli_resume_from_garbage_is_one_line(tmp_path, run_cli):
 
 # -- contents and NaN (rows 20, 30) ------------------------------------------------------------
 
+
 def test_checkpoint_is_plain_data_with_everything_for_resume(reference):
     raw = torch.load(reference / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert raw["format"] == ckpt.FORMAT and raw["version"] == ckpt.VERSION
-    for key in ("model", "optimizer", "scheduler", "epoch", "step", "loader", "rng",
-                "config", "world_size", "history", "best_accuracy"):
+    for key in (
+        "model",
+        "optimizer",
+        "scheduler",
+        "epoch",
+        "step",
+        "loader",
+        "rng",
+        "config",
+        "world_size",
+        "history",
+        "best_accuracy",
+    ):
         assert key in raw, key
-    assert raw["config"] == asdict(TrainConfig(**{**TINY, "output_dir": str(reference),
-                                                  "label_smoothing": 0.0, "amp": False,
-                                                  "channels_last": True, "preset": "gray"}))
+    assert raw["config"] == asdict(
+        TrainConfig(
+            **{
+                **TINY,
+                "output_dir": str(reference),
+                "label_smoothing": 0.0,
+                "amp": False,
+                "channels_last": True,
+                "preset": "gray",
+            }
+        )
+    )
     assert raw["loader"]["epoch"] == 2 and raw["loader"]["position"] == 0 and raw["step"] == 20
     assert not any(k.startswith("module.") for k in raw["model"])
     best = ckpt.load_checkpoint(reference / "best.pt")

@@ -1,4 +1,5 @@
 """`latecast convert` then `latecast train` on a generated image folder (docs/RELIABILITY.md row 11)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,9 +31,24 @@ def test_convert_then_train(tmp_path, run_cli):
     info = proc.json
     assert info["samples"] == 24 and info["image_shape"] == [16, 16, 3]
     assert info["classes"] == ["dark", "light"]
-    proc = run_cli("train", tmp_path / "store", "--model", "mlp", "--epochs", "2",
-                   "-b", "8", "--lr", "0.05", "--device", "cpu",
-                   "--output-dir", tmp_path / "run", "--json", process=True)
+    proc = run_cli(
+        "train",
+        tmp_path / "store",
+        "--model",
+        "mlp",
+        "--epochs",
+        "2",
+        "-b",
+        "8",
+        "--lr",
+        "0.05",
+        "--device",
+        "cpu",
+        "--output-dir",
+        tmp_path / "run",
+        "--json",
+        process=True,
+    )
     assert proc.rc == 0, proc.err
     result = proc.json
     assert result["epochs"] == 2 and 0 <= result["test_accuracy"] <= 1

@@ -1,5 +1,6 @@
 """load_dataset: bundled MNIST, root layouts, CIFAR binary, the decoded cache
 (docs/RELIABILITY.md rows 4-10)."""
+
 from __future__ import annotations
 
 import gzip
@@ -39,7 +40,9 @@ def make_idx_root(root: Path, n: int = 12, compress: bool = True, seed: int = 0)
     return arrays
 
 
-def cifar_records(images: np.ndarray, labels: np.ndarray, coarse: np.ndarray | None = None) -> bytes:
+def cifar_records(
+    images: np.ndarray, labels: np.ndarray, coarse: np.ndarray | None = None
+) -> bytes:
     """CIFAR binary records built from (N, 32, 32, 3) images: label byte(s), then R, G, B planes."""
     planes = images.transpose(0, 3, 1, 2).reshape(len(images), 3072)  # (N, H, W, C) -> (N, C*H*W)
     heads = labels[:, None] if coarse is None else np.stack([coarse, labels], 1)
@@ -57,10 +60,14 @@ def make_cifar10_root(folder: Path, per_batch: int = 3, meta: bool = False, seed
         out["test" if fname.startswith("test") else "train"].append((images, labels))
     if meta:
         (folder / "batches.meta.txt").write_text("\n".join(f"thing{i}" for i in range(10)) + "\n\n")
-    return {k: (np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v])) for k, v in out.items()}
+    return {
+        k: (np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v]))
+        for k, v in out.items()
+    }
 
 
 # --- bundled MNIST ----------------------------------------------------------------------
+
 
 def test_mnist_bundled_train_and_test():
     train, test = load_dataset("mnist"), load_dataset("mnist", "test")
@@ -79,7 +86,9 @@ def test_mnist_cache_equals_the_original_files():
     train = load_dataset("mnist")
     original = read_idx(datasets.BUNDLED / "train-images-idx3-ubyte.gz")
     np.testing.assert_array_equal(train.images[..., 0], original)
-    np.testing.assert_array_equal(train.labels, read_idx(datasets.BUNDLED / "train-labels-idx1-ubyte.gz"))
+    np.testing.assert_array_equal(
+        train.labels, read_idx(datasets.BUNDLED / "train-labels-idx1-ubyte.gz")
+    )
 
 
 def test_second_load_is_a_fast_memory_map(fresh_cache):
@@ -117,8 +126,16 @@ def test_mnist_ignores_latecast_data_but_uses_an_explicit_root(tmp_path, monkeyp
 
 # --- roots in the original and torchvision layouts --------------------------------------
 
-@pytest.mark.parametrize("name,sub", [("fashion-mnist", "FashionMNIST/raw"), ("kmnist", "KMNIST/raw"),
-                                      ("mnist", "MNIST/raw"), ("kmnist", "")])
+
+@pytest.mark.parametrize(
+    "name,sub",
+    [
+        ("fashion-mnist", "FashionMNIST/raw"),
+        ("kmnist", "KMNIST/raw"),
+        ("mnist", "MNIST/raw"),
+        ("kmnist", ""),
+    ],
+)
 @pytest.mark.parametrize("compress", [True, False])
 def test_idx_root_layouts(tmp_path, name, sub, compress):
     arrays = make_idx_root(tmp_path / sub, compress=compress)
@@ -145,8 +162,10 @@ def test_missing_file_names_every_path_looked_for(tmp_path):
         load_dataset("fashion-mnist", root=tmp_path)
     message = str(err.value)
     assert "\n" not in message
-    for looked in (tmp_path / "train-labels-idx1-ubyte.gz",
-                   tmp_path / "FashionMNIST" / "raw" / "train-labels-idx1-ubyte"):
+    for looked in (
+        tmp_path / "train-labels-idx1-ubyte.gz",
+        tmp_path / "FashionMNIST" / "raw" / "train-labels-idx1-ubyte",
+    ):
         assert str(looked) in message
 
 
@@ -156,8 +175,9 @@ def test_image_and_label_counts_must_agree(tmp_path):
     write_idx(labels, np.zeros(11, np.uint8), compress=True)
     with pytest.raises(FormatError) as err:
         load_dataset("kmnist", root=tmp_path)
-    assert str(err.value) == (f"{tmp_path / 'train-images-idx3-ubyte.gz'} holds 12 images but "
-                              f"{labels} holds 11 labels")
+    assert str(err.value) == (
+        f"{tmp_path / 'train-images-idx3-ubyte.gz'} holds 12 images but {labels} holds 11 labels"
+    )
 
 
 def test_label_out_of_range_names_the_first_bad_index(tmp_path):
@@ -171,7 +191,10 @@ def test_label_out_of_range_names_the_first_bad_index(tmp_path):
 
 def test_files_swapped_between_roles(tmp_path):
     make_idx_root(tmp_path)
-    images, labels = tmp_path / "train-images-idx3-ubyte.gz", tmp_path / "train-labels-idx1-ubyte.gz"
+    images, labels = (
+        tmp_path / "train-images-idx3-ubyte.gz",
+        tmp_path / "train-labels-idx1-ubyte.gz",
+    )
     images.rename(tmp_path / "x")
     labels.rename(images)
     (tmp_path / "x").rename(labels)
@@ -190,6 +213,7 @@ def test_unknown_name_or_split_lists_valid_values(name, split):
 
 # --- CIFAR binary -----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("meta", [False, True])
 def test_cifar10_binary(tmp_path, meta):
     arrays = make_cifar10_root(tmp_path / "cifar-10-batches-bin", meta=meta)
@@ -200,7 +224,9 @@ def test_cifar10_binary(tmp_path, meta):
         np.testing.assert_array_equal(ds.images, images)
         np.testing.assert_array_equal(ds.labels, labels)
         assert len(ds.mean) == 3
-        assert ds.classes == (tuple(f"thing{i}" for i in range(10)) if meta else DATASETS["cifar10"].classes)
+        assert ds.classes == (
+            tuple(f"thing{i}" for i in range(10)) if meta else DATASETS["cifar10"].classes
+        )
 
 
 def test_cifar_planes_become_channels():
@@ -267,10 +293,14 @@ def test_cifar_parser_fuzz():
             except LatecastError as e:
                 assert "fuzz.bin" in str(e)
                 continue
-            assert images.shape == (len(data) // record, 32, 32, 3) and labels.shape == images.shape[:1]
+            assert (
+                images.shape == (len(data) // record, 32, 32, 3)
+                and labels.shape == images.shape[:1]
+            )
 
 
 # --- the decoded cache: one store per split ----------------------------------------------
+
 
 def corrupt_truncate(folder: Path):
     path = folder / "images.npy"
@@ -314,9 +344,20 @@ def corrupt_old_format(folder: Path):  # the .npy cache of latecast before it wr
     (folder / "meta.json").write_text(json.dumps({"version": 1, "classes": list("0123456789")}))
 
 
-@pytest.mark.parametrize("corrupt", [corrupt_truncate, corrupt_meta_garbage, corrupt_meta_shape,
-                                     corrupt_pickled_labels, corrupt_empty, corrupt_labels_out_of_range,
-                                     corrupt_appended, corrupt_meta_removed, corrupt_old_format])
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        corrupt_truncate,
+        corrupt_meta_garbage,
+        corrupt_meta_shape,
+        corrupt_pickled_labels,
+        corrupt_empty,
+        corrupt_labels_out_of_range,
+        corrupt_appended,
+        corrupt_meta_removed,
+        corrupt_old_format,
+    ],
+)
 def test_damaged_cache_store_is_decoded_again_and_rewritten(tmp_path, fresh_cache, corrupt):
     arrays = make_idx_root(tmp_path / "data")
     load_dataset("kmnist", root=tmp_path / "data")
@@ -355,7 +396,9 @@ def test_unwritable_cache_still_loads(tmp_path, monkeypatch):
 
 def test_test_split_uses_the_train_statistics_when_cached_too(tmp_path):
     arrays = make_idx_root(tmp_path)
-    write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", arrays["test"][0] // 4, compress=True)  # darker
+    write_idx(
+        tmp_path / "t10k-images-idx3-ubyte.gz", arrays["test"][0] // 4, compress=True
+    )  # darker
     train_mean = arrays["train"][0].mean() / 255
     for _ in range(2):  # decoded and written, then read back from the cache
         assert load_dataset("kmnist", "test", root=tmp_path).mean == pytest.approx((train_mean,))

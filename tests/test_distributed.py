@@ -6,6 +6,7 @@ runs ``latecast train`` unchanged and only *observes* it (which indices each ran
 visited, the steps it took, its final weights), or, for the fault tests, makes rank 1 die
 or hang after a few steps. The test-only code lives here, none of it in the library.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,18 +24,49 @@ pytestmark = pytest.mark.slow  # each test starts torchrun and two Python proces
 TIMEOUT = 180  # seconds for one torchrun launch; a hang fails instead of blocking CI
 # cnn (BatchNorm) on 257 train samples: one padded index, shards of 129; 301 test samples:
 # unequal unpadded shards of 151 and 150.
-ARGS = ["train", "--model", "cnn", "--epochs", "2", "-b", "32", "--lr", "0.05",
-        "--limit-train", "257", "--limit-test", "301", "--device", "cpu", "--no-progress",
-        "--checkpoint-every", "4", "--dist-timeout", "60"]
+ARGS = [
+    "train",
+    "--model",
+    "cnn",
+    "--epochs",
+    "2",
+    "-b",
+    "32",
+    "--lr",
+    "0.05",
+    "--limit-train",
+    "257",
+    "--limit-test",
+    "301",
+    "--device",
+    "cpu",
+    "--no-progress",
+    "--checkpoint-every",
+    "4",
+    "--dist-timeout",
+    "60",
+]
 
 
-def torchrun(out: Path, *args: str,
-             env: dict | None = None) -> tuple[subprocess.CompletedProcess, float]:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "--monitor-interval=0.1", __file__, *args, "--output-dir", str(out)]
+def torchrun(
+    out: Path, *args: str, env: dict | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "--monitor-interval=0.1",
+        __file__,
+        *args,
+        "--output-dir",
+        str(out),
+    ]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=TIMEOUT, env={**os.environ, **(env or {})}
+    )
     return proc, time.monotonic() - t0
 
 
@@ -79,12 +111,20 @@ def test_two_ranks_share_data_train_identical_weights_and_evaluate_exactly(tmp_p
 
     # Row 24: the distributed accuracy is the single-process accuracy of the same weights.
     test = load_dataset("mnist", "test")
-    test = type(test)(test.name, test.split, test.images[:301], test.labels[:301],
-                      test.classes, test.mean, test.std)
+    test = type(test)(
+        test.name,
+        test.split,
+        test.images[:301],
+        test.labels[:301],
+        test.classes,
+        test.mean,
+        test.std,
+    )
     model = build_model("cnn", (1, 28, 28), 10)
     model.load_state_dict(state["model"])
-    correct, total = evaluate(model, Loader(test, 1000, device="cpu", shuffle=False,
-                                            pad=False, rank=0, world_size=1))
+    correct, total = evaluate(
+        model, Loader(test, 1000, device="cpu", shuffle=False, pad=False, rank=0, world_size=1)
+    )
     assert total == 301 and summary["test_accuracy"] == correct / total
 
 
@@ -104,8 +144,9 @@ def test_a_failing_rank_makes_the_run_exit_with_an_error(fault, tmp_path):
 
 def test_ranks_with_different_data_are_refused(tmp_path):
     """Row 23: rank 1 sees one training sample fewer; both ranks stop before training."""
-    proc, _ = torchrun(tmp_path, *ARGS, "--model", "mlp",
-                       env={"LATECAST_TEST_RANK1_ARGS": "--limit-train 256"})
+    proc, _ = torchrun(
+        tmp_path, *ARGS, "--model", "mlp", env={"LATECAST_TEST_RANK1_ARGS": "--limit-train 256"}
+    )
     assert proc.returncode != 0
     assert "ranks hold different data" in proc.stderr, proc.stderr
     assert "rank 0 [257, 301" in proc.stderr and "rank 1 [256, 301" in proc.stderr
@@ -114,11 +155,13 @@ def test_ranks_with_different_data_are_refused(tmp_path):
 
 # -- the worker torchrun starts ----------------------------------------------------------------
 
+
 def _worker(argv: list[str]) -> int:
     """Run ``latecast train`` as torchrun's rank $RANK, observing it for the tests above."""
     import importlib
 
     from latecast import cli, loader
+
     train_mod = importlib.import_module("latecast.train")  # the package re-exports train()
     rank = int(os.environ["RANK"])
     if rank == 1:
@@ -126,28 +169,35 @@ def _worker(argv: list[str]) -> int:
     record: dict = {"indices": {}, "steps": 0}
 
     index_batches = loader.Loader.index_batches
+
     def spy_indices(self):  # the training loader's share for this epoch
         batches = index_batches(self)
         if self.pad:
             record["indices"][str(self.epoch)] = torch.cat(batches).tolist() if batches else []
         return batches
+
     loader.Loader.index_batches = spy_indices
 
     models = []
     build_model = train_mod.build_model
+
     def keep_model(*args, **kwargs):
         models.append(build_model(*args, **kwargs))
         return models[-1]
+
     train_mod.build_model = keep_model
 
-    kind, fault_rank, after = (os.environ.get("LATECAST_TEST_FAULT", "none:-1:0").split(":"))
+    kind, fault_rank, after = os.environ.get("LATECAST_TEST_FAULT", "none:-1:0").split(":")
+
     def count_step(optimizer, args, kwargs):
         record["steps"] += 1
         if rank == int(fault_rank) and record["steps"] == int(after):
             if kind == "dies":
                 os._exit(1)
             time.sleep(3600)  # hangs: alive, but never joins the next collective
+
     from torch.optim.optimizer import register_optimizer_step_post_hook
+
     register_optimizer_step_post_hook(count_step)
 
     out = Path(argv[argv.index("--output-dir") + 1])

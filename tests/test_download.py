@@ -1,4 +1,5 @@
 """Downloads against a real HTTP server on 127.0.0.1 (docs/RELIABILITY.md rows 13-17)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,6 +43,7 @@ def body(data: bytes, content_type: str = "application/octet-stream") -> Route:
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         h.wfile.write(data)
+
     return send
 
 
@@ -51,6 +53,7 @@ def status(code: int) -> Route:
 
 def dropped(data: bytes) -> Route:
     """Promise the whole file, send half of it, hang up."""
+
     def send(h: BaseHTTPRequestHandler) -> None:
         h.send_response(200)
         h.send_header("Content-Length", str(len(data)))
@@ -58,6 +61,7 @@ def dropped(data: bytes) -> Route:
         h.wfile.write(data[: len(data) // 2])
         h.wfile.flush()
         h.close_connection = True
+
     return send
 
 
@@ -68,6 +72,7 @@ def slow(seconds: float) -> Route:
             body(b"too late")(h)
         except ConnectionError:  # the client gave up long ago: that is the point
             pass
+
     return send
 
 
@@ -77,6 +82,7 @@ def redirect(location: str) -> Route:
         h.send_header("Location", location)
         h.send_header("Content-Length", "0")
         h.end_headers()
+
     return send
 
 
@@ -123,6 +129,7 @@ def assert_clean(dest: Path) -> None:
 
 # --- download() -------------------------------------------------------------------------
 
+
 def test_download_ok(server, tmp_path):
     server.routes["/a.gz"] = body(DATA)
     dest = tmp_path / "sub" / "a.gz"
@@ -137,8 +144,13 @@ def test_404_then_good_second_mirror(server, tmp_path):
     assert (tmp_path / "a.gz").read_bytes() == DATA and server.hits == ["/one/a.gz", "/two/a.gz"]
 
 
-@pytest.mark.parametrize("page", [body(b"<!DOCTYPE html><html>sign in</html>", "text/html"),
-                                  body(b"\n<html><body>quota exceeded</body></html>")])
+@pytest.mark.parametrize(
+    "page",
+    [
+        body(b"<!DOCTYPE html><html>sign in</html>", "text/html"),
+        body(b"\n<html><body>quota exceeded</body></html>"),
+    ],
+)
 def test_html_page_then_good_mirror(server, tmp_path, page):
     server.routes["/html"], server.routes["/good"] = page, body(DATA)
     with pytest.warns(UserWarning, match="HTML page"):
@@ -158,8 +170,10 @@ def test_wrong_hash_names_url_and_both_hashes_and_removes_the_file(server, tmp_p
 
 def test_dropped_connection_never_leaves_a_file(server, tmp_path):
     server.routes["/a.gz"] = dropped(DATA)
-    with pytest.raises(DownloadError, match="connection dropped after 50,000 of 100,000 bytes"), \
-            pytest.warns(UserWarning):
+    with (
+        pytest.raises(DownloadError, match="connection dropped after 50,000 of 100,000 bytes"),
+        pytest.warns(UserWarning),
+    ):
         download([server.url("/a.gz")], tmp_path / "a.gz", sha(DATA))
     assert_clean(tmp_path / "a.gz")
 
@@ -204,8 +218,15 @@ def test_all_mirrors_fail_one_error_listing_each(server, tmp_path):
     assert_clean(tmp_path / "a.gz")
 
 
-@pytest.mark.parametrize("url", ["http://example.com/a.gz", "ftp://127.0.0.1/a.gz",
-                                 "file:///etc/passwd", "http://127.0.0.1.example.com/a.gz"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://example.com/a.gz",
+        "ftp://127.0.0.1/a.gz",
+        "file:///etc/passwd",
+        "http://127.0.0.1.example.com/a.gz",
+    ],
+)
 def test_plain_http_and_other_schemes_are_refused(tmp_path, url):
     with pytest.raises(DownloadError, match="only https://"), pytest.warns(UserWarning):
         download([url], tmp_path / "a.gz", sha(DATA))
@@ -214,7 +235,10 @@ def test_plain_http_and_other_schemes_are_refused(tmp_path, url):
 
 def test_redirect_to_plain_http_is_refused(server, tmp_path):
     server.routes["/a.gz"] = redirect("http://example.com/a.gz")
-    with pytest.raises(DownloadError, match="refused http://example.com/a.gz"), pytest.warns(UserWarning):
+    with (
+        pytest.raises(DownloadError, match="refused http://example.com/a.gz"),
+        pytest.warns(UserWarning),
+    ):
         download([server.url("/a.gz")], tmp_path / "a.gz", sha(DATA))
     assert_clean(tmp_path / "a.gz")
 
@@ -234,6 +258,7 @@ def test_builtin_mirrors_are_https_and_pinned():
 
 # --- load_dataset downloads -------------------------------------------------------------
 
+
 def idx_gz(array: np.ndarray, tmp: Path) -> bytes:
     path = tmp / "f.gz"
     write_idx(path, array, compress=True)
@@ -246,10 +271,16 @@ def fashion_files(tmp_path, monkeypatch) -> dict[str, bytes]:
     rng = np.random.default_rng(0)
     files = {}
     for prefix, n in (("train", 10), ("t10k", 4)):
-        files[f"{prefix}-images-idx3-ubyte.gz"] = idx_gz(rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), tmp_path)
-        files[f"{prefix}-labels-idx1-ubyte.gz"] = idx_gz((np.arange(n) % 10).astype(np.uint8), tmp_path)
+        files[f"{prefix}-images-idx3-ubyte.gz"] = idx_gz(
+            rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), tmp_path
+        )
+        files[f"{prefix}-labels-idx1-ubyte.gz"] = idx_gz(
+            (np.arange(n) % 10).astype(np.uint8), tmp_path
+        )
     for name in ("fashion-mnist", "kmnist"):
-        spec = dataclasses.replace(datasets.DATASETS[name], sha256={k: sha(v) for k, v in files.items()})
+        spec = dataclasses.replace(
+            datasets.DATASETS[name], sha256={k: sha(v) for k, v in files.items()}
+        )
         monkeypatch.setitem(datasets.DATASETS, name, spec)
     return files
 
@@ -259,7 +290,9 @@ def test_load_dataset_downloads_from_the_first_good_mirror(server, fashion_files
         server.routes[f"/good/{fname}"] = body(data)
         server.routes[f"/bad/{fname}"] = body(data[:-1] + bytes([data[-1] ^ 1]))
     with pytest.warns(UserWarning, match="SHA-256 mismatch"):
-        test = load_dataset("fashion-mnist", "test", mirrors=[server.url("/bad"), server.url("/good/")])
+        test = load_dataset(
+            "fashion-mnist", "test", mirrors=[server.url("/bad"), server.url("/good/")]
+        )
     assert test.images.shape == (4, 28, 28, 1) and test.labels.tolist() == [0, 1, 2, 3]
     assert test.classes[0] == "T-shirt/top"
     downloaded = sorted(p.name for p in (fresh_cache / "downloads" / "fashion-mnist").iterdir())
@@ -278,8 +311,12 @@ def test_latecast_mirrors_env(server, fashion_files, fresh_cache, monkeypatch):
 
 
 def test_all_mirrors_failing_in_load_dataset(server, fashion_files, fresh_cache):
-    with pytest.raises(DownloadError, match="could not download train-images-idx3-ubyte.gz: .*by hand"), \
-            pytest.warns(UserWarning):
+    with (
+        pytest.raises(
+            DownloadError, match="could not download train-images-idx3-ubyte.gz: .*by hand"
+        ),
+        pytest.warns(UserWarning),
+    ):
         load_dataset("kmnist", mirrors=[server.url("/a"), server.url("/b")])
 
 
@@ -309,7 +346,9 @@ def cifar10_members() -> tuple[dict[str, bytes], np.ndarray]:
 
 def serve_cifar(server, monkeypatch, archive: bytes) -> None:
     server.routes["/kriz/cifar-10-binary.tar.gz"] = body(archive)
-    spec = dataclasses.replace(datasets.DATASETS["cifar10"], sha256={"cifar-10-binary.tar.gz": sha(archive)})
+    spec = dataclasses.replace(
+        datasets.DATASETS["cifar10"], sha256={"cifar-10-binary.tar.gz": sha(archive)}
+    )
     monkeypatch.setitem(datasets.DATASETS, "cifar10", spec)
 
 
@@ -324,18 +363,30 @@ def test_cifar_archive_is_downloaded_and_unpacked(server, fresh_cache, monkeypat
     assert "readme.html" not in os.listdir(home / "cifar-10-batches-bin")  # only expected names
 
 
-@pytest.mark.parametrize("evil", [{"../x": b"escaped"}, {"/tmp/latecast-abs-x": b"escaped"},
-                                  {"cifar-10-batches-bin/../../x": b"escaped"}, "symlink"])
+@pytest.mark.parametrize(
+    "evil",
+    [
+        {"../x": b"escaped"},
+        {"/tmp/latecast-abs-x": b"escaped"},
+        {"cifar-10-batches-bin/../../x": b"escaped"},
+        "symlink",
+    ],
+)
 def test_unsafe_archive_member_rejects_everything(server, fresh_cache, monkeypatch, tmp_path, evil):
     members, _ = cifar10_members()
-    archive = (tar_gz(members, {"cifar-10-batches-bin/link": "/etc/passwd"}) if evil == "symlink"
-               else tar_gz({**members, **evil}))
+    archive = (
+        tar_gz(members, {"cifar-10-batches-bin/link": "/etc/passwd"})
+        if evil == "symlink"
+        else tar_gz({**members, **evil})
+    )
     serve_cifar(server, monkeypatch, archive)
     with pytest.raises(FormatError, match="refusing the archive, member .* nothing was extracted"):
         load_dataset("cifar10", "test", mirrors=[server.url("/kriz")])
     home = fresh_cache / "downloads" / "cifar10"
     assert os.listdir(home) == []  # no member written, archive removed
-    assert not (fresh_cache / "downloads" / "x").exists() and not Path("/tmp/latecast-abs-x").exists()
+    assert (
+        not (fresh_cache / "downloads" / "x").exists() and not Path("/tmp/latecast-abs-x").exists()
+    )
 
 
 def test_extract_tar_reads_only_wanted_members(tmp_path):

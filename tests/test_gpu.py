@@ -1,8 +1,8 @@
 """CUDA-only checks: pinned buffers, async copies equal sync ones, the prefetch stream,
 resident memory checks. Skipped where torch sees no CUDA device."""
+
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
@@ -11,8 +11,10 @@ from latecast import transfer
 from latecast.errors import DeviceError
 from latecast.loader import Loader
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
 """benchmarks/gpu_check.sh, run on CPU with tiny settings so the GPU check cannot rot."""
+
 import json
 import os
 import subprocess
@@ -13,20 +14,52 @@ TINY = "--model mlp --epochs 1 -b 256 --limit-train 512 --limit-test 500"
 
 @pytest.mark.slow
 def test_gpu_check_runs_every_part_on_cpu(tmp_path):
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "DEVICE": "cpu",
-           "STEPS": "1", "PROFILE_ARGS": "--warmup 0 -b 16", "REPEATS": "1",
-           "LIMIT_BATCHES": "1", "E2E_EPOCHS": "1", "BENCH_ARGS": "-b 32 --e2e-batch-size 32",
-           "SEEDS": "1", "TRAIN_ARGS": f"{TINY} --transfer resident",
-           "CIFAR_TRAIN": "256", "CIFAR_TEST": "64", "CIFAR_EPOCHS": "1", "CIFAR_ARGS": "-b 64",
-           "TORCHRUN_ARGS": TINY, "SWEEP": "-b 128|-b 512", "SWEEP_ARGS": TINY}
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env,
-                          capture_output=True, text=True, timeout=900)
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path),
+        "PYTHON": sys.executable,
+        "DEVICE": "cpu",
+        "STEPS": "1",
+        "PROFILE_ARGS": "--warmup 0 -b 16",
+        "REPEATS": "1",
+        "LIMIT_BATCHES": "1",
+        "E2E_EPOCHS": "1",
+        "BENCH_ARGS": "-b 32 --e2e-batch-size 32",
+        "SEEDS": "1",
+        "TRAIN_ARGS": f"{TINY} --transfer resident",
+        "CIFAR_TRAIN": "256",
+        "CIFAR_TEST": "64",
+        "CIFAR_EPOCHS": "1",
+        "CIFAR_ARGS": "-b 64",
+        "TORCHRUN_ARGS": TINY,
+        "SWEEP": "-b 128|-b 512",
+        "SWEEP_ARGS": TINY,
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     parts = (tmp_path / "parts.tsv").read_text().splitlines()[1:]
     names = [line.split("\t")[0] for line in parts]
-    assert names == ["gpu-tests", "profile", "bench", "cifar10-store", "cifar10-bench-off",
-                     "cifar10-bench-crop", "cifar10-train", "torchrun", "train-warmup",
-                     "train-1", "sweep-0", "sweep-1", "summary"]
+    assert names == [
+        "gpu-tests",
+        "profile",
+        "bench",
+        "cifar10-store",
+        "cifar10-bench-off",
+        "cifar10-bench-crop",
+        "cifar10-train",
+        "torchrun",
+        "train-warmup",
+        "train-1",
+        "sweep-0",
+        "sweep-1",
+        "summary",
+    ]
     assert all(line.split("\t")[1] == "ok" for line in parts), parts
     # what the summary reads, and the summary itself
     assert json.loads((tmp_path / "profile" / "report.json").read_text())["rows"]
@@ -48,10 +81,21 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
 def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path):
     """A broken part (here: an unknown device for every latecast command) fails the run at
     the end, after every other part ran and the summary was written."""
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "DEVICE": "nodevice",
-           "SEEDS": "1", "PYTEST_ARGS": "-m gpu --co tests/test_gpu_check.py"}
-    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {
+        **os.environ,
+        "OUT": str(tmp_path),
+        "PYTHON": sys.executable,
+        "DEVICE": "nodevice",
+        "SEEDS": "1",
+        "PYTEST_ARGS": "-m gpu --co tests/test_gpu_check.py",
+    }
+    proc = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode != 0
     table = (tmp_path / "parts.tsv").read_text()
     for name in ("profile", "bench", "cifar10-bench-off", "torchrun", "train-warmup", "train-1"):

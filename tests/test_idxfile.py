@@ -1,4 +1,5 @@
 """IDX reader/writer: round trips, every bad input of docs/RELIABILITY.md rows 1-6, fuzzing."""
+
 from __future__ import annotations
 
 import gzip
@@ -32,11 +33,11 @@ def sample(code: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
     if dtype.kind == "f":
         values = rng.standard_normal(shape) * 1e3
         flat = values.reshape(-1)
-        flat[:3] = [np.finfo(dtype).max, np.finfo(dtype).tiny, -0.0][:flat.size]
+        flat[:3] = [np.finfo(dtype).max, np.finfo(dtype).tiny, -0.0][: flat.size]
         return values.astype(dtype)
     info = np.iinfo(dtype)
     values = rng.integers(info.min, info.max, size=shape, endpoint=True).astype(dtype)
-    values.reshape(-1)[:2] = [info.min, info.max][:values.size]
+    values.reshape(-1)[:2] = [info.min, info.max][: values.size]
     return values
 
 
@@ -54,6 +55,7 @@ def fuzz_idx(data: bytes) -> None:
 
 
 # --- round trips ------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("compress", [False, True])
 @pytest.mark.parametrize("shape", SHAPES)
@@ -84,9 +86,15 @@ def test_compressed_write_is_deterministic(tmp_path):
     assert (tmp_path / "a").read_bytes() == (tmp_path / "b").read_bytes()
 
 
-@pytest.mark.parametrize("array", [np.zeros(3, np.int64), np.zeros((), np.uint8),
-                                   np.zeros((1,) * 33, np.uint8),
-                                   np.broadcast_to(np.uint8(0), (2**32,))])  # a view: no memory
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.zeros(3, np.int64),
+        np.zeros((), np.uint8),
+        np.zeros((1,) * 33, np.uint8),
+        np.broadcast_to(np.uint8(0), (2**32,)),
+    ],
+)  # a view: no memory
 def test_write_refuses_what_idx_cannot_hold(tmp_path, array):
     with pytest.raises(ConfigError):
         write_idx(tmp_path / "x", array)
@@ -164,9 +172,13 @@ def test_check_role_names_role_and_file():
     images = np.zeros((2, 3, 4), np.float32)
     with pytest.raises(FormatError) as err:
         check_role(images, "labels", "t10k-labels-idx1-ubyte")
-    assert str(err.value) == ("expected labels (type 0x08, 1 dimension) but t10k-labels-idx1-ubyte "
-                              "holds float32 images of shape (2, 3, 4)")
-    with pytest.raises(FormatError, match="expected images .* holds uint8 labels of shape \\(5,\\)"):
+    assert str(err.value) == (
+        "expected labels (type 0x08, 1 dimension) but t10k-labels-idx1-ubyte "
+        "holds float32 images of shape (2, 3, 4)"
+    )
+    with pytest.raises(
+        FormatError, match="expected images .* holds uint8 labels of shape \\(5,\\)"
+    ):
         check_role(np.zeros(5, np.uint8), "images", "f")
     ok = np.zeros((1, 2, 2), np.uint8)
     assert check_role(ok, "images", "f") is ok
@@ -176,9 +188,13 @@ def test_check_role_names_role_and_file():
 
 valid_files = st.builds(
     lambda code, shape, seed, gz: (lambda raw: gzip.compress(raw, mtime=0) if gz else raw)(
-        idx_bytes(sample(code, tuple(shape), seed), code)),
-    st.sampled_from(sorted(TYPES)), st.lists(st.integers(0, 4), min_size=1, max_size=3),
-    st.integers(0, 99), st.booleans())
+        idx_bytes(sample(code, tuple(shape), seed), code)
+    ),
+    st.sampled_from(sorted(TYPES)),
+    st.lists(st.integers(0, 4), min_size=1, max_size=3),
+    st.integers(0, 99),
+    st.booleans(),
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -196,7 +212,7 @@ def test_header_byte_flip_is_an_error_or_consistent(data, draw):
     header = 4 + 4 * raw[3]
     position = draw.draw(st.integers(0, header - 1))
     value = draw.draw(st.integers(0, 255).filter(lambda v: v != raw[position]))
-    flipped = raw[:position] + bytes([value]) + raw[position + 1:]
+    flipped = raw[:position] + bytes([value]) + raw[position + 1 :]
     fuzz_idx(flipped)
     fuzz_idx(gzip.compress(flipped))
 
@@ -214,10 +230,10 @@ def fuzz_corpus() -> list[bytes]:
             corpus += [packed[:k] for k in range(0, len(packed), 3)]
             for pos in range(min(len(raw), 20)):
                 for value in (0x00, 0x01, 0x7F, 0x80, 0xFF, raw[pos] ^ 0x10):
-                    corpus.append(raw[:pos] + bytes([value]) + raw[pos + 1:])
+                    corpus.append(raw[:pos] + bytes([value]) + raw[pos + 1 :])
             for _ in range(20):
                 pos = rng.randrange(len(packed))
-                corpus.append(packed[:pos] + bytes([rng.randrange(256)]) + packed[pos + 1:])
+                corpus.append(packed[:pos] + bytes([rng.randrange(256)]) + packed[pos + 1 :])
     corpus += [bytes(rng.randrange(256) for _ in range(rng.randrange(40))) for _ in range(300)]
     corpus += [b"\0\0" + bytes([c, n]) + b"\0\0\0\x01" * 4 for c in range(256) for n in (0, 1, 4)]
     return corpus

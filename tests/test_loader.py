@@ -1,4 +1,5 @@
 """Loader order, strategy equivalence, byte accounting and state, on the CPU."""
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,11 @@ def mnist():
 
 def small(n=300, shape=(28, 28, 1), classes=10, seed=0):
     rng = np.random.default_rng(seed)
-    return latecast.from_arrays(rng.integers(0, 256, (n, *shape), dtype=np.uint8),
-                                rng.integers(0, classes, n), classes=[str(i) for i in range(classes)])
+    return latecast.from_arrays(
+        rng.integers(0, 256, (n, *shape), dtype=np.uint8),
+        rng.integers(0, classes, n),
+        classes=[str(i) for i in range(classes)],
+    )
 
 
 def collect(loader):
@@ -35,6 +39,7 @@ def collect(loader):
 
 # -- values ------------------------------------------------------------------------------
 
+
 def test_every_strategy_equals_torchvision_on_real_mnist(mnist):
     tv = pytest.importorskip("torchvision.transforms")
     reference = tv.Compose([tv.ToTensor(), tv.Normalize(mnist.mean, mnist.std)])
@@ -42,7 +47,7 @@ def test_every_strategy_equals_torchvision_on_real_mnist(mnist):
     for name in STRATS:
         loader = Loader(mnist, 256, device="cpu", transfer=name, seed=7)
         for k, (images, labels) in zip(range(3), loader):
-            idx = order[k * 256:(k + 1) * 256].numpy()
+            idx = order[k * 256 : (k + 1) * 256].numpy()
             expected = torch.stack([reference(mnist.images[i]) for i in idx])
             assert images.shape == (256, 1, 28, 28) and images.dtype == torch.float32
             assert (images - expected).abs().max().item() <= 1e-6, name
@@ -52,7 +57,9 @@ def test_every_strategy_equals_torchvision_on_real_mnist(mnist):
 
 def test_strategies_agree_bitwise_with_partial_batch():
     ds = small(n=300, shape=(8, 8, 3))
-    results = {name: collect(Loader(ds, 64, device="cpu", transfer=name, seed=3)) for name in STRATS}
+    results = {
+        name: collect(Loader(ds, 64, device="cpu", transfer=name, seed=3)) for name in STRATS
+    }
     for name, batches in results.items():
         assert [len(y) for _, y in batches] == [64, 64, 64, 64, 44], name
         for (x, y), (rx, ry) in zip(batches, results["float32"]):
@@ -62,8 +69,11 @@ def test_strategies_agree_bitwise_with_partial_batch():
 def test_uint16_labels_survive_the_packed_copy():
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 1000, 50)
-    ds = latecast.from_arrays(rng.integers(0, 256, (50, 4, 4, 1), dtype=np.uint8), labels,
-                              classes=[str(i) for i in range(1000)])
+    ds = latecast.from_arrays(
+        rng.integers(0, 256, (50, 4, 4, 1), dtype=np.uint8),
+        labels,
+        classes=[str(i) for i in range(1000)],
+    )
     assert ds.labels.dtype == np.uint16
     for name in STRATS:
         got = torch.cat([y for _, y in Loader(ds, 16, device="cpu", transfer=name, shuffle=False)])
@@ -83,7 +93,8 @@ def test_channels_last_layout_same_values():
     x, _ = next(iter(Loader(ds, 20, device="cpu", shuffle=False)))
     y, _ = next(iter(Loader(ds, 20, device="cpu", shuffle=False, channels_last=True)))
     assert y.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(
-        memory_format=torch.channels_last)
+        memory_format=torch.channels_last
+    )
     assert x.is_contiguous() and torch.equal(x, y)
 
 
@@ -98,14 +109,20 @@ def test_augmentation_is_seeded_and_per_batch():
 
 # -- order -------------------------------------------------------------------------------
 
+
 @settings(max_examples=60, deadline=None)
-@given(n=st.integers(1, 400), world=st.integers(1, 8), seed=st.integers(0, 2**31),
-       epoch=st.integers(0, 5))
+@given(
+    n=st.integers(1, 400),
+    world=st.integers(1, 8),
+    seed=st.integers(0, 2**31),
+    epoch=st.integers(0, 5),
+)
 def test_order_matches_distributed_sampler(n, world, seed, epoch):
     shards = []
     for rank in range(world):
-        sampler = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=True,
-                                     seed=seed)
+        sampler = DistributedSampler(
+            range(n), num_replicas=world, rank=rank, shuffle=True, seed=seed
+        )
         sampler.set_epoch(epoch)
         mine = epoch_order(n, seed=seed, epoch=epoch, rank=rank, world_size=world)
         assert mine.tolist() == list(sampler)
@@ -117,12 +134,15 @@ def test_order_matches_distributed_sampler(n, world, seed, epoch):
 @settings(max_examples=40, deadline=None)
 @given(n=st.integers(1, 400), world=st.integers(1, 8))
 def test_unpadded_shards_partition_the_dataset(n, world):
-    shards = [epoch_order(n, seed=0, epoch=0, rank=r, world_size=world, pad=False)
-              for r in range(world)]
+    shards = [
+        epoch_order(n, seed=0, epoch=0, rank=r, world_size=world, pad=False) for r in range(world)
+    ]
     assert sorted(torch.cat(shards).tolist()) == list(range(n))
 
 
-@pytest.mark.parametrize("n,b,drop_last", [(300, 64, False), (300, 64, True), (256, 64, True), (5, 64, False)])
+@pytest.mark.parametrize(
+    "n,b,drop_last", [(300, 64, False), (300, 64, True), (256, 64, True), (5, 64, False)]
+)
 def test_len_and_every_index_once(n, b, drop_last):
     ds = small(n=n, shape=(2, 2, 1))
     loader = Loader(ds, b, device="cpu", drop_last=drop_last, transfer="uint8")
@@ -138,9 +158,15 @@ def test_every_index_exactly_once_per_epoch():
     # Each image carries its own index in its pixels, so the batches tell which sample it is.
     images = np.zeros((n, 2, 2, 1), np.uint8)
     images[:, 0, 0, 0], images[:, 0, 1, 0] = np.arange(n) % 256, np.arange(n) // 256
-    ds = latecast.from_arrays(images, np.zeros(n, np.int64), classes=["a"], mean=(0.0,), std=(1 / 255,))
-    seen = torch.cat([(x[:, 0, 0, 0] + 256 * x[:, 0, 0, 1]).round().long()
-                      for x, _ in Loader(ds, 64, device="cpu")])
+    ds = latecast.from_arrays(
+        images, np.zeros(n, np.int64), classes=["a"], mean=(0.0,), std=(1 / 255,)
+    )
+    seen = torch.cat(
+        [
+            (x[:, 0, 0, 0] + 256 * x[:, 0, 0, 1]).round().long()
+            for x, _ in Loader(ds, 64, device="cpu")
+        ]
+    )
     assert sorted(seen.tolist()) == list(range(n))
 
 
@@ -192,6 +218,7 @@ def test_rank_and_world_from_torchrun_environment(monkeypatch):
 
 # -- bytes -------------------------------------------------------------------------------
 
+
 def test_byte_accounting_is_exact():
     ds = small(n=300)
     stats = {}
@@ -207,7 +234,9 @@ def test_byte_accounting_is_exact():
     assert stats["prefetch"].h2d_bytes == u8.h2d_bytes
     assert u8.copies == 2 * 5 and f32.copies == 2 * 2 * 5  # one packed copy per batch
     res = stats["resident"]  # one upload of the dataset, then one permutation per epoch
-    assert res.image_bytes == 300 * 784 and res.label_bytes == 300 and res.index_bytes == 2 * 300 * 8
+    assert (
+        res.image_bytes == 300 * 784 and res.label_bytes == 300 and res.index_bytes == 2 * 300 * 8
+    )
     assert res.batches == 10
 
 
@@ -222,12 +251,16 @@ def test_resident_moves_nothing_per_step():
 
 # -- bad arguments (docs/RELIABILITY.md row 29) -----------------------------------------------------
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"batch_size": 0}, "batch_size"),
-    ({"batch_size": 8, "transfer": "fast"}, "valid: auto, float32, uint8, prefetch, resident"),
-    ({"batch_size": 8, "device": "tpu:0"}, "device"),
-    ({"batch_size": 8, "rank": 2, "world_size": 2}, "rank 2"),
-])
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": 8, "transfer": "fast"}, "valid: auto, float32, uint8, prefetch, resident"),
+        ({"batch_size": 8, "device": "tpu:0"}, "device"),
+        ({"batch_size": 8, "rank": 2, "world_size": 2}, "rank 2"),
+    ],
+)
 def test_bad_arguments_are_clear(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         Loader(small(n=10, shape=(2, 2, 1)), **kwargs)
@@ -250,6 +283,7 @@ def test_pinned_buffer_falls_back_to_pageable_with_one_warning():
     """docs/RELIABILITY.md row 27: where pinning fails (no driver here, or the OS limit on a
     GPU machine) the buffer is pageable and one warning says copies become synchronous."""
     from latecast.transfer import host_buffer
+
     if torch.cuda.is_available():
         assert host_buffer(64, pin=True).is_pinned()
         return

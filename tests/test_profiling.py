@@ -1,4 +1,5 @@
 """`latecast profile` on CPU with tiny settings: every row, finite numbers, all files written."""
+
 import json
 import math
 
@@ -14,8 +15,20 @@ BATCH = 16
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, run_cli):
     out = tmp_path_factory.mktemp("profile")
-    rc, result = run_cli("profile", "--device", "cpu", "--steps", "2", "--warmup", "1",
-                         "-b", BATCH, "--output-dir", out, "--json")
+    rc, result = run_cli(
+        "profile",
+        "--device",
+        "cpu",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "-b",
+        BATCH,
+        "--output-dir",
+        out,
+        "--json",
+    )
     assert rc == 0
     return out, result
 
@@ -53,25 +66,53 @@ def test_report_and_plot(run):
 
 def test_gpu_trace_and_report_paths(tmp_path):
     """What a CUDA run's trace holds (kernels, HtoD copies with bytes), parsed on any machine."""
-    events = [{"ph": "X", "cat": "kernel", "name": "k", "dur": 30.0},
-              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)",
-               "dur": 5.0, "args": {"bytes": 1000}},
-              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pinned -> Device)",
-               "dur": 7.0, "args": {"bytes": 3000}},
-              {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "dur": 9.0},
-              {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 50.0}]
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "k", "dur": 30.0},
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy HtoD (Pinned -> Device)",
+            "dur": 5.0,
+            "args": {"bytes": 1000},
+        },
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy HtoD (Pinned -> Device)",
+            "dur": 7.0,
+            "args": {"bytes": 3000},
+        },
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pageable)", "dur": 9.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "dur": 50.0},
+    ]
     path = tmp_path / "trace.json"
     path.write_text(json.dumps({"traceEvents": events}))
     kernel_us, memcpy = trace_totals(path)
     assert kernel_us == 30.0
     assert memcpy == {"Memcpy HtoD (Pinned -> Device)": {"us": 12.0, "count": 2, "bytes": 4000}}
-    row = {"step_ms": 2.0, "kernel_ms": 1.0, "data_wait_ms": 0.01, "data_cpu_ms": 0.01,
-           "data_wait_pct": 0.5, "h2d_bytes_per_step": 4000.0, "memcpy_ms": 0.012,
-           "memcpy_count": 2.0, "profiler_bytes_per_step": 4000.0,
-           "memcpy": {"Memcpy HtoD (Pinned -> Device)": {"ms": 0.012, "count": 2.0, "bytes": 4000.0}}}
-    result = {"device": "cuda:0", "gpu": "Test GPU", "cpu": "x", "torch": "t", "git": "g",
-              "date": "d", "dataset": "mnist", "config": {"steps": 1, "warmup": 0, "batch_size": 4},
-              "rows": {"uint8": row}}
+    row = {
+        "step_ms": 2.0,
+        "kernel_ms": 1.0,
+        "data_wait_ms": 0.01,
+        "data_cpu_ms": 0.01,
+        "data_wait_pct": 0.5,
+        "h2d_bytes_per_step": 4000.0,
+        "memcpy_ms": 0.012,
+        "memcpy_count": 2.0,
+        "profiler_bytes_per_step": 4000.0,
+        "memcpy": {"Memcpy HtoD (Pinned -> Device)": {"ms": 0.012, "count": 2.0, "bytes": 4000.0}},
+    }
+    result = {
+        "device": "cuda:0",
+        "gpu": "Test GPU",
+        "cpu": "x",
+        "torch": "t",
+        "git": "g",
+        "date": "d",
+        "dataset": "mnist",
+        "config": {"steps": 1, "warmup": 0, "batch_size": 4},
+        "rows": {"uint8": row},
+    }
     md = report_markdown(result)
     assert "0.012 ms (2.0x)" in md and "device kernels" in md
     plot(result, tmp_path / "p.png")
@@ -88,8 +129,16 @@ def test_unknown_row_is_a_one_line_error(run_cli):
 def test_cuda_copies_match_the_loader_accounting(tmp_path):
     """The profiler's Memcpy HtoD bytes equal what the loaders count; uint8 packs images
     and labels into one pinned copy; resident copies nothing per step."""
-    r = profile(ProfileConfig(steps=3, warmup=1, batch_size=64, device="cuda",
-                              transfer="float32,uint8,resident,baseline", output_dir=str(tmp_path)))
+    r = profile(
+        ProfileConfig(
+            steps=3,
+            warmup=1,
+            batch_size=64,
+            device="cuda",
+            transfer="float32,uint8,resident,baseline",
+            output_dir=str(tmp_path),
+        )
+    )
     rows = r["rows"]
     assert all("Pageable" in k for k in rows["float32"]["memcpy"]), rows["float32"]["memcpy"]
     assert all("Pinned" in k for k in rows["uint8"]["memcpy"]), rows["uint8"]["memcpy"]

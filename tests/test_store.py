@@ -1,5 +1,6 @@
 """The on-disk store: round trip, every corruption of docs/RELIABILITY.md row 12, kill -9
 during a write (row 18), and image-folder conversion with bad files (row 11)."""
+
 import io
 import json
 import os
@@ -13,27 +14,34 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from latecast import store
+from latecast.convert import convert_folder
 from latecast.data import Dataset, from_arrays
 from latecast.errors import ConfigError, FormatError, LatecastError
-from latecast.convert import convert_folder
 from latecast.store import open_store, write_store
 
 
 def small(n=10, shape=(6, 5, 3), classes=4, seed=0) -> Dataset:
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
-    return from_arrays(images, np.arange(n) % classes, name="small", classes=[f"c{i}" for i in range(classes)])
+    return from_arrays(
+        images, np.arange(n) % classes, name="small", classes=[f"c{i}" for i in range(classes)]
+    )
 
 
 def same(a: Dataset, b: Dataset) -> bool:
-    return (np.array_equal(a.images, b.images) and np.array_equal(a.labels, b.labels)
-            and a.labels.dtype == b.labels.dtype
-            and (a.name, a.split, a.classes) == (b.name, b.split, b.classes)
-            and np.allclose(a.mean, b.mean) and np.allclose(a.std, b.std))
+    return (
+        np.array_equal(a.images, b.images)
+        and np.array_equal(a.labels, b.labels)
+        and a.labels.dtype == b.labels.dtype
+        and (a.name, a.split, a.classes) == (b.name, b.split, b.classes)
+        and np.allclose(a.mean, b.mean)
+        and np.allclose(a.std, b.std)
+    )
 
 
 def dead_pid() -> int:
@@ -43,6 +51,7 @@ def dead_pid() -> int:
 
 
 # ---- round trip and layout -------------------------------------------------------------
+
 
 def test_round_trip_is_equal_and_a_read_only_memmap(tmp_path):
     ds = small()
@@ -58,7 +67,9 @@ def test_round_trip_is_equal_and_a_read_only_memmap(tmp_path):
 
 
 def test_uint16_labels_and_memmap_source_written_in_chunks(tmp_path, monkeypatch):
-    src = np.lib.format.open_memmap(tmp_path / "src.npy", mode="w+", dtype=np.uint8, shape=(300, 8, 8, 1))
+    src = np.lib.format.open_memmap(
+        tmp_path / "src.npy", mode="w+", dtype=np.uint8, shape=(300, 8, 8, 1)
+    )
     src[:] = np.arange(300, dtype=np.uint8)[:, None, None, None]
     ds = from_arrays(src, np.arange(300), classes=[str(i) for i in range(300)])
     monkeypatch.setattr(store, "CHUNK_BYTES", 1000)  # 15 images per chunk: many chunks
@@ -79,14 +90,22 @@ def test_replaces_a_store_but_never_other_data(tmp_path):
 
 def test_write_rejects_labels_outside_classes(tmp_path):
     ds = small()
-    bad = Dataset("x", "train", ds.images, np.array([0, 1, 2, 3, 9, 0, 1, 2, 3, 0], np.uint8),
-                  ds.classes, ds.mean, ds.std)
+    bad = Dataset(
+        "x",
+        "train",
+        ds.images,
+        np.array([0, 1, 2, 3, 9, 0, 1, 2, 3, 0], np.uint8),
+        ds.classes,
+        ds.mean,
+        ds.std,
+    )
     with pytest.raises(FormatError, match="label 9 at index 4 is outside 0..3"):
         write_store(bad, tmp_path / "s")
     assert not list(tmp_path.iterdir())
 
 
 # ---- row 12: a damaged store is refused, naming the file ---------------------------------
+
 
 def edit_meta(out: Path, fn) -> None:
     meta = json.loads((out / "meta.json").read_text())
@@ -96,9 +115,11 @@ def edit_meta(out: Path, fn) -> None:
 
 def resign(out: Path, key: str, name: str) -> None:
     """Make meta.json agree with a replaced file's size and fingerprint (a careful forger)."""
+
     def fix(meta):
         meta[key]["bytes"] = (out / name).stat().st_size
         meta[key]["sha256_head_tail"] = store._fingerprint(out / name)
+
     edit_meta(out, fix)
 
 
@@ -111,29 +132,72 @@ def stale(p: Path) -> None:  # another conversion's file: same shape and size, o
 
 
 CORRUPTIONS = {
-    "truncated images": (lambda o: truncate(o / "images.npy"), r"images\.npy: \d+ bytes, meta\.json says"),
+    "truncated images": (
+        lambda o: truncate(o / "images.npy"),
+        r"images\.npy: \d+ bytes, meta\.json says",
+    ),
     "truncated labels": (lambda o: truncate(o / "labels.npy"), r"labels\.npy: \d+ bytes"),
     "empty images": (lambda o: (o / "images.npy").write_bytes(b""), r"images\.npy: 0 bytes"),
     "stale images": (lambda o: stale(o / "images.npy"), r"images\.npy: contents differ"),
     "missing labels": (lambda o: (o / "labels.npy").unlink(), r"labels\.npy: missing"),
     "missing meta": (lambda o: (o / "meta.json").unlink(), r"meta\.json is missing"),
-    "meta not json": (lambda o: (o / "meta.json").write_text("{\"schema\": 1,"), r"meta\.json: not valid JSON"),
-    "meta schema": (lambda o: edit_meta(o, lambda m: m.update(schema=2)), r"schema version 2, this latecast reads 1"),
-    "meta count": (lambda o: edit_meta(o, lambda m: m.update(count=11)), r"images\.npy: holds uint8 .* count 11"),
-    "meta shape": (lambda o: edit_meta(o, lambda m: m["images"].update(shape=[10, 5, 6, 3])),
-                   r"images\.npy: holds uint8 \[10, 6, 5, 3\], meta\.json says uint8 \[10, 5, 6, 3\]"),
-    "meta dtype": (lambda o: edit_meta(o, lambda m: m["labels"].update(dtype="uint16")), r"labels\.npy: holds uint8"),
-    "meta field": (lambda o: edit_meta(o, lambda m: m.pop("classes")), r"field 'classes' should be a list"),
-    "meta mean": (lambda o: edit_meta(o, lambda m: m.update(mean=[0.5])), r"mean/std need 3 channel values"),
-    "meta std": (lambda o: edit_meta(o, lambda m: m.update(std=[0.2, 0.0, 0.2])), r"meta\.json: mean/std need"),
-    "meta classes": (lambda o: edit_meta(o, lambda m: m.update(classes=["a", "b"])),
-                     r"labels\.npy: label 2 at index 2 is outside 0\.\.1"),
-    "reshaped images": (lambda o: (np.save(o / "images.npy", small().images.reshape(10, 5, 6, 3)),
-                                   resign(o, "images", "images.npy")), r"holds uint8 \[10, 5, 6, 3\]"),
-    "pickled labels": (lambda o: (np.save(o / "labels.npy", np.array([None] * 10, object), allow_pickle=True),
-                                  resign(o, "labels", "labels.npy")), r"labels\.npy: not a readable \.npy"),
-    "bad label": (lambda o: (np.save(o / "labels.npy", np.array([0, 1, 2, 3, 0, 1, 7, 3, 0, 1], np.uint8)),
-                             resign(o, "labels", "labels.npy")), r"label 7 at index 6 is outside 0\.\.3"),
+    "meta not json": (
+        lambda o: (o / "meta.json").write_text('{"schema": 1,'),
+        r"meta\.json: not valid JSON",
+    ),
+    "meta schema": (
+        lambda o: edit_meta(o, lambda m: m.update(schema=2)),
+        r"schema version 2, this latecast reads 1",
+    ),
+    "meta count": (
+        lambda o: edit_meta(o, lambda m: m.update(count=11)),
+        r"images\.npy: holds uint8 .* count 11",
+    ),
+    "meta shape": (
+        lambda o: edit_meta(o, lambda m: m["images"].update(shape=[10, 5, 6, 3])),
+        r"images\.npy: holds uint8 \[10, 6, 5, 3\], meta\.json says uint8 \[10, 5, 6, 3\]",
+    ),
+    "meta dtype": (
+        lambda o: edit_meta(o, lambda m: m["labels"].update(dtype="uint16")),
+        r"labels\.npy: holds uint8",
+    ),
+    "meta field": (
+        lambda o: edit_meta(o, lambda m: m.pop("classes")),
+        r"field 'classes' should be a list",
+    ),
+    "meta mean": (
+        lambda o: edit_meta(o, lambda m: m.update(mean=[0.5])),
+        r"mean/std need 3 channel values",
+    ),
+    "meta std": (
+        lambda o: edit_meta(o, lambda m: m.update(std=[0.2, 0.0, 0.2])),
+        r"meta\.json: mean/std need",
+    ),
+    "meta classes": (
+        lambda o: edit_meta(o, lambda m: m.update(classes=["a", "b"])),
+        r"labels\.npy: label 2 at index 2 is outside 0\.\.1",
+    ),
+    "reshaped images": (
+        lambda o: (
+            np.save(o / "images.npy", small().images.reshape(10, 5, 6, 3)),
+            resign(o, "images", "images.npy"),
+        ),
+        r"holds uint8 \[10, 5, 6, 3\]",
+    ),
+    "pickled labels": (
+        lambda o: (
+            np.save(o / "labels.npy", np.array([None] * 10, object), allow_pickle=True),
+            resign(o, "labels", "labels.npy"),
+        ),
+        r"labels\.npy: not a readable \.npy",
+    ),
+    "bad label": (
+        lambda o: (
+            np.save(o / "labels.npy", np.array([0, 1, 2, 3, 0, 1, 7, 3, 0, 1], np.uint8)),
+            resign(o, "labels", "labels.npy"),
+        ),
+        r"label 7 at index 6 is outside 0\.\.3",
+    ),
 }
 
 
@@ -154,7 +218,7 @@ def test_any_byte_flip_or_cut_gives_equal_data_or_a_latecast_error(tmp_path_fact
     out = write_store(small(), tmp_path_factory.mktemp("fuzz") / "s")
     raw = bytearray((out / which).read_bytes())
     if data.draw(st.booleans()):
-        raw = raw[:data.draw(st.integers(0, len(raw) - 1))]
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
     else:
         i = data.draw(st.integers(0, len(raw) - 1))
         raw[i] ^= data.draw(st.integers(1, 255))
@@ -171,8 +235,18 @@ def test_any_byte_flip_or_cut_gives_equal_data_or_a_latecast_error(tmp_path_fact
 def test_splits(tmp_path):
     root = tmp_path / "both"
     write_store(small(), root / "train")
-    write_store(Dataset("small", "test", small().images[:4], small().labels[:4], small().classes,
-                        small().mean, small().std), root / "test")
+    write_store(
+        Dataset(
+            "small",
+            "test",
+            small().images[:4],
+            small().labels[:4],
+            small().classes,
+            small().mean,
+            small().std,
+        ),
+        root / "test",
+    )
     assert open_store(root).split == "train" and len(open_store(root, split="test")) == 4
     with pytest.raises(ConfigError, match=r"no split 'val'; this store has \['test', 'train'\]"):
         open_store(root, split="val")
@@ -216,8 +290,18 @@ def test_crash_between_renames_restores_the_old_store(tmp_path):
     os.replace(old, tmp_path / f".s.old-{pid}")
     (tmp_path / f".s.tmp-{pid}").mkdir()
     with pytest.raises(FormatError):  # this write fails, so nothing replaces the restored store
-        write_store(Dataset("x", "train", small().images, np.full(10, 9, np.uint8), ("a",),
-                            small().mean, small().std), tmp_path / "s")
+        write_store(
+            Dataset(
+                "x",
+                "train",
+                small().images,
+                np.full(10, 9, np.uint8),
+                ("a",),
+                small().mean,
+                small().std,
+            ),
+            tmp_path / "s",
+        )
     assert same(open_store(tmp_path / "s"), small(seed=4))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
 
@@ -231,7 +315,10 @@ def test_a_live_writers_temp_folder_is_left_alone(tmp_path):
 
 # ---- row 11: image-folder conversion ------------------------------------------------------
 
-def image(path: Path, mode: str, size_wh: tuple[int, int], value: int, fmt: str = "PNG") -> np.ndarray:
+
+def image(
+    path: Path, mode: str, size_wh: tuple[int, int], value: int, fmt: str = "PNG"
+) -> np.ndarray:
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(value)
     shape = size_wh[::-1] if mode == "L" else (*size_wh[::-1], 3)
@@ -243,9 +330,15 @@ def image(path: Path, mode: str, size_wh: tuple[int, int], value: int, fmt: str 
 def png_header(w: int, h: int) -> bytes:
     """A PNG that claims w x h pixels (the header is all Pillow reads before decoding)."""
     ihdr = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)
-    chunk = lambda kind, body: (struct.pack(">I", len(body)) + kind + body
-                                + struct.pack(">I", zlib.crc32(kind + body)))
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 9)) + chunk(b"IEND", b"")
+    chunk = lambda kind, body: (
+        struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    )
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"\0" * 9))
+        + chunk(b"IEND", b"")
+    )
 
 
 def test_convert_grayscale_folder_exactly(tmp_path):
@@ -277,7 +370,11 @@ def test_convert_mixed_png_jpeg_gray_rgb_and_sizes(tmp_path):
     assert ds.image_shape == (6, 8, 3) and len(ds) == 4
     assert np.array_equal(ds.images[0], np.repeat(gray[..., None], 3, 2))
     assert np.array_equal(ds.images[1], rgb)
-    wide = Image.open(src / "b" / "3.png").resize((16, 6), Image.Resampling.BILINEAR).crop((4, 0, 12, 6))
+    wide = (
+        Image.open(src / "b" / "3.png")
+        .resize((16, 6), Image.Resampling.BILINEAR)
+        .crop((4, 0, 12, 6))
+    )
     assert np.array_equal(ds.images[3], np.asarray(wide))  # covered, then center-cropped
 
 
@@ -298,7 +395,7 @@ def test_convert_to_a_given_size_keeps_aspect_then_center_crops(tmp_path):
 def truncated_png() -> bytes:
     buf = io.BytesIO()
     Image.fromarray(np.random.default_rng(1).integers(0, 256, (40, 40), np.uint8)).save(buf, "PNG")
-    return buf.getvalue()[:len(buf.getvalue()) // 2]
+    return buf.getvalue()[: len(buf.getvalue()) // 2]
 
 
 BAD_FILES = {
@@ -332,7 +429,12 @@ def test_convert_train_test_split(tmp_path):
                 image(src / split / cls / f"{j}.png", "RGB", (4, 4), hash((split, cls, j)) % 1000)
     out, _ = convert_folder(src, tmp_path / "store")
     train, val = open_store(out), open_store(out, split="val")
-    assert (len(train), len(val), train.classes, val.classes) == (6, 2 * 2, ("cat", "dog"), ("cat", "dog"))
+    assert (len(train), len(val), train.classes, val.classes) == (
+        6,
+        2 * 2,
+        ("cat", "dog"),
+        ("cat", "dog"),
+    )
     assert val.mean == train.mean  # normalized with the train statistics
     assert sorted(p.name for p in out.iterdir()) == ["train", "val"]
     (src / "val" / "bird").mkdir()
@@ -350,9 +452,12 @@ def test_convert_without_pillow_says_how_to_install(tmp_path, monkeypatch):
 
 # ---- never delete what latecast did not write ----------------------------------------------
 
+
 def tree(path: Path) -> dict:
     """Every file under ``path`` with its bytes: what must survive a refused write."""
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
+    }
 
 
 def project_with_meta_json(out: Path) -> None:
@@ -382,11 +487,13 @@ def a_file(out: Path) -> None:
     out.write_text("a plain file")
 
 
-NOT_STORES = {"meta.json of a project": project_with_meta_json,
-              "stores plus notes": folder_of_stores_plus_notes,
-              "store plus a user file": store_plus_user_file,
-              "split store plus a user folder": split_store_plus_user_folder,
-              "a file": a_file}
+NOT_STORES = {
+    "meta.json of a project": project_with_meta_json,
+    "stores plus notes": folder_of_stores_plus_notes,
+    "store plus a user file": store_plus_user_file,
+    "split store plus a user folder": split_store_plus_user_folder,
+    "a file": a_file,
+}
 
 
 @pytest.mark.parametrize("case", NOT_STORES)
@@ -394,7 +501,9 @@ def test_write_and_convert_refuse_what_is_not_verifiably_a_store(tmp_path, case)
     out = tmp_path / "out"
     NOT_STORES[case](out)
     before = tree(tmp_path)
-    with pytest.raises(ConfigError, match=rf"{out} exists and is not a latecast store \(.+\); refusing"):
+    with pytest.raises(
+        ConfigError, match=rf"{out} exists and is not a latecast store \(.+\); refusing"
+    ):
         write_store(small(), out)
     src = tmp_path / "src"
     image(src / "a" / "0.png", "L", (4, 4), 1)
@@ -424,8 +533,12 @@ def test_convert_refuses_its_own_source_and_the_current_folder(tmp_path, monkeyp
     image(src / "a" / "0.png", "L", (4, 4), 1)
     image(src / "b" / "0.png", "L", (4, 4), 2)
     monkeypatch.chdir(tmp_path / "project")
-    out = {"cwd": Path("."), "source": src, "parent of source": tmp_path / "project",
-           "inside source": src / "store"}[where]
+    out = {
+        "cwd": Path("."),
+        "source": src,
+        "parent of source": tmp_path / "project",
+        "inside source": src / "store",
+    }[where]
     before = tree(tmp_path)
     with pytest.raises(ConfigError, match="refusing|cannot be the image folder"):
         convert_folder(src, out)

@@ -1,4 +1,5 @@
 """Training learns, the CLI keeps its contract (exit codes, one-line errors, --json)."""
+
 from __future__ import annotations
 
 import gzip
@@ -12,13 +13,20 @@ from latecast.errors import ConfigError
 from latecast.train import TrainConfig, train
 
 BUNDLED = Path(latecast.__file__).parent / "bundled"
-NAMES = ["train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-         "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"]
+NAMES = [
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+]
 
 
 def test_short_training_run_learns(tmp_path):
-    summary = train(TrainConfig(model="mlp", epochs=1, batch_size=256, lr=0.05,
-                                device="cpu", output_dir=str(tmp_path)))
+    summary = train(
+        TrainConfig(
+            model="mlp", epochs=1, batch_size=256, lr=0.05, device="cpu", output_dir=str(tmp_path)
+        )
+    )
     assert summary["test_accuracy"] > 0.93
     assert summary["h2d_bytes"] * 3 < summary["h2d_bytes_float32"]
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -45,13 +53,35 @@ def test_bad_config_values_are_named(field, value, tmp_path):
 
 @pytest.mark.parametrize("transfer", ["float32", "uint8", "prefetch", "resident", "auto"])
 def test_cli_train_json_every_strategy(transfer, tmp_path, run_cli):
-    proc = run_cli("train", "--model", "mlp", "--epochs", "1", "-b", "1024", "--lr", "0.05",
-                   "--transfer", transfer, "--device", "cpu", "--output-dir", tmp_path,
-                   "--json")
+    proc = run_cli(
+        "train",
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "-b",
+        "1024",
+        "--lr",
+        "0.05",
+        "--transfer",
+        transfer,
+        "--device",
+        "cpu",
+        "--output-dir",
+        tmp_path,
+        "--json",
+    )
     assert proc.rc == 0, proc.err
     result = proc.json
-    for key in ("test_accuracy", "train_seconds", "epochs", "transfer", "device",
-                "h2d_bytes", "h2d_bytes_float32"):
+    for key in (
+        "test_accuracy",
+        "train_seconds",
+        "epochs",
+        "transfer",
+        "device",
+        "h2d_bytes",
+        "h2d_bytes_float32",
+    ):
         assert key in result
     assert 0.8 < result["test_accuracy"] <= 1 and result["device"] == "cpu"
     assert result["transfer"] == ("resident" if transfer == "auto" else transfer)
@@ -100,15 +130,39 @@ def test_bad_data_root_gives_one_line_naming_the_file(fault, tmp_path, run_cli):
         target.write_bytes((root / "t10k-images-idx3-ubyte").read_bytes())
     else:
         target.write_bytes(b"<!DOCTYPE html><html>Not found</html>")
-    proc = run_cli("train", "--data-root", root, "--epochs", "1", "--device", "cpu",
-                   "--output-dir", tmp_path / "out", process=True)
+    proc = run_cli(
+        "train",
+        "--data-root",
+        root,
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+        "--output-dir",
+        tmp_path / "out",
+        process=True,
+    )
     _one_line_error(proc, "train-labels-idx1-ubyte")
 
 
 def test_data_root_with_good_files_trains(tmp_path, run_cli):
     root = _data_root(tmp_path)
-    rc, result = run_cli("train", "--data-root", root, "--model", "mlp", "--epochs", "1",
-                         "-b", "1024", "--device", "cpu", "--output-dir", tmp_path / "o", "--json")
+    rc, result = run_cli(
+        "train",
+        "--data-root",
+        root,
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "-b",
+        "1024",
+        "--device",
+        "cpu",
+        "--output-dir",
+        tmp_path / "o",
+        "--json",
+    )
     assert rc == 0 and result["test_accuracy"] > 0.8
 
 
@@ -124,6 +178,7 @@ def test_warm_up_leaves_weights_and_batchnorm_untouched():
     from latecast.loader import Loader
     from latecast.models import build_model
     from latecast.train import warm_up
+
     ds = latecast.load_dataset("mnist", "test")
     loader = Loader(ds, 64, device="cpu", channels_last=True)
     model = build_model("cnn", (1, 28, 28), 10).to(memory_format=torch.channels_last)

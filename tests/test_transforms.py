@@ -1,17 +1,29 @@
 """Augmentation: per-image parameters, determinism, and agreement with slow references."""
+
 import numpy as np
 import pytest
 import torch
 
 from latecast.errors import ConfigError
-from latecast.transforms import (Augment, crop_params, cutout, cutout_params, erase, flip,
-                                 flip_params, parse_augment, random_crop, random_flip,
-                                 translate)
+from latecast.transforms import (
+    Augment,
+    crop_params,
+    cutout,
+    cutout_params,
+    erase,
+    flip,
+    flip_params,
+    parse_augment,
+    random_crop,
+    random_flip,
+    translate,
+)
 
 
 def batch(n=64, h=12, w=10, c=3, seed=0) -> torch.Tensor:
-    return torch.randint(0, 256, (n, h, w, c), dtype=torch.uint8,
-                         generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        0, 256, (n, h, w, c), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 def gen(seed: int, device: str = "cpu") -> torch.Generator:
@@ -24,28 +36,28 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 # ---- slow per-image references, fed the parameters the fast code draws ----------------
 
+
 def ref_crop(x: torch.Tensor, padding: int, fill: str, seed: int) -> torch.Tensor:
-    shifts = crop_params(len(x), padding, generator=gen(seed, x.device.type), device=x.device)
+    shifts = crop_params(x, padding, gen(seed, x.device.type))
     mode = "constant" if fill == "zero" else "reflect"
     out = []
     for img, (dy, dx) in zip(x.cpu().numpy(), (shifts + padding).tolist()):
         padded = np.pad(img, ((padding, padding), (padding, padding), (0, 0)), mode=mode)
-        out.append(padded[dy:dy + x.shape[1], dx:dx + x.shape[2]])
+        out.append(padded[dy : dy + x.shape[1], dx : dx + x.shape[2]])
     return torch.from_numpy(np.stack(out)).to(x.device)
 
 
 def ref_flip(x: torch.Tensor, p: float, seed: int) -> torch.Tensor:
-    mask = flip_params(len(x), p, generator=gen(seed, x.device.type), device=x.device)
+    mask = flip_params(x, p, gen(seed, x.device.type))
     return torch.stack([torch.flip(img, [1]) if m else img for img, m in zip(x, mask)])
 
 
 def ref_cutout(x: torch.Tensor, size: int, seed: int) -> torch.Tensor:
-    centers = cutout_params(len(x), x.shape[1], x.shape[2], generator=gen(seed, x.device.type),
-                            device=x.device)
+    centers = cutout_params(x, gen(seed, x.device.type))
     out = x.clone()
     for img, (cy, cx) in zip(out, centers.tolist()):
         y0, x0 = cy - size // 2, cx - size // 2
-        img[max(y0, 0):max(y0 + size, 0), max(x0, 0):max(x0 + size, 0)] = 0
+        img[max(y0, 0) : max(y0 + size, 0), max(x0, 0) : max(x0 + size, 0)] = 0
     return out
 
 
@@ -54,16 +66,19 @@ def ref_cutout(x: torch.Tensor, size: int, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("fill", ["zero", "reflect"])
 def test_crop_equals_pad_then_slice_reference(padding, fill, device):
     x = batch().to(device)
-    assert torch.equal(random_crop(x, padding, fill=fill, generator=gen(5, device)),
-                       ref_crop(x, padding, fill, seed=5))
+    assert torch.equal(
+        random_crop(x, padding, fill=fill, generator=gen(5, device)),
+        ref_crop(x, padding, fill, seed=5),
+    )
 
 
 def test_reflect_padding_matches_numpy_at_the_extreme_offset():
     x = batch(n=1, h=5, w=4, c=1)
     # padding 3 on a 4-wide image: every reflected index reaches the far mirror.
     for seed in range(20):
-        assert torch.equal(random_crop(x, 3, fill="reflect", generator=gen(seed)),
-                           ref_crop(x, 3, "reflect", seed))
+        assert torch.equal(
+            random_crop(x, 3, fill="reflect", generator=gen(seed)), ref_crop(x, 3, "reflect", seed)
+        )
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -82,14 +97,16 @@ def test_cutout_equals_reference(size, device):
 
 def test_parameters_differ_per_image():
     x = batch(n=200)
-    shifts = crop_params(200, 4, generator=gen(0))
+    shifts = crop_params(x, 4, gen(0))
     assert len({tuple(o) for o in shifts.tolist()}) > 40  # 81 possible shifts
     assert shifts.min() == -4 and shifts.max() == 4
     # The same image repeated must come out in many different ways within one batch.
     same = x[:1].expand(200, -1, -1, -1)
-    for f in (lambda b: random_crop(b, 4, generator=gen(1)),
-              lambda b: random_flip(b, generator=gen(1)),
-              lambda b: cutout(b | 1, 4, generator=gen(1))):
+    for f in (
+        lambda b: random_crop(b, 4, generator=gen(1)),
+        lambda b: random_flip(b, generator=gen(1)),
+        lambda b: cutout(b | 1, 4, generator=gen(1)),
+    ):
         assert len({bytes(img.numpy()) for img in f(same)}) > 1
 
 
@@ -126,11 +143,21 @@ def test_augment_applies_crop_then_flip_then_cutout():
     assert torch.equal(Augment(crop=2, flip=0.5, cutout=5)(x, gen(4)), expected)
 
 
-@pytest.mark.parametrize("bad", [torch.zeros(2, 8, 8, 3), torch.zeros(8, 8, 3, dtype=torch.uint8),
-                                 np.zeros((2, 8, 8, 3), np.uint8)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        torch.zeros(2, 8, 8, 3),
+        torch.zeros(8, 8, 3, dtype=torch.uint8),
+        np.zeros((2, 8, 8, 3), np.uint8),
+    ],
+)
 def test_bad_input_names_expected_and_received(bad):
-    for f in (lambda: random_crop(bad, 2), lambda: random_flip(bad), lambda: cutout(bad, 2),
-              lambda: Augment(flip=0.5)(bad)):
+    for f in (
+        lambda: random_crop(bad, 2),
+        lambda: random_flip(bad),
+        lambda: cutout(bad, 2),
+        lambda: Augment(flip=0.5)(bad),
+    ):
         with pytest.raises(ConfigError, match=r"uint8 tensor \(N, H, W, C\), got"):
             f()
 
@@ -159,7 +186,9 @@ def test_generator_on_another_device_rejected():
 def test_parse_augment():
     assert parse_augment("") is None and parse_augment(" None ") is None
     assert parse_augment("crop,flip,cutout") == Augment(crop=4, flip=0.5, cutout=8)
-    assert parse_augment("crop=2, cutout=6,fill=reflect") == Augment(crop=2, cutout=6, fill="reflect")
+    assert parse_augment("crop=2, cutout=6,fill=reflect") == Augment(
+        crop=2, cutout=6, fill="reflect"
+    )
     assert parse_augment("flip=0.25") == Augment(flip=0.25)
     for aug in (Augment(crop=3, flip=0.1, cutout=2, fill="reflect"), Augment(flip=1.0)):
         assert parse_augment(str(aug)) == aug
@@ -174,7 +203,10 @@ def test_parse_augment():
 def test_applying_halves_take_explicit_parameters():
     x = torch.arange(12, dtype=torch.uint8).view(1, 3, 4, 1)  # rows 0-3, 4-7, 8-11
     assert translate(x, torch.tensor([[1, -1]]))[0, :, :, 0].tolist() == [
-        [0, 4, 5, 6], [0, 8, 9, 10], [0, 0, 0, 0]]
+        [0, 4, 5, 6],
+        [0, 8, 9, 10],
+        [0, 0, 0, 0],
+    ]
     assert translate(x, torch.tensor([[0, 2]]), fill="reflect")[0, 0, :, 0].tolist() == [2, 3, 2, 1]
     two = torch.cat([x, x])
     assert torch.equal(flip(two, torch.tensor([True, False])), torch.cat([x.flip(2), x]))

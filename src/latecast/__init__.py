@@ -11,6 +11,7 @@ Example:
     >>> for images, labels in loader:   # float (N, C, H, W) normalized on the device
     ...     ...
 """
+
 from .convert import convert_folder
 from .data import Dataset, from_arrays
 from .datasets import load_dataset
@@ -21,5 +22,16 @@ from .train import TrainConfig, train
 from .transforms import Augment, normalize
 
 __version__ = "0.1.0"
-__all__ = ["Augment", "Dataset", "LatecastError", "Loader", "TrainConfig", "convert_folder",
-           "from_arrays", "load_dataset", "normalize", "open_store", "train"]
+__all__ = [
+    "Augment",
+    "Dataset",
+    "LatecastError",
+    "Loader",
+    "TrainConfig",
+    "convert_folder",
+    "from_arrays",
+    "load_dataset",
+    "normalize",
+    "open_store",
+    "train",
+]

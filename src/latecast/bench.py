@@ -13,6 +13,7 @@ Every timing is one warm-up pass, then ``repeats`` passes with the device synchr
 before and after each; we report the median and the min/max. Ratios come from one run:
 absolute times on a shared machine are not comparable across runs.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -21,7 +22,7 @@ import os
 import platform
 import subprocess
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -35,41 +36,35 @@ from .datasets import load_dataset
 from .distributed import resolve_device
 from .loader import Loader, epoch_order
 from .train import TrainConfig, evaluate, model_and_optimizer, resolve_config, train_step
-from .transforms import Augment, parse_augment
 from .transfer import MOVERS, Batch, float32_bytes
+from .transforms import Augment, parse_augment
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     dataset: str = option("mnist", DATASET_HELP, positional=True)
     device: str = option("auto", "auto|cpu|cuda|cuda:N")
-    repeats: int = option(3, "timed passes per measurement, after a warm-up pass")
-    batch_size: int = option(256, "images per batch in the loader runs", short="-b")
-    limit_batches: int | None = option(None, "batches per timed pass and per end-to-end "
-                                       "epoch (default: whole epochs)")
-    e2e_epochs: int = option(3, "epochs of each end-to-end run; 0 skips them")
-    e2e_batch_size: int | None = option(None, "end-to-end training batch (default: the "
-                                        "dataset's preset, as latecast train)")
-    e2e_workers: int | None = option(None, "usual loop's DataLoader workers (default: the "
-                                     "fastest setting in the loader runs)")
-    preset: str | None = option(None, "the training recipe of the end-to-end runs (default: "
-                                "the dataset's, as latecast train)")
-    lr: float | None = option(None, "end-to-end peak learning rate (default: the preset's)")
-    augment: str = option("", 'augmentation in every run, e.g. "crop,flip,cutout" '
-                          '(default: off)')
-    seed: int = option(0, "weights and order")
+    repeats: int = option(3, "timed passes per measurement, after a warm-up pass", low=1)
+    batch_size: int = option(256, "images per batch in the loader runs", short="-b", low=1)
+    limit_batches: int | None = option(None, "batches per pass (default: whole epochs)", low=1)
+    e2e_epochs: int = option(3, "epochs of each end-to-end run; 0 skips them", low=0)
+    e2e_batch_size: int | None = option(None, "end-to-end batch (default: the preset's)", low=1)
+    e2e_workers: int | None = option(None, "usual loop's workers (default: the fastest)", low=0)
+    preset: str | None = option(None, "end-to-end recipe (default: as latecast train)")
+    lr: float | None = option(
+        None, "end-to-end peak learning rate (default: the preset's)", above=0
+    )
+    augment: str = option("", 'augmentation in every run, e.g. "crop,flip,cutout" (default: off)')
+    seed: int = option(0, "weights and order", low=0)
     data_root: str | None = option(None, "folder with the dataset's files")
     output_dir: str = option("runs/bench", "bench.json, bench.md and bench.png go here")
 
     def __post_init__(self) -> None:
-        at_least = lambda low: (lambda v: v >= low, f"an integer >= {low}")  # noqa: E731
-        validate(self, {"repeats": at_least(1), "batch_size": at_least(1),
-                        "limit_batches": at_least(1), "e2e_epochs": at_least(0),
-                        "e2e_batch_size": at_least(1), "e2e_workers": at_least(0),
-                        "lr": (lambda v: v > 0, "a positive number")})
+        validate(self)
 
 
-# ---- pieces shared with profile.py -------------------------------------------------------
+# ---- pieces shared with profiling.py -------------------------------------------------------
+
 
 def sync(device: torch.device) -> None:
     """Wait for queued device work, so a host timer measures it (no-op on CPU)."""
@@ -80,16 +75,31 @@ def sync(device: torch.device) -> None:
 def run_info(device: torch.device) -> dict:
     """Machine, versions and git revision, saved next to every number."""
     try:  # outside a checkout, or without git: "unknown"
-        git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, cwd=Path(__file__).parent).stdout.strip() or "unknown"
+        git = (
+            subprocess.run(
+                ["git", "rev-parse", "--short", "HEAD"],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+            ).stdout.strip()
+            or "unknown"
+        )
     except OSError:
         git = "unknown"
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    cpu = next((ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines()
-                if ln.startswith("model name")), platform.machine())
-    return {"device": str(device), "cpu": cpu, "cpu_count": os.cpu_count(), "git": git,
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+    cpu = next(
+        (ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")),
+        platform.machine(),
+    )
+    return {
+        "device": str(device),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "git": git,
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+    }
 
 
 class PILImages(torch.utils.data.Dataset):
@@ -105,25 +115,41 @@ class PILImages(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int):
         from PIL import Image
+
         img = np.asarray(self.images[i])  # (H, W, C)
-        return self.transform(Image.fromarray(img[..., 0] if self.gray else img)), int(self.labels[i])
+        return self.transform(Image.fromarray(img[..., 0] if self.gray else img)), int(
+            self.labels[i]
+        )
 
 
-def torchvision_loader(ds: Dataset, batch_size: int, workers: int, device: torch.device,
-                       seed: int, persistent: bool = False, pin: bool | None = None,
-                       augment: Augment | None = None) -> torch.utils.data.DataLoader:
+def torchvision_loader(
+    ds: Dataset,
+    batch_size: int,
+    workers: int,
+    device: torch.device,
+    seed: int,
+    persistent: bool = False,
+    pin: bool | None = None,
+    augment: Augment | None = None,
+) -> torch.utils.data.DataLoader:
     """``DataLoader(ToTensor() + Normalize(mean, std))``, shuffled, pinned by default on CUDA;
     with ``augment``, torchvision's per-image equivalents first (cutout: ``RandomErasing``)."""
     from torchvision import transforms as T  # the `bench` extra
+
     h, w, _ = ds.image_shape
     pil, tensor = [], []
     if augment is not None and augment.crop:
-        pil.append(T.RandomCrop((h, w), padding=augment.crop,
-                                padding_mode="reflect" if augment.fill == "reflect" else "constant"))
+        pil.append(
+            T.RandomCrop(
+                (h, w),
+                padding=augment.crop,
+                padding_mode="reflect" if augment.fill == "reflect" else "constant",
+            )
+        )
     if augment is not None and augment.flip:
         pil.append(T.RandomHorizontalFlip(augment.flip))
     if augment is not None and augment.cutout:
-        area = augment.cutout ** 2 / (h * w)
+        area = augment.cutout**2 / (h * w)
         tensor.append(T.RandomErasing(p=1.0, scale=(area, area), ratio=(1.0, 1.0)))
     tf = T.Compose([*pil, T.ToTensor(), *tensor, T.Normalize(ds.mean, ds.std)])
     # Forked workers inherit this process's CUDA state; one that frees a CUDA tensor (a
@@ -131,11 +157,15 @@ def torchvision_loader(ds: Dataset, batch_size: int, workers: int, device: torch
     # initialization error" (seen on the H200). Spawned workers start clean.
     spawn = workers > 0 and torch.cuda.is_initialized()
     return torch.utils.data.DataLoader(
-        PILImages(ds, tf), batch_size=batch_size, shuffle=True, num_workers=workers,
+        PILImages(ds, tf),
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=workers,
         generator=torch.Generator().manual_seed(seed),
         pin_memory=device.type == "cuda" if pin is None else pin,
         persistent_workers=persistent and workers > 0,
-        multiprocessing_context="spawn" if spawn else None)
+        multiprocessing_context="spawn" if spawn else None,
+    )
 
 
 def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:
@@ -152,6 +182,7 @@ def epochs(loader: Loader) -> Callable[[], Iterator[Batch]]:
     def start() -> Iterator[Batch]:
         loader.set_epoch(next(count))
         return iter(loader)
+
     return start
 
 
@@ -162,8 +193,10 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
 
 # ---- (a) loader throughput ---------------------------------------------------------------
 
-def _rates(make_iter: Callable[[], Iterator[Batch]], n_batches: int, repeats: int,
-           device: torch.device) -> list[float]:
+
+def _rates(
+    make_iter: Callable[[], Iterator[Batch]], n_batches: int, repeats: int, device: torch.device
+) -> list[float]:
     """images/s of each timed pass over ``n_batches`` batches, after a warm-up pass of at most
     20 (enough to start workers and allocators; a full torchvision epoch costs minutes)."""
     rates = []
@@ -199,20 +232,24 @@ def _gather(ds: Dataset, cfg: BenchConfig, epoch: int) -> Iterator[Batch]:
         yield buf[:n], lab[:n]
 
 
-def loader_throughput(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict[str, list[float]]:
+def loader_throughput(
+    ds: Dataset, cfg: BenchConfig, device: torch.device
+) -> dict[str, list[float]]:
     """images/s of every loader, ``repeats`` timed passes each."""
     n = cfg.limit_batches or -(-len(ds) // cfg.batch_size)
     aug = parse_augment(cfg.augment)
     out: dict[str, list[float]] = {}
     for name in MOVERS:
-        loader = Loader(ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed,
-                        augment=aug)
+        loader = Loader(
+            ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed, augment=aug
+        )
         out[name] = _rates(epochs(loader), n, cfg.repeats, device)
     cores = os.cpu_count() or 1
     for label, workers in (("torchvision-w0", 0), ("torchvision-w2", 2), ("torchvision-wN", cores)):
         # Persistent workers: start-up is not timed, which flatters torchvision.
-        dl = torchvision_loader(ds, cfg.batch_size, workers, device, cfg.seed, persistent=True,
-                                augment=aug)
+        dl = torchvision_loader(
+            ds, cfg.batch_size, workers, device, cfg.seed, persistent=True, augment=aug
+        )
         out[label] = _rates(lambda: to_device(iter(dl), device), n, cfg.repeats, device)
         del dl  # stop its workers before the next setting starts its own
     out["upper-bound"] = _rates(lambda: _upper_bound(ds, cfg, device), n, cfg.repeats, device)
@@ -223,16 +260,34 @@ def loader_throughput(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
 
 # ---- (b) end to end ----------------------------------------------------------------------
 
+
 def recipe(ds: Dataset, cfg: BenchConfig, device: torch.device) -> TrainConfig:
     """What ``latecast train`` would run on ``ds``, with the bench's settings on top."""
-    return resolve_config(TrainConfig(dataset=cfg.dataset, preset=cfg.preset,
-                                      epochs=cfg.e2e_epochs, lr=cfg.lr,
-                                      batch_size=cfg.e2e_batch_size, augment=cfg.augment,
-                                      seed=cfg.seed, device=str(device)), ds, device)
+    return resolve_config(
+        TrainConfig(
+            dataset=cfg.dataset,
+            preset=cfg.preset,
+            epochs=cfg.e2e_epochs,
+            lr=cfg.lr,
+            batch_size=cfg.e2e_batch_size,
+            augment=cfg.augment,
+            seed=cfg.seed,
+            device=str(device),
+        ),
+        ds,
+        device,
+    )
 
 
-def fit(passes: Callable[[], Iterable[Batch]], steps_per_epoch: int, ds: Dataset,
-        test: Dataset, config: TrainConfig, device: torch.device, limit: int | None) -> dict:
+def fit(
+    passes: Callable[[], Iterable[Batch]],
+    steps_per_epoch: int,
+    ds: Dataset,
+    test: Dataset,
+    config: TrainConfig,
+    device: torch.device,
+    limit: int | None,
+) -> dict:
     """Train a fresh model on one ``passes()`` per epoch with ``train``'s own step and
     recipe; time each epoch between device syncs, evaluate outside the timer."""
     torch.manual_seed(config.seed)  # same initial weights for every data path
@@ -249,30 +304,45 @@ def fit(passes: Callable[[], Iterable[Batch]], steps_per_epoch: int, ds: Dataset
         correct, total = evaluate(model, itertools.islice(test_loader, limit), config.amp)
         accuracy.append(correct / total)
     hit = next((i for i, a in enumerate(accuracy) if a >= 0.99), None)
-    return {"epoch_seconds": seconds, "test_accuracy": accuracy,
-            "seconds_to_99": None if hit is None else sum(seconds[:hit + 1])}
+    return {
+        "epoch_seconds": seconds,
+        "test_accuracy": accuracy,
+        "seconds_to_99": None if hit is None else sum(seconds[: hit + 1]),
+    }
 
 
-def end_to_end(ds: Dataset, test: Dataset, cfg: BenchConfig, device: torch.device,
-               workers: int) -> dict[str, dict]:
+def end_to_end(
+    ds: Dataset, test: Dataset, cfg: BenchConfig, device: torch.device, workers: int
+) -> dict[str, dict]:
     """The usual loop (torchvision DataLoader at ``workers``) and latecast (``auto``)."""
     config = recipe(ds, cfg, device)
     aug = parse_augment(config.augment)
     # Persistent workers: their start-up is not paid every epoch (flatters the usual loop).
-    dl = torchvision_loader(ds, config.batch_size, workers, device, cfg.seed, persistent=True,
-                            augment=aug)
+    dl = torchvision_loader(
+        ds, config.batch_size, workers, device, cfg.seed, persistent=True, augment=aug
+    )
     next(iter(dl))  # start the workers before the clock (spawning 16 took 60 s on the H200)
     steps = min(len(dl), cfg.limit_batches or len(dl))
     usual = fit(lambda: to_device(dl, device), steps, ds, test, config, device, cfg.limit_batches)
-    loader = Loader(ds, config.batch_size, device=device, transfer="auto", seed=cfg.seed,
-                    augment=aug, channels_last=config.channels_last,
-                    dtype=torch.bfloat16 if config.amp else torch.float32)
+    loader = Loader(
+        ds,
+        config.batch_size,
+        device=device,
+        transfer="auto",
+        seed=cfg.seed,
+        augment=aug,
+        channels_last=config.channels_last,
+        dtype=torch.bfloat16 if config.amp else torch.float32,
+    )
     ours = fit(epochs(loader), steps, ds, test, config, device, cfg.limit_batches)
-    return {"usual-loop": {**usual, "workers": workers},
-            "latecast": {**ours, "transfer": loader.transfer}}
+    return {
+        "usual-loop": {**usual, "workers": workers},
+        "latecast": {**ours, "transfer": loader.transfer},
+    }
 
 
 # ---- (c) bytes ---------------------------------------------------------------------------
+
 
 def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[str, dict]:
     """Each mover's ``epoch_bytes`` (the torchvision loop moves what ``float32`` moves), and
@@ -287,14 +357,18 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
         for _ in loader:
             pass
         s = loader.stats
-        out[name] = {**mover.epoch_bytes(ds), "measured": s.h2d_bytes - s0.h2d_bytes,
-                     "image_bytes": s.image_bytes - s0.image_bytes,
-                     "label_bytes": s.label_bytes - s0.label_bytes,
-                     "index_bytes": s.index_bytes - s0.index_bytes}
+        out[name] = {
+            **mover.epoch_bytes(ds),
+            "measured": s.h2d_bytes - s0.h2d_bytes,
+            "image_bytes": s.image_bytes - s0.image_bytes,
+            "label_bytes": s.label_bytes - s0.label_bytes,
+            "index_bytes": s.index_bytes - s0.index_bytes,
+        }
     return out
 
 
 # ---- the command -------------------------------------------------------------------------
+
 
 def bench(cfg: BenchConfig) -> dict:
     """Run (a), (b), (c); write bench.json, bench.md, bench.png to ``cfg.output_dir``."""
@@ -309,15 +383,22 @@ def bench(cfg: BenchConfig) -> dict:
     e2e: dict[str, dict] = {}
     if cfg.e2e_epochs:
         # The usual loop gets the worker count that delivered the most images/s in (a).
-        workers = cfg.e2e_workers if cfg.e2e_workers is not None else \
-            {"torchvision-w0": 0, "torchvision-w2": 2}.get(best_tv, os.cpu_count() or 1)
-        e2e = end_to_end(ds, load_dataset(cfg.dataset, "test", root=cfg.data_root), cfg,
-                         device, workers)
+        workers = (
+            cfg.e2e_workers
+            if cfg.e2e_workers is not None
+            else {"torchvision-w0": 0, "torchvision-w2": 2}.get(best_tv, os.cpu_count() or 1)
+        )
+        e2e = end_to_end(
+            ds, load_dataset(cfg.dataset, "test", root=cfg.data_root), cfg, device, workers
+        )
     nbytes = bytes_per_epoch(ds, device, cfg.batch_size)
     f32, u8 = nbytes["float32"], nbytes["uint8"]
     result = {
-        "config": asdict(cfg), "recipe": asdict(recipe(ds, cfg, device)), **run_info(device),
-        "dataset": ds.name, "best_torchvision": best_tv,
+        "config": asdict(cfg),
+        "recipe": asdict(recipe(ds, cfg, device)),
+        **run_info(device),
+        "dataset": ds.name,
+        "best_torchvision": best_tv,
         "loader_images_per_s": rates,
         "loader_images_per_s_range": {k: [min(v), max(v)] for k, v in runs.items()},
         "epoch_seconds": {k: float(np.median(v["epoch_seconds"])) for k, v in e2e.items()},
@@ -325,8 +406,10 @@ def bench(cfg: BenchConfig) -> dict:
         "end_to_end": e2e,
         "h2d_bytes_per_epoch": {k: int(v["per_epoch"]) for k, v in nbytes.items()},
         "h2d_detail": nbytes,
-        "bytes_fewer_than_float32": {"image": f32["image_bytes"] / u8["image_bytes"],
-                                     "label": f32["label_bytes"] / u8["label_bytes"]},
+        "bytes_fewer_than_float32": {
+            "image": f32["image_bytes"] / u8["image_bytes"],
+            "label": f32["label_bytes"] / u8["label_bytes"],
+        },
     }
     md = report_markdown(result)
     (out / "bench.json").write_text(json.dumps(result, indent=2))
@@ -339,40 +422,82 @@ def bench(cfg: BenchConfig) -> dict:
 def report_markdown(r: dict) -> str:
     """The three tables of ``bench``'s result, with the run's machine and revision on top."""
     rates, best = r["loader_images_per_s"], r["best_torchvision"]
-    rows = [[k, f"{v:,.0f}", "{:,.0f} .. {:,.0f}".format(*r["loader_images_per_s_range"][k]),
-             f"{v / rates[best]:.1f}x"] for k, v in rates.items()]
-    parts = [f"`latecast bench` on {r['device']} ({r['gpu'] or r['cpu']}), torch {r['torch']}, "
-             f"git {r['git']}, {r['date']}: median of {r['config']['repeats']} after a warm-up.",
-             "", f"Loader throughput on {r['dataset']}, batch {r['config']['batch_size']}, "
-             f"shuffled, augment: {r['config']['augment'] or 'off'}, normalized on the device", "", markdown_table(["loader", "images/s", "min .. max", f"vs {best}"], rows)]
+    rows = [
+        [
+            k,
+            f"{v:,.0f}",
+            "{:,.0f} .. {:,.0f}".format(*r["loader_images_per_s_range"][k]),
+            f"{v / rates[best]:.1f}x",
+        ]
+        for k, v in rates.items()
+    ]
+    parts = [
+        f"`latecast bench` on {r['device']} ({r['gpu'] or r['cpu']}), torch {r['torch']}, "
+        f"git {r['git']}, {r['date']}: median of {r['config']['repeats']} after a warm-up.",
+        "",
+        f"Loader throughput on {r['dataset']}, batch {r['config']['batch_size']}, "
+        f"shuffled, augment: {r['config']['augment'] or 'off'}, normalized on the device",
+        "",
+        markdown_table(["loader", "images/s", "min .. max", f"vs {best}"], rows),
+    ]
     if r["end_to_end"]:
-        rows = [[k, f"{np.median(v['epoch_seconds']):.2f}",
-                 f"{min(v['epoch_seconds']):.2f} .. {max(v['epoch_seconds']):.2f}",
-                 " ".join(f"{a:.4f}" for a in v["test_accuracy"]),
-                 "not reached" if v["seconds_to_99"] is None else f"{v['seconds_to_99']:.1f}"]
-                for k, v in r["end_to_end"].items()]
-        parts += ["", f"End to end: {r['recipe']['model']}, SGD + one-cycle, batch "
-                  f"{r['recipe']['batch_size']} (preset {r['recipe']['preset']})",
-                  "", markdown_table(["loop", "s/epoch", "min .. max", "test acc per epoch",
-                                      "s to 99%"], rows)]
+        rows = [
+            [
+                k,
+                f"{np.median(v['epoch_seconds']):.2f}",
+                f"{min(v['epoch_seconds']):.2f} .. {max(v['epoch_seconds']):.2f}",
+                " ".join(f"{a:.4f}" for a in v["test_accuracy"]),
+                "not reached" if v["seconds_to_99"] is None else f"{v['seconds_to_99']:.1f}",
+            ]
+            for k, v in r["end_to_end"].items()
+        ]
+        parts += [
+            "",
+            f"End to end: {r['recipe']['model']}, SGD + one-cycle, batch "
+            f"{r['recipe']['batch_size']} (preset {r['recipe']['preset']})",
+            "",
+            markdown_table(
+                ["loop", "s/epoch", "min .. max", "test acc per epoch", "s to 99%"], rows
+            ),
+        ]
     f32 = r["h2d_bytes_per_epoch"]["float32"]
-    rows = [[k, f"{v['per_epoch']:,}", f"{v['once']:,}", f"{v['measured']:,}" if "measured" in v else "-",
-             f"{f32 / v['per_epoch']:.2f}x" if v["per_epoch"] else "-"]
-            for k, v in r["h2d_detail"].items()]
-    parts += ["", "Host->device bytes per epoch", "", markdown_table(
-        ["path", "per epoch", "once", "counted over 1 epoch", "fewer than float32"], rows)]
+    rows = [
+        [
+            k,
+            f"{v['per_epoch']:,}",
+            f"{v['once']:,}",
+            f"{v['measured']:,}" if "measured" in v else "-",
+            f"{f32 / v['per_epoch']:.2f}x" if v["per_epoch"] else "-",
+        ]
+        for k, v in r["h2d_detail"].items()
+    ]
+    parts += [
+        "",
+        "Host->device bytes per epoch",
+        "",
+        markdown_table(
+            ["path", "per epoch", "once", "counted over 1 epoch", "fewer than float32"], rows
+        ),
+    ]
     return "\n".join(parts)
 
 
 def plot(r: dict, path: Path) -> None:
     """Three panels: loader images/s (log), seconds per epoch, bytes per epoch."""
     import matplotlib
+
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
-    panels = [(r["loader_images_per_s"], "loader images/s (median, log scale)", "tab:blue"),
-              (r["epoch_seconds"], "seconds per epoch, end to end (median)", "tab:green"),
-              ({k: v / 1e6 for k, v in r["h2d_bytes_per_epoch"].items()},
-               "MB host->device per epoch", "tab:orange")]
+
+    panels = [
+        (r["loader_images_per_s"], "loader images/s (median, log scale)", "tab:blue"),
+        (r["epoch_seconds"], "seconds per epoch, end to end (median)", "tab:green"),
+        (
+            {k: v / 1e6 for k, v in r["h2d_bytes_per_epoch"].items()},
+            "MB host->device per epoch",
+            "tab:orange",
+        ),
+    ]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for ax, (values, label, color) in zip(axes, panels):
         ax.barh(list(values), list(values.values()), color=color)

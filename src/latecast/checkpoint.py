@@ -10,17 +10,17 @@ Writes go to a temporary file in the same folder, which is flushed, fsynced and 
 (docs/RELIABILITY.md row 19). Reads use ``torch.load(weights_only=True, map_location="cpu")``:
 tensors, numbers, strings, lists and dicts only (row 20).
 """
+
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import torch
 
 from .errors import CheckpointError, LatecastError
 from .fileio import atomic_write
-from .loader import Loader
 
 FORMAT = "latecast-checkpoint"
 VERSION = 1
@@ -29,9 +29,22 @@ _REQUIRED = ("model", "optimizer", "scheduler", "step", "loader", "rng", "config
 # TrainConfig fields (plus world_size) that must match to continue a run: they decide
 # which samples are seen in which order and what each step computes. The rest (device,
 # transfer, output_dir, logging, timeouts) may change between the two halves of a run.
-RUN_FIELDS = ("dataset", "limit_train", "model", "epochs", "batch_size", "lr", "momentum",
-              "weight_decay", "label_smoothing", "augment", "amp", "channels_last", "seed",
-              "world_size")
+RUN_FIELDS = (
+    "dataset",
+    "limit_train",
+    "model",
+    "epochs",
+    "batch_size",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "label_smoothing",
+    "augment",
+    "amp",
+    "channels_last",
+    "seed",
+    "world_size",
+)
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
@@ -54,8 +67,10 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a latecast checkpoint (no '{FORMAT}' format tag)")
     if state.get("version") != VERSION:
-        raise CheckpointError(f"{path}: checkpoint format version {state.get('version')!r}, "
-                              f"this latecast reads version {VERSION}")
+        raise CheckpointError(
+            f"{path}: checkpoint format version {state.get('version')!r}, "
+            f"this latecast reads version {VERSION}"
+        )
     missing = [k for k in _REQUIRED if k not in state]
     if missing:
         raise CheckpointError(f"{path}: checkpoint lacks {', '.join(missing)}")
@@ -88,37 +103,34 @@ class Progress:
     epoch_seen: int = 0  # steps summed into epoch_loss_sum
 
 
-def save(path: str | os.PathLike, model: torch.nn.Module, opt: torch.optim.Optimizer,
-         sched: torch.optim.lr_scheduler.LRScheduler, loader: Loader, progress: Progress,
-         config: dict, world_size: int) -> None:
-    """Checkpoint a run: the mirror of ``restore``, the one place the schema is written."""
-    save_checkpoint(path, {
-        "model": model.state_dict(), "optimizer": opt.state_dict(),
-        "scheduler": sched.state_dict(), "epoch": loader.epoch, "step": progress.step,
-        "loader": loader.state_dict(), "rng": rng_state(), "config": config,
-        "world_size": world_size, "history": progress.history,
-        "best_accuracy": progress.best_accuracy, "train_seconds": progress.train_seconds,
-        "epoch_loss_sum": progress.epoch_loss_sum.detach().cpu(),
-        "epoch_seen": progress.epoch_seen})
+def save(path: str | os.PathLike, parts: dict, progress: Progress, config: dict, world: int):
+    """Checkpoint a run: the mirror of ``restore``, the one place the schema is written.
+    ``parts``: ``model``, ``optimizer``, ``scheduler`` and ``loader``, by their state dicts."""
+    state = {name: part.state_dict() for name, part in parts.items()}
+    progress_ = {f.name: getattr(progress, f.name) for f in fields(Progress)}
+    save_checkpoint(
+        path,
+        {
+            **state,
+            **progress_,
+            "epoch": parts["loader"].epoch,
+            "rng": rng_state(),
+            "config": config,
+            "world_size": world,
+        },
+    )
 
 
-def restore(path: Path, run: dict, model: torch.nn.Module, opt: torch.optim.Optimizer,
-            sched: torch.optim.lr_scheduler.LRScheduler, loader: Loader) -> Progress:
-    """Load the checkpoint at ``path`` into a run's objects, once it is known to come from
-    the same run (``run``: this run's config dict plus ``world_size``); return its progress."""
+def restore(path: Path, run: dict, parts: dict) -> Progress:
+    """Load the checkpoint at ``path`` into ``parts`` (as for ``save``) once it is known to
+    come from the same run (``run``: this run's config plus ``world_size``); its progress."""
     state = load_checkpoint(path)
     check_same_run(path, {**state["config"], "world_size": state["world_size"]}, run)
     try:  # a checkpoint edited by hand, or from another latecast version
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        loader.load_state_dict(state["loader"])
+        for name, part in parts.items():
+            part.load_state_dict(state[name])
         set_rng_state(state["rng"])
-        return Progress(int(state["step"]), list(state.get("history", [])),
-                        float(state.get("best_accuracy", -1.0)),
-                        float(state.get("train_seconds", 0.0)),
-                        state.get("epoch_loss_sum", torch.zeros(())),
-                        int(state.get("epoch_seen", 0)))
+        return Progress(**{f.name: state[f.name] for f in fields(Progress) if f.name in state})
     except (RuntimeError, ValueError, KeyError, TypeError, LatecastError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{path}: does not fit this run ({first})") from None
@@ -127,8 +139,11 @@ def restore(path: Path, run: dict, model: torch.nn.Module, opt: torch.optim.Opti
 def check_same_run(path: str | os.PathLike, saved: dict, now: dict) -> None:
     """Refuse to continue from ``saved`` (config dict + world_size) under a run that differs
     in any of ``RUN_FIELDS``, listing every field that differs (docs/RELIABILITY.md row 21)."""
-    differ = [f"{k} {saved.get(k)!r} (checkpoint) != {now.get(k)!r} (now)"
-              for k in RUN_FIELDS if saved.get(k) != now.get(k)]
+    differ = [
+        f"{k} {saved.get(k)!r} (checkpoint) != {now.get(k)!r} (now)"
+        for k in RUN_FIELDS
+        if saved.get(k) != now.get(k)
+    ]
     if differ:
         raise CheckpointError(f"{path}: cannot resume, the run differs: " + "; ".join(differ))
 

@@ -3,6 +3,7 @@
 Exit codes: 0 success, 2 bad usage (argparse), 1 a ``LatecastError`` (one line on stderr,
 no traceback unless ``--debug``). With ``--json`` the last stdout line is one JSON object.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,6 @@ from .config import DATASET_HELP, kind
 from .errors import LatecastError
 
 
-
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -27,6 +27,7 @@ def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None
     """An ``add`` function declaring one flag per field of the config dataclass ``name`` in
     ``latecast.module``: ``--name-with-dashes``, its type, default and help from the field
     (``config.option``). Imported when called: torch loads inside ``main``'s handlers."""
+
     def add(p: argparse.ArgumentParser) -> None:
         cls = getattr(importlib.import_module(f"latecast.{module}"), name)
         for f in fields(cls):
@@ -37,11 +38,21 @@ def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None
                 continue
             names = [n for n in (meta["short"], "--" + f.name.replace("_", "-")) if n]
             if kind(f) == "bool":
-                p.add_argument(*names, action=argparse.BooleanOptionalAction, default=default,
-                               help=meta["help"])
+                p.add_argument(
+                    *names,
+                    action=argparse.BooleanOptionalAction,
+                    default=default,
+                    help=meta["help"],
+                )
             else:
-                p.add_argument(*names, type={"int": int, "float": float}.get(kind(f), str),
-                               default=default, metavar=meta["metavar"], help=meta["help"] + shown)
+                p.add_argument(
+                    *names,
+                    type={"int": int, "float": float}.get(kind(f), str),
+                    default=default,
+                    metavar=meta["metavar"],
+                    help=meta["help"] + shown,
+                )
+
     return add
 
 
@@ -61,22 +72,29 @@ def _human_bytes(n: float) -> str:
 
 # -- train -------------------------------------------------------------------------------
 
+
 def _run_train(args: argparse.Namespace) -> dict:
     from .train import TrainConfig, train
+
     summary = train(_config(TrainConfig, args))
     if summary["rank"] != 0:  # under torchrun only rank 0 reports (and prints the JSON)
         args.json = False
         return summary
     saved = 1 - summary["h2d_bytes"] / max(summary["h2d_bytes_float32"], 1)
-    print(f"test accuracy {summary['test_accuracy']:.4f} after {summary['epochs']} epochs, "
-          f"{summary['train_seconds']:.1f} s of training on {summary['device']} "
-          f"({summary['transfer']})")
-    print(f"host->device: {_human_bytes(summary['h2d_bytes'])} moved; float32 would have moved "
-          f"{_human_bytes(summary['h2d_bytes_float32'])} ({saved:.0%} less)")
+    print(
+        f"test accuracy {summary['test_accuracy']:.4f} after {summary['epochs']} epochs, "
+        f"{summary['train_seconds']:.1f} s of training on {summary['device']} "
+        f"({summary['transfer']})"
+    )
+    print(
+        f"host->device: {_human_bytes(summary['h2d_bytes'])} moved; float32 would have moved "
+        f"{_human_bytes(summary['h2d_bytes_float32'])} ({saved:.0%} less)"
+    )
     return summary
 
 
 # -- info --------------------------------------------------------------------------------
+
 
 def _add_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", nargs="?", default="mnist", help=DATASET_HELP)
@@ -86,19 +104,26 @@ def _add_info(p: argparse.ArgumentParser) -> None:
 def _run_info(args: argparse.Namespace) -> dict:
     from .datasets import load_dataset
     from .transfer import MOVERS
+
     info = {}
     for split in ("train", "test"):
         ds = load_dataset(args.dataset, split, root=args.data_root)
-        info[split] = {"samples": len(ds), "image_shape": list(ds.image_shape),
-                       "classes": len(ds.classes), "image_bytes": ds.image_bytes,
-                       "label_bytes": ds.label_bytes,
-                       "epoch_bytes": {s: m.epoch_bytes(ds) for s, m in MOVERS.items()}}
+        info[split] = {
+            "samples": len(ds),
+            "image_shape": list(ds.image_shape),
+            "classes": len(ds.classes),
+            "image_bytes": ds.image_bytes,
+            "label_bytes": ds.label_bytes,
+            "epoch_bytes": {s: m.epoch_bytes(ds) for s, m in MOVERS.items()},
+        }
         if split == "train":
             info["mean"], info["std"] = list(ds.mean), list(ds.std)
     tr = info["train"]
-    print(f"{args.dataset}: train {tr['samples']} x {tuple(tr['image_shape'])} uint8, "
-          f"test {info['test']['samples']}, {tr['classes']} classes, "
-          f"mean {[round(m, 4) for m in info['mean']]} std {[round(s, 4) for s in info['std']]}")
+    print(
+        f"{args.dataset}: train {tr['samples']} x {tuple(tr['image_shape'])} uint8, "
+        f"test {info['test']['samples']}, {tr['classes']} classes, "
+        f"mean {[round(m, 4) for m in info['mean']]} std {[round(s, 4) for s in info['std']]}"
+    )
     print(f"{'strategy':<10} {'host->device per epoch':>24} {'once':>12}")
     for name, b in tr["epoch_bytes"].items():
         print(f"{name:<10} {_human_bytes(b['per_epoch']):>24} {_human_bytes(b['once']):>12}")
@@ -107,29 +132,38 @@ def _run_info(args: argparse.Namespace) -> dict:
 
 # -- profile -----------------------------------------------------------------------------
 
+
 def _need_bench_extra(command: str) -> None:
     """profile and bench compare against torchvision and plot with matplotlib."""
     from .errors import ConfigError
+
     for module in ("torchvision", "matplotlib", "PIL"):
         try:
             __import__(module)
         except ImportError:
-            raise ConfigError(f"latecast {command} needs {module}: pip install 'latecast[bench]'") from None
+            raise ConfigError(
+                f"latecast {command} needs {module}: pip install 'latecast[bench]'"
+            ) from None
 
 
 def _run_profile(args: argparse.Namespace) -> dict:
     from .profiling import ProfileConfig, profile
+
     _need_bench_extra("profile")
     result = profile(_config(ProfileConfig, args))
-    print(f"wrote report.md, report.json, profile.png and {len(result['rows'])} traces to "
-          f"{args.output_dir}")
+    print(
+        f"wrote report.md, report.json, profile.png and {len(result['rows'])} traces to "
+        f"{args.output_dir}"
+    )
     return result
 
 
 # -- bench -------------------------------------------------------------------------------
 
+
 def _run_bench(args: argparse.Namespace) -> dict:
     from .bench import BenchConfig, bench
+
     _need_bench_extra("bench")
     result = bench(_config(BenchConfig, args))
     print(f"wrote bench.json, bench.md and bench.png to {args.output_dir}")
@@ -137,6 +171,7 @@ def _run_bench(args: argparse.Namespace) -> dict:
 
 
 # -- convert -----------------------------------------------------------------------------
+
 
 def _size(text: str) -> tuple[int, int]:
     """``"32x32"`` -> ``(32, 32)`` for ``--size`` (argparse turns the ValueError into exit 2)."""
@@ -150,35 +185,65 @@ def _size(text: str) -> tuple[int, int]:
 def _add_convert(p: argparse.ArgumentParser) -> None:
     p.add_argument("folder", help="class-per-subfolder images (optionally under train/ and test/)")
     p.add_argument("out", help="store folder to write (replaced atomically if it is a store)")
-    p.add_argument("--size", type=_size, default=None, metavar="HxW",
-                   help="resize to cover HxW, then center-crop (default: the most common size)")
-    p.add_argument("--skip-bad", action="store_true",
-                   help="skip unreadable images and list them in OUT/skipped.txt")
+    p.add_argument(
+        "--size",
+        type=_size,
+        default=None,
+        metavar="HxW",
+        help="resize to cover HxW, then center-crop (default: the most common size)",
+    )
+    p.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="skip unreadable images and list them in OUT/skipped.txt",
+    )
 
 
 def _run_convert(args: argparse.Namespace) -> dict:
-    from .datasets import load_dataset
     from .convert import convert_folder
+    from .datasets import load_dataset
+
     out, skipped = convert_folder(args.folder, args.out, size=args.size, skip_bad=args.skip_bad)
     ds = load_dataset(str(out))
-    print(f"{out}: {len(ds)} images {ds.image_shape} uint8, {ds.num_classes} classes"
-          + (f"; skipped {len(skipped)} (listed in {out}/skipped.txt)" if skipped else ""))
-    return {"store": str(out), "samples": len(ds), "image_shape": list(ds.image_shape),
-            "classes": list(ds.classes), "skipped": skipped}
+    print(
+        f"{out}: {len(ds)} images {ds.image_shape} uint8, {ds.num_classes} classes"
+        + (f"; skipped {len(skipped)} (listed in {out}/skipped.txt)" if skipped else "")
+    )
+    return {
+        "store": str(out),
+        "samples": len(ds),
+        "image_shape": list(ds.image_shape),
+        "classes": list(ds.classes),
+        "skipped": skipped,
+    }
 
 
 COMMANDS = {
-    "train": (_options("train", "TrainConfig"), _run_train, "train a reference model (default: bundled MNIST)"),
+    "train": (
+        _options("train", "TrainConfig"),
+        _run_train,
+        "train a reference model (default: bundled MNIST)",
+    ),
     "info": (_add_info, _run_info, "dataset shapes and bytes per epoch per strategy"),
-    "profile": (_options("profiling", "ProfileConfig"), _run_profile, "each transfer strategy under torch.profiler, vs the usual loop"),
-    "bench": (_options("bench", "BenchConfig"), _run_bench, "loader and training throughput vs torchvision's DataLoader"),
+    "profile": (
+        _options("profiling", "ProfileConfig"),
+        _run_profile,
+        "each transfer strategy under torch.profiler, vs the usual loop",
+    ),
+    "bench": (
+        _options("bench", "BenchConfig"),
+        _run_bench,
+        "loader and training throughput vs torchvision's DataLoader",
+    ),
     "convert": (_add_convert, _run_convert, "an image folder into a compact uint8 store"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="latecast", description=(
-        "Move bytes, not floats: uint8 batches to the device, normalized there."))
+    parser = argparse.ArgumentParser(
+        prog="latecast",
+        description=("Move bytes, not floats: uint8 batches to the device, normalized there."),
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (add, _, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)

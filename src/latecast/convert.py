@@ -1,4 +1,5 @@
 """Image folder -> store (``convert_folder``, ``latecast convert``; docs/RELIABILITY.md row 11)."""
+
 from __future__ import annotations
 
 import os
@@ -27,33 +28,45 @@ def _find_splits(folder: Path) -> dict[str, Path]:
     return {"": folder}
 
 
-def _list_images(root: Path, classes: tuple[str, ...] | None
-                 ) -> tuple[tuple[str, ...], list[tuple[Path, int]]]:
+def _list_images(
+    root: Path, classes: tuple[str, ...] | None
+) -> tuple[tuple[str, ...], list[tuple[Path, int]]]:
     """Class names (sorted subfolders, as torchvision's ImageFolder) and ``(file, label)``s.
     Other splits reuse the train split's classes, so a label means the same class in each."""
-    found = tuple(sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")))
+    found = tuple(
+        sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    )
     classes = classes or found
     if set(found) - set(classes) or not classes:
-        raise FormatError(f"{root}: class folders {sorted(set(found) - set(classes)) or 'missing'}; "
-                          f"expected subfolders of {list(classes) or 'one folder per class'}")
+        raise FormatError(
+            f"{root}: class folders {sorted(set(found) - set(classes)) or 'missing'}; "
+            f"expected subfolders of {list(classes) or 'one folder per class'}"
+        )
     if len(classes) > 1 << 16:
         raise FormatError(f"{root}: {len(classes)} classes, at most 65536 fit uint16 labels")
-    files = [(p, label) for label, name in enumerate(classes) if (root / name).is_dir()
-             for p in sorted((root / name).rglob("*"))
-             if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and p.is_file()]
+    files = [
+        (p, label)
+        for label, name in enumerate(classes)
+        if (root / name).is_dir()
+        for p in sorted((root / name).rglob("*"))
+        if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and p.is_file()
+    ]
     return classes, files
 
 
 def _decode(path: Path, fn: Callable):
     """``fn(image)`` of the fully decoded ``path``; an unreadable or huge file is a FormatError."""
     from PIL import Image
+
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # MAX_PIXELS is the cap
             with Image.open(path) as im:
                 if im.width * im.height > MAX_PIXELS:
-                    raise FormatError(f"{path}: {im.width}x{im.height} image is larger than "
-                                      f"the {MAX_PIXELS:,} pixels allowed")
+                    raise FormatError(
+                        f"{path}: {im.width}x{im.height} image is larger than "
+                        f"the {MAX_PIXELS:,} pixels allowed"
+                    )
                 im.load()  # decode every byte now: a truncated file fails here, not in training
                 return fn(im)
     except FormatError:
@@ -65,6 +78,7 @@ def _decode(path: Path, fn: Callable):
 def _fit(im, size: tuple[int, int]):
     """Scale to cover ``size`` (H, W) keeping the aspect ratio, then center-crop to it."""
     from PIL import Image
+
     h, w = size
     if (im.height, im.width) == (h, w):
         return im
@@ -94,9 +108,13 @@ def _check_all(folder: Path, skip_bad: bool) -> tuple[tuple[str, ...], dict[str,
     return classes, splits, skipped
 
 
-def convert_folder(folder: str | os.PathLike, out: str | os.PathLike, *,
-                   size: tuple[int, int] | None = None,
-                   skip_bad: bool = False) -> tuple[Path, list[str]]:
+def convert_folder(
+    folder: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    size: tuple[int, int] | None = None,
+    skip_bad: bool = False,
+) -> tuple[Path, list[str]]:
     """Convert a class-per-subfolder image folder (torchvision ``ImageFolder`` layout) to a store.
 
     Rules:
@@ -138,10 +156,13 @@ def convert_folder(folder: str | os.PathLike, out: str | os.PathLike, *,
         raise ConfigError(f"{folder}: not a folder of class subfolders")
     src, dst = folder.resolve(), out.resolve()
     if dst == src or dst in src.parents or src in dst.parents:
-        raise ConfigError(f"{out}: the store cannot be the image folder {folder}, hold it, or "
-                          f"lie inside it; choose a folder outside it")
-    if size is not None and (len(size) != 2
-                             or not all(type(v) is int and 0 < v <= 10_000 for v in size)):
+        raise ConfigError(
+            f"{out}: the store cannot be the image folder {folder}, hold it, or "
+            f"lie inside it; choose a folder outside it"
+        )
+    if size is not None and (
+        len(size) != 2 or not all(type(v) is int and 0 < v <= 10_000 for v in size)
+    ):
         raise ConfigError(f"size must be (height, width) in 1..10000 pixels, got {size!r}")
     classes, splits, skipped = _check_all(folder, skip_bad)
     infos = [info for items in splits.values() for _, _, info in items]
@@ -158,7 +179,9 @@ def convert_folder(folder: str | os.PathLike, out: str | os.PathLike, *,
                 images[i] = pixels.reshape(shape)  # (H, W) for "L" -> (H, W, 1)
             images.flush()
             stats = stats or channel_stats(images)
-            labels = np.array([lb for _, lb, _ in items], np.uint8 if len(classes) <= 256 else np.uint16)
+            labels = np.array(
+                [lb for _, lb, _ in items], np.uint8 if len(classes) <= 256 else np.uint16
+            )
             ds = Dataset(folder.resolve().name, name or "train", images, labels, classes, *stats)
             finish_split(tmp / name, ds, f"image folder {folder.resolve()}")
             del images, ds  # close the memmap before the folder is renamed

@@ -1,5 +1,6 @@
 """``Dataset``, what every source (``load_dataset``, ``open_store``, ``from_arrays``) gives the
 loader: uint8 images, narrow labels, class names, the train split's mean/std; checked once."""
+
 from __future__ import annotations
 
 import os
@@ -35,17 +36,23 @@ class Dataset:
     def __post_init__(self) -> None:
         im, lb = self.images, self.labels
         if im.dtype != np.uint8 or im.ndim != 4:
-            raise FormatError(f"{self.name}/{self.split}: images must be uint8 (N, H, W, C), "
-                              f"got {im.dtype} with shape {tuple(im.shape)}")
+            raise FormatError(
+                f"{self.name}/{self.split}: images must be uint8 (N, H, W, C), "
+                f"got {im.dtype} with shape {tuple(im.shape)}"
+            )
         if lb.ndim != 1 or lb.dtype not in (np.uint8, np.uint16):
-            raise FormatError(f"{self.name}/{self.split}: labels must be uint8/uint16 (N,), "
-                              f"got {lb.dtype} with shape {tuple(lb.shape)}")
+            raise FormatError(
+                f"{self.name}/{self.split}: labels must be uint8/uint16 (N,), "
+                f"got {lb.dtype} with shape {tuple(lb.shape)}"
+            )
         if len(im) != len(lb):
             raise FormatError(f"{self.name}/{self.split}: {len(im)} images but {len(lb)} labels")
         c = im.shape[3]
         if len(self.mean) != c or len(self.std) != c:
-            raise FormatError(f"{self.name}/{self.split}: mean/std need {c} channel values, "
-                              f"got {len(self.mean)}/{len(self.std)}")
+            raise FormatError(
+                f"{self.name}/{self.split}: mean/std need {c} channel values, "
+                f"got {len(self.mean)}/{len(self.std)}"
+            )
 
     def __len__(self) -> int:
         return len(self.images)
@@ -68,7 +75,9 @@ class Dataset:
         return int(self.labels.nbytes)
 
 
-def channel_stats(images: np.ndarray, chunk: int = 8192) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def channel_stats(
+    images: np.ndarray, chunk: int = 8192
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and (population) std of uint8 ``(N, H, W, C)`` images in [0, 1] units.
 
     Summed in float64 over chunks, so a memmap larger than memory is read once, in pieces.
@@ -76,7 +85,7 @@ def channel_stats(images: np.ndarray, chunk: int = 8192) -> tuple[tuple[float, .
     c = images.shape[3]
     total, total_sq, count = np.zeros(c), np.zeros(c), 0
     for start in range(0, len(images), chunk):
-        part = np.asarray(images[start:start + chunk], dtype=np.float64).reshape(-1, c) / 255.0
+        part = np.asarray(images[start : start + chunk], dtype=np.float64).reshape(-1, c) / 255.0
         total += part.sum(0)
         total_sq += (part * part).sum(0)
         count += len(part)
@@ -87,8 +96,16 @@ def channel_stats(images: np.ndarray, chunk: int = 8192) -> tuple[tuple[float, .
     return tuple(float(m) for m in mean), tuple(float(max(s, 1e-8)) for s in std)
 
 
-def from_arrays(images, labels, *, name: str = "arrays", split: str = "train",
-                classes: tuple[str, ...] | None = None, mean=None, std=None) -> Dataset:
+def from_arrays(
+    images,
+    labels,
+    *,
+    name: str = "arrays",
+    split: str = "train",
+    classes: tuple[str, ...] | None = None,
+    mean=None,
+    std=None,
+) -> Dataset:
     """A ``Dataset`` from uint8 arrays or tensors people already have.
 
     Accepts ``(N, H, W)`` or ``(N, H, W, C)`` uint8 images (numpy or torch, e.g.
@@ -104,7 +121,9 @@ def from_arrays(images, labels, *, name: str = "arrays", split: str = "train",
     if images.ndim == 3:
         images = images[..., None]  # (N, H, W) -> (N, H, W, 1)
     if labels.size and (labels.min() < 0 or labels.max() > np.iinfo(np.uint16).max):
-        raise FormatError(f"{name}: labels must lie in 0..65535, got {labels.min()}..{labels.max()}")
+        raise FormatError(
+            f"{name}: labels must lie in 0..65535, got {labels.min()}..{labels.max()}"
+        )
     n_classes = len(classes) if classes is not None else int(labels.max()) + 1 if labels.size else 0
     check_labels(labels, n_classes, name)
     labels = labels.astype(np.uint8 if n_classes <= 256 else np.uint16)
@@ -118,5 +137,6 @@ def check_labels(labels: np.ndarray, n_classes: int, where: str | os.PathLike) -
     """Raise ``FormatError`` naming ``where`` and the first label outside ``0..n_classes-1``."""
     bad = np.flatnonzero(labels >= n_classes)
     if bad.size:
-        raise FormatError(f"{where}: label {labels[bad[0]]} at index {bad[0]} is outside "
-                          f"0..{n_classes - 1}")
+        raise FormatError(
+            f"{where}: label {labels[bad[0]]} at index {bad[0]} is outside 0..{n_classes - 1}"
+        )

@@ -10,6 +10,7 @@ and compute the mean/std, and no pixel is read until a batch needs it.
 Only binary formats are read. CIFAR's pickle "python version" is refused: unpickling a
 downloaded file can run arbitrary code.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,27 +30,31 @@ from .errors import ConfigError, FormatError, LatecastError
 from .idxfile import check_role, read_idx
 from .store import IMAGES, LABELS, META, open_store, read_meta, write_store
 
+
 @dataclass(frozen=True)
 class Spec:
     """Where a known dataset's files live and how to decode them."""
 
-    reader: str                        # key of _READERS: "idx" or "cifar"
+    reader: str  # key of _READERS: "idx" or "cifar"
     files: dict[str, tuple[str, ...]]  # split -> file names (idx: images, labels; cifar: batches)
-    subdirs: tuple[str, ...]           # torchvision's folder under root, searched after root
-    classes: tuple[str, ...]           # built-in class names
+    subdirs: tuple[str, ...]  # torchvision's folder under root, searched after root
+    classes: tuple[str, ...]  # built-in class names
     suffixes: tuple[str, ...] = ("", ".gz")  # a file may be stored plain or gzipped
-    bundled: bool = False              # shipped in latecast/bundled (used when no root is given)
-    mirrors: tuple[str, ...] = ()      # https:// base URLs, tried in order
-    sha256: dict[str, str] = field(default_factory=dict)  # downloaded file -> pinned SHA-256
-    archive: str = ""                  # CIFAR: the .tar.gz download that holds ``files``
-    record: int = 3073                 # CIFAR: bytes per record, label byte(s) + 3072 pixels
-    class_file: str = ""               # CIFAR: class names shipped next to the batches
+    bundled: bool = False  # shipped in latecast/bundled (used when no root is given)
+    mirrors: tuple[str, ...] = ()  # https:// base URLs, tried in order
+    archive: str = ""  # CIFAR: the .tar.gz download that holds ``files``
+    record: int = 3073  # CIFAR: bytes per record, label byte(s) + 3072 pixels
+    class_file: str = ""  # CIFAR: class names shipped next to the batches
     pickle_names: tuple[str, ...] = ()  # CIFAR's pickle "python version", refused by name
+    sha256: dict[str, str] = field(default_factory=dict)  # downloaded file -> pinned SHA-256
 
 
-_IDX_FILES = {"train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-              "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")}
-_CIFAR100_CLASSES = tuple("""apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle
+_IDX_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+_CIFAR100_CLASSES = tuple(
+    """apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle
     bowl boy bridge bus butterfly camel can castle caterpillar cattle chair chimpanzee clock
     cloud cockroach couch crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl
     hamster house kangaroo keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree
@@ -57,55 +62,94 @@ _CIFAR100_CLASSES = tuple("""apple aquarium_fish baby bear beaver bed bee beetle
     pine_tree plain plate poppy porcupine possum rabbit raccoon ray road rocket rose sea seal
     shark shrew skunk skyscraper snail snake spider squirrel streetcar sunflower sweet_pepper
     table tank telephone television tiger tractor train trout tulip turtle wardrobe whale
-    willow_tree wolf woman worm""".split())
+    willow_tree wolf woman worm""".split()
+)
 
-# SHA-256 pins. torchvision's datasets source (datasets/mnist.py, cifar.py) lists only MD5s;
-# the SHA-256s below are those in torchvision's prototype datasets (_builtin/mnist.py:
-# Fashion-MNIST, KMNIST) and, for the CIFAR binary archives (MD5 c32a1d4a..., 03b5dce0...),
-# torchvision-ruby and MLDatasets.jl. Each agrees in at least two independent public sources;
-# none could be recomputed here (no network). Fashion-MNIST's own S3 mirror is plain http,
-# so it is not listed. MNIST is bundled (bundled/SHA256SUMS) and never downloaded.
+# SHA-256 pins, as `sha256sum` prints them. torchvision's datasets source (datasets/mnist.py,
+# cifar.py) lists only MD5s; these are the SHA-256s in torchvision's prototype datasets
+# (_builtin/mnist.py: Fashion-MNIST, KMNIST) and, for the CIFAR binary archives (MD5
+# c32a1d4a..., 03b5dce0...), torchvision-ruby and MLDatasets.jl. Each agrees in at least two
+# independent public sources; none could be recomputed here (no network). MNIST is bundled
+# (bundled/SHA256SUMS) and never downloaded.
+_PINS = """
+3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84  fashion-mnist/train-images-idx3-ubyte.gz
+a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845  fashion-mnist/train-labels-idx1-ubyte.gz
+346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073  fashion-mnist/t10k-images-idx3-ubyte.gz
+67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5  fashion-mnist/t10k-labels-idx1-ubyte.gz
+51467d22d8cc72929e2a028a0428f2086b092bb31cfb79c69cc0a90ce135fde4  kmnist/train-images-idx3-ubyte.gz
+e38f9ebcd0f3ebcdec7fc8eabdcdaef93bb0df8ea12bee65224341c8183d8e17  kmnist/train-labels-idx1-ubyte.gz
+edd7a857845ad6bb1d0ba43fe7e794d164fe2dce499a1694695a792adfac43c5  kmnist/t10k-images-idx3-ubyte.gz
+20bb9a0ef54c7db3efc55a92eef5582c109615df22683c380526788f98e42a1c  kmnist/t10k-labels-idx1-ubyte.gz
+c4a38c50a1bc5f3a1c5537f2155ab9d68f9f25eb1ed8d9ddda3db29a59bca1dd  cifar10/cifar-10-binary.tar.gz
+58a81ae192c23a4be8b1804d68e518ed807d710a4eb253b1f2a199162a40d8ec  cifar100/cifar-100-binary.tar.gz
+"""  # noqa: E501
+
+
+def _pins(dataset: str) -> dict[str, str]:
+    """``{file name: SHA-256}`` of ``dataset``'s downloads, from ``_PINS``."""
+    rows = (line.split() for line in _PINS.strip().splitlines())
+    return {path.split("/")[1]: h for h, path in rows if path.split("/")[0] == dataset}
+
+
+_TORONTO = ("https://www.cs.toronto.edu/~kriz/",)
+# Fashion-MNIST's own S3 mirror is plain http, so it is not listed.
 DATASETS: dict[str, Spec] = {
     "mnist": Spec("idx", _IDX_FILES, ("MNIST/raw",), tuple("0123456789"), bundled=True),
     "fashion-mnist": Spec(
-        "idx", _IDX_FILES, ("FashionMNIST/raw",),
-        ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker",
-         "Bag", "Ankle boot"),
-        mirrors=("https://storage.googleapis.com/tensorflow/tf-keras-datasets/",
-                 "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/"),
-        sha256={
-            "train-images-idx3-ubyte.gz": "3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84",
-            "train-labels-idx1-ubyte.gz": "a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845",
-            "t10k-images-idx3-ubyte.gz": "346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073",
-            "t10k-labels-idx1-ubyte.gz": "67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5"}),
+        "idx",
+        _IDX_FILES,
+        ("FashionMNIST/raw",),
+        (*"T-shirt/top Trouser Pullover Dress Coat Sandal Shirt Sneaker Bag".split(), "Ankle boot"),
+        mirrors=(
+            "https://storage.googleapis.com/tensorflow/tf-keras-datasets/",
+            "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
+        ),
+        sha256=_pins("fashion-mnist"),
+    ),
     "kmnist": Spec(
-        "idx", _IDX_FILES, ("KMNIST/raw",), ("o", "ki", "su", "tsu", "na", "ha", "ma", "ya", "re", "wo"),
+        "idx",
+        _IDX_FILES,
+        ("KMNIST/raw",),
+        tuple("o ki su tsu na ha ma ya re wo".split()),
         mirrors=("https://codh.rois.ac.jp/kmnist/dataset/kmnist/",),
-        sha256={
-            "train-images-idx3-ubyte.gz": "51467d22d8cc72929e2a028a0428f2086b092bb31cfb79c69cc0a90ce135fde4",
-            "train-labels-idx1-ubyte.gz": "e38f9ebcd0f3ebcdec7fc8eabdcdaef93bb0df8ea12bee65224341c8183d8e17",
-            "t10k-images-idx3-ubyte.gz": "edd7a857845ad6bb1d0ba43fe7e794d164fe2dce499a1694695a792adfac43c5",
-            "t10k-labels-idx1-ubyte.gz": "20bb9a0ef54c7db3efc55a92eef5582c109615df22683c380526788f98e42a1c"}),
+        sha256=_pins("kmnist"),
+    ),
     "cifar10": Spec(
-        "cifar", {"train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)), "test": ("test_batch.bin",)},
+        "cifar",
+        {"train": tuple(f"data_batch_{i}.bin" for i in range(1, 6)), "test": ("test_batch.bin",)},
         ("cifar-10-batches-bin",),
-        ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"),
-        suffixes=("",), mirrors=("https://www.cs.toronto.edu/~kriz/",),
-        sha256={"cifar-10-binary.tar.gz": "c4a38c50a1bc5f3a1c5537f2155ab9d68f9f25eb1ed8d9ddda3db29a59bca1dd"},
-        archive="cifar-10-binary.tar.gz", record=3073, class_file="batches.meta.txt",
-        pickle_names=("cifar-10-batches-py", "cifar-10-python.tar.gz")),
+        tuple("airplane automobile bird cat deer dog frog horse ship truck".split()),
+        suffixes=("",),
+        mirrors=_TORONTO,
+        archive="cifar-10-binary.tar.gz",
+        class_file="batches.meta.txt",
+        pickle_names=("cifar-10-batches-py", "cifar-10-python.tar.gz"),
+        sha256=_pins("cifar10"),
+    ),
     "cifar100": Spec(
-        "cifar", {"train": ("train.bin",), "test": ("test.bin",)}, ("cifar-100-binary",),
-        _CIFAR100_CLASSES, suffixes=("",), mirrors=("https://www.cs.toronto.edu/~kriz/",),
-        sha256={"cifar-100-binary.tar.gz": "58a81ae192c23a4be8b1804d68e518ed807d710a4eb253b1f2a199162a40d8ec"},
-        archive="cifar-100-binary.tar.gz", record=3074, class_file="fine_label_names.txt",
-        pickle_names=("cifar-100-python", "cifar-100-python.tar.gz")),
+        "cifar",
+        {"train": ("train.bin",), "test": ("test.bin",)},
+        ("cifar-100-binary",),
+        _CIFAR100_CLASSES,
+        suffixes=("",),
+        mirrors=_TORONTO,
+        archive="cifar-100-binary.tar.gz",
+        record=3074,
+        class_file="fine_label_names.txt",
+        pickle_names=("cifar-100-python", "cifar-100-python.tar.gz"),
+        sha256=_pins("cifar100"),
+    ),
 }
 BUNDLED = Path(__file__).parent / "bundled"
 
 
-def load_dataset(name: str, split: str = "train", root: str | os.PathLike | None = None, *,
-                 mirrors: Sequence[str] | None = None) -> Dataset:
+def load_dataset(
+    name: str,
+    split: str = "train",
+    root: str | os.PathLike | None = None,
+    *,
+    mirrors: Sequence[str] | None = None,
+) -> Dataset:
     """Load a known dataset as uint8 arrays, memory-mapped from the decoded cache.
 
     Args:
@@ -127,8 +171,10 @@ def load_dataset(name: str, split: str = "train", root: str | os.PathLike | None
     if spec is None and Path(name).expanduser().is_dir():  # a store from `latecast convert`
         return open_store(Path(name).expanduser(), split)
     if spec is None:
-        raise ConfigError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}, "
-                          "or a store folder made by `latecast convert`")
+        raise ConfigError(
+            f"unknown dataset {name!r}; known: {', '.join(DATASETS)}, "
+            "or a store folder made by `latecast convert`"
+        )
     if split not in spec.files:
         raise ConfigError(f"unknown split {split!r} for {name}; valid: {', '.join(spec.files)}")
     ds = _cached(name, spec, split, _sources(name, spec, split, root, mirrors))
@@ -158,8 +204,11 @@ def _find(name: str, spec: Spec, split: str, root: Path) -> list[Path]:
     """Each file of the split in root or root/<torchvision folder>, plain or gzipped."""
     found, missing = [], []
     for fname in spec.files[split]:
-        tried = [d / (fname + sfx) for d in (root, *(root / s for s in spec.subdirs))
-                 for sfx in spec.suffixes]
+        tried = [
+            d / (fname + sfx)
+            for d in (root, *(root / s for s in spec.subdirs))
+            for sfx in spec.suffixes
+        ]
         hit = next((p for p in tried if p.is_file()), None)
         found.append(hit)
         missing += tried if hit is None else []
@@ -167,18 +216,23 @@ def _find(name: str, spec: Spec, split: str, root: Path) -> list[Path]:
         return found
     for pickled in spec.pickle_names:
         if root.name == pickled or (root / pickled).exists():
-            raise FormatError(f"{root / pickled if root.name != pickled else root}: CIFAR's pickle "
-                              "'python version' is not supported because unpickling can run "
-                              f"arbitrary code; use the binary version ({spec.archive}) instead")
-    raise FormatError(f"{name} {split}: file(s) not found under {root}; looked for "
-                      f"{', '.join(map(str, missing))}")
+            raise FormatError(
+                f"{root / pickled if root.name != pickled else root}: CIFAR's pickle "
+                "'python version' is not supported because unpickling can run "
+                f"arbitrary code; use the binary version ({spec.archive}) instead"
+            )
+    raise FormatError(
+        f"{name} {split}: file(s) not found under {root}; looked for {', '.join(map(str, missing))}"
+    )
 
 
 def _cached(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
     """The split memory-mapped from its cache store; decoded and rewritten if that is damaged
     or was made from other files (path, size, mtime)."""
-    identity = "; ".join(f"{p.resolve()} ({st.st_size} bytes, mtime_ns {st.st_mtime_ns})"
-                         for p, st in ((p, p.stat()) for p in sources))
+    identity = "; ".join(
+        f"{p.resolve()} ({st.st_size} bytes, mtime_ns {st.st_mtime_ns})"
+        for p, st in ((p, p.stat()) for p in sources)
+    )
     key = hashlib.sha256(json.dumps([str(p.resolve()) for p in sources]).encode()).hexdigest()[:12]
     folder = _cache_dir() / "decoded" / f"{name}-{split}-{key}"
     with contextlib.suppress(FormatError):
@@ -189,13 +243,18 @@ def _cached(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
         for file in (META, IMAGES, LABELS):  # our own cache entry: replaced, even when damaged
             (folder / file).unlink(missing_ok=True)
         return open_store(write_store(ds, folder, source=identity))
-    except (OSError, LatecastError) as e:  # a read-only home still gets its data, only slower next time
+    except (
+        OSError,
+        LatecastError,
+    ) as e:  # a read-only home still gets its data, only slower next time
         warnings.warn(f"cannot write the dataset cache {folder}: {e}; it will be decoded again")
         return ds
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("LATECAST_CACHE") or Path.home() / ".cache" / "latecast").expanduser()
+    return Path(
+        os.environ.get("LATECAST_CACHE") or Path.home() / ".cache" / "latecast"
+    ).expanduser()
 
 
 def _decode(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
@@ -210,17 +269,24 @@ def _decode(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
 def _check_bundled(path: Path) -> None:
     digest = hashlib.sha256(path.read_bytes()).hexdigest()  # at most 10 MB, read once per decode
     sums_file = BUNDLED / "SHA256SUMS"
-    sums = {f: h for h, f in (line.split() for line in sums_file.read_text().splitlines() if line.strip())}
+    sums = {
+        f: h
+        for h, f in (line.split() for line in sums_file.read_text().splitlines() if line.strip())
+    }
     if sums.get(path.name) != digest:
-        raise FormatError(f"{path}: SHA-256 {digest} does not match {sums.get(path.name)} listed in "
-                          f"{sums_file}; the installed package is damaged, reinstall latecast")
+        raise FormatError(
+            f"{path}: SHA-256 {digest} does not match {sums.get(path.name)} listed in "
+            f"{sums_file}; the installed package is damaged, reinstall latecast"
+        )
 
 
 def _classes(spec: Spec, folder: Path) -> tuple[str, ...]:
     path = folder / spec.class_file
     if not spec.class_file or not path.is_file():
         return spec.classes
-    names = tuple(line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip())
+    names = tuple(
+        line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()
+    )
     if len(names) != len(spec.classes):
         raise FormatError(f"{path}: expected {len(spec.classes)} class names, found {len(names)}")
     return names
@@ -231,8 +297,9 @@ def _read_idx_split(paths: list[Path], spec: Spec, n_classes: int) -> tuple[np.n
     images = check_role(read_idx(image_path), "images", str(image_path))
     labels = check_role(read_idx(label_path), "labels", str(label_path))
     if len(images) != len(labels):
-        raise FormatError(f"{image_path} holds {len(images)} images but {label_path} holds "
-                          f"{len(labels)} labels")
+        raise FormatError(
+            f"{image_path} holds {len(images)} images but {label_path} holds {len(labels)} labels"
+        )
     check_labels(labels, n_classes, label_path)
     return images[..., None], labels  # (N, H, W) -> (N, H, W, 1)
 
@@ -252,15 +319,19 @@ def parse_cifar(data: bytes, name: str, record: int = 3073) -> tuple[np.ndarray,
         raise FormatError(f"{name}: empty file, expected {record}-byte CIFAR records")
     n, rest = divmod(len(data), record)
     if rest or n == 0:
-        raise FormatError(f"{name}: {len(data):,} bytes is not a whole number of {record}-byte "
-                          f"CIFAR records ({n} records and {rest} bytes left over)")
+        raise FormatError(
+            f"{name}: {len(data):,} bytes is not a whole number of {record}-byte "
+            f"CIFAR records ({n} records and {rest} bytes left over)"
+        )
     rows = np.frombuffer(data, np.uint8).reshape(n, record)
     labels = rows[:, record - 3073].copy()  # the last label byte: CIFAR-100's fine label
-    planes = rows[:, record - 3072:].reshape(n, 3, 32, 32)  # (N, C, H, W)
+    planes = rows[:, record - 3072 :].reshape(n, 3, 32, 32)  # (N, C, H, W)
     return np.ascontiguousarray(planes.transpose(0, 2, 3, 1)), labels  # (N, H, W, C)
 
 
-def _read_cifar_split(paths: list[Path], spec: Spec, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
+def _read_cifar_split(
+    paths: list[Path], spec: Spec, n_classes: int
+) -> tuple[np.ndarray, np.ndarray]:
     parts = []
     for path in paths:
         images, labels = parse_cifar(path.read_bytes(), str(path), spec.record)
@@ -278,7 +349,9 @@ def _fetch(spec: Spec, split: str, home: Path, mirrors: Sequence[str] | None) ->
     bases = list(mirrors) if mirrors else env or list(spec.mirrors)
     names = [spec.archive] if spec.archive else [f + ".gz" for f in spec.files[split]]
     for fname in names:
-        download([f"{b.strip().rstrip('/')}/{fname}" for b in bases], home / fname, spec.sha256[fname])
+        download(
+            [f"{b.strip().rstrip('/')}/{fname}" for b in bases], home / fname, spec.sha256[fname]
+        )
     if spec.archive:
         folder = spec.subdirs[0]
         wanted = {f"{folder}/{f}" for files in spec.files.values() for f in files}

@@ -7,6 +7,7 @@ else one process. ``device="auto"`` is ``cuda:LOCAL_RANK`` under a launcher, the
 CUDA device without one, else the CPU. ``start`` joins the process group for ``latecast
 train`` (NCCL on CUDA, gloo on CPU); the rest are collectives every rank calls in order.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,7 +35,9 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     else the CPU; ``"cuda"`` without an index likewise. Others are checked and returned."""
     local = os.environ.get("LOCAL_RANK")
     if str(device) in ("auto", "cuda") and torch.cuda.is_available():
-        return torch.device("cuda", int(local) if local is not None else torch.cuda.current_device())
+        return torch.device(
+            "cuda", int(local) if local is not None else torch.cuda.current_device()
+        )
     if str(device) == "auto":
         return torch.device("cpu")
     try:
@@ -48,8 +51,9 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return dev
 
 
-def placement(device: str | torch.device = "auto", rank: int | None = None,
-              world_size: int | None = None) -> tuple[torch.device, int, int]:
+def placement(
+    device: str | torch.device = "auto", rank: int | None = None, world_size: int | None = None
+) -> tuple[torch.device, int, int]:
     """(device, rank, world size): what is given, else what the environment says now."""
     launched = _launched() or (0, 1)
     rank = launched[0] if rank is None else rank
@@ -71,11 +75,15 @@ def start(device: str, timeout: float) -> tuple[torch.device, bool, bool]:
     if cuda:
         torch.cuda.set_device(dev)
     try:
-        dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=timeout),
-                                **({"device_id": dev} if cuda else {}))
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            timeout=timedelta(seconds=timeout),
+            **({"device_id": dev} if cuda else {}),
+        )
     except ValueError as err:  # env:// without MASTER_ADDR/PORT: not launched by torchrun
-        raise ConfigError(f"WORLD_SIZE is set but the process group cannot start: {err}; "
-                          f"launch with torchrun") from None
+        raise ConfigError(
+            f"WORLD_SIZE is set but the process group cannot start: {err}; launch with torchrun"
+        ) from None
     return dev, True, True
 
 
@@ -101,4 +109,5 @@ def peer_failure(err: RuntimeError) -> bool:
     the backend's message as a plain ``RuntimeError``."""
     text = str(err).lower()
     return isinstance(err, dist.DistError) or any(
-        s in text for s in ("gloo", "nccl", "timed out", "connection closed", "connection reset"))
+        s in text for s in ("gloo", "nccl", "timed out", "connection closed", "connection reset")
+    )

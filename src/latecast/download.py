@@ -1,6 +1,7 @@
 """Downloads checked against a pinned SHA-256, https only, and tar extraction that refuses
 an archive with any unsafe member before writing anything (docs/RELIABILITY.md rows 13-17).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,9 @@ from .fileio import atomic_write
 _CHUNK = 1 << 20
 
 
-def download(urls: Sequence[str], dest: str | os.PathLike, sha256: str, *,
-             timeout: float = 60.0) -> Path:
+def download(
+    urls: Sequence[str], dest: str | os.PathLike, sha256: str, *, timeout: float = 60.0
+) -> Path:
     """Download a file from the first mirror that serves it with the pinned SHA-256.
 
     Each try streams into ``<dest>.part``, renamed onto ``dest`` only once the hash matches.
@@ -52,7 +54,9 @@ def download(urls: Sequence[str], dest: str | os.PathLike, sha256: str, *,
         try:
             actual = _fetch_url(url, part, timeout)
             if actual != sha256.lower():
-                raise DownloadError(f"SHA-256 mismatch: expected {sha256}, got {actual}; file removed")
+                raise DownloadError(
+                    f"SHA-256 mismatch: expected {sha256}, got {actual}; file removed"
+                )
             os.replace(part, dest)
             return dest
         except (DownloadError, OSError, ValueError, http.client.HTTPException) as e:
@@ -60,9 +64,11 @@ def download(urls: Sequence[str], dest: str | os.PathLike, sha256: str, *,
             warnings.warn(f"download failed, {failures[-1]}", stacklevel=2)
         finally:
             part.unlink(missing_ok=True)
-    raise DownloadError(f"could not download {dest.name}: {'; '.join(failures) or 'no mirrors given'}. "
-                        f"To place it by hand: fetch it from any of those URLs, check that its "
-                        f"SHA-256 is {sha256}, and save it as {dest}")
+    raise DownloadError(
+        f"could not download {dest.name}: {'; '.join(failures) or 'no mirrors given'}. "
+        f"To place it by hand: fetch it from any of those URLs, check that its "
+        f"SHA-256 is {sha256}, and save it as {dest}"
+    )
 
 
 def _check_url(url: str) -> bool:
@@ -72,7 +78,9 @@ def _check_url(url: str) -> bool:
         return False
     if parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost", "::1"):
         return True
-    raise DownloadError(f"refused {url}: only https:// is used (http:// only to 127.0.0.1/localhost)")
+    raise DownloadError(
+        f"refused {url}: only https:// is used (http:// only to 127.0.0.1/localhost)"
+    )
 
 
 class _HttpsOnlyRedirects(urllib.request.HTTPRedirectHandler):
@@ -94,8 +102,10 @@ def _fetch_url(url: str, part: Path, timeout: float) -> str:
     with opener.open(request, timeout=timeout) as resp, open(part, "wb") as out:
         length = resp.headers.get("Content-Length")
         while chunk := resp.read(_CHUNK):
-            if received == 0 and ("text/html" in resp.headers.get("Content-Type", "")
-                                  or chunk.lstrip()[:14].lower().startswith((b"<!doctype", b"<html"))):
+            if received == 0 and (
+                "text/html" in resp.headers.get("Content-Type", "")
+                or chunk.lstrip()[:14].lower().startswith((b"<!doctype", b"<html"))
+            ):
                 raise DownloadError("HTML page, not the file (an error or sign-in page?)")
             digest.update(chunk)
             out.write(chunk)
@@ -114,7 +124,9 @@ def _reason(e: BaseException, timeout: float) -> str:
     return str(reason) or type(reason).__name__
 
 
-def extract_tar(archive: str | os.PathLike, dest: str | os.PathLike, wanted: set[str]) -> list[Path]:
+def extract_tar(
+    archive: str | os.PathLike, dest: str | os.PathLike, wanted: set[str]
+) -> list[Path]:
     """Extract the ``wanted`` regular files of a tar archive; refuse unsafe archives outright.
 
     Every member is checked before anything is written: an absolute name, a ``..``
@@ -136,8 +148,10 @@ def extract_tar(archive: str | os.PathLike, dest: str | os.PathLike, wanted: set
             members = tar.getmembers()
             for m in members:
                 if why := _unsafe(m):
-                    raise FormatError(f"{archive}: refusing the archive, member {m.name!r} is "
-                                      f"{why}; nothing was extracted")
+                    raise FormatError(
+                        f"{archive}: refusing the archive, member {m.name!r} is "
+                        f"{why}; nothing was extracted"
+                    )
             for m in members:
                 name = str(PurePosixPath(m.name))
                 if m.isfile() and name in wanted:

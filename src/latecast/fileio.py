@@ -1,6 +1,7 @@
 """Crash-safe writes: a file or a folder is built next to its target, fsynced and renamed over
 it, so a writer killed at any point (even ``kill -9``) leaves the previous one; the next folder
 write removes what dead writers left behind (docs/RELIABILITY.md rows 18-19)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -45,8 +46,10 @@ def atomic_folder(out: Path, check: Callable[[Path], None]) -> Iterator[Path]:
     ``out``. ``check(out)``, run once dead writers' leftovers are cleaned, raises to keep ``out``."""
     out = out.resolve()
     if out == Path.cwd() or out in Path.cwd().parents:
-        raise ConfigError(f"{out} is the current folder or holds it; refusing to write a store "
-                          f"over it: choose a new folder")
+        raise ConfigError(
+            f"{out} is the current folder or holds it; refusing to write a store "
+            f"over it: choose a new folder"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     _clean_leftovers(out)
     check(out)
@@ -79,7 +82,7 @@ def _clean_leftovers(out: Path) -> None:
     crash left renamed away (the instant between the two renames of ``_publish``)."""
     prefix = f".{out.name}."
     for p in sorted(p for p in out.parent.iterdir() if p.name.startswith(prefix)):
-        kind, _, pid = p.name[len(prefix):].partition("-")
+        kind, _, pid = p.name[len(prefix) :].partition("-")
         if kind not in ("tmp", "old") or not pid.isdigit() or _alive(int(pid)):
             continue
         if kind == "old" and not out.exists():

@@ -9,6 +9,7 @@ The header is checked against the file's size *before* anything is allocated, wi
 Python ints, so a hostile header (2^31 x 2^31) costs nothing. Every problem is a
 ``FormatError`` that names the file, what was expected and what was found.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +29,12 @@ from .fileio import atomic_write
 
 # type code -> dtype as stored (big-endian), from the IDX description on the MNIST page
 TYPES: dict[int, np.dtype] = {
-    0x08: np.dtype("u1"), 0x09: np.dtype("i1"), 0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8"),
+    0x08: np.dtype("u1"),
+    0x09: np.dtype("i1"),
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
 }
 _VALID = ", ".join(f"0x{code:02X} ({dt.name})" for code, dt in TYPES.items())
 # deflate never compresses better than about 1032:1, so a gzip of n bytes cannot hold more
@@ -87,14 +92,18 @@ def _parse(f: BinaryIO, name: str, size: int | None, limit: int) -> np.ndarray:
     what = "the file" if size is not None else "the decompressed data"
     magic = f.read(4)
     if magic.lstrip()[:1] == b"<":
-        raise FormatError(f"{name}: looks like an HTML page (starts with '<'), not an IDX file; "
-                          "was it saved from a web page or an error response?")
+        raise FormatError(
+            f"{name}: looks like an HTML page (starts with '<'), not an IDX file; "
+            "was it saved from a web page or an error response?"
+        )
     if len(magic) < 4:
-        raise FormatError(f"{name}: IDX header cut short: {what} has {len(magic)} bytes, "
-                          "the magic alone needs 4")
+        raise FormatError(
+            f"{name}: IDX header cut short: {what} has {len(magic)} bytes, the magic alone needs 4"
+        )
     if magic[:2] != b"\0\0":
-        raise FormatError(f"{name}: not an IDX file: starts with {magic.hex(' ')}, "
-                          "expected 00 00 <type> <ndim>")
+        raise FormatError(
+            f"{name}: not an IDX file: starts with {magic.hex(' ')}, expected 00 00 <type> <ndim>"
+        )
     code, ndim = magic[2], magic[3]
     if code not in TYPES:
         raise FormatError(f"{name}: unknown IDX type code 0x{code:02X}; valid codes: {_VALID}")
@@ -103,23 +112,30 @@ def _parse(f: BinaryIO, name: str, size: int | None, limit: int) -> np.ndarray:
     raw_dims = f.read(4 * ndim)
     header = 4 + 4 * ndim
     if len(raw_dims) < 4 * ndim:
-        raise FormatError(f"{name}: IDX header cut short: {ndim} dimensions need {header} header "
-                          f"bytes, {what} has {4 + len(raw_dims)}")
+        raise FormatError(
+            f"{name}: IDX header cut short: {ndim} dimensions need {header} header "
+            f"bytes, {what} has {4 + len(raw_dims)}"
+        )
     dims = struct.unpack(f">{ndim}I", raw_dims)
     dtype = TYPES[code]
     nbytes = math.prod(dims) * dtype.itemsize  # Python ints: no overflow, nothing allocated
     expected = header + nbytes
     described = f"{dtype.name} {dims}"
     if size is not None and expected != size or expected > limit:
-        found = f"{size:,} bytes" if size is not None else f"at most {limit:,} bytes when decompressed"
-        raise FormatError(f"{name}: IDX header ({described}) needs {expected:,} bytes but {what} "
-                          f"holds {found}")
+        found = (
+            f"{size:,} bytes" if size is not None else f"at most {limit:,} bytes when decompressed"
+        )
+        raise FormatError(
+            f"{name}: IDX header ({described}) needs {expected:,} bytes but {what} holds {found}"
+        )
     payload = f.read(nbytes)
     if size is None:  # gzip: the decompressed length is only known by reading it
         actual = header + len(payload) + sum(map(len, iter(lambda: f.read(_CHUNK), b"")))
         if actual != expected:
-            raise FormatError(f"{name}: IDX header ({described}) needs {expected:,} bytes but "
-                              f"{what} holds {actual:,} bytes")
+            raise FormatError(
+                f"{name}: IDX header ({described}) needs {expected:,} bytes but "
+                f"{what} holds {actual:,} bytes"
+            )
     # (N, ...) big-endian -> native order; astype copies, so the result is writable
     return np.frombuffer(payload, dtype).reshape(dims).astype(dtype.newbyteorder("="))
 
@@ -134,8 +150,10 @@ def check_role(array: np.ndarray, role: str, name: str) -> np.ndarray:
     ndim = ROLES[role]
     if array.dtype != np.uint8 or array.ndim != ndim:
         kind = next((r for r, n in ROLES.items() if n == array.ndim), "data")
-        raise FormatError(f"expected {role} (type 0x08, {ndim} dimension{'s' if ndim > 1 else ''}) "
-                          f"but {name} holds {array.dtype} {kind} of shape {tuple(array.shape)}")
+        raise FormatError(
+            f"expected {role} (type 0x08, {ndim} dimension{'s' if ndim > 1 else ''}) "
+            f"but {name} holds {array.dtype} {kind} of shape {tuple(array.shape)}"
+        )
     return array
 
 
@@ -155,11 +173,12 @@ def write_idx(path: str | os.PathLike, array: np.ndarray, *, compress: bool = Fa
     if code is None:
         raise ConfigError(f"IDX cannot store {array.dtype}; valid types: {_VALID}")
     if not 1 <= array.ndim <= _MAX_NDIM or max(array.shape) >= 2**32:
-        raise ConfigError(f"IDX needs 1..{_MAX_NDIM} dimensions each below 2^32, got shape {array.shape}")
+        raise ConfigError(
+            f"IDX needs 1..{_MAX_NDIM} dimensions each below 2^32, got shape {array.shape}"
+        )
     header = bytes([0, 0, code, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
     body = np.ascontiguousarray(array, dtype=TYPES[code]).tobytes()
     with atomic_write(path) as f, contextlib.ExitStack() as stack:
         out = stack.enter_context(gzip.GzipFile(fileobj=f, mode="wb", mtime=0)) if compress else f
         out.write(header)
         out.write(body)
-

@@ -6,6 +6,7 @@ Order follows ``torch.utils.data.DistributedSampler`` exactly: a permutation fro
 multiple of the world size, and rank ``r`` takes ``indices[r::world]``. Every rank thus
 sees the same permutation and the same number of batches.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,16 @@ from .prepare import Augmentation, Prepare
 from .transfer import MOVERS, Batch, Mover, TransferStats, resolve
 
 
-def epoch_order(n: int, *, seed: int, epoch: int, shuffle: bool = True, rank: int = 0,
-                world_size: int = 1, pad: bool = True) -> torch.Tensor:
+def epoch_order(
+    n: int,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    rank: int = 0,
+    world_size: int = 1,
+    pad: bool = True,
+) -> torch.Tensor:
     """Indices rank ``rank`` visits in ``epoch``, as ``DistributedSampler`` would give them.
 
     ``pad=True`` wraps around so every rank gets ``ceil(n / world_size)`` indices;
@@ -38,7 +47,7 @@ def epoch_order(n: int, *, seed: int, epoch: int, shuffle: bool = True, rank: in
     if pad and n % world_size:
         total = math.ceil(n / world_size) * world_size
         reps = math.ceil((total - n) / n)
-        indices = torch.cat([indices, indices.repeat(reps)[:total - n]])
+        indices = torch.cat([indices, indices.repeat(reps)[: total - n]])
     return indices[rank::world_size]
 
 
@@ -75,12 +84,22 @@ class Loader:
         >>> images, labels = next(iter(loader))  # (256, 1, 28, 28) float32, (256,) int64
     """
 
-    def __init__(self, dataset: Dataset, batch_size: int, device: str | torch.device = "auto",
-                 transfer: str = "auto", shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, dtype: torch.dtype = torch.float32,
-                 channels_last: bool = False, rank: int | None = None,
-                 world_size: int | None = None, augment: Augmentation | None = None,
-                 pad: bool = True) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int,
+        device: str | torch.device = "auto",
+        transfer: str = "auto",
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        augment: Augmentation | None = None,
+        pad: bool = True,
+    ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         if len(dataset) == 0:
@@ -92,8 +111,14 @@ class Loader:
         self.dtype, self.channels_last = dtype, channels_last
         self._asked = (device, transfer, rank, world_size)
         placement(device, rank, world_size)  # bad values fail here, not at the first pass
-        self.prepare = Prepare(dataset.mean, dataset.std, dtype=dtype,
-                               channels_last=channels_last, augment=augment, seed=seed)
+        self.prepare = Prepare(
+            dataset.mean,
+            dataset.std,
+            dtype=dtype,
+            channels_last=channels_last,
+            augment=augment,
+            seed=seed,
+        )
         self.epoch, self.position = 0, 0  # position: batches of `epoch` already yielded
         self._mover: Mover | None = None
         self._batches, self._wait = 0, 0.0
@@ -158,29 +183,45 @@ class Loader:
 
     def state_dict(self) -> dict:
         """Where the loader is: epoch and batches already yielded in it (plain ints)."""
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed,
-                "batch_size": self.batch_size, "world_size": self.world_size,
-                "num_samples": len(self.dataset)}
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "world_size": self.world_size,
+            "num_samples": len(self.dataset),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next pass starts at its epoch and position."""
         mine = self.state_dict()
-        differ = [k for k in ("seed", "batch_size", "world_size", "num_samples")
-                  if state.get(k) != mine[k]]
+        differ = [
+            k
+            for k in ("seed", "batch_size", "world_size", "num_samples")
+            if state.get(k) != mine[k]
+        ]
         if differ:
-            raise ConfigError("loader state does not match this loader: " + ", ".join(
-                f"{k} {state.get(k)!r} != {mine[k]!r}" for k in differ))
+            raise ConfigError(
+                "loader state does not match this loader: "
+                + ", ".join(f"{k} {state.get(k)!r} != {mine[k]!r}" for k in differ)
+            )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
     def index_batches(self) -> list[torch.Tensor]:
         """This epoch's index batches for this rank (CPU int64), from ``position`` on."""
-        order = epoch_order(len(self.dataset), seed=self.seed, epoch=self.epoch,
-                            shuffle=self.shuffle, rank=self.rank,
-                            world_size=self.world_size, pad=self.pad)
+        order = epoch_order(
+            len(self.dataset),
+            seed=self.seed,
+            epoch=self.epoch,
+            shuffle=self.shuffle,
+            rank=self.rank,
+            world_size=self.world_size,
+            pad=self.pad,
+        )
         batches = list(torch.split(order, self.batch_size))
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
-        return batches[self.position:]
+        return batches[self.position :]
 
     def __iter__(self) -> Iterator[Batch]:
         mover = self._start()

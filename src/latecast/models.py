@@ -3,6 +3,7 @@
 ``mlp`` and ``cnn`` are for 28x28 grayscale (any size and channel count works: the input
 shape is a constructor argument); ``resnet9`` is a small residual net for 32x32 colour.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -16,24 +17,35 @@ from .errors import ConfigError
 def mlp(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """Two hidden layers of 256: ~98% on MNIST, a floor for the data path, not a contender."""
     c, h, w = in_shape
-    return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, 256), nn.ReLU(),
-                         nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, num_classes))
+    return nn.Sequential(
+        nn.Flatten(),
+        nn.Linear(c * h * w, 256),
+        nn.ReLU(),
+        nn.Linear(256, 256),
+        nn.ReLU(),
+        nn.Linear(256, num_classes),
+    )
 
 
 def _conv_bn(cin: int, cout: int) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False),
-                         nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+    return nn.Sequential(
+        nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(inplace=True)
+    )
 
 
 def cnn(in_shape: tuple[int, int, int], num_classes: int, width: int = 32) -> nn.Module:
     """Small conv net with batch norm: conv-bn-relu blocks, two 2x2 pools, linear head."""
     c, h, w = in_shape
     return nn.Sequential(
-        _conv_bn(c, width), nn.MaxPool2d(2),               # (N, w, H/2, W/2)
-        _conv_bn(width, 2 * width), nn.MaxPool2d(2),       # (N, 2w, H/4, W/4)
+        _conv_bn(c, width),
+        nn.MaxPool2d(2),  # (N, w, H/2, W/2)
+        _conv_bn(width, 2 * width),
+        nn.MaxPool2d(2),  # (N, 2w, H/4, W/4)
         _conv_bn(2 * width, 2 * width),
-        nn.AdaptiveMaxPool2d(1), nn.Flatten(),             # (N, 2w)
-        nn.Linear(2 * width, num_classes))
+        nn.AdaptiveMaxPool2d(1),
+        nn.Flatten(),  # (N, 2w)
+        nn.Linear(2 * width, num_classes),
+    )
 
 
 class _Residual(nn.Module):
@@ -45,8 +57,11 @@ class _Residual(nn.Module):
         return x + self.body(x)
 
 
-def resnet9(in_shape: tuple[int, int, int], num_classes: int,
-            widths: tuple[int, int, int, int] = (64, 128, 256, 512)) -> nn.Module:
+def resnet9(
+    in_shape: tuple[int, int, int],
+    num_classes: int,
+    widths: tuple[int, int, int, int] = (64, 128, 256, 512),
+) -> nn.Module:
     """The ResNet-9 of the DAWNBench CIFAR-10 entries (Page, 2018): 94% in about 24 epochs.
 
     prep conv, then three stages of conv-bn-relu + 2x2 pool, residual pairs after the first
@@ -56,11 +71,19 @@ def resnet9(in_shape: tuple[int, int, int], num_classes: int,
     w0, w1, w2, w3 = widths
     return nn.Sequential(
         _conv_bn(c, w0),
-        _conv_bn(w0, w1), nn.MaxPool2d(2), _Residual(w1),   # (N, w1, H/2, W/2)
-        _conv_bn(w1, w2), nn.MaxPool2d(2),                 # (N, w2, H/4, W/4)
-        _conv_bn(w2, w3), nn.MaxPool2d(2), _Residual(w3),   # (N, w3, H/8, W/8)
-        nn.AdaptiveMaxPool2d(1), nn.Flatten(),
-        nn.Linear(w3, num_classes, bias=False), _Scale(0.125))
+        _conv_bn(w0, w1),
+        nn.MaxPool2d(2),
+        _Residual(w1),  # (N, w1, H/2, W/2)
+        _conv_bn(w1, w2),
+        nn.MaxPool2d(2),  # (N, w2, H/4, W/4)
+        _conv_bn(w2, w3),
+        nn.MaxPool2d(2),
+        _Residual(w3),  # (N, w3, H/8, W/8)
+        nn.AdaptiveMaxPool2d(1),
+        nn.Flatten(),
+        nn.Linear(w3, num_classes, bias=False),
+        _Scale(0.125),
+    )
 
 
 class _Scale(nn.Module):

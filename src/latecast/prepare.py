@@ -7,6 +7,7 @@ augmentation from a generator seeded from ``(seed, epoch, rank, k)``, so the dra
 depend on where a run started: a resumed run repeats them exactly. The batch number is
 counted here, in one place: ``seek`` says where an epoch starts, each call is the next batch.
 """
+
 from __future__ import annotations
 
 from typing import Callable
@@ -29,9 +30,16 @@ class Prepare:
         seed: the run's seed, mixed into every batch's augmentation seed.
     """
 
-    def __init__(self, mean: tuple[float, ...], std: tuple[float, ...], *,
-                 dtype: torch.dtype = torch.float32, channels_last: bool = False,
-                 augment: Augmentation | None = None, seed: int = 0) -> None:
+    def __init__(
+        self,
+        mean: tuple[float, ...],
+        std: tuple[float, ...],
+        *,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
+        augment: Augmentation | None = None,
+        seed: int = 0,
+    ) -> None:
         self.mean, self.std, self.dtype = tuple(mean), tuple(std), dtype
         self.channels_last, self.augment, self.seed = channels_last, augment, seed
         self.epoch = self.rank = self.batch = 0
@@ -45,8 +53,9 @@ class Prepare:
         if self.augment is not None:
             images = self.augment(images, self._generator(images.device))
         self.batch += 1
-        return normalize(images, self.mean, self.std, dtype=self.dtype,
-                         channels_last=self.channels_last)
+        return normalize(
+            images, self.mean, self.std, dtype=self.dtype, channels_last=self.channels_last
+        )
 
     def _generator(self, device: torch.device) -> torch.Generator:
         """A generator on ``device`` seeded from (seed, epoch, rank, batch)."""

@@ -14,6 +14,7 @@ kernel time and each ``Memcpy HtoD (Pinned|Pageable -> Device)`` row with its by
 Numbers are per recorded step and include the profiler's overhead: this is a picture of
 where time goes, ``latecast bench`` is the benchmark.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -46,38 +47,41 @@ NO_DEVICE = "n/a (no device)"
 @dataclass(frozen=True)
 class ProfileConfig:
     dataset: str = option("mnist", DATASET_HELP, positional=True)
-    steps: int = option(20, "recorded training steps per row")
-    warmup: int = option(3, "profiler warm-up steps before them (after 1 wait step)")
+    steps: int = option(20, "recorded training steps per row", low=1)
+    warmup: int = option(3, "profiler warm-up steps before them (after 1 wait step)", low=0)
     transfer: str = option("all", f"all, or a comma list of {','.join(ROWS)}")
-    batch_size: int = option(256, "images per step", short="-b")
-    workers: int = option(0, "baseline DataLoader num_workers (0: its CPU work is in the trace)")
+    batch_size: int = option(256, "images per step", short="-b", low=1)
+    workers: int = option(0, "baseline DataLoader workers (0: their work is traced)", low=0)
     device: str = option("auto", "auto|cpu|cuda|cuda:N")
-    seed: int = option(0, "weights and order")
+    seed: int = option(0, "weights and order", low=0)
     data_root: str | None = option(None, "folder with the dataset's files")
-    output_dir: str = option("runs/profile", "report.md, report.json, profile.png and one "
-                             "Chrome trace per row go here")
+    output_dir: str = option("runs/profile", "reports, plot and Chrome traces go here")
 
     def __post_init__(self) -> None:
-        validate(self, {"steps": (lambda v: v >= 1, "an integer >= 1"),
-                        "warmup": (lambda v: v >= 0, "an integer >= 0"),
-                        "batch_size": (lambda v: v >= 1, "an integer >= 1"),
-                        "workers": (lambda v: v >= 0, "an integer >= 0")})
+        validate(self)
         self.rows()
 
     def rows(self) -> list[str]:
-        names = list(ROWS) if self.transfer == "all" else [
-            t.strip() for t in self.transfer.split(",") if t.strip()]
+        names = (
+            list(ROWS)
+            if self.transfer == "all"
+            else [t.strip() for t in self.transfer.split(",") if t.strip()]
+        )
         bad = [n for n in names if n not in ROWS]
         if bad or not names:
-            raise ConfigError(f"--transfer {self.transfer!r}: unknown row(s) {bad}; "
-                              f"valid: all or a comma list of {', '.join(ROWS)}")
+            raise ConfigError(
+                f"--transfer {self.transfer!r}: unknown row(s) {bad}; "
+                f"valid: all or a comma list of {', '.join(ROWS)}"
+            )
         return names
 
 
 # ---- the batch sources, one per row; each yields (images, labels, bytes copied) ----------
 
-def _latecast(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig,
-              recipe: TrainConfig) -> Iterator:
+
+def _latecast(
+    ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig, recipe: TrainConfig
+) -> Iterator:
     """A mover and the prepare stage driven as the Loader drives them, each with its label
     (the copy inside the mover shows up as ``aten::to``/``copy_`` under ``h2d``)."""
     prepare = Prepare(ds.mean, ds.std, channels_last=recipe.channels_last)
@@ -115,9 +119,13 @@ def _baseline_u8(ds: Dataset, device: torch.device, cfg: ProfileConfig) -> Itera
     # (N, C, H, W) uint8 in memory, as people hold it (``MNIST(...).data.unsqueeze(1)``).
     images = torch.from_numpy(np.array(ds.images)).permute(0, 3, 1, 2).contiguous()
     data = torch.utils.data.TensorDataset(images, torch.from_numpy(np.array(ds.labels)))
-    dl = torch.utils.data.DataLoader(data, batch_size=cfg.batch_size, shuffle=True,
-                                     num_workers=cfg.workers,
-                                     generator=torch.Generator().manual_seed(cfg.seed))
+    dl = torch.utils.data.DataLoader(
+        data,
+        batch_size=cfg.batch_size,
+        shuffle=True,
+        num_workers=cfg.workers,
+        generator=torch.Generator().manual_seed(cfg.seed),
+    )
     mean = torch.tensor(ds.mean, device=device).view(1, -1, 1, 1)  # (1, C, 1, 1)
     std = torch.tensor(ds.std, device=device).view(1, -1, 1, 1)
     while True:
@@ -141,6 +149,7 @@ def _labelled(dl: torch.utils.data.DataLoader) -> Iterator:
 
 # ---- one row -------------------------------------------------------------------------
 
+
 def trace_totals(path: Path) -> tuple[float, dict[str, dict]]:
     """(device kernel µs, {"Memcpy HtoD (...)": {us, count, bytes}}) from a Chrome trace."""
     kernel_us, memcpy = 0.0, {}
@@ -158,26 +167,40 @@ def trace_totals(path: Path) -> tuple[float, dict[str, dict]]:
     return kernel_us, memcpy
 
 
-def profile_row(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig,
-                out: Path) -> dict:
+def profile_row(
+    ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig, out: Path
+) -> dict:
     """Train ``1 + warmup + steps`` steps of a fresh model on row ``name``'s batches, with
     ``latecast train``'s step and recipe for the dataset."""
     skip = 1 + cfg.warmup
-    recipe = resolve_config(TrainConfig(dataset=cfg.dataset, epochs=1, seed=cfg.seed,
-                                        batch_size=cfg.batch_size, device=str(device)),
-                            ds, device)
+    recipe = resolve_config(
+        TrainConfig(
+            dataset=cfg.dataset,
+            epochs=1,
+            seed=cfg.seed,
+            batch_size=cfg.batch_size,
+            device=str(device),
+        ),
+        ds,
+        device,
+    )
     torch.manual_seed(cfg.seed)
     model, opt, sched = model_and_optimizer(recipe, ds, device, skip + cfg.steps)
-    source = (_baseline(ds, device, cfg) if name == "baseline" else
-              _baseline_u8(ds, device, cfg) if name == "baseline-u8" else
-              _latecast(ds, name, device, cfg, recipe))
+    source = (
+        _baseline(ds, device, cfg)
+        if name == "baseline"
+        else _baseline_u8(ds, device, cfg)
+        if name == "baseline-u8"
+        else _latecast(ds, name, device, cfg, recipe)
+    )
     trace = out / f"trace-{name}.json"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     wait = cpu = step_phase = nbytes = 0.0
     with torch.profiler.profile(
-            activities=activities,
-            schedule=torch.profiler.schedule(wait=1, warmup=cfg.warmup, active=cfg.steps),
-            on_trace_ready=lambda p: p.export_chrome_trace(str(trace))) as prof:
+        activities=activities,
+        schedule=torch.profiler.schedule(wait=1, warmup=cfg.warmup, active=cfg.steps),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace)),
+    ) as prof:
         for i in range(skip + cfg.steps):
             if i == skip:
                 sync(device)  # the recorded window starts with an idle device
@@ -198,13 +221,22 @@ def profile_row(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig
     n = cfg.steps
     kernel_us, memcpy = trace_totals(trace)
     on_device = device.type == "cuda"
-    row = {"step_ms": 1e3 * elapsed / n, "data_wait_ms": 1e3 * wait / n,
-           "data_cpu_ms": 1e3 * cpu / n, "h2d_bytes_per_step": nbytes / n,
-           # On CPU the model's kernels run on the host: the step phase's wall time.
-           "kernel_ms": kernel_us / 1e3 / n if on_device else 1e3 * step_phase / n,
-           "memcpy": {k: {"ms": v["us"] / 1e3 / n, "count": v["count"] / n,
-                          "bytes": v["bytes"] / n} for k, v in memcpy.items()} if on_device else None,
-           "loss": loss.item(), "trace": trace.name}
+    row = {
+        "step_ms": 1e3 * elapsed / n,
+        "data_wait_ms": 1e3 * wait / n,
+        "data_cpu_ms": 1e3 * cpu / n,
+        "h2d_bytes_per_step": nbytes / n,
+        # On CPU the model's kernels run on the host: the step phase's wall time.
+        "kernel_ms": kernel_us / 1e3 / n if on_device else 1e3 * step_phase / n,
+        "memcpy": {
+            k: {"ms": v["us"] / 1e3 / n, "count": v["count"] / n, "bytes": v["bytes"] / n}
+            for k, v in memcpy.items()
+        }
+        if on_device
+        else None,
+        "loss": loss.item(),
+        "trace": trace.name,
+    }
     row["data_wait_pct"] = 100 * row["data_wait_ms"] / row["step_ms"]
     if on_device:
         row["memcpy_ms"] = sum(v["ms"] for v in row["memcpy"].values())
@@ -214,6 +246,7 @@ def profile_row(ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig
 
 
 # ---- report --------------------------------------------------------------------------
+
 
 def _memcpy_cell(row: dict, kind: str) -> str:
     if row["memcpy"] is None:
@@ -227,35 +260,66 @@ def _memcpy_cell(row: dict, kind: str) -> str:
 def report_markdown(r: dict) -> str:
     rows = []
     for name, v in r["rows"].items():
-        prof_bytes = (NO_DEVICE if v["memcpy"] is None else f"{v['profiler_bytes_per_step']:,.0f}")
-        rows.append([name, f"{v['step_ms']:.2f}", f"{v['kernel_ms']:.2f}",
-                     _memcpy_cell(v, "Pinned"), _memcpy_cell(v, "Pageable"),
-                     f"{v['h2d_bytes_per_step']:,.0f}", prof_bytes, f"{v['data_cpu_ms']:.2f}",
-                     f"{v['data_wait_ms']:.2f} ({v['data_wait_pct']:.1f}%)"])
+        prof_bytes = NO_DEVICE if v["memcpy"] is None else f"{v['profiler_bytes_per_step']:,.0f}"
+        rows.append(
+            [
+                name,
+                f"{v['step_ms']:.2f}",
+                f"{v['kernel_ms']:.2f}",
+                _memcpy_cell(v, "Pinned"),
+                _memcpy_cell(v, "Pageable"),
+                f"{v['h2d_bytes_per_step']:,.0f}",
+                prof_bytes,
+                f"{v['data_cpu_ms']:.2f}",
+                f"{v['data_wait_ms']:.2f} ({v['data_wait_pct']:.1f}%)",
+            ]
+        )
     kernels = "device kernels" if r["device"].startswith("cuda") else "model step (CPU)"
-    head = (f"`latecast profile` on {r['device']} ({r['gpu'] or r['cpu']}), torch {r['torch']}, "
-            f"git {r['git']}, {r['date']}: {r['config']['steps']} recorded steps per row after "
-            f"{1 + r['config']['warmup']} unrecorded, batch {r['config']['batch_size']}. "
-            "Times per step, under the profiler.")
-    return head + "\n\n" + markdown_table(
-        ["row", "step ms", f"{kernels} ms", "Memcpy HtoD Pinned", "Memcpy HtoD Pageable",
-         "bytes h2d (loader)", "bytes h2d (profiler)", "data CPU ms", "data wait ms (% step)"],
-        rows)
+    head = (
+        f"`latecast profile` on {r['device']} ({r['gpu'] or r['cpu']}), torch {r['torch']}, "
+        f"git {r['git']}, {r['date']}: {r['config']['steps']} recorded steps per row after "
+        f"{1 + r['config']['warmup']} unrecorded, batch {r['config']['batch_size']}. "
+        "Times per step, under the profiler."
+    )
+    return (
+        head
+        + "\n\n"
+        + markdown_table(
+            [
+                "row",
+                "step ms",
+                f"{kernels} ms",
+                "Memcpy HtoD Pinned",
+                "Memcpy HtoD Pageable",
+                "bytes h2d (loader)",
+                "bytes h2d (profiler)",
+                "data CPU ms",
+                "data wait ms (% step)",
+            ],
+            rows,
+        )
+    )
 
 
 def plot(r: dict, path: Path) -> None:
     """Stacked bars per row: kernels, memcpy, data wait, other (the rest of the step)."""
     import matplotlib
+
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
+
     names = list(r["rows"])
     kernels = "device kernels" if r["device"].startswith("cuda") else "model step (CPU)"
-    parts = {kernels: [r["rows"][n]["kernel_ms"] for n in names],
-             "memcpy HtoD": [r["rows"][n].get("memcpy_ms", 0.0) for n in names],
-             "data wait": [r["rows"][n]["data_wait_ms"] for n in names]}
+    parts = {
+        kernels: [r["rows"][n]["kernel_ms"] for n in names],
+        "memcpy HtoD": [r["rows"][n].get("memcpy_ms", 0.0) for n in names],
+        "data wait": [r["rows"][n]["data_wait_ms"] for n in names],
+    }
     # On a GPU these overlap (async copies, queued kernels): "other" is what is left, >= 0.
-    parts["other"] = [max(r["rows"][n]["step_ms"] - sum(p[i] for p in parts.values()), 0.0)
-                      for i, n in enumerate(names)]
+    parts["other"] = [
+        max(r["rows"][n]["step_ms"] - sum(p[i] for p in parts.values()), 0.0)
+        for i, n in enumerate(names)
+    ]
     fig, ax = plt.subplots(figsize=(10, 4.5))
     bottom = np.zeros(len(names))
     for label, values in parts.items():
@@ -281,11 +345,20 @@ def profile(cfg: ProfileConfig) -> dict:
     for name in names:
         rows[name] = profile_row(ds, name, device, cfg, out)
         print(f"profiled {name}: {rows[name]['step_ms']:.2f} ms/step", flush=True)
-    bad = [k for k, v in rows.items() for f in ("step_ms", "kernel_ms")
-           if not (math.isfinite(v[f]) and v[f] > 0)]
-    result = {"config": asdict(cfg), **run_info(device), "dataset": ds.name,
-              "steps_per_epoch": math.ceil(len(ds) / cfg.batch_size), "rows": rows,
-              "not_finite": bad}
+    bad = [
+        k
+        for k, v in rows.items()
+        for f in ("step_ms", "kernel_ms")
+        if not (math.isfinite(v[f]) and v[f] > 0)
+    ]
+    result = {
+        "config": asdict(cfg),
+        **run_info(device),
+        "dataset": ds.name,
+        "steps_per_epoch": math.ceil(len(ds) / cfg.batch_size),
+        "rows": rows,
+        "not_finite": bad,
+    }
     md = report_markdown(result)
     (out / "report.md").write_text(md + "\n")
     (out / "report.json").write_text(json.dumps(result, indent=2))

@@ -10,6 +10,7 @@ the loader touches it.
 Writes go through ``fileio.atomic_folder``: a crash (even ``kill -9``) leaves the previous
 store or none, never half of one. Only a store is ever replaced, never a user's other data.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -62,8 +63,10 @@ def _replace_problem(out: Path) -> str:
 def check_replaceable(out: Path) -> None:
     """Only a store (or an empty folder) may be replaced: never delete a user's other data."""
     if out.exists() and (why := _replace_problem(out)):
-        raise ConfigError(f"{out} exists and is not a latecast store ({why}); refusing to "
-                          f"replace it: choose a new folder")
+        raise ConfigError(
+            f"{out} exists and is not a latecast store ({why}); refusing to "
+            f"replace it: choose a new folder"
+        )
 
 
 def _fingerprint(path: Path) -> str:
@@ -82,12 +85,27 @@ def finish_split(folder: Path, ds: Dataset, source: str) -> None:
     """Write labels.npy and meta.json next to an images.npy already written in ``folder``."""
     check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
     np.save(folder / LABELS, np.ascontiguousarray(ds.labels), allow_pickle=False)
-    files = {key: {"file": name, "shape": list(arr.shape), "dtype": arr.dtype.name,
-                   "bytes": (folder / name).stat().st_size,
-                   "sha256_head_tail": _fingerprint(folder / name)}
-             for key, name, arr in (("images", IMAGES, ds.images), ("labels", LABELS, ds.labels))}
-    meta = {"schema": SCHEMA, "name": ds.name, "split": ds.split, "count": len(ds), **files,
-            "classes": list(ds.classes), "mean": list(ds.mean), "std": list(ds.std), "source": source}
+    files = {
+        key: {
+            "file": name,
+            "shape": list(arr.shape),
+            "dtype": arr.dtype.name,
+            "bytes": (folder / name).stat().st_size,
+            "sha256_head_tail": _fingerprint(folder / name),
+        }
+        for key, name, arr in (("images", IMAGES, ds.images), ("labels", LABELS, ds.labels))
+    }
+    meta = {
+        "schema": SCHEMA,
+        "name": ds.name,
+        "split": ds.split,
+        "count": len(ds),
+        **files,
+        "classes": list(ds.classes),
+        "mean": list(ds.mean),
+        "std": list(ds.std),
+        "source": source,
+    }
     (folder / META).write_text(json.dumps(meta, indent=1) + "\n")
 
 
@@ -118,7 +136,7 @@ def write_store(dataset: Dataset, out: str | os.PathLike, *, source: str = "") -
         images = empty_images(tmp, dataset.images.shape)
         step = max(1, CHUNK_BYTES // max(1, images[0].nbytes))
         for start in range(0, len(images), step):
-            images[start:start + step] = dataset.images[start:start + step]
+            images[start : start + step] = dataset.images[start : start + step]
         images.flush()
         finish_split(tmp, replace(dataset, images=images), source)
         del images  # close the memmap before the folder is renamed
@@ -137,12 +155,21 @@ def read_meta(folder: Path) -> dict:
     if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
         found = meta.get("schema") if isinstance(meta, dict) else type(meta).__name__
         raise FormatError(f"{path}: schema version {found!r}, this latecast reads {SCHEMA}")
-    types = {"name": str, "split": str, "count": int, "images": dict, "labels": dict,
-             "classes": list, "mean": list, "std": list}
+    types = {
+        "name": str,
+        "split": str,
+        "count": int,
+        "images": dict,
+        "labels": dict,
+        "classes": list,
+        "mean": list,
+        "std": list,
+    }
     for key, t in types.items():
         if not isinstance(meta.get(key), t):
-            raise FormatError(f"{path}: field {key!r} should be a {t.__name__}, "
-                              f"got {meta.get(key)!r:.60}")
+            raise FormatError(
+                f"{path}: field {key!r} should be a {t.__name__}, got {meta.get(key)!r:.60}"
+            )
     return meta
 
 
@@ -153,24 +180,32 @@ def _open_array(folder: Path, name: str, entry: dict, count: int) -> np.ndarray:
         raise FormatError(f"{path}: missing (listed in {folder / META})")
     size = path.stat().st_size
     if size != entry.get("bytes"):
-        raise FormatError(f"{path}: {size} bytes, {META} says {entry.get('bytes')} "
-                          "(truncated or replaced?)")
+        raise FormatError(
+            f"{path}: {size} bytes, {META} says {entry.get('bytes')} (truncated or replaced?)"
+        )
     if _fingerprint(path) != entry.get("sha256_head_tail"):
-        raise FormatError(f"{path}: contents differ from when {META} was written (stale or edited file)")
+        raise FormatError(
+            f"{path}: contents differ from when {META} was written (stale or edited file)"
+        )
     try:
         arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
         raise FormatError(f"{path}: not a readable .npy file ({e})") from None
     expected = (list(arr.shape), arr.dtype.name)
     if expected != (entry.get("shape"), entry.get("dtype")) or arr.shape[:1] != (count,):
-        raise FormatError(f"{path}: holds {arr.dtype.name} {list(arr.shape)}, {META} says "
-                          f"{entry.get('dtype')} {entry.get('shape')} with count {count}")
+        raise FormatError(
+            f"{path}: holds {arr.dtype.name} {list(arr.shape)}, {META} says "
+            f"{entry.get('dtype')} {entry.get('shape')} with count {count}"
+        )
     return arr
 
 
 def _store_folder(path: Path, split: str | None) -> Path:
-    splits = sorted(p.name for p in path.iterdir() if (p / META).is_file()) \
-        if path.is_dir() and not (path / META).is_file() else []
+    splits = (
+        sorted(p.name for p in path.iterdir() if (p / META).is_file())
+        if path.is_dir() and not (path / META).is_file()
+        else []
+    )
     if not splits:  # one store, or none: read_meta says which
         return path
     if (split or "train") not in splits:
@@ -203,11 +238,24 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset:
     images = _open_array(folder, IMAGES, meta["images"], count)
     labels = np.array(_open_array(folder, LABELS, meta["labels"], count))  # small: read it whole
     mean, std, c = meta["mean"], meta["std"], images.shape[-1]
-    if not (len(mean) == len(std) == c and all(isinstance(v, (int, float)) for v in mean + std)
-            and all(0 <= m <= 1 for m in mean) and all(0 < v <= 1 for v in std)):
-        raise FormatError(f"{folder / META}: mean/std need {c} channel values in [0, 1] "
-                          f"(std > 0), got {mean}/{std}")
-    ds = Dataset(meta["name"], meta["split"], images, labels, tuple(map(str, meta["classes"])),
-                 tuple(map(float, mean)), tuple(map(float, std)))  # checks the dtypes and ndim
+    if not (
+        len(mean) == len(std) == c
+        and all(isinstance(v, (int, float)) for v in mean + std)
+        and all(0 <= m <= 1 for m in mean)
+        and all(0 < v <= 1 for v in std)
+    ):
+        raise FormatError(
+            f"{folder / META}: mean/std need {c} channel values in [0, 1] "
+            f"(std > 0), got {mean}/{std}"
+        )
+    ds = Dataset(
+        meta["name"],
+        meta["split"],
+        images,
+        labels,
+        tuple(map(str, meta["classes"])),
+        tuple(map(float, mean)),
+        tuple(map(float, std)),
+    )  # checks the dtypes and ndim
     check_labels(labels, ds.num_classes, str(folder / LABELS))
     return ds

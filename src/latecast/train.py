@@ -13,13 +13,14 @@ rank, running statistics copied from rank 0 (at each forward, and before every e
 and save). Rank 0 alone logs, writes metrics and checkpoints; test accuracy is summed over
 ranks from unpadded shards, so it equals single-process accuracy on the same weights.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -39,7 +40,8 @@ from .models import MODELS, build_model
 from .transfer import MOVERS, Batch, float32_bytes
 from .transforms import parse_augment
 
-_PRESET = "; default: the preset's"
+_PRESET = " (default: the preset's)"
+_PRESET_HELP = "gray (28x28 digits: cnn) or colour (32x32 RGB: ResNet-9); default: by image"
 
 # Defaults by kind of image. "gray": 28x28 digits and clothes, the small cnn reaches 99% on
 # MNIST in 3 epochs. "colour": 32x32 RGB, the ResNet-9 recipe of the DAWNBench CIFAR-10
@@ -47,10 +49,26 @@ _PRESET = "; default: the preset's"
 # channels_last everywhere: NHWC convolutions ran the MNIST cnn 2x faster on a 2-core CPU
 # (18 vs 39 s an epoch) and suit tensor cores on CUDA.
 PRESETS: dict[str, dict] = {
-    "gray": dict(model="cnn", epochs=3, batch_size=128, lr=0.1, label_smoothing=0.0,
-                 augment="", amp=False, channels_last=True),
-    "colour": dict(model="resnet9", epochs=16, batch_size=512, lr=0.4, label_smoothing=0.2,
-                   augment="crop=4,flip,cutout=8,fill=reflect", amp=True, channels_last=True),
+    "gray": dict(
+        model="cnn",
+        epochs=3,
+        batch_size=128,
+        lr=0.1,
+        label_smoothing=0.0,
+        augment="",
+        amp=False,
+        channels_last=True,
+    ),
+    "colour": dict(
+        model="resnet9",
+        epochs=16,
+        batch_size=512,
+        lr=0.4,
+        label_smoothing=0.2,
+        augment="crop=4,flip,cutout=8,fill=reflect",
+        amp=True,
+        channels_last=True,
+    ),
 }
 _PRESET_SIZE = 32  # the presets are tuned on images up to 32x32
 
@@ -58,53 +76,33 @@ _PRESET_SIZE = 32  # the presets are tuned on images up to 32x32
 @dataclass(frozen=True)
 class TrainConfig:
     dataset: str = option("mnist", DATASET_HELP, positional=True)
-    preset: str | None = option(None, "recipe the fields below default to: gray (28x28 "
-                                "digits: cnn) or colour (32x32 RGB: ResNet-9); default: from "
-                                "the dataset's images")
-    model: str | None = option(None, f"one of {', '.join(MODELS)}{_PRESET}")
-    epochs: int | None = option(None, f"full passes over the training split{_PRESET}")
-    batch_size: int | None = option(None, f"samples per step, per process{_PRESET}", short="-b")
-    lr: float | None = option(None, f"peak learning rate of the one-cycle schedule{_PRESET}")
-    label_smoothing: float | None = option(None, f"cross-entropy label smoothing{_PRESET}")
-    augment: str | None = option(None, f'on-device augmentation, e.g. "crop=4,flip,cutout=8" '
-                                 f'or "none"{_PRESET}')
+    preset: str | None = option(None, _PRESET_HELP, choices=PRESETS)
+    model: str | None = option(None, f"one of {', '.join(MODELS)}{_PRESET}", choices=MODELS)
+    epochs: int | None = option(None, f"passes over the training split{_PRESET}", low=0)
+    batch_size: int | None = option(None, f"per step, per process{_PRESET}", short="-b", low=1)
+    lr: float | None = option(None, f"peak learning rate (one-cycle){_PRESET}", above=0)
+    label_smoothing: float | None = option(None, f"in [0, 1){_PRESET}", low=0, below=1)
+    augment: str | None = option(None, f'e.g. "crop=4,flip,cutout=8" or "none"{_PRESET}')
     amp: bool | None = option(None, f"bf16 autocast, CUDA only{_PRESET}")
     channels_last: bool | None = option(None, f"NHWC images and model{_PRESET}")
-    momentum: float = option(0.9, "Nesterov momentum")
-    weight_decay: float = option(5e-4, "L2 on all parameters")
-    transfer: str = option("auto", "|".join([*MOVERS, "auto"]))
-    device: str = option("auto", "auto|cpu|cuda|cuda:N; under torchrun auto/cuda mean "
-                         "cuda:LOCAL_RANK")
-    seed: int = option(0, "weights, order and augmentation all follow it")
+    momentum: float = option(0.9, "Nesterov momentum", low=0)
+    weight_decay: float = option(5e-4, "L2 on all parameters", low=0)
+    transfer: str = option("auto", "|".join([*MOVERS, "auto"]), choices=[*MOVERS, "auto"])
+    device: str = option("auto", "auto|cpu|cuda|cuda:N (under torchrun: cuda:LOCAL_RANK)")
+    seed: int = option(0, "weights, order and augmentation all follow it", low=0, high=2**63 - 1)
     data_root: str | None = option(None, "folder with the dataset's original files")
-    output_dir: str = option("runs/latest", "config.json, metrics.jsonl, summary.json and "
-                             "the checkpoints go here")
-    eval_batch_size: int = option(1000, "test-time batch, per process")
-    log_every: int = option(50, "steps between host syncs for the loss/NaN check")
+    output_dir: str = option("runs/latest", "config, metrics, summary and checkpoints go here")
+    eval_batch_size: int = option(1000, "test-time batch, per process", low=1)
+    log_every: int = option(50, "steps between host syncs for the loss/NaN check", low=1)
     progress: bool = option(True, "tqdm bar (only on a terminal, rank 0)")
-    limit_train: int | None = option(None, "train on the first N training samples only "
-                                     "(smoke runs)", metavar="N")
-    limit_test: int | None = option(None, "evaluate on the first N test samples only "
-                                    "(smoke runs)", metavar="N")
-    resume: str | None = option(None, "continue from a checkpoint; auto: "
-                                "OUTPUT_DIR/checkpoint.pt if it exists", metavar="PATH|auto")
-    checkpoint_every: int | None = option(None, "also save checkpoint.pt every N steps "
-                                          "(always at each epoch end)", metavar="N")
-    dist_timeout: float = option(300.0, "seconds a rank waits for the others under torchrun",
-                                 metavar="S")
+    limit_train: int | None = option(None, "train on the first N samples", metavar="N", low=1)
+    limit_test: int | None = option(None, "evaluate on the first N samples", metavar="N", low=1)
+    resume: str | None = option(None, "checkpoint to continue from; auto: OUTPUT_DIR's if any")
+    checkpoint_every: int | None = option(None, "also save every N steps", metavar="N", low=1)
+    dist_timeout: float = option(300.0, "seconds a rank waits for the others", above=0)
 
     def __post_init__(self) -> None:
-        """Reject impossible values naming the field, the value and what is allowed
-        (docs/RELIABILITY.md row 29)."""
-        positive = (lambda v: v >= 1, "an integer >= 1")
-        validate(self, {
-            "preset": (lambda v: v in PRESETS, f"one of {', '.join(PRESETS)}"),
-            "epochs": (lambda v: v >= 0, "an integer >= 0"), "batch_size": positive,
-            "eval_batch_size": positive, "log_every": positive, "limit_train": positive,
-            "limit_test": positive, "checkpoint_every": positive,
-            "lr": (lambda v: v > 0, "a positive number"),
-            "label_smoothing": (lambda v: 0 <= v < 1, "in [0, 1)"),
-            "dist_timeout": (lambda v: v > 0, "a positive number of seconds")})
+        validate(self)  # one line naming the field and the value (docs/RELIABILITY.md row 29)
 
 
 def resolve_config(config: TrainConfig, train_set: Dataset, device: torch.device) -> TrainConfig:
@@ -113,13 +111,16 @@ def resolve_config(config: TrainConfig, train_set: Dataset, device: torch.device
     h, w, c = train_set.image_shape
     preset = config.preset or ("gray" if c == 1 else "colour")
     if config.preset is None and (max(h, w) > _PRESET_SIZE or c not in (1, 3)):
-        raise ConfigError(f"{config.dataset}: no preset fits {h}x{w}x{c} images (they are "
-                          f"tuned for 1 or 3 channels up to {_PRESET_SIZE}x{_PRESET_SIZE}); "
-                          f"choose one with --preset {'|'.join(PRESETS)} and set what "
-                          f"differs (--model, --batch-size, --lr, ...)")
+        raise ConfigError(
+            f"{config.dataset}: no preset fits {h}x{w}x{c} images (they are "
+            f"tuned for 1 or 3 channels up to {_PRESET_SIZE}x{_PRESET_SIZE}); "
+            f"choose one with --preset {'|'.join(PRESETS)} and set what "
+            f"differs (--model, --batch-size, --lr, ...)"
+        )
     values = {**PRESETS[preset], **({} if device.type == "cuda" else {"amp": False})}
-    return replace(config, preset=preset,
-                   **{k: v for k, v in values.items() if getattr(config, k) is None})
+    return replace(
+        config, preset=preset, **{k: v for k, v in values.items() if getattr(config, k) is None}
+    )
 
 
 def load_splits(config: TrainConfig) -> tuple[Dataset, Dataset]:
@@ -131,24 +132,32 @@ def load_splits(config: TrainConfig) -> tuple[Dataset, Dataset]:
 
 def _first(ds: Dataset, n: int | None) -> Dataset:
     """The first ``n`` samples; mean/std stay those of the full train split."""
-    return ds if n is None or n >= len(ds) else replace(ds, images=ds.images[:n],
-                                                        labels=ds.labels[:n])
+    return (
+        ds if n is None or n >= len(ds) else replace(ds, images=ds.images[:n], labels=ds.labels[:n])
+    )
 
 
-def model_and_optimizer(config: TrainConfig, train_set: Dataset, device: torch.device,
-                        steps_per_epoch: int):
+def model_and_optimizer(
+    config: TrainConfig, train_set: Dataset, device: torch.device, steps_per_epoch: int
+):
     """The model on ``device``; SGD (Nesterov) under a one-cycle schedule over the run."""
     h, w, c = train_set.image_shape
     model = build_model(config.model, (c, h, w), train_set.num_classes).to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=config.lr, momentum=config.momentum,
-                          nesterov=True, weight_decay=config.weight_decay)
+    opt = torch.optim.SGD(
+        model.parameters(),
+        lr=config.lr,
+        momentum=config.momentum,
+        nesterov=True,
+        weight_decay=config.weight_decay,
+    )
     return model, opt, one_cycle(opt, config.epochs * steps_per_epoch)
 
 
-def one_cycle(opt: torch.optim.Optimizer, total_steps: int, warmup: float = 0.25,
-              start: float = 0.04) -> torch.optim.lr_scheduler.LambdaLR:
+def one_cycle(
+    opt: torch.optim.Optimizer, total_steps: int, warmup: float = 0.25, start: float = 0.04
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Triangular one-cycle: linear from ``start`` x lr up to lr over the first ``warmup`` of
     the steps, then linearly down to 0. (``OneCycleLR`` divides by zero on runs of 2 or 4
     steps; this shape is defined for any length.)"""
@@ -159,6 +168,7 @@ def one_cycle(opt: torch.optim.Optimizer, total_steps: int, warmup: float = 0.25
         if step < peak:
             return start + (1 - start) * step / peak
         return max(0.0, (total - step) / max(total - peak, 1))
+
     return torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
@@ -166,9 +176,14 @@ def _autocast(device: torch.device, amp: bool):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(amp))
 
 
-def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer,
-               sched: torch.optim.lr_scheduler.LRScheduler, images: torch.Tensor,
-               labels: torch.Tensor, config: TrainConfig) -> torch.Tensor:
+def train_step(
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: torch.optim.lr_scheduler.LRScheduler,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    config: TrainConfig,
+) -> torch.Tensor:
     """One step of ``config``'s recipe (resolved): forward and loss under bf16 autocast when
     ``amp``, with ``label_smoothing``; backward; optimizer and schedule step. Returns the
     loss, detached and still on the device (no host sync)."""
@@ -181,8 +196,9 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer,
     return loss.detach()
 
 
-def evaluate(model: torch.nn.Module, batches: Iterable[Batch], amp: bool = False
-             ) -> tuple[int, int]:
+def evaluate(
+    model: torch.nn.Module, batches: Iterable[Batch], amp: bool = False
+) -> tuple[int, int]:
     """(correct, total) over ``batches`` in eval mode; one host sync at the end."""
     model.eval()
     correct, total = None, 0
@@ -201,15 +217,21 @@ class LossTracker:
     every ``log_every`` steps; a loss that is not finite stops the run naming its step
     (docs/RELIABILITY.md row 30). ``mean`` is collective under DDP: all ranks stop together."""
 
-    def __init__(self, device: torch.device, distributed: bool,
-                 loss_sum: torch.Tensor | None = None, seen: int = 0) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        distributed: bool,
+        loss_sum: torch.Tensor | None = None,
+        seen: int = 0,
+    ) -> None:
         self.sum = torch.zeros((), device=device) if loss_sum is None else loss_sum.to(device)
         self.seen, self.distributed = seen, distributed
         self.first_bad = torch.full((), math.inf, dtype=torch.float64, device=device)
 
     def add(self, loss: torch.Tensor, step: int) -> None:
-        self.first_bad = torch.where(torch.isfinite(loss), self.first_bad,
-                                     self.first_bad.clamp(max=step))
+        self.first_bad = torch.where(
+            torch.isfinite(loss), self.first_bad, self.first_bad.clamp(max=step)
+        )
         self.sum = self.sum + loss
         self.seen += 1
 
@@ -220,44 +242,52 @@ class LossTracker:
             dist.all_reduce(total)
             dist.all_reduce(bad, op=dist.ReduceOp.MIN)
         if math.isfinite(bad.item()):  # .item() syncs the device
-            raise TrainingError(f"loss became NaN/inf at step {int(bad.item())}; stopping "
-                                f"(lower --lr, or check the data); {last_good}")
+            raise TrainingError(
+                f"loss became NaN/inf at step {int(bad.item())}; stopping "
+                f"(lower --lr, or check the data); {last_good}"
+            )
         world = dist.get_world_size() if self.distributed else 1
         return float(total.item()) / world / max(self.seen, 1)
 
 
 # -- run set-up -----------------------------------------------------------------------------
 
+
 @dataclass
 class Run:
     """Everything a training run holds, set up once by ``_set_up``."""
 
     config: TrainConfig  # resolved: no field left at None
-    device: torch.device
     distributed: bool
-    rank: int
-    world: int
-    train_set: Dataset
-    loader: Loader
+    loader: Loader  # its dataset, device, rank and world size are the run's
     test_loader: Loader
     model: torch.nn.Module
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
-    out: Path
     resumed_from: Path | None
-    progress: checkpoint.Progress
+    progress: checkpoint.Progress = field(default_factory=checkpoint.Progress)
 
     @property
     def lead(self) -> bool:  # rank 0: logs, progress bar, metrics and checkpoints
-        return self.rank == 0
+        return self.loader.rank == 0
+
+    @property
+    def parts(self) -> dict:
+        """What a checkpoint holds the state of."""
+        return {
+            "model": self.model,
+            "optimizer": self.opt,
+            "scheduler": self.sched,
+            "loader": self.loader,
+        }
 
     def save(self, path: Path) -> str:
         """Checkpoint (collective: BatchNorm statistics first; rank 0 writes); returns the
         line that names the last good checkpoint."""
         distributed.sync_buffers(self.model, self.distributed)
         if self.lead:
-            checkpoint.save(path, self.model, self.opt, self.sched, self.loader, self.progress,
-                            asdict(self.config), self.world)
+            world = self.loader.world_size
+            checkpoint.save(path, self.parts, self.progress, asdict(self.config), world)
         return f"last good checkpoint: {path} (step {self.progress.step})"
 
 
@@ -269,35 +299,41 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     train_set, test_set = load_splits(config)
     if distributed_:
         _check_same_data(train_set, test_set, device)
-    config = resolve_config(config, train_set, device)
-    dtype = torch.bfloat16 if config.amp else torch.float32
-    shared = dict(device=device, transfer=config.transfer, dtype=dtype,
-                  channels_last=config.channels_last)
-    loader = Loader(train_set, config.batch_size, seed=config.seed,
-                    augment=parse_augment(config.augment), **shared)
-    test_loader = Loader(test_set, config.eval_batch_size, shuffle=False, pad=False, **shared)
+    c = config = resolve_config(config, train_set, device)
+    dtype = torch.bfloat16 if c.amp else torch.float32
+    shared = dict(device=device, transfer=c.transfer, dtype=dtype, channels_last=c.channels_last)
+    loader = Loader(
+        train_set, c.batch_size, seed=c.seed, augment=parse_augment(c.augment), **shared
+    )
+    test_loader = Loader(test_set, c.eval_batch_size, shuffle=False, pad=False, **shared)
     model, opt, sched = model_and_optimizer(config, train_set, device, len(loader))
     out = Path(config.output_dir)
     resumed_from = checkpoint.resume_path(config.resume, out / "checkpoint.pt", say=rank == 0)
-    progress = checkpoint.Progress()
+    run = Run(config, distributed_, loader, test_loader, model, opt, sched, resumed_from)
     if resumed_from:
-        progress = checkpoint.restore(resumed_from, {**asdict(config), "world_size": world},
-                                      model, opt, sched, loader)
+        identity = {**asdict(config), "world_size": world}
+        run.progress = checkpoint.restore(resumed_from, identity, run.parts)
     if distributed_:
-        _check_same_start(progress.step if resumed_from else -1, device)
-    return Run(config, device, distributed_, rank, world, train_set, loader, test_loader,
-               model, opt, sched, out, resumed_from, progress)
+        _check_same_start(run.progress.step if resumed_from else -1, device)
+    return run
 
 
 def _check_same_data(train_set: Dataset, test_set: Dataset, device: torch.device) -> None:
     """Every rank must hold the same data (sizes and label sums compared; row 23)."""
-    rows = distributed.gather([len(train_set), len(test_set),
-                               int(train_set.labels.sum(dtype=np.int64)),
-                               int(test_set.labels.sum(dtype=np.int64))], device)
+    rows = distributed.gather(
+        [
+            len(train_set),
+            len(test_set),
+            int(train_set.labels.sum(dtype=np.int64)),
+            int(test_set.labels.sum(dtype=np.int64)),
+        ],
+        device,
+    )
     if any(r != rows[0] for r in rows):
-        raise ConfigError("ranks hold different data ([train size, test size, train label "
-                          "sum, test label sum]): " + "; ".join(
-                              f"rank {i} {r}" for i, r in enumerate(rows)))
+        raise ConfigError(
+            "ranks hold different data ([train size, test size, train label "
+            "sum, test label sum]): " + "; ".join(f"rank {i} {r}" for i, r in enumerate(rows))
+        )
 
 
 def _check_same_start(step: int, device: torch.device) -> None:
@@ -306,10 +342,12 @@ def _check_same_start(step: int, device: torch.device) -> None:
     if len(set(steps)) > 1:
         raise CheckpointError(
             f"ranks would start from different steps {steps} (-1: no checkpoint found); with "
-            f"several machines the checkpoint folder must be one every machine can read")
+            f"several machines the checkpoint folder must be one every machine can read"
+        )
 
 
 # -- the loop ------------------------------------------------------------------------------
+
 
 def train(config: TrainConfig) -> dict:
     """Train ``config.model`` on ``config.dataset``; return the summary (also saved as JSON).
@@ -328,33 +366,54 @@ def train(config: TrainConfig) -> dict:
         if not (distributed_ and distributed.peer_failure(err)):
             raise
         first = str(err).strip().splitlines()[0][:300]
-        raise TrainingError(f"rank {dist.get_rank()}: another rank failed or did not answer "
-                            f"within {config.dist_timeout:g} s ({first})") from err
+        raise TrainingError(
+            f"rank {dist.get_rank()}: another rank failed or did not answer "
+            f"within {config.dist_timeout:g} s ({first})"
+        ) from err
     finally:
         if own_group:
             dist.destroy_process_group()
 
 
 def _train(run: Run) -> dict:
-    config, loader, progress, out = run.config, run.loader, run.progress, run.out
-    if run.device.type == "cuda":
+    config, loader, progress = run.config, run.loader, run.progress
+    device, world, out = loader.device, loader.world_size, Path(config.output_dir)
+    if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed shapes: autotune once, in the warm-up
         warm_up(run.model, loader, config.amp)
-    net = (DistributedDataParallel(run.model, device_ids=[run.device.index] if
-                                   run.device.type == "cuda" else None)
-           if run.distributed else run.model)
-    last_good = (f"last good checkpoint: {run.resumed_from} (step {progress.step})"
-                 if run.resumed_from else "no checkpoint saved yet")
+    net = (
+        DistributedDataParallel(
+            run.model, device_ids=[device.index] if device.type == "cuda" else None
+        )
+        if run.distributed
+        else run.model
+    )
+    last_good = (
+        f"last good checkpoint: {run.resumed_from} (step {progress.step})"
+        if run.resumed_from
+        else "no checkpoint saved yet"
+    )
     if run.lead:
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(json.dumps(
-            {**asdict(config), "world_size": run.world, "transfer": loader.transfer,
-             "device": str(loader.device)}, indent=2))
+        (out / "config.json").write_text(
+            json.dumps(
+                {
+                    **asdict(config),
+                    "world_size": world,
+                    "transfer": loader.transfer,
+                    "device": str(loader.device),
+                },
+                indent=2,
+            )
+        )
         # Rebuilt from the checkpoint's history on resume: no duplicate or missing epochs.
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in progress.history))
         if run.resumed_from:
-            print(f"resuming from {run.resumed_from}: epoch {loader.epoch + 1}, "
-                  f"batch {loader.position} of {len(loader)}, step {progress.step}", flush=True)
+            print(
+                f"resuming from {run.resumed_from}: epoch {loader.epoch + 1}, "
+                f"batch {loader.position} of {len(loader)}, step {progress.step}",
+                flush=True,
+            )
 
     show = run.lead and config.progress and sys.stdout.isatty()
     samples, evaluated = 0, 0  # for the float32 byte comparison
@@ -363,8 +422,7 @@ def _train(run: Run) -> dict:
         loader.set_epoch(epoch)  # on resume the same epoch: the position is kept
         t0 = time.perf_counter()
         # A mid-epoch checkpoint carries the loss summed so far in its epoch.
-        losses = LossTracker(run.device, run.distributed, progress.epoch_loss_sum,
-                             progress.epoch_seen)
+        losses = LossTracker(device, run.distributed, progress.epoch_loss_sum, progress.epoch_seen)
         bar = _progress(loader, f"epoch {epoch + 1}/{config.epochs}", show)
         for images, labels in bar:
             loss = train_step(net, run.opt, run.sched, images, labels, config)
@@ -374,43 +432,66 @@ def _train(run: Run) -> dict:
                 epoch_loss = losses.mean(last_good)
                 if show:
                     bar.set_postfix(loss=f"{epoch_loss:.4f}")
-            if (config.checkpoint_every and progress.step % config.checkpoint_every == 0
-                    and loader.position < len(loader)):  # the epoch's end saves anyway
+            if (
+                config.checkpoint_every
+                and progress.step % config.checkpoint_every == 0
+                and loader.position < len(loader)
+            ):  # the epoch's end saves anyway
                 losses.mean(last_good)  # never save a NaN
                 progress.epoch_loss_sum, progress.epoch_seen = losses.sum.cpu(), losses.seen
                 last_good = run.save(out / "checkpoint.pt")
         epoch_loss = losses.mean(last_good)
-        if run.device.type == "cuda":
-            torch.cuda.synchronize(run.device)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         epoch_seconds = time.perf_counter() - t0
         progress.train_seconds += epoch_seconds
         progress.epoch_loss_sum, progress.epoch_seen = torch.zeros(()), 0
         accuracy = _accuracy(run)
         evaluated += run.test_loader.num_samples
-        progress.history.append({"epoch": epoch + 1, "step": progress.step,
-                                 "train_loss": epoch_loss, "test_accuracy": accuracy,
-                                 "epoch_seconds": epoch_seconds,
-                                 "images_per_s": loader.num_samples * run.world / epoch_seconds})
+        progress.history.append(
+            {
+                "epoch": epoch + 1,
+                "step": progress.step,
+                "train_loss": epoch_loss,
+                "test_accuracy": accuracy,
+                "epoch_seconds": epoch_seconds,
+                "images_per_s": loader.num_samples * world / epoch_seconds,
+            }
+        )
         if run.lead:
             with (out / "metrics.jsonl").open("a") as metrics:
                 metrics.write(json.dumps(progress.history[-1]) + "\n")
-            print(f"epoch {epoch + 1}/{config.epochs}  loss {epoch_loss:.4f}  "
-                  f"test acc {accuracy:.4f}  {epoch_seconds:.1f} s", flush=True)
-        if accuracy > progress.best_accuracy:  # best.pt first: a crash between the two redoes this epoch
+            print(
+                f"epoch {epoch + 1}/{config.epochs}  loss {epoch_loss:.4f}  "
+                f"test acc {accuracy:.4f}  {epoch_seconds:.1f} s",
+                flush=True,
+            )
+        if (
+            accuracy > progress.best_accuracy
+        ):  # best.pt first: a crash between the two redoes this epoch
             progress.best_accuracy = accuracy
             run.save(out / "best.pt")
         last_good = run.save(out / "checkpoint.pt")
 
     stats, test_stats = loader.stats, run.test_loader.stats
-    summary = {"test_accuracy": accuracy, "train_seconds": progress.train_seconds,
-               "epochs": config.epochs, "transfer": loader.transfer,
-               "device": str(loader.device), "dataset": run.train_set.name, "model": config.model,
-               # bytes are this process's; float32 is what the same samples would have cost
-               "h2d_bytes": stats.h2d_bytes + test_stats.h2d_bytes,
-               "h2d_bytes_float32": float32_bytes(run.train_set, samples + evaluated),
-               "data_wait_seconds": stats.wait_seconds, "step": progress.step,
-               "best_accuracy": progress.best_accuracy, "rank": run.rank,
-               "world_size": run.world, "output_dir": str(out)}
+    summary = {
+        "test_accuracy": accuracy,
+        "train_seconds": progress.train_seconds,
+        "epochs": config.epochs,
+        "transfer": loader.transfer,
+        "device": str(loader.device),
+        "dataset": loader.dataset.name,
+        "model": config.model,
+        # bytes are this process's; float32 is what the same samples would have cost
+        "h2d_bytes": stats.h2d_bytes + test_stats.h2d_bytes,
+        "h2d_bytes_float32": float32_bytes(loader.dataset, samples + evaluated),
+        "data_wait_seconds": stats.wait_seconds,
+        "step": progress.step,
+        "best_accuracy": progress.best_accuracy,
+        "rank": loader.rank,
+        "world_size": world,
+        "output_dir": str(out),
+    }
     if run.lead:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -421,7 +502,7 @@ def _accuracy(run: Run) -> float:
     distributed.sync_buffers(run.model, run.distributed)
     correct, total = evaluate(run.model, run.test_loader, run.config.amp)
     if run.distributed:
-        both = torch.tensor([correct, total], dtype=torch.int64, device=run.device)
+        both = torch.tensor([correct, total], dtype=torch.int64, device=run.loader.device)
         dist.all_reduce(both)
         correct, total = both.tolist()
     return correct / total
@@ -449,4 +530,5 @@ def _progress(loader: Loader, desc: str, show: bool):
     if not show:
         return loader
     from tqdm import tqdm
+
     return tqdm(loader, desc=desc, leave=False)

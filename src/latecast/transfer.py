@@ -20,6 +20,7 @@ Packing labels and images in the same pinned buffer makes one copy per batch
 instead of two: for MNIST at batch 256 a copy is ~200 KB, small enough that the fixed
 cost of each ``cudaMemcpyAsync`` matters.
 """
+
 from __future__ import annotations
 
 import math
@@ -43,11 +44,11 @@ class TransferStats:
     """What crossed host->device, counted by the mover itself (exact on every device;
     on a CPU "device" the copies are no-ops but the accounting is the same)."""
 
-    image_bytes: int = 0     # image bytes handed to the device
-    label_bytes: int = 0     # label bytes handed to the device
-    index_bytes: int = 0     # resident: one int64 permutation per epoch
-    copies: int = 0          # host->device copy calls
-    batches: int = 0         # batches yielded (counted by the Loader)
+    image_bytes: int = 0  # image bytes handed to the device
+    label_bytes: int = 0  # label bytes handed to the device
+    index_bytes: int = 0  # resident: one int64 permutation per epoch
+    copies: int = 0  # host->device copy calls
+    batches: int = 0  # batches yielded (counted by the Loader)
     wait_seconds: float = 0.0  # host time the consumer spent waiting inside next() (Loader)
 
     @property
@@ -81,8 +82,11 @@ def host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
         try:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         except RuntimeError as err:  # pinned memory is a scarce OS resource
-            warnings.warn(f"pinned host buffer of {nbytes} bytes failed ({err}); "
-                          "using pageable memory, copies will be synchronous", stacklevel=3)
+            warnings.warn(
+                f"pinned host buffer of {nbytes} bytes failed ({err}); "
+                "using pageable memory, copies will be synchronous",
+                stacklevel=3,
+            )
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
@@ -149,8 +153,13 @@ class Float32(Mover):
     name = "float32"
     prepares = True
 
-    def __init__(self, dataset: Dataset, device: torch.device, batch_size: int,
-                 prepare: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def __init__(
+        self,
+        dataset: Dataset,
+        device: torch.device,
+        batch_size: int,
+        prepare: Callable[[torch.Tensor], torch.Tensor],
+    ) -> None:
         super().__init__(dataset, device, batch_size)
         self.prepare = prepare
 
@@ -191,8 +200,9 @@ class Uint8(Mover):
         lab_end = n * ds.labels.itemsize
         i, host = self.ring.stage(lab_end + n * self.pixels)
         np.take(ds.labels, idx.numpy(), out=host[:lab_end].numpy().view(ds.labels.dtype))
-        np.take(ds.images, idx.numpy(), axis=0,
-                out=host[lab_end:].numpy().reshape(n, *ds.image_shape))
+        np.take(
+            ds.images, idx.numpy(), axis=0, out=host[lab_end:].numpy().reshape(n, *ds.image_shape)
+        )
         self.stats.image_bytes += n * self.pixels
         self.stats.label_bytes += lab_end
         self.stats.copies += 1
@@ -201,8 +211,10 @@ class Uint8(Mover):
     def _unpack(self, dev: torch.Tensor, n: int) -> Batch:
         """A packed device buffer -> uint8 ``(n, H, W, C)`` images and int64 labels."""
         lab_end = n * self.dataset.labels.itemsize
-        return (dev[lab_end:].view(n, *self.dataset.image_shape),
-                widen(dev[:lab_end], self.dataset.labels.dtype))
+        return (
+            dev[lab_end:].view(n, *self.dataset.image_shape),
+            widen(dev[:lab_end], self.dataset.labels.dtype),
+        )
 
     def batches(self, index_batches):
         for idx in index_batches:
@@ -274,7 +286,8 @@ class Resident(Mover):
         need, free = _narrow_bytes(dataset, len(dataset)), _free_bytes(device)
         return need <= free * RESIDENT_FRACTION, (
             f"{dataset.name}/{dataset.split} needs {need / 2**20:.0f} MiB on {device}, "
-            f"{free / 2**20:.0f} MiB free")
+            f"{free / 2**20:.0f} MiB free"
+        )
 
     def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
         super().__init__(dataset, device, batch_size)
@@ -290,8 +303,8 @@ class Resident(Mover):
         out = torch.empty(array.shape, dtype=torch.uint8, device=self.device)
         step = max(1, self.CHUNK_BYTES // max(1, array[:1].nbytes))
         for start in range(0, len(array), step):
-            part = torch.from_numpy(np.array(array[start:start + step]))  # 64 MiB at most
-            out[start:start + step].copy_(part)  # (the source may be a read-only memmap)
+            part = torch.from_numpy(np.array(array[start : start + step]))  # 64 MiB at most
+            out[start : start + step].copy_(part)  # (the source may be a read-only memmap)
             self.stats.copies += 1
         return out
 
@@ -319,6 +332,7 @@ def resolve(name: str, dataset: Dataset, device: torch.device) -> str:
     if name == "auto":
         return "resident" if Resident.fits(dataset, device)[0] else "prefetch"
     if name not in MOVERS:
-        raise ConfigError(f"unknown transfer strategy {name!r}; valid: "
-                          f"{', '.join(['auto', *MOVERS])}")
+        raise ConfigError(
+            f"unknown transfer strategy {name!r}; valid: {', '.join(['auto', *MOVERS])}"
+        )
     return name

@@ -10,19 +10,22 @@ batch *before* ``normalize``: one index or mask kernel per op for the whole batc
 Python loop over images, and each image gets its own random parameters (torchvision v2
 draws one set per batch; Kornia rejects uint8).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
+from .config import option, validate
 from .errors import ConfigError
 
 _affine_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
-def _scale_shift(mean: tuple[float, ...], std: tuple[float, ...],
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _scale_shift(
+    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x/255 - mean)/std == x*scale + shift``; built once per (device, mean, std)."""
     key = (str(device), tuple(mean), tuple(std))
     if key not in _affine_cache:
@@ -33,8 +36,14 @@ def _scale_shift(mean: tuple[float, ...], std: tuple[float, ...],
     return _affine_cache[key]
 
 
-def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...], *,
-              dtype: torch.dtype = torch.float32, channels_last: bool = False) -> torch.Tensor:
+def normalize(
+    images: torch.Tensor,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    *,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
+) -> torch.Tensor:
     """uint8 ``(N, H, W, C)`` -> normalized ``(N, C, H, W)`` in ``dtype``, in one fused op.
 
     Equals torchvision's ``ToTensor()`` + ``Normalize(mean, std)`` within 1e-6 in float32:
@@ -53,8 +62,10 @@ def normalize(images: torch.Tensor, mean: tuple[float, ...], std: tuple[float, .
         torch.Size([8, 1, 28, 28])
     """
     if images.dtype != torch.uint8 or images.ndim != 4:
-        raise ConfigError(f"normalize expects uint8 (N, H, W, C), got {images.dtype} "
-                          f"with shape {tuple(images.shape)}")
+        raise ConfigError(
+            f"normalize expects uint8 (N, H, W, C), got {images.dtype} "
+            f"with shape {tuple(images.shape)}"
+        )
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ConfigError(f"normalize dtype must be float32, bfloat16 or float16, got {dtype}")
     scale, shift = _scale_shift(mean, std, images.device)
@@ -72,30 +83,29 @@ _FILLS = ("zero", "reflect")
 
 def _check_batch(images: torch.Tensor, fn: str, generator: torch.Generator | None) -> None:
     if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.ndim != 4:
-        got = (f"{images.dtype} with shape {tuple(images.shape)}" if isinstance(images, torch.Tensor)
-               else type(images).__name__)
+        got = (
+            f"{images.dtype} with shape {tuple(images.shape)}"
+            if isinstance(images, torch.Tensor)
+            else type(images).__name__
+        )
         raise ConfigError(f"{fn} expects a uint8 tensor (N, H, W, C), got {got}")
     if generator is not None and generator.device.type != images.device.type:
-        raise ConfigError(f"{fn}: the generator is on {generator.device} but the images are on "
-                          f"{images.device}; create it with torch.Generator(device=images.device)")
+        raise ConfigError(
+            f"{fn}: the generator is on {generator.device} but the images are on "
+            f"{images.device}; create it with torch.Generator(device=images.device)"
+        )
 
 
-def crop_params(n: int, padding: int, *, generator: torch.Generator | None = None,
-                device: torch.device | str = "cpu") -> torch.Tensor:
+def crop_params(images: torch.Tensor, padding: int, generator=None) -> torch.Tensor:
     """``(N, 2)`` int64 ``(dy, dx)`` in ``-padding..padding``: each image's translation."""
-    return torch.randint(0, 2 * padding + 1, (n, 2), generator=generator, device=device) - padding
+    n, dev = len(images), images.device
+    return torch.randint(0, 2 * padding + 1, (n, 2), generator=generator, device=dev) - padding
 
 
 def translate(images: torch.Tensor, shifts: torch.Tensor, *, fill: str = "zero") -> torch.Tensor:
     """Move image ``i`` by ``shifts[i] = (dy, dx)``: output pixel ``(y, x)`` is input pixel
     ``(y + dy, x + dx)``; outside the image it is 0 (``fill="zero"``) or mirrored like
-    ``np.pad(mode="reflect")``. One gather with per-image row/column indices.
-
-    Example:
-        >>> x = torch.arange(4, dtype=torch.uint8).view(1, 1, 4, 1)
-        >>> translate(x, torch.tensor([[0, 1]]))[0, 0, :, 0].tolist()
-        [1, 2, 3, 0]
-    """
+    ``np.pad(mode="reflect")``. One gather with per-image row/column indices."""
     _check_batch(images, "translate", None)
     n, h, w, _ = images.shape
     if fill not in _FILLS:
@@ -106,16 +116,14 @@ def translate(images: torch.Tensor, shifts: torch.Tensor, *, fill: str = "zero")
     batch = torch.arange(n, device=dev)[:, None, None]  # (N, 1, 1)
     if fill == "reflect":
         return images[batch, _reflect(rows, h)[:, :, None], _reflect(cols, w)[:, None, :]]
-    inside = (((rows >= 0) & (rows < h))[:, :, None]
-              & ((cols >= 0) & (cols < w))[:, None, :])  # (N, H, W)
+    inside_y, inside_x = (rows >= 0) & (rows < h), (cols >= 0) & (cols < w)
     out = images[batch, rows.clamp(0, h - 1)[:, :, None], cols.clamp(0, w - 1)[:, None, :]]
-    return out.masked_fill_(~inside[..., None], 0)  # (N, H, W, C)
+    return out.masked_fill_(~(inside_y[:, :, None, None] & inside_x[:, None, :, None]), 0)
 
 
-def flip_params(n: int, p: float, *, generator: torch.Generator | None = None,
-                device: torch.device | str = "cpu") -> torch.Tensor:
+def flip_params(images: torch.Tensor, p: float, generator=None) -> torch.Tensor:
     """``(N,)`` bool, True where an image is flipped (probability ``p`` each)."""
-    return torch.rand(n, generator=generator, device=device) < p
+    return torch.rand(len(images), generator=generator, device=images.device) < p
 
 
 def flip(images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -124,11 +132,11 @@ def flip(images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask[:, None, None, None], images.flip(2), images)  # W is dim 2 in NHWC
 
 
-def cutout_params(n: int, h: int, w: int, *, generator: torch.Generator | None = None,
-                  device: torch.device | str = "cpu") -> torch.Tensor:
-    """``(N, 2)`` int64 ``(cy, cx)``: each square's center, anywhere in an ``h x w`` image."""
-    cy = torch.randint(0, h, (n,), generator=generator, device=device)
-    cx = torch.randint(0, w, (n,), generator=generator, device=device)
+def cutout_params(images: torch.Tensor, generator=None) -> torch.Tensor:
+    """``(N, 2)`` int64 ``(cy, cx)``: each square's center, anywhere in the image."""
+    n, h, w, _ = images.shape
+    cy = torch.randint(0, h, (n,), generator=generator, device=images.device)
+    cx = torch.randint(0, w, (n,), generator=generator, device=images.device)
     return torch.stack([cy, cx], 1)
 
 
@@ -137,9 +145,8 @@ def erase(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tenso
     (columns alike) around ``centers[i] = (cy, cx)``, clipped at the borders."""
     _check_batch(images, "erase", None)
     _, h, w, _ = images.shape
-    dev = images.device
     top_left = centers - size // 2  # (N, 2)
-    ys, xs = torch.arange(h, device=dev), torch.arange(w, device=dev)
+    ys, xs = torch.arange(h, device=images.device), torch.arange(w, device=images.device)
     in_y = (ys >= top_left[:, :1]) & (ys < top_left[:, :1] + size)  # (N, H)
     in_x = (xs >= top_left[:, 1:]) & (xs < top_left[:, 1:] + size)  # (N, W)
     return images.masked_fill(in_y[:, :, None, None] & in_x[:, None, :, None], 0)
@@ -155,17 +162,10 @@ def _check_int(value, what: str) -> None:
         raise ConfigError(f"{what} must be an int >= 0, got {value!r}")
 
 
-def random_crop(images: torch.Tensor, padding: int, *, fill: str = "zero",
-                generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pad each side by ``padding``, then crop back to ``(H, W)`` at a random offset per image:
-    ``translate`` by ``crop_params``. The padded batch is never built.
-
-    Args:
-        images: uint8 ``(N, H, W, C)`` on any device.
-        padding: pixels added on each side (0 returns a copy).
-        fill: ``"zero"`` pads with 0; ``"reflect"`` mirrors like ``np.pad(mode="reflect")``
-            (needs ``padding < min(H, W)``).
-        generator: a ``torch.Generator`` on ``images.device``, for reproducible draws.
+def random_crop(images: torch.Tensor, padding: int, *, fill="zero", generator=None):
+    """Pad each side by ``padding``, then crop back to ``(H, W)`` at a random offset per image
+    (``translate`` by ``crop_params``; the padded batch is never built). ``fill="reflect"``
+    mirrors like ``np.pad`` and needs ``padding < min(H, W)``; 0 returns a copy.
 
     Example:
         >>> x = torch.randint(0, 256, (8, 32, 32, 3), dtype=torch.uint8)
@@ -173,82 +173,56 @@ def random_crop(images: torch.Tensor, padding: int, *, fill: str = "zero",
         torch.Size([8, 32, 32, 3])
     """
     _check_batch(images, "random_crop", generator)
-    n, h, w, _ = images.shape
+    _, h, w, _ = images.shape
     _check_int(padding, "random_crop padding")
     if fill == "reflect" and padding >= min(h, w):
-        raise ConfigError(f"random_crop fill='reflect' needs padding < {min(h, w)} for "
-                          f"{h}x{w} images, got {padding}")
+        raise ConfigError(
+            f"random_crop fill='reflect' needs padding < {min(h, w)} for {h}x{w} "
+            f"images, got {padding}"
+        )
     if padding == 0:
         return images.clone()
-    shifts = crop_params(n, padding, generator=generator, device=images.device)
-    return translate(images, shifts, fill=fill)
+    return translate(images, crop_params(images, padding, generator), fill=fill)
 
 
-def random_flip(images: torch.Tensor, p: float = 0.5, *,
-                generator: torch.Generator | None = None) -> torch.Tensor:
-    """Flip each image left-right with probability ``p``, independently per image.
-
-    Example:
-        >>> x = torch.randint(0, 256, (8, 28, 28, 1), dtype=torch.uint8)
-        >>> torch.equal(random_flip(x, p=1.0), x.flip(2))
-        True
-    """
+def random_flip(images: torch.Tensor, p: float = 0.5, *, generator=None) -> torch.Tensor:
+    """Flip each image left-right with probability ``p``, independently per image."""
     _check_batch(images, "random_flip", generator)
     if isinstance(p, bool) or not 0.0 <= p <= 1.0:
         raise ConfigError(f"random_flip p must be a probability in [0, 1], got {p!r}")
-    return flip(images, flip_params(len(images), p, generator=generator, device=images.device))
+    return flip(images, flip_params(images, p, generator))
 
 
-def cutout(images: torch.Tensor, size: int, *,
-           generator: torch.Generator | None = None) -> torch.Tensor:
+def cutout(images: torch.Tensor, size: int, *, generator=None) -> torch.Tensor:
     """Zero a ``size x size`` square at a random center per image (DeVries & Taylor, 2017):
-    ``erase`` at ``cutout_params``. ``size`` 0 returns a copy.
-
-    Example:
-        >>> x = torch.full((8, 32, 32, 3), 255, dtype=torch.uint8)
-        >>> int((cutout(x, 8) == 0).all(3).sum((1, 2)).max()) <= 64
-        True
-    """
+    ``erase`` at ``cutout_params``. ``size`` 0 returns a copy."""
     _check_batch(images, "cutout", generator)
-    n, h, w, _ = images.shape
     _check_int(size, "cutout size")
     if size == 0:
         return images.clone()
-    return erase(images, cutout_params(n, h, w, generator=generator, device=images.device), size)
+    return erase(images, cutout_params(images, generator), size)
 
 
 @dataclass(frozen=True)
 class Augment:
     """Per-sample augmentation of uint8 ``(N, H, W, C)`` batches: crop -> flip -> cutout.
-
-    Settings are checked on construction. ``str(aug)`` is the CLI spec, and
-    ``parse_augment(str(aug)) == aug``.
+    Settings are checked on construction; ``parse_augment(str(aug)) == aug``.
 
     Example:
         >>> aug = Augment(crop=4, flip=0.5, cutout=8)
-        >>> g = torch.Generator().manual_seed(0)
-        >>> aug(torch.zeros(16, 32, 32, 3, dtype=torch.uint8), g).shape
+        >>> aug(torch.zeros(16, 32, 32, 3, dtype=torch.uint8), torch.Generator()).shape
         torch.Size([16, 32, 32, 3])
     """
 
-    crop: int = 0  # pixels of padding on each side; translates by -crop..crop (0 = off)
-    flip: float = 0.0  # probability of a left-right flip per image (0 = off)
-    cutout: int = 0  # side in pixels of the zeroed square (0 = off)
-    fill: str = "zero"  # what the crop pads with: "zero" or "reflect"
+    crop: int = option(0, "pixels of padding on each side (0: off)", low=0)
+    flip: float = option(0.0, "probability of a left-right flip per image", low=0, high=1)
+    cutout: int = option(0, "side in pixels of the zeroed square (0: off)", low=0)
+    fill: str = option("zero", "what the crop pads with", choices=_FILLS)
 
     def __post_init__(self) -> None:
-        for name in ("crop", "cutout"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ConfigError(f"Augment {name} must be an int >= 0 (pixels), got {v!r}")
-        p = self.flip
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise ConfigError(f"Augment flip is a probability in [0, 1] (e.g. 0.5), got {p!r}")
-        if self.fill not in _FILLS:
-            raise ConfigError(f"Augment fill must be one of {_FILLS}, got {self.fill!r}")
+        validate(self)
 
-    def __call__(self, images: torch.Tensor,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+    def __call__(self, images: torch.Tensor, generator=None) -> torch.Tensor:
         _check_batch(images, "Augment", generator)
         if self.crop:
             images = random_crop(images, self.crop, fill=self.fill, generator=generator)
@@ -259,11 +233,8 @@ class Augment:
         return images
 
     def __str__(self) -> str:
-        parts = [f"{k}={v!r}" for k, v in (("crop", self.crop), ("flip", self.flip),
-                                            ("cutout", self.cutout)) if v]
-        if self.fill != "zero":
-            parts.append(f"fill={self.fill}")
-        return ",".join(parts) or "crop=0"
+        on = [f"{k}={getattr(self, k)!r}" for k in ("crop", "flip", "cutout") if getattr(self, k)]
+        return ",".join(on + ([f"fill={self.fill}"] if self.fill != "zero" else [])) or "crop=0"
 
 
 # Used when a name is given without "=value" (CIFAR-style settings); also gives its type.
@@ -291,14 +262,17 @@ def parse_augment(spec: str) -> Augment | None:
     for item in spec.split(","):
         name, _, value = (part.strip() for part in item.partition("="))
         if name not in _AUGMENT_DEFAULTS:
-            raise ConfigError(f"unknown augmentation {name!r} in {spec!r}; valid: "
-                              "crop[=PAD], flip[=P], cutout[=SIZE], fill=zero|reflect, or none")
+            raise ConfigError(
+                f"unknown augmentation {name!r} in {spec!r}; valid: "
+                "crop[=PAD], flip[=P], cutout[=SIZE], fill=zero|reflect, or none"
+            )
         if name in fields:
             raise ConfigError(f"augmentation {name!r} given twice in {spec!r}")
         kind = type(_AUGMENT_DEFAULTS[name])
         try:
             fields[name] = kind(value) if value else _AUGMENT_DEFAULTS[name]
         except ValueError:
-            raise ConfigError(f"augmentation {name}={value!r} in {spec!r} is not a valid "
-                              f"{kind.__name__}") from None
+            raise ConfigError(
+                f"augmentation {name}={value!r} in {spec!r} is not a valid {kind.__name__}"
+            ) from None
     return Augment(**fields)
