@@ -19,6 +19,8 @@ demo: $(STAMP)
 	$(VENV)/bin/latecast train
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest
 
 # On a GPU machine with torch, torchvision, matplotlib and pytest already installed and

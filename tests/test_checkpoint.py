@@ -85,7 +85,7 @@ def reference(tmp_path_factory) -> Path:
     return out
 
 
-# -- exact resume (docs/RELIABILITY.md row 22) -------------------------------------------------------------------
+# -- exact resume (docs/RELIABILITY.md row 22) -----------------------------------------------------
 
 
 @pytest.mark.parametrize("stop_after", [3, 10, 15])  # mid-epoch 1, epoch 1's end, mid-epoch 2
@@ -177,7 +177,7 @@ def test_resume_auto_without_checkpoint_starts_fresh(tmp_path, one_thread, capsy
     assert (tmp_path / "best.pt").is_file()
 
 
-# -- refusing another run (docs/RELIABILITY.md row 21) -------------------------------------------------------------
+# -- refusing another run (docs/RELIABILITY.md row 21) ---------------------------------------------
 
 
 def test_resume_with_another_run_names_every_field(tmp_path, one_thread):
@@ -205,7 +205,7 @@ def test_resume_refuses_other_world_size_or_dataset(field, value, tmp_path, one_
         run(tmp_path, epochs=1, resume=str(path))
 
 
-# -- atomic saves (docs/RELIABILITY.md row 19) ---------------------------------------------------------------------
+# -- atomic saves (docs/RELIABILITY.md row 19) -----------------------------------------------------
 
 
 def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
@@ -259,7 +259,7 @@ def test_kill9_during_saves_leaves_a_loadable_checkpoint(tmp_path):
     assert torch.all(state["model"]["w"] == state["step"])  # one whole save, not a mix
 
 
-# -- corrupt or foreign files (docs/RELIABILITY.md row 20) ---------------------------------------------------------
+# -- corrupt or foreign files (docs/RELIABILITY.md row 20) -----------------------------------------
 
 
 def _corrupt(path: Path, kind: str) -> None:
@@ -335,7 +335,7 @@ def test_cli_resume_from_garbage_is_one_line(tmp_path, run_cli):
     assert len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in proc.err
 
 
-# -- contents and NaN (rows 20, 30) ------------------------------------------------------------
+# -- contents and NaN (rows 20, 30) ----------------------------------------------------------------
 
 
 def test_checkpoint_is_plain_data_with_everything_for_resume(reference):

@@ -1,4 +1,5 @@
-"""`latecast convert` then `latecast train` on a generated image folder (docs/RELIABILITY.md row 11)."""
+"""`latecast convert` then `latecast train` on a generated image folder
+(docs/RELIABILITY.md row 11)."""
 
 from __future__ import annotations
 

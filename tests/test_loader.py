@@ -249,7 +249,7 @@ def test_resident_moves_nothing_per_step():
         assert loader.stats.h2d_bytes == after_first
 
 
-# -- bad arguments (docs/RELIABILITY.md row 29) -----------------------------------------------------
+# -- bad arguments (docs/RELIABILITY.md row 29) ----------------------------------------------------
 
 
 @pytest.mark.parametrize(

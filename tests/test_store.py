@@ -330,9 +330,12 @@ def image(
 def png_header(w: int, h: int) -> bytes:
     """A PNG that claims w x h pixels (the header is all Pillow reads before decoding)."""
     ihdr = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)
-    chunk = lambda kind, body: (
-        struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-    )
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+        )
+
     return (
         b"\x89PNG\r\n\x1a\n"
         + chunk(b"IHDR", ihdr)

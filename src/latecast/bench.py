@@ -250,7 +250,7 @@ def loader_throughput(
         dl = torchvision_loader(
             ds, cfg.batch_size, workers, device, cfg.seed, persistent=True, augment=aug
         )
-        out[label] = _rates(lambda: to_device(iter(dl), device), n, cfg.repeats, device)
+        out[label] = _rates(lambda dl=dl: to_device(iter(dl), device), n, cfg.repeats, device)
         del dl  # stop its workers before the next setting starts its own
     out["upper-bound"] = _rates(lambda: _upper_bound(ds, cfg, device), n, cfg.repeats, device)
     count = itertools.count()

@@ -75,6 +75,82 @@ class Dataset:
         return int(self.labels.nbytes)
 
 
+@dataclass(frozen=True, eq=False)
+class EncodedDataset:
+    """Images kept as their encoded files (JPEG), for decoding on the device: ``data`` holds
+    the files back to back, image ``i`` is ``data[offsets[i]:offsets[i + 1]]``.
+
+    Args:
+        name, split, labels, classes, mean, std: as for ``Dataset``.
+        data: ``(total,)`` uint8, possibly a read-only memmap.
+        offsets: ``(N + 1,)`` int64, ``offsets[0] == 0`` and ``offsets[-1] == len(data)``.
+        sizes: ``(N, 2)`` int32 ``(H, W)`` of each image as stored.
+        channels: 1 (decoded as grayscale) or 3 (RGB).
+        size: ``(H, W)`` every image is cropped or resized to on the device.
+        encoding: what ``data`` holds; ``"jpeg"``.
+    """
+
+    name: str
+    split: str
+    data: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+    labels: np.ndarray
+    classes: tuple[str, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    channels: int
+    size: tuple[int, int]
+    encoding: str = "jpeg"
+
+    def __post_init__(self) -> None:
+        n, where = len(self.labels), f"{self.name}/{self.split}"
+        checks = [
+            (self.data.dtype == np.uint8 and self.data.ndim == 1, "data must be uint8 (total,)"),
+            (self.offsets.shape == (n + 1,), f"offsets must be int64 ({n + 1},)"),
+            (
+                len(self.offsets)
+                and self.offsets[0] == 0
+                and self.offsets[-1] == len(self.data)
+                and bool(np.all(np.diff(self.offsets) > 0)),
+                "offsets must rise from 0 to len(data)",
+            ),
+            (self.sizes.shape == (n, 2), f"sizes must be ({n}, 2)"),
+            (
+                self.labels.ndim == 1 and self.labels.dtype in (np.uint8, np.uint16),
+                "labels must be uint8/uint16 (N,)",
+            ),
+            (
+                self.channels in (1, 3) and len(self.mean) == len(self.std) == self.channels,
+                "channels must be 1 or 3, with as many mean/std values",
+            ),
+            (self.encoding == "jpeg", "encoding must be 'jpeg'"),
+        ]
+        for ok, what in checks:
+            if not ok:
+                raise FormatError(f"{where}: {what}")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """``(H, W, C)`` of one image once decoded and cropped to ``size``."""
+        return (*self.size, self.channels)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def image_bytes(self) -> int:
+        return int(self.data.nbytes)
+
+    @property
+    def label_bytes(self) -> int:
+        return int(self.labels.nbytes)
+
+
 def channel_stats(
     images: np.ndarray, chunk: int = 8192
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -247,7 +247,9 @@ def _cached(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
         OSError,
         LatecastError,
     ) as e:  # a read-only home still gets its data, only slower next time
-        warnings.warn(f"cannot write the dataset cache {folder}: {e}; it will be decoded again")
+        warnings.warn(
+            f"cannot write the dataset cache {folder}: {e}; it will be decoded again", stacklevel=3
+        )
         return ds
 
 

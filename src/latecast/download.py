@@ -43,8 +43,9 @@ def download(
         ``dest``. Raises ``DownloadError`` listing every mirror's failure when all fail.
 
     Example:
+        >>> pins = DATASETS["cifar10"].sha256
         >>> download(["https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"],
-        ...          "data/cifar-10-binary.tar.gz", DATASETS["cifar10"].sha256["cifar-10-binary.tar.gz"])
+        ...          "data/cifar-10-binary.tar.gz", pins["cifar-10-binary.tar.gz"])
     """
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)

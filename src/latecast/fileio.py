@@ -43,7 +43,8 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
 @contextlib.contextmanager
 def atomic_folder(out: Path, check: Callable[[Path], None]) -> Iterator[Path]:
     """Yield an empty temporary sibling ``.out.tmp-PID``; on success fsync it and rename it to
-    ``out``. ``check(out)``, run once dead writers' leftovers are cleaned, raises to keep ``out``."""
+    ``out``. ``check(out)``, run once dead writers' leftovers are cleaned, raises to keep
+    ``out``."""
     out = out.resolve()
     if out == Path.cwd() or out in Path.cwd().parents:
         raise ConfigError(

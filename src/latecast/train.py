@@ -498,7 +498,7 @@ def _train(run: Run) -> dict:
 
 
 def _accuracy(run: Run) -> float:
-    """Test accuracy over every rank's unpadded share of the test set (docs/RELIABILITY.md row 24)."""
+    """Test accuracy over every rank's unpadded test share (docs/RELIABILITY.md row 24)."""
     distributed.sync_buffers(run.model, run.distributed)
     correct, total = evaluate(run.model, run.test_loader, run.config.amp)
     if run.distributed:
