@@ -1,0 +1,105 @@
+"""Checkpoints written by an earlier latecast still resume, exactly.
+
+The earlier release is the package as it landed at ``OLD`` (read from this checkout's own git
+history with ``git archive``; skipped where the checkout has no history). It trains a few
+steps and is stopped right after a mid-epoch checkpoint; today's code resumes that checkpoint
+and must end with the same weights as today's code trained without a stop.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+OLD = "b7eaa3d"  # the last landing before the three-stage refactor (issue 8)
+ARGS = [
+    "train",
+    "--model",
+    "mlp",
+    "--epochs",
+    "2",
+    "-b",
+    "128",
+    "--limit-train",
+    "1024",
+    "--limit-test",
+    "256",
+    "--device",
+    "cpu",
+    "--checkpoint-every",
+    "5",
+    "--augment",
+    "crop=2",
+    "--no-progress",
+]
+STOP_AFTER_STEP_5 = """
+import importlib, sys
+from pathlib import Path
+train = importlib.import_module("latecast.train")
+save = train.save_checkpoint
+def save_then_stop(path, state):
+    save(path, state)
+    if state["step"] == 5 and Path(path).name == "checkpoint.pt":
+        raise SystemExit(3)
+train.save_checkpoint = save_then_stop
+from latecast.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def old_package(tmp: Path) -> Path:
+    archive = tmp / "old.tar"
+    proc = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "-o", str(archive), OLD, "src/latecast"],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode:
+        pytest.skip(f"this checkout has no git history with {OLD}: {proc.stderr.strip()}")
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp / "old")  # our own history: trusted
+    return tmp / "old" / "src"
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_the_previous_release_resumes_exactly(tmp_path):
+    old_src = old_package(tmp_path)
+    base = {**os.environ, "OMP_NUM_THREADS": "1"}  # bitwise equality needs one thread
+
+    def run(
+        src: Path, *extra: str, script: list[str] | None = None, env: dict | None = None
+    ) -> None:
+        cmd = [sys.executable, *(script or ["-m", "latecast"]), *ARGS, *extra]
+        proc = subprocess.run(
+            cmd,
+            env={**base, **(env or {}), "PYTHONPATH": str(src)},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == (3 if script else 0), proc.stderr[-2000:]
+
+    old_env = {"LATECAST_CACHE": str(tmp_path / "old-cache")}  # its own cache format
+    run(
+        old_src,
+        "--output-dir",
+        str(tmp_path / "resumed"),
+        script=["-c", STOP_AFTER_STEP_5],
+        env=old_env,
+    )
+    run(ROOT / "src", "--output-dir", str(tmp_path / "resumed"), "--resume", "auto")
+    run(ROOT / "src", "--output-dir", str(tmp_path / "straight"))
+    a, b = (
+        torch.load(tmp_path / d / "checkpoint.pt", weights_only=True)
+        for d in ("resumed", "straight")
+    )
+    assert a["step"] == b["step"] == 16
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"])
+    assert [r["train_loss"] for r in a["history"]] == [r["train_loss"] for r in b["history"]]
