@@ -175,8 +175,8 @@ def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]
 
 
 def epochs(loader: Loader) -> Callable[[], Iterator[Batch]]:
-    """Each call starts the loader's next epoch at its first batch (a pass cut short, or
-    stopped right after its last batch, leaves a Loader mid-epoch: ``iter`` resumes there)."""
+    """Each call starts the loader's next epoch at its first batch (a pass cut short leaves
+    a Loader mid-epoch: ``iter`` would resume there)."""
     count = itertools.count(loader.epoch + 1)
 
     def start() -> Iterator[Batch]:
