@@ -4,8 +4,10 @@
 its own rank, share and device at its first batch (from the process group accelerate
 starts), and `register_for_checkpointing` puts its position in every `save_state`.
 
-accelerate launch examples/accelerate_loop.py
-accelerate launch --cpu --num_processes 2 examples/accelerate_loop.py --limit 512 --epochs 1
+accelerate launch examples/accelerate_loop.py            # as `accelerate config` set it up
+# 2 processes on the CPU (gloo; `--cpu` alone would start one):
+ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 \
+    examples/accelerate_loop.py --limit 512 --epochs 1
 """
 
 import argparse
