@@ -52,7 +52,7 @@ if __name__ == "__main__":
         return L.Trainer(max_epochs=args.epochs, devices=args.devices, enable_progress_bar=False)
 
     # Way 1: your DataLoader, uint8 across the bus; Lightning adds the DistributedSampler.
-    uint8_set = torch.utils.data.TensorDataset(torch.from_numpy(images), torch.from_numpy(labels))
+    uint8_set = torch.utils.data.TensorDataset(torch.tensor(images), torch.tensor(labels))
     dl = torch.utils.data.DataLoader(uint8_set, batch_size=256, shuffle=True, pin_memory=True)
     trainer().fit(Classifier(train.mean, train.std), train_dataloaders=dl)
 

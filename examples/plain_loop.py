@@ -43,14 +43,12 @@ if args.folder is None:
     write_folder(args.folder, "test", args.limit // 5)
 
 
-def folder_loader(split: str, shuffle: bool) -> DataLoader:
-    tf = transforms.Compose([transforms.Grayscale(), transforms.PILToTensor()])  # uint8 (1, H, W)
-    images = datasets.ImageFolder(args.folder / split, tf)
-    return DataLoader(images, batch_size=256, shuffle=shuffle, num_workers=2)
-
-
-train = latecast.wrap(folder_loader("train", True), mean=MEAN, std=STD)
-test = latecast.wrap(folder_loader("test", False), mean=MEAN, std=STD)
+tf = transforms.Compose([transforms.Grayscale(), transforms.PILToTensor()])  # uint8 (1, H, W)
+dl = DataLoader(datasets.ImageFolder(args.folder / "train", tf), 256, shuffle=True, num_workers=2)
+train = latecast.wrap(dl, mean=MEAN, std=STD)
+test = latecast.wrap(
+    DataLoader(datasets.ImageFolder(args.folder / "test", tf), 1000), mean=MEAN, std=STD
+)
 model = torch.nn.Sequential(
     torch.nn.Flatten(), torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
 ).to(train.device)

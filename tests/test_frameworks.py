@@ -117,6 +117,20 @@ def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
         assert torch.equal(x, latecast.normalize(images[y], mean, std))
 
 
+def test_the_readme_snippets_are_cut_from_the_examples():
+    """Every code line of the README's "Your own data" snippets is a line of the example it
+    names (comments aside), so what the README shows is what the tests run."""
+    section = (ROOT / "README.md").read_text().split("## Your own data")[1].split("\n## ")[0]
+    blocks = section.split("```python\n")[1:]
+    assert len(blocks) == 3
+    for block in blocks:
+        lines = block.split("```")[0].splitlines()
+        example = (ROOT / lines[0].split()[1].rstrip(":")).read_text()
+        code = {line.split("  #")[0].strip() for line in example.splitlines()}
+        for line in lines[1:]:
+            assert not line.strip() or line.split("  #")[0].strip() in code, line
+
+
 # -- launched runs ---------------------------------------------------------------------------
 
 
