@@ -99,6 +99,11 @@ def test_nchw_nhwc_and_one_channel_give_the_same_images():
     assert torch.allclose(out[:, 0], (gray / 255 - 0.5) / 0.5, atol=1e-6)
     plain = next(iter(latecast.wrap([x])))  # no mean/std: ToTensor() alone
     assert torch.allclose(plain, x.permute(0, 3, 1, 2) / 255, atol=1e-7)
+    low = next(
+        iter(latecast.wrap([x], mean=MEAN, std=STD, dtype=torch.bfloat16, channels_last=True))
+    )
+    assert low.dtype == torch.bfloat16 and low.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(low, nhwc.to(torch.bfloat16))
 
 
 def test_every_form_of_batch_keeps_its_form_and_what_is_not_an_array():

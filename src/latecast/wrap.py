@@ -108,8 +108,12 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return np.dtype(str(dtype).removeprefix("torch."))
 
 
+def iinfo(dtype: torch.dtype) -> np.iinfo:
+    return np.iinfo(numpy_dtype(dtype))  # numpy's: torch 2.4 has few uint16 ops
+
+
 def fits(dtype: torch.dtype, low: int, high: int) -> bool:
-    info = torch.iinfo(dtype)
+    info = iinfo(dtype)
     return info.min <= low and high <= info.max
 
 
@@ -241,11 +245,11 @@ class Fields:
             return f
         spec = self.fields.get(f.name)
         if spec is not None:
-            info = torch.iinfo(t.dtype)
+            info = iinfo(t.dtype)
             if not fits(spec[0], info.min, info.max):  # some value of t's dtype may not fit
                 low, high = value_range(t)
                 if not fits(spec[0], low, high):
-                    info = torch.iinfo(spec[0])
+                    info = iinfo(spec[0])
                     raise BatchError(
                         f"field {f.name!r}: values {low}..{high} do not fit the declared "
                         f"{spec[0]} ({info.min}..{info.max})"
