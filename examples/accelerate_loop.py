@@ -1,9 +1,16 @@
 """latecast with Hugging Face accelerate (needs `pip install accelerate`).
 
-`Accelerator.prepare` passes non-DataLoader iterables through untouched, so the Loader is
-built from the accelerator's own process index, process count and device.
-Run: accelerate launch examples/accelerate_loop.py
+`Accelerator.prepare` passes non-DataLoader iterables through untouched; the Loader finds
+its own rank, share and device at its first batch (from the process group accelerate
+starts), and `register_for_checkpointing` puts its position in every `save_state`.
+
+accelerate launch examples/accelerate_loop.py            # as `accelerate config` set it up
+# 2 processes on the CPU (gloo; `--cpu` alone would start one):
+ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes 2 \
+    examples/accelerate_loop.py --limit 512 --epochs 1
 """
+
+import argparse
 
 import torch
 import torch.nn.functional as F
@@ -11,27 +18,29 @@ from accelerate import Accelerator
 
 import latecast
 
+args = argparse.ArgumentParser()
+args.add_argument("--epochs", type=int, default=2)
+args.add_argument("--limit", type=int, default=None, help="train on the first N images")
+args.add_argument("--state", default="runs/accelerate-state", help="save_state folder")
+args = args.parse_args()
+
 accelerator = Accelerator()
-train = latecast.load_dataset("mnist")
-loader = latecast.Loader(
-    train,
-    batch_size=256,
-    device=accelerator.device,
-    seed=0,
-    rank=accelerator.process_index,
-    world_size=accelerator.num_processes,
-)
+mnist = latecast.load_dataset("mnist")
+train = latecast.from_arrays(mnist.images[: args.limit], mnist.labels[: args.limit])
+loader = latecast.Loader(train, batch_size=256, device=accelerator.device, seed=0)
 model = torch.nn.Sequential(
     torch.nn.Flatten(), torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
 )
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 model, opt = accelerator.prepare(model, opt)  # the loader stays as it is
+accelerator.register_for_checkpointing(loader)  # its epoch and position go in save_state
 
-for epoch in range(2):
-    loader.set_epoch(epoch)
-    for images, labels in loader:
+for epoch in range(loader.epoch, args.epochs):
+    for images, labels in loader:  # this rank's share, normalized on accelerator.device
         loss = F.cross_entropy(model(images), labels)
         opt.zero_grad()
         accelerator.backward(loss)
         opt.step()
-    accelerator.print(f"epoch {epoch}: loss {loss.item():.4f}, {loader.stats}")
+    accelerator.save_state(args.state)  # accelerator.load_state(args.state) resumes here
+    accelerator.print(f"epoch {epoch}: loss {loss.item():.4f}")
+print(f"rank {loader.rank} of {loader.world_size}: {len(loader)} batches, {loader.stats}")

@@ -1,39 +1,38 @@
-"""latecast with PyTorch Lightning, both ways (needs `pip install lightning`).
+"""latecast with PyTorch Lightning (needs `pip install lightning`), both ways.
 
-1. latecast's Loader *is* the train dataloader: Lightning iterates custom iterables as
-   they are (it injects no sampler), the batches arrive already on the device and
-   normalized. Under DDP the Loader reads RANK/WORLD_SIZE itself.
-2. Keep your DataLoader but let it yield uint8: the device-side work goes in
-   `on_after_batch_transfer`, Lightning's official place for it.
+1. Your DataLoader yields uint8 (here a TensorDataset; `PILToTensor()` for image files):
+   Lightning moves it, and the `PrepareOnDevice` mixin augments and normalizes it on the
+   device in `on_after_batch_transfer`.
+2. latecast's Loader is the train dataloader: its batches come out prepared on the device,
+   each DDP process takes its own share (rank and device are read at the first batch,
+   inside `fit`) and Lightning's checkpoints save its position.
+
+python examples/lightning_hook.py                      # MNIST, 1 device, 2 epochs each way
+python examples/lightning_hook.py --devices 2 --limit 512 --epochs 1   # 2 processes (DDP)
 """
+
+import argparse
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 
 import latecast
+from latecast.lightning import PrepareOnDevice
 
 
-class Classifier(L.LightningModule):
-    def __init__(self, mean, std, augment=None):
-        super().__init__()
-        self.mean, self.std, self.augment = mean, std, augment
+class Classifier(PrepareOnDevice, L.LightningModule):
+    def __init__(self, mean=None, std=None):
+        super().__init__()  # no mean/std: batches that come prepared pass through untouched
+        self.prepare_on_device(mean=mean, std=std, augment=latecast.Augment(crop=2))
         self.net = torch.nn.Sequential(
             torch.nn.Flatten(), torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
         )
 
-    def on_after_batch_transfer(self, batch, dataloader_idx):
-        images, labels = batch
-        if images.dtype == torch.uint8:  # way 2: uint8 (N, H, W, C) crossed the bus
-            if self.augment is not None and self.training:
-                images = self.augment(images)
-            images = latecast.normalize(images, self.mean, self.std)
-        return images, labels.long()
-
     def training_step(self, batch, batch_idx):
-        images, labels = batch
+        images, labels = batch  # float (N, 1, 28, 28) normalized on the device, int64 labels
         loss = F.cross_entropy(self.net(images), labels)
-        self.log("loss", loss)
+        self.log("loss", loss, prog_bar=True)
         return loss
 
     def configure_optimizers(self):
@@ -41,15 +40,23 @@ class Classifier(L.LightningModule):
 
 
 if __name__ == "__main__":
+    args = argparse.ArgumentParser()
+    args.add_argument("--devices", type=int, default=1)
+    args.add_argument("--epochs", type=int, default=2)
+    args.add_argument("--limit", type=int, default=None, help="train on the first N images")
+    args = args.parse_args()
     train = latecast.load_dataset("mnist")
-    model = Classifier(train.mean, train.std)
-    trainer = L.Trainer(max_epochs=1, accelerator="auto", devices=1)
-    # Way 1: the Loader as the dataloader (device must match the trainer's).
-    loader = latecast.Loader(train, 256, device="cuda" if torch.cuda.is_available() else "cpu")
-    trainer.fit(model, train_dataloaders=loader)
-    # Way 2: an ordinary DataLoader over uint8 tensors; the module normalizes on the device.
-    uint8_set = torch.utils.data.TensorDataset(
-        torch.from_numpy(train.images.copy()), torch.from_numpy(train.labels.copy())
-    )
+    images, labels = train.images[: args.limit], train.labels[: args.limit]
+
+    def trainer():
+        return L.Trainer(max_epochs=args.epochs, devices=args.devices, enable_progress_bar=False)
+
+    # Way 1: your DataLoader, uint8 across the bus; Lightning adds the DistributedSampler.
+    uint8_set = torch.utils.data.TensorDataset(torch.tensor(images), torch.tensor(labels))
     dl = torch.utils.data.DataLoader(uint8_set, batch_size=256, shuffle=True, pin_memory=True)
-    L.Trainer(max_epochs=1, accelerator="auto", devices=1).fit(model, train_dataloaders=dl)
+    trainer().fit(Classifier(train.mean, train.std), train_dataloaders=dl)
+
+    # Way 2: the Loader as the dataloader, built before any DDP process exists.
+    loader = latecast.Loader(latecast.from_arrays(images, labels), batch_size=256)
+    trainer().fit(Classifier(), train_dataloaders=loader)
+    print(f"rank {loader.rank} of {loader.world_size}: {len(loader)} batches, {loader.stats}")

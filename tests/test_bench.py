@@ -3,6 +3,7 @@
 import itertools
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -44,6 +45,8 @@ def run(tmp_path_factory, run_cli):
         "1",
         "--e2e-batch-size",
         "32",
+        "--folder-images",
+        "96",
         "--output-dir",
         out,
         "--json",
@@ -72,6 +75,49 @@ def test_bytes_per_epoch(run):
     assert b["uint8"] == b["prefetch"] == n * (pixels + 1)
     assert b["resident"] == n * 8  # one int64 permutation per epoch
     assert all(isinstance(v, int) for v in b.values())
+
+
+def test_wrap_over_an_image_folder_against_the_usual_dataloader(run):
+    """The ImageFolder rows: the same 96 PNGs as float32 and as uint8 + wrap; exact bytes,
+    CPU seconds of the main process and its workers."""
+    out, r = run
+    folder = r["image_folder"]
+    assert (folder["images"], folder["workers"]) == (96, 2)
+    usual, wrapped = folder["folder-float32"], folder["folder-wrap"]
+    assert usual["h2d_bytes_per_epoch"] == 96 * (784 * 4 + 8)
+    assert wrapped["h2d_bytes_per_epoch"] == 96 * (784 + 1)  # uint8 pixels, uint8 labels
+    for row in (usual, wrapped):
+        assert all(math.isfinite(v) and v > 0 for v in row["images_per_s"])
+        assert all(math.isfinite(v) and v > 0 for v in row["cpu_seconds_per_epoch"])
+    md = (out / "bench.md").read_text()
+    assert "| folder-float32 |" in md and "| folder-wrap |" in md and f"{3144 / 785:.2f}x" in md
+
+
+def test_cpu_seconds_count_the_dataloader_workers():
+    """Work done in DataLoader worker processes shows in ``cpu_seconds``, not in the main
+    process's own CPU time (the workers are alive, persistent, when it reads them)."""
+    from torch.utils.data import DataLoader
+
+    from latecast.bench import cpu_seconds
+
+    dl = DataLoader(Busy(), batch_size=2, num_workers=2, persistent_workers=True)
+    next(iter(dl))  # workers started
+    main0, all0 = time.process_time(), cpu_seconds()
+    assert len(list(dl)) == 4
+    main, everything = time.process_time() - main0, cpu_seconds() - all0
+    assert everything - main >= 0.3  # 8 samples x 0.05 s of CPU each, in the workers
+    del dl
+
+
+class Busy(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> int:
+        t0 = time.process_time()
+        while time.process_time() - t0 < 0.05:  # 50 ms of this worker's CPU
+            pass
+        return i
 
 
 def test_report_and_plot(run):

@@ -24,7 +24,7 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "REPEATS": "1",
         "LIMIT_BATCHES": "1",
         "E2E_EPOCHS": "1",
-        "BENCH_ARGS": "-b 32 --e2e-batch-size 32",
+        "BENCH_ARGS": "-b 32 --e2e-batch-size 32 --folder-images 64",
         "SEEDS": "1",
         "TRAIN_ARGS": f"{TINY} --transfer resident",
         "CIFAR_TRAIN": "256",

@@ -20,6 +20,7 @@ from .loader import Loader
 from .store import open_store
 from .train import TrainConfig, train
 from .transforms import Augment, normalize
+from .wrap import wrap
 
 __version__ = "0.1.0"
 __all__ = [
@@ -34,4 +35,5 @@ __all__ = [
     "normalize",
     "open_store",
     "train",
+    "wrap",
 ]

@@ -8,6 +8,9 @@
     through latecast; seconds per epoch and seconds to 99% test accuracy.
 (c) Host->device bytes per epoch per strategy, from each mover's ``epoch_bytes`` and checked
     against what a ``Loader`` counts over one real epoch.
+(d) Your own data: ``latecast.wrap`` over a torchvision ``ImageFolder`` DataLoader yielding
+    uint8 against the usual float32 one (the dataset's first images written as PNGs):
+    images/s, host CPU seconds per epoch (main process and workers) and bytes per epoch.
 
 Every timing is one warm-up pass, then ``repeats`` passes with the device synchronized
 before and after each; we report the median and the min/max. Ratios come from one run:
@@ -38,6 +41,7 @@ from .loader import Loader, epoch_order
 from .train import TrainConfig, evaluate, model_and_optimizer, resolve_config, train_step
 from .transfer import MOVERS, Batch, float32_bytes
 from .transforms import Augment, parse_augment
+from .wrap import wrap
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,10 @@ class BenchConfig:
     augment: str = option("", 'augmentation in every run, e.g. "crop,flip,cutout" (default: off)')
     seed: int = option(0, "weights and order", low=0)
     data_root: str | None = option(None, "folder with the dataset's files")
+    folder_images: int = option(
+        10_000, "images written as PNGs for the ImageFolder rows (wrap vs usual); 0 skips", low=0
+    )
+    folder_workers: int = option(2, "DataLoader workers of both ImageFolder rows", low=0)
     output_dir: str = option("runs/bench", "bench.json, bench.md and bench.png go here")
 
     def __post_init__(self) -> None:
@@ -152,17 +160,30 @@ def torchvision_loader(
         area = augment.cutout**2 / (h * w)
         tensor.append(T.RandomErasing(p=1.0, scale=(area, area), ratio=(1.0, 1.0)))
     tf = T.Compose([*pil, T.ToTensor(), *tensor, T.Normalize(ds.mean, ds.std)])
+    pin = device.type == "cuda" if pin is None else pin
+    return dataloader(PILImages(ds, tf), batch_size, workers, seed, persistent, pin)
+
+
+def dataloader(
+    samples: torch.utils.data.Dataset,
+    batch_size: int,
+    workers: int,
+    seed: int,
+    persistent: bool,
+    pin: bool,
+) -> torch.utils.data.DataLoader:
+    """A shuffled ``DataLoader`` as the usual loop builds one."""
     # Forked workers inherit this process's CUDA state; one that frees a CUDA tensor (a
     # pinned buffer of an earlier row, collected as garbage) aborts with "CUDA error:
     # initialization error" (seen on the H200). Spawned workers start clean.
     spawn = workers > 0 and torch.cuda.is_initialized()
     return torch.utils.data.DataLoader(
-        PILImages(ds, tf),
+        samples,
         batch_size=batch_size,
         shuffle=True,
         num_workers=workers,
         generator=torch.Generator().manual_seed(seed),
-        pin_memory=device.type == "cuda" if pin is None else pin,
+        pin_memory=pin,
         persistent_workers=persistent and workers > 0,
         multiprocessing_context="spawn" if spawn else None,
     )
@@ -175,8 +196,8 @@ def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]
 
 
 def epochs(loader: Loader) -> Callable[[], Iterator[Batch]]:
-    """Each call starts the loader's next epoch at its first batch (a pass cut short, or
-    stopped right after its last batch, leaves a Loader mid-epoch: ``iter`` resumes there)."""
+    """Each call starts the loader's next epoch at its first batch (a pass cut short leaves
+    a Loader mid-epoch: ``iter`` would resume there)."""
     count = itertools.count(loader.epoch + 1)
 
     def start() -> Iterator[Batch]:
@@ -194,22 +215,50 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
 # ---- (a) loader throughput ---------------------------------------------------------------
 
 
-def _rates(
-    make_iter: Callable[[], Iterator[Batch]], n_batches: int, repeats: int, device: torch.device
-) -> list[float]:
-    """images/s of each timed pass over ``n_batches`` batches, after a warm-up pass of at most
-    20 (enough to start workers and allocators; a full torchvision epoch costs minutes)."""
-    rates = []
+def _passes(
+    make_iter: Callable[[], Iterator], n_batches: int, repeats: int, device: torch.device
+) -> list[tuple[int, float, float]]:
+    """(images, seconds, host CPU seconds) of each timed pass over ``n_batches`` batches, after
+    a warm-up pass of at most 20 (enough to start workers and allocators; a full torchvision
+    epoch costs minutes). The CPU count starts before ``make_iter``: workers reset by it
+    start preparing batches at once."""
+    out = []
     for r in range(repeats + 1):
+        cpu0 = cpu_seconds()
         it = make_iter()  # outside the timer: e.g. DataLoader worker reset
         sync(device)
         t0, images = time.perf_counter(), 0
-        for x, _ in itertools.islice(it, n_batches if r else min(n_batches, 20)):
-            images += len(x)
+        for batch in itertools.islice(it, n_batches if r else min(n_batches, 20)):
+            images += len(batch[0])
         sync(device)
         if r:
-            rates.append(images / (time.perf_counter() - t0))
-    return rates
+            out.append((images, time.perf_counter() - t0, cpu_seconds() - cpu0))
+    return out
+
+
+def _rates(
+    make_iter: Callable[[], Iterator[Batch]], n_batches: int, repeats: int, device: torch.device
+) -> list[float]:
+    """images/s of each timed pass (``_passes``)."""
+    return [n / seconds for n, seconds, _ in _passes(make_iter, n_batches, repeats, device)]
+
+
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process (all its threads) and its live children
+    (DataLoader workers, read from /proc on Linux): what the data path costs the host."""
+    total, tick = time.process_time(), os.sysconf("SC_CLK_TCK")
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:  # a thread that ended since the listing
+            continue
+        for pid in children:
+            try:  # fields 14 and 15: utime, stime in clock ticks (after the ")" of the name)
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(stat[11]) + int(stat[12])) / tick
+            except (OSError, IndexError, ValueError):  # a child that exited meanwhile
+                continue
+    return total
 
 
 def _upper_bound(ds: Dataset, cfg: BenchConfig, device: torch.device) -> Iterator[Batch]:
@@ -256,6 +305,75 @@ def loader_throughput(
     count = itertools.count()
     out["gather"] = _rates(lambda: _gather(ds, cfg, next(count)), n, cfg.repeats, device)
     return out
+
+
+# ---- (d) your own data: an ImageFolder DataLoader, the usual way and through wrap --------
+
+
+def write_image_folder(ds: Dataset, n: int, root: Path) -> Path:
+    """The first ``n`` images of ``ds`` as lossless PNGs, ``root/<label>/<i>.png``."""
+    from PIL import Image
+
+    for i in range(min(n, len(ds))):
+        folder = root / str(int(ds.labels[i]))
+        folder.mkdir(parents=True, exist_ok=True)
+        image = np.asarray(ds.images[i])  # (H, W, C)
+        Image.fromarray(image[..., 0] if image.shape[2] == 1 else image).save(folder / f"{i}.png")
+    return root
+
+
+def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict:
+    """``wrap`` over an ``ImageFolder`` DataLoader that yields uint8 (``PILToTensor``) against
+    the usual ``ToTensor() + Normalize`` one: the same PNGs, workers, batch size and order.
+    Per epoch: images/s, host CPU seconds (main process + workers) and host->device bytes."""
+    import tempfile
+
+    from torchvision import datasets
+    from torchvision import transforms as T
+
+    n = min(cfg.folder_images, len(ds))
+    gray = [T.Grayscale()] if ds.image_shape[2] == 1 else []  # ImageFolder opens RGB
+    batches = cfg.limit_batches or -(-n // cfg.batch_size)
+    with tempfile.TemporaryDirectory(prefix="latecast-bench-") as tmp:
+        root = write_image_folder(ds, n, Path(tmp))
+
+        def loader(tf: list, pin: bool) -> torch.utils.data.DataLoader:
+            images = datasets.ImageFolder(root, T.Compose([*gray, *tf]))
+            return dataloader(images, cfg.batch_size, cfg.folder_workers, cfg.seed, True, pin)
+
+        usual = loader([T.ToTensor(), T.Normalize(ds.mean, ds.std)], device.type == "cuda")
+        wrapped = wrap(
+            loader([T.PILToTensor()], False),  # wrap pins its own buffer
+            mean=ds.mean,
+            std=ds.std,
+            device=device,
+            layout="NCHW",  # PILToTensor's (C, H, W), whatever the image size
+        )
+        runs = {
+            "folder-float32": _passes(
+                lambda dl=usual: to_device(iter(dl), device), batches, cfg.repeats, device
+            ),
+            "folder-wrap": _passes(lambda w=wrapped: iter(w), batches, cfg.repeats, device),
+        }
+        moved = wrapped.stats  # of every batch it read: the same share of each is its bytes
+        del usual, wrapped  # stop their workers before the folder goes
+    usual_bytes = float32_bytes(ds, n)  # float32 images, int64 labels
+    h2d = {
+        "folder-float32": usual_bytes,
+        "folder-wrap": usual_bytes * moved.h2d_bytes // moved.usual_bytes,
+    }
+    return {
+        "images": n,
+        "workers": cfg.folder_workers,
+        **{
+            name: {
+                "images_per_s": [k / t for k, t, _ in passes],
+                "cpu_seconds_per_epoch": [c * n / k for k, _, c in passes],  # passes may be cut
+                "h2d_bytes_per_epoch": h2d[name],
+            }
+            for name, passes in runs.items()
+        },
+    }
 
 
 # ---- (b) end to end ----------------------------------------------------------------------
@@ -391,6 +509,7 @@ def bench(cfg: BenchConfig) -> dict:
         e2e = end_to_end(
             ds, load_dataset(cfg.dataset, "test", root=cfg.data_root), cfg, device, workers
         )
+    folder = image_folder_rows(ds, cfg, device) if cfg.folder_images else {}
     nbytes = bytes_per_epoch(ds, device, cfg.batch_size)
     f32, u8 = nbytes["float32"], nbytes["uint8"]
     result = {
@@ -404,6 +523,7 @@ def bench(cfg: BenchConfig) -> dict:
         "epoch_seconds": {k: float(np.median(v["epoch_seconds"])) for k, v in e2e.items()},
         "seconds_to_99": {k: v["seconds_to_99"] for k, v in e2e.items()},
         "end_to_end": e2e,
+        "image_folder": folder,
         "h2d_bytes_per_epoch": {k: int(v["per_epoch"]) for k, v in nbytes.items()},
         "h2d_detail": nbytes,
         "bytes_fewer_than_float32": {
@@ -458,6 +578,31 @@ def report_markdown(r: dict) -> str:
             "",
             markdown_table(
                 ["loop", "s/epoch", "min .. max", "test acc per epoch", "s to 99%"], rows
+            ),
+        ]
+    if r["image_folder"]:
+        folder, usual = r["image_folder"], r["image_folder"]["folder-float32"]
+        rows = [
+            [
+                k,
+                f"{np.median(v['images_per_s']):,.0f}",
+                "{:,.0f} .. {:,.0f}".format(min(v["images_per_s"]), max(v["images_per_s"])),
+                f"{np.median(v['cpu_seconds_per_epoch']):.2f}",
+                f"{v['h2d_bytes_per_epoch']:,}",
+                f"{usual['h2d_bytes_per_epoch'] / v['h2d_bytes_per_epoch']:.2f}x",
+            ]
+            for k, v in folder.items()
+            if k.startswith("folder-")
+        ]
+        parts += [
+            "",
+            f"Your own data: an ImageFolder of {folder['images']:,} PNGs, DataLoader with "
+            f"{folder['workers']} workers, batch {r['config']['batch_size']}; host CPU: main "
+            "process and workers together, per epoch (median)",
+            "",
+            markdown_table(
+                ["loader", "images/s", "min .. max", "host CPU s/epoch", "bytes/epoch", "fewer"],
+                rows,
             ),
         ]
     f32 = r["h2d_bytes_per_epoch"]["float32"]

@@ -31,3 +31,9 @@ class CheckpointError(LatecastError):
 
 class TrainingError(LatecastError):
     """Training diverged (NaN/inf loss) or a distributed peer failed."""
+
+
+class BatchError(LatecastError):
+    """A batch from a wrapped iterable (``latecast.wrap``) that cannot cross as it was
+    declared: float images where uint8 was declared, a value out of range, an ambiguous
+    layout. The message names the field."""

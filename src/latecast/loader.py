@@ -20,7 +20,7 @@ from .data import Dataset
 from .distributed import placement
 from .errors import ConfigError
 from .prepare import Augmentation, Prepare
-from .transfer import MOVERS, Batch, Mover, TransferStats, resolve
+from .transfer import MOVERS, Batch, Mover, TransferStats, float32_bytes, resolve
 
 
 def epoch_order(
@@ -121,7 +121,7 @@ class Loader:
         )
         self.epoch, self.position = 0, 0  # position: batches of `epoch` already yielded
         self._mover: Mover | None = None
-        self._batches, self._wait = 0, 0.0
+        self._batches, self._samples, self._wait = 0, 0, 0.0
 
     # -- where: resolved at the first pass; before it, what the environment says now -----
 
@@ -152,9 +152,11 @@ class Loader:
 
     @property
     def stats(self) -> TransferStats:
-        """Bytes and copies (the mover's count), batches and data wait (this Loader's)."""
+        """Bytes and copies (the mover's count), batches, data wait and what the usual path
+        would have moved for the same samples (this Loader's)."""
         moved = self._mover.stats if self._mover is not None else TransferStats()
-        return replace(moved, batches=self._batches, wait_seconds=self._wait)
+        usual = float32_bytes(self.dataset, self._samples)
+        return replace(moved, batches=self._batches, wait_seconds=self._wait, usual_bytes=usual)
 
     def _start(self) -> Mover:
         if self._mover is None:
@@ -226,17 +228,21 @@ class Loader:
     def __iter__(self) -> Iterator[Batch]:
         mover = self._start()
         self.prepare.seek(self.epoch, self._rank, self.position)
-        it = mover.batches(self.index_batches())
-        while True:
+        todo = self.index_batches()
+        end = self.position + len(todo)
+        if not todo:
+            self.epoch, self.position = self.epoch + 1, 0
+        it = mover.batches(todo)
+        for _ in todo:
             t0 = time.perf_counter()
-            try:
-                images, labels = next(it)
-            except StopIteration:
-                break
+            images, labels = next(it)
             if not mover.prepares:
                 images = self.prepare(images)
             self._wait += time.perf_counter() - t0
-            self._batches += 1
+            self._batches, self._samples = self._batches + 1, self._samples + len(labels)
             self.position += 1
+            if self.position == end:  # before the last batch is handed out: a consumer that
+                # stops after it (Lightning knows len() and asks for no more) or saves a
+                # checkpoint there starts the next epoch on its next pass
+                self.epoch, self.position = self.epoch + 1, 0
             yield images, labels
-        self.epoch, self.position = self.epoch + 1, 0  # a full pass: advance by itself

@@ -435,8 +435,8 @@ def _train(run: Run) -> dict:
             if (
                 config.checkpoint_every
                 and progress.step % config.checkpoint_every == 0
-                and loader.position < len(loader)
-            ):  # the epoch's end saves anyway
+                and loader.epoch == epoch  # the last batch moved it on: the epoch's end saves
+            ):
                 losses.mean(last_good)  # never save a NaN
                 progress.epoch_loss_sum, progress.epoch_seen = losses.sum.cpu(), losses.seen
                 last_good = run.save(out / "checkpoint.pt")

@@ -45,15 +45,17 @@ class TransferStats:
     on a CPU "device" the copies are no-ops but the accounting is the same)."""
 
     image_bytes: int = 0  # image bytes handed to the device
-    label_bytes: int = 0  # label bytes handed to the device
+    label_bytes: int = 0  # label (wrap: integer field) bytes handed to the device
     index_bytes: int = 0  # resident: one int64 permutation per epoch
+    other_bytes: int = 0  # wrap: fields that cross as they are (floats, bools)
     copies: int = 0  # host->device copy calls
     batches: int = 0  # batches yielded (counted by the Loader)
     wait_seconds: float = 0.0  # host time the consumer spent waiting inside next() (Loader)
+    usual_bytes: int = 0  # what the same batches cost the usual way: float32 images, int64 ints
 
     @property
     def h2d_bytes(self) -> int:
-        return self.image_bytes + self.label_bytes + self.index_bytes
+        return self.image_bytes + self.label_bytes + self.index_bytes + self.other_bytes
 
 
 def float32_bytes(dataset: Dataset, samples: int) -> int:

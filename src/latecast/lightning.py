@@ -1,0 +1,75 @@
+"""PyTorch Lightning: keep your ``DataLoader``, let it yield uint8, prepare on the device.
+
+Lightning moves each batch to the device itself, then calls ``on_after_batch_transfer``,
+its place for device-side work (``transfer_batch_to_device`` "should only transfer the data
+and not modify it"). ``PrepareOnDevice`` fills that hook: uint8 images are augmented (in
+training only) and normalized there, integer fields widened to int64, the same fields and
+values as ``latecast.wrap``. Augmentation is seeded from (seed, epoch, global rank, batch
+index), so a resumed run draws what an unbroken one would.
+
+A latecast ``Loader`` needs nothing from here: pass it as the train dataloader. Lightning
+iterates it as it is, and saves and restores its ``state_dict`` in every checkpoint.
+
+Lightning itself is imported by your code, never by latecast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .prepare import Augmentation
+from .wrap import AS_IS, Fields, split
+
+
+class PrepareOnDevice:
+    """Mixin for a ``LightningModule``: its uint8 batches are prepared on the device.
+
+    Put it before ``LightningModule`` and call ``prepare_on_device`` in ``__init__``; without
+    that call images are only scaled to [0, 1] (``ToTensor()``).
+
+    Example:
+        >>> class Classifier(PrepareOnDevice, L.LightningModule):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.prepare_on_device(mean=(0.1307,), std=(0.3081,), augment=Augment(crop=2))
+    """
+
+    def prepare_on_device(
+        self,
+        *,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
+        augment: Augmentation | None = None,
+        **options: Any,
+    ) -> None:
+        """``mean``, ``std``, ``augment`` and ``options`` (``dtype``, ``channels_last``,
+        ``layout``, ``fields``, ``seed``) as for ``latecast.wrap``."""
+        self._latecast = {  # by self.training: augment in training only
+            True: Fields(mean, std, augment=augment, **options),
+            False: Fields(mean, std, **options),
+        }
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        batch = super().on_after_batch_transfer(batch, dataloader_idx)
+        if not hasattr(self, "_latecast"):
+            self.prepare_on_device()
+        fields = self._latecast[self.training]
+        trainer = self.trainer  # batch_idx: Lightning counts it up after this hook
+        where = (
+            trainer.current_epoch,
+            trainer.global_rank,
+            trainer.fit_loop.epoch_loop.batch_idx + 1,
+        )
+        leaves, rebuild = split(batch)
+        tensors, plans = fields.plan_batch(leaves, host=False)
+        return rebuild(
+            [
+                value
+                if f is None or f.kind == AS_IS
+                # the field's bytes, as wrap hands them over after the copy
+                else fields.finish(f, t.contiguous().view(-1).view(torch.uint8), where)
+                for (_, value), t, f in zip(leaves, tensors, plans)
+            ]
+        )

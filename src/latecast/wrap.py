@@ -1,0 +1,485 @@
+"""``latecast.wrap``: any iterable of batches in, narrow bytes across the bus, prepared on the
+device. The source is yours (a ``DataLoader``, a generator, a list); move and prepare are
+latecast's, the same as the Loader's:
+
+    your batch -> every field packed into one reused pinned buffer -> one copy, on a side
+    CUDA stream one batch ahead -> on the device: augment + normalize images, widen integers
+
+A batch is a tensor, a tuple/list (named tuples too) or a dict; its tensors and numpy arrays
+are its fields, named by key or position (``0``, ``1``, ...; a lone tensor is ``0``). Anything
+else in it (file names, say) passes through untouched. Each field is one of three kinds:
+
+- **image**: uint8 with 4 dims, or any field declared ``"image"`` in ``fields=`` (then
+  ``(N, H, W)`` too, one channel). ``(N, H, W, C)`` or ``(N, C, H, W)``: the channel axis is
+  whichever of dims 1 and 3 has size 1, 3 or 4 (``layout=`` decides when both or neither
+  do). Crosses as uint8; comes out ``(N, C, H, W)`` float, augmented and normalized on the
+  device exactly as by the Loader: ``ToTensor()`` + ``Normalize(mean, std)``, or
+  ``ToTensor()`` alone without ``mean``/``std``.
+- **integer** (any other integer dtype): crosses in the narrowest of ``NARROW`` that holds
+  this batch's values, comes out int64 (what ``cross_entropy`` and ``nn.Embedding`` take).
+  ``fields={"tokens": torch.uint16}`` fixes the dtype it crosses in, and
+  ``(torch.int16, torch.float32)`` the output dtype too; a value that does not fit is an
+  error naming the field, never a wrap-around.
+- anything else (floats, bools) crosses and comes out as it is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterable, Iterator, Union
+
+import numpy as np
+import torch
+
+from .distributed import placement
+from .errors import BatchError, ConfigError
+from .prepare import Augmentation, Prepare
+from .transfer import Ring, TransferStats, widen
+
+Name = Union[str, int]
+IMAGE, INT, AS_IS = "image", "integer", "as is"
+LAYOUTS = ("auto", "NHWC", "NCHW")
+NARROW = tuple(getattr(torch, n) for n in ("uint8", "int8", "uint16", "int16", "int32", "int64"))
+PASSED = ("batch_size", "sampler", "batch_sampler", "dataset", "drop_last")  # read from the source
+
+
+@dataclass(frozen=True)
+class Field:
+    """How one field crosses: its kind, the dtype and shape it crosses in, the layout of an
+    image (``NHWC``, ``NCHW`` or ``NHW``) and the dtype an integer field comes out in."""
+
+    name: Name
+    kind: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    layout: str = ""
+    out: torch.dtype = torch.int64
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def usual_bytes(self) -> int:
+        """What it costs the usual way: float32 images, int64 integers."""
+        size = {IMAGE: 4, INT: 8}.get(self.kind, self.dtype.itemsize)
+        return math.prod(self.shape) * size
+
+
+def split(batch: Any) -> tuple[list[tuple[Name, Any]], Callable[[list], Any]]:
+    """A batch's ``(name, value)`` pairs and how to rebuild a batch of the same form."""
+    if isinstance(batch, dict):
+        return list(batch.items()), lambda values: dict(zip(batch, values))
+    if isinstance(batch, (tuple, list)):
+        if hasattr(batch, "_fields"):  # a named tuple, as default_collate keeps them
+            return list(zip(batch._fields, batch)), lambda values: type(batch)(*values)
+        return list(enumerate(batch)), lambda values: type(batch)(values)
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return [(0, batch)], lambda values: values[0]
+    raise BatchError(
+        f"a batch must be a tensor, an array, a tuple/list or a dict, got {type(batch).__name__}"
+    )
+
+
+def as_tensor(value: Any) -> torch.Tensor | None:
+    """A tensor sharing ``value``'s memory, or None for what is not an array (passes through)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        with warnings.catch_warnings():  # a read-only memmap: we only read it
+            warnings.simplefilter("ignore", UserWarning)
+            try:
+                return torch.from_numpy(value)
+            except TypeError:  # strings, objects
+                return None
+    return None
+
+
+def value_range(t: torch.Tensor) -> tuple[int, int]:
+    a = t.detach().numpy()  # numpy: every integer dtype, on any torch >= 2.4
+    return (int(a.min()), int(a.max())) if a.size else (0, 0)
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return np.dtype(str(dtype).removeprefix("torch."))
+
+
+def iinfo(dtype: torch.dtype) -> np.iinfo:
+    return np.iinfo(numpy_dtype(dtype))  # numpy's: torch 2.4 has few uint16 ops
+
+
+def fits(dtype: torch.dtype, low: int, high: int) -> bool:
+    info = iinfo(dtype)
+    return info.min <= low and high <= info.max
+
+
+def check_fields(fields: dict | None) -> dict[Name, Any]:
+    """``fields=`` as ``{name: "image" | (dtype it crosses in, dtype it comes out in)}``."""
+    out: dict[Name, Any] = {}
+    for name, spec in (fields or {}).items():
+        if isinstance(spec, str) and spec == IMAGE:
+            out[name] = IMAGE
+            continue
+        cross, dtype = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, torch.int64)
+        if cross not in NARROW or not isinstance(dtype, torch.dtype):
+            raise ConfigError(
+                f"fields[{name!r}] = {spec!r}: give 'image', an integer dtype to cross in "
+                f"({', '.join(str(d) for d in NARROW)}), or (that dtype, the output dtype)"
+            )
+        out[name] = (cross, dtype)
+    return out
+
+
+class Fields:
+    """What every field becomes: its kind and crossing dtype decided on the host (``plan``,
+    ``narrow``), then made what the model takes on the device (``finish``). Shared by
+    ``wrap`` and ``latecast.lightning``; it never moves anything itself."""
+
+    def __init__(
+        self,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
+        *,
+        augment: Augmentation | None = None,
+        dtype: torch.dtype = torch.float32,
+        channels_last: bool = False,
+        layout: str = "auto",
+        fields: dict | None = None,
+        seed: int = 0,
+    ) -> None:
+        if (mean is None) != (std is None) or (
+            mean is not None and (len(mean) != len(std) or min(std) <= 0)
+        ):
+            raise ConfigError(f"mean {mean!r} and std {std!r}: give both, as long, std > 0")
+        if layout not in LAYOUTS:
+            raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        self.normalizes, self.layout, self.fields = mean is not None, layout, check_fields(fields)
+        self.prepare = Prepare(
+            (0.0,) if mean is None else mean,  # no mean/std: ToTensor() alone, x / 255
+            (1.0,) if std is None else std,
+            dtype=dtype,
+            channels_last=channels_last,
+            augment=augment,
+            seed=seed,
+        )
+
+    def plan_batch(
+        self, leaves: list[tuple[Name, Any]], host: bool
+    ) -> tuple[list[torch.Tensor | None], list[Field | None]]:
+        """Each field's tensor and plan (None: not an array, it passes through). ``host``:
+        the fields are still in host memory and integers get their narrow dtype."""
+        missing = set(self.fields) - {name for name, _ in leaves}
+        if missing:
+            raise BatchError(
+                f"fields= names {sorted(map(repr, missing))} but this batch has fields "
+                + ", ".join(repr(name) for name, _ in leaves)
+            )
+        tensors = [as_tensor(v) for _, v in leaves]
+        plans: list[Field | None] = []
+        for (name, _), t in zip(leaves, tensors):
+            if t is not None and host and t.device.type != "cpu":
+                raise BatchError(
+                    f"field {name!r} is already on {t.device}: wrap moves batches from host "
+                    "memory; give it the DataLoader before anything moves them"
+                )
+            f = None if t is None else self.plan(name, t)
+            plans.append(self.narrow(f, t) if f is not None and host else f)
+        if self.normalizes and not any(f and f.kind == IMAGE for f in plans):
+            raise BatchError(
+                "mean/std were given but no field of this batch is a uint8 image ("
+                + ", ".join(
+                    f"{f.name!r}: {t.dtype} {tuple(t.shape)}" for f, t in zip(plans, tensors) if f
+                )
+                + "); yield uint8 with PILToTensor() or ToImage(), or declare fields={name: "
+                "'image'}"
+            )
+        return tensors, plans
+
+    def plan(self, name: Name, t: torch.Tensor) -> Field:
+        """The field's kind, crossing as it is (``narrow`` picks a narrower dtype)."""
+        spec = self.fields.get(name)
+        if spec == IMAGE or (spec is None and t.dtype == torch.uint8 and t.ndim == 4):
+            return self._image(name, t, declared=spec == IMAGE)
+        integer = not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+        if spec is not None and not integer:
+            raise BatchError(
+                f"field {name!r} is {t.dtype}: fields= declares {spec[0]} for integer fields only"
+            )
+        out = torch.int64 if spec is None else spec[1]
+        return Field(name, INT if integer else AS_IS, t.dtype, tuple(t.shape), out=out)
+
+    def _image(self, name: Name, t: torch.Tensor, declared: bool) -> Field:
+        shape = tuple(t.shape)
+        if t.dtype != torch.uint8 or t.ndim not in (3, 4):
+            raise BatchError(
+                f"field {name!r} is {'declared ' if declared else ''}an image and must be uint8 "
+                f"(N, H, W, C) or (N, C, H, W), got {t.dtype} {shape}; a DataLoader yields "
+                "those with PILToTensor() or ToImage(), not ToTensor()"
+            )
+        layout = "NHW" if t.ndim == 3 else self.layout
+        if layout == "auto":
+            ends = [axis for axis in (1, 3) if shape[axis] in (1, 3, 4)]
+            if len(ends) != 1:
+                raise BatchError(
+                    f"field {name!r}: uint8 images {shape} are ambiguous, "
+                    f"{'both' if ends else 'neither'} dim 1 and dim 3 look like channels "
+                    "(1, 3 or 4); pass layout='NHWC' or layout='NCHW'"
+                )
+            layout = "NCHW" if ends == [1] else "NHWC"
+        channels = {"NHW": 1, "NHWC": shape[-1], "NCHW": shape[1]}[layout]
+        if len(self.prepare.mean) not in (1, channels):
+            raise BatchError(
+                f"field {name!r}: {channels} channels ({layout} {shape}) but "
+                f"{len(self.prepare.mean)} mean/std values"
+            )
+        return Field(name, IMAGE, torch.uint8, shape, layout=layout)
+
+    def narrow(self, f: Field, t: torch.Tensor) -> Field:
+        """An integer field in the dtype it crosses in: declared, else the narrowest that holds
+        its values (a 1-byte field as it is: nothing is narrower)."""
+        if f.kind != INT or t.dtype.itemsize == 1:
+            return f
+        spec = self.fields.get(f.name)
+        if spec is not None:
+            info = iinfo(t.dtype)
+            if not fits(spec[0], info.min, info.max):  # some value of t's dtype may not fit
+                low, high = value_range(t)
+                if not fits(spec[0], low, high):
+                    info = iinfo(spec[0])
+                    raise BatchError(
+                        f"field {f.name!r}: values {low}..{high} do not fit the declared "
+                        f"{spec[0]} ({info.min}..{info.max})"
+                    )
+            return replace(f, dtype=spec[0])
+        low, high = value_range(t)
+        return replace(f, dtype=next(d for d in NARROW if fits(d, low, high)))
+
+    def finish(self, f: Field, raw: torch.Tensor, where: tuple[int, int, int]) -> torch.Tensor:
+        """The field's bytes on the device (1-d uint8) -> what the model takes. ``where``:
+        (epoch, rank, batch), the augmentation's seed; every image field of a batch gets the
+        same draw (an image and its aligned mask stay aligned)."""
+        if f.kind == IMAGE:
+            images = raw.view(f.shape)
+            if f.layout != "NHWC":  # (N, C, H, W) or (N, H, W) -> (N, H, W, C) view
+                images = images.permute(0, 2, 3, 1) if f.layout == "NCHW" else images[..., None]
+            self.prepare.seek(*where)
+            return self.prepare(images)
+        if f.kind == INT:
+            wide = widen(raw, numpy_dtype(f.dtype)).view(f.shape)
+            return wide if f.out == torch.int64 else wide.to(f.out)
+        return raw.view(f.dtype).view(f.shape)
+
+
+@dataclass
+class Sent:
+    """One batch on its way: its device bytes (copy in flight), the slot they came from,
+    each field's plan and offset, what passes through, and the source's state after it."""
+
+    dev: torch.Tensor
+    slot: int
+    plans: list[Field | None]
+    offsets: list[int]
+    leaves: list[tuple[Name, Any]]
+    rebuild: Callable[[list], Any]
+    state: Any
+
+
+class Wrapped:
+    """An iterable of batches moved and prepared on the device; see ``wrap``."""
+
+    slots = 3  # one read by the copy in flight, one handed out, one being filled
+
+    def __init__(self, batches: Iterable, fields: Fields, device: str | torch.device) -> None:
+        self.batches, self.fields, self._device = batches, fields, device
+        placement(device)  # a bad device fails here, not at the first pass
+        self.epoch, self.position = 0, 0  # position: batches of `epoch` already yielded
+        self._stats, self._ring, self._where = TransferStats(), None, None
+        self._state: Any = None  # the source's state after the last batch handed out
+
+    def __getattr__(self, name: str) -> Any:
+        """``batch_size``, ``sampler``, ... from the source; ``state_dict`` and
+        ``load_state_dict`` only where the source has them (Lightning and accelerate ask
+        ``hasattr``)."""
+        source = self.__dict__.get("batches")
+        if name in PASSED:
+            return getattr(source, name)
+        if name in ("state_dict", "load_state_dict") and hasattr(source, name):
+            return getattr(self, f"_{name}")
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    @property
+    def device(self) -> torch.device:
+        return self._where[0] if self._where else placement(self._device)[0]
+
+    @property
+    def stats(self) -> TransferStats:
+        """Bytes by kind (images, integers, others), copies, batches, data wait, and what the
+        same batches would have cost as float32 images and int64 integers."""
+        return replace(self._stats)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Seed augmentation from ``epoch`` and pass it on to the source (or its sampler)."""
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
+        for obj in (self.batches, getattr(self.batches, "sampler", None)):
+            if callable(getattr(obj, "set_epoch", None)):
+                obj.set_epoch(epoch)
+                return
+
+    def _state_dict(self) -> dict:
+        source = self._state if self._state is not None else self.batches.state_dict()
+        return {"epoch": self.epoch, "position": self.position, "source": source}
+
+    def _source_state(self) -> Any:
+        """The source's state, or None where it keeps none (accelerate's DataLoaderShard has
+        a ``state_dict`` that fails over a plain DataLoader)."""
+        try:
+            return self.batches.state_dict() if hasattr(self.batches, "state_dict") else None
+        except AttributeError:
+            return None
+
+    def _load_state_dict(self, state: dict) -> None:
+        self.batches.load_state_dict(state["source"])
+        self.epoch, self.position, self._state = int(state["epoch"]), int(state["position"]), None
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._where is None:  # resolved at the first pass: a launcher may start after us
+            self._where = placement(self._device)
+            self._ring = Ring(self.slots, self._where[0])
+        device, rank, _ = self._where
+        cuda = device.type == "cuda"
+        side = torch.cuda.Stream(device) if cuda else None
+        stateful = self._source_state() is not None
+        source = iter(self.batches)
+        t0 = time.perf_counter()
+        pending = self._fetch(source, side, stateful)
+        if pending is None:
+            self.epoch, self.position = self.epoch + 1, 0
+        while pending is not None:
+            ahead = self._fetch(source, side, stateful)  # its copy overlaps the use of this one
+            if cuda:
+                main = torch.cuda.current_stream(device)
+                main.wait_event(self._ring.events[pending.slot])
+                pending.dev.record_stream(main)  # allocated on `side`, used on `main`
+            where = (self.epoch, rank, self.position)
+            batch = pending.rebuild(
+                [
+                    value
+                    if f is None
+                    else self.fields.finish(f, pending.dev[o : o + f.nbytes], where)
+                    for (_, value), f, o in zip(pending.leaves, pending.plans, pending.offsets)
+                ]
+            )
+            self._stats.batches += 1
+            self._stats.wait_seconds += time.perf_counter() - t0
+            self.position, self._state = self.position + 1, pending.state
+            if ahead is None:  # the last batch: the state says the next epoch already
+                self.epoch, self.position, self._state = self.epoch + 1, 0, None
+            yield batch
+            t0, pending = time.perf_counter(), ahead
+
+    def _fetch(self, source: Iterator, side, stateful: bool) -> Sent | None:
+        """The source's next batch, packed and its copy started (on ``side``), or None."""
+        try:
+            batch = next(source)
+        except StopIteration:
+            return None
+        state = self._source_state() if stateful else None  # before we read further
+        leaves, rebuild = split(batch)
+        tensors, plans = self.fields.plan_batch(leaves, host=True)
+        # Widest dtype first: every field then starts at a multiple of its own item size, so
+        # it can be viewed as its dtype on the device with no padding between fields.
+        order = sorted(
+            (i for i, p in enumerate(plans) if p), key=lambda i: -plans[i].dtype.itemsize
+        )
+        offsets, end = [0] * len(plans), 0
+        for i in order:
+            offsets[i], end = end, end + plans[i].nbytes
+        slot, host = self._ring.stage(end)
+        for i in order:
+            self._pack(host[offsets[i] : offsets[i] + plans[i].nbytes], plans[i], tensors[i])
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            dev = self._ring.send(slot, host)
+        if dev.data_ptr() == host.data_ptr():  # a CPU "device": never hand out the ring's memory
+            dev = dev.clone()
+        self._count(plans)
+        return Sent(dev, slot, plans, offsets, leaves, rebuild, state)
+
+    def _count(self, plans: list[Field | None]) -> None:
+        s = self._stats
+        for f in filter(None, plans):
+            s.image_bytes += f.nbytes if f.kind == IMAGE else 0
+            s.label_bytes += f.nbytes if f.kind == INT else 0
+            s.other_bytes += f.nbytes if f.kind == AS_IS else 0
+            s.usual_bytes += f.usual_bytes
+        s.copies += 1
+
+    def _pack(self, dst: torch.Tensor, f: Field, t: torch.Tensor) -> None:
+        """Write ``t`` into the pinned bytes ``dst`` in the dtype it crosses in."""
+        if f.kind == INT:  # numpy casts every integer dtype; the values were checked to fit
+            out = dst.numpy().view(numpy_dtype(f.dtype)).reshape(f.shape)
+            np.copyto(out, t.detach().numpy(), casting="unsafe")
+        else:
+            dst.view(t.dtype).view(f.shape).copy_(t)
+
+
+def wrap(
+    batches: Iterable,
+    *,
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
+    device: str | torch.device = "auto",
+    augment: Augmentation | None = None,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
+    layout: str = "auto",
+    fields: dict | None = None,
+    seed: int = 0,
+) -> Wrapped:
+    """Batches of ``batches`` (any iterable: a ``DataLoader``, a generator, a list) on the
+    device: uint8 images augmented and normalized there, integers widened there after
+    crossing narrow, every field of a batch in one pinned buffer and one copy, the next
+    batch's copy started on a side CUDA stream while this one is used. ``len()``,
+    ``set_epoch()``, ``sampler``, ``batch_size`` and ``state_dict()``/``load_state_dict()``
+    pass through to ``batches`` where it has them; ``stats`` counts the bytes. Rank and
+    device are resolved at the first pass. What a field is: see the module docstring.
+
+    Args:
+        batches: yields a tensor, a tuple/list or a dict of tensors or numpy arrays.
+        mean, std: per-channel statistics in [0, 1] units (as ``Normalize``); without them
+            images are only scaled to [0, 1] (as ``ToTensor``).
+        device: ``"auto"`` (``cuda:LOCAL_RANK`` under a launcher), ``"cpu"``, ``"cuda:1"``, ...
+        augment: ``f(images, generator)`` on uint8 ``(N, H, W, C)``, e.g. ``latecast.Augment``;
+            seeded from (seed, epoch, rank, batch) like the Loader's.
+        dtype, channels_last: the images' output dtype and memory format.
+        layout: ``"auto"``, ``"NHWC"`` or ``"NCHW"``: where uint8 images keep their channels.
+        fields: ``{name: "image" | integer dtype | (integer dtype, output dtype)}``.
+        seed: mixed into the augmentation's seeds.
+
+    Example:
+        >>> tf = torchvision.transforms.PILToTensor()   # uint8 (C, H, W), not ToTensor()
+        >>> dl = DataLoader(ImageFolder("train", tf), batch_size=256, num_workers=8)
+        >>> for images, labels in latecast.wrap(dl, mean=MEAN, std=STD, device="cuda"):
+        ...     ...   # float32 (256, 3, H, W) normalized on the device; int64 labels
+    """
+    return Wrapped(
+        batches,
+        Fields(
+            mean,
+            std,
+            augment=augment,
+            dtype=dtype,
+            channels_last=channels_last,
+            layout=layout,
+            fields=fields,
+            seed=seed,
+        ),
+        device,
+    )

@@ -1,0 +1,352 @@
+"""``latecast.wrap`` over batches latecast does not hold: a real torchvision ``ImageFolder``,
+nanoGPT-style token batches from a memmap, torchdata's ``StatefulDataLoader``; the values,
+the bytes, the pass-throughs and the errors (docs/RELIABILITY.md, issue 9 rows)."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from collections import namedtuple
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import latecast
+from latecast.errors import BatchError, ConfigError
+from latecast.loader import Loader
+from latecast.prepare import Prepare
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+MEAN, STD = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
+
+
+@pytest.fixture(scope="module")
+def image_folder(tmp_path_factory) -> Path:
+    """Two classes of lossless PNGs, 12x10, RGB: what ``ImageFolder`` reads."""
+    from PIL import Image
+
+    root, rng = tmp_path_factory.mktemp("folder"), np.random.default_rng(0)
+    for cls in ("cat", "dog"):
+        (root / cls).mkdir()
+        for i in range(7):
+            pixels = rng.integers(0, 256, (12, 10, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / cls / f"{i}.png")
+    return root
+
+
+def test_imagefolder_with_pil_to_tensor_equals_to_tensor_normalize(image_folder):
+    """The same samples through the usual float32 pipeline and through uint8 + wrap."""
+    from torchvision import datasets
+    from torchvision import transforms as T
+
+    usual = DataLoader(
+        datasets.ImageFolder(image_folder, T.Compose([T.ToTensor(), T.Normalize(MEAN, STD)])),
+        batch_size=4,
+    )
+    raw = DataLoader(datasets.ImageFolder(image_folder, T.PILToTensor()), batch_size=4)
+    wrapped = latecast.wrap(raw, mean=MEAN, std=STD, device="cpu")
+    assert len(wrapped) == len(raw) == 4
+    n = 0
+    for (x, y), (ref_x, ref_y) in zip(wrapped, usual):
+        assert x.dtype == torch.float32 and x.shape == ref_x.shape == (len(y), 3, 12, 10)
+        assert (x - ref_x).abs().max().item() <= 1e-6
+        assert y.dtype == torch.int64 and torch.equal(y, ref_y)
+        n += len(y)
+    assert n == 14
+    s = wrapped.stats  # uint8 pixels, labels 0/1 cross as one byte each
+    assert (s.image_bytes, s.label_bytes, s.other_bytes) == (14 * 3 * 12 * 10, 14, 0)
+    assert s.usual_bytes == 14 * 3 * 12 * 10 * 4 + 14 * 8
+    assert s.h2d_bytes == 14 * 361 and s.copies == s.batches == 4
+
+
+def test_values_and_augmentation_equal_the_loaders():
+    """Fed the Loader's own uint8 batches in its order, wrap gives bitwise what the Loader
+    gives, augmentation included, over two epochs (same seeds: seed, epoch, rank, batch)."""
+    rng = np.random.default_rng(1)
+    ds = latecast.from_arrays(
+        rng.integers(0, 256, (70, 9, 9, 3), dtype=np.uint8), rng.integers(0, 5, 70)
+    )
+    aug = latecast.Augment(crop=2, flip=0.5, cutout=3)
+    loader = Loader(ds, 16, device="cpu", transfer="uint8", seed=4, augment=aug)
+    source = Loader(ds, 16, device="cpu", seed=4)  # only for its order
+    wrapped = latecast.wrap(
+        [], mean=ds.mean, std=ds.std, device="cpu", augment=aug, seed=4, layout="NHWC"
+    )
+    for epoch in range(2):
+        source.set_epoch(epoch)
+        wrapped.batches = [
+            (ds.images[i.numpy()], ds.labels[i.numpy()]) for i in source.index_batches()
+        ]
+        got = list(wrapped)
+        want = list(loader)
+        assert len(got) == len(want) == 5 and wrapped.epoch == epoch + 1
+        for (x, y), (wx, wy) in zip(got, want):
+            assert torch.equal(x, wx) and torch.equal(y, wy)
+
+
+def test_nchw_nhwc_and_one_channel_give_the_same_images():
+    x = torch.randint(0, 256, (6, 5, 7, 3), dtype=torch.uint8)  # NHWC
+    nhwc = next(iter(latecast.wrap([x], mean=MEAN, std=STD, device="cpu")))
+    nchw = next(iter(latecast.wrap([x.permute(0, 3, 1, 2).contiguous()], mean=MEAN, std=STD)))
+    assert nhwc.shape == nchw.shape == (6, 3, 5, 7) and torch.equal(nhwc, nchw)
+    gray = torch.randint(0, 256, (6, 5, 7), dtype=torch.uint8)  # MNIST's .data: (N, H, W)
+    out = next(iter(latecast.wrap([gray], mean=(0.5,), std=(0.5,), fields={0: "image"})))
+    assert out.shape == (6, 1, 5, 7)
+    assert torch.allclose(out[:, 0], (gray / 255 - 0.5) / 0.5, atol=1e-6)
+    plain = next(iter(latecast.wrap([x])))  # no mean/std: ToTensor() alone
+    assert torch.allclose(plain, x.permute(0, 3, 1, 2) / 255, atol=1e-7)
+    low = next(
+        iter(latecast.wrap([x], mean=MEAN, std=STD, dtype=torch.bfloat16, channels_last=True))
+    )
+    assert low.dtype == torch.bfloat16 and low.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(low, nhwc.to(torch.bfloat16))
+
+
+def test_every_form_of_batch_keeps_its_form_and_what_is_not_an_array():
+    Pair = namedtuple("Pair", "image label")
+    x = torch.randint(0, 256, (4, 6, 6, 3), dtype=torch.uint8)
+    y, w = torch.arange(4), torch.rand(4, 2, dtype=torch.float64)
+    names = ["a", "b", "c", "d"]
+    batches = [
+        x,
+        (x, y),
+        [x, y],
+        Pair(x, y),
+        {"image": x, "label": y, "weight": w, "path": names, "mask": y > 1},
+    ]
+    out = list(latecast.wrap(batches, device="cpu"))
+    assert out[0].shape == (4, 3, 6, 6)
+    assert type(out[1]) is tuple and type(out[2]) is list and type(out[3]) is Pair
+    d = out[4]
+    assert list(d) == ["image", "label", "weight", "path", "mask"]
+    assert torch.equal(d["weight"], w) and d["weight"].dtype == torch.float64  # as it is
+    assert d["path"] is names  # not an array: untouched
+    assert d["mask"].dtype == torch.bool and torch.equal(d["mask"], y > 1)
+    assert torch.equal(d["label"], y) and torch.equal(out[3].label, y)
+
+
+def test_integers_cross_in_the_narrowest_dtype_and_come_out_int64():
+    cases = [  # values -> bytes per value across the bus
+        (torch.tensor([0, 255]), 1),
+        (torch.tensor([-128, 127]), 1),
+        (torch.tensor([0, 65535]), 2),
+        (torch.tensor([-300, 300]), 2),
+        (torch.tensor([0, 70000]), 4),
+        (torch.tensor([-(2**40), 2**40]), 8),
+        (np.array([3, 9], dtype=np.int16), 1),
+    ]
+    for values, size in cases:
+        w = latecast.wrap([values], device="cpu")
+        out = next(iter(w))
+        assert out.dtype == torch.int64 and out.tolist() == list(np.asarray(values).tolist())
+        assert w.stats.label_bytes == 2 * size, values
+    out = next(iter(latecast.wrap([torch.tensor([1, 2])], fields={0: (torch.int8, torch.int16)})))
+    assert out.dtype == torch.int16 and out.tolist() == [1, 2]
+
+
+def nanogpt_batches(path: Path, steps: int, batch: int, block: int, seed: int = 0):
+    """nanoGPT's get_batch, minus its ``astype(np.int64)``: uint16 windows of a memmap."""
+    data = np.memmap(path, dtype=np.uint16, mode="r")
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        starts = rng.integers(0, len(data) - block - 1, batch)
+        yield (
+            np.stack([data[s : s + block] for s in starts]),
+            np.stack([data[s + 1 : s + 1 + block] for s in starts]),
+        )
+
+
+def test_token_batches_cross_as_two_bytes_per_token(tmp_path):
+    tokens = np.random.default_rng(0).integers(0, 50257, 5000).astype(np.uint16)
+    tokens.tofile(tmp_path / "train.bin")
+    steps, batch, block = 5, 8, 32
+    w = latecast.wrap(
+        nanogpt_batches(tmp_path / "train.bin", steps, batch, block),
+        device="cpu",
+        fields={0: torch.uint16, 1: torch.uint16},
+    )
+    ref = nanogpt_batches(tmp_path / "train.bin", steps, batch, block)
+    for (x, y), (rx, ry) in zip(w, ref):
+        assert x.dtype == y.dtype == torch.int64
+        assert torch.equal(x, torch.from_numpy(rx.astype(np.int64)))  # nanoGPT's host widening
+        assert torch.equal(y, torch.from_numpy(ry.astype(np.int64)))
+    per_step = 2 * batch * block  # x and y
+    s = w.stats
+    assert s.label_bytes == s.h2d_bytes == steps * per_step * 2  # 2 bytes per token
+    assert s.usual_bytes == steps * per_step * 8  # what nanoGPT copies: int64
+    assert s.copies == s.batches == steps  # x and y in one copy
+
+
+def test_nanogpt_example_runs():
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLES / "nanogpt_tokens.py"), "--steps", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "2 bytes per token" in proc.stdout and "8 as int64" in proc.stdout
+
+
+# -- what passes through to the wrapped object ------------------------------------------
+
+
+def test_len_set_epoch_sampler_batch_size_pass_through():
+    data = TensorDataset(torch.arange(20))
+    sampler = DistributedSampler(data, num_replicas=2, rank=1, shuffle=True, seed=0)
+    dl = DataLoader(data, batch_size=3, sampler=sampler)
+    w = latecast.wrap(dl, device="cpu")
+    assert len(w) == len(dl) == 4 and w.batch_size == 3 and w.sampler is sampler
+    w.set_epoch(5)
+    assert sampler.epoch == 5 and w.epoch == 5
+    assert torch.equal(torch.cat([b[0] for b in w]), torch.tensor(list(sampler)))
+    assert not hasattr(w, "state_dict") and not hasattr(w, "load_state_dict")
+    with pytest.raises(TypeError):
+        len(latecast.wrap(x for x in [torch.zeros(1)]))
+
+
+def test_stateful_dataloader_resumes_exactly_through_wrap():
+    """wrap reads one batch ahead; its state is the source's after the batch it handed out,
+    so a resumed StatefulDataLoader gives exactly the batches an unbroken pass would."""
+    tdl = pytest.importorskip("torchdata.stateful_dataloader")
+    rng = np.random.default_rng(0)
+    data = TensorDataset(
+        torch.from_numpy(rng.integers(0, 256, (40, 6, 6, 3), dtype=np.uint8)), torch.arange(40)
+    )
+    aug = latecast.Augment(crop=1, flip=0.5)
+
+    def make():
+        dl = tdl.StatefulDataLoader(
+            data, batch_size=4, shuffle=True, generator=torch.Generator().manual_seed(0)
+        )
+        return latecast.wrap(dl, mean=(0.5,), std=(0.5,), device="cpu", augment=aug)
+
+    unbroken = list(make())
+    first = make()
+    head = list(itertools.islice(first, 3))
+    state = first.state_dict()
+    assert state["position"] == 3 and state["epoch"] == 0
+    resumed = make()
+    resumed.load_state_dict(state)
+    tail = list(resumed)
+    for (x, y), (ux, uy) in zip(head + tail, unbroken):
+        assert torch.equal(y, uy) and torch.equal(x, ux)
+    assert len(head) + len(tail) == 10 and resumed.epoch == 1
+    second = torch.cat([y for _, y in resumed])  # then a whole new epoch
+    assert sorted(second.tolist()) == list(range(40)) and resumed.epoch == 2
+
+
+def test_outputs_never_share_the_reused_buffer_and_the_ring_grows_once():
+    w = latecast.wrap([(torch.full((n, 3), float(n)),) for n in (2, 2, 2, 9, 2, 2)], device="cpu")
+    out = [b[0] for b in w]
+    assert [o[0, 0].item() for o in out] == [2, 2, 2, 9, 2, 2]  # nothing overwritten later
+    sizes = [b.numel() for b in w._ring.buffers]
+    assert len(sizes) == 3 and max(sizes) == 9 * 3 * 4  # grew for the big batch, then reused
+
+
+def test_rank_and_device_are_read_at_the_first_pass(monkeypatch):
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    x = torch.randint(0, 256, (8, 10, 10, 3), dtype=torch.uint8)
+    aug = latecast.Augment(crop=2, flip=0.5)
+    w = latecast.wrap([x], device="cpu", augment=aug)
+    monkeypatch.setenv("LOCAL_RANK", "1")  # what Lightning's launcher sets, inside fit
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    got = next(iter(w))
+    p = Prepare((0.0,), (1.0,), augment=aug)
+    p.seek(0, 1, 0)  # epoch 0, rank 1, batch 0
+    assert torch.equal(got, p(x))
+
+
+# -- bad batches and arguments: one clear error naming the field --------------------------
+
+
+@pytest.mark.parametrize(
+    "batch,kwargs,match",
+    [
+        (
+            (torch.rand(2, 3, 8, 8), torch.arange(2)),
+            {"fields": {0: "image"}},
+            "field 0 is declared an image and must be uint8.*float32",
+        ),
+        (
+            {"tokens": torch.tensor([1, 70000])},
+            {"fields": {"tokens": torch.uint16}},
+            "field 'tokens': values 1..70000 do not fit the declared torch.uint16",
+        ),
+        (
+            {"img": torch.zeros(2, 3, 5, 4, dtype=torch.uint8)},
+            {},
+            "field 'img'.*ambiguous.*layout=",
+        ),
+        ({"img": torch.zeros(2, 5, 6, 7, dtype=torch.uint8)}, {}, "field 'img'.*neither"),
+        (
+            (torch.rand(2, 3, 8, 8), torch.arange(2)),
+            {"mean": MEAN, "std": STD},
+            "no field of this batch is a uint8 image.*PILToTensor",
+        ),
+        (
+            {"img": torch.zeros(2, 8, 8, 3, dtype=torch.uint8)},
+            {"mean": (0.5, 0.5), "std": (1.0, 1.0)},
+            "field 'img': 3 channels",
+        ),
+        ({"x": torch.rand(3)}, {"fields": {"x": torch.int16}}, "field 'x' is torch.float32"),
+        ({"x": torch.arange(3)}, {"fields": {"y": torch.int16}}, "'y'.*this batch has fields 'x'"),
+        ({"x": torch.zeros(3, device="meta")}, {}, "field 'x' is already on meta"),
+        ("text", {}, "a batch must be a tensor"),
+    ],
+)
+def test_bad_batches_are_one_clear_error_naming_the_field(batch, kwargs, match):
+    with pytest.raises(BatchError, match=match):
+        next(iter(latecast.wrap([batch], device="cpu", **kwargs)))
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"fields": {"x": torch.float32}}, r"fields\['x'\]"),
+        ({"fields": {"x": "picture"}}, r"fields\['x'\]"),
+        ({"layout": "CHW"}, "layout must be one of auto, NHWC, NCHW"),
+        ({"mean": (0.5,)}, "give both"),
+        ({"mean": (0.5,), "std": (0.0,)}, "std > 0"),
+        ({"device": "tpu"}, "device"),
+    ],
+)
+def test_bad_arguments_fail_at_once(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        latecast.wrap([], **kwargs)
+
+
+# -- CUDA: the side stream and the pinned ring (skipped without a GPU) --------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_equals_cpu_under_load_with_pinned_reused_buffers():
+    """Slow work on the main stream while the side stream copies ahead: every batch equals
+    the CPU result (events guard the pinned slots), and the buffers are pinned."""
+    rng = np.random.default_rng(0)
+    batches = [
+        {
+            "image": rng.integers(0, 256, (64, 32, 32, 3), dtype=np.uint8),
+            "label": rng.integers(0, 1000, 64),
+            "weight": rng.random(64, dtype=np.float32),
+        }
+        for _ in range(12)
+    ]
+    cpu = list(latecast.wrap(batches, mean=MEAN, std=STD, device="cpu"))
+    w = latecast.wrap(batches, mean=MEAN, std=STD, device="cuda")
+    big = torch.randn(2048, 2048, device="cuda")
+    for k, (got, want) in enumerate(zip(w, cpu)):
+        for _ in range(5):
+            big = big @ big.T / 2048  # keep the GPU busy so copies and compute overlap
+        assert got["image"].device.type == "cuda"
+        assert (got["image"].cpu() - want["image"]).abs().max().item() <= 1e-6, k
+        assert torch.equal(got["label"].cpu(), want["label"]), k
+        assert torch.equal(got["weight"].cpu(), want["weight"]), k
+    assert all(b is not None and b.is_pinned() for b in w._ring.buffers)
+    assert w.stats.copies == 12 and w.stats.label_bytes == 12 * 64 * 2
