@@ -36,7 +36,7 @@ from .datasets import load_dataset
 from .distributed import resolve_device
 from .loader import Loader, epoch_order
 from .train import TrainConfig, evaluate, model_and_optimizer, resolve_config, train_step
-from .transfer import MOVERS, Batch, float32_bytes
+from .transfer import MOVERS, Batch, float32_bytes, movers_for
 from .transforms import Augment, parse_augment
 
 
@@ -239,7 +239,7 @@ def loader_throughput(
     n = cfg.limit_batches or -(-len(ds) // cfg.batch_size)
     aug = parse_augment(cfg.augment)
     out: dict[str, list[float]] = {}
-    for name in MOVERS:
+    for name in movers_for(ds):
         loader = Loader(
             ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed, augment=aug
         )
@@ -349,7 +349,8 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
     what a Loader counts over one real epoch (its second: the first holds start-up uploads),
     images and labels apart."""
     out = {"torchvision": {"per_epoch": float32_bytes(ds, len(ds)), "once": 0}}
-    for name, mover in MOVERS.items():
+    for name in movers_for(ds):
+        mover = MOVERS[name]
         loader = Loader(ds, batch_size, device=device, transfer=name)
         for _ in loader:
             pass
