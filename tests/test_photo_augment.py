@@ -1,7 +1,6 @@
 """Photo augmentations (resized crop, colour jitter, alternating flip, batch mixing): each
 op against torchvision v2's functional op with the same explicit parameters."""
 
-
 import numpy as np
 import pytest
 import torch

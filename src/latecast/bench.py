@@ -34,6 +34,7 @@ from .config import DATASET_HELP, option, validate
 from .data import Dataset
 from .datasets import load_dataset
 from .distributed import resolve_device
+from .errors import ConfigError
 from .loader import Loader, epoch_order
 from .train import TrainConfig, evaluate, model_and_optimizer, resolve_config, train_step
 from .transfer import MOVERS, Batch, float32_bytes, movers_for
@@ -375,6 +376,11 @@ def bench(cfg: BenchConfig) -> dict:
     """Run (a), (b), (c); write bench.json, bench.md, bench.png to ``cfg.output_dir``."""
     device = resolve_device(cfg.device)
     ds = load_dataset(cfg.dataset, "train", root=cfg.data_root)
+    if not isinstance(ds, Dataset):  # its torchvision rows read decoded pixels
+        raise ConfigError(
+            f"latecast bench compares stores of decoded pixels; for the JPEG store "
+            f"{cfg.dataset} use benchmarks/jpeg_loaders.py"
+        )
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs = loader_throughput(ds, cfg, device)

@@ -338,7 +338,8 @@ def profile(cfg: ProfileConfig) -> dict:
     """Profile every row of ``cfg``; write report.md, report.json, profile.png and traces."""
     device = resolve_device(cfg.device)
     ds = load_dataset(cfg.dataset, "train", root=cfg.data_root)
-    names = [n for n in cfg.rows() if n not in MOVERS or n in movers_for(ds)]
+    pixels = isinstance(ds, Dataset)  # the baseline rows read decoded pixels
+    names = [n for n in cfg.rows() if n in movers_for(ds) or (n not in MOVERS and pixels)]
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = {}
