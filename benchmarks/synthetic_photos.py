@@ -13,6 +13,8 @@ The pixels carry no class signal: use it to measure decoding and cropping, never
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 from pathlib import Path
 
 import numpy as np
@@ -41,18 +43,25 @@ def photo(seed: int) -> Image.Image:
     return Image.fromarray((np.asarray(im) + grain).clip(0, 255).astype(np.uint8))
 
 
-def write(out: Path, split: str, n: int, classes: int, quality: int, seed: int) -> int:
+def _save(job: tuple[Path, int, int]) -> int:
+    path, seed, quality = job
+    photo(seed).save(path, "JPEG", quality=quality)
+    return path.stat().st_size
+
+
+def write(
+    out: Path, split: str, n: int, classes: int, quality: int, seed: int, workers: int
+) -> int:
     """``n`` photos under ``out/split/<class>/``; returns the bytes written."""
-    total = 0
+    jobs = []
     for i in range(n):
         folder = out / split / f"class{i % classes:03d}"
         folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"{i:05d}.jpg"
-        photo(seed * 1_000_003 + i + (0 if split == "train" else 10**9)).save(
-            path, "JPEG", quality=quality
+        jobs.append(
+            (folder / f"{i:05d}.jpg", seed * 1_000_003 + i + (split != "train") * 10**9, quality)
         )
-        total += path.stat().st_size
-    return total
+    with multiprocessing.Pool(workers) as pool:  # each file depends on its seed only
+        return sum(pool.map(_save, jobs, chunksize=16))
 
 
 def main() -> None:
@@ -63,10 +72,11 @@ def main() -> None:
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--quality", type=int, default=90)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=os.cpu_count(), help="processes")
     a = p.parse_args()
-    nbytes = write(a.out, "train", a.images, a.classes, a.quality, a.seed)
+    nbytes = write(a.out, "train", a.images, a.classes, a.quality, a.seed, a.workers)
     if a.test:
-        write(a.out, "test", a.test, a.classes, a.quality, a.seed)
+        write(a.out, "test", a.test, a.classes, a.quality, a.seed, a.workers)
     print(f"{a.out}: {a.images} training photos, {nbytes / a.images / 1000:.0f} KB each on average")
 
 

@@ -15,9 +15,8 @@ from latecast.decode import decode
 from latecast.errors import ConfigError, FormatError
 from latecast.loader import Loader
 from latecast.transfer import MOVERS, Jpeg, resolve
-from latecast.transforms import Augment, centre_boxes, resized_crop_params
+from latecast.transforms import Augment, Mix, centre_boxes, resized_crop_params
 
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 SIZES = [(40, 56), (32, 32), (61, 23), (32, 32), (90, 120), (33, 47), (32, 32), (50, 50)]
 
 
@@ -78,11 +77,10 @@ def as_uint8(images: torch.Tensor) -> torch.Tensor:
     return images.mul(1.0).round().to(torch.uint8)  # mean 0, std 1/255: x255 undone
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_jpeg_batches_equal_pillow_plus_the_centre_crop(colour, device):
+def test_jpeg_batches_equal_pillow_plus_the_centre_crop(colour):
     """Evaluation path: every file decoded and cropped (scale to cover, centre) to 32x32."""
     _, ds = colour
-    loader = Loader(ds, 3, device=device, transfer="jpeg", shuffle=False, pad=False)
+    loader = Loader(ds, 3, device="cpu", transfer="jpeg", shuffle=False, pad=False)
     got = torch.cat([as_uint8(x).cpu() for x, _ in loader])
     assert got.shape == (len(SIZES), 3, 32, 32) and loader.transfer == "jpeg"
     for i, box in enumerate(centre_boxes(torch.tensor(SIZES), (32, 32)).tolist()):
@@ -90,10 +88,9 @@ def test_jpeg_batches_equal_pillow_plus_the_centre_crop(colour, device):
         assert int((got[i].int() - ref.int()).abs().max()) <= 1, i
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_decode_with_random_boxes_equals_pillow_plus_the_same_crop(colour, device):
+def test_decode_with_random_boxes_equals_pillow_plus_the_same_crop(colour):
     _, ds = colour
-    batch = next(Jpeg(ds, torch.device(device), 8).batches([torch.arange(8)]))[0]
+    batch = next(Jpeg(ds, torch.device("cpu"), 8).batches([torch.arange(8)]))[0]
     boxes = resized_crop_params(batch.sizes, (0.1, 1.0), generator=torch.Generator().manual_seed(0))
     out = decode(batch, (24, 20), boxes).cpu()
     assert out.shape == (8, 24, 20, 3) and out.dtype == torch.uint8
@@ -175,3 +172,24 @@ def test_a_file_that_does_not_decode_is_named(colour):
     ds = encoded(files, SIZES[:4])
     with pytest.raises(FormatError, match="sample 2: not a decodable JPEG"):
         list(Loader(ds, 4, device="cpu", shuffle=False))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_nvjpeg_batches_are_close_to_pillow_and_repeatable(colour):
+    """nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's, so the CUDA path is held
+    to close (mean error under a grey level), not to 1 grey level everywhere; and a seeded
+    augmented pass repeats exactly."""
+    _, ds = colour
+    loader = Loader(ds, 4, device="cuda", shuffle=False, pad=False)
+    got = torch.cat([as_uint8(x).cpu() for x, _ in loader])
+    boxes = centre_boxes(torch.tensor(SIZES), (32, 32)).tolist()
+    ref = torch.stack([TF.resized_crop(pillow(ds, i), *b, [32, 32]) for i, b in enumerate(boxes)])
+    diff = (got.int() - ref.int()).abs()
+    assert loader.transfer == "jpeg" and diff.float().mean() < 1.0 and diff.max() <= 8
+    aug, mix = Augment(resized_crop=0.3, altflip=True, jitter=0.2), Mix(classes=3, mixup=0.5)
+    runs = [
+        [(x.cpu(), y.cpu()) for x, y in Loader(ds, 3, device="cuda", augment=aug, mix=mix)]
+        for _ in range(2)
+    ]
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*runs))

@@ -59,25 +59,32 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
     """
     boxes = centre_boxes(batch.sizes, size) if boxes is None else boxes
     files, decoder = batch.files(), jpeg_decoder()
-    try:
-        if batch.device.type != "cpu":
-            images = decoder(files, batch.channels, batch.device)  # list of (C, H_i, W_i)
-            return resized_crop([im.permute(1, 2, 0) for im in images], boxes, size)
-        threads = torch.get_num_threads()
-        pool = _pools.get(threads) or _pools.setdefault(threads, ThreadPoolExecutor(threads))
 
-        def part(rows: np.ndarray) -> torch.Tensor:
-            ims = [decoder(files[i], batch.channels, "cpu").permute(1, 2, 0) for i in rows]
-            return resized_crop(ims, boxes[rows], size)
+    def read(which, device):
+        try:
+            return decoder(which, batch.channels, device)
+        except RuntimeError as err:  # name the first file that does not decode
+            for i, f in enumerate(files):
+                try:
+                    decoder(f, batch.channels, "cpu")
+                except RuntimeError as bad:
+                    raise FormatError(
+                        f"sample {int(batch.indices[i])}: not a decodable JPEG ({bad})"
+                    ) from None
+            raise FormatError(
+                f"the batch did not decode on {device}, though each file does on the CPU ({err})"
+            ) from None
 
-        rows = [r for r in np.array_split(np.arange(len(files)), threads) if len(r)]
-        return torch.cat(list(pool.map(part, rows)))
-    except RuntimeError as err:  # name the first file that does not decode
-        for i, f in enumerate(files):
-            try:
-                decoder(f, batch.channels, "cpu")
-            except RuntimeError as bad:
-                raise FormatError(
-                    f"sample {int(batch.indices[i])}: not a decodable JPEG ({bad})"
-                ) from None
-        raise FormatError(f"a batch of JPEG files did not decode ({err})") from None
+    if batch.device.type != "cpu":
+        images = read(files, batch.device)  # list of (C, H_i, W_i), one nvJPEG call
+        return resized_crop([im.permute(1, 2, 0) for im in images], boxes, size)
+    threads = torch.get_num_threads()
+    pool = _pools.get(threads) or _pools.setdefault(threads, ThreadPoolExecutor(threads))
+
+    def part(rows: np.ndarray) -> torch.Tensor:  # one thread: decode and crop its share
+        return resized_crop(
+            [read(files[i], "cpu").permute(1, 2, 0) for i in rows], boxes[rows], size
+        )
+
+    rows = [r for r in np.array_split(np.arange(len(files)), threads) if len(r)]
+    return torch.cat(list(pool.map(part, rows)))
