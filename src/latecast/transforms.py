@@ -158,9 +158,61 @@ def erase(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tenso
     return images.masked_fill(in_y[:, :, None, None] & in_x[:, None, :, None], 0)
 
 
+def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
+    """Mirror ``-(n-1)..2(n-1)`` into ``0..n-1`` without repeating the edge, as ``np.pad``."""
+    return (n - 1) - ((n - 1) - i.abs()).abs()
+
+
+def _check_int(value, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{what} must be an int >= 0, got {value!r}")
+
+
+def random_crop(images: torch.Tensor, padding: int, *, fill="zero", generator=None):
+    """Pad each side by ``padding``, then crop back to ``(H, W)`` at a random offset per image
+    (``translate`` by ``crop_params``; the padded batch is never built). ``fill="reflect"``
+    mirrors like ``np.pad`` and needs ``padding < min(H, W)``; 0 returns a copy.
+
+    Example:
+        >>> x = torch.randint(0, 256, (8, 32, 32, 3), dtype=torch.uint8)
+        >>> random_crop(x, 4, fill="reflect").shape
+        torch.Size([8, 32, 32, 3])
+    """
+    _check_batch(images, "random_crop", generator)
+    _, h, w, _ = images.shape
+    _check_int(padding, "random_crop padding")
+    if fill == "reflect" and padding >= min(h, w):
+        raise ConfigError(
+            f"random_crop fill='reflect' needs padding < {min(h, w)} for {h}x{w} "
+            f"images, got {padding}"
+        )
+    if padding == 0:
+        return images.clone()
+    return translate(images, crop_params(images, padding, generator), fill=fill)
+
+
+def random_flip(images: torch.Tensor, p: float = 0.5, *, generator=None) -> torch.Tensor:
+    """Flip each image left-right with probability ``p``, independently per image."""
+    _check_batch(images, "random_flip", generator)
+    if isinstance(p, bool) or not 0.0 <= p <= 1.0:
+        raise ConfigError(f"random_flip p must be a probability in [0, 1], got {p!r}")
+    return flip(images, flip_params(images, p, generator))
+
+
+def cutout(images: torch.Tensor, size: int, *, generator=None) -> torch.Tensor:
+    """Zero a ``size x size`` square at a random center per image (DeVries & Taylor, 2017):
+    ``erase`` at ``cutout_params``. ``size`` 0 returns a copy."""
+    _check_batch(images, "cutout", generator)
+    _check_int(size, "cutout size")
+    if size == 0:
+        return images.clone()
+    return erase(images, cutout_params(images, generator), size)
+
+
 # ---- photo augmentations: resized crop, colour jitter, alternating flip ------------------
 
 RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect ratios
+_BILINEAR = dict(mode="bilinear", antialias=True, align_corners=False)  # torchvision's resize
 
 
 def resized_crop_params(
@@ -218,10 +270,11 @@ def resized_crop(
         crop = images[i][top : top + h, left : left + w]
         if (h, w) != size:
             x = crop.permute(2, 0, 1)[None]  # (1, C, h, w) view
-            if x.device.type != "cpu":  # no uint8 kernel there: float, then round
-                x = x.float()
-            x = F.interpolate(x, size, mode="bilinear", antialias=True, align_corners=False)
-            crop = x[0].permute(1, 2, 0).round().to(torch.uint8)
+            if x.device.type == "cpu":  # torchvision's uint8 kernel
+                x = F.interpolate(x, size, **_BILINEAR)
+            else:  # no uint8 kernel there: float, then round
+                x = F.interpolate(x.float(), size, **_BILINEAR).round_().to(torch.uint8)
+            crop = x[0].permute(1, 2, 0)
         out[i] = crop
     return out
 
@@ -281,57 +334,6 @@ def alternating_flip_params(indices: torch.Tensor, epoch: int, seed: int = 0) ->
     for mult, shift in ((0xBF58476D1CE4E5B9 - 2**64, 30), (0x94D049BB133111EB - 2**64, 27)):
         x = (x ^ (x >> shift)) * mult
     return ((x >> 31) & 1).bool() ^ bool(epoch % 2)
-
-
-def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
-    """Mirror ``-(n-1)..2(n-1)`` into ``0..n-1`` without repeating the edge, as ``np.pad``."""
-    return (n - 1) - ((n - 1) - i.abs()).abs()
-
-
-def _check_int(value, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{what} must be an int >= 0, got {value!r}")
-
-
-def random_crop(images: torch.Tensor, padding: int, *, fill="zero", generator=None):
-    """Pad each side by ``padding``, then crop back to ``(H, W)`` at a random offset per image
-    (``translate`` by ``crop_params``; the padded batch is never built). ``fill="reflect"``
-    mirrors like ``np.pad`` and needs ``padding < min(H, W)``; 0 returns a copy.
-
-    Example:
-        >>> x = torch.randint(0, 256, (8, 32, 32, 3), dtype=torch.uint8)
-        >>> random_crop(x, 4, fill="reflect").shape
-        torch.Size([8, 32, 32, 3])
-    """
-    _check_batch(images, "random_crop", generator)
-    _, h, w, _ = images.shape
-    _check_int(padding, "random_crop padding")
-    if fill == "reflect" and padding >= min(h, w):
-        raise ConfigError(
-            f"random_crop fill='reflect' needs padding < {min(h, w)} for {h}x{w} "
-            f"images, got {padding}"
-        )
-    if padding == 0:
-        return images.clone()
-    return translate(images, crop_params(images, padding, generator), fill=fill)
-
-
-def random_flip(images: torch.Tensor, p: float = 0.5, *, generator=None) -> torch.Tensor:
-    """Flip each image left-right with probability ``p``, independently per image."""
-    _check_batch(images, "random_flip", generator)
-    if isinstance(p, bool) or not 0.0 <= p <= 1.0:
-        raise ConfigError(f"random_flip p must be a probability in [0, 1], got {p!r}")
-    return flip(images, flip_params(images, p, generator))
-
-
-def cutout(images: torch.Tensor, size: int, *, generator=None) -> torch.Tensor:
-    """Zero a ``size x size`` square at a random center per image (DeVries & Taylor, 2017):
-    ``erase`` at ``cutout_params``. ``size`` 0 returns a copy."""
-    _check_batch(images, "cutout", generator)
-    _check_int(size, "cutout size")
-    if size == 0:
-        return images.clone()
-    return erase(images, cutout_params(images, generator), size)
 
 
 @dataclass(frozen=True)
