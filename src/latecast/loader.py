@@ -244,7 +244,7 @@ class Loader:
         differ = [
             k
             for k in ("seed", "batch_size", "world_size", "num_samples", "order")
-            if state.get(k, "random") != mine[k]  # states from before "order" were random
+            if state.get(k, "random" if k == "order" else None) != mine[k]  # older: random
         ]
         if differ:
             raise ConfigError(

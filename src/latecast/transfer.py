@@ -354,10 +354,11 @@ class Jpeg(Mover):
     """Encoded (JPEG) stores. Per batch the files' own bytes are gathered into one reused
     host buffer (pinned for CUDA) after the narrow labels; the labels cross in one copy, and
     the prepare stage decodes the files where the pixels are used. The files stay in host
-    memory: the decoders (torchvision, TorchCodec) take host bytes, since nvJPEG parses each
-    file on the CPU before it copies the compressed stream to the device itself. So the
-    encoded bytes count as the image bytes that cross, and ``decoded_bytes`` says what the
-    same images would have cost as uint8 at the training size."""
+    memory: torchvision's decoder takes host bytes, since nvJPEG parses each file on the CPU
+    before it copies the compressed stream to the device itself (progressive files are
+    Huffman-decoded on the CPU and their coefficients cross instead). So the encoded bytes
+    count as the image bytes that cross, and ``decoded_bytes`` says what the same images
+    would have cost as uint8 at the training size."""
 
     name = "jpeg"
     encoded = True
