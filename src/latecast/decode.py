@@ -12,9 +12,9 @@ centre" (``transforms.centre_boxes``, what ``latecast convert`` does for raw sto
   memory and syncs its own stream (not the training stream) before it returns.
 - CPU: a thread pool of ``torch.get_num_threads()``, each thread decoding and cropping its
   share. torchvision decodes a list on the CPU in a Python loop, no faster than one call per
-  file; its op releases the GIL, so threads scale. Measured on 2 vCPUs (Zen 4, torchvision
-  0.29): CIFAR-10 32x32 files 31,000/s in one thread, 45,000/s in two; 500x375 photos 450/s
-  and 806/s.
+  file; its op releases the GIL, so threads scale. Measured on 2 vCPUs (Xeon, torchvision
+  0.29, lightly loaded), the op called in one thread and in two: CIFAR-10 32x32 files
+  32,000/s and 45,000/s; 500x375 photos 450/s and 806/s.
 
 torchvision 0.29 deprecates its decoders in favour of TorchCodec 0.16. TorchCodec is not
 used yet: its image API is still moving (a recent ``decode_jpeg`` takes a path only, and a
