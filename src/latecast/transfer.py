@@ -46,7 +46,8 @@ class Encoded:
     """A batch of JPEG files as the ``jpeg`` mover hands it on: the files back to back in
     host memory, image ``i`` is ``data[offsets[i]:offsets[i + 1]]``, with each one's stored
     ``(H, W)``, its dataset index (for error messages), the channels to decode to and the
-    device the pixels are wanted on."""
+    device the pixels are wanted on. ``data`` is a slot of the mover's ring: decode it
+    before asking for the batch after next (``Prepare`` decodes it at once)."""
 
     data: torch.Tensor  # (bytes,) uint8 on the CPU, pinned for a CUDA device
     offsets: list[int]  # (n + 1,)
