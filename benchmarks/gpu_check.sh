@@ -6,6 +6,8 @@
 #   2. latecast profile                (every row, Chrome traces)
 #   3. latecast bench                  (loader throughput, end to end, bytes)
 #   4. a CIFAR-10-shaped run           (synthetic store: bench with augment off/on, ResNet-9)
+#      and JPEG photos                 (synthetic: decode + RandomResizedCrop(224), jpeg vs raw
+#                                       vs ImageFolder; CIFAR_JPG=tarball: the CIFAR-10 copy)
 #   5. a 1-GPU torchrun run            (NCCL, DDP, mid-epoch checkpoints)
 #   6. time to 99% on MNIST            (one warm-up run, then the median of $SEEDS seeds)
 #   7. a few other time-to-99% settings, one run each
@@ -24,6 +26,7 @@
 #   PROFILE_ARGS [] BENCH_ARGS [] extra flags, e.g. "-b 16"
 #   PYTEST_ARGS [-m gpu]  PART_TIMEOUT [300] seconds before a part is stopped
 #   CIFAR_TRAIN [50000] CIFAR_TEST [10000] CIFAR_EPOCHS [2] CIFAR_ARGS [] CIFAR_BATCHES [40]
+#   PHOTOS [2000] PHOTO_ARGS [-b 64 --limit-batches 10] CIFAR_JPG [] (cifar10-jpg.tar.gz)
 #   TORCHRUN_ARGS [--epochs 2 -b 512 --lr 0.2 --checkpoint-every 50] 1-GPU torchrun train
 #   SWEEP ["-b 1024 --epochs 3 --lr 0.4|..."] time-to-99% settings, one run each; SWEEP_ARGS []
 set -u
@@ -138,6 +141,30 @@ hook_cifar10() {
         --output-dir "$RESULTS/cifar10/train" --json
 }
 hook_cifar10
+
+# ---- 4b. JPEG photos ---------------------------------------------------------------------
+# A synthetic ImageNet-shaped JPEG folder ($PHOTOS photos of about 500x375): decode +
+# RandomResizedCrop(224) images/s, latecast's jpeg mover (nvJPEG on CUDA) against a raw
+# uint8 store and torchvision's ImageFolder at 0 and $(nproc) workers, and bytes per epoch.
+# With CIFAR_JPG=path/to/cifar10-jpg.tar.gz the same rows for the CIFAR-10 JPEG copy.
+PHOTOS=${PHOTOS:-2000}
+PHOTO_ARGS=${PHOTO_ARGS:--b 64 --limit-batches 10}
+hook_photos() {
+    local folder=$SCRATCH/photos
+    part photos-folder "$PYTHON" benchmarks/synthetic_photos.py "$folder" --images "$PHOTOS" \
+        || return
+    # shellcheck disable=SC2086
+    part photos-loaders "$PYTHON" benchmarks/jpeg_loaders.py "$folder/train" --device "$DEVICE" \
+        --size 224x224 --augment resized_crop=0.08,flip --workers "0,$(nproc)" \
+        --repeats "$REPEATS" $PHOTO_ARGS
+    [ -n "${CIFAR_JPG:-}" ] || return 0
+    mkdir -p "$SCRATCH/cifar10-jpg" && tar -xzf "$CIFAR_JPG" -C "$SCRATCH/cifar10-jpg" || return
+    # shellcheck disable=SC2086
+    part cifar10-jpeg-loaders "$PYTHON" benchmarks/jpeg_loaders.py "$SCRATCH/cifar10-jpg/train" \
+        --device "$DEVICE" --size 32x32 --workers "0,2,$(nproc)" --repeats "$REPEATS" \
+        --limit-batches "${LIMIT_BATCHES:-$CIFAR_BATCHES}"
+}
+hook_photos
 
 # ---- 5. torchrun, one GPU, NCCL ----------------------------------------------------------
 TORCHRUN_ARGS=${TORCHRUN_ARGS:---epochs 2 -b 512 --lr 0.2 --checkpoint-every 50}

@@ -31,6 +31,8 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "CIFAR_TEST": "64",
         "CIFAR_EPOCHS": "1",
         "CIFAR_ARGS": "-b 64",
+        "PHOTOS": "4",
+        "PHOTO_ARGS": "-b 2 --limit-batches 1 --workers 0",
         "TORCHRUN_ARGS": TINY,
         "SWEEP": "-b 128|-b 512",
         "SWEEP_ARGS": TINY,
@@ -53,6 +55,8 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "cifar10-bench-off",
         "cifar10-bench-crop",
         "cifar10-train",
+        "photos-folder",
+        "photos-loaders",
         "torchrun",
         "train-warmup",
         "train-1",
@@ -71,6 +75,8 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
     assert cifar["model"] == "resnet9" and cifar["dataset"] == "cifar10-shaped"
     augmented = json.loads((tmp_path / "cifar10" / "bench-crop" / "bench.json").read_text())
     assert augmented["config"]["augment"] == "crop,flip,cutout"
+    photos = json.loads((tmp_path / "photos-loaders.out").read_text().splitlines()[-1])
+    assert set(photos["images_per_s"]) >= {"latecast-jpeg-t1", "torchvision-w0"}
     assert json.loads((tmp_path / "torchrun.out").read_text().splitlines()[-1])["world_size"] == 1
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert len(summary["targets"]) >= 8 and summary["failed_parts"] == []
@@ -87,6 +93,7 @@ def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path):
         "PYTHON": sys.executable,
         "DEVICE": "nodevice",
         "SEEDS": "1",
+        "PHOTOS": "4",
         "PYTEST_ARGS": "-m gpu --co tests/test_gpu_check.py",
     }
     proc = subprocess.run(
@@ -98,7 +105,8 @@ def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path):
     )
     assert proc.returncode != 0
     table = (tmp_path / "parts.tsv").read_text()
-    for name in ("profile", "bench", "cifar10-bench-off", "torchrun", "train-warmup", "train-1"):
+    failed = ("profile", "bench", "cifar10-bench-off", "photos-loaders", "torchrun")
+    for name in (*failed, "train-warmup", "train-1"):
         assert f"{name}\tFAILED" in table, table
     assert "summary\tok" in table and "gpu-tests\tok" in table
     assert "FAILED parts: profile bench" in proc.stdout

@@ -37,9 +37,10 @@ from .config import DATASET_HELP, option, validate
 from .data import Dataset
 from .datasets import load_dataset
 from .distributed import resolve_device
+from .errors import ConfigError
 from .loader import Loader, epoch_order
 from .train import TrainConfig, evaluate, model_and_optimizer, resolve_config, train_step
-from .transfer import MOVERS, Batch, float32_bytes
+from .transfer import MOVERS, Batch, float32_bytes, movers_for
 from .transforms import Augment, parse_augment
 from .wrap import wrap
 
@@ -288,7 +289,7 @@ def loader_throughput(
     n = cfg.limit_batches or -(-len(ds) // cfg.batch_size)
     aug = parse_augment(cfg.augment)
     out: dict[str, list[float]] = {}
-    for name in MOVERS:
+    for name in movers_for(ds):
         loader = Loader(
             ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed, augment=aug
         )
@@ -467,7 +468,8 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
     what a Loader counts over one real epoch (its second: the first holds start-up uploads),
     images and labels apart."""
     out = {"torchvision": {"per_epoch": float32_bytes(ds, len(ds)), "once": 0}}
-    for name, mover in MOVERS.items():
+    for name in movers_for(ds):
+        mover = MOVERS[name]
         loader = Loader(ds, batch_size, device=device, transfer=name)
         for _ in loader:
             pass
@@ -492,6 +494,11 @@ def bench(cfg: BenchConfig) -> dict:
     """Run (a), (b), (c); write bench.json, bench.md, bench.png to ``cfg.output_dir``."""
     device = resolve_device(cfg.device)
     ds = load_dataset(cfg.dataset, "train", root=cfg.data_root)
+    if not isinstance(ds, Dataset):  # its torchvision rows read decoded pixels
+        raise ConfigError(
+            f"latecast bench compares stores of decoded pixels; for the JPEG store "
+            f"{cfg.dataset} use benchmarks/jpeg_loaders.py"
+        )
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     runs = loader_throughput(ds, cfg, device)

@@ -40,6 +40,7 @@ RUN_FIELDS = (
     "weight_decay",
     "label_smoothing",
     "augment",
+    "mix",
     "amp",
     "channels_last",
     "seed",

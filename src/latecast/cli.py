@@ -89,6 +89,11 @@ def _run_train(args: argparse.Namespace) -> dict:
     print(
         f"host->device: {_human_bytes(summary['h2d_bytes'])} moved; float32 would have moved "
         f"{_human_bytes(summary['h2d_bytes_float32'])} ({saved:.0%} less)"
+        + (  # JPEG: compressed bytes; decoded uint8 is the other comparison
+            f", uint8 {_human_bytes(summary['h2d_bytes_uint8'])}"
+            if summary["transfer"] == "jpeg"
+            else ""
+        )
     )
     return summary
 
@@ -103,7 +108,7 @@ def _add_info(p: argparse.ArgumentParser) -> None:
 
 def _run_info(args: argparse.Namespace) -> dict:
     from .datasets import load_dataset
-    from .transfer import MOVERS
+    from .transfer import MOVERS, movers_for
 
     info = {}
     for split in ("train", "test"):
@@ -114,7 +119,7 @@ def _run_info(args: argparse.Namespace) -> dict:
             "classes": len(ds.classes),
             "image_bytes": ds.image_bytes,
             "label_bytes": ds.label_bytes,
-            "epoch_bytes": {s: m.epoch_bytes(ds) for s, m in MOVERS.items()},
+            "epoch_bytes": {s: MOVERS[s].epoch_bytes(ds) for s in movers_for(ds)},
         }
         if split == "train":
             info["mean"], info["std"] = list(ds.mean), list(ds.std)

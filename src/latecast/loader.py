@@ -4,7 +4,9 @@ then moved (``transfer.py``) and prepared on the device (``prepare.py``).
 Order follows ``torch.utils.data.DistributedSampler`` exactly: a permutation from
 ``seed + epoch`` (``torch.randperm`` on a CPU generator), padded by wrapping around to a
 multiple of the world size, and rank ``r`` takes ``indices[r::world]``. Every rank thus
-sees the same permutation and the same number of batches.
+sees the same permutation and the same number of batches. ``order="block"`` swaps the
+permutation for ``block_order``'s, which reads a store bigger than RAM mostly in sequence;
+padding and sharding stay the same.
 """
 
 from __future__ import annotations
@@ -16,11 +18,29 @@ from typing import Iterator
 
 import torch
 
-from .data import Dataset
+from .data import Dataset, EncodedDataset
 from .distributed import placement
 from .errors import ConfigError
-from .prepare import Augmentation, Prepare
+from .prepare import Augmentation, Mixing, Prepare
 from .transfer import MOVERS, Batch, Mover, TransferStats, float32_bytes, resolve
+
+ORDERS = ("random", "block")
+
+
+def block_order(n: int, *, seed: int, epoch: int, block: int, window: int) -> torch.Tensor:
+    """A permutation of ``range(n)`` that reads mostly in sequence: the samples cut into
+    blocks of ``block`` consecutive indices, the blocks shuffled, then the samples shuffled
+    within each run of ``window`` blocks of that order. A pass reads each block whole, and at
+    most ``window`` blocks are in use at a time (what the page cache must hold)."""
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    blocks = torch.arange(n).split(block)
+    picked = torch.randperm(len(blocks), generator=g).tolist()
+    runs = [
+        torch.cat([blocks[b] for b in picked[k : k + window]])
+        for k in range(0, len(picked), window)
+    ]
+    return torch.cat([run[torch.randperm(len(run), generator=g)] for run in runs])
 
 
 def epoch_order(
@@ -32,13 +52,19 @@ def epoch_order(
     rank: int = 0,
     world_size: int = 1,
     pad: bool = True,
+    order: str = "random",
+    block: int = 32,
+    window: int = 256,
 ) -> torch.Tensor:
-    """Indices rank ``rank`` visits in ``epoch``, as ``DistributedSampler`` would give them.
+    """Indices rank ``rank`` visits in ``epoch``, as ``DistributedSampler`` would give them;
+    with ``order="block"`` from ``block_order``'s permutation instead of ``randperm``'s.
 
     ``pad=True`` wraps around so every rank gets ``ceil(n / world_size)`` indices;
     ``pad=False`` (evaluation) gives each index to exactly one rank, shares may differ by one.
     """
-    if shuffle:
+    if shuffle and order == "block":
+        indices = block_order(n, seed=seed, epoch=epoch, block=block, window=window)
+    elif shuffle:
         g = torch.Generator()
         g.manual_seed(seed + epoch)
         indices = torch.randperm(n, generator=g)
@@ -58,16 +84,19 @@ class Loader:
     each complete pass, so calling ``set_epoch`` is optional.
 
     The three stages, one way: this rank's order of the dataset (the source) goes to a
-    mover (``transfer.MOVERS``) that yields uint8 batches on the device, which ``Prepare``
-    augments and normalizes there. Rank, world size and device are resolved at the first
-    pass (``distributed.placement``), not at construction, so a Loader built before a
-    launcher's processes exist still gets its own share and device.
+    mover (``transfer.MOVERS``) that yields uint8 batches on the device (or JPEG files for
+    an encoded store), which ``Prepare`` decodes, augments and normalizes there. Rank,
+    world size and device are resolved at the first pass (``distributed.placement``), not
+    at construction, so a Loader built before a launcher's processes exist still gets its
+    own share and device.
 
     Args:
-        dataset: a ``Dataset`` (uint8 images, narrow labels).
+        dataset: a ``Dataset`` (uint8 images, narrow labels) or an ``EncodedDataset`` (JPEG
+            files, decoded to ``dataset.size`` by the prepare stage).
         batch_size: samples per batch, per rank.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
-        transfer: ``"float32"``, ``"uint8"``, ``"prefetch"``, ``"resident"`` or ``"auto"``.
+        transfer: ``"float32"``, ``"uint8"``, ``"prefetch"``, ``"resident"``, ``"jpeg"`` (the
+            one for encoded stores) or ``"auto"``.
         shuffle, seed: a new permutation per epoch from ``seed + epoch``.
         drop_last: drop this rank's last partial batch.
         dtype: float32, bfloat16 or float16 output.
@@ -77,6 +106,10 @@ class Loader:
             the device before the normalize (see ``transforms.Augment``).
         pad: pad the order to a multiple of the world size (training); ``False`` for
             evaluation, so no sample is counted twice.
+        order, block, window: ``"random"``, or ``"block"`` for stores bigger than RAM (see
+            ``block_order``; ``block`` samples a block, ``window`` blocks shuffled together).
+        mix: optional ``f(images, labels, generator)`` after the normalize, e.g.
+            ``transforms.Mix`` (MixUp/CutMix); labels become class probabilities.
 
     Example:
         >>> train = latecast.load_dataset("mnist")
@@ -86,7 +119,7 @@ class Loader:
 
     def __init__(
         self,
-        dataset: Dataset,
+        dataset: Dataset | EncodedDataset,
         batch_size: int,
         device: str | torch.device = "auto",
         transfer: str = "auto",
@@ -99,13 +132,23 @@ class Loader:
         world_size: int | None = None,
         augment: Augmentation | None = None,
         pad: bool = True,
+        order: str = "random",
+        block: int = 32,
+        window: int = 256,
+        mix: Mixing | None = None,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
         if len(dataset) == 0:
             raise ConfigError(f"{dataset.name}/{dataset.split} is empty")
-        if transfer != "auto" and transfer not in MOVERS:
+        if transfer != "auto":
             resolve(transfer, dataset, torch.device("cpu"))  # raises, listing valid names
+        if order not in ORDERS or min(block, window) < 1:
+            raise ConfigError(
+                f"order must be one of {', '.join(ORDERS)} with block and window >= 1, "
+                f"got {order!r}, {block!r}, {window!r}"
+            )
+        self.order, self.block, self.window = order, block, window
         self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
         self.shuffle, self.seed, self.pad, self.augment = shuffle, seed, pad, augment
         self.dtype, self.channels_last = dtype, channels_last
@@ -118,6 +161,8 @@ class Loader:
             channels_last=channels_last,
             augment=augment,
             seed=seed,
+            size=dataset.image_shape[:2],
+            mix=mix,
         )
         self.epoch, self.position = 0, 0  # position: batches of `epoch` already yielded
         self._mover: Mover | None = None
@@ -192,6 +237,7 @@ class Loader:
             "batch_size": self.batch_size,
             "world_size": self.world_size,
             "num_samples": len(self.dataset),
+            "order": self._order_name,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -199,8 +245,8 @@ class Loader:
         mine = self.state_dict()
         differ = [
             k
-            for k in ("seed", "batch_size", "world_size", "num_samples")
-            if state.get(k) != mine[k]
+            for k in ("seed", "batch_size", "world_size", "num_samples", "order")
+            if state.get(k, "random" if k == "order" else None) != mine[k]  # older: random
         ]
         if differ:
             raise ConfigError(
@@ -208,6 +254,10 @@ class Loader:
                 + ", ".join(f"{k} {state.get(k)!r} != {mine[k]!r}" for k in differ)
             )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    @property
+    def _order_name(self) -> str:
+        return "random" if self.order == "random" else f"block:{self.block}:{self.window}"
 
     def index_batches(self) -> list[torch.Tensor]:
         """This epoch's index batches for this rank (CPU int64), from ``position`` on."""
@@ -219,6 +269,9 @@ class Loader:
             rank=self.rank,
             world_size=self.world_size,
             pad=self.pad,
+            order=self.order,
+            block=self.block,
+            window=self.window,
         )
         batches = list(torch.split(order, self.batch_size))
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
@@ -233,11 +286,11 @@ class Loader:
         if not todo:
             self.epoch, self.position = self.epoch + 1, 0
         it = mover.batches(todo)
-        for _ in todo:
+        for idx in todo:
             t0 = time.perf_counter()
             images, labels = next(it)
             if not mover.prepares:
-                images = self.prepare(images)
+                images, labels = self.prepare(images, labels, idx)
             self._wait += time.perf_counter() - t0
             self._batches, self._samples = self._batches + 1, self._samples + len(labels)
             self.position += 1

@@ -1,11 +1,15 @@
 """The prepare stage, the last of three: source -> move -> **prepare**.
 
-What a mover delivers on the device (uint8 ``(N, H, W, C)``) becomes what a model takes:
-per-sample augmentation on uint8 first (cheap: a quarter of the bytes of float32), then
-the fused normalize into ``(N, C, H, W)`` float. Batch ``k`` of an epoch draws its
-augmentation from a generator seeded from ``(seed, epoch, rank, k)``, so the draws do not
-depend on where a run started: a resumed run repeats them exactly. The batch number is
-counted here, in one place: ``seek`` says where an epoch starts, each call is the next batch.
+What a mover delivers (uint8 ``(N, H, W, C)`` on the device, or a batch of JPEG files)
+becomes what a model takes: JPEG files decoded and cropped to the training size
+(``decode.py``); per-sample augmentation on uint8 (cheap: a quarter of the bytes of
+float32); the fused normalize into ``(N, C, H, W)`` float; optional batch mixing of
+images and labels (``transforms.Mix``, torchvision's MixUp/CutMix). Batch ``k`` of an
+epoch draws from generators seeded from ``(seed, epoch, rank, k)``: one on the device for
+per-pixel parameters, one on the host for crop boxes and mixing weights (used as host
+numbers). The draws do not depend on where a run started: a resumed run repeats them
+exactly. The batch number is counted here, in one place: ``seek`` says where an epoch
+starts, each call is the next batch.
 """
 
 from __future__ import annotations
@@ -14,20 +18,30 @@ from typing import Callable
 
 import torch
 
-from .transforms import normalize
+from .decode import decode
+from .transfer import Batch, Encoded
+from .transforms import Augment, normalize, resized_crop
 
 Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+Mixing = Callable[[torch.Tensor, torch.Tensor, torch.Generator], Batch]
 
 
 class Prepare:
-    """Augment (optional) then normalize, on whatever device the batch is on.
+    """Decode (JPEG batches), augment (optional), normalize, mix (optional), on whatever
+    device the batch is on. Called as ``prepare(images, labels, indices)`` with the
+    batch's dataset indices on the CPU (``Augment(altflip=True)`` needs them).
 
     Args:
         mean, std: per-channel statistics in [0, 1] units.
         dtype: float32, bfloat16 or float16 output.
         channels_last: output in ``torch.channels_last`` memory format.
-        augment: ``f(images, generator)`` on uint8 ``(N, H, W, C)``, e.g. ``Augment``.
+        augment: ``f(images, generator)`` on uint8 ``(N, H, W, C)``, or an ``Augment`` (its
+            resized crop is drawn on the host and, for JPEG batches, done while decoding).
         seed: the run's seed, mixed into every batch's augmentation seed.
+        size: ``(H, W)`` JPEG batches are decoded to (the dataset's ``image_shape[:2]``).
+        mix: ``f(images, labels, generator)`` after the normalize, e.g. ``Mix``, or
+            torchvision's as ``lambda x, y, g: MixUp(num_classes=10)(x, y)`` (that one draws
+            from torch's global RNG: a resumed run does not repeat it).
     """
 
     def __init__(
@@ -39,9 +53,12 @@ class Prepare:
         channels_last: bool = False,
         augment: Augmentation | None = None,
         seed: int = 0,
+        size: tuple[int, int] | None = None,
+        mix: Mixing | None = None,
     ) -> None:
         self.mean, self.std, self.dtype = tuple(mean), tuple(std), dtype
         self.channels_last, self.augment, self.seed = channels_last, augment, seed
+        self.size, self.mix = size, mix
         self.epoch = self.rank = self.batch = 0
         self._generators: dict[str, torch.Generator] = {}
 
@@ -49,13 +66,36 @@ class Prepare:
         """The next call prepares batch ``batch`` of ``epoch`` on ``rank``."""
         self.epoch, self.rank, self.batch = epoch, rank, batch
 
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        if self.augment is not None:
-            images = self.augment(images, self._generator(images.device))
+    def __call__(self, images: torch.Tensor | Encoded, labels: torch.Tensor, indices=None) -> Batch:
+        device = images.device
+        g = self._generator(device)
+        host = g if device.type == "cpu" else self._generator(torch.device("cpu"))
+        images = self._to_size(images, host)
+        if isinstance(self.augment, Augment):
+            images = self.augment.pixels(
+                images, g, epoch=self.epoch, indices=indices, seed=self.seed
+            )
+        elif self.augment is not None:
+            images = self.augment(images, g)
         self.batch += 1
-        return normalize(
+        images = normalize(
             images, self.mean, self.std, dtype=self.dtype, channels_last=self.channels_last
         )
+        return (images, labels) if self.mix is None else self.mix(images, labels, host)
+
+    def _to_size(self, images: torch.Tensor | Encoded, host: torch.Generator) -> torch.Tensor:
+        """JPEG files decoded to the training size; with ``Augment.resized_crop`` the boxes
+        are RandomResizedCrop's, drawn on the host (each image is resized on its own)."""
+        encoded = isinstance(images, Encoded)
+        sizes = (
+            images.sizes if encoded else torch.tensor([images.shape[1:3]]).expand(len(images), 2)
+        )
+        aug = self.augment if isinstance(self.augment, Augment) else None
+        boxes = aug.crop_boxes(sizes, host) if aug is not None else None
+        size = self.size or tuple(images.shape[1:3])
+        if encoded:
+            return decode(images, size, boxes)
+        return images if boxes is None else resized_crop(images, boxes, size)
 
     def _generator(self, device: torch.device) -> torch.Generator:
         """A generator on ``device`` seeded from (seed, epoch, rank, batch)."""

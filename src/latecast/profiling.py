@@ -38,7 +38,7 @@ from .errors import ConfigError
 from .loader import epoch_order
 from .prepare import Prepare
 from .train import TrainConfig, model_and_optimizer, resolve_config, train_step
-from .transfer import MOVERS
+from .transfer import MOVERS, movers_for
 
 ROWS = (*MOVERS, "baseline", "baseline-u8")
 NO_DEVICE = "n/a (no device)"
@@ -84,7 +84,7 @@ def _latecast(
 ) -> Iterator:
     """A mover and the prepare stage driven as the Loader drives them, each with its label
     (the copy inside the mover shows up as ``aten::to``/``copy_`` under ``h2d``)."""
-    prepare = Prepare(ds.mean, ds.std, channels_last=recipe.channels_last)
+    prepare = Prepare(ds.mean, ds.std, channels_last=recipe.channels_last, size=ds.image_shape[:2])
     cls = MOVERS[name]
     mover = cls(ds, device, cfg.batch_size, *([prepare] if cls.prepares else []))
     for epoch in itertools.count():
@@ -99,7 +99,7 @@ def _latecast(
             images, labels = batch
             if not cls.prepares:
                 with record_function("normalize"):
-                    images = prepare(images)
+                    images, labels = prepare(images, labels)
             yield images, labels, mover.stats.h2d_bytes - before
 
 
@@ -336,9 +336,10 @@ def plot(r: dict, path: Path) -> None:
 
 def profile(cfg: ProfileConfig) -> dict:
     """Profile every row of ``cfg``; write report.md, report.json, profile.png and traces."""
-    names = cfg.rows()
     device = resolve_device(cfg.device)
     ds = load_dataset(cfg.dataset, "train", root=cfg.data_root)
+    pixels = isinstance(ds, Dataset)  # the baseline rows read decoded pixels
+    names = [n for n in cfg.rows() if n in movers_for(ds) or (n not in MOVERS and pixels)]
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = {}

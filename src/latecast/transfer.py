@@ -15,6 +15,8 @@ what is true of it: the bytes an epoch costs (``epoch_bytes``), whether the data
 - ``prefetch`` as ``uint8``, but the next batch is gathered and copied on a side CUDA
                stream while the current one is used.
 - ``resident`` the whole uint8 dataset is uploaded once; batches are gathered on the device.
+- ``jpeg``     encoded stores: each batch's JPEG files gathered into one reused host buffer;
+               the prepare stage decodes them where the pixels are used (``decode.py``).
 
 Packing labels and images in the same pinned buffer makes one copy per batch
 instead of two: for MNIST at batch 256 a copy is ~200 KB, small enough that the fixed
@@ -33,10 +35,33 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
-from .data import Dataset
+from .data import Dataset, EncodedDataset
 from .errors import ConfigError, DeviceError
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+@dataclass
+class Encoded:
+    """A batch of JPEG files as the ``jpeg`` mover hands it on: the files back to back in
+    host memory, image ``i`` is ``data[offsets[i]:offsets[i + 1]]``, with each one's stored
+    ``(H, W)``, its dataset index (for error messages), the channels to decode to and the
+    device the pixels are wanted on. ``data`` is a slot of the mover's ring: decode it
+    before asking for the batch after next (``Prepare`` decodes it at once)."""
+
+    data: torch.Tensor  # (bytes,) uint8 on the CPU, pinned for a CUDA device
+    offsets: list[int]  # (n + 1,)
+    sizes: torch.Tensor  # (n, 2) int64 (H, W) as stored, on the CPU
+    indices: torch.Tensor  # (n,) int64 dataset indices, on the CPU
+    channels: int  # 1 (gray) or 3 (RGB)
+    device: torch.device
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def files(self) -> list[torch.Tensor]:
+        """One 1-D uint8 view per file (what the decoders take)."""
+        return [self.data[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
 
 
 @dataclass
@@ -48,6 +73,7 @@ class TransferStats:
     label_bytes: int = 0  # label (wrap: integer field) bytes handed to the device
     index_bytes: int = 0  # resident: one int64 permutation per epoch
     other_bytes: int = 0  # wrap: fields that cross as they are (floats, bools)
+    decoded_bytes: int = 0  # jpeg: the same images as uint8 at the training size (what uint8 moves)
     copies: int = 0  # host->device copy calls
     batches: int = 0  # batches yielded (counted by the Loader)
     wait_seconds: float = 0.0  # host time the consumer spent waiting inside next() (Loader)
@@ -63,7 +89,8 @@ def float32_bytes(dataset: Dataset, samples: int) -> int:
     return samples * (math.prod(dataset.image_shape) * 4 + 8)
 
 
-def _narrow_bytes(dataset: Dataset, samples: int) -> int:
+def uint8_bytes(dataset: Dataset | EncodedDataset, samples: int) -> int:
+    """Bytes the ``uint8`` path moves for ``samples`` images: uint8 pixels, narrow labels."""
     return samples * (math.prod(dataset.image_shape) + dataset.labels.itemsize)
 
 
@@ -130,6 +157,7 @@ class Mover:
 
     name = ""
     prepares = False  # True only for the float32 baseline: its batches come out prepared
+    encoded = False  # moves an EncodedDataset (jpeg) rather than a Dataset of uint8 pixels
 
     def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
         self.dataset, self.device, self.batch_size = dataset, device, batch_size
@@ -140,7 +168,7 @@ class Mover:
     def epoch_bytes(dataset: Dataset) -> dict[str, int]:
         """Host->device bytes one epoch over ``dataset`` costs: ``per_epoch`` every epoch,
         ``once`` at start-up."""
-        return {"per_epoch": _narrow_bytes(dataset, len(dataset)), "once": 0}
+        return {"per_epoch": uint8_bytes(dataset, len(dataset)), "once": 0}
 
     def batches(self, index_batches: Sequence[torch.Tensor]) -> Iterator[Batch]:
         """Yield ``(images, labels)`` on the device for ``index_batches`` (CPU int64)."""
@@ -160,7 +188,7 @@ class Float32(Mover):
         dataset: Dataset,
         device: torch.device,
         batch_size: int,
-        prepare: Callable[[torch.Tensor], torch.Tensor],
+        prepare: Callable[..., Batch],
     ) -> None:
         super().__init__(dataset, device, batch_size)
         self.prepare = prepare
@@ -173,8 +201,11 @@ class Float32(Mover):
         ds = self.dataset
         for idx in index_batches:
             idx_np = idx.numpy()
-            x = self.prepare(torch.from_numpy(ds.images[idx_np]))  # (n, C, H, W) float on CPU
-            y = torch.from_numpy(ds.labels[idx_np].astype(np.int64))
+            x, y = self.prepare(  # (n, C, H, W) float on the CPU
+                torch.from_numpy(ds.images[idx_np]),
+                torch.from_numpy(ds.labels[idx_np].astype(np.int64)),
+                idx,
+            )
             self.stats.image_bytes += x.nbytes
             self.stats.label_bytes += y.nbytes
             self.stats.copies += 2
@@ -279,13 +310,13 @@ class Resident(Mover):
 
     @staticmethod
     def epoch_bytes(dataset: Dataset) -> dict[str, int]:
-        return {"per_epoch": len(dataset) * 8, "once": _narrow_bytes(dataset, len(dataset))}
+        return {"per_epoch": len(dataset) * 8, "once": uint8_bytes(dataset, len(dataset))}
 
     @staticmethod
     def fits(dataset: Dataset, device: torch.device) -> tuple[bool, str]:
         """Whether the dataset takes at most ``RESIDENT_FRACTION`` of the free memory (the
         rest is for the model, activations and the allocator's slack), and the sizes."""
-        need, free = _narrow_bytes(dataset, len(dataset)), _free_bytes(device)
+        need, free = uint8_bytes(dataset, len(dataset)), _free_bytes(device)
         return need <= free * RESIDENT_FRACTION, (
             f"{dataset.name}/{dataset.split} needs {need / 2**20:.0f} MiB on {device}, "
             f"{free / 2**20:.0f} MiB free"
@@ -322,19 +353,83 @@ class Resident(Mover):
             yield self.images.index_select(0, sel), self.labels.index_select(0, sel)
 
 
+class Jpeg(Mover):
+    """Encoded (JPEG) stores. Per batch the files' own bytes are gathered into one reused
+    host buffer (pinned for CUDA) after the narrow labels; the labels cross in one copy, and
+    the prepare stage decodes the files where the pixels are used. The files stay in host
+    memory: torchvision's decoder takes host bytes, since nvJPEG parses each file on the CPU
+    before it copies the compressed stream to the device itself (progressive files are
+    Huffman-decoded on the CPU and their coefficients cross instead). So the encoded bytes
+    count as the image bytes that cross, and ``decoded_bytes`` says what the same images
+    would have cost as uint8 at the training size."""
+
+    name = "jpeg"
+    encoded = True
+    slots = 2  # decoding finishes before the next batch is gathered (it syncs its own stream)
+
+    def __init__(self, dataset: EncodedDataset, device: torch.device, batch_size: int) -> None:
+        super().__init__(dataset, device, batch_size)
+        self.ring = Ring(self.slots, device)
+
+    @staticmethod
+    def epoch_bytes(dataset: EncodedDataset) -> dict[str, int]:
+        return {"per_epoch": dataset.image_bytes + dataset.label_bytes, "once": 0}
+
+    def batches(self, index_batches):
+        ds = self.dataset
+        for idx in index_batches:
+            idx_np = idx.numpy()
+            starts, ends = ds.offsets[idx_np].tolist(), ds.offsets[idx_np + 1].tolist()
+            lab_end = len(idx_np) * ds.labels.itemsize
+            offsets = np.cumsum([lab_end] + [b - a for a, b in zip(starts, ends)]).tolist()
+            i, host = self.ring.stage(offsets[-1])
+            buf = host.numpy()
+            np.take(ds.labels, idx_np, out=buf[:lab_end].view(ds.labels.dtype))
+            for a, b, o in zip(starts, ends, offsets):  # files of different lengths: one by one
+                buf[o : o + b - a] = ds.data[a:b]
+            labels = widen(self.ring.send(i, host[:lab_end]), ds.labels.dtype)
+            self.stats.image_bytes += offsets[-1] - lab_end
+            self.stats.label_bytes += lab_end
+            self.stats.decoded_bytes += len(idx_np) * math.prod(ds.image_shape)
+            self.stats.copies += 1
+            sizes = torch.from_numpy(ds.sizes[idx_np].astype(np.int64))
+            yield Encoded(host, offsets, sizes, idx, ds.channels, self.device), labels
+
+
 # A dataset is "resident" only if it takes at most this share of free device memory.
 RESIDENT_FRACTION = 0.5
 
-MOVERS: dict[str, type[Mover]] = {m.name: m for m in (Float32, Uint8, Prefetch, Resident)}
+MOVERS: dict[str, type[Mover]] = {m.name: m for m in (Float32, Uint8, Prefetch, Resident, Jpeg)}
 
 
-def resolve(name: str, dataset: Dataset, device: torch.device) -> str:
-    """``auto`` -> ``resident`` when the dataset fits comfortably in the device's free
-    memory (host RAM for a CPU device), else ``prefetch``; other names are checked."""
+def movers_for(dataset: Dataset | EncodedDataset) -> list[str]:
+    """The movers that move this kind of dataset (``jpeg`` alone for an encoded store)."""
+    encoded = isinstance(dataset, EncodedDataset)
+    return [name for name, m in MOVERS.items() if m.encoded == encoded]
+
+
+def resolve(name: str, dataset: Dataset | EncodedDataset, device: torch.device) -> str:
+    """``auto`` -> ``jpeg`` for an encoded store; else ``resident`` when the dataset fits
+    comfortably in the device's free memory (host RAM for a CPU device), else ``prefetch``.
+    Other names are checked, also against the kind of dataset."""
     if name == "auto":
+        if isinstance(dataset, EncodedDataset):
+            return "jpeg"
         return "resident" if Resident.fits(dataset, device)[0] else "prefetch"
     if name not in MOVERS:
         raise ConfigError(
             f"unknown transfer strategy {name!r}; valid: {', '.join(['auto', *MOVERS])}"
+        )
+    fit = movers_for(dataset)
+    if name not in fit:
+        kind = "a JPEG store" if fit == ["jpeg"] else "decoded uint8 pixels"
+        raise ConfigError(
+            f"transfer {name!r} does not move {dataset.name}/{dataset.split} ({kind}); "
+            f"valid: auto, {', '.join(fit)}"
+            + (
+                " (convert the folder with --encoding raw for the others)"
+                if fit == ["jpeg"]
+                else ""
+            )
         )
     return name

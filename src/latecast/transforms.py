@@ -5,17 +5,23 @@ sample on ``images.device`` from an optional ``torch.Generator``. Input images a
 ``(N, H, W, C)`` as they come off the bus; ``normalize`` is the last step and produces
 ``(N, C, H, W)`` floats.
 
-Augmentation (``random_crop``, ``random_flip``, ``cutout``, ``Augment``) runs on the uint8
-batch *before* ``normalize``: one index or mask kernel per op for the whole batch, no
-Python loop over images, and each image gets its own random parameters (torchvision v2
-draws one set per batch; Kornia rejects uint8).
+Augmentation (``random_crop``, ``random_flip``, ``cutout``, ``color_jitter``,
+``alternating_flip_params``, ``Augment``) runs on the uint8 batch *before* ``normalize``: one
+index or mask kernel per op for the whole batch, no Python loop over images, and each image
+gets its own random parameters (torchvision v2 draws one set per batch; Kornia rejects
+uint8). ``resized_crop`` is the exception: crops of different sizes are resized one image at
+a time. ``Mix`` (MixUp, CutMix) runs *after* ``normalize``, on floats and labels.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Sequence
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .config import option, validate
 from .errors import ConfigError
@@ -203,10 +209,142 @@ def cutout(images: torch.Tensor, size: int, *, generator=None) -> torch.Tensor:
     return erase(images, cutout_params(images, generator), size)
 
 
+# ---- photo augmentations: resized crop, colour jitter, alternating flip ------------------
+
+RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect ratios
+_BILINEAR = dict(mode="bilinear", antialias=True, align_corners=False)  # torchvision's resize
+
+
+def resized_crop_params(
+    sizes: torch.Tensor, scale: tuple[float, float], ratio=RATIO, generator=None
+) -> torch.Tensor:
+    """``(N, 4)`` int64 ``(top, left, height, width)``: a RandomResizedCrop box for each image
+    of ``sizes`` (``(N, 2)`` ``(H, W)``), on ``sizes.device``. torchvision's rule, per image:
+    up to 10 tries of an area fraction in ``scale`` and a log-uniform aspect ratio in
+    ``ratio``; the first that fits is placed uniformly; if none fits, the centre crop with
+    the aspect ratio clamped to ``ratio``."""
+    dev, n = sizes.device, len(sizes)
+    hi, wi = sizes[:, :1].double(), sizes[:, 1:].double()  # (N, 1)
+    u = torch.rand(n, 10, generator=generator, device=dev, dtype=torch.float64)
+    area = hi * wi * (scale[0] + (scale[1] - scale[0]) * u)  # (N, 10) tries
+    lo, up = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(lo + (up - lo) * torch.rand(n, 10, generator=generator, device=dev))
+    w, h = (area * aspect).sqrt().round(), (area / aspect).sqrt().round()
+    fits = (w > 0) & (w <= wi) & (h > 0) & (h <= hi)
+    first = fits.long().argmax(1, keepdim=True)  # the first try that fits (0 if none does)
+    h, w, any_fit = h.gather(1, first), w.gather(1, first), fits.any(1, keepdim=True)
+    wide, tall = wi / hi > ratio[1], wi / hi < ratio[0]  # fallback: centre crop
+    h = torch.where(any_fit, h, torch.where(tall, (wi / ratio[0]).round(), hi))
+    w = torch.where(any_fit, w, torch.where(wide, (hi * ratio[1]).round(), wi))
+    r = torch.rand(n, 2, generator=generator, device=dev, dtype=torch.float64)
+    top = torch.where(any_fit, (r[:, :1] * (hi - h + 1)).floor(), ((hi - h) / 2).floor())
+    left = torch.where(any_fit, (r[:, 1:] * (wi - w + 1)).floor(), ((wi - w) / 2).floor())
+    return torch.cat([top, left, h, w], 1).long()
+
+
+def centre_boxes(sizes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """``(N, 4)`` boxes that ``resized_crop`` turns into "scale to cover ``size``, then crop
+    the centre" (what ``latecast convert`` does for raw stores): the largest centred box
+    with the aspect ratio of ``size``."""
+    hw = sizes.double()  # (N, 2)
+    target = torch.tensor(size, dtype=torch.float64, device=sizes.device)
+    scale = (target / hw).max(1, keepdim=True).values  # (N, 1) cover factor
+    box = (target / scale).round().clamp(min=1).minimum(hw)
+    return torch.cat([((hw - box) / 2).floor(), box], 1).long()
+
+
+def resized_crop(
+    images: torch.Tensor | Sequence[torch.Tensor], boxes: torch.Tensor, size: tuple[int, int]
+) -> torch.Tensor:
+    """Crop image ``i`` to ``boxes[i] = (top, left, height, width)`` and resize it to ``size``
+    (H, W), bilinear with antialias: torchvision's ``resized_crop`` within 1 grey level (on
+    the CPU the same uint8 kernel). ``images``: uint8 ``(N, H, W, C)`` or a sequence of
+    ``(H_i, W_i, C)`` of any sizes; ``boxes``: ``(N, 4)`` int64 on the CPU. Crops differ in
+    size, so each is resized on its own (about four kernels an image); boxes that already
+    are ``size`` are only copied."""
+    n, size = len(images), tuple(size)
+    if n == 0 or images[0].dtype != torch.uint8 or images[0].ndim != 3:
+        raise ConfigError("resized_crop expects uint8 (H, W, C) images")
+    out = torch.empty((n, *size, images[0].shape[2]), dtype=torch.uint8, device=images[0].device)
+    for i, (top, left, h, w) in enumerate(boxes.tolist()):
+        crop = images[i][top : top + h, left : left + w]
+        if (h, w) != size:
+            x = crop.permute(2, 0, 1)[None]  # (1, C, h, w) view
+            if x.device.type == "cpu":  # torchvision's uint8 kernel
+                x = F.interpolate(x, size, **_BILINEAR)
+            else:  # no uint8 kernel there: float, then round
+                x = F.interpolate(x.float(), size, **_BILINEAR).round_().to(torch.uint8)
+            crop = x[0].permute(1, 2, 0)
+        out[i] = crop
+    return out
+
+
+def random_resized_crop(
+    images: torch.Tensor, scale: tuple[float, float], ratio=RATIO, *, generator=None
+) -> torch.Tensor:
+    """RandomResizedCrop to the images' own size, boxes drawn per image on the generator's
+    device (on CUDA the boxes come back to the host: one sync; ``Prepare`` draws them on the
+    host instead)."""
+    _check_batch(images, "random_resized_crop", generator)
+    n, h, w, _ = images.shape
+    dev = generator.device if generator is not None else torch.device("cpu")
+    sizes = torch.tensor([[h, w]], device=dev).expand(n, 2)
+    return resized_crop(images, resized_crop_params(sizes, scale, ratio, generator).cpu(), (h, w))
+
+
+def color_jitter_params(
+    images: torch.Tensor, brightness: float, contrast: float, saturation: float, generator=None
+) -> torch.Tensor:
+    """``(N, 3)`` float32 factors per image, each uniform in ``[max(0, 1 - s), 1 + s]``
+    (torchvision's ``ColorJitter`` ranges) for brightness, contrast and saturation."""
+    s = torch.tensor([brightness, contrast, saturation], device=images.device)
+    u = torch.rand(len(images), 3, generator=generator, device=images.device)
+    low = (1 - s).clamp(min=0)
+    return low + u * (1 + s - low)
+
+
+def _gray(x: torch.Tensor) -> torch.Tensor:
+    """torchvision's uint8 grayscale of float ``(N, H, W, C)`` values, floored: ``(N, H, W, 1)``."""
+    if x.shape[3] == 1:
+        return x
+    return (x[..., :1] * 0.2989 + x[..., 1:2] * 0.587 + x[..., 2:] * 0.114).floor_()
+
+
+def color_jitter(images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
+    """Brightness, then contrast, then saturation by ``factors[i]`` (``(N, 3)``) per image,
+    each equal to torchvision v2's ``adjust_*`` on uint8 (truncated to uint8 after each step)
+    within 1 grey level. (torchvision's ``ColorJitter`` shuffles the order per call; here it
+    is fixed.) Saturation leaves 1-channel images as they are, as torchvision does."""
+    _check_batch(images, "color_jitter", None)
+    b, c, s = factors.float().T[..., None, None, None]  # each (N, 1, 1, 1)
+    x = (images.float() * b).clamp_(0, 255).trunc_()
+    mean = _gray(x).mean((1, 2, 3), keepdim=True)
+    x = (x * c + mean * (1 - c)).clamp_(0, 255).trunc_()
+    if x.shape[3] == 3:
+        x = (x * s + _gray(x) * (1 - s)).clamp_(0, 255).trunc_()
+    return x.to(torch.uint8)
+
+
+def alternating_flip_params(indices: torch.Tensor, epoch: int, seed: int = 0) -> torch.Tensor:
+    """``(N,)`` bool on ``indices.device``: airbench's alternating flip. Sample ``i`` is
+    flipped in epoch 0 when a hash of ``(seed, i)`` says so (half of them), and in every
+    later epoch exactly when it was not in the one before, so each image is seen both ways
+    every two epochs. Needs the samples' dataset indices, not their place in the batch."""
+    x = indices.long() + seed * 0x9E3779B97F4A7C15 % 2**61  # int64 arithmetic wraps
+    for mult, shift in ((0xBF58476D1CE4E5B9 - 2**64, 30), (0x94D049BB133111EB - 2**64, 27)):
+        x = (x ^ (x >> shift)) * mult
+    return ((x >> 31) & 1).bool() ^ bool(epoch % 2)
+
+
 @dataclass(frozen=True)
 class Augment:
-    """Per-sample augmentation of uint8 ``(N, H, W, C)`` batches: crop -> flip -> cutout.
-    Settings are checked on construction; ``parse_augment(str(aug)) == aug``.
+    """Per-sample augmentation of uint8 ``(N, H, W, C)`` batches: resized crop -> crop ->
+    flip or alternating flip -> colour jitter -> cutout. Settings are checked on
+    construction; ``parse_augment(str(aug)) == aug``.
+
+    The resized crop is drawn by ``crop_boxes`` and applied first; ``pixels`` does the rest.
+    ``Prepare`` calls the two apart: it draws the boxes on the host and, for JPEG batches,
+    crops while decoding, from the stored image at full size.
 
     Example:
         >>> aug = Augment(crop=4, flip=0.5, cutout=8)
@@ -218,61 +356,175 @@ class Augment:
     flip: float = option(0.0, "probability of a left-right flip per image", low=0, high=1)
     cutout: int = option(0, "side in pixels of the zeroed square (0: off)", low=0)
     fill: str = option("zero", "what the crop pads with", choices=_FILLS)
+    resized_crop: float = option(
+        0.0, "smallest crop area, as RandomResizedCrop's scale=(s, 1) (0: off)", low=0, high=1
+    )
+    jitter: float = option(0.0, "brightness, contrast and saturation strength (0: off)", low=0)
+    altflip: bool = option(False, "alternating flip (airbench); instead of flip")
 
     def __post_init__(self) -> None:
         validate(self)
+        if self.altflip and self.flip:
+            raise ConfigError("choose flip or altflip, not both")
 
-    def __call__(self, images: torch.Tensor, generator=None) -> torch.Tensor:
+    def crop_boxes(self, sizes: torch.Tensor, generator=None) -> torch.Tensor | None:
+        """RandomResizedCrop boxes for images of ``sizes`` (``(N, 2)``), or None when off."""
+        if not self.resized_crop:
+            return None
+        return resized_crop_params(sizes, (self.resized_crop, 1.0), RATIO, generator)
+
+    def __call__(
+        self, images: torch.Tensor, generator=None, *, epoch: int = 0, indices=None, seed: int = 0
+    ) -> torch.Tensor:
+        _check_batch(images, "Augment", generator)
+        if self.resized_crop:
+            images = random_resized_crop(
+                images, (self.resized_crop, 1.0), RATIO, generator=generator
+            )
+        return self.pixels(images, generator, epoch=epoch, indices=indices, seed=seed)
+
+    def pixels(
+        self, images: torch.Tensor, generator=None, *, epoch: int = 0, indices=None, seed: int = 0
+    ) -> torch.Tensor:
+        """Everything after the resized crop. ``altflip`` needs ``indices`` (the samples'
+        dataset indices, on the CPU), the ``epoch`` and the run's ``seed``."""
         _check_batch(images, "Augment", generator)
         if self.crop:
             images = random_crop(images, self.crop, fill=self.fill, generator=generator)
         if self.flip:
             images = random_flip(images, self.flip, generator=generator)
+        if self.altflip:
+            if indices is None:
+                raise ConfigError("altflip needs the samples' dataset indices (Loader passes them)")
+            mask = alternating_flip_params(indices.cpu(), epoch, seed)
+            if images.device.type == "cuda":  # one byte per image; pinned, so the copy is async
+                mask = mask.pin_memory()
+            images = flip(images, mask.to(images.device, non_blocking=True))
+        if self.jitter:
+            j = self.jitter
+            images = color_jitter(images, color_jitter_params(images, j, j, j, generator))
         if self.cutout:
             images = cutout(images, self.cutout, generator=generator)
         return images
 
     def __str__(self) -> str:
-        on = [f"{k}={getattr(self, k)!r}" for k in ("crop", "flip", "cutout") if getattr(self, k)]
+        on = [
+            f"{k}={getattr(self, k)!r}"
+            for k in _AUGMENT_DEFAULTS
+            if k != "fill" and getattr(self, k)
+        ]
         return ",".join(on + ([f"fill={self.fill}"] if self.fill != "zero" else [])) or "crop=0"
 
 
 # Used when a name is given without "=value" (CIFAR-style settings); also gives its type.
-_AUGMENT_DEFAULTS = {"crop": 4, "flip": 0.5, "cutout": 8, "fill": "zero"}
+_AUGMENT_DEFAULTS = {
+    "resized_crop": 0.35,
+    "crop": 4,
+    "flip": 0.5,
+    "altflip": True,
+    "jitter": 0.4,
+    "cutout": 8,
+    "fill": "zero",
+}
+_AUGMENT_HELP = (
+    "crop[=PAD], flip[=P], cutout[=SIZE], fill=zero|reflect, resized_crop[=MIN_AREA], "
+    "jitter[=STRENGTH], altflip, or none"
+)
 
 
-def parse_augment(spec: str) -> Augment | None:
-    """An ``Augment`` from the CLI string, ``None`` for ``""`` or ``"none"``.
-
-    Comma-separated names, each optionally ``=value``: ``crop`` (padding, default 4),
-    ``flip`` (probability, default 0.5), ``cutout`` (square side, default 8) and
-    ``fill=zero|reflect`` (crop padding, default zero).
-
-    Args:
-        spec: e.g. ``"crop,flip,cutout"`` or ``"crop=2,flip,fill=reflect"``.
-
-    Example:
-        >>> parse_augment("crop=2,flip")
-        Augment(crop=2, flip=0.5, cutout=0, fill='zero')
-    """
+def _parse(spec: str, defaults: dict, what: str, valid: str) -> dict | None:
+    """``name[=value],...`` -> ``{name: value}`` typed as ``defaults``; None for ""/none."""
     spec = spec.strip().lower()
     if spec in ("", "none"):
         return None
     fields: dict[str, object] = {}
     for item in spec.split(","):
         name, _, value = (part.strip() for part in item.partition("="))
-        if name not in _AUGMENT_DEFAULTS:
-            raise ConfigError(
-                f"unknown augmentation {name!r} in {spec!r}; valid: "
-                "crop[=PAD], flip[=P], cutout[=SIZE], fill=zero|reflect, or none"
-            )
+        if name not in defaults:
+            raise ConfigError(f"unknown {what} {name!r} in {spec!r}; valid: {valid}")
         if name in fields:
-            raise ConfigError(f"augmentation {name!r} given twice in {spec!r}")
-        kind = type(_AUGMENT_DEFAULTS[name])
+            raise ConfigError(f"{what} {name!r} given twice in {spec!r}")
+        kind = type(defaults[name])
         try:
-            fields[name] = kind(value) if value else _AUGMENT_DEFAULTS[name]
+            if kind is bool and value not in ("", "true"):  # a switch: on when named
+                raise ValueError(value)
+            fields[name] = kind(value) if value else defaults[name]
         except ValueError:
             raise ConfigError(
-                f"augmentation {name}={value!r} in {spec!r} is not a valid {kind.__name__}"
+                f"{what} {name}={value!r} in {spec!r} is not a valid {kind.__name__}"
             ) from None
-    return Augment(**fields)
+    return fields
+
+
+def parse_augment(spec: str) -> Augment | None:
+    """An ``Augment`` from the CLI string, ``None`` for ``""`` or ``"none"``.
+
+    Comma-separated names, each optionally ``=value``: ``crop`` (padding, default 4),
+    ``flip`` (probability, default 0.5), ``cutout`` (square side, default 8),
+    ``fill=zero|reflect`` (crop padding, default zero), ``resized_crop`` (smallest area,
+    default 0.35), ``jitter`` (strength, default 0.4) and ``altflip``.
+
+    Args:
+        spec: e.g. ``"crop,flip,cutout"`` or ``"resized_crop=0.25,flip,jitter"``.
+
+    Example:
+        >>> parse_augment("crop=2,flip") == Augment(crop=2, flip=0.5)
+        True
+    """
+    fields = _parse(spec, _AUGMENT_DEFAULTS, "augmentation", _AUGMENT_HELP)
+    return None if fields is None else Augment(**fields)
+
+
+# ---- batch mixing, after the normalize ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mix:
+    """MixUp and CutMix on a normalized batch, torchvision v2's way: one weight per batch
+    from Beta(alpha, alpha), each image mixed with the one before it in the batch (rolled by
+    one), labels turned into class probabilities (``cross_entropy`` takes them as they are).
+    With both on, each batch gets one of the two. The draws are host numbers from the
+    batch's generator: nothing is copied, nothing syncs, a resumed run draws the same.
+
+    Example:
+        >>> mix = Mix(classes=10, mixup=0.2)
+        >>> x, y = mix(torch.zeros(8, 3, 32, 32), torch.arange(8), torch.Generator())
+        >>> y.shape
+        torch.Size([8, 10])
+    """
+
+    classes: int = option(2, "number of classes", low=1)
+    mixup: float = option(0.0, "MixUp's Beta alpha (0: off)", low=0)
+    cutmix: float = option(0.0, "CutMix's Beta alpha (0: off)", low=0)
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator=None):
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))  # a CPU draw: no sync
+        rng = np.random.default_rng(seed)
+        cut = self.cutmix > 0 and (self.mixup == 0 or rng.random() < 0.5)
+        lam = float(rng.beta(*(2 * [self.cutmix if cut else self.mixup])))
+        other = images.roll(1, 0)
+        if cut:  # torchvision's CutMix box: centre anywhere, sides sqrt(1 - lam) of the image
+            h, w = images.shape[-2:]
+            cy, cx, r = int(rng.integers(h)), int(rng.integers(w)), 0.5 * math.sqrt(1 - lam)
+            y0, y1 = max(cy - int(r * h), 0), min(cy + int(r * h), h)
+            x0, x1 = max(cx - int(r * w), 0), min(cx + int(r * w), w)
+            images = images.clone()
+            images[..., y0:y1, x0:x1] = other[..., y0:y1, x0:x1]
+            lam = 1.0 - (y1 - y0) * (x1 - x0) / (h * w)
+        elif self.mixup:
+            images = images * lam + other * (1 - lam)
+        soft = F.one_hot(labels, self.classes).float()  # (N, classes)
+        return images, soft * lam + soft.roll(1, 0) * (1 - lam)
+
+
+_MIX_DEFAULTS = {"mixup": 1.0, "cutmix": 1.0}  # torchvision's default alphas
+
+
+def parse_mix(spec: str, classes: int) -> Mix | None:
+    """A ``Mix`` from the CLI string (``"mixup=0.2"``, ``"cutmix"``, ``"mixup,cutmix"``), None
+    for ``""`` or ``"none"``."""
+    fields = _parse(spec, _MIX_DEFAULTS, "mix", "mixup[=ALPHA], cutmix[=ALPHA], or none")
+    return None if fields is None else Mix(classes, **fields)

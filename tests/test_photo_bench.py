@@ -1,0 +1,95 @@
+"""The photo benchmark scripts, run at a tiny size so they cannot rot: the synthetic photo
+folder, the JPEG loader comparison, and random vs block order from cold pages."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+from order_bench import cached_share, drop_pages  # noqa: E402
+
+
+def script(name: str, *args, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{BENCH}"}
+    cmd = [sys.executable, str(BENCH / name), *map(str, args)]
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("photos")
+    script("synthetic_photos.py", out / "a", "--images", 6, "--classes", 2, cwd=out)
+    return out / "a"
+
+
+def test_synthetic_photos_are_deterministic_jpegs_of_imagenet_shape(photos, tmp_path):
+    from PIL import Image
+
+    files = sorted((photos / "train").rglob("*.jpg"))
+    assert len(files) == 6 and {f.parent.name for f in files} == {"class000", "class001"}
+    for f in files:
+        with Image.open(f) as im:
+            assert im.format == "JPEG" and 280 <= min(im.size) and max(im.size) <= 500
+    script("synthetic_photos.py", tmp_path / "b", "--images", 2, "--classes", 2, cwd=tmp_path)
+    again = sorted((tmp_path / "b" / "train").rglob("*.jpg"))
+    first = [photos / f.relative_to(tmp_path / "b") for f in again]  # same names, same bytes
+    assert len(again) == 2 and [f.read_bytes() for f in again] == [f.read_bytes() for f in first]
+
+
+@pytest.mark.slow
+def test_jpeg_loaders_rows_and_bytes(photos, tmp_path):
+    proc = script(
+        "jpeg_loaders.py", photos / "train", "--size", "48x40", "--augment", "resized_crop=0.1",
+        "--workers", "0", "--limit-batches", "1", "--repeats", "1", "-b", "3", cwd=tmp_path,
+    )  # fmt: skip
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    rates = result["images_per_s"]
+    assert set(rates) == {"latecast-jpeg-t1", "latecast-uint8 (raw store)", "torchvision-w0"}
+    assert all(v > 0 for v in rates.values())
+    files = sum(f.stat().st_size for f in (photos / "train").rglob("*.jpg"))
+    assert result["disk_bytes"]["jpeg"] == files
+    assert result["bytes_per_epoch"]["jpeg"] == files + 6  # + one label byte each
+    assert result["bytes_per_epoch"]["uint8"] == 6 * (48 * 40 * 3 + 1)
+    assert "| latecast-jpeg-t1 |" in proc.stdout
+
+
+def test_dropped_pages_leave_the_page_cache(tmp_path):
+    path = tmp_path / "blob"
+    path.write_bytes(os.urandom(4 << 20))
+    path.read_bytes()
+    if cached_share([path]) < 0.9:
+        pytest.skip("this filesystem does not keep written files in the page cache")
+    drop_pages([path])
+    if cached_share([path]) > 0.5:  # tmpfs: its pages are the file, they cannot be dropped
+        pytest.skip(f"{tmp_path} cannot drop cached pages (tmpfs?)")
+    path.read_bytes()
+    assert cached_share([path]) > 0.9
+
+
+@pytest.mark.slow
+def test_order_bench_times_both_orders_from_cold_pages_and_trains(tmp_path):
+    store = tmp_path / "store"
+    script(
+        "synthetic_store.py", store, "--shape", "8x8x3", "--train", 600, "--test", 100,
+        cwd=tmp_path,
+    )  # fmt: skip
+    proc = script(
+        "order_bench.py", store, "--repeats", "1", "-b", "64", "--block", "8", "--window", "4",
+        "--train", "--model mlp --epochs 1 -b 64 --device cpu", "--output-dir", tmp_path / "runs",
+        cwd=tmp_path,
+    )  # fmt: skip
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    for order in ("random", "block"):
+        assert result[order]["images_per_s"] > 0 and 0 <= result[order]["cached_before"] <= 1
+        assert len(result[order]["per_epoch"]) == 1 and 0 <= result[order]["test_accuracy"] <= 1
+    config = json.loads((tmp_path / "runs" / "block" / "config.json").read_text())
+    assert (config["order"], config["block"], config["window"]) == ("block", 8, 4)
