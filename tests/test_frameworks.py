@@ -112,7 +112,7 @@ def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
         assert y.dtype == torch.int64 and x.shape == (16, 3, 6, 5)
         want = Prepare(mean, std, augment=aug, seed=3)
         want.seek(epoch, 0, batch_idx)
-        assert torch.equal(x, want(images[y])), (epoch, batch_idx)
+        assert torch.equal(x, want(images[y], y)[0]), (epoch, batch_idx)
     for x, y in net.validated:
         assert torch.equal(x, latecast.normalize(images[y], mean, std))
 

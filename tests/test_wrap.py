@@ -259,7 +259,7 @@ def test_rank_and_device_are_read_at_the_first_pass(monkeypatch):
     got = next(iter(w))
     p = Prepare((0.0,), (1.0,), augment=aug)
     p.seek(0, 1, 0)  # epoch 0, rank 1, batch 0
-    assert torch.equal(got, p(x))
+    assert torch.equal(got, p(x, None)[0])
 
 
 # -- bad batches and arguments: one clear error naming the field --------------------------

@@ -267,7 +267,7 @@ class Fields:
             if f.layout != "NHWC":  # (N, C, H, W) or (N, H, W) -> (N, H, W, C) view
                 images = images.permute(0, 2, 3, 1) if f.layout == "NCHW" else images[..., None]
             self.prepare.seek(*where)
-            return self.prepare(images)
+            return self.prepare(images, None)[0]  # no mixing here: labels are fields too
         if f.kind == INT:
             wide = widen(raw, numpy_dtype(f.dtype)).view(f.shape)
             return wide if f.out == torch.int64 else wide.to(f.out)
