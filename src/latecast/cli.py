@@ -114,6 +114,7 @@ def _run_info(args: argparse.Namespace) -> dict:
         info[split] = {
             "samples": len(ds),
             "image_shape": list(ds.image_shape),
+            "encoding": getattr(ds, "encoding", "raw"),
             "classes": len(ds.classes),
             "image_bytes": ds.image_bytes,
             "label_bytes": ds.label_bytes,
@@ -122,8 +123,13 @@ def _run_info(args: argparse.Namespace) -> dict:
         if split == "train":
             info["mean"], info["std"] = list(ds.mean), list(ds.std)
     tr = info["train"]
+    stored = (
+        "uint8"
+        if tr["encoding"] == "raw"
+        else f"{tr['encoding']} ({_human_bytes(tr['image_bytes'])})"
+    )
     print(
-        f"{args.dataset}: train {tr['samples']} x {tuple(tr['image_shape'])} uint8, "
+        f"{args.dataset}: train {tr['samples']} x {tuple(tr['image_shape'])} {stored}, "
         f"test {info['test']['samples']}, {tr['classes']} classes, "
         f"mean {[round(m, 4) for m in info['mean']]} std {[round(s, 4) for s in info['std']]}"
     )

@@ -439,7 +439,9 @@ def _read(path: Path, fn: Callable, whole: bool):
                     )
                 return fn(im, data)
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, struct.error, ...
-        return FormatError(f"{_shown(path)}: not a readable image ({type(e).__name__}: {e})")
+        unknown = isinstance(e, Image.UnidentifiedImageError)  # its text names the BytesIO
+        why = "not a format Pillow reads" if unknown else f"{type(e).__name__}: {e}"
+        return FormatError(f"{_shown(path)}: not a readable image ({why})")
 
 
 def _header(path: Path) -> tuple[tuple[int, int], bool] | FormatError:

@@ -288,8 +288,12 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
         key: _open_array(folder, name, meta[key], rows.get(key, count), count)
         for key, name in FILES[encoding].items()
     }
-    labels = np.array(arrays["labels"])  # small: read it whole
-    channels = arrays["images"].shape[-1] if encoding == "raw" else meta["channels"]
+    labels = np.array(arrays.pop("labels"))  # small: read it whole
+    if encoding == "raw":
+        channels = arrays["images"].shape[-1]
+    else:
+        arrays.update(_check_encoded(folder, meta, arrays, labels))
+        channels = meta["channels"]
     mean, std = meta["mean"], meta["std"]
     if not (
         len(mean) == len(std) == channels
@@ -312,16 +316,17 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
     if encoding == "raw":
         ds = Dataset(images=arrays["images"], **common)  # checks the dtypes and ndim
     else:
-        ds = _encoded(folder, meta, arrays, common)
+        size = tuple(meta["size"])
+        ds = EncodedDataset(**arrays, **common, channels=channels, size=size)
     check_labels(labels, ds.num_classes, str(folder / LABELS))
     return ds
 
 
-def _encoded(folder: Path, meta: dict, arrays: dict, common: dict) -> EncodedDataset:
+def _check_encoded(folder: Path, meta: dict, arrays: dict, labels: np.ndarray) -> dict:
     """The checks a jpeg store adds (offsets, sizes, training size, channels), each naming
-    its file, then the ``EncodedDataset``; offsets and sizes are small: read whole."""
+    its file; returns the offsets and sizes, read whole (they are small)."""
     data, offsets, sizes = arrays["data"], np.array(arrays["offsets"]), np.array(arrays["sizes"])
-    labels, size, channels = common["labels"], meta["size"], meta["channels"]
+    size, channels = meta["size"], meta["channels"]
     checks = [
         (
             offsets.dtype == np.int64
@@ -351,6 +356,4 @@ def _encoded(folder: Path, meta: dict, arrays: dict, common: dict) -> EncodedDat
     for ok, name, what in checks:
         if not ok:
             raise FormatError(f"{folder / name}: {what}")
-    return EncodedDataset(
-        data=data, offsets=offsets, sizes=sizes, channels=channels, size=tuple(size), **common
-    )
+    return {"offsets": offsets, "sizes": sizes}
