@@ -403,3 +403,28 @@ def test_a_full_disk_is_one_line_and_keeps_the_old_store(tmp_path, small_disk, r
     with pytest.raises(WriteError, match=r"disk/big: cannot write the store there: No space left"):
         write_store(big, small_disk / "big")
     assert sorted(os.listdir(small_disk)) == ["s"]
+
+
+# ---- benchmarks/convert_speed.py at a tiny size --------------------------------------------
+
+CIFAR_JPG = Path(__file__).resolve().parents[2] / "shared/datasets/cifar10-jpg/cifar10-jpg.tar.gz"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CIFAR_JPG.is_file(), reason=f"needs the CIFAR-10 JPEG copy, {CIFAR_JPG}")
+def test_convert_speed_benchmark_runs_at_a_tiny_size(tmp_path):
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "convert_speed.py"
+    proc = subprocess.run(
+        [sys.executable, script, "--per-class", "4", "--workers", "2", "--work", tmp_path],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["images"] == 80  # 4 of each of 10 classes, train and test
+    rows = {(r["what"].split()[-1], r["workers"]): r for r in result["rows"]}
+    assert set(rows) == {("jpeg", 2), ("raw", 2), ("decode", 2)}
+    assert all(r["images_per_second"] > 0 for r in rows.values())
+    assert rows["jpeg", 2]["store_bytes"] < rows["raw", 2]["store_bytes"]  # JPEG, not pixels
+    assert list(tmp_path.iterdir()) == []  # its temporary folder is gone

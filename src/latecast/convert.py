@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import warnings
 from collections import Counter
 from dataclasses import MISSING, dataclass
@@ -377,16 +378,21 @@ def _cores() -> int:
 @contextlib.contextmanager
 def _mapper(workers: int) -> Iterator[Callable]:
     """``run(fn, items)``: lazy, in order; in this process for one worker, else over a pool
-    of processes, ``CHUNK`` files a task. Workers come from a fork server (started once per
-    process, with this module imported), never forked from a process that may run threads
-    (torch's); they ignore Ctrl-C: the parent stops them and exits 130."""
+    of processes, ``CHUNK`` files a task. The workers ignore Ctrl-C: the parent stops them
+    and exits 130."""
     if workers <= 1:
         yield map
         return
-    method = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    ctx = multiprocessing.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload([__name__])
+    # fork starts workers in milliseconds, and is safe while no other Python thread may hold
+    # a lock (the import lock, logging's) at the fork: the CLI's case. Else a fork server,
+    # started once per process by importing latecast (seconds), copies no other thread.
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and threading.active_count() == 1:
+        ctx = multiprocessing.get_context("fork")
+    else:
+        ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        if ctx.get_start_method() == "forkserver":
+            ctx.set_forkserver_preload([__name__])
     ignore_sigint = (signal.SIGINT, signal.SIG_IGN)
     with ctx.Pool(workers, initializer=signal.signal, initargs=ignore_sigint) as pool:
         yield partial(pool.imap, chunksize=CHUNK)  # leaving the block terminates the workers
