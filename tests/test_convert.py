@@ -113,36 +113,72 @@ def test_convert_then_info_on_a_jpeg_store(tmp_path, run_cli):
 # ---- row 32: kill -9 during a real `latecast convert` ------------------------------------------
 
 
-@pytest.mark.slow
-def test_kill_9_during_convert_leaves_the_old_store_or_the_new(tmp_path):
-    src = tmp_path / "photos"
+@pytest.fixture(scope="module")
+def many_jpegs(tmp_path_factory) -> tuple[Path, bytes]:
+    """4500 JPEG files (the same bytes: cheap to write, real to decode) in three classes."""
+    src = tmp_path_factory.mktemp("many") / "photos"
     one = jpeg_of(smooth(48, 48, seed=1))
     for c in range(3):
         (src / f"c{c}").mkdir(parents=True)
-        for i in range(1500):  # the same bytes: cheap to write, real to decode
+        for i in range(1500):
             (src / f"c{c}" / f"{i}.jpg").write_bytes(one)
-    old = write_store(from_arrays(np.zeros((4, 5, 5), np.uint8), np.arange(4)), tmp_path / "s")
-    before = files(old)
+    return src, one
+
+
+def interrupt_mid_write(src: Path, out: Path, sig: signal.Signals) -> subprocess.Popen:
+    """Start a real parallel `latecast convert` into ``out``; once it writes, send ``sig``: a
+    SIGINT to its process group, as a terminal's Ctrl-C; a SIGKILL to it alone, as ``kill -9
+    PID`` (its orphaned workers must then go away by themselves)."""
     child = subprocess.Popen(
-        [sys.executable, "-m", "latecast", "convert", src, old, "--encoding", "jpeg"],
+        [
+            sys.executable,
+            "-m",
+            "latecast",
+            "convert",
+            src,
+            out,
+            "--encoding",
+            "jpeg",
+            "--workers",
+            "2",
+        ],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
-    partial = tmp_path / f".s.tmp-{child.pid}" / "train" / "data.bin"
+    partial = out.parent / f".{out.name}.tmp-{child.pid}" / "train" / "data.bin"
     deadline = time.monotonic() + 120
     while child.poll() is None and time.monotonic() < deadline:
         if partial.exists() and partial.stat().st_size > 0:
             break
         time.sleep(0.001)
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
-    assert child.returncode == -signal.SIGKILL, "convert finished before it was killed"
-    assert partial.exists()  # killed while writing ...
+    (os.killpg if sig == signal.SIGINT else os.kill)(child.pid, sig)
+    child.wait(timeout=60)
+    assert child.poll() is not None and child.returncode != 0, "it finished before the signal"
+    return child
+
+
+@pytest.mark.slow
+def test_kill_9_during_convert_leaves_the_old_store_or_the_new(tmp_path, many_jpegs):
+    src, one = many_jpegs
+    old = write_store(from_arrays(np.zeros((4, 5, 5), np.uint8), np.arange(4)), tmp_path / "s")
+    before = files(old)
+    child = interrupt_mid_write(src, old, signal.SIGKILL)
+    assert child.returncode == -signal.SIGKILL
+    assert (tmp_path / f".s.tmp-{child.pid}").exists()  # killed while writing ...
     assert files(old) == before  # ... and the old store is whole
     out, _ = convert_folder(src, old, encoding="jpeg")  # the rerun cleans up after it
     train, test = open_store(out), open_store(out, "test")
     assert (len(train), len(test)) == (4050, 450) and bytes(train.data[: len(one)]) == one
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["photos", "s"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_convert_is_one_line_and_leaves_nothing(tmp_path, many_jpegs):
+    child = interrupt_mid_write(many_jpegs[0], tmp_path / "s", signal.SIGINT)
+    assert child.returncode == 130 and child.stderr.read() == "latecast: interrupted\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---- row 33: image modes -----------------------------------------------------------------------

@@ -11,6 +11,10 @@ Two passes over a pool of processes, the files in the order they will be stored:
    training size, or JPEG bytes) and integer sums of the pixels for the mean/std. The parent
    only appends those to the store's files, in order, so any worker count writes the same
    store, byte for byte.
+
+Workers are forked; from a process where another Python thread runs they come from a fork
+server instead, and a script calling ``convert`` then needs multiprocessing's usual
+``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
@@ -194,35 +198,20 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
     workers = min(config.workers or _cores(), -(-total // CHUNK))  # no process without a task
     show = config.progress and sys.stderr.isatty()
     skipped: list[tuple[str, str]] = []
-    keep = partial(_good, skipped=skipped, folder=folder, skip_bad=config.skip_bad)
     with _mapper(workers) as run:
-        infos = []  # ((H, W), greyscale?) of each readable file
-        for name, items in splits.items():
-            heads = list(
-                keep(items, _bar(run(_header, [p for p, _ in items]), len(items), "headers", show))
-            )
-            splits[name] = [item for item, _ in heads]
-            infos += [info for _, info in heads]
-            if not splits[name]:
-                raise FormatError(
-                    f"{folder} ({name or 'train'} split): no readable images "
-                    f"(suffixes {sorted(IMAGE_SUFFIXES)})"
-                )
-        shapes = Counter(hw for hw, _ in infos)
-        job = _Job(
-            config.encoding or ("raw" if len(shapes) == 1 else "jpeg"),
-            config.hw or shapes.most_common(1)[0][0],
-            "L" if all(grey for _, grey in infos) else "RGB",
-            config.quality,
-        )
+
+        def read(fn: Callable, items: list) -> Iterator:  # (item, fn(its file)) of good files
+            results = _bar(run(fn, [p for p, _ in items]), len(items), show)
+            return _good(items, results, skipped, folder, config.skip_bad)
+
+        job = _scan(config, splits, partial(read, _header))
         extra = {"seed": config.seed, "test_fraction": fraction}
         with atomic_folder(out, check_replaceable) as tmp:
             present = stats = None  # of the train split, written first
             for name, items in splits.items():
                 where = f"{folder} ({name or 'train'} split)"
                 (tmp / name).mkdir(exist_ok=True)
-                loaded = run(partial(_load, job), [p for p, _ in items])
-                samples = keep(items, _bar(loaded, len(items), name or "train", show))
+                samples = read(partial(_load, job), items)
                 arrays, labels, sums, reencoded = _write_split(
                     tmp / name, job, len(items), samples, where
                 )
@@ -278,11 +267,29 @@ def _plan(folder: Path, config: ConvertConfig) -> tuple[tuple[str, ...], dict[st
         classes, splits, fraction = None, {}, None
         for name, root in roots.items():
             classes, splits[name] = _list_images(root, classes)
-    order = {name: _spread([label for _, label in items], rng) for name, items in splits.items()}
-    return (
-        classes,
-        {name: [items[i] for i in order[name]] for name, items in splits.items()},
-        fraction,
+    for name, items in splits.items():
+        splits[name] = [items[i] for i in _spread([label for _, label in items], rng)]
+    return classes, splits, fraction
+
+
+def _scan(config: ConvertConfig, splits: dict, headers: Callable) -> _Job:
+    """Keep the files whose header reads (``headers(items)`` -> ``(item, ((H, W), grey?))``)
+    in ``splits``, and decide from them how every image is stored."""
+    infos = []
+    for name, items in splits.items():
+        heads = list(headers(items))
+        splits[name], infos = [item for item, _ in heads], infos + [info for _, info in heads]
+        if not splits[name]:
+            raise FormatError(
+                f"{config.folder} ({name or 'train'} split): no readable images "
+                f"(suffixes {sorted(IMAGE_SUFFIXES)})"
+            )
+    shapes = Counter(hw for hw, _ in infos)
+    return _Job(
+        config.encoding or ("raw" if len(shapes) == 1 else "jpeg"),
+        config.hw or shapes.most_common(1)[0][0],
+        "L" if all(grey for _, grey in infos) else "RGB",
+        config.quality,
     )
 
 
@@ -398,13 +405,13 @@ def _mapper(workers: int) -> Iterator[Callable]:
         yield partial(pool.imap, chunksize=CHUNK)  # leaving the block terminates the workers
 
 
-def _bar(results: Iterable, total: int, desc: str, show: bool) -> Iterable:
+def _bar(results: Iterable, total: int, show: bool) -> Iterable:
     """A tqdm bar over ``results`` on a terminal; else ``results``."""
     if not show:
         return results
     from tqdm import tqdm
 
-    return tqdm(results, total=total, desc=desc, unit="img", leave=False)
+    return tqdm(results, total=total, unit="img", leave=False)
 
 
 def _good(items: list, results: Iterable, skipped: list, folder: Path, skip_bad: bool) -> Iterator:
