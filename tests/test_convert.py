@@ -441,6 +441,18 @@ def test_a_full_disk_is_one_line_and_keeps_the_old_store(tmp_path, small_disk, r
     assert sorted(os.listdir(small_disk)) == ["s"]
 
 
+@pytest.mark.parametrize("where", ["under a file", "name too long"])
+def test_an_unwritable_out_is_one_line_naming_it(tmp_path, run_cli, where):
+    class_folder(tmp_path / "src", {"a": 10, "b": 10})
+    (tmp_path / "file").write_text("mine")
+    out = tmp_path / "file" / "s" if where == "under a file" else tmp_path / ("n" * 300)
+    proc = run_cli("convert", tmp_path / "src", out)
+    assert proc.rc == 1 and proc.err.startswith(f"latecast: error: {out}: cannot write the store")
+    assert len(proc.err.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "src"]
+    assert (tmp_path / "file").read_text() == "mine"
+
+
 # ---- benchmarks/convert_speed.py at a tiny size --------------------------------------------
 
 CIFAR_JPG = Path(__file__).resolve().parents[2] / "shared/datasets/cifar10-jpg/cifar10-jpg.tar.gz"

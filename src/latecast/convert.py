@@ -39,7 +39,7 @@ import numpy as np
 from .config import option, validate
 from .data import Dataset, EncodedDataset, mean_std
 from .errors import ConfigError, FormatError
-from .fileio import atomic_folder
+from .fileio import atomic_folder, cannot_write
 from .store import (
     DATA,
     FILES,
@@ -192,7 +192,10 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
             f"{out}: the store cannot be the image folder {folder}, hold it, or "
             f"lie inside it; choose a folder outside it"
         )
-    check_replaceable(out)  # before any work (atomic_folder checks again before writing)
+    try:  # before any work (atomic_folder checks again before writing)
+        check_replaceable(out)
+    except OSError as e:
+        raise cannot_write(dst, e) from None
     classes, splits, fraction = _plan(folder, config)
     total = sum(map(len, splits.values()))
     workers = min(config.workers or _cores(), -(-total // CHUNK))  # no process without a task
@@ -340,7 +343,7 @@ def _hold_out(files: list, fraction: float, rng: np.random.Generator, folder: Pa
     for c in np.unique(labels):
         idx = np.flatnonzero(labels == c)
         test[rng.choice(idx, min(len(idx) - 1, max(1, round(fraction * len(idx)))), False)] = True
-    if not test.any():
+    if files and not test.any():  # (no files at all: no readable images, said later)
         raise FormatError(
             f"{folder}: too few images per class to hold out a test split; "
             f"--test-fraction 0 makes a train-only store"

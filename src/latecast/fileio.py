@@ -64,9 +64,14 @@ def atomic_folder(out: Path, check: Callable[[Path], None]) -> Iterator[Path]:
             _fsync(p)
         _publish(tmp, out)
     except OSError as e:
-        raise WriteError(f"{out}: cannot write the store there: {e.strerror or e}") from None
+        raise cannot_write(out, e) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cannot_write(out: Path, e: OSError) -> WriteError:
+    """One line for an OSError writing the store ``out``: a full disk, a name too long, ..."""
+    return WriteError(f"{out}: cannot write the store there: {e.strerror or e}")
 
 
 def _alive(pid: int) -> bool:
