@@ -39,7 +39,8 @@ FILES = {  # encoding -> {meta.json key: file}; the first holds the images, the 
     "raw": {"images": IMAGES, "labels": LABELS},
     "jpeg": {"data": DATA, "offsets": OFFSETS, "sizes": SIZES, "labels": LABELS},
 }
-MAX_SIDE = 10_000  # pixels: a larger height or width is refused
+MAX_SIDE = 10_000  # pixels: the largest training height or width
+JPEG_SIDE = 65_535  # pixels: the largest height or width a JPEG file can have
 CHUNK_BYTES = 64 << 20  # copy images in 64 MiB pieces, so a memmap source is never read whole
 SPLIT_NAMES = ("train", "test", "val")
 
@@ -339,9 +340,9 @@ def _check_encoded(folder: Path, meta: dict, arrays: dict, labels: np.ndarray) -
         (
             sizes.dtype == np.int32
             and sizes.shape == (len(labels), 2)
-            and bool(np.all((sizes >= 1) & (sizes <= MAX_SIDE))),
+            and bool(np.all((sizes >= 1) & (sizes <= JPEG_SIDE))),
             SIZES,
-            f"sizes must be int32 (height, width) pairs in 1..{MAX_SIDE}, one per image",
+            f"sizes must be int32 (height, width) pairs in 1..{JPEG_SIDE}, one per image",
         ),
         (labels.dtype in (np.uint8, np.uint16), LABELS, "labels must be uint8 or uint16"),
         (
