@@ -71,5 +71,10 @@ def test_corrupt_image_is_named_or_skipped_and_listed(tmp_path, run_cli):
     assert listed and "broken.png" in listed[0].read_text()
 
 
-def test_bad_size_is_usage_error(tmp_path, run_cli):
-    assert run_cli("convert", tmp_path, tmp_path / "o", "--size", "0x5").rc == 2
+def test_bad_size_is_one_line(tmp_path, run_cli):
+    proc = run_cli("convert", tmp_path, tmp_path / "o", "--size", "0x5")
+    assert (
+        proc.rc == 1
+        and proc.err == "latecast: error: size must be HxW (or N) in 1..10000 pixels, got '0x5'\n"
+    )
+    assert run_cli("convert", tmp_path).rc == 2  # OUT is required

@@ -1,5 +1,6 @@
-"""The on-disk store: round trip, every corruption of docs/RELIABILITY.md row 12, kill -9
-during a write (row 18), and image-folder conversion with bad files (row 11)."""
+"""The on-disk store: round trip, every corruption of docs/RELIABILITY.md row 12 (raw and
+jpeg stores, row 55), kill -9 during a write (row 18), and image-folder conversion with bad
+files (row 11)."""
 
 import io
 import json
@@ -20,7 +21,7 @@ from PIL import Image
 
 from latecast import store
 from latecast.convert import convert_folder
-from latecast.data import Dataset, from_arrays
+from latecast.data import Dataset, EncodedDataset, from_arrays
 from latecast.errors import ConfigError, FormatError, LatecastError
 from latecast.store import open_store, write_store
 
@@ -254,6 +255,178 @@ def test_splits(tmp_path):
         open_store(root / "train", split="test")
 
 
+# ---- row 55: the jpeg store -------------------------------------------------------------------
+
+
+def jpeg_bytes(pixels: np.ndarray, quality: int = 90) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def encoded(n: int = 6, seed: int = 0) -> EncodedDataset:
+    """n JPEG files of several sizes, back to back, as ``latecast convert`` stores them."""
+    rng = np.random.default_rng(seed)
+    shapes = [(8 + 2 * (i % 3), 10 + i % 2) for i in range(n)]
+    files = [jpeg_bytes(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in shapes]
+    return EncodedDataset(
+        "enc",
+        "train",
+        np.frombuffer(b"".join(files), np.uint8),
+        np.cumsum([0, *map(len, files)]).astype(np.int64),
+        np.array(shapes, np.int32),
+        (np.arange(n) % 3).astype(np.uint8),
+        ("a", "b", "c"),
+        (0.5, 0.4, 0.3),
+        (0.2, 0.25, 0.3),
+        3,
+        (8, 10),
+    )
+
+
+def same_encoded(a: EncodedDataset, b: EncodedDataset) -> bool:
+    return all(
+        np.array_equal(getattr(a, k), getattr(b, k)) for k in ("data", "offsets", "sizes", "labels")
+    ) and (a.name, a.split, a.classes, a.mean, a.std, a.channels, a.size) == (
+        b.name,
+        b.split,
+        b.classes,
+        b.mean,
+        b.std,
+        b.channels,
+        b.size,
+    )
+
+
+def test_jpeg_store_round_trip_keeps_every_file_byte_for_byte(tmp_path):
+    ds = encoded()
+    out = write_store(ds, tmp_path / "s", source="test")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "data.bin",
+        "labels.npy",
+        "meta.json",
+        "offsets.npy",
+        "sizes.npy",
+    ]
+    back = open_store(out)
+    assert isinstance(back, EncodedDataset) and same_encoded(ds, back)
+    assert isinstance(back.data, np.memmap) and not back.data.flags.writeable
+    assert (out / "data.bin").read_bytes() == ds.data.tobytes()  # the files, nothing else
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["encoding"], meta["size"], meta["channels"]) == ("jpeg", [8, 10], 3)
+    write_store(encoded(seed=1), out)  # a jpeg store is a store: replaced
+    assert same_encoded(open_store(out), encoded(seed=1))
+
+
+def rewrite(out: Path, name: str, fn) -> None:
+    """Replace one array of a store by ``fn(array)`` and re-sign it (a careful forger)."""
+    np.save(out / name, fn(np.load(out / name)))
+    resign(out, name.split(".")[0], name)
+
+
+ENCODED_CORRUPTIONS = {
+    "truncated data": (
+        lambda o: truncate(o / "data.bin"),
+        r"data\.bin: \d+ bytes, meta\.json says",
+    ),
+    "stale data": (
+        lambda o: (o / "data.bin").write_bytes((o / "data.bin").read_bytes()[::-1]),
+        r"data\.bin: contents differ",
+    ),
+    "empty data": (
+        lambda o: ((o / "data.bin").write_bytes(b""), resign(o, "data", "data.bin")),
+        r"data\.bin: not a readable \.bin file",
+    ),
+    "offsets not rising": (
+        lambda o: rewrite(o, "offsets.npy", lambda a: a[[0, 2, 1, 3, 4, 5, 6]]),
+        r"offsets\.npy: offsets must be int64, rising from 0 to the \d+ bytes of data\.bin",
+    ),
+    "offsets short of the data": (
+        lambda o: rewrite(o, "offsets.npy", lambda a: a - np.eye(1, 7, 6, np.int64)[0]),
+        r"offsets\.npy: offsets must be int64, rising",
+    ),
+    "offsets count": (
+        lambda o: rewrite(o, "offsets.npy", lambda a: a[:-1]),
+        r"offsets\.npy: holds int64 \[6\]",
+    ),
+    "missing offsets": (lambda o: (o / "offsets.npy").unlink(), r"offsets\.npy: missing"),
+    "zero size": (
+        lambda o: rewrite(o, "sizes.npy", lambda a: a * (np.arange(6) != 4)[:, None]),
+        r"sizes\.npy: sizes must be int32 \(height, width\) pairs",
+    ),
+    "sizes per image": (
+        lambda o: (
+            rewrite(o, "sizes.npy", lambda a: np.ones((6, 3), np.int32)),
+            edit_meta(o, lambda m: m["sizes"].update(shape=[6, 3])),
+        ),
+        r"sizes\.npy: sizes must be int32 \(height, width\) pairs",
+    ),
+    "bad label": (
+        lambda o: rewrite(o, "labels.npy", lambda a: a + np.uint8(5) * (np.arange(6) == 2)),
+        r"labels\.npy: label 7 at index 2 is outside 0\.\.2",
+    ),
+    "meta encoding": (
+        lambda o: edit_meta(o, lambda m: m.update(encoding="png")),
+        r"meta\.json: encoding 'png', this latecast reads raw, jpeg",
+    ),
+    "meta channels": (
+        lambda o: edit_meta(o, lambda m: m.update(channels=2)),
+        r"meta\.json: channels must be 1 or 3 and size",
+    ),
+    "meta size": (
+        lambda o: edit_meta(o, lambda m: m.update(size=[0, 10])),
+        r"meta\.json: channels must be 1 or 3 and size \(height, width\) in 1\.\.10000",
+    ),
+    "meta field": (
+        lambda o: edit_meta(o, lambda m: m.pop("sizes")),
+        r"field 'sizes' should be a dict",
+    ),
+    "meta mean": (
+        lambda o: edit_meta(o, lambda m: m.update(mean=[0.5])),
+        r"meta\.json: mean/std need 3 channel values",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", ENCODED_CORRUPTIONS)
+def test_damaged_jpeg_store_is_refused_naming_the_file(tmp_path, damage):
+    out = write_store(encoded(), tmp_path / "s")
+    fn, message = ENCODED_CORRUPTIONS[damage]
+    fn(out)
+    with pytest.raises(FormatError, match=message):
+        open_store(out)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    which=st.sampled_from(["meta.json", "data.bin", "offsets.npy", "sizes.npy", "labels.npy"]),
+    data=st.data(),
+)
+def test_any_byte_flip_or_cut_of_a_jpeg_store_gives_equal_data_or_a_latecast_error(
+    tmp_path_factory, which, data
+):
+    out = write_store(encoded(), tmp_path_factory.mktemp("fuzz") / "s")
+    raw = bytearray((out / which).read_bytes())
+    if data.draw(st.booleans()):
+        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+    else:
+        i = data.draw(st.integers(0, len(raw) - 1))
+        raw[i] ^= data.draw(st.integers(1, 255))
+    (out / which).write_bytes(bytes(raw))
+    try:
+        back = open_store(out)
+    except LatecastError:
+        return
+    ref = encoded()
+    for key in ("data", "offsets", "sizes", "labels"):
+        assert np.array_equal(getattr(back, key), getattr(ref, key))
+    assert (back.channels, back.size, len(back.classes)) == (
+        ref.channels,
+        ref.size,
+        len(ref.classes),
+    )
+
+
 # ---- row 18: kill -9 mid-write leaves the previous store, and the next run starts clean ---
 
 WRITER = """
@@ -353,12 +526,13 @@ def test_convert_grayscale_folder_exactly(tmp_path):
     image(src / "one" / "sub" / "deep.png", "L", (7, 5), 99)  # nested files count, like ImageFolder
     (src / "two" / "README.txt").write_text("not an image")
     (src / "two" / ".hidden.png").write_bytes(b"junk")
-    out, skipped = convert_folder(src, tmp_path / "store")
+    out, skipped = convert_folder(src, tmp_path / "store", test_fraction=0)
     ds = open_store(out)
     assert skipped == [] and ds.classes == ("one", "two", "zero") and ds.image_shape == (5, 7, 1)
-    assert list(ds.labels) == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
-    assert np.array_equal(ds.images[7, :, :, 0], expected[("zero", 0)])  # lossless PNG kept exactly
-    assert np.array_equal(ds.images[4, :, :, 0], expected[("two", 0)])
+    assert sorted(ds.labels) == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+    stored = {ds.images[i, :, :, 0].tobytes(): ds.labels[i] for i in range(len(ds))}
+    for (cls, _), pixels in expected.items():  # lossless PNG kept exactly, with its class
+        assert ds.classes[stored[pixels.tobytes()]] == cls
     assert ds.mean == pytest.approx([ds.images[:].mean() / 255])
 
 
@@ -368,17 +542,17 @@ def test_convert_mixed_png_jpeg_gray_rgb_and_sizes(tmp_path):
     rgb = image(src / "a" / "1.jpg", "RGB", (8, 6), 2, "JPEG")
     image(src / "b" / "2.jpeg", "L", (8, 6), 3, "JPEG")
     image(src / "b" / "3.png", "RGB", (16, 6), 4)  # wider: the one to be resized
-    ds = open_store(convert_folder(src, tmp_path / "store")[0])
+    ds = open_store(convert_folder(src, tmp_path / "store", test_fraction=0, encoding="raw")[0])
     # RGB because not every image is grayscale; the most common size (H=6, W=8) wins.
     assert ds.image_shape == (6, 8, 3) and len(ds) == 4
-    assert np.array_equal(ds.images[0], np.repeat(gray[..., None], 3, 2))
-    assert np.array_equal(ds.images[1], rgb)
     wide = (
         Image.open(src / "b" / "3.png")
         .resize((16, 6), Image.Resampling.BILINEAR)
         .crop((4, 0, 12, 6))
     )
-    assert np.array_equal(ds.images[3], np.asarray(wide))  # covered, then center-cropped
+    stored = {ds.images[i].tobytes() for i in range(len(ds))}
+    assert np.repeat(gray[..., None], 3, 2).tobytes() in stored and rgb.tobytes() in stored
+    assert np.asarray(wide).tobytes() in stored  # covered, then center-cropped
 
 
 def test_convert_to_a_given_size_keeps_aspect_then_center_crops(tmp_path):
@@ -388,11 +562,14 @@ def test_convert_to_a_given_size_keeps_aspect_then_center_crops(tmp_path):
     arr[:, 8:32] = 255  # white middle: covered (20x10) then center-cropped, only white remains
     Image.fromarray(arr).save(src / "c" / "wide.png")
     image(src / "c" / "small.png", "RGB", (3, 3), 5)
-    ds = open_store(convert_folder(src, tmp_path / "store", size=(10, 10))[0])
+    out, _ = convert_folder(src, tmp_path / "store", size="10x10", test_fraction=0, encoding="raw")
+    ds = open_store(out)
     assert ds.image_shape == (10, 10, 3)
-    assert (ds.images[1] == 255).all()
-    with pytest.raises(ConfigError, match=r"size must be \(height, width\)"):
-        convert_folder(src, tmp_path / "store", size=(0, 10))
+    assert sum((image == 255).all() for image in ds.images) == 1  # the wide one
+    with pytest.raises(
+        ConfigError, match=r"size must be HxW \(or N\) in 1..10000 pixels, got '0x10'"
+    ):
+        convert_folder(src, tmp_path / "store", size="0x10")
 
 
 def truncated_png() -> bytes:
@@ -417,11 +594,12 @@ def test_bad_image_names_the_file_or_is_skipped(tmp_path, name):
     image(src / "b" / "good.png", "L", (4, 4), 2)
     (src / "b" / name).write_bytes(BAD_FILES[name]())
     with pytest.raises(FormatError, match=rf"b/{name}: "):
-        convert_folder(src, tmp_path / "store")
+        convert_folder(src, tmp_path / "store", test_fraction=0)
     assert not (tmp_path / "store").exists()
-    out, skipped = convert_folder(src, tmp_path / "store", skip_bad=True)
+    out, skipped = convert_folder(src, tmp_path / "store", skip_bad=True, test_fraction=0)
     assert skipped == [f"b/{name}"] and len(open_store(out)) == 2
-    assert (out / "skipped.txt").read_text().startswith(f"b/{name}\t")
+    listed = json.loads((out / "skipped.txt").read_text())
+    assert listed["file"] == f"b/{name}" and listed["reason"].startswith(str(src / "b" / name))
 
 
 def test_convert_train_test_split(tmp_path):

@@ -11,7 +11,7 @@ import importlib
 import json
 import sys
 import warnings
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import Callable
 
 from .config import DATASET_HELP, kind
@@ -32,9 +32,12 @@ def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None
         cls = getattr(importlib.import_module(f"latecast.{module}"), name)
         for f in fields(cls):
             meta, default = f.metadata, f.default
-            shown = "" if default is None or kind(f) == "bool" else " (default: %(default)s)"
+            shown = (
+                "" if default in (None, MISSING) or kind(f) == "bool" else " (default: %(default)s)"
+            )
             if meta["positional"]:
-                p.add_argument(f.name, nargs="?", default=default, help=meta["help"] + shown)
+                optional = {} if default is MISSING else {"nargs": "?", "default": default}
+                p.add_argument(f.name, **optional, help=meta["help"] + shown)
                 continue
             names = [n for n in (meta["short"], "--" + f.name.replace("_", "-")) if n]
             if kind(f) == "bool":
@@ -116,6 +119,7 @@ def _run_info(args: argparse.Namespace) -> dict:
         info[split] = {
             "samples": len(ds),
             "image_shape": list(ds.image_shape),
+            "encoding": getattr(ds, "encoding", "raw"),
             "classes": len(ds.classes),
             "image_bytes": ds.image_bytes,
             "label_bytes": ds.label_bytes,
@@ -124,8 +128,13 @@ def _run_info(args: argparse.Namespace) -> dict:
         if split == "train":
             info["mean"], info["std"] = list(ds.mean), list(ds.std)
     tr = info["train"]
+    stored = (
+        "uint8"
+        if tr["encoding"] == "raw"
+        else f"{tr['encoding']} ({_human_bytes(tr['image_bytes'])})"
+    )
     print(
-        f"{args.dataset}: train {tr['samples']} x {tuple(tr['image_shape'])} uint8, "
+        f"{args.dataset}: train {tr['samples']} x {tuple(tr['image_shape'])} {stored}, "
         f"test {info['test']['samples']}, {tr['classes']} classes, "
         f"mean {[round(m, 4) for m in info['mean']]} std {[round(s, 4) for s in info['std']]}"
     )
@@ -178,48 +187,36 @@ def _run_bench(args: argparse.Namespace) -> dict:
 # -- convert -----------------------------------------------------------------------------
 
 
-def _size(text: str) -> tuple[int, int]:
-    """``"32x32"`` -> ``(32, 32)`` for ``--size`` (argparse turns the ValueError into exit 2)."""
-    h, _, w = text.lower().partition("x")
-    size = (int(h), int(w or h))
-    if min(size) < 1:
-        raise ValueError(text)
-    return size
-
-
-def _add_convert(p: argparse.ArgumentParser) -> None:
-    p.add_argument("folder", help="class-per-subfolder images (optionally under train/ and test/)")
-    p.add_argument("out", help="store folder to write (replaced atomically if it is a store)")
-    p.add_argument(
-        "--size",
-        type=_size,
-        default=None,
-        metavar="HxW",
-        help="resize to cover HxW, then center-crop (default: the most common size)",
-    )
-    p.add_argument(
-        "--skip-bad",
-        action="store_true",
-        help="skip unreadable images and list them in OUT/skipped.txt",
-    )
-
-
 def _run_convert(args: argparse.Namespace) -> dict:
-    from .convert import convert_folder
-    from .datasets import load_dataset
+    import time
 
-    out, skipped = convert_folder(args.folder, args.out, size=args.size, skip_bad=args.skip_bad)
-    ds = load_dataset(str(out))
+    from .convert import ConvertConfig, convert
+    from .store import SPLIT_NAMES, open_store
+
+    start = time.perf_counter()
+    out, skipped = convert(_config(ConvertConfig, args))
+    seconds = time.perf_counter() - start
+    names = [s for s in SPLIT_NAMES if (out / s).is_dir()] or [None]
+    splits = {s or "train": open_store(out, s) for s in names}
+    ds, n = splits["train"], sum(map(len, splits.values()))
+    encoding = getattr(ds, "encoding", "raw")
     print(
-        f"{out}: {len(ds)} images {ds.image_shape} uint8, {ds.num_classes} classes"
+        f"{out}: {', '.join(f'{s} {len(d)}' for s, d in splits.items())} images "
+        f"{ds.image_shape} {encoding} ({_human_bytes(ds.image_bytes)} train), "
+        f"{ds.num_classes} classes; {seconds:.1f} s, {n / seconds:,.0f} images/s"
         + (f"; skipped {len(skipped)} (listed in {out}/skipped.txt)" if skipped else "")
     )
     return {
         "store": str(out),
         "samples": len(ds),
+        "splits": {s: len(d) for s, d in splits.items()},
         "image_shape": list(ds.image_shape),
+        "encoding": encoding,
+        "image_bytes": ds.image_bytes,
         "classes": list(ds.classes),
         "skipped": skipped,
+        "seconds": seconds,
+        "images_per_second": n / seconds,
     }
 
 
@@ -240,7 +237,11 @@ COMMANDS = {
         _run_bench,
         "loader and training throughput vs torchvision's DataLoader",
     ),
-    "convert": (_add_convert, _run_convert, "an image folder into a compact uint8 store"),
+    "convert": (
+        _options("convert", "ConvertConfig"),
+        _run_convert,
+        "an image folder into a compact store (uint8 pixels or JPEG bytes)",
+    ),
 }
 
 

@@ -1,28 +1,308 @@
-"""Image folder -> store (``convert_folder``, ``latecast convert``; docs/RELIABILITY.md row 11)."""
+"""Image folder -> store (``convert``, ``latecast convert``; docs/RELIABILITY.md rows 11, 31-37).
+
+Two passes over a pool of processes, the files in the order they will be stored:
+
+1. headers: Pillow's ``Image.open`` reads only the first KBs of each file, for its size and
+   mode. From them: the training size (``--size``, or the most common), the channels (1
+   when every image is greyscale) and the encoding (``raw`` when every image has one size,
+   else ``jpeg``), all known before anything is decoded.
+2. decode: each file is read once and decoded fully by a worker (a truncated file fails
+   here, not in training), which hands back what the store keeps (uint8 pixels at the
+   training size, or JPEG bytes) and integer sums of the pixels for the mean/std. The parent
+   only appends those to the store's files, in order, so any worker count writes the same
+   store, byte for byte.
+
+Workers are forked; from a process where another Python thread runs they come from a fork
+server instead, and a script calling ``convert`` then needs multiprocessing's usual
+``if __name__ == "__main__":`` guard.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import multiprocessing
 import os
+import signal
+import sys
+import threading
 import warnings
 from collections import Counter
+from dataclasses import MISSING, dataclass
+from functools import partial
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from .data import Dataset, channel_stats
+from .config import option, validate
+from .data import Dataset, EncodedDataset, mean_std
 from .errors import ConfigError, FormatError
-from .fileio import atomic_folder
-from .store import SKIPPED, SPLIT_NAMES, check_replaceable, empty_images, finish_split
+from .fileio import atomic_folder, cannot_write
+from .store import (
+    DATA,
+    FILES,
+    IMAGES,
+    MAX_SIDE,
+    SKIPPED,
+    SPLIT_NAMES,
+    check_replaceable,
+    finish_split,
+    npy_header,
+)
 
 MAX_PIXELS = 10_000 * 10_000  # larger images are rejected from the header, before decoding
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
+GREY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"}
+DEEP_MODES = {"I", "I;16", "I;16L", "I;16B", "I;16N", "F"}  # more than 8 bits per pixel
+TEST_FRACTION = 0.1  # held out of a plain class folder when --test-fraction is not given
+CHUNK = 32  # files per pool task: a task's overhead (~0.1 ms) is small beside 32 decodes
+
+
+@dataclass(frozen=True)
+class ConvertConfig:
+    """Every option of ``latecast convert`` (the command line is generated from these)."""
+
+    folder: str = option(
+        MISSING, "class-per-subfolder images (optionally under train/ and test/)", positional=True
+    )
+    out: str = option(
+        MISSING, "store folder to write (replaced atomically if it is a store)", positional=True
+    )
+    size: str | None = option(
+        None,
+        "training size HxW (or N): raw images are resized to cover it, then center-cropped; "
+        "default: the most common image size",
+        metavar="HxW",
+    )
+    encoding: str | None = option(
+        None,
+        "raw: uint8 pixels at the training size; jpeg: each JPEG's own bytes (other formats "
+        "re-encoded at --quality), decoded on the device. Default: raw when every image has "
+        "the same size, else jpeg",
+        choices=tuple(FILES),
+    )
+    quality: int = option(
+        95, "JPEG quality of images re-encoded into a jpeg store", low=1, high=100
+    )
+    test_fraction: float | None = option(
+        None,
+        f"share of each class held out as the test split of a plain class folder "
+        f"(default {TEST_FRACTION}; 0: a train-only store)",
+        low=0,
+        below=1,
+    )
+    seed: int = option(0, "seed of the held-out split and of the stored order", low=0)
+    workers: int | None = option(None, "decoding processes (default: the usable cores)", low=1)
+    skip_bad: bool = option(False, "skip unreadable images, list them in OUT/skipped.txt")
+    progress: bool = option(True, "tqdm bar (only on a terminal)")
+
+    def __post_init__(self) -> None:
+        validate(self)
+        self.hw  # noqa: B018  (parsed now: a bad size is one line before any work)
+
+    @property
+    def hw(self) -> tuple[int, int] | None:
+        """``size`` as ``(height, width)``."""
+        if self.size is None:
+            return None
+        h, _, w = self.size.lower().partition("x")
+        try:
+            hw = (int(h), int(w or h))
+        except ValueError:
+            hw = (0, 0)
+        if not all(1 <= v <= MAX_SIDE for v in hw):
+            raise ConfigError(f"size must be HxW (or N) in 1..{MAX_SIDE} pixels, got {self.size!r}")
+        return hw
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a worker makes of each decoded image."""
+
+    encoding: str
+    size: tuple[int, int]  # (H, W) of the training size
+    mode: str  # "L" or "RGB": what the pixels (and so the mean/std) are
+    quality: int
+
+
+def convert_folder(
+    folder: str | os.PathLike, out: str | os.PathLike, **options
+) -> tuple[Path, list[str]]:
+    """``convert`` with the folders as paths and the other ``ConvertConfig`` fields as keywords.
+
+    Example:
+        >>> out, skipped = convert_folder("pets/", "stores/pets", size="64x64", skip_bad=True)
+        >>> open_store(out, split="test").image_shape
+        (64, 64, 3)
+    """
+    return convert(ConvertConfig(str(folder), str(out), **options))
+
+
+def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
+    """Convert a class-per-subfolder image folder (torchvision ``ImageFolder`` layout) to a store.
+
+    Rules:
+      - classes: sorted subfolder names holding at least one image (a folder with none is
+        not a class: skipped with a warning); files with an image suffix are read (nested
+        too), others and hidden files ignored. A top level of only ``train/`` plus
+        ``test/`` and/or ``val/`` gives one store per split (``out/train``, ...; see
+        ``open_store``), all with the train split's classes, mean and std. A plain class
+        folder (or a lone ``train/``) is split: ``test_fraction`` of each class (at least
+        one of a class of two or more, chosen by ``seed``) goes to ``out/test``; with
+        ``test_fraction=0``, ``out`` is one train store.
+      - order: each split is stored in a seeded order that spreads every class evenly, so
+        the first N samples (``--limit-train N``) hold each class in proportion.
+      - every file is fully decoded with Pillow; a corrupt, truncated, empty or huge
+        (over ``MAX_PIXELS``) file raises ``FormatError`` naming it, or with ``skip_bad``
+        is left out and listed in ``out/skipped.txt``, one JSON object per line
+        (``{"file": path relative to folder, "reason": ...}``: any file name reads back).
+      - pixels: 16-bit, 32-bit and float greyscale (``I;16``, ``I``, ``F``, ...) is scaled
+        linearly from each image's own min..max to 0..255 (a constant image becomes 0):
+        never clipped, which would turn a 16-bit image all white. Palette, CMYK and alpha
+        images become RGB as Pillow converts them (alpha dropped, as torchvision's
+        ``ImageFolder`` does); EXIF orientation is ignored (as there, and as the device's
+        JPEG decoder does). Channels: 1 if every image is greyscale, else 3.
+      - ``raw``: every image scaled to cover the training size keeping its aspect ratio,
+        then center-cropped (torchvision ``Resize`` + ``CenterCrop``, bilinear).
+      - ``jpeg``: a JPEG file (by content, 8-bit greyscale or RGB) is kept byte for byte;
+        anything else is decoded and re-encoded at ``quality`` (recorded in meta.json with
+        the count re-encoded). Every image keeps its own size; the training size is
+        recorded for the device to crop or resize to.
+      - mean/std: exact (integer sums) over every train image as the raw store holds it,
+        i.e. at the training size, resized and center-cropped: what evaluation sees.
+
+    Args:
+        config: the folders and options; see ``ConvertConfig``.
+
+    Returns:
+        ``(out, skipped)``, skipped files as paths relative to ``config.folder``.
+    """
+    try:
+        import PIL.Image  # noqa: F401  (optional: the "bench" extra)
+    except ImportError:
+        raise ConfigError("latecast convert needs Pillow: pip install 'latecast[bench]'") from None
+    folder, out = Path(config.folder), Path(config.out)
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: not a folder of class subfolders")
+    src, dst = folder.resolve(), out.resolve()
+    if dst == src or dst in src.parents or src in dst.parents:
+        raise ConfigError(
+            f"{out}: the store cannot be the image folder {folder}, hold it, or "
+            f"lie inside it; choose a folder outside it"
+        )
+    try:  # before any work (atomic_folder checks again before writing)
+        check_replaceable(out)
+    except OSError as e:
+        raise cannot_write(dst, e) from None
+    classes, splits, fraction = _plan(folder, config)
+    total = sum(map(len, splits.values()))
+    workers = min(config.workers or _cores(), -(-total // CHUNK))  # no process without a task
+    show = config.progress and sys.stderr.isatty()
+    skipped: list[tuple[str, str]] = []
+    with _mapper(workers) as run:
+
+        def read(fn: Callable, items: list) -> Iterator:  # (item, fn(its file)) of good files
+            results = _bar(run(fn, [p for p, _ in items]), len(items), show)
+            return _good(items, results, skipped, folder, config.skip_bad)
+
+        job = _scan(config, splits, partial(read, _header))
+        extra = {"seed": config.seed, "test_fraction": fraction}
+        with atomic_folder(out, check_replaceable) as tmp:
+            present = stats = None  # of the train split, written first
+            for name, items in splits.items():
+                where = f"{folder} ({name or 'train'} split)"
+                (tmp / name).mkdir(exist_ok=True)
+                samples = read(partial(_load, job), items)
+                arrays, labels, sums, reencoded = _write_split(
+                    tmp / name, job, len(items), samples, where
+                )
+                if present is None:
+                    present = np.bincount(labels, minlength=len(classes)) > 0
+                    stats = mean_std(sums, len(labels) * job.size[0] * job.size[1])
+                    if not present.all():
+                        empty = [c for c, p in zip(classes, present) if not p]
+                        warnings.warn(
+                            f"{folder}: {empty} hold no readable images; not classes", stacklevel=2
+                        )
+                common = {
+                    "name": src.name,
+                    "split": name or "train",
+                    "labels": _relabel(labels, present, classes, where),
+                    "classes": tuple(c for c, p in zip(classes, present) if p),
+                    "mean": stats[0],
+                    "std": stats[1],
+                }
+                if job.encoding == "raw":
+                    ds, more = Dataset(**arrays, **common), {}
+                else:
+                    channels = 1 if job.mode == "L" else 3
+                    ds = EncodedDataset(**arrays, **common, channels=channels, size=job.size)
+                    more = {"quality": job.quality, "reencoded": reencoded}
+                finish_split(tmp / name, ds, f"image folder {src}", **extra, **more)
+                del ds, arrays  # close the memmaps before the folder is renamed
+            if config.skip_bad:
+                (tmp / SKIPPED).write_text(
+                    "".join(json.dumps({"file": p, "reason": why}) + "\n" for p, why in skipped)
+                )
+    return out, [p for p, _ in skipped]
+
+
+# -- which files, in which split, in which order ---------------------------------------------
+
+
+def _plan(folder: Path, config: ConvertConfig) -> tuple[tuple[str, ...], dict[str, list], float]:
+    """Class names; each split's ``(file, label)``s in the order they will be stored (``""``:
+    one store at ``out``); the fraction held out (None when the folder has its own splits)."""
+    roots = _find_splits(folder)
+    rng = np.random.default_rng(config.seed)
+    if "" in roots:
+        classes, files = _list_images(roots[""], None)
+        fraction = TEST_FRACTION if config.test_fraction is None else config.test_fraction
+        splits = _hold_out(files, fraction, rng, folder) if fraction else {"": files}
+    else:
+        if config.test_fraction is not None:
+            raise ConfigError(
+                f"{folder} has its own {' and '.join(roots)} folders; "
+                f"--test-fraction splits a plain class folder"
+            )
+        classes, splits, fraction = None, {}, None
+        for name, root in roots.items():
+            classes, splits[name] = _list_images(root, classes)
+    for name, items in splits.items():
+        splits[name] = [items[i] for i in _spread([label for _, label in items], rng)]
+    return classes, splits, fraction
+
+
+def _scan(config: ConvertConfig, splits: dict, headers: Callable) -> _Job:
+    """Keep the files whose header reads (``headers(items)`` -> ``(item, ((H, W), grey?))``)
+    in ``splits``, and decide from them how every image is stored."""
+    infos = []
+    for name, items in splits.items():
+        heads = list(headers(items))
+        splits[name], infos = [item for item, _ in heads], infos + [info for _, info in heads]
+        if not splits[name]:
+            raise FormatError(
+                f"{config.folder} ({name or 'train'} split): no readable images "
+                f"(suffixes {sorted(IMAGE_SUFFIXES)})"
+            )
+    shapes = Counter(hw for hw, _ in infos)
+    return _Job(
+        config.encoding or ("raw" if len(shapes) == 1 else "jpeg"),
+        config.hw or shapes.most_common(1)[0][0],
+        "L" if all(grey for _, grey in infos) else "RGB",
+        config.quality,
+    )
 
 
 def _find_splits(folder: Path) -> dict[str, Path]:
     """``{"train": .., "test": ..}`` when the top level holds only ``train`` plus ``test``
-    and/or ``val``; else ``{"": folder}``: the folder is one split of class subfolders."""
+    and/or ``val``; else ``{"": root}``: one split of class subfolders (the folder, or its
+    lone ``train``), to be divided by ``_hold_out``."""
     subdirs = {p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    if subdirs == {"train"}:
+        return {"": folder / "train"}
     if "train" in subdirs and len(subdirs) > 1 and subdirs <= set(SPLIT_NAMES):
         return {name: folder / name for name in SPLIT_NAMES if name in subdirs}
     return {"": folder}
@@ -32,47 +312,197 @@ def _list_images(
     root: Path, classes: tuple[str, ...] | None
 ) -> tuple[tuple[str, ...], list[tuple[Path, int]]]:
     """Class names (sorted subfolders, as torchvision's ImageFolder) and ``(file, label)``s.
-    Other splits reuse the train split's classes, so a label means the same class in each."""
-    found = tuple(
-        sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-    )
-    classes = classes or found
-    if set(found) - set(classes) or not classes:
+    Other splits reuse the train split's classes, so a label means the same class in each;
+    their folders without images are ignored (train's drop out once decoded: ``convert``)."""
+    folders = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    files = {
+        name: sorted(
+            p
+            for p in (root / name).rglob("*")
+            if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and p.is_file()
+        )
+        for name in folders
+    }
+    classes = classes or tuple(folders)
+    others = sorted(name for name in folders if files[name] and name not in classes)
+    if others or not classes:
         raise FormatError(
-            f"{root}: class folders {sorted(set(found) - set(classes)) or 'missing'}; "
+            f"{root}: class folders {others or 'missing'}; "
             f"expected subfolders of {list(classes) or 'one folder per class'}"
         )
     if len(classes) > 1 << 16:
         raise FormatError(f"{root}: {len(classes)} classes, at most 65536 fit uint16 labels")
-    files = [
-        (p, label)
-        for label, name in enumerate(classes)
-        if (root / name).is_dir()
-        for p in sorted((root / name).rglob("*"))
-        if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and p.is_file()
-    ]
-    return classes, files
+    return classes, [(p, label) for label, name in enumerate(classes) for p in files.get(name, [])]
 
 
-def _decode(path: Path, fn: Callable):
-    """``fn(image)`` of the fully decoded ``path``; an unreadable or huge file is a FormatError."""
+def _hold_out(files: list, fraction: float, rng: np.random.Generator, folder: Path) -> dict:
+    """``{"train": .., "test": ..}``: of each class of n >= 2 files, ``round(fraction * n)``
+    (at least 1, at most n - 1) drawn by ``rng`` are held out for testing."""
+    labels = np.array([label for _, label in files])
+    test = np.zeros(len(files), bool)
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        test[rng.choice(idx, min(len(idx) - 1, max(1, round(fraction * len(idx)))), False)] = True
+    if files and not test.any():  # (no files at all: no readable images, said later)
+        raise FormatError(
+            f"{folder}: too few images per class to hold out a test split; "
+            f"--test-fraction 0 makes a train-only store"
+        )
+    return {
+        "train": [f for f, t in zip(files, test) if not t],
+        "test": [f for f, t in zip(files, test) if t],
+    }
+
+
+def _spread(labels: list[int], rng: np.random.Generator) -> np.ndarray:
+    """A seeded order that spreads every class evenly: the n samples of a class, shuffled,
+    get keys (i + u) / n (u uniform in [0, 1)), and the split is sorted by key. Any first k
+    samples then hold each class of a balanced split within 2 of k / classes (a random
+    permutation leaves classes out of short prefixes: ``--limit-train`` sees them all)."""
+    labels = np.asarray(labels)
+    key = np.empty(len(labels))
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        key[idx] = (rng.permutation(len(idx)) + rng.random(len(idx))) / len(idx)
+    return np.argsort(key, kind="stable")
+
+
+def _relabel(labels: np.ndarray, present: np.ndarray, classes: tuple, where: str) -> np.ndarray:
+    """Labels renumbered past the classes dropped for having no train images, narrowed."""
+    missing = ~present[labels]
+    if missing.any():
+        raise FormatError(
+            f"{where}: holds images of {classes[labels[missing][0]]!r}, "
+            f"a class with no readable train images"
+        )
+    return (np.cumsum(present) - 1)[labels].astype(np.uint8 if present.sum() <= 256 else np.uint16)
+
+
+# -- the pool --------------------------------------------------------------------------------
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@contextlib.contextmanager
+def _mapper(workers: int) -> Iterator[Callable]:
+    """``run(fn, items)``: lazy, in order; in this process for one worker, else over a pool
+    of processes, ``CHUNK`` files a task. The workers ignore Ctrl-C: the parent stops them
+    and exits 130."""
+    if workers <= 1:
+        yield map
+        return
+    # fork starts workers in milliseconds, and is safe while no other Python thread may hold
+    # a lock (the import lock, logging's) at the fork: the CLI's case. Else a fork server,
+    # started once per process by importing latecast (seconds), copies no other thread.
+    methods = multiprocessing.get_all_start_methods()
+    if "fork" in methods and threading.active_count() == 1:
+        ctx = multiprocessing.get_context("fork")
+    else:
+        ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        if ctx.get_start_method() == "forkserver":
+            ctx.set_forkserver_preload([__name__])
+    ignore_sigint = (signal.SIGINT, signal.SIG_IGN)
+    with ctx.Pool(workers, initializer=signal.signal, initargs=ignore_sigint) as pool:
+        yield partial(pool.imap, chunksize=CHUNK)  # leaving the block terminates the workers
+
+
+def _bar(results: Iterable, total: int, show: bool) -> Iterable:
+    """A tqdm bar over ``results`` on a terminal; else ``results``."""
+    if not show:
+        return results
+    from tqdm import tqdm
+
+    return tqdm(results, total=total, unit="img", leave=False)
+
+
+def _good(items: list, results: Iterable, skipped: list, folder: Path, skip_bad: bool) -> Iterator:
+    """``(item, result)`` of each file that read well; a ``FormatError`` result is raised, or
+    with ``skip_bad`` listed in ``skipped`` as (path relative to ``folder``, reason)."""
+    for item, result in zip(items, results):
+        if not isinstance(result, FormatError):
+            yield item, result
+        elif skip_bad:
+            skipped.append((str(item[0].relative_to(folder)), str(result)))
+        else:
+            raise result
+
+
+# -- in the workers ----------------------------------------------------------------------------
+
+
+def _shown(path: Path) -> str:
+    """The path for a one-line message: quoted when it holds a tab, newline or the like."""
+    return str(path) if str(path).isprintable() else ascii(str(path))
+
+
+def _read(path: Path, fn: Callable, whole: bool):
+    """``fn(image, the file's bytes or None)`` of ``path`` opened with Pillow (from its bytes,
+    read once, when ``whole``). A failure is *returned* as a ``FormatError`` naming the file,
+    so that a pool worker hands it back like any result."""
     from PIL import Image
 
     try:
+        data = path.read_bytes() if whole else None
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # MAX_PIXELS is the cap
-            with Image.open(path) as im:
+            warnings.simplefilter("ignore")  # Pillow's, e.g. odd EXIF; MAX_PIXELS is the cap
+            with Image.open(io.BytesIO(data) if whole else path) as im:
                 if im.width * im.height > MAX_PIXELS:
-                    raise FormatError(
-                        f"{path}: {im.width}x{im.height} image is larger than "
+                    return FormatError(
+                        f"{_shown(path)}: {im.width}x{im.height} image is larger than "
                         f"the {MAX_PIXELS:,} pixels allowed"
                     )
-                im.load()  # decode every byte now: a truncated file fails here, not in training
-                return fn(im)
-    except FormatError:
-        raise
+                return fn(im, data)
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, struct.error, ...
-        raise FormatError(f"{path}: not a readable image ({type(e).__name__}: {e})") from None
+        unknown = isinstance(e, Image.UnidentifiedImageError)  # its text names the BytesIO
+        why = "not a format Pillow reads" if unknown else f"{type(e).__name__}: {e}"
+        return FormatError(f"{_shown(path)}: not a readable image ({why})")
+
+
+def _header(path: Path) -> tuple[tuple[int, int], bool] | FormatError:
+    """``((H, W), greyscale?)`` from the file's header (Pillow reads its first KBs only)."""
+    return _read(path, lambda im, _: ((im.height, im.width), im.mode in GREY_MODES), False)
+
+
+def _load(job: _Job, path: Path):
+    """``_encode`` of the file, read once and fully decoded, or the ``FormatError``."""
+    return _read(path, partial(_encode, job), True)
+
+
+def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndarray, bool]:
+    """What one image adds to its split: the bytes stored (pixels at the training size; for
+    jpeg the file itself when it is an 8-bit JPEG, else a re-encoding), its (H, W) as stored,
+    the int64 sums of its pixels and of their squares at the training size, (2, C), and
+    whether the bytes are the file's own."""
+    im.load()  # decode every byte now: a truncated file fails here, not in training
+    eight = _eight_bit(im)
+    pixels = np.asarray(_fit(eight.convert(job.mode), job.size)).reshape(*job.size, -1)
+    flat = pixels.reshape(-1, pixels.shape[-1]).astype(np.int64)  # (H * W, C)
+    sums = np.stack([flat.sum(0), (flat * flat).sum(0)])
+    if job.encoding == "raw":
+        return pixels.tobytes(), job.size, sums, True
+    if im.format == "JPEG" and im.mode in ("L", "RGB"):
+        return data, (im.height, im.width), sums, True
+    buf = io.BytesIO()
+    eight.convert("L" if im.mode in GREY_MODES else "RGB").save(buf, "JPEG", quality=job.quality)
+    return buf.getvalue(), (im.height, im.width), sums, False
+
+
+def _eight_bit(im):
+    """``im`` with 8 bits per channel. Deeper greyscale is scaled linearly from the image's
+    own min..max to 0..255 (a constant image to 0): Pillow's ``convert("L")`` clips instead,
+    turning a 16-bit image all white. NaN or infinite values are refused."""
+    from PIL import Image
+
+    if im.mode not in DEEP_MODES:
+        return im
+    a = np.asarray(im).astype(np.float64)
+    if not np.isfinite(a).all():
+        raise ValueError(f"{im.mode} image holds NaN or infinite values")
+    lo, hi = a.min(), a.max()
+    scaled = (a - lo) * (255 / (hi - lo)) if hi > lo else np.zeros_like(a)
+    return Image.fromarray(np.rint(scaled).astype(np.uint8))
 
 
 def _fit(im, size: tuple[int, int]):
@@ -88,103 +518,38 @@ def _fit(im, size: tuple[int, int]):
     return im.resize((rw, rh), Image.Resampling.BILINEAR).crop((left, top, left + w, top + h))
 
 
-def _check_all(folder: Path, skip_bad: bool) -> tuple[tuple[str, ...], dict[str, list], list]:
-    """Pass 1: decode every file once. Classes, ``{split: [(path, label, (gray?, (H, W)))]}``
-    and the skipped ``(path relative to folder, reason)``s."""
-    classes, splits, skipped = None, {}, []
-    for name, root in _find_splits(folder).items():
-        classes, files = _list_images(root, classes)
-        splits[name] = []
-        for path, label in files:
-            try:
-                info = _decode(path, lambda im: (im.mode in ("1", "L"), im.size[::-1]))
-                splits[name].append((path, label, info))
-            except FormatError as e:
-                if not skip_bad:
-                    raise
-                skipped.append((str(path.relative_to(folder)), str(e)))
-        if not splits[name]:
-            raise FormatError(f"{root}: no readable images (suffixes {sorted(IMAGE_SUFFIXES)})")
-    return classes, splits, skipped
+# -- in the parent: the store's files ----------------------------------------------------------
 
 
-def convert_folder(
-    folder: str | os.PathLike,
-    out: str | os.PathLike,
-    *,
-    size: tuple[int, int] | None = None,
-    skip_bad: bool = False,
-) -> tuple[Path, list[str]]:
-    """Convert a class-per-subfolder image folder (torchvision ``ImageFolder`` layout) to a store.
-
-    Rules:
-      - classes: sorted subfolder names; files with an image suffix are read (nested too),
-        others and hidden files ignored. A top level of only ``train/`` plus ``test/``
-        and/or ``val/`` gives one store per split (``out/train``, ...; see ``open_store``),
-        all with the train split's classes, mean and std; else ``out`` is one store.
-      - every file is fully decoded with Pillow; a corrupt, truncated, empty or huge
-        (over ``MAX_PIXELS``) file raises ``FormatError`` naming it, or with ``skip_bad``
-        is left out and listed in ``out/skipped.txt`` (``path<TAB>reason`` lines).
-      - channels: 1 if every image is grayscale (mode "L" or "1"), else RGB (alpha dropped).
-      - size: images are scaled to cover ``size`` = (H, W), keeping their aspect ratio, then
-        center-cropped (torchvision ``Resize`` + ``CenterCrop``). Without ``size``, the
-        most common image size is used and only images of another size are resized.
-
-    Files are decoded twice (to check them and learn modes and sizes, then to write) and
-    written straight into a memmap, so memory stays at about one image.
-
-    Args:
-        folder: the image folder.
-        out: the store folder to create; an existing store there is replaced atomically.
-        size: ``(height, width)`` of every stored image, or ``None``.
-        skip_bad: skip unreadable images instead of raising.
-
-    Returns:
-        ``(out, skipped)``, skipped files as paths relative to ``folder``.
-
-    Example:
-        >>> out, skipped = convert_folder("pets/", "stores/pets", size=(64, 64), skip_bad=True)
-        >>> open_store(out, split="test").image_shape
-        (64, 64, 3)
-    """
-    try:
-        import PIL.Image  # noqa: F401  (optional: the "bench" extra)
-    except ImportError:
-        raise ConfigError("latecast convert needs Pillow: pip install 'latecast[bench]'") from None
-    folder, out = Path(folder), Path(out)
-    if not folder.is_dir():
-        raise ConfigError(f"{folder}: not a folder of class subfolders")
-    src, dst = folder.resolve(), out.resolve()
-    if dst == src or dst in src.parents or src in dst.parents:
-        raise ConfigError(
-            f"{out}: the store cannot be the image folder {folder}, hold it, or "
-            f"lie inside it; choose a folder outside it"
-        )
-    if size is not None and (
-        len(size) != 2 or not all(type(v) is int and 0 < v <= 10_000 for v in size)
-    ):
-        raise ConfigError(f"size must be (height, width) in 1..10000 pixels, got {size!r}")
-    classes, splits, skipped = _check_all(folder, skip_bad)
-    infos = [info for items in splits.values() for _, _, info in items]
-    mode = "L" if all(gray for gray, _ in infos) else "RGB"
-    size = tuple(size or Counter(hw for _, hw in infos).most_common(1)[0][0])
-    shape = (*size, 1 if mode == "L" else 3)  # (H, W, C)
-    with atomic_folder(out, check_replaceable) as tmp:
-        stats = None
-        for name, items in splits.items():  # train first: its mean/std serve every split
-            (tmp / name).mkdir(exist_ok=True)
-            images = empty_images(tmp / name, (len(items), *shape))
-            for i, (path, _, _) in enumerate(items):  # pass 2
-                pixels = _decode(path, lambda im: np.asarray(_fit(im.convert(mode), size)))
-                images[i] = pixels.reshape(shape)  # (H, W) for "L" -> (H, W, 1)
-            images.flush()
-            stats = stats or channel_stats(images)
-            labels = np.array(
-                [lb for _, lb, _ in items], np.uint8 if len(classes) <= 256 else np.uint16
-            )
-            ds = Dataset(folder.resolve().name, name or "train", images, labels, classes, *stats)
-            finish_split(tmp / name, ds, f"image folder {folder.resolve()}")
-            del images, ds  # close the memmap before the folder is renamed
-        if skip_bad:
-            (tmp / SKIPPED).write_text("".join(f"{p}\t{why}\n" for p, why in skipped))
-    return out, [p for p, _ in skipped]
+def _write_split(
+    folder: Path, job: _Job, count: int, samples: Iterable, where: str
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int]:
+    """Append each sample's bytes to the split's images file through a file object (a full
+    disk is then an ``OSError``, never a memmap's SIGBUS), then map what was written.
+    Returns the arrays (``images``; or ``data``, ``offsets``, ``sizes``), the labels, the
+    summed pixel sums and the count of re-encoded images."""
+    raw = job.encoding == "raw"
+    path = folder / (IMAGES if raw else DATA)
+    shape = (*job.size, 1 if job.mode == "L" else 3)  # (H, W, C)
+    header = npy_header(np.uint8, (count, *shape)) if raw else b""
+    labels, offsets, sizes, sums, reencoded = [], [0], [], 0, 0
+    with open(path, "wb") as f:
+        f.write(header)  # rewritten at the end for the count kept (at most ``count``)
+        for (_, label), (payload, hw, image_sums, own) in samples:
+            f.write(payload)
+            labels.append(label)
+            offsets.append(offsets[-1] + len(payload))
+            sizes.append(hw)
+            sums, reencoded = sums + image_sums, reencoded + (not own)
+        if not labels:
+            raise FormatError(f"{where}: no readable images")
+        f.seek(0)
+        f.write(npy_header(np.uint8, (len(labels), *shape), len(header)) if raw else b"")
+    if raw:
+        return {"images": np.load(path, mmap_mode="r")}, np.array(labels), sums, 0
+    arrays = {
+        "data": np.memmap(path, np.uint8, mode="r"),
+        "offsets": np.array(offsets, np.int64),
+        "sizes": np.array(sizes, np.int32),
+    }
+    return arrays, np.array(labels), sums, reencoded

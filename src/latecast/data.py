@@ -159,16 +159,21 @@ def channel_stats(
     Summed in float64 over chunks, so a memmap larger than memory is read once, in pieces.
     """
     c = images.shape[3]
-    total, total_sq, count = np.zeros(c), np.zeros(c), 0
+    sums, count = np.zeros((2, c)), 0
     for start in range(0, len(images), chunk):
-        part = np.asarray(images[start : start + chunk], dtype=np.float64).reshape(-1, c) / 255.0
-        total += part.sum(0)
-        total_sq += (part * part).sum(0)
+        part = np.asarray(images[start : start + chunk], dtype=np.float64).reshape(-1, c)
+        sums += part.sum(0), (part * part).sum(0)
         count += len(part)
+    return mean_std(sums, count)
+
+
+def mean_std(sums: np.ndarray, count: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and (population) std in [0, 1] units from ``sums`` (2, C): the sums of
+    uint8 pixel values and of their squares, over ``count`` pixels per channel."""
     if count == 0:
         raise FormatError("cannot compute mean/std of an empty dataset")
-    mean = total / count
-    std = np.sqrt(np.maximum(total_sq / count - mean * mean, 0.0))
+    mean = np.asarray(sums[0], np.float64) / count / 255
+    std = np.sqrt(np.maximum(np.asarray(sums[1], np.float64) / count / 255**2 - mean * mean, 0))
     return tuple(float(m) for m in mean), tuple(float(max(s, 1e-8)) for s in std)
 
 

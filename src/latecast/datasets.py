@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .data import Dataset, check_labels, from_arrays
+from .data import Dataset, EncodedDataset, check_labels, from_arrays
 from .download import download, extract_tar
 from .errors import ConfigError, FormatError, LatecastError
 from .idxfile import check_role, read_idx
@@ -149,8 +149,9 @@ def load_dataset(
     root: str | os.PathLike | None = None,
     *,
     mirrors: Sequence[str] | None = None,
-) -> Dataset:
-    """Load a known dataset as uint8 arrays, memory-mapped from the decoded cache.
+) -> Dataset | EncodedDataset:
+    """Load a known dataset as uint8 arrays, memory-mapped from the decoded cache (or a store:
+    an ``EncodedDataset`` when it holds JPEG bytes).
 
     Args:
         name: ``"mnist"``, ``"fashion-mnist"``, ``"kmnist"``, ``"cifar10"``, ``"cifar100"``,

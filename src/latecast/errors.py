@@ -21,6 +21,10 @@ class ConfigError(LatecastError):
     """A bad argument: unknown name, out-of-range number, impossible combination."""
 
 
+class WriteError(LatecastError):
+    """A file or folder could not be written: no space left, read-only, a name too long."""
+
+
 class DeviceError(LatecastError):
     """The device cannot do what was asked (no CUDA, dataset does not fit in memory)."""
 

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-from .errors import ConfigError
+from .errors import ConfigError, WriteError
 
 
 @contextlib.contextmanager
@@ -44,26 +44,34 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
 def atomic_folder(out: Path, check: Callable[[Path], None]) -> Iterator[Path]:
     """Yield an empty temporary sibling ``.out.tmp-PID``; on success fsync it and rename it to
     ``out``. ``check(out)``, run once dead writers' leftovers are cleaned, raises to keep
-    ``out``."""
+    ``out``. Any ``OSError`` (a full disk, a read-only folder, a name too long) becomes one
+    ``WriteError`` naming ``out``, after the temporary folder is removed."""
     out = out.resolve()
     if out == Path.cwd() or out in Path.cwd().parents:
         raise ConfigError(
             f"{out} is the current folder or holds it; refusing to write a store "
             f"over it: choose a new folder"
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _clean_leftovers(out)
-    check(out)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _clean_leftovers(out)
+        check(out)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
         yield tmp
         for p in sorted(tmp.rglob("*"), reverse=True) + [tmp]:  # files before their folder
             _fsync(p)
         _publish(tmp, out)
+    except OSError as e:
+        raise cannot_write(out, e) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cannot_write(out: Path, e: OSError) -> WriteError:
+    """One line for an OSError writing the store ``out``: a full disk, a name too long, ..."""
+    return WriteError(f"{out}: cannot write the store there: {e.strerror or e}")
 
 
 def _alive(pid: int) -> bool:

@@ -1,11 +1,18 @@
-"""The compact on-disk store: uint8 ``.npy`` files opened as read-only memmaps.
+"""The compact on-disk store: files opened as read-only memmaps, checked against meta.json.
 
-A store is a folder with ``images.npy`` (uint8 ``(N, H, W, C)``), ``labels.npy`` (uint8,
-or uint16 past 256 classes) and ``meta.json`` (schema version, name, split, count, shapes,
-dtypes, file sizes and fingerprints, classes, mean/std, source). A converted image folder
-with ``train/`` and ``test/`` (or ``val/``) holds one such store per split: ``out/train``,
-``out/test``. Opening never reads the images: a store larger than memory is paged in as
-the loader touches it.
+A store is a folder with ``labels.npy`` (uint8, or uint16 past 256 classes), ``meta.json``
+(schema version, encoding, name, split, count, shapes, dtypes, file sizes and fingerprints,
+classes, mean/std, source) and the images in one of two encodings:
+
+- ``raw``: ``images.npy``, uint8 ``(N, H, W, C)`` pixels (a ``Dataset``).
+- ``jpeg``: ``data.bin``, the JPEG files back to back; ``offsets.npy`` (int64 ``(N + 1,)``,
+  image ``i`` is ``data[offsets[i]:offsets[i + 1]]``) and ``sizes.npy`` (int32 ``(N, 2)``,
+  each image's height and width); meta.json adds the training ``size`` and ``channels``
+  (an ``EncodedDataset``, decoded per batch on the device).
+
+A converted image folder with ``train/`` and ``test/`` (or ``val/``) holds one such store per
+split: ``out/train``, ``out/test``. Opening never reads the images: a store larger than
+memory is paged in as the loader touches it.
 
 Writes go through ``fileio.atomic_folder``: a crash (even ``kill -9``) leaves the previous
 store or none, never half of one. Only a store is ever replaced, never a user's other data.
@@ -16,17 +23,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import replace
+import struct
 from pathlib import Path
 
 import numpy as np
 
-from .data import Dataset, check_labels
+from .data import Dataset, EncodedDataset, check_labels
 from .errors import ConfigError, FormatError
 from .fileio import atomic_folder
 
 SCHEMA = 1
 IMAGES, LABELS, META, SKIPPED = "images.npy", "labels.npy", "meta.json", "skipped.txt"
+DATA, OFFSETS, SIZES = "data.bin", "offsets.npy", "sizes.npy"
+FILES = {  # encoding -> {meta.json key: file}; the first holds the images, the others are small
+    "raw": {"images": IMAGES, "labels": LABELS},
+    "jpeg": {"data": DATA, "offsets": OFFSETS, "sizes": SIZES, "labels": LABELS},
+}
+MAX_SIDE = 10_000  # pixels: the largest training height or width
+JPEG_SIDE = 65_535  # pixels: the largest height or width a JPEG file can have
 CHUNK_BYTES = 64 << 20  # copy images in 64 MiB pieces, so a memmap source is never read whole
 SPLIT_NAMES = ("train", "test", "val")
 
@@ -35,10 +49,10 @@ def _store_problem(folder: Path) -> str:
     """Why ``folder`` is not, verifiably, one split's store ("" when it is): its meta.json
     must parse with this schema and nothing but the store's own files may be in it."""
     try:
-        read_meta(folder)
+        ours = {META, *FILES[read_meta(folder).get("encoding", "raw")].values()}
     except FormatError as e:
         return str(e)
-    others = sorted(p.name for p in folder.iterdir() if p.name not in (IMAGES, LABELS, META))
+    others = sorted(p.name for p in folder.iterdir() if p.name not in ours)
     return f"{folder} also holds {others[:3]}, which latecast did not write" if others else ""
 
 
@@ -81,48 +95,69 @@ def _fingerprint(path: Path) -> str:
     return h.hexdigest()
 
 
-def finish_split(folder: Path, ds: Dataset, source: str) -> None:
-    """Write labels.npy and meta.json next to an images.npy already written in ``folder``."""
+def _arrays(ds: Dataset | EncodedDataset) -> dict[str, np.ndarray]:
+    """``{meta.json key: array}`` of ``ds``, in ``FILES`` order."""
+    if isinstance(ds, EncodedDataset):
+        return {"data": ds.data, "offsets": ds.offsets, "sizes": ds.sizes, "labels": ds.labels}
+    return {"images": ds.images, "labels": ds.labels}
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, ...], length: int = 0) -> bytes:
+    """The ``.npy`` (version 1.0) header of a C-order array, padded with spaces to ``length``
+    bytes when that is longer: written before the pixels stream in, and again over the first
+    once the count of images kept is known (never more than planned, so it still fits)."""
+    text = repr({"descr": np.dtype(dtype).str, "fortran_order": False, "shape": tuple(shape)})
+    size = max(length, -(-(11 + len(text)) // 64) * 64)  # magic 6 + version 2 + length 2 + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", size - 10) + f"{text:<{size - 11}}\n".encode()
+
+
+def finish_split(folder: Path, ds: Dataset | EncodedDataset, source: str, **extra) -> None:
+    """Write the small arrays and meta.json (plus ``extra`` fields) next to the images file
+    (``images.npy`` or ``data.bin``) already written in ``folder``."""
+    if len(ds) == 0:
+        raise FormatError(f"{folder.name}: refusing to write a store with no images")
     check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
-    np.save(folder / LABELS, np.ascontiguousarray(ds.labels), allow_pickle=False)
+    encoding, arrays = getattr(ds, "encoding", "raw"), _arrays(ds)
+    for key, name in list(FILES[encoding].items())[1:]:
+        np.save(folder / name, np.ascontiguousarray(arrays[key]), allow_pickle=False)
     files = {
         key: {
             "file": name,
-            "shape": list(arr.shape),
-            "dtype": arr.dtype.name,
+            "shape": list(arrays[key].shape),
+            "dtype": arrays[key].dtype.name,
             "bytes": (folder / name).stat().st_size,
             "sha256_head_tail": _fingerprint(folder / name),
         }
-        for key, name, arr in (("images", IMAGES, ds.images), ("labels", LABELS, ds.labels))
+        for key, name in FILES[encoding].items()
     }
     meta = {
         "schema": SCHEMA,
+        "encoding": encoding,
         "name": ds.name,
         "split": ds.split,
         "count": len(ds),
         **files,
+        **({} if encoding == "raw" else {"size": list(ds.size), "channels": ds.channels}),
         "classes": list(ds.classes),
         "mean": list(ds.mean),
         "std": list(ds.std),
         "source": source,
+        **extra,
     }
     (folder / META).write_text(json.dumps(meta, indent=1) + "\n")
 
 
-def empty_images(folder: Path, shape: tuple[int, ...]) -> np.memmap:
-    """A new uint8 ``images.npy`` of ``shape`` in ``folder``, mapped for writing."""
-    if shape[0] == 0:
-        raise FormatError(f"{folder.name}: refusing to write a store with no images")
-    return np.lib.format.open_memmap(folder / IMAGES, mode="w+", dtype=np.uint8, shape=shape)
-
-
-def write_store(dataset: Dataset, out: str | os.PathLike, *, source: str = "") -> Path:
+def write_store(
+    dataset: Dataset | EncodedDataset, out: str | os.PathLike, *, source: str = ""
+) -> Path:
     """Write ``dataset`` as a store folder at ``out``, atomically replacing a store there.
 
-    Images are copied in 64 MiB chunks, so a memmap larger than memory works.
+    The images are copied in 64 MiB chunks through a file (a full disk is an error naming
+    ``out``, see ``fileio.atomic_folder``), so a memmap larger than memory works.
 
     Args:
-        dataset: uint8 images and labels (labels must lie in ``0..num_classes-1``).
+        dataset: uint8 images (a ``raw`` store) or JPEG bytes (a ``jpeg`` store) and labels
+            (which must lie in ``0..num_classes-1``).
         out: the store folder; its parent is created. An existing store is replaced,
             anything else there is refused.
         source: where the data came from (a SHA-256, a URL, a description), kept in meta.json.
@@ -132,14 +167,17 @@ def write_store(dataset: Dataset, out: str | os.PathLike, *, source: str = "") -
         >>> open_store(write_store(ds, Path("stores/zeros"))).image_shape
         (28, 28, 1)
     """
+    encoding = getattr(dataset, "encoding", "raw")
+    key, name = next(iter(FILES[encoding].items()))
+    big = _arrays(dataset)[key]
     with atomic_folder(Path(out), check_replaceable) as tmp:
-        images = empty_images(tmp, dataset.images.shape)
-        step = max(1, CHUNK_BYTES // max(1, images[0].nbytes))
-        for start in range(0, len(images), step):
-            images[start : start + step] = dataset.images[start : start + step]
-        images.flush()
-        finish_split(tmp, replace(dataset, images=images), source)
-        del images  # close the memmap before the folder is renamed
+        with open(tmp / name, "wb") as f:
+            if encoding == "raw":
+                f.write(npy_header(big.dtype, big.shape))
+            step = max(1, CHUNK_BYTES // max(1, big[:1].nbytes))
+            for start in range(0, len(big), step):
+                f.write(np.ascontiguousarray(big[start : start + step]).tobytes())
+        finish_split(tmp, dataset, source)
     return Path(out)
 
 
@@ -155,12 +193,15 @@ def read_meta(folder: Path) -> dict:
     if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
         found = meta.get("schema") if isinstance(meta, dict) else type(meta).__name__
         raise FormatError(f"{path}: schema version {found!r}, this latecast reads {SCHEMA}")
+    encoding = meta.get("encoding", "raw")  # stores written before jpeg existed are raw
+    if not isinstance(encoding, str) or encoding not in FILES:
+        raise FormatError(f"{path}: encoding {encoding!r}, this latecast reads {', '.join(FILES)}")
     types = {
         "name": str,
         "split": str,
         "count": int,
-        "images": dict,
-        "labels": dict,
+        **dict.fromkeys(FILES[encoding], dict),
+        **({} if encoding == "raw" else {"size": list, "channels": int}),
         "classes": list,
         "mean": list,
         "std": list,
@@ -173,8 +214,9 @@ def read_meta(folder: Path) -> dict:
     return meta
 
 
-def _open_array(folder: Path, name: str, entry: dict, count: int) -> np.ndarray:
-    """Memory-map one .npy and check it against its meta.json entry."""
+def _open_array(folder: Path, name: str, entry: dict, rows: int | None, count: int) -> np.ndarray:
+    """Memory-map one file (``.npy``, or ``data.bin`` as plain bytes) and check it against its
+    meta.json entry; ``rows``: the length it must have (``None``: any)."""
     path = folder / name  # fixed names: meta.json cannot point outside the store
     if not path.is_file():
         raise FormatError(f"{path}: missing (listed in {folder / META})")
@@ -188,11 +230,16 @@ def _open_array(folder: Path, name: str, entry: dict, count: int) -> np.ndarray:
             f"{path}: contents differ from when {META} was written (stale or edited file)"
         )
     try:
-        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+        if name == DATA:
+            arr = np.memmap(path, np.uint8, mode="r")
+        else:
+            arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
-        raise FormatError(f"{path}: not a readable .npy file ({e})") from None
+        raise FormatError(f"{path}: not a readable {path.suffix} file ({e})") from None
     expected = (list(arr.shape), arr.dtype.name)
-    if expected != (entry.get("shape"), entry.get("dtype")) or arr.shape[:1] != (count,):
+    if expected != (entry.get("shape"), entry.get("dtype")) or (
+        rows is not None and arr.shape[:1] != (rows,)
+    ):
         raise FormatError(
             f"{path}: holds {arr.dtype.name} {list(arr.shape)}, {META} says "
             f"{entry.get('dtype')} {entry.get('shape')} with count {count}"
@@ -213,12 +260,14 @@ def _store_folder(path: Path, split: str | None) -> Path:
     return path / (split or "train")
 
 
-def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset:
-    """Open a store as a ``Dataset`` whose images are a read-only memmap.
+def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | EncodedDataset:
+    """Open a store: a ``Dataset`` whose images are a read-only memmap (``raw``), or an
+    ``EncodedDataset`` whose JPEG bytes are (``jpeg``).
 
     Everything is checked against meta.json first (schema version, file sizes and
-    fingerprints, shapes, dtypes, count, label range); any mismatch raises ``FormatError``
-    naming the file. Arrays are loaded with ``allow_pickle=False``.
+    fingerprints, shapes, dtypes, count, label range; for jpeg also offsets, sizes, the
+    training size and channels); any mismatch raises ``FormatError`` naming the file.
+    Arrays are loaded with ``allow_pickle=False``.
 
     Args:
         path: a store folder, or a converted folder holding one store per split.
@@ -234,28 +283,78 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset:
     meta = read_meta(folder)
     if split is not None and meta["split"] != split:
         raise ConfigError(f"{folder}: holds split {meta['split']!r}, asked for {split!r}")
-    count = meta["count"]
-    images = _open_array(folder, IMAGES, meta["images"], count)
-    labels = np.array(_open_array(folder, LABELS, meta["labels"], count))  # small: read it whole
-    mean, std, c = meta["mean"], meta["std"], images.shape[-1]
+    count, encoding = meta["count"], meta.get("encoding", "raw")
+    rows = {"data": None, "offsets": count + 1}
+    arrays = {
+        key: _open_array(folder, name, meta[key], rows.get(key, count), count)
+        for key, name in FILES[encoding].items()
+    }
+    labels = np.array(arrays.pop("labels"))  # small: read it whole
+    if encoding == "raw":
+        channels = arrays["images"].shape[-1]
+    else:
+        arrays.update(_check_encoded(folder, meta, arrays, labels))
+        channels = meta["channels"]
+    mean, std = meta["mean"], meta["std"]
     if not (
-        len(mean) == len(std) == c
+        len(mean) == len(std) == channels
         and all(isinstance(v, (int, float)) for v in mean + std)
         and all(0 <= m <= 1 for m in mean)
         and all(0 < v <= 1 for v in std)
     ):
         raise FormatError(
-            f"{folder / META}: mean/std need {c} channel values in [0, 1] "
+            f"{folder / META}: mean/std need {channels} channel values in [0, 1] "
             f"(std > 0), got {mean}/{std}"
         )
-    ds = Dataset(
-        meta["name"],
-        meta["split"],
-        images,
-        labels,
-        tuple(map(str, meta["classes"])),
-        tuple(map(float, mean)),
-        tuple(map(float, std)),
-    )  # checks the dtypes and ndim
+    common = {
+        "name": meta["name"],
+        "split": meta["split"],
+        "labels": labels,
+        "classes": tuple(map(str, meta["classes"])),
+        "mean": tuple(map(float, mean)),
+        "std": tuple(map(float, std)),
+    }
+    if encoding == "raw":
+        ds = Dataset(images=arrays["images"], **common)  # checks the dtypes and ndim
+    else:
+        size = tuple(meta["size"])
+        ds = EncodedDataset(**arrays, **common, channels=channels, size=size)
     check_labels(labels, ds.num_classes, str(folder / LABELS))
     return ds
+
+
+def _check_encoded(folder: Path, meta: dict, arrays: dict, labels: np.ndarray) -> dict:
+    """The checks a jpeg store adds (offsets, sizes, training size, channels), each naming
+    its file; returns the offsets and sizes, read whole (they are small)."""
+    data, offsets, sizes = arrays["data"], np.array(arrays["offsets"]), np.array(arrays["sizes"])
+    size, channels = meta["size"], meta["channels"]
+    checks = [
+        (
+            offsets.dtype == np.int64
+            and offsets[0] == 0
+            and offsets[-1] == len(data)
+            and bool(np.all(np.diff(offsets) > 0)),
+            OFFSETS,
+            f"offsets must be int64, rising from 0 to the {len(data)} bytes of {DATA}",
+        ),
+        (
+            sizes.dtype == np.int32
+            and sizes.shape == (len(labels), 2)
+            and bool(np.all((sizes >= 1) & (sizes <= JPEG_SIDE))),
+            SIZES,
+            f"sizes must be int32 (height, width) pairs in 1..{JPEG_SIDE}, one per image",
+        ),
+        (labels.dtype in (np.uint8, np.uint16), LABELS, "labels must be uint8 or uint16"),
+        (
+            channels in (1, 3)
+            and len(size) == 2
+            and all(type(v) is int and 1 <= v <= MAX_SIDE for v in size),
+            META,
+            f"channels must be 1 or 3 and size (height, width) in 1..{MAX_SIDE}, got "
+            f"{channels!r:.20} and {size!r:.40}",
+        ),
+    ]
+    for ok, name, what in checks:
+        if not ok:
+            raise FormatError(f"{folder / name}: {what}")
+    return {"offsets": offsets, "sizes": sizes}
