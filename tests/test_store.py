@@ -26,6 +26,11 @@ from latecast.errors import ConfigError, FormatError, LatecastError
 from latecast.store import open_store, write_store
 
 
+def seed_of(*parts) -> int:
+    """A seed from ``parts`` that is the same in every process (``hash`` of a str is not)."""
+    return zlib.crc32(repr(parts).encode())
+
+
 def small(n=10, shape=(6, 5, 3), classes=4, seed=0) -> Dataset:
     rng = np.random.default_rng(seed)
     images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
@@ -607,7 +612,7 @@ def test_convert_train_test_split(tmp_path):
     for split, n in (("train", 3), ("val", 2)):
         for cls in ("cat", "dog"):
             for j in range(n):
-                image(src / split / cls / f"{j}.png", "RGB", (4, 4), hash((split, cls, j)) % 1000)
+                image(src / split / cls / f"{j}.png", "RGB", (4, 4), seed_of(split, cls, j))
     out, _ = convert_folder(src, tmp_path / "store")
     train, val = open_store(out), open_store(out, split="val")
     assert (len(train), len(val), train.classes, val.classes) == (
@@ -699,7 +704,7 @@ def test_a_converted_split_store_is_replaced(tmp_path):
     src = tmp_path / "src"
     for split in ("train", "test"):
         for cls in ("a", "b"):
-            image(src / split / cls / "0.png", "L", (4, 4), hash((split, cls)) % 100)
+            image(src / split / cls / "0.png", "L", (4, 4), seed_of(split, cls))
     (src / "train" / "b" / "bad.png").write_bytes(b"junk")
     out, skipped = convert_folder(src, tmp_path / "store", skip_bad=True)
     assert skipped and (out / "skipped.txt").exists()
