@@ -5,6 +5,14 @@ Order follows ``torch.utils.data.DistributedSampler`` exactly: a permutation fro
 ``seed + epoch`` (``torch.randperm`` on a CPU generator), padded by wrapping around to a
 multiple of the world size, and rank ``r`` takes ``indices[r::world]``. Every rank thus
 sees the same permutation and the same number of batches.
+
+Static batches (``static=True``, what ``latecast train`` uses): every batch has the same
+shape and lives in the same two buffers, so a compiled model never sees a new shape and a
+CUDA graph can capture a whole step. With ``resident`` a step's data work is a slice of the
+epoch's device permutation copied into a static index, then ``fill``: gather, augment,
+normalize into the buffers, all on the device, no host sync. Other movers keep their host
+work and copy (``float32``) or normalize (``uint8``, ``prefetch``) their batch into the
+buffers: same shapes and storage, but nothing a graph can capture.
 """
 
 from __future__ import annotations
@@ -20,7 +28,11 @@ from .data import Dataset
 from .distributed import placement
 from .errors import ConfigError
 from .prepare import Augmentation, Prepare
-from .transfer import MOVERS, Batch, Mover, TransferStats, resolve
+from .transfer import MOVERS, Batch, Mover, Resident, TransferStats, resolve
+
+# The label of a static evaluation batch's padding: F.cross_entropy's ignore_index, and
+# never equal to a predicted class, so padding counts in no loss and no accuracy.
+IGNORE = -100
 
 
 def epoch_order(
@@ -77,6 +89,9 @@ class Loader:
             the device before the normalize (see ``transforms.Augment``).
         pad: pad the order to a multiple of the world size (training); ``False`` for
             evaluation, so no sample is counted twice.
+        static: every batch ``batch_size`` long, in the same two buffers (overwritten by
+            the next batch): training loaders (``pad=True``) drop the partial last batch,
+            evaluation loaders pad it with labels ``IGNORE``.
 
     Example:
         >>> train = latecast.load_dataset("mnist")
@@ -99,6 +114,7 @@ class Loader:
         world_size: int | None = None,
         augment: Augmentation | None = None,
         pad: bool = True,
+        static: bool = False,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -106,7 +122,8 @@ class Loader:
             raise ConfigError(f"{dataset.name}/{dataset.split} is empty")
         if transfer != "auto" and transfer not in MOVERS:
             resolve(transfer, dataset, torch.device("cpu"))  # raises, listing valid names
-        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
+        self.dataset, self.batch_size, self.static = dataset, batch_size, static
+        self.drop_last = drop_last or (static and pad)
         self.shuffle, self.seed, self.pad, self.augment = shuffle, seed, pad, augment
         self.dtype, self.channels_last = dtype, channels_last
         self._asked = (device, transfer, rank, world_size)
@@ -122,6 +139,8 @@ class Loader:
         self.epoch, self.position = 0, 0  # position: batches of `epoch` already yielded
         self._mover: Mover | None = None
         self._batches, self._wait = 0, 0.0
+        self._buffers: Batch | None = None  # static: (images, labels), allocated once
+        self._index: torch.Tensor | None = None  # static resident: this step's samples
 
     # -- where: resolved at the first pass; before it, what the environment says now -----
 
@@ -156,12 +175,25 @@ class Loader:
         moved = self._mover.stats if self._mover is not None else TransferStats()
         return replace(moved, batches=self._batches, wait_seconds=self._wait)
 
-    def _start(self) -> Mover:
+    def start(self) -> Mover:
+        """Resolve the placement, make the mover (``resident`` uploads the dataset here) and
+        the static buffers; the first pass does it, call it to keep it out of a timer."""
         if self._mover is None:
             device, self._rank, self._world = self._placement()
             cls = MOVERS[resolve(self._asked[1], self.dataset, device)]
             args = (self.dataset, device, self.batch_size)
             self._mover = cls(*args, self.prepare) if cls.prepares else cls(*args)
+            if self.static:
+                h, w, c = self.dataset.image_shape
+                fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+                b = self.batch_size
+                # zeros: padding rows hold finite values; index 0 is a valid sample
+                images = torch.zeros((b, c, h, w), dtype=self.dtype, device=device)
+                self._buffers = (
+                    images.contiguous(memory_format=fmt),
+                    torch.zeros(b, dtype=torch.int64, device=device),
+                )
+                self._index = torch.zeros(b, dtype=torch.int64, device=device)
         return self._mover
 
     # -- which samples, in what order -----------------------------------------------------
@@ -224,19 +256,74 @@ class Loader:
         return batches[self.position :]
 
     def __iter__(self) -> Iterator[Batch]:
-        mover = self._start()
+        return self._pass(fill=True)
+
+    def staged(self) -> Iterator[Batch]:
+        """A pass of a static ``resident`` training loader that only stages each batch (its
+        indices and augmentation seed: host work, no sync) and yields the static buffers;
+        the caller runs ``fill`` itself, inside the CUDA graph it replays."""
+        if not (self.static and self.pad and isinstance(self.start(), Resident)):
+            raise ConfigError(
+                "staged() needs a static training loader (static=True, pad=True) on the "
+                f"resident mover, not {self.transfer}"
+            )
+        return self._pass(fill=False)
+
+    def fill(self) -> Batch:
+        """The device half of a static ``resident`` step: gather the staged indices, augment
+        and normalize into the static buffers. Nothing allocated for the outputs, no host
+        sync, no host decision: what a CUDA graph captures."""
+        mover, (images, labels) = self._mover, self._buffers
+        torch.index_select(mover.labels, 0, self._index, out=labels)
+        self.prepare.apply(mover.images.index_select(0, self._index), out=images)
+        return images, labels
+
+    def _pass(self, fill: bool) -> Iterator[Batch]:
+        mover = self.start()
         self.prepare.seek(self.epoch, self._rank, self.position)
-        it = mover.batches(self.index_batches())
+        batches = self.index_batches()
+        it = self._static(mover, batches, fill) if self.static else self._moved(mover, batches)
         while True:
             t0 = time.perf_counter()
             try:
                 images, labels = next(it)
             except StopIteration:
                 break
-            if not mover.prepares:
-                images = self.prepare(images)
             self._wait += time.perf_counter() - t0
             self._batches += 1
             self.position += 1
             yield images, labels
         self.epoch, self.position = self.epoch + 1, 0  # a full pass: advance by itself
+
+    def _moved(self, mover: Mover, batches: list[torch.Tensor]) -> Iterator[Batch]:
+        for images, labels in mover.batches(batches):
+            yield (images if mover.prepares else self.prepare(images)), labels
+
+    def _static(self, mover: Mover, batches: list[torch.Tensor], fill: bool) -> Iterator[Batch]:
+        images, labels = self._buffers
+        if not isinstance(mover, Resident):  # host work stays; the batch lands in the buffers
+            for x, y in mover.batches(batches):
+                n = len(y)
+                if mover.prepares:
+                    images[:n].copy_(x)
+                else:
+                    self.prepare(x, out=images[:n])
+                labels[:n].copy_(y)
+                yield self._masked(n)
+            return
+        order, start = (mover.order(batches), 0) if batches else (None, 0)
+        for idx in batches:
+            n = len(idx)
+            self._index[:n].copy_(order[start : start + n])  # device to device, no sync
+            start += n
+            self.prepare.next_batch(images.device)
+            if fill:
+                self.fill()
+            yield self._masked(n)
+
+    def _masked(self, n: int) -> Batch:
+        """The buffers, labels past ``n`` (a last evaluation batch's padding) set to IGNORE."""
+        images, labels = self._buffers
+        if n < len(labels):
+            labels[n:].fill_(IGNORE)
+        return images, labels
