@@ -175,3 +175,52 @@ def test_compiled_training_on_the_cpu_matches_eager(tmp_path, run_cli):
     ]
     assert loss[0] == pytest.approx(loss[1], rel=1e-3)
     assert fast.json["test_accuracy"] == pytest.approx(eager.json["test_accuracy"], abs=0.02)
+
+
+def test_the_graphed_step_body_trains_like_train_step(monkeypatch):
+    """What ``--graph`` captures, run eagerly on the CPU: staged batch, ``fill``, loss,
+    backward and ``nesterov_sgd`` (device learning rate, zero-started momentum buffers in the
+    optimizer's state) follow ``train_step`` with ``torch.optim.SGD`` within float rounding,
+    schedule included, over more than one epoch."""
+    from latecast import graphed
+    from latecast.train import model_and_optimizer, resolve_config, train_step
+
+    ds = small(n=200, shape=(8, 8, 1))
+    cpu = torch.device("cpu")
+    config = resolve_config(
+        TrainConfig(model="cnn", epochs=2, batch_size=64, augment="crop=2,flip", lr=0.2), ds, cpu
+    )
+    runs = []
+    for use_graph in (False, True):
+        torch.manual_seed(0)
+        loader = Loader(ds, 64, device="cpu", transfer="resident", static=True, augment=AUG)
+        model, opt, sched = model_and_optimizer(config, ds, cpu, len(loader))
+        losses = []
+        if use_graph:
+            monkeypatch.setattr(graphed.GraphedStep, "_warm_up", lambda self: None)
+            step = graphed.GraphedStep(model, opt, sched, loader, graphed_loss, config)
+            for _ in range(config.epochs):
+                for _ in loader.staged():
+                    model.zero_grad(set_to_none=True)
+                    step.lr.fill_(opt.param_groups[0]["lr"])
+                    losses.append(step.body())
+                    sched.step()
+        else:
+            for _ in range(config.epochs):
+                for x, y in loader:
+                    losses.append(train_step(model, opt, sched, x, y, config))
+        runs.append((torch.stack(losses), model.state_dict(), opt.state_dict()))
+    (la, wa, oa), (lb, wb, ob) = runs
+    assert len(la) == 2 * 3 and not torch.equal(la[0], la[-1])
+    torch.testing.assert_close(la, lb, rtol=1e-5, atol=1e-6)
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6, msg=k)
+    momentum = [s["momentum_buffer"] for s in oa["state"].values()]
+    torch.testing.assert_close(momentum, [s["momentum_buffer"] for s in ob["state"].values()])
+    assert oa["param_groups"][0]["lr"] == ob["param_groups"][0]["lr"]
+
+
+def graphed_loss(model, images, labels, label_smoothing, amp):
+    from latecast.train import loss_of
+
+    return loss_of(model, images, labels, label_smoothing, amp)

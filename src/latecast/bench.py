@@ -391,10 +391,8 @@ def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict
     h, w, c = ds.image_shape
     compiled = torch.compile(transforms.normalize, dynamic=False)
     result = {}
-    for dtype, cl in (
-        (torch.float32, False),
-        (torch.bfloat16, True) if device.type == "cuda" else (torch.float32, True),
-    ):
+    preset = torch.bfloat16 if device.type == "cuda" else torch.float32
+    for dtype, cl in ((torch.float32, False), (preset, True)):
         fmt = torch.channels_last if cl else torch.contiguous_format
         buf = torch.empty(cfg.batch_size, c, h, w, dtype=dtype, device=device, memory_format=fmt)
         args, kw = (x, ds.mean, ds.std), dict(dtype=dtype, channels_last=cl, out=buf)
@@ -418,7 +416,7 @@ def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict
                 times.append((time.perf_counter() - t0) / 20 * 1e6)
             diff = (got.float() - want.float()).abs().max().item()
             ways[name] = {"us": float(np.median(times)), "max_diff": diff}
-        result[f"{str(dtype).split('.')[1]}{' channels_last' if cl else ' NCHW'}"] = ways
+        result[f"{str(dtype).removeprefix('torch.')} {'channels_last' if cl else 'NCHW'}"] = ways
     return result
 
 

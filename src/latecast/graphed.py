@@ -21,11 +21,12 @@ more); a replay equals the same update run eagerly (``tests/test_gpu.py``).
 
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 import torch
 
-from .errors import DeviceError
+from .errors import ConfigError, DeviceError
 from .loader import Loader
 
 WARMUP_STEPS = 3  # eager steps on a side stream before capture (cuDNN autotune, lazy init)
@@ -67,7 +68,7 @@ class GraphedStep:
     ) -> None:
         (group,) = opt.param_groups  # one group, as model_and_optimizer makes it
         if not group["nesterov"] or group["dampening"]:
-            raise DeviceError("--graph implements SGD with Nesterov momentum and no dampening")
+            raise ConfigError("--graph implements SGD with Nesterov momentum, no dampening")
         self.model, self.opt, self.sched, self.loader = model, opt, sched, loader
         self.loss_fn, self.config, self.group = loss_fn, config, group
         self.params = [p for p in group["params"] if p.requires_grad]
@@ -130,5 +131,7 @@ class GraphedStep:
         ``labels`` are those static buffers, ignored). The loss, on the device."""
         self.lr.fill_(self.group["lr"])  # a kernel with the value as argument: no sync
         self.graph.replay()
-        self.sched.step()
+        with warnings.catch_warnings():  # torch warns once of "lr_scheduler.step() before
+            warnings.simplefilter("ignore")  # optimizer.step()": it did step, in the graph
+            self.sched.step()
         return self.loss
