@@ -184,15 +184,12 @@ class Loader:
             args = (self.dataset, device, self.batch_size)
             self._mover = cls(*args, self.prepare) if cls.prepares else cls(*args)
             if self.static:
-                h, w, c = self.dataset.image_shape
+                (h, w, c), b = self.dataset.image_shape, self.batch_size
                 fmt = torch.channels_last if self.channels_last else torch.contiguous_format
-                b = self.batch_size
                 # zeros: padding rows hold finite values; index 0 is a valid sample
                 images = torch.zeros((b, c, h, w), dtype=self.dtype, device=device)
-                self._buffers = (
-                    images.contiguous(memory_format=fmt),
-                    torch.zeros(b, dtype=torch.int64, device=device),
-                )
+                labels = torch.zeros(b, dtype=torch.int64, device=device)
+                self._buffers = images.contiguous(memory_format=fmt), labels
                 self._index = torch.zeros(b, dtype=torch.int64, device=device)
         return self._mover
 
@@ -311,7 +308,7 @@ class Loader:
                 labels[:n].copy_(y)
                 yield self._masked(n)
             return
-        order, start = (mover.order(batches), 0) if batches else (None, 0)
+        order, start = mover.order(batches) if batches else None, 0
         for idx in batches:
             n = len(idx)
             self._index[:n].copy_(order[start : start + n])  # device to device, no sync

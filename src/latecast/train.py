@@ -532,7 +532,7 @@ def _train(run: Run) -> dict:
                 "train_loss": epoch_loss,
                 "test_accuracy": accuracy,
                 "epoch_seconds": epoch_seconds,
-                "images_per_s": loader.num_samples * world / epoch_seconds,
+                "images_per_s": len(loader) * loader.batch_size * world / epoch_seconds,
             }
         )
         if run.lead:
