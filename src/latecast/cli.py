@@ -89,6 +89,12 @@ def _run_train(args: argparse.Namespace) -> dict:
         f"{summary['train_seconds']:.1f} s of training on {summary['device']} "
         f"({summary['transfer']})"
     )
+    up = ", ".join(f"{k} {v:.2f}" for k, v in summary["startup"].items())
+    print(
+        f"clock {summary['clock_seconds']:.3f} s (first step to final evaluation); "
+        f"start-up {summary['startup_seconds']:.2f} s ({up}); off the clock: evaluations "
+        f"{summary['eval_seconds']:.2f} s, checkpoints {summary['save_seconds']:.2f} s"
+    )
     print(
         f"host->device: {_human_bytes(summary['h2d_bytes'])} moved; float32 would have moved "
         f"{_human_bytes(summary['h2d_bytes_float32'])} ({saved:.0%} less)"

@@ -7,6 +7,14 @@ multiple of the world size, and rank ``r`` takes ``indices[r::world]``. Every ra
 sees the same permutation and the same number of batches. ``order="block"`` swaps the
 permutation for ``block_order``'s, which reads a store bigger than RAM mostly in sequence;
 padding and sharding stay the same.
+
+Static batches (``static=True``, what ``latecast train`` uses): every batch has the same
+shape and lives in the same two buffers, so a compiled model never sees a new shape and a
+CUDA graph can capture a whole step. With ``resident`` a step's data work is a slice of the
+epoch's device permutation copied into a static index, then ``fill``: gather, augment,
+normalize into the buffers, all on the device, no host sync. Other movers keep their host
+work and copy (``float32``) or normalize (``uint8``, ``prefetch``) their batch into the
+buffers: same shapes and storage, but nothing a graph can capture.
 """
 
 from __future__ import annotations
@@ -22,9 +30,12 @@ from .data import Dataset, EncodedDataset
 from .distributed import placement
 from .errors import ConfigError
 from .prepare import Augmentation, Mixing, Prepare
-from .transfer import MOVERS, Batch, Mover, TransferStats, float32_bytes, resolve
+from .transfer import MOVERS, Batch, Mover, Resident, TransferStats, float32_bytes, resolve
 
 ORDERS = ("random", "block")
+# The label of a static evaluation batch's padding: F.cross_entropy's ignore_index, and
+# never equal to a predicted class, so padding counts in no loss and no accuracy.
+IGNORE = -100
 
 
 def block_order(n: int, *, seed: int, epoch: int, block: int, window: int) -> torch.Tensor:
@@ -110,6 +121,9 @@ class Loader:
             ``block_order``; ``block`` samples a block, ``window`` blocks shuffled together).
         mix: optional ``f(images, labels, generator)`` after the normalize, e.g.
             ``transforms.Mix`` (MixUp/CutMix); labels become class probabilities.
+        static: every batch ``batch_size`` long, in the same two buffers (overwritten by
+            the next batch): training loaders (``pad=True``) drop the partial last batch,
+            evaluation loaders pad it with labels ``IGNORE``.
 
     Example:
         >>> train = latecast.load_dataset("mnist")
@@ -136,6 +150,7 @@ class Loader:
         block: int = 32,
         window: int = 256,
         mix: Mixing | None = None,
+        static: bool = False,
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -149,7 +164,8 @@ class Loader:
                 f"got {order!r}, {block!r}, {window!r}"
             )
         self.order, self.block, self.window = order, block, window
-        self.dataset, self.batch_size, self.drop_last = dataset, batch_size, drop_last
+        self.dataset, self.batch_size, self.static = dataset, batch_size, static
+        self.drop_last = drop_last or (static and pad)
         self.shuffle, self.seed, self.pad, self.augment = shuffle, seed, pad, augment
         self.dtype, self.channels_last = dtype, channels_last
         self._asked = (device, transfer, rank, world_size)
@@ -167,6 +183,9 @@ class Loader:
         self.epoch, self.position = 0, 0  # position: batches of `epoch` already yielded
         self._mover: Mover | None = None
         self._batches, self._samples, self._wait = 0, 0, 0.0
+        self._buffers: Batch | None = None  # static: (images, labels), allocated once
+        self._index: torch.Tensor | None = None  # static resident: this step's samples
+        self._indices: torch.Tensor | None = None  # ... and their CPU indices (altflip)
 
     # -- where: resolved at the first pass; before it, what the environment says now -----
 
@@ -203,12 +222,25 @@ class Loader:
         usual = float32_bytes(self.dataset, self._samples)
         return replace(moved, batches=self._batches, wait_seconds=self._wait, usual_bytes=usual)
 
-    def _start(self) -> Mover:
+    def start(self) -> Mover:
+        """Resolve the placement, make the mover (``resident`` uploads the dataset here) and
+        the static buffers; the first pass does it, call it to keep it out of a timer."""
         if self._mover is None:
             device, self._rank, self._world = self._placement()
             cls = MOVERS[resolve(self._asked[1], self.dataset, device)]
             args = (self.dataset, device, self.batch_size)
             self._mover = cls(*args, self.prepare) if cls.prepares else cls(*args)
+            if self.static:
+                (h, w, c), b = self.dataset.image_shape, self.batch_size
+                fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+                # zeros: padding rows hold finite values; index 0 is a valid sample
+                images = torch.zeros((b, c, h, w), dtype=self.dtype, device=device)
+                labels = torch.zeros(b, dtype=torch.int64, device=device)
+                if self.prepare.mix is not None:  # class probabilities after mixing
+                    k = self.dataset.num_classes
+                    labels = torch.zeros((b, k), dtype=torch.float32, device=device)
+                self._buffers = images.contiguous(memory_format=fmt), labels
+                self._index = torch.zeros(b, dtype=torch.int64, device=device)
         return self._mover
 
     # -- which samples, in what order -----------------------------------------------------
@@ -279,23 +311,84 @@ class Loader:
         return batches[self.position :]
 
     def __iter__(self) -> Iterator[Batch]:
-        mover = self._start()
+        return self._pass(fill=True)
+
+    def staged(self) -> Iterator[Batch]:
+        """A pass of a static ``resident`` training loader that only stages each batch (its
+        indices and augmentation seed: host work, no sync) and yields the static buffers;
+        the caller runs ``fill`` itself, inside the CUDA graph it replays."""
+        if not (self.static and self.pad and isinstance(self.start(), Resident)):
+            raise ConfigError(
+                "staged() needs a static training loader (static=True, pad=True) on the "
+                f"resident mover, not {self.transfer}"
+            )
+        return self._pass(fill=False)
+
+    def fill(self) -> Batch:
+        """The device half of a static ``resident`` step: gather the staged indices, augment
+        and normalize into the static buffers. Nothing allocated for the outputs, no host
+        sync, no host decision: what a CUDA graph captures."""
+        mover, (images, labels) = self._mover, self._buffers
+        x = mover.images.index_select(0, self._index)
+        if self.prepare.mix is None:
+            torch.index_select(mover.labels, 0, self._index, out=labels)
+            self.prepare.apply(x, labels, self._indices, out=images)
+        else:  # mixed labels are class probabilities, kept in a float label buffer
+            y = mover.labels.index_select(0, self._index)
+            labels.copy_(self.prepare.apply(x, y, self._indices, out=images)[1])
+        return images, labels
+
+    def _pass(self, fill: bool) -> Iterator[Batch]:
+        mover = self.start()
         self.prepare.seek(self.epoch, self._rank, self.position)
         todo = self.index_batches()
         end = self.position + len(todo)
         if not todo:
             self.epoch, self.position = self.epoch + 1, 0
-        it = mover.batches(todo)
-        for idx in todo:
+        it = self._static(mover, todo, fill) if self.static else self._moved(mover, todo)
+        for _ in todo:
             t0 = time.perf_counter()
-            images, labels = next(it)
-            if not mover.prepares:
-                images, labels = self.prepare(images, labels, idx)
+            images, labels, n = next(it)
             self._wait += time.perf_counter() - t0
-            self._batches, self._samples = self._batches + 1, self._samples + len(labels)
+            self._batches, self._samples = self._batches + 1, self._samples + n
             self.position += 1
             if self.position == end:  # before the last batch is handed out: a consumer that
                 # stops after it (Lightning knows len() and asks for no more) or saves a
                 # checkpoint there starts the next epoch on its next pass
                 self.epoch, self.position = self.epoch + 1, 0
             yield images, labels
+
+    def _moved(self, mover: Mover, batches: list[torch.Tensor]) -> Iterator[tuple]:
+        for idx, (images, labels) in zip(batches, mover.batches(batches)):
+            if not mover.prepares:
+                images, labels = self.prepare(images, labels, idx)
+            yield images, labels, len(idx)
+
+    def _static(self, mover: Mover, batches: list[torch.Tensor], fill: bool) -> Iterator[tuple]:
+        images, labels = self._buffers
+        if not isinstance(mover, Resident):  # host work stays; the batch lands in the buffers
+            for idx, (x, y) in zip(batches, mover.batches(batches)):
+                n = len(idx)
+                if mover.prepares:
+                    images[:n].copy_(x)
+                else:
+                    _, y = self.prepare(x, y, idx, out=images[:n])
+                labels[:n].copy_(y)
+                yield (*self._masked(n), n)
+            return
+        order, start = mover.order(batches) if batches else None, 0
+        for idx in batches:
+            n = len(idx)
+            self._index[:n].copy_(order[start : start + n])  # device to device, no sync
+            self._indices, start = idx, start + n
+            self.prepare.next_batch(images.device)
+            if fill:
+                self.fill()
+            yield (*self._masked(n), n)
+
+    def _masked(self, n: int) -> Batch:
+        """The buffers, labels past ``n`` (a last evaluation batch's padding) set to IGNORE."""
+        images, labels = self._buffers
+        if n < len(labels):
+            labels[n:].fill_(IGNORE)
+        return images, labels

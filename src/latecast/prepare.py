@@ -10,6 +10,12 @@ per-pixel parameters, one on the host for crop boxes and mixing weights (used as
 numbers). The draws do not depend on where a run started: a resumed run repeats them
 exactly. The batch number is counted here, in one place: ``seek`` says where an epoch
 starts, each call is the next batch.
+
+A call is two halves: ``next_batch`` (host only: seed the generators, count the batch; no
+sync) and ``apply`` (the work, optionally into a static buffer). A CUDA graph captures
+``apply`` once for a pure device augmentation (``Augment.capturable``); each replay is
+preceded by ``next_batch``, and the graph reads the generator's seed at replay, so replayed
+draws equal eager ones.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from .transforms import Augment, normalize, resized_crop
 
 Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 Mixing = Callable[[torch.Tensor, torch.Tensor, torch.Generator], Batch]
+_HOST = torch.device("cpu")
 
 
 class Prepare:
@@ -66,10 +73,24 @@ class Prepare:
         """The next call prepares batch ``batch`` of ``epoch`` on ``rank``."""
         self.epoch, self.rank, self.batch = epoch, rank, batch
 
-    def __call__(self, images: torch.Tensor | Encoded, labels: torch.Tensor, indices=None) -> Batch:
-        device = images.device
-        g = self._generator(device)
-        host = g if device.type == "cpu" else self._generator(torch.device("cpu"))
+    def __call__(self, images, labels, indices=None, out: torch.Tensor | None = None) -> Batch:
+        self.next_batch(images.device)
+        return self.apply(images, labels, indices, out)
+
+    def next_batch(self, device: torch.device) -> None:
+        """Seed the generators (``device``'s, and the host's for crop boxes and mixing) from
+        (seed, epoch, rank, batch); count the batch. Host work only, no sync."""
+        mixed = 0
+        for part in (self.seed, self.epoch, self.rank, self.batch):
+            mixed = (mixed * 1_000_003 + part) % (2**63 - 1)
+        for where in {device, _HOST}:
+            self.generator(where).manual_seed(mixed)  # host-side: sets seed and offset
+        self.batch += 1
+
+    def apply(self, images, labels, indices=None, out: torch.Tensor | None = None) -> Batch:
+        """Decode, augment with the generators as ``next_batch`` seeded them, normalize (into
+        ``out`` when given), mix."""
+        g, host = self.generator(images.device), self.generator(_HOST)
         images = self._to_size(images, host)
         if isinstance(self.augment, Augment):
             images = self.augment.pixels(
@@ -77,32 +98,33 @@ class Prepare:
             )
         elif self.augment is not None:
             images = self.augment(images, g)
-        self.batch += 1
         images = normalize(
-            images, self.mean, self.std, dtype=self.dtype, channels_last=self.channels_last
+            images, self.mean, self.std, dtype=self.dtype, channels_last=self.channels_last, out=out
         )
-        return (images, labels) if self.mix is None else self.mix(images, labels, host)
+        if self.mix is None:
+            return images, labels
+        images, labels = self.mix(images, labels, host)
+        return (images if out is None else out.copy_(images)), labels
 
     def _to_size(self, images: torch.Tensor | Encoded, host: torch.Generator) -> torch.Tensor:
         """JPEG files decoded to the training size; with ``Augment.resized_crop`` the boxes
         are RandomResizedCrop's, drawn on the host (each image is resized on its own)."""
         encoded = isinstance(images, Encoded)
+        aug = self.augment if isinstance(self.augment, Augment) else None
+        if not encoded and (aug is None or not aug.resized_crop):
+            return images
         sizes = (
             images.sizes if encoded else torch.tensor([images.shape[1:3]]).expand(len(images), 2)
         )
-        aug = self.augment if isinstance(self.augment, Augment) else None
         boxes = aug.crop_boxes(sizes, host) if aug is not None else None
         size = self.size or tuple(images.shape[1:3])
         if encoded:
             return decode(images, size, boxes)
         return images if boxes is None else resized_crop(images, boxes, size)
 
-    def _generator(self, device: torch.device) -> torch.Generator:
-        """A generator on ``device`` seeded from (seed, epoch, rank, batch)."""
+    def generator(self, device: torch.device) -> torch.Generator:
+        """The generator on ``device`` (one per device, reseeded per batch)."""
         g = self._generators.get(str(device))
         if g is None:
             g = self._generators[str(device)] = torch.Generator(device=device)
-        mixed = 0
-        for part in (self.seed, self.epoch, self.rank, self.batch):
-            mixed = (mixed * 1_000_003 + part) % (2**63 - 1)
-        return g.manual_seed(mixed)
+        return g

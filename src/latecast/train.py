@@ -6,6 +6,14 @@
 schedule. ``train_step`` and ``evaluate`` are the one step and the one evaluation that
 ``bench`` and ``profile`` use too, so all three train the same way for the same config.
 
+Batches are static (``Loader(static=True)``): the same shape every step, the partial last
+training batch dropped, the last test batch padded and masked, so ``--compile`` never
+meets a new shape and ``--graph`` can capture the whole step (``graphed.py``). Time is
+stated the way records state it: ``clock_seconds`` runs from the first step to the end of
+the final evaluation (the per-epoch evaluations and checkpoint writes in between are timed
+apart, like a record's logging); start-up (data, upload, warm-up with compilation and cuDNN
+autotuning, graph capture) is reported beside it, never inside it.
+
 Under ``torchrun`` every process joins the process group (NCCL on CUDA, one device per
 process: ``cuda:LOCAL_RANK``; gloo on CPU) and trains a ``DistributedDataParallel`` copy of
 the model on its own share of every epoch. BatchNorm is plain DDP: batch statistics per
@@ -21,6 +29,7 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Iterable
 
@@ -30,12 +39,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed
+from . import checkpoint, distributed, graphed
 from .config import DATASET_HELP, option, validate
 from .data import Dataset, EncodedDataset
 from .datasets import load_dataset
 from .errors import CheckpointError, ConfigError, TrainingError
-from .loader import ORDERS, Loader
+from .loader import IGNORE, ORDERS, Loader
 from .models import MODELS, build_model
 from .transfer import MOVERS, Batch, float32_bytes, uint8_bytes
 from .transforms import parse_augment, parse_mix
@@ -108,6 +117,8 @@ class TrainConfig:
     momentum: float = option(0.9, "Nesterov momentum", low=0)
     weight_decay: float = option(5e-4, "L2 on all parameters", low=0)
     transfer: str = option("auto", "|".join([*MOVERS, "auto"]), choices=[*MOVERS, "auto"])
+    compile: bool = option(False, "torch.compile the model and loss (compiled in the warm-up)")
+    graph: bool = option(False, "CUDA, resident: capture the whole step in a CUDA graph, replay it")
     device: str = option("auto", "auto|cpu|cuda|cuda:N (under torchrun: cuda:LOCAL_RANK)")
     seed: int = option(0, "weights, order and augmentation all follow it", low=0, high=2**63 - 1)
     data_root: str | None = option(None, "folder with the dataset's original files")
@@ -197,7 +208,31 @@ def one_cycle(
 
 
 def _autocast(device: torch.device, amp: bool):
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(amp))
+    # No cache of bf16 weight copies: it is unsafe under CUDA graph capture, and each weight
+    # is cast once per forward anyway.
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(amp), cache_enabled=False)
+
+
+def loss_of(
+    model: torch.nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    label_smoothing: float,
+    amp: bool,
+) -> torch.Tensor:
+    """The batch's loss: forward under bf16 autocast when ``amp``, then cross-entropy (labels
+    ``IGNORE`` count nowhere). What ``--compile`` compiles: model and loss together."""
+    with _autocast(images.device, amp):
+        return F.cross_entropy(model(images), labels, label_smoothing=label_smoothing)
+
+
+def compiled(fn, device: torch.device, graph: bool):
+    """``torch.compile`` for small steps: on CUDA, mode ``reduce-overhead`` (inductor wraps
+    forward and backward in its own CUDA graphs, so the launches of ~100 small kernels leave
+    the host); under ``--graph`` our capture does that for the whole step, and the CPU has
+    no graphs: the default mode there."""
+    small_steps = device.type == "cuda" and not graph
+    return torch.compile(fn, mode="reduce-overhead" if small_steps else None)
 
 
 def train_step(
@@ -207,12 +242,12 @@ def train_step(
     images: torch.Tensor,
     labels: torch.Tensor,
     config: TrainConfig,
+    loss_fn=loss_of,
 ) -> torch.Tensor:
-    """One step of ``config``'s recipe (resolved): forward and loss under bf16 autocast when
-    ``amp``, with ``label_smoothing``; backward; optimizer and schedule step. Returns the
-    loss, detached and still on the device (no host sync)."""
-    with _autocast(images.device, config.amp):
-        loss = F.cross_entropy(model(images), labels, label_smoothing=config.label_smoothing)
+    """One step of ``config``'s recipe (resolved): ``loss_fn`` (``loss_of`` or its compiled
+    form), backward, optimizer and schedule step. Returns the loss, detached and still on
+    the device (no host sync)."""
+    loss = loss_fn(model, images, labels, config.label_smoothing, config.amp)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
@@ -223,17 +258,19 @@ def train_step(
 def evaluate(
     model: torch.nn.Module, batches: Iterable[Batch], amp: bool = False
 ) -> tuple[int, int]:
-    """(correct, total) over ``batches`` in eval mode; one host sync at the end."""
+    """(correct, total) over ``batches`` in eval mode, padding (label ``IGNORE``) left out
+    of both; one host sync at the end."""
     model.eval()
-    correct, total = None, 0
+    counts = None
     with torch.no_grad():
         for images, labels in batches:
             with _autocast(images.device, amp):
                 hits = (model(images).argmax(1) == labels).sum()
-            correct = hits if correct is None else correct + hits
-            total += len(labels)
+            both = torch.stack([hits, (labels != IGNORE).sum()])
+            counts = both if counts is None else counts + both
     model.train()
-    return (0 if correct is None else int(correct.item())), total  # .item() syncs the device
+    correct, total = (0, 0) if counts is None else counts.tolist()  # .tolist() syncs
+    return correct, total
 
 
 class LossTracker:
@@ -290,6 +327,7 @@ class Run:
     sched: torch.optim.lr_scheduler.LRScheduler
     resumed_from: Path | None
     progress: checkpoint.Progress = field(default_factory=checkpoint.Progress)
+    startup: dict[str, float] = field(default_factory=dict)  # seconds before the first step
 
     @property
     def lead(self) -> bool:  # rank 0: logs, progress bar, metrics and checkpoints
@@ -319,13 +357,21 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     """Data (the same on every rank), the resolved config, loaders, model and optimizer,
     and the state to continue from when resuming."""
     _, rank, world = distributed.placement(device)
+    if config.graph and (device.type != "cuda" or distributed_):
+        raise ConfigError(
+            f"--graph captures the training step in a CUDA graph: it needs one process on a "
+            f"CUDA device, and this run is on {device}"
+            + (f" with {world} processes" if distributed_ else "")
+        )
     torch.manual_seed(config.seed)
     train_set, test_set = load_splits(config)
     if distributed_:
         _check_same_data(train_set, test_set, device)
     c = config = resolve_config(config, train_set, device)
     dtype = torch.bfloat16 if c.amp else torch.float32
-    shared = dict(device=device, transfer=c.transfer, dtype=dtype, channels_last=c.channels_last)
+    shared = dict(
+        device=device, transfer=c.transfer, dtype=dtype, channels_last=c.channels_last, static=True
+    )
     loader = Loader(
         train_set,
         c.batch_size,
@@ -338,6 +384,17 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
         **shared,
     )
     test_loader = Loader(test_set, c.eval_batch_size, shuffle=False, pad=False, **shared)
+    if c.graph and loader.transfer != "resident":
+        raise ConfigError(
+            f"--graph needs the resident transfer (the whole step on the device), this run "
+            f"would use {loader.transfer}"
+        )
+    aug = parse_augment(c.augment)
+    if c.graph and (c.mix not in ("", "none") or (aug is not None and not aug.capturable)):
+        raise ConfigError(
+            "--graph captures device work only: drop --mix and the augmentations drawn on the "
+            f"host (resized_crop, altflip); got --augment {c.augment!r} --mix {c.mix!r}"
+        )
     model, opt, sched = model_and_optimizer(config, train_set, device, len(loader))
     out = Path(config.output_dir)
     resumed_from = checkpoint.resume_path(config.resume, out / "checkpoint.pt", say=rank == 0)
@@ -347,6 +404,11 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
         run.progress = checkpoint.restore(resumed_from, identity, run.parts)
     if distributed_:
         _check_same_start(run.progress.step if resumed_from else -1, device)
+    if not len(loader):
+        raise ConfigError(
+            f"batch size {c.batch_size} is more than the {loader.num_samples} training samples "
+            "of this process: every step takes a full batch; lower --batch-size"
+        )
     return run
 
 
@@ -393,7 +455,10 @@ def train(config: TrainConfig) -> dict:
     """
     device, distributed_, own_group = distributed.start(config.device, config.dist_timeout)
     try:
-        return _train(_set_up(config, device, distributed_))
+        t0 = time.perf_counter()
+        run = _set_up(config, device, distributed_)
+        run.startup["set_up"] = time.perf_counter() - t0  # data loaded, model built
+        return _train(run)
     except RuntimeError as err:
         if not (distributed_ and distributed.peer_failure(err)):
             raise
@@ -410,9 +475,10 @@ def train(config: TrainConfig) -> dict:
 def _train(run: Run) -> dict:
     config, loader, progress = run.config, run.loader, run.progress
     device, world, out = loader.device, loader.world_size, Path(config.output_dir)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True  # fixed shapes: autotune once, in the warm-up
-        warm_up(run.model, loader, config.amp)
+    lap = _stopwatch(device)
+    for part in (loader, run.test_loader):
+        part.start()  # resident: the dataset goes to the device here, before the clock
+    run.startup["upload"] = lap()
     net = (
         DistributedDataParallel(
             run.model, device_ids=[device.index] if device.type == "cuda" else None
@@ -420,6 +486,18 @@ def _train(run: Run) -> dict:
         if run.distributed
         else run.model
     )
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True  # fixed shapes: autotune once, in the warm-up
+    loss_fn = compiled(loss_of, device, config.graph) if config.compile else loss_of
+    step = partial(train_step, net, run.opt, run.sched, config=config, loss_fn=loss_fn)
+    if config.graph:  # warms up on construction, captures below
+        step = graphed.GraphedStep(run.model, run.opt, run.sched, loader, loss_fn, config)
+    elif device.type == "cuda" or config.compile:
+        warm_up(net, loader, config, loss_fn)
+    run.startup["warm_up"] = lap()  # compilation and cuDNN autotuning included
+    if config.graph:
+        step.capture()
+        run.startup["capture"] = lap()
     last_good = (
         f"last good checkpoint: {run.resumed_from} (step {progress.step})"
         if run.resumed_from
@@ -449,15 +527,17 @@ def _train(run: Run) -> dict:
 
     show = run.lead and config.progress and sys.stdout.isatty()
     samples, evaluated = 0, 0  # for the float32 byte comparison
+    outside, final_eval = {"eval": 0.0, "save": 0.0}, 0.0  # seconds off the clock
     accuracy = progress.history[-1]["test_accuracy"] if progress.history else float("nan")
     for epoch in range(loader.epoch, config.epochs):
         loader.set_epoch(epoch)  # on resume the same epoch: the position is kept
         t0 = time.perf_counter()
         # A mid-epoch checkpoint carries the loss summed so far in its epoch.
         losses = LossTracker(device, run.distributed, progress.epoch_loss_sum, progress.epoch_seen)
-        bar = _progress(loader, f"epoch {epoch + 1}/{config.epochs}", show)
+        batches = loader.staged() if config.graph else loader  # staged: the graph fills
+        bar = _progress(batches, len(loader), f"epoch {epoch + 1}/{config.epochs}", show)
         for images, labels in bar:
-            loss = train_step(net, run.opt, run.sched, images, labels, config)
+            loss = step(images, labels)
             progress.step, samples = progress.step + 1, samples + len(labels)
             losses.add(loss, progress.step)
             if progress.step % config.log_every == 0:
@@ -478,7 +558,10 @@ def _train(run: Run) -> dict:
         epoch_seconds = time.perf_counter() - t0
         progress.train_seconds += epoch_seconds
         progress.epoch_loss_sum, progress.epoch_seen = torch.zeros(()), 0
-        accuracy = _accuracy(run)
+        t0 = time.perf_counter()
+        accuracy = _accuracy(run)  # ends in a host sync
+        final_eval = time.perf_counter() - t0  # the last one is the final evaluation
+        outside["eval"] += final_eval
         evaluated += run.test_loader.num_samples
         progress.history.append(
             {
@@ -487,7 +570,7 @@ def _train(run: Run) -> dict:
                 "train_loss": epoch_loss,
                 "test_accuracy": accuracy,
                 "epoch_seconds": epoch_seconds,
-                "images_per_s": loader.num_samples * world / epoch_seconds,
+                "images_per_s": len(loader) * loader.batch_size * world / epoch_seconds,
             }
         )
         if run.lead:
@@ -498,17 +581,30 @@ def _train(run: Run) -> dict:
                 f"test acc {accuracy:.4f}  {epoch_seconds:.1f} s",
                 flush=True,
             )
+        t0 = time.perf_counter()
         if (
             accuracy > progress.best_accuracy
         ):  # best.pt first: a crash between the two redoes this epoch
             progress.best_accuracy = accuracy
             run.save(out / "best.pt")
         last_good = run.save(out / "checkpoint.pt")
+        outside["save"] += time.perf_counter() - t0
 
     stats, test_stats = loader.stats, run.test_loader.stats
     summary = {
         "test_accuracy": accuracy,
         "train_seconds": progress.train_seconds,
+        # the record clock: the steps (mid-epoch checkpoints included) + the final evaluation
+        "clock_seconds": progress.train_seconds + final_eval,
+        "final_eval_seconds": final_eval,
+        # this process's, off the clock: every evaluation (the final one too) and the
+        # epoch-end checkpoint writes
+        "eval_seconds": outside["eval"],
+        "save_seconds": outside["save"],
+        "startup_seconds": sum(run.startup.values()),
+        "startup": run.startup,
+        "compile": config.compile,
+        "graph": config.graph,
         "epochs": config.epochs,
         "transfer": loader.transfer,
         "device": str(loader.device),
@@ -541,27 +637,43 @@ def _accuracy(run: Run) -> float:
     return correct / total
 
 
-def warm_up(model: torch.nn.Module, loader: Loader, amp: bool) -> None:
-    """One forward and backward on a zero batch before the clock starts, then weights and
-    BatchNorm statistics put back exactly: CUDA's one-time costs (cuBLAS/cuDNN handles,
-    kernel loading: about a second on the H200) are start-up, not training."""
+def warm_up(model: torch.nn.Module, loader: Loader, config: TrainConfig, loss_fn=loss_of) -> None:
+    """One ``loss_fn`` forward and backward on a zero batch of the training shape before the
+    clock starts, then weights and BatchNorm statistics put back exactly: CUDA's one-time
+    costs (cuBLAS/cuDNN handles, kernel loading, cuDNN autotuning: about a second on the
+    H200) and ``torch.compile``'s compilation are start-up, not training."""
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     h, w, c = loader.dataset.image_shape
     fmt = torch.channels_last if loader.channels_last else torch.contiguous_format
     x = torch.zeros(loader.batch_size, c, h, w, dtype=loader.dtype, device=loader.device)
-    with _autocast(loader.device, amp):
-        model(x.contiguous(memory_format=fmt)).float().sum().backward()
+    y = torch.zeros(loader.batch_size, dtype=torch.int64, device=loader.device)
+    x = x.contiguous(memory_format=fmt)  # as the static batch: same shape, dtype and strides
+    loss_fn(model, x, y, config.label_smoothing, config.amp).backward()
     model.zero_grad(set_to_none=True)
     model.load_state_dict(saved)
     if loader.device.type == "cuda":
         torch.cuda.synchronize(loader.device)
 
 
-def _progress(loader: Loader, desc: str, show: bool):
-    """A tqdm bar over ``loader`` on a terminal; else the loader itself (tqdm is imported
-    only here, so batch jobs and minimal environments run without it)."""
+def _stopwatch(device: torch.device):
+    """``lap()``: seconds since the previous lap (or the start), queued device work included."""
+    last = [time.perf_counter()]
+
+    def lap() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        now = time.perf_counter()
+        seconds, last[0] = now - last[0], now
+        return seconds
+
+    return lap
+
+
+def _progress(batches: Iterable[Batch], total: int, desc: str, show: bool):
+    """A tqdm bar over ``batches`` on a terminal; else the batches themselves (tqdm is
+    imported only here, so batch jobs and minimal environments run without it)."""
     if not show:
-        return loader
+        return batches
     from tqdm import tqdm
 
-    return tqdm(loader, desc=desc, leave=False)
+    return tqdm(batches, total=total, desc=desc, leave=False)

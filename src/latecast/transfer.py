@@ -341,15 +341,20 @@ class Resident(Mover):
             self.stats.copies += 1
         return out
 
-    def batches(self, index_batches):
-        if not len(index_batches):
-            return
-        order = torch.cat(list(index_batches))  # this epoch's order, one upload
+    def order(self, index_batches: Sequence[torch.Tensor]) -> torch.Tensor:
+        """This epoch's order on the device (int64): one upload per epoch."""
+        order = torch.cat(list(index_batches))
         with record_function("h2d"):
             order_dev = order.to(self.device, non_blocking=self.cuda)
         self.stats.index_bytes += order.nbytes
         self.stats.copies += 1
-        for sel in torch.split(order_dev, [len(i) for i in index_batches]):
+        return order_dev
+
+    def batches(self, index_batches):
+        if not len(index_batches):
+            return
+        order = self.order(index_batches)
+        for sel in torch.split(order, [len(i) for i in index_batches]):
             yield self.images.index_select(0, sel), self.labels.index_select(0, sel)
 
 

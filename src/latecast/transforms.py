@@ -49,18 +49,24 @@ def normalize(
     *,
     dtype: torch.dtype = torch.float32,
     channels_last: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """uint8 ``(N, H, W, C)`` -> normalized ``(N, C, H, W)`` in ``dtype``, in one fused op.
 
     Equals torchvision's ``ToTensor()`` + ``Normalize(mean, std)`` within 1e-6 in float32:
     the two divisions fold into one multiply-add (``addcmul``) with constants computed in
-    float64, so the only rounding is float32's own.
+    float64, so the only rounding is float32's own. The cast from uint8, the multiply-add,
+    the rounding to ``dtype`` and the layout change are one ``addcmul`` written straight
+    into the output: one kernel on CUDA (its TensorIterator casts inside the kernel; on the
+    CPU it first makes a float copy of the input).
 
     Args:
         images: uint8 ``(N, H, W, C)`` on any device.
         mean, std: per-channel statistics in [0, 1] units.
         dtype: float32, bfloat16 or float16 (computed in float32, rounded once at the end).
         channels_last: return ``torch.channels_last`` memory format (NHWC in memory).
+        out: write here instead (``(N, C, H, W)``, its own dtype and layout win): a static
+            buffer reused every batch.
 
     Example:
         >>> x = torch.randint(0, 256, (8, 28, 28, 1), dtype=torch.uint8)
@@ -72,14 +78,17 @@ def normalize(
             f"normalize expects uint8 (N, H, W, C), got {images.dtype} "
             f"with shape {tuple(images.shape)}"
         )
-    if dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise ConfigError(f"normalize dtype must be float32, bfloat16 or float16, got {dtype}")
+    n, h, w, c = images.shape
+    if out is None:
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        out = torch.empty((n, c, h, w), dtype=dtype, device=images.device, memory_format=fmt)
+    if out.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ConfigError(f"normalize dtype must be float32, bfloat16 or float16, got {out.dtype}")
+    if out.shape != (n, c, h, w):
+        raise ConfigError(f"normalize out must be {(n, c, h, w)}, got {tuple(out.shape)}")
     scale, shift = _scale_shift(mean, std, images.device)
     x = images.permute(0, 3, 1, 2)  # (N, H, W, C) -> (N, C, H, W) view, NHWC in memory
-    out = torch.addcmul(shift, x.float(), scale)  # one elementwise kernel (plus the cast)
-    # addcmul follows the input's NHWC strides; make the layout what was asked for.
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    return out.to(dtype=dtype, memory_format=fmt)
+    return torch.addcmul(shift, x, scale, out=out)
 
 
 # ---- augmentation: uint8 (N, H, W, C) in, same shape and dtype out ----------------------
@@ -366,6 +375,11 @@ class Augment:
         validate(self)
         if self.altflip and self.flip:
             raise ConfigError("choose flip or altflip, not both")
+
+    @property
+    def capturable(self) -> bool:
+        """Only device work, no host draws: a CUDA graph can capture it (``--graph``)."""
+        return not (self.resized_crop or self.altflip)
 
     def crop_boxes(self, sizes: torch.Tensor, generator=None) -> torch.Tensor | None:
         """RandomResizedCrop boxes for images of ``sizes`` (``(N, 2)``), or None when off."""
