@@ -46,6 +46,9 @@ RUN_FIELDS = (
     "seed",
     "world_size",
 )
+# Run fields added since checkpoints were first written, with the value every older
+# checkpoint's run had: an older checkpoint lacking one is compared as having it.
+ADDED = {"mix": ""}
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
@@ -140,6 +143,7 @@ def restore(path: Path, run: dict, parts: dict) -> Progress:
 def check_same_run(path: str | os.PathLike, saved: dict, now: dict) -> None:
     """Refuse to continue from ``saved`` (config dict + world_size) under a run that differs
     in any of ``RUN_FIELDS``, listing every field that differs (docs/RELIABILITY.md row 21)."""
+    saved = {**ADDED, **saved}
     differ = [
         f"{k} {saved.get(k)!r} (checkpoint) != {now.get(k)!r} (now)"
         for k in RUN_FIELDS
