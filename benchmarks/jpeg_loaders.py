@@ -108,7 +108,12 @@ def main() -> None:
     workers = [cores if x.strip() == "N" else int(x) for x in args.workers.split(",")]
     ds = encoded_folder(args.folder, size)
     with tempfile.TemporaryDirectory() as tmp:
-        store = args.raw_store or convert_folder(args.folder, Path(tmp) / "raw", size=size)[0]
+        store = (
+            args.raw_store
+            or convert_folder(
+                args.folder, Path(tmp) / "raw", size=args.size, encoding="raw", test_fraction=0
+            )[0]
+        )
         raw = open_store(store)
         runs = {
             **latecast_rows(ds, raw, args, device, workers),
