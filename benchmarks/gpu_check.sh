@@ -111,6 +111,9 @@ part bench "$PYTHON" -m latecast bench --device "$DEVICE" --repeats "$REPEATS" \
     ${LIMIT_BATCHES:+--limit-batches "$LIMIT_BATCHES"} --e2e-epochs "$E2E_EPOCHS" $BENCH_ARGS \
     --output-dir "$RESULTS/bench" --json
 
+# Every `latecast train` below passes --overwrite: a rerun into the same $RESULTS replaces
+# the previous results' runs (latecast refuses that otherwise).
+
 # ---- 4. CIFAR-10-shaped run --------------------------------------------------------------
 # No CIFAR-10 files on the GPU machine (no network): a store of random uint8 images of the
 # real shape (50,000 + 10,000 x 32x32x3) measures bytes and speed, never accuracy. Loader
@@ -135,7 +138,7 @@ hook_cifar10() {
     # shellcheck disable=SC2086
     part cifar10-train "$PYTHON" -m latecast train "$store" --device "$DEVICE" \
         --epochs "$CIFAR_EPOCHS" $CIFAR_ARGS --no-progress \
-        --output-dir "$RESULTS/cifar10/train" --json
+        --output-dir "$RESULTS/cifar10/train" --overwrite --json
 }
 hook_cifar10
 
@@ -145,7 +148,7 @@ hook_torchrun() {
     # shellcheck disable=SC2086
     part torchrun "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node=1 \
         -m latecast train --device "$DEVICE" $TORCHRUN_ARGS --no-progress \
-        --output-dir "$RESULTS/torchrun" --json
+        --output-dir "$RESULTS/torchrun" --overwrite --json
 }
 hook_torchrun
 
@@ -157,7 +160,7 @@ for seed in warmup $(seq 1 "$SEEDS"); do
     s=$([ "$seed" = warmup ] && echo 0 || echo "$seed")
     # shellcheck disable=SC2086
     part "train-$seed" "$PYTHON" -m latecast train --device "$DEVICE" $TRAIN_ARGS --seed "$s" \
-        --no-progress --output-dir "$RESULTS/train/$seed" --json \
+        --no-progress --output-dir "$RESULTS/train/$seed" --overwrite --json \
         && tail -n 1 "$RESULTS/train-$seed.out" > "$RESULTS/train/$seed.json"
 done
 
@@ -168,7 +171,8 @@ mkdir -p "$RESULTS/sweep"
 for i in "${!SWEEP_RUNS[@]}"; do
     # shellcheck disable=SC2086
     part "sweep-$i" "$PYTHON" -m latecast train --device "$DEVICE" --transfer resident \
-        ${SWEEP_RUNS[$i]} ${SWEEP_ARGS:-} --no-progress --output-dir "$RESULTS/sweep/$i" --json \
+        ${SWEEP_RUNS[$i]} ${SWEEP_ARGS:-} --no-progress --output-dir "$RESULTS/sweep/$i" \
+        --overwrite --json \
         && tail -n 1 "$RESULTS/sweep-$i.out" > "$RESULTS/sweep/$i.json"
 done
 
