@@ -129,7 +129,7 @@ part() {
 train() {
     local name=$1 limit=$2 json=$3; shift 3
     mkdir -p "$(dirname "$json")"
-    part "$name" "$limit" "$PYTHON" -m latecast train --device "$DEVICE" "$@" --no-progress \
+    part "$name" "$limit" "$PYTHON" -m latecast train --device "$DEVICE" "$@" --no-progress --overwrite \
         --output-dir "$SCRATCH/runs/$name" --json \
         && tail -n 1 "$RESULTS/$name.out" > "$json" \
         && cp "$SCRATCH/runs/$name/metrics.jsonl" "${json%.json}.metrics.jsonl"
@@ -239,7 +239,7 @@ hook_photos
 hook_torchrun() {
     # shellcheck disable=SC2086
     part torchrun 60 "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node=1 \
-        -m latecast train --device "$DEVICE" $TORCHRUN_ARGS --no-progress \
+        -m latecast train --device "$DEVICE" $TORCHRUN_ARGS --no-progress --overwrite \
         --output-dir "$SCRATCH/runs/torchrun" --json
 }
 hook_torchrun

@@ -227,8 +227,9 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", torn_save)
-    with pytest.raises(OSError):
+    with pytest.raises(CheckpointError, match="not saved \\(disk full\\)") as err:
         ckpt.save_checkpoint(path, {**good, "step": 2})
+    assert str(path) in str(err.value)
     monkeypatch.undo()
     assert ckpt.load_checkpoint(path)["step"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.pt"]

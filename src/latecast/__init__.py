@@ -12,28 +12,49 @@ Example:
     ...     ...
 """
 
-from .convert import convert_folder
-from .data import Dataset, from_arrays
-from .datasets import load_dataset
-from .errors import LatecastError
-from .loader import Loader
-from .store import open_store
-from .train import TrainConfig, train
-from .transforms import Augment, normalize
-from .wrap import wrap
+from __future__ import annotations
+
+import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
-__all__ = [
-    "Augment",
-    "Dataset",
-    "LatecastError",
-    "Loader",
-    "TrainConfig",
-    "convert_folder",
-    "from_arrays",
-    "load_dataset",
-    "normalize",
-    "open_store",
-    "train",
-    "wrap",
-]
+# name -> module. Imported on first use (PEP 562): `import latecast` and the command line
+# start without torch (about 2 s), so a Ctrl-C during start-up reaches the CLI's handler.
+_EXPORTS = {
+    "Augment": "transforms",
+    "Dataset": "data",
+    "LatecastError": "errors",
+    "Loader": "loader",
+    "TrainConfig": "train",
+    "convert_folder": "convert",
+    "from_arrays": "data",
+    "load_dataset": "datasets",
+    "normalize": "transforms",
+    "open_store": "store",
+    "train": "train",
+    "wrap": "wrap",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'latecast' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name: str, value) -> None:
+        # Importing the module latecast.train sets the package's `train` to that module;
+        # the package's `train` stays the function, as when it was imported eagerly.
+        if name == "train" and isinstance(value, types.ModuleType):
+            value = value.train
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -14,6 +14,8 @@ tensors, numbers, strings, lists and dicts only (row 20).
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -45,6 +47,7 @@ RUN_FIELDS = (
     "channels_last",
     "seed",
     "world_size",
+    "data_fingerprint",  # data.fingerprint of the training split: other data, another run (row 77)
 )
 # Run fields added since checkpoints were first written, with the value every older
 # checkpoint's run had: an older checkpoint lacking one is compared as having it.
@@ -52,9 +55,19 @@ ADDED = {"mix": ""}
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
-    """Write ``state`` (plain dict) to ``path`` atomically, tagged with the format version."""
-    with atomic_write(path) as f:
-        torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+    """Write ``state`` (plain dict) to ``path`` atomically, tagged with the format version;
+    a full disk or an unwritable folder is a ``CheckpointError`` naming ``path``, with the
+    previous file left as it was and no temporary file left beside it (row 19)."""
+    try:
+        with atomic_write(path) as f:
+            torch.save({"format": FORMAT, "version": VERSION, **state}, f)
+    except (OSError, RuntimeError) as err:
+        cause = err if isinstance(err, OSError) else err.__context__  # torch wraps ENOSPC
+        if not isinstance(cause, OSError):
+            raise
+        raise CheckpointError(
+            f"{path}: not saved ({cause.strerror or cause}); the previous one is kept"
+        ) from err
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:
@@ -66,8 +79,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # zip, pickle and unpickler-allowlist errors all land here
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise CheckpointError(f"{path}: not a readable checkpoint ({first})") from None
+        raise CheckpointError(f"{path}: not a readable checkpoint ({_why(err)})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a latecast checkpoint (no '{FORMAT}' format tag)")
     if state.get("version") != VERSION:
@@ -79,6 +91,26 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
     if missing:
         raise CheckpointError(f"{path}: checkpoint lacks {', '.join(missing)}")
     return state
+
+
+def _why(err: Exception) -> str:
+    """torch's reason in one line, without its advice to load with ``weights_only=False``:
+    that would run code from a file nobody vouched for (docs/RELIABILITY.md row 78)."""
+    text = str(err).strip()
+    if re.search("weights.only", text, re.IGNORECASE):
+        found = re.search(r"GLOBAL (\S+)", text)
+        what = f" such as {found.group(1)}" if found else ""
+        return f"it holds Python objects{what}, which could run code: only plain data is loaded"
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def is_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a latecast checkpoint (tensors are mapped, not read)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # anything unreadable is not one
+        return False
+    return isinstance(state, dict) and state.get("format") == FORMAT
 
 
 def resume_path(resume: str | None, latest: Path, say: bool = True) -> Path | None:
@@ -107,7 +139,14 @@ class Progress:
     epoch_seen: int = 0  # steps summed into epoch_loss_sum
 
 
-def save(path: str | os.PathLike, parts: dict, progress: Progress, config: dict, world: int):
+def save(
+    path: str | os.PathLike,
+    parts: dict,
+    progress: Progress,
+    config: dict,
+    world: int,
+    data_fingerprint: str,
+):
     """Checkpoint a run: the mirror of ``restore``, the one place the schema is written.
     ``parts``: ``model``, ``optimizer``, ``scheduler`` and ``loader``, by their state dicts."""
     state = {name: part.state_dict() for name, part in parts.items()}
@@ -121,15 +160,25 @@ def save(path: str | os.PathLike, parts: dict, progress: Progress, config: dict,
             "rng": rng_state(),
             "config": config,
             "world_size": world,
+            "data_fingerprint": data_fingerprint,
         },
     )
 
 
 def restore(path: Path, run: dict, parts: dict) -> Progress:
     """Load the checkpoint at ``path`` into ``parts`` (as for ``save``) once it is known to
-    come from the same run (``run``: this run's config plus ``world_size``); its progress."""
+    come from the same run (``run``: this run's config plus ``world_size`` and
+    ``data_fingerprint``); its progress."""
     state = load_checkpoint(path)
-    check_same_run(path, {**state["config"], "world_size": state["world_size"]}, run)
+    saved = {**state["config"], **{k: state.get(k) for k in ("world_size", "data_fingerprint")}}
+    if saved["data_fingerprint"] is None:  # written before fingerprints (latecast 0.1.0)
+        warnings.warn(
+            f"{path} predates data fingerprints: its data is checked by dataset name, "
+            f"--limit-train and sample count only",
+            stacklevel=2,
+        )
+        saved["data_fingerprint"] = run["data_fingerprint"]
+    check_same_run(path, saved, run)
     try:  # a checkpoint edited by hand, or from another latecast version
         for name, part in parts.items():
             part.load_state_dict(state[name])

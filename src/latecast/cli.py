@@ -1,7 +1,8 @@
 """``latecast`` command line: argparse -> frozen dataclass configs -> library functions.
 
-Exit codes: 0 success, 2 bad usage (argparse), 1 a ``LatecastError`` (one line on stderr,
-no traceback unless ``--debug``). With ``--json`` the last stdout line is one JSON object.
+Exit codes: 0 success, 2 bad usage (argparse), 1 a ``LatecastError`` or what the system
+refused (a full disk, no permission), 130 Ctrl-C; errors are one line on stderr, no
+traceback unless ``--debug``. With ``--json`` the last stdout line is one strict JSON object.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
+import re
 import sys
 import warnings
 from dataclasses import MISSING, fields
@@ -83,7 +86,10 @@ def _run_train(args: argparse.Namespace) -> dict:
     if summary["rank"] != 0:  # under torchrun only rank 0 reports (and prints the JSON)
         args.json = False
         return summary
-    saved = 1 - summary["h2d_bytes"] / max(summary["h2d_bytes_float32"], 1)
+    if summary.get("checked"):
+        _print_check(summary)
+        return summary
+    moved, f32 = summary["h2d_bytes"], summary["h2d_bytes_float32"]
     print(
         f"test accuracy {summary['test_accuracy']:.4f} after {summary['epochs']} epochs, "
         f"{summary['train_seconds']:.1f} s of training on {summary['device']} "
@@ -95,9 +101,18 @@ def _run_train(args: argparse.Namespace) -> dict:
         f"start-up {summary['startup_seconds']:.2f} s ({up}); off the clock: evaluations "
         f"{summary['eval_seconds']:.2f} s, checkpoints {summary['save_seconds']:.2f} s"
     )
+    # float32 is 0 when a resumed run had nothing left to train; more than float32 when the
+    # resident upload of the whole dataset outweighs the few samples trained since
+    versus = (
+        ""
+        if not f32
+        else f" ({1 - moved / f32:.0%} less)"
+        if moved <= f32
+        else f" ({moved / f32:.1f}x as much)"
+    )
     print(
-        f"host->device: {_human_bytes(summary['h2d_bytes'])} moved; float32 would have moved "
-        f"{_human_bytes(summary['h2d_bytes_float32'])} ({saved:.0%} less)"
+        f"host->device: {_human_bytes(moved)} moved; float32 would have moved "
+        f"{_human_bytes(f32)}{versus}"
         + (  # JPEG: compressed bytes; decoded uint8 is the other comparison
             f", uint8 {_human_bytes(summary['h2d_bytes_uint8'])}"
             if summary["transfer"] == "jpeg"
@@ -105,6 +120,23 @@ def _run_train(args: argparse.Namespace) -> dict:
         )
     )
     return summary
+
+
+def _print_check(found: dict) -> None:
+    c, (h, w, ch) = found["config"], found["image_shape"]
+    start = (
+        f"resumes {found['resume_from']} at step {found['start_step']}"
+        if found["resume_from"]
+        else f"replaces {', '.join(found['replaces'])}"
+        if found["replaces"]
+        else "starts a new run"
+    )
+    print(
+        f"check passed: {c['model']} on {c['dataset']} ({found['train_samples']} train / "
+        f"{found['test_samples']} test images {h}x{w}x{ch}, {found['classes']} classes), "
+        f"{c['epochs']} epochs of {found['steps_per_epoch']} steps at batch {c['batch_size']} "
+        f"on {found['device']} ({found['transfer']}); in {c['output_dir']} it {start}"
+    )
 
 
 # -- info --------------------------------------------------------------------------------
@@ -251,8 +283,13 @@ COMMANDS = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line like every other error; --help has the usage
+        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="latecast",
         description=("Move bytes, not floats: uint8 batches to the device, normalized there."),
     )
@@ -264,27 +301,67 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(text: object) -> str:
+    """``text`` on one line: control characters (newlines in a file name, terminal escapes)
+    shown escaped, as ``repr`` would."""
+    return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], str(text).strip())
+
+
 def _one_line_warning(message, category, filename, lineno, line=None) -> str:
-    return f"latecast: warning: {message}\n"
+    return f"latecast: warning: {_one_line(message)}\n"
+
+
+def _strict(value):
+    """``value`` with NaN and infinities as null: the ``--json`` line is strict JSON (row 81)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; its exit code. Ctrl-C at any point, even while torch is still
+    importing (``build_parser`` imports it), is one line and exit code 130 (row 79)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        # Interrupted inside an exec()/eval() of a string (dataclasses and namedtuples make
+        # their methods so), CPython keeps its "unhandled KeyboardInterrupt" flag set although
+        # the interrupt was handled here, and kills itself with SIGINT at exit instead of
+        # returning 130; a string exec() that completes clears the flag.
+        exec("")
+        print("latecast: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if not args.debug:  # warnings as one line each, without the source line under them
         warnings.formatwarning = _one_line_warning
     try:
         result = COMMANDS[args.command][1](args)
-    except LatecastError as err:
+        if args.json:
+            print(json.dumps(_strict(result), default=str, allow_nan=False))
+    except Exception as err:
         if args.debug:
             raise
-        print(f"latecast: error: {err}", file=sys.stderr)
+        print(f"latecast: error: {_one_line(_message(err))}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("latecast: interrupted", file=sys.stderr)
-        return 130
-    if args.json:
-        print(json.dumps(result, default=str))
     return 0
+
+
+def _message(err: Exception) -> str:
+    """A LatecastError's own message; what the system refused (OSError) or ran out of
+    (host or device memory) as it says it; anything else is a bug in latecast, said so."""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if isinstance(err, LatecastError):
+        return str(err)
+    if isinstance(err, (OSError, MemoryError)) or type(err).__name__ == "OutOfMemoryError":
+        return first
+    return f"internal error ({type(err).__name__}: {first}); please report it (--debug: traceback)"
 
 
 if __name__ == "__main__":

@@ -68,6 +68,8 @@ def validate(config: Any) -> None:
             ok = math.isfinite(value) and all(test(value, b) for _, test, b in bounds)
         if choices is not None and value not in choices:
             raise ConfigError(f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
+        if want is str and ok and "\0" in value:  # no file or name can hold one
+            raise ConfigError(f"{f.name} must not contain a NUL character, got {value!r}")
         if not ok:
             rule = " and".join(f" {sym} {b}" for sym, _, b in bounds)
             raise ConfigError(f"{f.name} must be {what}{rule}, got {value!r}")

@@ -3,6 +3,9 @@ loader: uint8 images, narrow labels, class names, the train split's mean/std; ch
 
 from __future__ import annotations
 
+import hashlib
+import math
+import numbers
 import os
 from dataclasses import dataclass
 
@@ -47,11 +50,16 @@ class Dataset:
             )
         if len(im) != len(lb):
             raise FormatError(f"{self.name}/{self.split}: {len(im)} images but {len(lb)} labels")
-        c = im.shape[3]
-        if len(self.mean) != c or len(self.std) != c:
+        c, values = im.shape[3], (*self.mean, *self.std)
+        if (
+            len(self.mean) != c
+            or len(self.std) != c
+            or not all(isinstance(v, numbers.Real) and math.isfinite(v) for v in values)
+            or min(self.std) <= 0
+        ):
             raise FormatError(
-                f"{self.name}/{self.split}: mean/std need {c} channel values, "
-                f"got {len(self.mean)}/{len(self.std)}"
+                f"{self.name}/{self.split}: mean/std need {c} finite channel values "
+                f"(std > 0), got {self.mean}/{self.std}"
             )
 
     def __len__(self) -> int:
@@ -197,21 +205,64 @@ def from_arrays(
         >>> mnist = torchvision.datasets.MNIST("data", download=False)
         >>> train = latecast.from_arrays(mnist.data, mnist.targets, name="mnist")
     """
-    images = images.numpy() if hasattr(images, "numpy") else np.asarray(images)
-    labels = labels.numpy() if hasattr(labels, "numpy") else np.asarray(labels)
+    images, labels = _array(images, "images", name), _array(labels, "labels", name)
     if images.ndim == 3:
         images = images[..., None]  # (N, H, W) -> (N, H, W, 1)
+    if images.ndim == 4 and images.shape[1] in (1, 3) and images.shape[3] > 4:
+        raise FormatError(
+            f"{name}: images of shape {images.shape} look like (N, C, H, W); latecast takes "
+            f"(N, H, W, C): pass images.permute(0, 2, 3, 1) (numpy: .transpose(0, 2, 3, 1))"
+        )
+    if images.ndim != 4 or images.dtype != np.uint8:
+        raise FormatError(
+            f"{name}: images must be uint8 (N, H, W) or (N, H, W, C), "
+            f"got {images.dtype} {images.shape}"
+        )
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":
+        raise FormatError(
+            f"{name}: labels must be integers (N,), got {labels.dtype} {labels.shape}"
+        )
     if labels.size and (labels.min() < 0 or labels.max() > np.iinfo(np.uint16).max):
         raise FormatError(
             f"{name}: labels must lie in 0..65535, got {labels.min()}..{labels.max()}"
         )
+    try:
+        classes = None if classes is None else tuple(str(c) for c in classes)
+        mean, std = (
+            channel_stats(images)
+            if mean is None and std is None
+            else (tuple(map(float, mean)), tuple(map(float, std)))
+        )
+    except (TypeError, ValueError):
+        raise FormatError(
+            f"{name}: classes must be names, mean and std sequences of numbers (both or "
+            f"neither), got {classes!r:.60}, {mean!r:.60}, {std!r:.60}"
+        ) from None
     n_classes = len(classes) if classes is not None else int(labels.max()) + 1 if labels.size else 0
     check_labels(labels, n_classes, name)
     labels = labels.astype(np.uint8 if n_classes <= 256 else np.uint16)
-    if mean is None or std is None:
-        mean, std = channel_stats(images)
-    classes = tuple(classes) if classes is not None else tuple(str(i) for i in range(n_classes))
-    return Dataset(name, split, images, labels, classes, tuple(mean), tuple(std))
+    classes = classes or tuple(str(i) for i in range(n_classes))
+    return Dataset(name, split, images, labels, classes, mean, std)
+
+
+def _array(value, what: str, name: str) -> np.ndarray:
+    """A numpy array of ``value`` (numpy, a torch tensor on any device, nested lists)."""
+    try:
+        return value.numpy(force=True) if hasattr(value, "numpy") else np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise FormatError(f"{name}: {what} must be an array or tensor ({e})") from None
+
+
+def fingerprint(ds: Dataset, samples: int = 64) -> str:
+    """What identifies a split's content, as 16 hex digits: its shapes, mean/std, every
+    label and ``samples`` images spread evenly over it. Reads those images only, so a store
+    larger than memory costs milliseconds; equal on every process and machine."""
+    n = len(ds)
+    picks = sorted({i * (n - 1) // max(samples - 1, 1) for i in range(min(samples, n))})
+    h = hashlib.sha256(repr([ds.images.shape, *map(float, (*ds.mean, *ds.std))]).encode())
+    h.update(ds.labels.astype(ds.labels.dtype.newbyteorder("<")).tobytes())
+    h.update(np.ascontiguousarray(ds.images[picks]).tobytes())
+    return h.hexdigest()[:16]
 
 
 def check_labels(labels: np.ndarray, n_classes: int, where: str | os.PathLike) -> None:

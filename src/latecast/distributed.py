@@ -48,6 +48,8 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         raise ConfigError(f"device {device!r} asked for but torch sees no CUDA device here")
     if dev.type not in ("cpu", "cuda"):
         raise ConfigError(f"device {device!r}: latecast runs on cpu and cuda devices only")
+    if dev.type == "cuda" and (dev.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"device {device!r}: torch sees {torch.cuda.device_count()} CUDA devices")
     return dev
 
 

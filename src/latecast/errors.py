@@ -34,7 +34,8 @@ class CheckpointError(LatecastError):
 
 
 class TrainingError(LatecastError):
-    """Training diverged (NaN/inf loss) or a distributed peer failed."""
+    """Training diverged (NaN/inf loss), a distributed peer failed, or its output could not
+    be written (a full disk, a folder gone read-only)."""
 
 
 class BatchError(LatecastError):

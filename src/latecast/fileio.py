@@ -1,12 +1,13 @@
 """Crash-safe writes: a file or a folder is built next to its target, fsynced and renamed over
-it, so a writer killed at any point (even ``kill -9``) leaves the previous one; the next folder
-write removes what dead writers left behind (docs/RELIABILITY.md rows 18-19)."""
+it, so a writer killed at any point (even ``kill -9``) leaves the previous one; the next write
+of the same target removes what dead writers left behind (docs/RELIABILITY.md rows 18-19, 76)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -26,7 +27,9 @@ def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    owner = f"{socket.gethostname()}-{os.getpid()}"  # whose temp file: see _clean_temps
+    _clean_temps(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{owner}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o644)  # mkstemp's 0600 would make shared caches unreadable to others
         with os.fdopen(fd, "wb") as f:
@@ -84,6 +87,19 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # exists, owned by another user
         return True
+
+
+def _clean_temps(path: Path) -> None:
+    """Remove ``.NAME.HOST-PID.XXXXXXXX.tmp`` files of ``path`` that writers on this host,
+    now dead (killed mid-write), left; a live writer's, or another host's, stay."""
+    prefix, host = f".{path.name}.", socket.gethostname()
+    for p in path.parent.iterdir():
+        if not (p.name.startswith(prefix) and p.name.endswith(".tmp")):
+            continue
+        owner = p.name[len(prefix) : -len(".tmp")].rpartition(".")[0]
+        name, _, pid = owner.rpartition("-")
+        if name == host and pid.isdigit() and not _alive(int(pid)):
+            p.unlink(missing_ok=True)
 
 
 def _clean_leftovers(out: Path) -> None:

@@ -20,6 +20,7 @@ buffers: same shapes and storage, but nothing a graph can capture.
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import replace
 from typing import Iterator
@@ -152,8 +153,14 @@ class Loader:
         mix: Mixing | None = None,
         static: bool = False,
     ) -> None:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"batch_size must be a positive integer, got {batch_size!r}")
+        for name, value, low in (("batch_size", batch_size, 1), ("seed", seed, 0)):
+            if (
+                not isinstance(value, numbers.Integral)
+                or isinstance(value, bool)
+                or not low <= value < 2**63
+            ):
+                raise ConfigError(f"{name} must be an integer in {low}..2**63-1, got {value!r}")
+        batch_size, seed = int(batch_size), int(seed)  # numpy ints too (torch's seed wants int)
         if len(dataset) == 0:
             raise ConfigError(f"{dataset.name}/{dataset.split} is empty")
         if transfer != "auto":

@@ -24,6 +24,7 @@ ranks from unpadded shards, so it equals single-process accuracy on the same wei
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -39,9 +40,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed, graphed
+from . import checkpoint, distributed, graphed, rundir
 from .config import DATASET_HELP, option, validate
-from .data import Dataset, EncodedDataset
+from .data import Dataset, EncodedDataset, fingerprint
 from .datasets import load_dataset
 from .errors import CheckpointError, ConfigError, TrainingError
 from .loader import IGNORE, ORDERS, Loader
@@ -114,7 +115,7 @@ class TrainConfig:
     window: int = option(256, "--order block: blocks shuffled together", low=1)
     amp: bool | None = option(None, f"bf16 autocast, CUDA only{_PRESET}")
     channels_last: bool | None = option(None, f"NHWC images and model{_PRESET}")
-    momentum: float = option(0.9, "Nesterov momentum", low=0)
+    momentum: float = option(0.9, "Nesterov momentum (0: plain SGD)", low=0)
     weight_decay: float = option(5e-4, "L2 on all parameters", low=0)
     transfer: str = option("auto", "|".join([*MOVERS, "auto"]), choices=[*MOVERS, "auto"])
     compile: bool = option(False, "torch.compile the model and loss (compiled in the warm-up)")
@@ -129,11 +130,15 @@ class TrainConfig:
     limit_train: int | None = option(None, "train on the first N samples", metavar="N", low=1)
     limit_test: int | None = option(None, "evaluate on the first N samples", metavar="N", low=1)
     resume: str | None = option(None, "checkpoint to continue from; auto: OUTPUT_DIR's if any")
+    overwrite: bool = option(False, "replace a previous run's files in OUTPUT_DIR (only those)")
+    check: bool = option(False, "check data, config, output folder and resume, then exit")
     checkpoint_every: int | None = option(None, "also save every N steps", metavar="N", low=1)
-    dist_timeout: float = option(300.0, "seconds a rank waits for the others", above=0)
+    dist_timeout: float = option(300.0, "seconds a rank waits for the others", above=0, high=1e7)
 
     def __post_init__(self) -> None:
         validate(self)  # one line naming the field and the value (docs/RELIABILITY.md row 29)
+        if self.overwrite and self.resume is not None:
+            raise ConfigError("overwrite starts a new run, resume continues one: give one")
 
 
 def resolve_config(config: TrainConfig, train_set: Dataset, device: torch.device) -> TrainConfig:
@@ -184,7 +189,7 @@ def model_and_optimizer(
         model.parameters(),
         lr=config.lr,
         momentum=config.momentum,
-        nesterov=True,
+        nesterov=config.momentum > 0,  # torch refuses Nesterov without momentum
         weight_decay=config.weight_decay,
     )
     return model, opt, one_cycle(opt, config.epochs * steps_per_epoch)
@@ -348,8 +353,8 @@ class Run:
         line that names the last good checkpoint."""
         distributed.sync_buffers(self.model, self.distributed)
         if self.lead:
-            world = self.loader.world_size
-            checkpoint.save(path, self.parts, self.progress, asdict(self.config), world)
+            world, data = self.loader.world_size, fingerprint(self.loader.dataset)
+            checkpoint.save(path, self.parts, self.progress, asdict(self.config), world, data)
         return f"last good checkpoint: {path} (step {self.progress.step})"
 
 
@@ -367,7 +372,9 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     train_set, test_set = load_splits(config)
     if distributed_:
         _check_same_data(train_set, test_set, device)
+    asked_batch = config.batch_size
     c = config = resolve_config(config, train_set, device)
+    _check_fits(config, asked_batch, train_set, test_set, world)
     dtype = torch.bfloat16 if c.amp else torch.float32
     shared = dict(
         device=device, transfer=c.transfer, dtype=dtype, channels_last=c.channels_last, static=True
@@ -383,7 +390,8 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
         mix=parse_mix(c.mix, train_set.num_classes),
         **shared,
     )
-    test_loader = Loader(test_set, c.eval_batch_size, shuffle=False, pad=False, **shared)
+    eval_batch = min(c.eval_batch_size, len(test_set))  # a larger one is the same single batch
+    test_loader = Loader(test_set, eval_batch, shuffle=False, pad=False, **shared)
     if c.graph and loader.transfer != "resident":
         raise ConfigError(
             f"--graph needs the resident transfer (the whole step on the device), this run "
@@ -400,7 +408,11 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     resumed_from = checkpoint.resume_path(config.resume, out / "checkpoint.pt", say=rank == 0)
     run = Run(config, distributed_, loader, test_loader, model, opt, sched, resumed_from)
     if resumed_from:
-        identity = {**asdict(config), "world_size": world}
+        identity = {
+            **asdict(config),
+            "world_size": world,
+            "data_fingerprint": fingerprint(train_set),
+        }
         run.progress = checkpoint.restore(resumed_from, identity, run.parts)
     if distributed_:
         _check_same_start(run.progress.step if resumed_from else -1, device)
@@ -410,6 +422,40 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
             "of this process: every step takes a full batch; lower --batch-size"
         )
     return run
+
+
+def _check_fits(
+    config: TrainConfig, asked_batch: int | None, train_set: Dataset, test_set: Dataset, world: int
+) -> None:
+    """Refuse before the first step what would fail or mislead later: splits of different
+    shapes or classes, a batch larger than a process's share, a model deeper than the
+    images allow (docs/RELIABILITY.md row 75)."""
+    where, num_classes = config.dataset, train_set.num_classes
+    if test_set.image_shape != train_set.image_shape:
+        shapes = " vs ".join("x".join(map(str, s.image_shape)) for s in (train_set, test_set))
+        raise ConfigError(f"{where}: train and test images differ in shape ({shapes}, HxWxC)")
+    outside = np.flatnonzero(test_set.labels >= num_classes)
+    if outside.size:
+        raise ConfigError(
+            f"{where}: test label {test_set.labels[outside[0]]} at index {outside[0]} is "
+            f"outside the training classes 0..{num_classes - 1}"
+        )
+    share = math.ceil(len(train_set) / world)
+    if asked_batch is not None and asked_batch > share:
+        raise ConfigError(
+            f"batch_size {asked_batch} is larger than the {share} training samples each "
+            f"process has; choose at most {share}"
+        )
+    h, w, c = train_set.image_shape
+    smallest = share % config.batch_size or min(config.batch_size, share)  # BatchNorm needs > 1
+    try:
+        with torch.device("meta"):  # shapes only: nothing allocated, no random draws
+            MODELS[config.model]((c, h, w), num_classes)(torch.zeros(smallest, c, h, w))
+    except (RuntimeError, ValueError) as err:
+        raise ConfigError(
+            f"model {config.model} cannot train on {h}x{w}x{c} images in batches of "
+            f"{smallest} ({str(err).strip().splitlines()[0]}); choose another --model"
+        ) from None
 
 
 def _check_same_data(train_set: Dataset, test_set: Dataset, device: torch.device) -> None:
@@ -453,12 +499,23 @@ def train(config: TrainConfig) -> dict:
         >>> summary = train(TrainConfig(model="mlp", epochs=1, output_dir="runs/mlp"))
         >>> summary["test_accuracy"]  # about 0.97
     """
+    if config.epochs == 0:  # allowed in a TrainConfig: bench's recipe skips its runs with it
+        raise ConfigError("epochs 0 trains nothing: give --epochs 1 or more")
     device, distributed_, own_group = distributed.start(config.device, config.dist_timeout)
+    lead = distributed.placement(device)[1] == 0  # rank 0 alone writes the output folder
+    out, asked = config.output_dir, (config.output_dir, config.resume, config.overwrite)
     try:
+        replaced = rundir.check(*asked) if lead else []  # before any work; writes nothing
         t0 = time.perf_counter()
         run = _set_up(config, device, distributed_)
         run.startup["set_up"] = time.perf_counter() - t0  # data loaded, model built
-        return _train(run)
+        if config.check:
+            return _checked(run, replaced)
+        with rundir.claim(*asked) if lead else contextlib.nullcontext([]) as replaced:
+            rundir.clear(out, replaced)  # judged again under the lock
+            return _train(run)
+    except OSError as err:  # a full disk, a folder gone read-only: one line naming the file
+        raise TrainingError(f"{err.filename or out}: {err.strerror or err}") from err
     except RuntimeError as err:
         if not (distributed_ and distributed.peer_failure(err)):
             raise
@@ -470,6 +527,27 @@ def train(config: TrainConfig) -> dict:
     finally:
         if own_group:
             dist.destroy_process_group()
+
+
+def _checked(run: Run, replaced: list[str]) -> dict:
+    """What ``--check`` found: the run that would start; nothing trained or written."""
+    loader, ds = run.loader, run.loader.dataset
+    return {
+        "checked": True,
+        "config": asdict(run.config),
+        "device": str(loader.device),
+        "transfer": loader.transfer,
+        "train_samples": len(ds),
+        "test_samples": len(run.test_loader.dataset),
+        "image_shape": list(ds.image_shape),
+        "classes": ds.num_classes,
+        "steps_per_epoch": len(loader),
+        "resume_from": str(run.resumed_from) if run.resumed_from else None,
+        "start_step": run.progress.step,
+        "replaces": replaced,
+        "rank": loader.rank,
+        "world_size": loader.world_size,
+    }
 
 
 def _train(run: Run) -> dict:

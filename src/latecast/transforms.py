@@ -30,12 +30,29 @@ _affine_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _scale_shift(
-    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+    mean: tuple[float, ...], std: tuple[float, ...], channels: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x/255 - mean)/std == x*scale + shift``; built once per (device, mean, std)."""
-    key = (str(device), tuple(mean), tuple(std))
+    """``(x/255 - mean)/std == x*scale + shift``; built (and checked) once per (device,
+    channels, mean, std)."""
+    try:
+        key = (str(device), channels, tuple(map(float, mean)), tuple(map(float, std)))
+    except (TypeError, ValueError):
+        raise ConfigError(
+            f"normalize: mean and std must be sequences of numbers, got {mean!r:.60}/{std!r:.60}"
+        ) from None
     if key not in _affine_cache:
-        m, s = torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
+        m, s = key[2], key[3]
+        if (
+            len(m) != channels
+            or len(s) != channels
+            or not all(map(math.isfinite, m + s))
+            or min(s) <= 0
+        ):
+            raise ConfigError(
+                f"normalize: {channels} channels need {channels} finite mean and std values "
+                f"(std > 0), got {mean}/{std}"
+            )
+        m, s = torch.tensor(m, dtype=torch.float64), torch.tensor(s, dtype=torch.float64)
         scale = (1.0 / (255.0 * s)).to(device, torch.float32).view(1, -1, 1, 1)  # (1, C, 1, 1)
         shift = (-m / s).to(device, torch.float32).view(1, -1, 1, 1)
         _affine_cache[key] = (scale, shift)
@@ -86,7 +103,7 @@ def normalize(
         raise ConfigError(f"normalize dtype must be float32, bfloat16 or float16, got {out.dtype}")
     if out.shape != (n, c, h, w):
         raise ConfigError(f"normalize out must be {(n, c, h, w)}, got {tuple(out.shape)}")
-    scale, shift = _scale_shift(mean, std, images.device)
+    scale, shift = _scale_shift(mean, std, c, images.device)
     x = images.permute(0, 3, 1, 2)  # (N, H, W, C) -> (N, C, H, W) view, NHWC in memory
     return torch.addcmul(shift, x, scale, out=out)
 

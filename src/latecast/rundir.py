@@ -1,0 +1,173 @@
+"""A training run's output folder (``--output-dir``): checked before any work, held by one
+run at a time, and never silently given to a new run while it holds a previous one's files
+(docs/RELIABILITY.md rows 72-74).
+
+- ``check_path``: the folder can be created and written (not a file, not under a file,
+  names within the filesystem's limits, not read-only), without writing anything.
+- ``claim`` (a run) takes ``OUT/.latecast.lock`` with ``fcntl.flock`` for the run's life; the
+  file names the holder (pid, host, start). The kernel drops the lock when the process dies,
+  even by ``kill -9``, so a stale file never blocks; the file itself stays. ``check``
+  (``--check``) only looks: it writes nothing.
+- A previous run (any of ``RUN_FILES`` in the folder) is continued with ``--resume`` or
+  replaced with ``--overwrite``, which removes only files latecast verifiably wrote.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Iterator
+
+from .checkpoint import is_checkpoint
+from .errors import ConfigError
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock, runs are not locked there
+    fcntl = None
+
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoint.pt", "best.pt")
+LOCK = ".latecast.lock"
+_HOLDER = "latecast run: "  # the lock file's first bytes: it is ours to rewrite
+_KEYS = {  # what a file latecast wrote holds, per JSON name
+    "config.json": {"dataset", "model", "world_size"},
+    "summary.json": {"test_accuracy", "h2d_bytes"},
+    "metrics.jsonl": {"epoch", "step", "test_accuracy"},
+}
+
+
+def check_path(out: str) -> Path:
+    """``out`` as a Path once it is known that a run can create and write it; one
+    ``ConfigError`` naming it otherwise. Writes nothing."""
+    if not out:
+        raise ConfigError("output_dir is empty: name a folder")
+    path = Path(out)
+    existing = next(p for p in (path, *path.parents) if os.path.lexists(p))
+    if not existing.is_dir():
+        where = "is" if existing == path else f"would be under {existing}, which is"
+        raise ConfigError(f"output folder {out} {where} not a folder")
+    limit = os.pathconf(existing, "PC_NAME_MAX")
+    long = [p for p in path.relative_to(existing).parts if len(os.fsencode(p)) > limit]
+    if long or len(os.fsencode(str(path.absolute()))) >= os.pathconf(existing, "PC_PATH_MAX"):
+        name = f"{long[0][:40]}... is over {limit} bytes" if long else "the path is too long"
+        raise ConfigError(f"output folder {out:.80}: name too long ({name})")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"output folder {out}: {existing} is not writable (read-only or no permission)"
+        )
+    return path
+
+
+def check(out: str, resume: str | None, overwrite: bool) -> list[str]:
+    """What ``claim`` would find, without writing: the previous run's files that
+    ``overwrite`` would replace; ``ConfigError`` when a run could not start there now."""
+    path = check_path(out)
+    with contextlib.suppress(OSError):
+        fd = os.open(path / LOCK, os.O_RDONLY)
+        try:
+            _lock(fd, path, fcntl.LOCK_SH if fcntl else 0)  # conflicts with a holder's LOCK_EX
+        finally:
+            os.close(fd)
+    return _previous(path, resume, overwrite)
+
+
+@contextlib.contextmanager
+def claim(out: str, resume: str | None, overwrite: bool) -> Iterator[list[str]]:
+    """Hold ``out`` for one run; yields the previous run's files that ``overwrite`` allows
+    replacing (judged under the lock, so two runs cannot both find the folder free)."""
+    path = check_path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        raise ConfigError(f"output folder {out}: {err.strerror or err}") from None
+    try:
+        _lock(fd, path, fcntl.LOCK_EX if fcntl else 0)
+        held = _read(fd)
+        if held and not held.startswith(_HOLDER):
+            raise ConfigError(f"{path / LOCK} was not written by latecast; move it away")
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(
+            fd, f"{_HOLDER}pid {os.getpid()} on {socket.gethostname()}, started {stamp}\n".encode()
+        )
+        yield _previous(path, resume, overwrite)
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def clear(out: str, replaced: list[str]) -> None:
+    """Remove the previous run's files that ``claim`` allowed ``--overwrite`` to replace."""
+    for name in replaced:
+        (Path(out) / name).unlink(missing_ok=True)
+
+
+def _read(fd: int) -> str:
+    os.lseek(fd, 0, os.SEEK_SET)
+    return os.read(fd, 4096).decode(errors="replace")
+
+
+def _lock(fd: int, path: Path, mode: int) -> None:
+    """Take ``mode`` on ``fd`` or raise naming the run that holds it; a shared lock (for
+    ``check``) is only a probe and is released at once."""
+    if not fcntl:
+        return
+    try:
+        fcntl.flock(fd, mode | fcntl.LOCK_NB)
+    except BlockingIOError:
+        held = _read(fd).strip()
+        raise ConfigError(
+            f"output folder {path} is in use by another latecast run "
+            f"({held[len(_HOLDER) :] or 'starting'}); wait for it or choose another --output-dir"
+        ) from None
+    if mode == fcntl.LOCK_SH:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+
+
+def _previous(out: Path, resume: str | None, overwrite: bool) -> list[str]:
+    """The previous run's files in ``out`` a new run may replace; refuses when not asked."""
+    found = [name for name in RUN_FILES if os.path.lexists(out / name)]
+    if not found:
+        return []
+    if overwrite:
+        foreign = [name for name in found if not _ours(out / name)]
+        if foreign:
+            raise ConfigError(
+                f"{out / foreign[0]} was not written by latecast; --overwrite replaces only "
+                f"a previous run's own files: move it away or choose another --output-dir"
+            )
+        return found
+    if resume == "auto" or (resume and Path(resume).resolve().parent == out.resolve()):
+        return []  # this folder's own run continues (or restarts: it never checkpointed)
+    if resume:
+        raise ConfigError(
+            f"output folder {out} holds another run ({', '.join(found)}); continuing "
+            f"{resume} there would replace it: choose another --output-dir"
+        )
+    raise ConfigError(
+        f"output folder {out} holds a previous run ({', '.join(found)}); continue it with "
+        f"--resume auto, replace it with --overwrite, or choose another --output-dir"
+    )
+
+
+def _ours(path: Path) -> bool:
+    """Whether ``path``, named like one of ``RUN_FILES``, is verifiably what latecast wrote."""
+    if path.is_symlink() or not path.is_file():
+        return False
+    if path.suffix == ".pt":
+        return is_checkpoint(path)
+    try:
+        text = path.read_text()
+        rows = (
+            [json.loads(line) for line in text.splitlines()]
+            if path.suffix == ".jsonl"
+            else [json.loads(text)]
+        )
+    except (OSError, ValueError):
+        return False
+    return all(isinstance(row, dict) and _KEYS[path.name] <= row.keys() for row in rows)

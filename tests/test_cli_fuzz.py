@@ -1,0 +1,222 @@
+"""``latecast train --check`` under generated argument lists (docs/RELIABILITY.md row 80).
+
+Every option of ``train`` (read from ``TrainConfig``, so an option added later is fuzzed too)
+gets valid values, out-of-range and non-finite numbers, odd strings and paths that are
+files, missing, held by another run or too long, mixed. Each list must end with exit code
+0, 1 or 2, exactly one line on stderr for 1 and 2, never a traceback or an internal
+error, strict JSON with ``--json``, and ``--check`` must write nothing. In-process through
+the CLI's ``main`` (about 50 ms a list), plus a handful of real ``python -m latecast`` runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from latecast.config import kind
+from latecast.data import from_arrays
+from latecast.datasets import BUNDLED, load_dataset
+from latecast.models import MODELS
+from latecast.store import write_store
+from latecast.train import PRESETS, TrainConfig
+from latecast.transfer import MOVERS
+
+pytestmark = pytest.mark.slow  # 300 generated runs: about half a minute on 2 cores
+
+ODD = st.sampled_from(
+    ["", " ", "nan", "inf", "-inf", "-1", "0", "1e400", "1_0", "0x10", "ü", "日本", "a\nb", "-"]
+    + ["%s", "{}", "..", "/", "True", "none", "\x1b[31m", "3.5", "-0", "9" * 30]
+) | st.text(max_size=12)
+INTS = st.integers(-3, 3) | st.sampled_from([2**31, 2**63, 2**64, -(2**63), 10**30, 65])
+FLOATS = st.floats(allow_nan=True, allow_infinity=True) | st.sampled_from([0.0, -0.0, 1e-300])
+
+
+def values(name: str, k: str, paths: dict[str, str]) -> st.SearchStrategy[str]:
+    """Valid values (three times as likely) or anything else, as the command line gets them."""
+    valid = {
+        "dataset": st.sampled_from(["mnist", "mnist", paths["store"], "cifar10", "kmnist"]),
+        "preset": st.sampled_from(list(PRESETS)),
+        "model": st.sampled_from(list(MODELS)),
+        "epochs": st.integers(1, 4),
+        "batch_size": st.sampled_from([1, 2, 64, 128, 256]),
+        "lr": st.sampled_from([0.01, 0.1, 1.0]),
+        "label_smoothing": st.sampled_from([0.0, 0.1, 0.9]),
+        "augment": st.sampled_from(["none", "crop=4,flip,cutout=8,fill=reflect", "crop=60"]),
+        "momentum": st.sampled_from([0.0, 0.9, 1.5]),
+        "weight_decay": st.sampled_from([0.0, 5e-4]),
+        "transfer": st.sampled_from([*MOVERS, "auto"]),
+        "device": st.sampled_from(["cpu", "auto", "cuda", "cuda:0", "cpu:1", "mps", "meta"]),
+        "data_root": st.sampled_from([paths["mnist-raw"], paths["empty"]]),
+        "output_dir": st.sampled_from([paths[p] for p in ("fresh", "empty", "prev", "deep")]),
+        "resume": st.sampled_from(["auto", paths["ckpt"], paths["garbage"], paths["missing"]]),
+        "limit_train": st.integers(1, 300),
+        "limit_test": st.integers(1, 300),
+    }.get(name)
+    odd_paths = st.sampled_from([paths[p] for p in ("file", "under-file", "held", "long")])
+    if valid is None:
+        valid = {"int": st.integers(1, 100), "float": st.floats(0.1, 100.0)}.get(k, ODD)
+    anything = {"int": INTS, "float": FLOATS}.get(k, ODD | odd_paths)
+    return st.one_of(valid, valid, valid, anything, ODD).map(str)
+
+
+@st.composite
+def argument_lists(draw, paths: dict[str, str]) -> list[str]:
+    chosen = draw(st.lists(st.sampled_from(fields(TrainConfig)), unique=True, max_size=8))
+    argv = []
+    for f in chosen:
+        flag = "--" + f.name.replace("_", "-")
+        if kind(f) == "bool":
+            argv.append(flag if draw(st.booleans()) else f"--no-{flag[2:]}")
+        elif f.metadata["positional"]:
+            argv.insert(0, draw(values(f.name, kind(f), paths)))
+        else:
+            argv += [flag, draw(values(f.name, kind(f), paths))]
+    if draw(st.booleans()):
+        argv.append("--json")
+    return [*argv, "--check"]  # last: a generated --no-check never wins
+
+
+HOLD = """import sys, time
+from latecast.rundir import claim
+with claim(sys.argv[1], None, False):
+    print("held", flush=True)
+    time.sleep(900)
+"""  # another run holding a folder, as `latecast train` holds its own
+
+
+def tree(folder: Path) -> dict[str, bytes | None]:
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+        for p in sorted(folder.rglob("*"))
+    }
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    """Folders and files the generated lists point at, the current folder for the test, a
+    run holding one folder, and an empty $LATECAST_DATA (the downloadable datasets fail
+    fast as "not found", never reaching the network)."""
+    from latecast.cli import main
+
+    root = tmp_path_factory.mktemp("fuzz")
+    train, test = load_dataset("mnist", "train"), load_dataset("mnist", "test")
+    for split, ds in (("train", train), ("test", test)):
+        small = from_arrays(ds.images[:256], ds.labels[:256], split=split, mean=ds.mean, std=ds.std)
+        write_store(small, root / "store" / split)
+    (root / "mnist-raw").mkdir()
+    for gz in BUNDLED.glob("*.gz"):
+        shutil.copy(gz, root / "mnist-raw")
+    for name in ("empty", "nodata"):
+        (root / name).mkdir()
+    (root / "afile").write_text("a file")
+    (root / "garbage.pt").write_bytes(os.urandom(512))
+    assert (
+        main(
+            [
+                "train",
+                "--model",
+                "mlp",
+                "--epochs",
+                "1",
+                "--limit-train",
+                "64",
+                "--limit-test",
+                "64",
+                "--no-progress",
+                "--output-dir",
+                str(root / "prev"),
+            ]
+        )
+        == 0
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(root / "held")], stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().strip() == "held"
+    paths = {
+        "store": "store",
+        "mnist-raw": "mnist-raw",
+        "empty": "empty",
+        "prev": "prev",
+        "fresh": "runs/new",
+        "deep": "a/b/c/d",
+        "ckpt": "prev/checkpoint.pt",
+        "garbage": "garbage.pt",
+        "missing": "missing.pt",
+        "file": "afile",
+        "under-file": "afile/run",
+        "held": "held",
+        "long": "x" * 300,
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        patch.setenv("LATECAST_DATA", str(root / "nodata"))
+        patch.setenv("LATECAST_MIRRORS", "https://127.0.0.1:9/")  # refused at once, if reached
+        yield root, paths
+    holder.send_signal(signal.SIGKILL)
+    holder.wait(30)
+
+
+def strict_json(line: str) -> dict:
+    def refuse(name):
+        raise ValueError(f"not strict JSON: {name}")
+
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_check_under_300_generated_argument_lists(sandbox, run_cli):
+    root, paths = sandbox
+    before = tree(root)
+    seen: dict[int, int] = {}
+
+    @settings(
+        max_examples=300,
+        deadline=None,
+        derandomize=True,  # the same 300 lists on every run: CI stays reproducible
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(argument_lists(paths))
+    def one(argv: list[str]) -> None:
+        proc = run_cli("train", *argv)
+        seen[proc.rc] = seen.get(proc.rc, 0) + 1
+        assert proc.rc in (0, 1, 2), (argv, proc.rc, proc.err)
+        assert "Traceback" not in proc.err + proc.out, (argv, proc.err)
+        if proc.rc:
+            lines = proc.err.splitlines()
+            assert len(lines) == 1 and ": error: " in lines[0], (argv, proc.err)
+            assert "internal error" not in lines[0], (argv, lines[0])
+        else:
+            assert "--json" in argv or "check passed" in proc.out, (argv, proc.out)
+            if "--json" in argv:
+                assert strict_json(proc.out.strip().splitlines()[-1])["checked"] is True
+
+    one()
+    assert tree(root) == before  # --check wrote nothing, anywhere in the sandbox
+    assert min(seen.get(rc, 0) for rc in (0, 1, 2)) >= 10, seen  # every outcome explored
+
+
+@pytest.mark.parametrize(
+    "argv,rc,says",
+    [
+        (["--limit-train", "64", "--model", "mlp"], 0, "check passed: mlp on mnist (64 train"),
+        (["--epochs", "many"], 2, "invalid int value: 'many'"),
+        (["--lr", "nan"], 1, "lr must be a number > 0"),
+        (["--output-dir", "afile"], 1, "afile is not a folder"),
+        (["--output-dir", "held"], 1, "in use by another latecast run"),
+        (["--resume", "garbage.pt"], 1, "garbage.pt: not a readable checkpoint"),
+    ],
+)
+def test_check_in_a_real_process(argv, rc, says, sandbox, run_cli):
+    proc = run_cli("train", *argv, "--check", process=True)  # in the sandbox folder
+    assert proc.rc == rc and says in (proc.out if rc == 0 else proc.err), proc.out + proc.err
+    assert "Traceback" not in proc.err and len(proc.err.splitlines()) == (rc != 0)

@@ -1,0 +1,582 @@
+"""Never lose a user's data, never show a traceback (issue 12; docs/RELIABILITY.md rows 72-81):
+the output folder of a run (one run at a time, a previous run never silently replaced,
+unwritable places), the data fingerprint in the resume identity, full disks on a real tmpfs,
+temporary files of killed saves, every argument and API input checked before work starts,
+messages that never advise loading untrusted code, and Ctrl-C at any moment.
+
+Full and read-only filesystems are real: a small tmpfs (root only; skipped with the reason
+where mounting is refused) that is unmounted again in a ``finally``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from latecast import checkpoint as ckpt
+from latecast.cli import _strict
+from latecast.data import fingerprint, from_arrays
+from latecast.datasets import load_dataset
+from latecast.errors import CheckpointError, ConfigError, FormatError
+from latecast.loader import Loader
+from latecast.rundir import LOCK, RUN_FILES
+from latecast.store import write_store
+from latecast.train import TrainConfig
+from latecast.transforms import normalize
+
+# Two steps of an mlp on bundled MNIST: about a second in-process.
+TINY = [
+    "--model",
+    "mlp",
+    "--epochs",
+    "1",
+    "-b",
+    "128",
+    "--limit-train",
+    "256",
+    "--limit-test",
+    "128",
+    "--device",
+    "cpu",
+    "--no-progress",
+]
+
+
+def one_line_error(proc, *mentions: str) -> str:
+    """The run failed with exit code 1 and exactly one line on stderr naming ``mentions``."""
+    assert proc.rc == 1, proc.out + proc.err
+    lines = proc.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("latecast: error: "), proc.err
+    assert "Traceback" not in proc.err + proc.out and "internal error" not in proc.err
+    for text in mentions:
+        assert text in lines[0], (text, lines[0])
+    return lines[0]
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` and its bytes (folders as None), but the run lock's record
+    of who held the folder last."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+        for p in sorted(folder.rglob("*"))
+        if p.name != LOCK
+    }
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str):
+    """A real tmpfs of ``size`` mounted at ``path`` for the block; skipped where not allowed."""
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+        )
+    except FileNotFoundError:
+        pytest.skip("no mount command here: cannot make a real small filesystem")
+    if proc.returncode:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {proc.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def read_only(path: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
+
+
+def holder(out: Path) -> subprocess.Popen:
+    """Another process holding ``out`` the way a run does (``rundir.claim``), until killed."""
+    code = (
+        "import sys, time\nfrom latecast.rundir import claim\n"
+        "with claim(sys.argv[1], None, False):\n    print('held', flush=True)\n    time.sleep(600)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+# -- one run at a time (row 72) ------------------------------------------------------------
+
+
+def test_a_held_folder_is_refused_naming_the_other_run_and_a_dead_holder_does_not_block(
+    tmp_path, run_cli
+):
+    out = tmp_path / "run"
+    other = holder(out)
+    try:
+        for extra in ([], ["--check"], ["--resume", "auto"], ["--overwrite"]):
+            proc = run_cli("train", *TINY, "--output-dir", out, *extra)
+            one_line_error(proc, str(out), "in use by another latecast run", f"pid {other.pid}")
+        assert sorted(p.name for p in out.iterdir()) == [LOCK]  # nothing else written
+    finally:
+        other.send_signal(signal.SIGKILL)
+        other.wait(30)
+    assert (out / LOCK).read_text().startswith(f"latecast run: pid {other.pid}")  # stale file
+    rc, summary = run_cli("train", *TINY, "--output-dir", out, "--json")
+    assert rc == 0 and summary["step"] == 2
+    assert f"pid {os.getpid()}" in (out / LOCK).read_text()  # this run held it
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_held_folder_is_refused_by_rank_0(tmp_path):
+    """Rank 0 alone locks the folder (that rank 1 does not fight it is seen by every run of
+    test_distributed.py); here another run holds it, and the job stops before training."""
+    out = tmp_path / "held"
+    other = holder(out)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+            + ["--monitor-interval=0.1", "-m", "latecast", "train", *TINY, "--output-dir", out],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    finally:
+        other.send_signal(signal.SIGKILL)
+        other.wait(30)
+    assert proc.returncode != 0
+    assert proc.stderr.count(f"in use by another latecast run (pid {other.pid}") == 1, proc.stderr
+    assert "epoch 1/1" not in proc.stdout and sorted(os.listdir(out)) == [LOCK]
+
+
+# -- a previous run is never silently replaced (row 73) ------------------------------------
+
+
+def test_a_previous_run_is_refused_unless_resume_or_overwrite(tmp_path, run_cli):
+    out = tmp_path / "run"
+    assert run_cli("train", *TINY, "--output-dir", out).rc == 0
+    (out / "notes.txt").write_text("mine")
+    (out / "plots").mkdir()
+    before = tree(out)
+
+    line = one_line_error(run_cli("train", *TINY, "--output-dir", out, "--lr", "0.2"), str(out))
+    assert "--resume auto" in line and "--overwrite" in line and "checkpoint.pt" in line
+    elsewhere = tmp_path / "other" / "checkpoint.pt"
+    assert run_cli("train", *TINY, "--output-dir", elsewhere.parent).rc == 0
+    one_line_error(run_cli("train", *TINY, "--output-dir", out, "--resume", elsewhere), str(out))
+    assert tree(out) == before  # refused: not a byte changed
+
+    # The same run continues: it had finished, so nothing is trained, nothing moved.
+    proc = run_cli("train", *TINY, "--output-dir", out, "--resume", "auto", "--json")
+    assert proc.rc == 0, proc.err
+    moved = [line for line in proc.out.splitlines() if line.startswith("host->device")]
+    assert moved == ["host->device: 0 B moved; float32 would have moved 0 B"]
+
+    proc = run_cli("train", *TINY, "--output-dir", out, "--lr", "0.2", "--overwrite", "--json")
+    assert proc.rc == 0, proc.err
+    assert json.loads((out / "config.json").read_text())["lr"] == 0.2
+    assert (out / "notes.txt").read_text() == "mine" and (out / "plots").is_dir()
+
+
+def foreign(out: Path, name: str) -> None:
+    """A file of the user's that merely has one of a run's names."""
+    out.mkdir()
+    if name.endswith(".pt"):
+        torch.save({"state_dict": {"w": torch.ones(3)}}, out / name)  # their own model
+    elif name == "metrics.jsonl":
+        (out / name).write_text('{"epoch": 1, "step": 5, "test_accuracy": 0.5}\n{"note": 1}\n')
+    else:
+        (out / name).write_text('{"my": "settings"}')
+
+
+@pytest.mark.parametrize("name", RUN_FILES)
+def test_overwrite_never_replaces_a_file_latecast_did_not_write(name, tmp_path, run_cli):
+    out = tmp_path / "run"
+    foreign(out, name)
+    before = tree(out)
+    for extra in (["--overwrite"], ["--overwrite", "--check"]):
+        one_line_error(run_cli("train", *TINY, "--output-dir", out, *extra), str(out / name))
+    assert tree(out) == before
+
+
+def test_overwrite_and_resume_exclude_each_other(tmp_path, run_cli):
+    proc = run_cli("train", *TINY, "--output-dir", tmp_path, "--overwrite", "--resume", "auto")
+    one_line_error(proc, "overwrite", "resume")
+
+
+# -- unwritable places and full disks (rows 74, 76) ----------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["file", "under-file", "long-name", "empty", "read-only"])
+def test_an_output_dir_that_cannot_be_written_is_one_line(kind, tmp_path, run_cli):
+    (tmp_path / "afile").write_text("mine")
+    out = {
+        "file": tmp_path / "afile",
+        "under-file": tmp_path / "afile" / "run",
+        "long-name": tmp_path / ("x" * 300) / "run",
+        "empty": "",
+        "read-only": tmp_path / "ro" / "run",
+    }[kind]
+    with tmpfs(tmp_path / "ro", "1m") if kind == "read-only" else contextlib.nullcontext():
+        if kind == "read-only":
+            read_only(tmp_path / "ro")
+        before = tree(tmp_path)
+        for extra in ([], ["--check"]):
+            proc = run_cli("train", *TINY, "--output-dir", out, *extra)
+            one_line_error(proc, "output" if kind == "empty" else str(out)[:80])
+        assert tree(tmp_path) == before
+        if kind == "read-only":  # the mount point itself, which exists
+            proc = run_cli("train", *TINY, "--output-dir", tmp_path / "ro")
+            one_line_error(proc, "not writable")
+
+
+def fill(disk: Path, leave: int) -> None:
+    """Write a file on ``disk`` so that ``leave`` bytes stay free."""
+    stat = os.statvfs(disk)
+    free = stat.f_bavail * stat.f_frsize
+    with open(disk / f"filler-{free}", "wb") as f:
+        f.truncate(0)
+        f.write(b"\0" * max(free - leave, 0))
+
+
+def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_no_temp(tmp_path, run_cli):
+    """Room for checkpoint.pt and best.pt but not for a third file of their size: the save
+    after epoch 2 runs out of space (a real ENOSPC on a tmpfs)."""
+    assert run_cli("train", *TINY, "--output-dir", tmp_path / "sized").rc == 0
+    size = (tmp_path / "sized" / "checkpoint.pt").stat().st_size
+    with tmpfs(tmp_path / "disk", f"{4 * size // 1024 + 1024}k") as disk:
+        fill(disk, leave=int(2.6 * size))
+        out = disk / "run"
+        proc = run_cli("train", *TINY, "--epochs", "2", "--output-dir", out)
+        line = one_line_error(proc, str(out), "No space left on device")
+        assert ".pt: not saved" in line and "epoch 2/2" in proc.out
+        assert ckpt.load_checkpoint(out / "checkpoint.pt")["step"] == 2  # epoch 1's
+        assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+
+        fill(disk, leave=0)
+        proc = run_cli("train", *TINY, "--output-dir", disk / "other")
+        one_line_error(proc, str(disk / "other"), "No space left on device")
+
+
+SAVER = """
+import sys, torch
+from latecast.checkpoint import save_checkpoint
+for i in range(10**6):
+    save_checkpoint(sys.argv[1], {"model": {"w": torch.full((2_000_000,), float(i))},
+        "optimizer": {}, "scheduler": {}, "step": i, "loader": {}, "rng": {}, "config": {},
+        "world_size": 1})
+"""
+
+
+def temps(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+def test_the_next_save_removes_what_a_killed_save_left(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    proc = subprocess.Popen([sys.executable, "-c", SAVER, str(path)])
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # stop it while a temporary file is being written, then kill it
+            assert time.monotonic() < deadline and proc.poll() is None
+            if temps(tmp_path) and path.exists():
+                proc.send_signal(signal.SIGSTOP)
+                if temps(tmp_path):
+                    break
+                proc.send_signal(signal.SIGCONT)
+            time.sleep(0.005)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    left = temps(tmp_path)
+    assert len(left) == 1 and f"-{proc.pid}." in left[0]
+    live = tmp_path / f".checkpoint.pt.{socket.gethostname()}-{os.getpid()}.abcdefgh.tmp"
+    other_host = tmp_path / f".checkpoint.pt.elsewhere-{proc.pid}.abcdefgh.tmp"
+    live.write_bytes(b"a live writer's")
+    other_host.write_bytes(b"another machine's")
+    state = ckpt.load_checkpoint(path)
+    ckpt.save_checkpoint(path, {**state, "step": state["step"] + 1})
+    assert temps(tmp_path) == sorted([live.name, other_host.name])
+    assert ckpt.load_checkpoint(path)["step"] == state["step"] + 1
+
+
+# -- resume identity: the data's content (row 77) ------------------------------------------
+
+
+def mnist_store(folder: Path, permute: bool = False, dark: int | None = None) -> Path:
+    """A store of 256 MNIST training images (optionally with labels permuted, or one image
+    blacked out) and 128 test images: same sizes and label sums either way."""
+    train, test = load_dataset("mnist", "train"), load_dataset("mnist", "test")
+    images, labels = np.array(train.images[:256]), np.array(train.labels[:256])
+    if permute:
+        labels = np.random.default_rng(0).permutation(labels)
+    if dark is not None:
+        images[dark] = 0
+    for split, ims, lbs in (
+        ("train", images, labels),
+        ("test", test.images[:128], test.labels[:128]),
+    ):
+        ds = from_arrays(ims, lbs, name="m", split=split, mean=train.mean, std=train.std)
+        write_store(ds, folder / split)
+    return folder
+
+
+@pytest.mark.parametrize("change", ["labels-permuted", "one-image"])
+def test_resume_refuses_a_checkpoint_made_from_other_data(change, tmp_path, run_cli):
+    store, out = mnist_store(tmp_path / "store"), tmp_path / "run"
+    assert run_cli("train", store, *TINY, "--output-dir", out).rc == 0
+    before = tree(out)
+    if change == "labels-permuted":  # same counts, same label sum
+        mnist_store(store, permute=True)
+    else:  # the last image is always among those the fingerprint reads
+        mnist_store(store, dark=255)
+    for extra in (["--check"], []):
+        proc = run_cli("train", store, *TINY, "--output-dir", out, "--resume", "auto", *extra)
+        line = one_line_error(proc, str(out / "checkpoint.pt"), "data_fingerprint")
+        assert "the run differs: data_fingerprint" in line and "!=" in line  # nothing else
+    assert tree(out) == before
+
+
+def test_a_checkpoint_without_a_fingerprint_resumes_checked_by_name_and_size(tmp_path, run_cli):
+    out = tmp_path / "run"
+    assert run_cli("train", *TINY, "--output-dir", out).rc == 0
+    state = ckpt.load_checkpoint(out / "checkpoint.pt")
+    del state["data_fingerprint"]  # as latecast 0.1.0 wrote it
+    ckpt.save_checkpoint(out / "checkpoint.pt", state)
+    with pytest.warns(UserWarning, match="predates data fingerprints: its data is checked by"):
+        assert run_cli("train", *TINY, "--output-dir", out, "--resume", "auto").rc == 0
+    proc = run_cli("train", *TINY, "--limit-train", "384", "--output-dir", out, "--resume", "auto")
+    one_line_error(proc, "limit_train 256 (checkpoint) != 384 (now)")
+
+
+def test_fingerprint_is_the_same_in_another_process_and_follows_content():
+    ds = load_dataset("mnist", "train")
+    code = "from latecast.datasets import load_dataset; from latecast.data import fingerprint\n"
+    code += "print(fingerprint(load_dataset('mnist', 'train')))"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert other.stdout.strip() == fingerprint(ds), other.stderr
+    same = from_arrays(ds.images, ds.labels, name="copy", mean=ds.mean, std=ds.std)
+    labels = np.array(ds.labels)
+    labels[1000] = (labels[1000] + 1) % 10  # one label of 60000
+    changed = from_arrays(ds.images, labels, name=ds.name, mean=ds.mean, std=ds.std)
+    assert fingerprint(same) == fingerprint(ds) != fingerprint(changed)
+
+
+# -- every argument and API input checked before work starts (rows 75, 40) -----------------
+
+
+@pytest.mark.parametrize(
+    "flags,mentions",
+    [
+        (["--epochs", "0"], "epochs 0"),
+        (["--momentum", "nan"], "momentum"),
+        (["--momentum", "-0.5"], "momentum"),
+        (["--weight-decay", "inf"], "weight_decay"),
+        (["--weight-decay", "-1"], "weight_decay"),
+        (["--seed", "-1"], "seed"),
+        (["--seed", str(2**64)], "seed"),
+        (["--device", "meta"], "'meta'"),
+        (["--device", "mps"], "'mps'"),
+        (["--device", "cuda:7"], "cuda:7"),
+        (["-b", "100000000000000"], "batch_size 100000000000000"),
+        (["--lr", "nan"], "lr"),
+        (["--dist-timeout", "1e300"], "dist_timeout"),
+    ],
+)
+def test_bad_values_are_refused_before_any_work(flags, mentions, tmp_path, run_cli):
+    for extra in (["--check"], []):
+        proc = run_cli("train", *TINY, *flags, "--output-dir", tmp_path / "run", *extra)
+        one_line_error(proc, mentions)
+        assert "epoch" not in proc.out
+    assert not (tmp_path / "run").exists()  # not even the folder
+
+
+def store_of(folder: Path, train: tuple, test: tuple) -> Path:
+    """A two-split store from ``(images, labels, classes)`` per split."""
+    for split, (images, labels, classes) in (("train", train), ("test", test)):
+        write_store(
+            from_arrays(images, labels, name="s", split=split, classes=classes), folder / split
+        )
+    return folder
+
+
+def pixels(n: int, h: int, w: int = 0, c: int = 1) -> np.ndarray:
+    return np.random.default_rng(n).integers(0, 256, (n, h, w or h, c), dtype=np.uint8)
+
+
+@pytest.mark.parametrize(
+    "case,flags,mentions",
+    [
+        ("4x4", ["--model", "resnet9", "--preset", "gray"], "model resnet9 cannot train on 4x4x1"),
+        ("4x4", ["--model", "cnn", "--preset", "gray"], None),  # two pools: 4 -> 1 fits
+        ("2x2", ["--model", "cnn", "--preset", "gray"], "model cnn cannot train on 2x2x1"),
+        ("shapes", ["--preset", "gray"], "differ in shape (8x8x1 vs 8x6x1"),
+        (
+            "labels",
+            ["--preset", "gray"],
+            "test label 5 at index 3 is outside the training classes 0..3",
+        ),
+    ],
+)
+def test_data_the_run_cannot_use_is_refused_before_the_first_step(
+    case, flags, mentions, tmp_path, run_cli
+):
+    four = [f"c{i}" for i in range(4)]
+    train = {
+        "4x4": (pixels(32, 4), np.arange(32) % 4, four),
+        "2x2": (pixels(32, 2), np.arange(32) % 4, four),
+    }
+    train = train.get(case, (pixels(32, 8), np.arange(32) % 4, four))
+    test = {
+        "shapes": (pixels(8, 8, 6), np.arange(8) % 4, four),
+        "labels": (pixels(8, 8), np.array([0, 1, 2, 5, 0, 1, 2, 3]), [f"c{i}" for i in range(6)]),
+    }.get(case, (train[0][:8], train[1][:8], four))
+    store = store_of(tmp_path / "store", train, test)
+    proc = run_cli(
+        "train",
+        store,
+        *flags,
+        "--epochs",
+        "1",
+        "-b",
+        "8",
+        "--device",
+        "cpu",
+        "--output-dir",
+        tmp_path / "run",
+        "--no-progress",
+    )
+    if mentions is None:
+        assert proc.rc == 0, proc.err
+    else:
+        one_line_error(proc, mentions)
+        assert not (tmp_path / "run").exists()  # not even the folder
+
+
+def test_from_arrays_and_normalize_refuse_what_they_cannot_use():
+    images, labels = np.zeros((4, 8, 8, 3), np.uint8), np.arange(4)
+    bad = {
+        "NCHW": (np.zeros((4, 3, 32, 32), np.uint8), labels, {}, "look like (N, C, H, W)"),
+        "5-d": (np.zeros((4, 1, 8, 8, 3), np.uint8), labels, {}, "(N, H, W) or (N, H, W, C)"),
+        "float images": (images.astype(np.float32), labels, {}, "must be uint8"),
+        "float labels": (images, labels + 0.5, {}, "labels must be integers"),
+        "2-d labels": (images, labels[:, None], {}, "labels must be integers (N,)"),
+        "ragged": ([[1, 2], [3]], labels, {}, "images must be an array"),
+        "short mean": (images, labels, dict(mean=(0.5,), std=(0.2,) * 3), "3 finite channel"),
+        "zero std": (images, labels, dict(mean=(0.5,) * 3, std=(0.2, 0.0, 0.2)), "std > 0"),
+        "nan mean": (images, labels, dict(mean=(0.5, math.nan, 0.5), std=(0.2,) * 3), "finite"),
+        "mean only": (images, labels, dict(mean=(0.5,) * 3), "both or neither"),
+        "scalar std": (images, labels, dict(mean=(0.5,) * 3, std=0.2), "sequences of numbers"),
+    }
+    for name, (ims, lbs, kw, mentions) in bad.items():
+        with pytest.raises(FormatError) as err:
+            from_arrays(ims, lbs, name=name, **kw)
+        assert mentions in str(err.value) and name in str(err.value), (name, err.value)
+    x = torch.zeros(2, 8, 8, 3, dtype=torch.uint8)
+    for mean, std, mentions in [
+        ((0.5,), (0.2,), "3 channels need 3"),
+        ((0.5,) * 3, (0.2, -0.1, 0.2), "std > 0"),
+        ((0.5,) * 3, (0.2, math.inf, 0.2), "finite"),
+        (0.5, (0.2,) * 3, "sequences of numbers"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            normalize(x, mean, std)
+        assert mentions in str(err.value)
+
+
+def test_numpy_integers_are_ints_and_booleans_are_not():
+    ds = from_arrays(np.zeros((10, 4, 4), np.uint8), np.arange(10, dtype=np.int16))
+    loader = Loader(ds, np.int64(4), device="cpu", seed=np.uint32(7))
+    assert [len(y) for _, y in loader] == [4, 4, 2]
+    assert TrainConfig(batch_size=np.int32(64), seed=np.int64(1)).batch_size == 64
+    for bad in (True, 4.0, 0):
+        with pytest.raises(ConfigError, match="batch_size"):
+            Loader(ds, bad, device="cpu")
+    with pytest.raises(ConfigError, match="seed"):
+        Loader(ds, 4, device="cpu", seed=2**63)
+
+
+def test_json_is_strict_and_never_nan():
+    value = {"a": math.nan, "b": [math.inf, 1.5, -math.inf], "c": (np.float64("nan"), "x")}
+    assert _strict(value) == {"a": None, "b": [None, 1.5, None], "c": [None, "x"]}
+    json.dumps(_strict(value), allow_nan=False)
+
+
+# -- messages that never mislead, Ctrl-C (rows 78, 38) -------------------------------------
+
+
+def test_an_unsafe_checkpoint_is_named_without_torchs_advice_to_load_it_anyway(tmp_path, run_cli):
+    import argparse
+
+    path = tmp_path / "evil.pt"
+    torch.save({"format": ckpt.FORMAT, "obj": argparse.Namespace(x=1)}, path)
+    with pytest.raises(CheckpointError) as err:
+        ckpt.load_checkpoint(path)
+    msg = str(err.value)
+    assert str(path) in msg and "argparse.Namespace" in msg and "\n" not in msg
+    for advice in ("weights_only", "can still be loaded", "trust", "\x1b"):
+        assert advice not in msg
+    line = one_line_error(run_cli("train", *TINY, "--resume", path, "--output-dir", tmp_path / "o"))
+    assert "weights_only" not in line and "evil.pt" in line
+
+
+def wait_for(pid: int, what: str, timeout: float = 60) -> None:
+    """Until the process at ``pid`` has ``what`` mapped (its shared libraries as they load)."""
+    deadline = time.monotonic() + timeout
+    while what not in Path(f"/proc/{pid}/maps").read_text():
+        assert time.monotonic() < deadline, f"{what} not loaded within {timeout} s"
+        time.sleep(0.002)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("after", [0.0, 0.3, 0.8, 1.5, 3.0, "training"])
+def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(after, tmp_path):
+    """SIGINT to a real ``python -m latecast train`` while torch is still importing (its
+    library has just been mapped), during set-up, and while it trains."""
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("needs /proc to see when torch is being imported")
+    out = tmp_path / "run"
+    args = [*TINY, "--epochs", "50", "--limit-train", "2048"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "latecast", "train", *args, "--output-dir", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(proc.pid, "libtorch")
+        if after == "training":
+            deadline = time.monotonic() + 120
+            while not (out / "metrics.jsonl").exists():
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.01)
+        else:
+            time.sleep(after)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, stderr
+    assert stderr == "latecast: interrupted\n" and "Traceback" not in stdout
+
+
+def test_an_interrupt_inside_generated_code_still_exits_130(tmp_path):
+    """CPython marks a KeyboardInterrupt raised inside exec() of a string as unhandled even
+    when it is caught, and then kills itself with SIGINT (-2) instead of exiting with the
+    code it was given; a Ctrl-C that lands in a dataclass's generated code does exactly this."""
+    (tmp_path / "interrupted.py").write_text(
+        "import sys\nfrom latecast import cli\n"
+        "cli._main = lambda argv: exec('raise KeyboardInterrupt')\nsys.exit(cli.main())\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "interrupted"], capture_output=True, text=True, env=env
+    )
+    assert proc.returncode == 130 and proc.stderr == "latecast: interrupted\n", proc
