@@ -481,7 +481,7 @@ def test_from_arrays_and_normalize_refuse_what_they_cannot_use():
         assert mentions in str(err.value) and name in str(err.value), (name, err.value)
     x = torch.zeros(2, 8, 8, 3, dtype=torch.uint8)
     for mean, std, mentions in [
-        ((0.5,), (0.2,), "3 channels need 3"),
+        ((0.5, 0.5), (0.2, 0.2), "3 channels need 3 (or 1)"),
         ((0.5,) * 3, (0.2, -0.1, 0.2), "std > 0"),
         ((0.5,) * 3, (0.2, math.inf, 0.2), "finite"),
         (0.5, (0.2,) * 3, "sequences of numbers"),
@@ -489,6 +489,8 @@ def test_from_arrays_and_normalize_refuse_what_they_cannot_use():
         with pytest.raises(ConfigError) as err:
             normalize(x, mean, std)
         assert mentions in str(err.value)
+    # one value serves every channel, as with torchvision's Normalize
+    assert torch.equal(normalize(x, (0.5,), (0.2,)), normalize(x, (0.5,) * 3, (0.2,) * 3))
 
 
 def test_numpy_integers_are_ints_and_booleans_are_not():

@@ -128,7 +128,9 @@ def test_graph_is_refused_on_the_cpu_in_one_line(tmp_path, run_cli):
 
 
 def test_a_batch_larger_than_the_training_split_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="batch size 1024 is more than the 500"):
+    with pytest.raises(
+        ConfigError, match="batch_size 1024 is larger than the 500 training samples"
+    ):
         train(
             TrainConfig(
                 model="mlp",

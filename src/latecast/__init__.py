@@ -50,10 +50,10 @@ def __dir__() -> list[str]:
 
 class _Package(types.ModuleType):
     def __setattr__(self, name: str, value) -> None:
-        # Importing the module latecast.train sets the package's `train` to that module;
-        # the package's `train` stays the function, as when it was imported eagerly.
-        if name == "train" and isinstance(value, types.ModuleType):
-            value = value.train
+        # Importing the module latecast.train (or .wrap) sets the package's `train` to that
+        # module; the package's name stays the function, as when it was imported eagerly.
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == name:
+            value = getattr(value, name)
         super().__setattr__(name, value)
 
 

@@ -374,7 +374,10 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
         _check_same_data(train_set, test_set, device)
     asked_batch = config.batch_size
     c = config = resolve_config(config, train_set, device)
-    _check_fits(config, asked_batch, train_set, test_set, world)
+    share = math.ceil(len(train_set) / world)
+    if asked_batch is None and c.batch_size > share:  # a small subset: one full batch an epoch
+        c = config = replace(config, batch_size=share)
+    _check_fits(config, train_set, test_set, world)
     dtype = torch.bfloat16 if c.amp else torch.float32
     shared = dict(
         device=device, transfer=c.transfer, dtype=dtype, channels_last=c.channels_last, static=True
@@ -416,17 +419,10 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
         run.progress = checkpoint.restore(resumed_from, identity, run.parts)
     if distributed_:
         _check_same_start(run.progress.step if resumed_from else -1, device)
-    if not len(loader):
-        raise ConfigError(
-            f"batch size {c.batch_size} is more than the {loader.num_samples} training samples "
-            "of this process: every step takes a full batch; lower --batch-size"
-        )
     return run
 
 
-def _check_fits(
-    config: TrainConfig, asked_batch: int | None, train_set: Dataset, test_set: Dataset, world: int
-) -> None:
+def _check_fits(config: TrainConfig, train_set: Dataset, test_set: Dataset, world: int) -> None:
     """Refuse before the first step what would fail or mislead later: splits of different
     shapes or classes, a batch larger than a process's share, a model deeper than the
     images allow (docs/RELIABILITY.md row 75)."""
@@ -440,14 +436,14 @@ def _check_fits(
             f"{where}: test label {test_set.labels[outside[0]]} at index {outside[0]} is "
             f"outside the training classes 0..{num_classes - 1}"
         )
-    share = math.ceil(len(train_set) / world)
-    if asked_batch is not None and asked_batch > share:
+    share, batch = math.ceil(len(train_set) / world), config.batch_size
+    if batch > share:  # static batches: every step takes a full one
         raise ConfigError(
-            f"batch_size {asked_batch} is larger than the {share} training samples each "
-            f"process has; choose at most {share}"
+            f"batch_size {batch} is larger than the {share} training samples each "
+            f"process has (every step takes a full batch); choose --batch-size {share} or less"
         )
     h, w, c = train_set.image_shape
-    smallest = share % config.batch_size or min(config.batch_size, share)  # BatchNorm needs > 1
+    smallest = batch  # static batches: the partial last one is dropped
     try:
         with torch.device("meta"):  # shapes only: nothing allocated, no random draws
             MODELS[config.model]((c, h, w), num_classes)(torch.zeros(smallest, c, h, w))
@@ -554,7 +550,8 @@ def _train(run: Run) -> dict:
     config, loader, progress = run.config, run.loader, run.progress
     device, world, out = loader.device, loader.world_size, Path(config.output_dir)
     lap = _stopwatch(device)
-    for part in (loader, run.test_loader):
+    todo = loader.epoch < config.epochs  # a resumed run that had finished trains nothing
+    for part in (loader, run.test_loader) if todo else ():
         part.start()  # resident: the dataset goes to the device here, before the clock
     run.startup["upload"] = lap()
     net = (
@@ -568,12 +565,12 @@ def _train(run: Run) -> dict:
         torch.backends.cudnn.benchmark = True  # fixed shapes: autotune once, in the warm-up
     loss_fn = compiled(loss_of, device, config.graph) if config.compile else loss_of
     step = partial(train_step, net, run.opt, run.sched, config=config, loss_fn=loss_fn)
-    if config.graph:  # warms up on construction, captures below
+    if config.graph and todo:  # warms up on construction, captures below
         step = graphed.GraphedStep(run.model, run.opt, run.sched, loader, loss_fn, config)
-    elif device.type == "cuda" or config.compile:
+    elif (device.type == "cuda" or config.compile) and todo:
         warm_up(net, loader, config, loss_fn)
     run.startup["warm_up"] = lap()  # compilation and cuDNN autotuning included
-    if config.graph:
+    if config.graph and todo:
         step.capture()
         run.startup["capture"] = lap()
     last_good = (

@@ -42,6 +42,8 @@ def _scale_shift(
         ) from None
     if key not in _affine_cache:
         m, s = key[2], key[3]
+        if len(m) == len(s) == 1:  # one value for every channel, as torchvision's Normalize
+            m, s = m * channels, s * channels
         if (
             len(m) != channels
             or len(s) != channels
@@ -49,8 +51,8 @@ def _scale_shift(
             or min(s) <= 0
         ):
             raise ConfigError(
-                f"normalize: {channels} channels need {channels} finite mean and std values "
-                f"(std > 0), got {mean}/{std}"
+                f"normalize: {channels} channels need {channels} (or 1) finite mean and std "
+                f"values (std > 0), got {mean}/{std}"
             )
         m, s = torch.tensor(m, dtype=torch.float64), torch.tensor(s, dtype=torch.float64)
         scale = (1.0 / (255.0 * s)).to(device, torch.float32).view(1, -1, 1, 1)  # (1, C, 1, 1)
