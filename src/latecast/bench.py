@@ -497,7 +497,7 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
 def _two_pass(images, mean, std, *, dtype, channels_last, out):
     """How ``normalize`` worked before the fused form: addcmul on a float copy, then the
     dtype and layout change (two more passes over the batch)."""
-    scale, shift = transforms._scale_shift(mean, std, images.device)
+    scale, shift = transforms._scale_shift(mean, std, images.shape[3], images.device)
     x = torch.addcmul(shift, images.permute(0, 3, 1, 2).float(), scale)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     return x.to(dtype=dtype, memory_format=fmt)
