@@ -29,9 +29,18 @@ def test_photo_store_trains_with_the_photo_preset(tmp_path, run_cli):
     assert run_cli("convert", tmp_path / "photos", tmp_path / "store").rc == 0
     out = tmp_path / "run"
     rc, result = run_cli(
-        "train", tmp_path / "store", "--epochs", "1", "-b", "8", "--device", "cpu",
-        "--output-dir", out, "--json",
-    )  # fmt: skip
+        "train",
+        tmp_path / "store",
+        "--epochs",
+        "1",
+        "-b",
+        "8",
+        "--device",
+        "cpu",
+        "--output-dir",
+        out,
+        "--json",
+    )
     config = json.loads((out / "config.json").read_text())
     assert rc == 0 and 0 <= result["test_accuracy"] <= 1
     assert config["preset"] == "photo" and config["augment"] == "resized_crop=0.35,flip"
@@ -83,3 +92,32 @@ def test_resuming_with_another_order_is_refused(tmp_path, run_cli):
     assert run_cli("train", *args).rc == 0
     proc = run_cli("train", *args, "--order", "block", "--resume", "auto")
     assert proc.rc == 1 and "order 'random' != 'block:32:256'" in proc.err
+
+
+def test_a_jpeg_store_trains_saves_and_its_content_is_the_resume_identity(tmp_path, run_cli):
+    """convert --encoding jpeg, then train (the checkpoints fingerprint the files) and
+    resume: the same store continues, a store with one file changed is refused."""
+    rng = np.random.default_rng(1)
+    for split, n in (("train", 16), ("test", 4)):
+        for k in range(n):
+            folder = tmp_path / "photos" / split / f"c{k % 2}"
+            folder.mkdir(parents=True, exist_ok=True)
+            img = rng.integers(0, 256, (20 + k % 3, 24, 3), dtype=np.uint8)  # sizes differ
+            Image.fromarray(img).save(folder / f"{k}.jpg", quality=90)
+    for store in ("store", "other"):
+        if store == "other":  # one training file changed
+            Image.fromarray(np.zeros((20, 24, 3), np.uint8)).save(
+                tmp_path / "photos" / "train" / "c0" / "0.jpg"
+            )
+        args = ["convert", tmp_path / "photos", tmp_path / store, "--encoding", "jpeg"]
+        assert run_cli(*args).rc == 0
+    flags = ["--model", "mlp", "--epochs", "2", "-b", "4", "--preset", "colour", "--device", "cpu"]
+    out = tmp_path / "run"
+    rc, result = run_cli("train", tmp_path / "store", *flags, "--output-dir", out, "--json")
+    assert rc == 0 and result["transfer"] == "jpeg" and (out / "checkpoint.pt").is_file()
+    assert (
+        run_cli("train", tmp_path / "store", *flags, "--output-dir", out, "--resume", "auto").rc
+        == 0
+    )
+    proc = run_cli("train", tmp_path / "other", *flags, "--output-dir", out, "--resume", "auto")
+    assert proc.rc == 1 and "data_fingerprint" in proc.err

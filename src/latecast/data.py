@@ -253,15 +253,21 @@ def _array(value, what: str, name: str) -> np.ndarray:
         raise FormatError(f"{name}: {what} must be an array or tensor ({e})") from None
 
 
-def fingerprint(ds: Dataset, samples: int = 64) -> str:
+def fingerprint(ds: Dataset | EncodedDataset, samples: int = 64) -> str:
     """What identifies a split's content, as 16 hex digits: its shapes, mean/std, every
-    label and ``samples`` images spread evenly over it. Reads those images only, so a store
-    larger than memory costs milliseconds; equal on every process and machine."""
+    label and ``samples`` images spread evenly over it (a JPEG store: every file's size and
+    those files' bytes). Reads those images only, so a store larger than memory costs
+    milliseconds; equal on every process and machine."""
     n = len(ds)
     picks = sorted({i * (n - 1) // max(samples - 1, 1) for i in range(min(samples, n))})
-    h = hashlib.sha256(repr([ds.images.shape, *map(float, (*ds.mean, *ds.std))]).encode())
+    h = hashlib.sha256(repr([len(ds), ds.image_shape, *map(float, (*ds.mean, *ds.std))]).encode())
     h.update(ds.labels.astype(ds.labels.dtype.newbyteorder("<")).tobytes())
-    h.update(np.ascontiguousarray(ds.images[picks]).tobytes())
+    if isinstance(ds, EncodedDataset):
+        h.update(ds.offsets.astype("<i8").tobytes())
+        for i in picks:
+            h.update(ds.data[ds.offsets[i] : ds.offsets[i + 1]].tobytes())
+    else:
+        h.update(np.ascontiguousarray(ds.images[picks]).tobytes())
     return h.hexdigest()[:16]
 
 
