@@ -429,10 +429,8 @@ class Augment:
         if self.altflip:
             if indices is None:
                 raise ConfigError("altflip needs the samples' dataset indices (Loader passes them)")
-            mask = alternating_flip_params(indices.cpu(), epoch, seed)
-            if images.device.type == "cuda":  # one byte per image; pinned, so the copy is async
-                mask = mask.pin_memory()
-            images = flip(images, mask.to(images.device, non_blocking=True))
+            mask = alternating_flip_params(indices.cpu(), epoch, seed)  # one byte per image:
+            images = flip(images, mask.to(images.device))  # no pinning per batch for that
         if self.jitter:
             j = self.jitter
             images = color_jitter(images, color_jitter_params(images, j, j, j, generator))
