@@ -331,6 +331,7 @@ class Run:
     opt: torch.optim.Optimizer
     sched: torch.optim.lr_scheduler.LRScheduler
     resumed_from: Path | None
+    data_fingerprint: str  # of the training split: part of the resume identity
     progress: checkpoint.Progress = field(default_factory=checkpoint.Progress)
     startup: dict[str, float] = field(default_factory=dict)  # seconds before the first step
 
@@ -353,8 +354,14 @@ class Run:
         line that names the last good checkpoint."""
         distributed.sync_buffers(self.model, self.distributed)
         if self.lead:
-            world, data = self.loader.world_size, fingerprint(self.loader.dataset)
-            checkpoint.save(path, self.parts, self.progress, asdict(self.config), world, data)
+            checkpoint.save(
+                path,
+                self.parts,
+                self.progress,
+                asdict(self.config),
+                self.loader.world_size,
+                self.data_fingerprint,
+            )
         return f"last good checkpoint: {path} (step {self.progress.step})"
 
 
@@ -382,11 +389,12 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     shared = dict(
         device=device, transfer=c.transfer, dtype=dtype, channels_last=c.channels_last, static=True
     )
+    aug = parse_augment(c.augment)
     loader = Loader(
         train_set,
         c.batch_size,
         seed=c.seed,
-        augment=parse_augment(c.augment),
+        augment=aug,
         order=c.order,
         block=c.block,
         window=c.window,
@@ -400,7 +408,6 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
             f"--graph needs the resident transfer (the whole step on the device), this run "
             f"would use {loader.transfer}"
         )
-    aug = parse_augment(c.augment)
     if c.graph and (c.mix not in ("", "none") or (aug is not None and not aug.capturable)):
         raise ConfigError(
             "--graph captures device work only: drop --mix and the augmentations drawn on the "
@@ -409,13 +416,10 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     model, opt, sched = model_and_optimizer(config, train_set, device, len(loader))
     out = Path(config.output_dir)
     resumed_from = checkpoint.resume_path(config.resume, out / "checkpoint.pt", say=rank == 0)
-    run = Run(config, distributed_, loader, test_loader, model, opt, sched, resumed_from)
+    data = fingerprint(train_set)
+    run = Run(config, distributed_, loader, test_loader, model, opt, sched, resumed_from, data)
     if resumed_from:
-        identity = {
-            **asdict(config),
-            "world_size": world,
-            "data_fingerprint": fingerprint(train_set),
-        }
+        identity = {**asdict(config), "world_size": world, "data_fingerprint": data}
         run.progress = checkpoint.restore(resumed_from, identity, run.parts)
     if distributed_:
         _check_same_start(run.progress.step if resumed_from else -1, device)
@@ -657,9 +661,8 @@ def _train(run: Run) -> dict:
                 flush=True,
             )
         t0 = time.perf_counter()
-        if (
-            accuracy > progress.best_accuracy
-        ):  # best.pt first: a crash between the two redoes this epoch
+        # best.pt first: a crash between the two saves redoes this epoch
+        if accuracy > progress.best_accuracy:
             progress.best_accuracy = accuracy
             run.save(out / "best.pt")
         last_good = run.save(out / "checkpoint.pt")
@@ -722,6 +725,8 @@ def warm_up(model: torch.nn.Module, loader: Loader, config: TrainConfig, loss_fn
     fmt = torch.channels_last if loader.channels_last else torch.contiguous_format
     x = torch.zeros(loader.batch_size, c, h, w, dtype=loader.dtype, device=loader.device)
     y = torch.zeros(loader.batch_size, dtype=torch.int64, device=loader.device)
+    if loader.prepare.mix is not None:  # mixed labels: class probabilities, as in training
+        y = torch.zeros(loader.batch_size, loader.dataset.num_classes, device=loader.device)
     x = x.contiguous(memory_format=fmt)  # as the static batch: same shape, dtype and strides
     loss_fn(model, x, y, config.label_smoothing, config.amp).backward()
     model.zero_grad(set_to_none=True)
