@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from latecast.download import extract_tar
+from latecast.storage.download import extract_tar
 
 NO_DEVICE = 77
 

@@ -32,11 +32,11 @@ import numpy as np
 import torch
 from jpeg_folder import encoded_folder
 
-from latecast.bench import _rates, epochs, markdown_table, run_info, to_device
-from latecast.convert import convert_folder
 from latecast.distributed import resolve_device
 from latecast.loader import Loader
-from latecast.store import open_store
+from latecast.storage.convert import convert_folder
+from latecast.storage.store import open_store
+from latecast.tools.bench import _rates, epochs, markdown_table, run_info, to_device
 from latecast.transfer import Jpeg, float32_bytes, uint8_bytes
 from latecast.transforms import parse_augment
 

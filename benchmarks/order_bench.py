@@ -31,9 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from latecast.bench import run_info
-from latecast.datasets import load_dataset
 from latecast.loader import Loader
+from latecast.storage.datasets import load_dataset
+from latecast.tools.bench import run_info
 
 
 def store_files(store: Path) -> list[Path]:

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from latecast.cli import main as latecast
-from latecast.fileio import atomic_write
-from latecast.store import open_store
+from latecast.storage.fileio import atomic_write
+from latecast.storage.store import open_store
+from latecast.tools.cli import main as latecast
 
 AIRBENCH_SHAPE = (32, 32, 3)  # airbench's networks and test-time crops assume CIFAR's size
 

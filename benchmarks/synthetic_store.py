@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from latecast.data import from_arrays
-from latecast.store import write_store
+from latecast.storage.store import write_store
 
 
 def synthetic_split(

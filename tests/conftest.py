@@ -66,7 +66,7 @@ def run_cli():
             )
             rc, out, err = proc.returncode, proc.stdout, proc.stderr
         else:
-            from latecast.cli import main
+            from latecast.tools.cli import main
 
             out_buf, err_buf = io.StringIO(), io.StringIO()
             with contextlib.redirect_stdout(out_buf), contextlib.redirect_stderr(err_buf):

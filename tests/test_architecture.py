@@ -1,5 +1,7 @@
-"""The package's shape, read from its source with ``ast``: no import cycle, and the library
-never imports the tools (``bench``, ``profiling``, ``cli``) built on top of it."""
+"""The package's shape, read from its source with ``ast`` (nothing is imported): no import
+cycle, and the folder rule. The core (modules at the top of the package) imports nothing
+from the subpackages; ``storage`` imports only the core; ``trainer`` the core and storage;
+``tools`` anything. Nothing imports ``tools`` but ``tools`` and ``__main__``."""
 
 from __future__ import annotations
 
@@ -8,39 +10,68 @@ import importlib.util
 from pathlib import Path
 
 PACKAGE = Path(importlib.util.find_spec("latecast").submodule_search_locations[0])  # not imported
-TOOLS = {"bench", "profiling", "cli", "__main__"}
+# folder -> the folders its modules may import ("" is the core)
+ALLOWED = {
+    "": {""},
+    "storage": {"", "storage"},
+    "trainer": {"", "storage", "trainer"},
+    "tools": {"", "storage", "trainer", "tools"},
+}
 
 
-def module_imports(path: Path, package: str, modules: set[str]) -> set[str]:
-    """The package's modules that ``path`` imports, at the top or inside functions;
-    ``__init__`` for a name taken from the package itself (``from . import Loader``)."""
+def module_name(package_dir: Path, path: Path) -> str:
+    """``store`` for ``pkg/store.py``, ``storage.store`` for ``pkg/storage/store.py``;
+    a subpackage's ``__init__.py`` is the subpackage itself."""
+    parts = path.relative_to(package_dir).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
+
+
+def module_imports(path: Path, name: str, package: str, modules: set[str]) -> set[str]:
+    """The package's modules that module ``name`` (at ``path``) imports, at the top or inside
+    functions; ``__init__`` for a name taken from the package itself (``from . import Loader``
+    at the top)."""
+    here = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
+    if name == "__init__":
+        here = []
     found = set()
+
+    def add(dotted: list[str], names: list[str]) -> None:
+        base = ".".join(dotted)
+        for n in names:
+            if f"{base}.{n}".lstrip(".") in modules:  # from . import transforms
+                found.add(f"{base}.{n}".lstrip("."))
+            else:
+                found.add(base or "__init__")
+
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            found |= {
-                (a.name.split(".") + ["__init__"])[1]
-                for a in node.names  # pkg.x -> x,
-                if a.name.split(".")[0] == package
-            }  # pkg alone -> __init__
+            for a in node.names:
+                parts = a.name.split(".")
+                if parts[0] == package:
+                    found.add(".".join(parts[1:]) or "__init__")
         elif isinstance(node, ast.ImportFrom):
-            parts = (node.module or "").split(".")
-            if node.level == 0 and parts[0] == package:
-                parts = parts[1:]
-            elif node.level != 1:
-                continue  # another library's module
-            if parts and parts[0]:
-                found.add(parts[0])  # from .store import x, from latecast.store import x
-            else:  # from . import transforms, from latecast import Loader
-                found |= {a.name if a.name in modules else "__init__" for a in node.names}
+            parts = (node.module or "").split(".") if node.module else []
+            if node.level == 0:
+                if not parts or parts[0] != package:
+                    continue  # another library's module
+                dotted = parts[1:]
+            else:
+                dotted = here[: len(here) - (node.level - 1)] + parts
+            add(dotted, [a.name for a in node.names])
     return found
 
 
 def import_graph(package_dir: Path) -> dict[str, set[str]]:
-    """Module name -> the package modules it imports."""
-    modules = {p.stem for p in package_dir.glob("*.py")}
+    """Module name (dotted, from the package) -> the package modules it imports."""
+    paths = {module_name(package_dir, p): p for p in package_dir.rglob("*.py")}
+    names = set(paths)
     return {
-        m: module_imports(package_dir / f"{m}.py", package_dir.name, modules) - {m} for m in modules
+        m: module_imports(p, m, package_dir.name, names) - {m} for m, p in sorted(paths.items())
     }
+
+
+def folder(module: str) -> str:
+    return module.split(".")[0] if "." in module or module in ALLOWED else ""
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str]:
@@ -61,9 +92,15 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str]:
     return next((c for c in (visit(m, []) for m in sorted(graph)) if c), [])
 
 
-def tool_imports(graph: dict[str, set[str]]) -> list[str]:
+def folder_breaches(graph: dict[str, set[str]]) -> list[str]:
+    """``a imports b`` for each import the folder rule forbids; ``__main__`` (``python -m``)
+    may start the command line, and ``__init__``'s lazy exports are no imports."""
     return [
-        f"{m} imports {t}" for m in sorted(set(graph) - TOOLS) for t in sorted(graph[m] & TOOLS)
+        f"{m} imports {t}"
+        for m in sorted(graph)
+        if m != "__main__"
+        for t in sorted(graph[m])
+        if t != "__init__" and folder(t) not in ALLOWED[folder(m)]
     ]
 
 
@@ -72,23 +109,29 @@ def test_no_import_cycle():
     assert not cycle, f"import cycle in {PACKAGE}: {' -> '.join(cycle)}"
 
 
-def test_the_library_never_imports_the_tools():
-    bad = tool_imports(import_graph(PACKAGE))
-    assert not bad, f"library modules import tool modules: {'; '.join(bad)}"
+def test_the_folder_rule():
+    graph = import_graph(PACKAGE)
+    assert {folder(m) for m in graph} == set(ALLOWED)  # the check sees every folder
+    bad = folder_breaches(graph)
+    assert not bad, f"imports against the folder rule: {'; '.join(bad)}"
 
 
 def test_the_checks_see_every_kind_of_import(tmp_path):
     pkg = tmp_path / "pkg"
-    pkg.mkdir()
+    for sub in ("storage", "tools"):
+        (pkg / sub).mkdir(parents=True)
     files = {
         "__init__": "from .a import run\n",
         "a": "from . import b\n",
         "b": "def late():\n    from pkg.c import thing\n",  # inside a function
         "c": "import pkg.a\nimport numpy\n",
         "d": "from pkg import run\n",  # a name from the package: __init__
-        "e": "from .profiling import x\n",
-        "profiling": "",
-        "cli": "from .a import run\n",
+        "e": "from .tools.cli import x\n",  # the core importing a tool
+        "storage/__init__": "",
+        "storage/store": "from ..a import run\nfrom . import fileio\n",
+        "storage/fileio": "from ..tools import cli\n",  # storage importing a tool
+        "tools/__init__": "",
+        "tools/cli": "from ..storage.store import y\nfrom .. import e\n",
     }
     for name, text in files.items():
         (pkg / f"{name}.py").write_text(text)
@@ -99,10 +142,13 @@ def test_the_checks_see_every_kind_of_import(tmp_path):
         "b": {"c"},
         "c": {"a"},
         "d": {"__init__"},
-        "e": {"profiling"},
-        "profiling": set(),
-        "cli": {"a"},
+        "e": {"tools.cli"},
+        "storage": set(),
+        "storage.store": {"a", "storage.fileio"},
+        "storage.fileio": {"tools.cli"},
+        "tools": set(),
+        "tools.cli": {"storage.store", "e"},
     }
     assert find_cycle(graph) == ["a", "b", "c", "a"]
-    assert tool_imports(graph) == ["e imports profiling"]
+    assert folder_breaches(graph) == ["e imports tools.cli", "storage.fileio imports tools.cli"]
     assert find_cycle({"x": {"y"}, "y": set()}) == []

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from latecast.bench import bytes_per_epoch, epochs
 from latecast.data import from_arrays
 from latecast.loader import Loader
+from latecast.tools.bench import bytes_per_epoch, epochs
 from latecast.transfer import MOVERS
 
 PIXEL_MOVERS = [name for name, m in MOVERS.items() if not m.encoded]
@@ -100,7 +100,7 @@ def test_cpu_seconds_count_the_dataloader_workers():
     process's own CPU time (the workers are alive, persistent, when it reads them)."""
     from torch.utils.data import DataLoader
 
-    from latecast.bench import cpu_seconds
+    from latecast.tools.bench import cpu_seconds
 
     dl = DataLoader(Busy(), batch_size=2, num_workers=2, persistent_workers=True)
     next(iter(dl))  # workers started
@@ -164,7 +164,7 @@ def test_bad_settings_are_a_one_line_error(run_cli):
 
 def test_colour_store_with_augmentation(tmp_path, run_cli):
     """A CIFAR-shaped store, augmentation on: every loader row still runs, bytes are 4x/8x."""
-    from latecast.store import write_store
+    from latecast.storage.store import write_store
 
     rng = np.random.default_rng(0)
     for split, n in (("train", 300), ("test", 50)):

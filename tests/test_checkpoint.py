@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from latecast import checkpoint as ckpt
 from latecast.errors import CheckpointError, TrainingError
-from latecast.train import TrainConfig, train
+from latecast.trainer import checkpoint as ckpt
+from latecast.trainer.loop import TrainConfig, train
 
-train_mod = importlib.import_module("latecast.train")  # the package re-exports train()
+train_mod = importlib.import_module("latecast.trainer.loop")  # the package re-exports train()
 
 # 10 steps an epoch; checkpoints every 3 steps land mid-epoch and on neither epoch's end.
 # crop augmentation is on so the per-batch generators' reseeding is part of what is checked.
@@ -237,7 +237,7 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
 
 SAVER = """
 import sys, torch
-from latecast.checkpoint import save_checkpoint
+from latecast.trainer.checkpoint import save_checkpoint
 for i in range(10**6):
     save_checkpoint(sys.argv[1], {"model": {"w": torch.full((4_000_000,), float(i))},
         "optimizer": {}, "scheduler": {}, "step": i, "loader": {}, "rng": {}, "config": {},

@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 
 from latecast.config import kind
 from latecast.data import from_arrays
-from latecast.datasets import BUNDLED, load_dataset
-from latecast.models import MODELS
-from latecast.store import write_store
-from latecast.train import PRESETS, TrainConfig
+from latecast.storage.datasets import BUNDLED, load_dataset
+from latecast.storage.store import write_store
+from latecast.trainer.loop import PRESETS, TrainConfig
+from latecast.trainer.models import MODELS
 from latecast.transfer import MOVERS
 
 pytestmark = pytest.mark.slow  # 300 generated runs: about half a minute on 2 cores
@@ -87,7 +87,7 @@ def argument_lists(draw, paths: dict[str, str]) -> list[str]:
 
 
 HOLD = """import sys, time
-from latecast.rundir import claim
+from latecast.trainer.rundir import claim
 with claim(sys.argv[1], None, False):
     print("held", flush=True)
     time.sleep(900)
@@ -106,7 +106,7 @@ def sandbox(tmp_path_factory):
     """Folders and files the generated lists point at, the current folder for the test, a
     run holding one folder, and an empty $LATECAST_DATA (the downloadable datasets fail
     fast as "not found", never reaching the network)."""
-    from latecast.cli import main
+    from latecast.tools.cli import main
 
     root = tmp_path_factory.mktemp("fuzz")
     train, test = load_dataset("mnist", "train"), load_dataset("mnist", "test")

@@ -20,10 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from latecast.convert import _spread, convert_folder
 from latecast.data import EncodedDataset, from_arrays
 from latecast.errors import ConfigError, FormatError, WriteError
-from latecast.store import open_store, write_store
+from latecast.storage.convert import _spread, convert_folder
+from latecast.storage.store import open_store, write_store
 
 Image = pytest.importorskip("PIL.Image")
 

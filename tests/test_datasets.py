@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from latecast import datasets
 from latecast.data import Dataset
-from latecast.datasets import DATASETS, load_dataset, parse_cifar
 from latecast.errors import ConfigError, FormatError, LatecastError
-from latecast.idxfile import read_idx, write_idx
-from latecast.store import open_store
+from latecast.storage import datasets
+from latecast.storage.datasets import DATASETS, load_dataset, parse_cifar
+from latecast.storage.idxfile import read_idx, write_idx
+from latecast.storage.store import open_store
 
 # from the bundled files' README
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]

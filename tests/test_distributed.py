@@ -73,11 +73,11 @@ def torchrun(
 def test_two_ranks_share_data_train_identical_weights_and_evaluate_exactly(tmp_path):
     from torch.utils.data import DistributedSampler
 
-    from latecast.checkpoint import load_checkpoint
-    from latecast.datasets import load_dataset
     from latecast.loader import Loader
-    from latecast.models import build_model
-    from latecast.train import evaluate
+    from latecast.storage.datasets import load_dataset
+    from latecast.trainer.checkpoint import load_checkpoint
+    from latecast.trainer.loop import evaluate
+    from latecast.trainer.models import build_model
 
     proc, _ = torchrun(tmp_path, *ARGS, "--json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -160,9 +160,10 @@ def _worker(argv: list[str]) -> int:
     """Run ``latecast train`` as torchrun's rank $RANK, observing it for the tests above."""
     import importlib
 
-    from latecast import cli, loader
+    from latecast import loader
+    from latecast.tools import cli
 
-    train_mod = importlib.import_module("latecast.train")  # the package re-exports train()
+    train_mod = importlib.import_module("latecast.trainer.loop")  # the package re-exports train()
     rank = int(os.environ["RANK"])
     if rank == 1:
         argv += os.environ.get("LATECAST_TEST_RANK1_ARGS", "").split()

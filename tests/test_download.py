@@ -17,11 +17,11 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from latecast import datasets
-from latecast.datasets import load_dataset
-from latecast.download import download, extract_tar
 from latecast.errors import DownloadError, FormatError
-from latecast.idxfile import write_idx
+from latecast.storage import datasets
+from latecast.storage.datasets import load_dataset
+from latecast.storage.download import download, extract_tar
+from latecast.storage.idxfile import write_idx
 
 Route = Callable[[BaseHTTPRequestHandler], None]
 

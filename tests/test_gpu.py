@@ -123,8 +123,8 @@ def test_replayed_step_equals_the_eager_step(mnist):
 
 
 def _replay_vs_eager(mnist):
-    from latecast.graphed import GraphedStep
-    from latecast.train import TrainConfig, loss_of, model_and_optimizer, resolve_config
+    from latecast.trainer.graphed import GraphedStep
+    from latecast.trainer.loop import TrainConfig, loss_of, model_and_optimizer, resolve_config
     from latecast.transforms import parse_augment
 
     ds = type(mnist)(

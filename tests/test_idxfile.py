@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from latecast.errors import ConfigError, FormatError, LatecastError
-from latecast.fileio import atomic_write
-from latecast.idxfile import TYPES, check_role, parse_idx, read_idx, write_idx
+from latecast.storage.fileio import atomic_write
+from latecast.storage.idxfile import TYPES, check_role, parse_idx, read_idx, write_idx
 
 SHAPES = [(7,), (3, 5), (4, 2, 3), (2, 1, 3, 2), (0, 4)]
 

@@ -9,8 +9,14 @@ import torch
 from PIL import Image
 
 from latecast.loader import Loader
-from latecast.models import build_model
-from latecast.train import TrainConfig, evaluate, model_and_optimizer, resolve_config, train_step
+from latecast.trainer.loop import (
+    TrainConfig,
+    evaluate,
+    model_and_optimizer,
+    resolve_config,
+    train_step,
+)
+from latecast.trainer.models import build_model
 from latecast.transforms import Augment, Mix
 
 TINY = ["--model", "mlp", "--epochs", "1", "--limit-train", "512", "--limit-test", "200"]

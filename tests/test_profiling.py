@@ -6,7 +6,14 @@ import math
 import pytest
 import torch
 
-from latecast.profiling import ROWS, ProfileConfig, plot, profile, report_markdown, trace_totals
+from latecast.tools.profiling import (
+    ROWS,
+    ProfileConfig,
+    plot,
+    profile,
+    report_markdown,
+    trace_totals,
+)
 
 PNG = b"\x89PNG\r\n\x1a\n"
 BATCH = 16

@@ -25,15 +25,15 @@ import numpy as np
 import pytest
 import torch
 
-from latecast import checkpoint as ckpt
-from latecast.cli import _strict
 from latecast.data import fingerprint, from_arrays
-from latecast.datasets import load_dataset
 from latecast.errors import CheckpointError, ConfigError, FormatError
 from latecast.loader import Loader
-from latecast.rundir import LOCK, RUN_FILES
-from latecast.store import write_store
-from latecast.train import TrainConfig
+from latecast.storage.datasets import load_dataset
+from latecast.storage.store import write_store
+from latecast.tools.cli import _strict
+from latecast.trainer import checkpoint as ckpt
+from latecast.trainer.loop import TrainConfig
+from latecast.trainer.rundir import LOCK, RUN_FILES
 from latecast.transforms import normalize
 
 # Two steps of an mlp on bundled MNIST: about a second in-process.
@@ -102,7 +102,7 @@ def read_only(path: Path) -> None:
 def holder(out: Path) -> subprocess.Popen:
     """Another process holding ``out`` the way a run does (``rundir.claim``), until killed."""
     code = (
-        "import sys, time\nfrom latecast.rundir import claim\n"
+        "import sys, time\nfrom latecast.trainer.rundir import claim\n"
         "with claim(sys.argv[1], None, False):\n    print('held', flush=True)\n    time.sleep(600)"
     )
     proc = subprocess.Popen(
@@ -267,7 +267,7 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_no_temp(tmp
 
 SAVER = """
 import sys, torch
-from latecast.checkpoint import save_checkpoint
+from latecast.trainer.checkpoint import save_checkpoint
 for i in range(10**6):
     save_checkpoint(sys.argv[1], {"model": {"w": torch.full((2_000_000,), float(i))},
         "optimizer": {}, "scheduler": {}, "step": i, "loader": {}, "rng": {}, "config": {},
@@ -358,7 +358,7 @@ def test_a_checkpoint_without_a_fingerprint_resumes_checked_by_name_and_size(tmp
 
 def test_fingerprint_is_the_same_in_another_process_and_follows_content():
     ds = load_dataset("mnist", "train")
-    code = "from latecast.datasets import load_dataset; from latecast.data import fingerprint\n"
+    code = "from latecast import load_dataset; from latecast.data import fingerprint\n"
     code += "print(fingerprint(load_dataset('mnist', 'train')))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert other.stdout.strip() == fingerprint(ds), other.stderr

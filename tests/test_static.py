@@ -11,8 +11,8 @@ import torch
 import latecast
 from latecast.errors import ConfigError
 from latecast.loader import IGNORE, Loader
-from latecast.models import build_model
-from latecast.train import TrainConfig, evaluate, train
+from latecast.trainer.loop import TrainConfig, evaluate, train
+from latecast.trainer.models import build_model
 from latecast.transfer import MOVERS
 from latecast.transforms import normalize
 
@@ -184,8 +184,8 @@ def test_the_graphed_step_body_trains_like_train_step(monkeypatch):
     backward and ``nesterov_sgd`` (device learning rate, zero-started momentum buffers in the
     optimizer's state) follow ``train_step`` with ``torch.optim.SGD`` within float rounding,
     schedule included, over more than one epoch."""
-    from latecast import graphed
-    from latecast.train import model_and_optimizer, resolve_config, train_step
+    from latecast.trainer import graphed
+    from latecast.trainer.loop import model_and_optimizer, resolve_config, train_step
 
     ds = small(n=200, shape=(8, 8, 1))
     cpu = torch.device("cpu")
@@ -223,6 +223,6 @@ def test_the_graphed_step_body_trains_like_train_step(monkeypatch):
 
 
 def graphed_loss(model, images, labels, label_smoothing, amp):
-    from latecast.train import loss_of
+    from latecast.trainer.loop import loss_of
 
     return loss_of(model, images, labels, label_smoothing, amp)

@@ -19,11 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from latecast import store
-from latecast.convert import convert_folder
 from latecast.data import Dataset, EncodedDataset, from_arrays
 from latecast.errors import ConfigError, FormatError, LatecastError
-from latecast.store import open_store, write_store
+from latecast.storage import store
+from latecast.storage.convert import convert_folder
+from latecast.storage.store import open_store, write_store
 
 
 def seed_of(*parts) -> int:
@@ -437,7 +437,7 @@ def test_any_byte_flip_or_cut_of_a_jpeg_store_gives_equal_data_or_a_latecast_err
 WRITER = """
 import numpy as np, sys
 from latecast.data import Dataset
-from latecast.store import write_store
+from latecast.storage.store import write_store
 images = np.broadcast_to(np.uint8(7), (4096, 256, 256, 1))  # 256 MiB, no memory used
 labels = np.zeros(4096, np.uint8)
 write_store(Dataset("big", "train", images, labels, ("a",), (0.5,), (0.5,)), sys.argv[1])

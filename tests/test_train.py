@@ -10,7 +10,7 @@ import pytest
 
 import latecast
 from latecast.errors import ConfigError
-from latecast.train import TrainConfig, train
+from latecast.trainer.loop import TrainConfig, train
 
 BUNDLED = Path(latecast.__file__).parent / "bundled"
 NAMES = [
@@ -176,8 +176,8 @@ def test_warm_up_leaves_weights_and_batchnorm_untouched():
     import torch
 
     from latecast.loader import Loader
-    from latecast.models import build_model
-    from latecast.train import TrainConfig, resolve_config, warm_up
+    from latecast.trainer.loop import TrainConfig, resolve_config, warm_up
+    from latecast.trainer.models import build_model
 
     ds = latecast.load_dataset("mnist", "test")
     loader = Loader(ds, 64, device="cpu", channels_last=True)

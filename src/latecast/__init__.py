@@ -15,8 +15,6 @@ Example:
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 __version__ = "0.1.0"
 # name -> module. Imported on first use (PEP 562): `import latecast` and the command line
@@ -26,14 +24,14 @@ _EXPORTS = {
     "Dataset": "data",
     "LatecastError": "errors",
     "Loader": "loader",
-    "TrainConfig": "train",
-    "convert_folder": "convert",
+    "TrainConfig": "trainer.loop",
+    "convert_folder": "storage.convert",
     "from_arrays": "data",
-    "load_dataset": "datasets",
+    "load_dataset": "storage.datasets",
     "normalize": "transforms",
-    "open_store": "store",
-    "train": "train",
-    "wrap": "wrap",
+    "open_store": "storage.store",
+    "train": "trainer.loop",
+    "wrap": "wrapper",
 }
 __all__ = sorted(_EXPORTS)
 
@@ -46,15 +44,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})
-
-
-class _Package(types.ModuleType):
-    def __setattr__(self, name: str, value) -> None:
-        # Importing the module latecast.train (or .wrap) sets the package's `train` to that
-        # module; the package's name stays the function, as when it was imported eagerly.
-        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == name:
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

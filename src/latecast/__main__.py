@@ -4,7 +4,7 @@ before ``main`` runs is caught here: one line, exit code 130."""
 import sys
 
 try:
-    from .cli import main
+    from .tools.cli import main
 except KeyboardInterrupt:
     sys.stderr.write("latecast: interrupted\n")
     sys.exit(130)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from .prepare import Augmentation
-from .wrap import AS_IS, Fields, split
+from .wrapper import AS_IS, Fields, split
 
 
 class PrepareOnDevice:

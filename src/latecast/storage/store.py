@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .data import Dataset, EncodedDataset, check_labels
-from .errors import ConfigError, FormatError
+from ..data import Dataset, EncodedDataset, check_labels
+from ..errors import ConfigError, FormatError
 from .fileio import atomic_folder
 
 SCHEMA = 1

@@ -17,8 +17,8 @@ import warnings
 from dataclasses import MISSING, fields
 from typing import Callable
 
-from .config import DATASET_HELP, kind
-from .errors import LatecastError
+from ..config import DATASET_HELP, kind
+from ..errors import LatecastError
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -80,7 +80,7 @@ def _human_bytes(n: float) -> str:
 
 
 def _run_train(args: argparse.Namespace) -> dict:
-    from .train import TrainConfig, train
+    from ..trainer.loop import TrainConfig, train
 
     summary = train(_config(TrainConfig, args))
     if summary["rank"] != 0:  # under torchrun only rank 0 reports (and prints the JSON)
@@ -148,8 +148,8 @@ def _add_info(p: argparse.ArgumentParser) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> dict:
-    from .datasets import load_dataset
-    from .transfer import MOVERS, movers_for
+    from ..storage.datasets import load_dataset
+    from ..transfer import MOVERS, movers_for
 
     info = {}
     for split in ("train", "test"):
@@ -187,7 +187,7 @@ def _run_info(args: argparse.Namespace) -> dict:
 
 def _need_bench_extra(command: str) -> None:
     """profile and bench compare against torchvision and plot with matplotlib."""
-    from .errors import ConfigError
+    from ..errors import ConfigError
 
     for module in ("torchvision", "matplotlib", "PIL"):
         try:
@@ -228,8 +228,8 @@ def _run_bench(args: argparse.Namespace) -> dict:
 def _run_convert(args: argparse.Namespace) -> dict:
     import time
 
-    from .convert import ConvertConfig, convert
-    from .store import SPLIT_NAMES, open_store
+    from ..storage.convert import ConvertConfig, convert
+    from ..storage.store import SPLIT_NAMES, open_store
 
     start = time.perf_counter()
     out, skipped = convert(_config(ConvertConfig, args))
@@ -260,23 +260,23 @@ def _run_convert(args: argparse.Namespace) -> dict:
 
 COMMANDS = {
     "train": (
-        _options("train", "TrainConfig"),
+        _options("trainer.loop", "TrainConfig"),
         _run_train,
         "train a reference model (default: bundled MNIST)",
     ),
     "info": (_add_info, _run_info, "dataset shapes and bytes per epoch per strategy"),
     "profile": (
-        _options("profiling", "ProfileConfig"),
+        _options("tools.profiling", "ProfileConfig"),
         _run_profile,
         "each transfer strategy under torch.profiler, vs the usual loop",
     ),
     "bench": (
-        _options("bench", "BenchConfig"),
+        _options("tools.bench", "BenchConfig"),
         _run_bench,
         "loader and training throughput vs torchvision's DataLoader",
     ),
     "convert": (
-        _options("convert", "ConvertConfig"),
+        _options("storage.convert", "ConvertConfig"),
         _run_convert,
         "an image folder into a compact store (uint8 pixels or JPEG bytes)",
     ),

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def mlp(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:

@@ -35,17 +35,17 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from . import transforms
-from .config import DATASET_HELP, option, validate
-from .data import Dataset
-from .datasets import load_dataset
-from .distributed import resolve_device
-from .errors import ConfigError
-from .loader import Loader, epoch_order
-from .train import TrainConfig, evaluate, model_and_optimizer, resolve_config, train_step
-from .transfer import MOVERS, Batch, float32_bytes, movers_for
-from .transforms import Augment, parse_augment
-from .wrap import wrap
+from .. import transforms
+from ..config import DATASET_HELP, option, validate
+from ..data import Dataset
+from ..distributed import resolve_device
+from ..errors import ConfigError
+from ..loader import Loader, epoch_order
+from ..storage.datasets import load_dataset
+from ..trainer.loop import TrainConfig, evaluate, model_and_optimizer, resolve_config, train_step
+from ..transfer import MOVERS, Batch, float32_bytes, movers_for
+from ..transforms import Augment, parse_augment
+from ..wrapper import wrap
 
 
 @dataclass(frozen=True)

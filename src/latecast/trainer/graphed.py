@@ -26,8 +26,8 @@ from typing import Callable
 
 import torch
 
-from .errors import ConfigError, DeviceError
-from .loader import Loader
+from ..errors import ConfigError, DeviceError
+from ..loader import Loader
 
 WARMUP_STEPS = 3  # eager steps on a side stream before capture (cuDNN autotune, lazy init)
 

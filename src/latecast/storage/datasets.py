@@ -24,9 +24,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .data import Dataset, EncodedDataset, check_labels, from_arrays
+from ..data import Dataset, EncodedDataset, check_labels, from_arrays
+from ..errors import ConfigError, FormatError, LatecastError
 from .download import download, extract_tar
-from .errors import ConfigError, FormatError, LatecastError
 from .idxfile import check_role, read_idx
 from .store import IMAGES, LABELS, META, open_store, read_meta, write_store
 

@@ -29,16 +29,16 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, record_function
 
+from ..config import DATASET_HELP, option, validate
+from ..data import Dataset
+from ..distributed import resolve_device
+from ..errors import ConfigError
+from ..loader import epoch_order
+from ..prepare import Prepare
+from ..storage.datasets import load_dataset
+from ..trainer.loop import TrainConfig, model_and_optimizer, resolve_config, train_step
+from ..transfer import MOVERS, movers_for
 from .bench import markdown_table, run_info, sync, torchvision_loader
-from .config import DATASET_HELP, option, validate
-from .data import Dataset
-from .datasets import load_dataset
-from .distributed import resolve_device
-from .errors import ConfigError
-from .loader import epoch_order
-from .prepare import Prepare
-from .train import TrainConfig, model_and_optimizer, resolve_config, train_step
-from .transfer import MOVERS, movers_for
 
 ROWS = (*MOVERS, "baseline", "baseline-u8")
 NO_DEVICE = "n/a (no device)"

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-from .errors import ConfigError, WriteError
+from ..errors import ConfigError, WriteError
 
 
 @contextlib.contextmanager

@@ -17,7 +17,7 @@ import zlib
 from pathlib import Path, PurePosixPath
 from typing import Sequence
 
-from .errors import DownloadError, FormatError
+from ..errors import DownloadError, FormatError
 from .fileio import atomic_write
 
 _CHUNK = 1 << 20

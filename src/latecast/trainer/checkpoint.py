@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from .errors import CheckpointError, LatecastError
-from .fileio import atomic_write
+from ..errors import CheckpointError, LatecastError
+from ..storage.fileio import atomic_write
 
 FORMAT = "latecast-checkpoint"
 VERSION = 1

@@ -24,7 +24,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .errors import ConfigError, FormatError
+from ..errors import ConfigError, FormatError
 from .fileio import atomic_write
 
 # type code -> dtype as stored (big-endian), from the IDX description on the MNIST page

@@ -40,15 +40,16 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from . import checkpoint, distributed, graphed, rundir
-from .config import DATASET_HELP, option, validate
-from .data import Dataset, EncodedDataset, fingerprint
-from .datasets import load_dataset
-from .errors import CheckpointError, ConfigError, TrainingError
-from .loader import IGNORE, ORDERS, Loader
+from .. import distributed
+from ..config import DATASET_HELP, option, validate
+from ..data import Dataset, EncodedDataset, fingerprint
+from ..errors import CheckpointError, ConfigError, TrainingError
+from ..loader import IGNORE, ORDERS, Loader
+from ..storage.datasets import load_dataset
+from ..transfer import MOVERS, Batch, float32_bytes, uint8_bytes
+from ..transforms import parse_augment, parse_mix
+from . import checkpoint, graphed, rundir
 from .models import MODELS, build_model
-from .transfer import MOVERS, Batch, float32_bytes, uint8_bytes
-from .transforms import parse_augment, parse_mix
 
 _PRESET = " (default: the preset's)"
 _PRESET_HELP = (

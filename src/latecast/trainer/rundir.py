@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from ..errors import ConfigError
 from .checkpoint import is_checkpoint
-from .errors import ConfigError
 
 try:
     import fcntl

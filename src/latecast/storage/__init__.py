@@ -1,0 +1,3 @@
+"""Storage: the one on-disk format (``store``), known datasets decoded once into it
+(``datasets``, ``idxfile``, ``download``), image folders converted into it (``convert``),
+and files written whole or not at all (``fileio``). Imports only the core."""
