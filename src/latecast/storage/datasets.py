@@ -140,7 +140,7 @@ DATASETS: dict[str, Spec] = {
         sha256=_pins("cifar100"),
     ),
 }
-BUNDLED = Path(__file__).parent / "bundled"
+BUNDLED = Path(__file__).parent.parent / "bundled"  # latecast/bundled: package data
 
 
 def load_dataset(
