@@ -46,7 +46,7 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "OUT": str(out),
         "PYTHON": sys.executable,
         "DEVICE": "cpu",
-        "TOTAL_BUDGET": "1500",
+        "LIMITS": "off",  # a loaded machine may take many times the GPU's limits
         "PYTEST_ARGS": "-m gpu tests/test_gpu.py",
         "SEEDS": "1",
         "TRAIN_ARGS": f"{TINY} --transfer resident",  # --graph is CUDA only
@@ -72,7 +72,6 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=1500,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [line.split("\t") for line in (out / "parts.tsv").read_text().splitlines()[1:]]
@@ -139,6 +138,7 @@ def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path):
         "OUT": str(tmp_path),
         "PYTHON": sys.executable,
         "DEVICE": "nodevice",
+        "LIMITS": "off",
         "SEEDS": "1",
         "CARRY": str(carry),
         "VARIANTS": "eager:",
@@ -149,7 +149,6 @@ def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=600,
     )
     assert proc.returncode != 0
     table = (tmp_path / "parts.tsv").read_text()
@@ -170,7 +169,6 @@ def test_the_budget_skips_what_would_start_too_late(tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = (tmp_path / "parts.tsv").read_text().splitlines()[1:]
