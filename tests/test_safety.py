@@ -574,7 +574,7 @@ def test_an_interrupt_inside_generated_code_still_exits_130(tmp_path):
     when it is caught, and then kills itself with SIGINT (-2) instead of exiting with the
     code it was given; a Ctrl-C that lands in a dataclass's generated code does exactly this."""
     (tmp_path / "interrupted.py").write_text(
-        "import sys\nfrom latecast import cli\n"
+        "import sys\nfrom latecast.tools import cli\n"
         "cli._main = lambda argv: exec('raise KeyboardInterrupt')\nsys.exit(cli.main())\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}

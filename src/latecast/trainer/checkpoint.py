@@ -171,14 +171,16 @@ def restore(path: Path, run: dict, parts: dict) -> Progress:
     ``data_fingerprint``); its progress."""
     state = load_checkpoint(path)
     saved = {**state["config"], **{k: state.get(k) for k in ("world_size", "data_fingerprint")}}
-    if saved["data_fingerprint"] is None:  # written before fingerprints (latecast 0.1.0)
+    unprinted = saved["data_fingerprint"] is None  # written before fingerprints (0.1.0)
+    if unprinted:
+        saved["data_fingerprint"] = run["data_fingerprint"]
+    check_same_run(path, saved, run)  # a refused resume is one line, with no warning first
+    if unprinted:
         warnings.warn(
             f"{path} predates data fingerprints: its data is checked by dataset name, "
             f"--limit-train and sample count only",
             stacklevel=2,
         )
-        saved["data_fingerprint"] = run["data_fingerprint"]
-    check_same_run(path, saved, run)
     try:  # a checkpoint edited by hand, or from another latecast version
         for name, part in parts.items():
             part.load_state_dict(state[name])
