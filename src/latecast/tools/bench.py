@@ -43,39 +43,21 @@ from ..trainer.loop import TrainConfig, evaluate, recipe, resolve_config, train_
 from ..transfer import MOVERS, Batch, float32_bytes, movers_for
 from ..transforms import parse_augment
 from ..wrapper import wrap
-from .measure import (
-    MeasureConfig,
-    Panel,
-    dataloader,
-    epochs,
-    markdown_table,
-    passes,
-    rates,
-    run_info,
-    span,
-    sync,
-    to_device,
-    torchvision_loader,
-    write_report,
-)
+from . import measure
 
 
 @dataclass(frozen=True)
-class BenchConfig(MeasureConfig):
+class BenchConfig(measure.MeasureConfig):
     repeats: int = option(3, "timed passes per measurement, after a warm-up pass", low=1)
     limit_batches: int | None = option(None, "batches per pass (default: whole epochs)", low=1)
     e2e_epochs: int = option(3, "epochs of each end-to-end run; 0 skips them", low=0)
     e2e_batch_size: int | None = option(None, "end-to-end batch (default: the preset's)", low=1)
     e2e_workers: int | None = option(None, "usual loop's workers (default: the fastest)", low=0)
     preset: str | None = option(None, "end-to-end recipe (default: as latecast train)")
-    lr: float | None = option(
-        None, "end-to-end peak learning rate (default: the preset's)", above=0
-    )
+    lr: float | None = option(None, "end-to-end peak lr (default: the preset's)", above=0)
     augment: str = option("", 'augmentation in every run, e.g. "crop,flip,cutout" (default: off)')
     kernels: bool = option(False, "also time the normalize kernel: two passes, fused, compiled")
-    folder_images: int = option(
-        10_000, "images written as PNGs for the ImageFolder rows (wrap vs usual); 0 skips", low=0
-    )
+    folder_images: int = option(10_000, "PNGs for the ImageFolder rows; 0 skips them", low=0)
     folder_workers: int = option(2, "DataLoader workers of both ImageFolder rows", low=0)
     output_dir: str = option("runs/bench", "bench.json, bench.md and bench.png go here")
 
@@ -114,18 +96,22 @@ def loader_throughput(
         loader = Loader(
             ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed, augment=aug
         )
-        out[name] = rates(epochs(loader), n, cfg.repeats, device)
+        out[name] = measure.rates(measure.epochs(loader), n, cfg.repeats, device)
     cores = os.cpu_count() or 1
     for label, workers in (("torchvision-w0", 0), ("torchvision-w2", 2), ("torchvision-wN", cores)):
         # Persistent workers: start-up is not timed, which flatters torchvision.
-        dl = torchvision_loader(
+        dl = measure.torchvision_loader(
             ds, cfg.batch_size, workers, device, cfg.seed, persistent=True, augment=aug
         )
-        out[label] = rates(lambda dl=dl: to_device(iter(dl), device), n, cfg.repeats, device)
+        out[label] = measure.rates(
+            lambda dl=dl: measure.to_device(iter(dl), device), n, cfg.repeats, device
+        )
         del dl  # stop its workers before the next setting starts its own
-    out["upper-bound"] = rates(lambda: _upper_bound(ds, cfg, device), n, cfg.repeats, device)
+    out["upper-bound"] = measure.rates(
+        lambda: _upper_bound(ds, cfg, device), n, cfg.repeats, device
+    )
     count = itertools.count()
-    out["gather"] = rates(lambda: _gather(ds, cfg, next(count)), n, cfg.repeats, device)
+    out["gather"] = measure.rates(lambda: _gather(ds, cfg, next(count)), n, cfg.repeats, device)
     return out
 
 
@@ -161,7 +147,9 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
 
         def loader(tf: list, pin: bool) -> torch.utils.data.DataLoader:
             images = datasets.ImageFolder(root, T.Compose([*gray, *tf]))
-            return dataloader(images, cfg.batch_size, cfg.folder_workers, cfg.seed, True, pin)
+            return measure.dataloader(
+                images, cfg.batch_size, cfg.folder_workers, cfg.seed, True, pin
+            )
 
         usual = loader([T.ToTensor(), T.Normalize(ds.mean, ds.std)], device.type == "cuda")
         wrapped = wrap(
@@ -172,10 +160,10 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
             layout="NCHW",  # PILToTensor's (C, H, W), whatever the image size
         )
         runs = {
-            "folder-float32": passes(
-                lambda dl=usual: to_device(iter(dl), device), batches, cfg.repeats, device
+            "folder-float32": measure.passes(
+                lambda dl=usual: measure.to_device(iter(dl), device), batches, cfg.repeats, device
             ),
-            "folder-wrap": passes(lambda w=wrapped: iter(w), batches, cfg.repeats, device),
+            "folder-wrap": measure.passes(lambda w=wrapped: iter(w), batches, cfg.repeats, device),
         }
         moved = wrapped.stats  # of every batch it read: the same share of each is its bytes
         del usual, wrapped  # stop their workers before the folder goes
@@ -189,11 +177,11 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
         "workers": cfg.folder_workers,
         **{
             name: {
-                "images_per_s": [k / t for k, t, _ in passes],
-                "cpu_seconds_per_epoch": [c * n / k for k, _, c in passes],  # passes may be cut
+                "images_per_s": [k / t for k, t, _ in timed],
+                "cpu_seconds_per_epoch": [c * n / k for k, _, c in timed],  # passes may be cut
                 "h2d_bytes_per_epoch": h2d[name],
             }
-            for name, passes in runs.items()
+            for name, timed in runs.items()
         },
     }
 
@@ -230,11 +218,11 @@ def fit(
     test_loader = Loader(test, 1000, device=device, shuffle=False, pad=False)
     seconds, accuracy = [], []
     for _ in range(config.epochs):
-        sync(device)
+        measure.sync(device)
         t0 = time.perf_counter()
         for x, y in itertools.islice(batches(), steps_per_epoch):
             train_step(model, opt, sched, x, y, config)
-        sync(device)
+        measure.sync(device)
         seconds.append(time.perf_counter() - t0)
         correct, total = evaluate(model, itertools.islice(test_loader, limit), config.amp)
         accuracy.append(correct / total)
@@ -257,12 +245,14 @@ def end_to_end(
     """The usual loop (torchvision DataLoader at ``workers``) and latecast (``auto``)."""
     aug = parse_augment(config.augment)
     # Persistent workers: their start-up is not paid every epoch (flatters the usual loop).
-    dl = torchvision_loader(
+    dl = measure.torchvision_loader(
         ds, config.batch_size, workers, device, cfg.seed, persistent=True, augment=aug
     )
     next(iter(dl))  # start the workers before the clock (spawning 16 took 60 s on the H200)
     steps = min(len(dl), cfg.limit_batches or len(dl))
-    usual = fit(lambda: to_device(dl, device), steps, ds, test, config, device, cfg.limit_batches)
+    usual = fit(
+        lambda: measure.to_device(dl, device), steps, ds, test, config, device, cfg.limit_batches
+    )
     loader = Loader(
         ds,
         config.batch_size,
@@ -273,7 +263,7 @@ def end_to_end(
         channels_last=config.channels_last,
         dtype=torch.bfloat16 if config.amp else torch.float32,
     )
-    ours = fit(epochs(loader), steps, ds, test, config, device, cfg.limit_batches)
+    ours = fit(measure.epochs(loader), steps, ds, test, config, device, cfg.limit_batches)
     return {
         "usual-loop": {**usual, "workers": workers},
         "latecast": {**ours, "transfer": loader.transfer},
@@ -350,11 +340,11 @@ def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict
                 fn(*args, **kw)
             times = []
             for _ in range(cfg.repeats):
-                sync(device)
+                measure.sync(device)
                 t0 = time.perf_counter()
                 for _ in range(20):
                     fn(*args, **kw)
-                sync(device)
+                measure.sync(device)
                 times.append((time.perf_counter() - t0) / 20 * 1e6)
             diff = (got.float() - want.float()).abs().max().item()
             ways[name] = {"us": float(np.median(times)), "max_diff": diff}
@@ -398,7 +388,7 @@ def bench(cfg: BenchConfig) -> dict:
     result = {
         "config": asdict(cfg),
         "recipe": asdict(config),
-        **run_info(device),
+        **measure.run_info(device),
         "dataset": ds.name,
         "best_torchvision": best_tv,
         "loader_images_per_s": medians,
@@ -416,7 +406,7 @@ def bench(cfg: BenchConfig) -> dict:
         },
     }
     files = [out / "bench.json", out / "bench.md", out / "bench.png"]
-    write_report(result, "bench", report_markdown(result), panels(result), files)
+    measure.write_report(result, "bench", report_markdown(result), panels(result), files)
     return result
 
 
@@ -425,19 +415,22 @@ def report_markdown(r: dict) -> list[str]:
     run's machine and revision on top)."""
     c, speed, best = r["config"], r["loader_images_per_s"], r["best_torchvision"]
     ranges = r["loader_images_per_s_range"]
-    rows = [[k, f"{v:,.0f}", span(ranges[k]), f"{v / speed[best]:.1f}x"] for k, v in speed.items()]
+    rows = [
+        [k, f"{v:,.0f}", measure.span(ranges[k]), f"{v / speed[best]:.1f}x"]
+        for k, v in speed.items()
+    ]
     parts = [
         f"median of {c['repeats']} after a warm-up.",
         f"Loader throughput on {r['dataset']}, batch {c['batch_size']}, "
         f"shuffled, augment: {c['augment'] or 'off'}, normalized on the device",
-        markdown_table(["loader", "images/s", "min .. max", f"vs {best}"], rows),
+        measure.markdown_table(["loader", "images/s", "min .. max", f"vs {best}"], rows),
     ]
     if r["end_to_end"]:
         rows = [
             [
                 k,
                 f"{np.median(v['epoch_seconds']):.2f}",
-                span(v["epoch_seconds"], ".2f"),
+                measure.span(v["epoch_seconds"], ".2f"),
                 " ".join(f"{a:.4f}" for a in v["test_accuracy"]),
                 "not reached" if v["seconds_to_99"] is None else f"{v['seconds_to_99']:.1f}",
             ]
@@ -447,7 +440,7 @@ def report_markdown(r: dict) -> list[str]:
         parts += [
             f"End to end: {recipe['model']}, SGD + one-cycle, batch "
             f"{recipe['batch_size']} (preset {recipe['preset']})",
-            markdown_table(
+            measure.markdown_table(
                 ["loop", "s/epoch", "min .. max", "test acc per epoch", "s to 99%"], rows
             ),
         ]
@@ -457,7 +450,7 @@ def report_markdown(r: dict) -> list[str]:
             [
                 k,
                 f"{np.median(v['images_per_s']):,.0f}",
-                span(v["images_per_s"]),
+                measure.span(v["images_per_s"]),
                 f"{np.median(v['cpu_seconds_per_epoch']):.2f}",
                 f"{v['h2d_bytes_per_epoch']:,}",
                 f"{usual['h2d_bytes_per_epoch'] / v['h2d_bytes_per_epoch']:.2f}x",
@@ -469,7 +462,7 @@ def report_markdown(r: dict) -> list[str]:
             f"Your own data: an ImageFolder of {folder['images']:,} PNGs, DataLoader with "
             f"{folder['workers']} workers, batch {c['batch_size']}; host CPU: main "
             "process and workers together, per epoch (median)",
-            markdown_table(
+            measure.markdown_table(
                 ["loader", "images/s", "min .. max", "host CPU s/epoch", "bytes/epoch", "fewer"],
                 rows,
             ),
@@ -483,7 +476,7 @@ def report_markdown(r: dict) -> list[str]:
         parts += [
             f"Prepare kernel: one uint8 batch of {c['batch_size']} on the device -> "
             "normalized (microseconds per batch, median; difference from the fused result)",
-            markdown_table(["output", "kernel", "us/batch", "max diff"], rows),
+            measure.markdown_table(["output", "kernel", "us/batch", "max diff"], rows),
         ]
     f32 = r["h2d_bytes_per_epoch"]["float32"]
     rows = [
@@ -498,13 +491,13 @@ def report_markdown(r: dict) -> list[str]:
     ]
     return parts + [
         "Host->device bytes per epoch",
-        markdown_table(
+        measure.markdown_table(
             ["path", "per epoch", "once", "counted over 1 epoch", "fewer than float32"], rows
         ),
     ]
 
 
-def panels(r: dict) -> list[Panel]:
+def panels(r: dict) -> list[measure.Panel]:
     """Loader images/s (log), seconds per epoch, MB host->device per epoch."""
     mb = {k: v / 1e6 for k, v in r["h2d_bytes_per_epoch"].items()}
     return [

@@ -114,17 +114,14 @@ def epochs(loader: Loader) -> Callable[[], Iterator[Batch]]:
 def run_info(device: torch.device) -> dict:
     """Machine, versions and git revision, saved next to every number."""
     try:  # outside a checkout, or without git: "unknown"
-        git = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-                cwd=Path(__file__).parent,
-            ).stdout.strip()
-            or "unknown"
-        )
+        git = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+        ).stdout.strip()
     except OSError:
-        git = "unknown"
+        git = ""
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
     cpu = next(
         (ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")),
@@ -134,7 +131,7 @@ def run_info(device: torch.device) -> dict:
         "device": str(device),
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
-        "git": git,
+        "git": git or "unknown",
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),

@@ -39,23 +39,14 @@ from ..loader import Loader
 from ..storage.datasets import load_dataset
 from ..trainer.loop import TrainConfig, recipe, train_step
 from ..transfer import MOVERS, movers_for
-from .measure import (
-    MeasureConfig,
-    Panel,
-    dataloader,
-    markdown_table,
-    run_info,
-    sync,
-    torchvision_loader,
-    write_report,
-)
+from . import measure
 
 ROWS = (*MOVERS, "baseline", "baseline-u8")
 NO_DEVICE = "n/a (no device)"
 
 
 @dataclass(frozen=True)
-class ProfileConfig(MeasureConfig):
+class ProfileConfig(measure.MeasureConfig):
     steps: int = option(20, "recorded training steps per row", low=1)
     warmup: int = option(3, "profiler warm-up steps before them (after 1 wait step)", low=0)
     transfer: str = option("all", f"all, or a comma list of {','.join(ROWS)}")
@@ -106,11 +97,15 @@ def _usual(ds: Dataset, device: torch.device, cfg: ProfileConfig, uint8: bool) -
     if uint8:  # (N, C, H, W) uint8 in memory, as people hold it (`MNIST(...).data.unsqueeze(1)`)
         images = torch.from_numpy(np.array(ds.images)).permute(0, 3, 1, 2).contiguous()
         data = torch.utils.data.TensorDataset(images, torch.from_numpy(np.array(ds.labels)))
-        dl = dataloader(data, cfg.batch_size, cfg.workers, cfg.seed, persistent=False, pin=False)
+        dl = measure.dataloader(
+            data, cfg.batch_size, cfg.workers, cfg.seed, persistent=False, pin=False
+        )
         mean = torch.tensor(ds.mean, device=device).view(1, -1, 1, 1)  # (1, C, 1, 1)
         std = torch.tensor(ds.std, device=device).view(1, -1, 1, 1)
     else:
-        dl = torchvision_loader(ds, cfg.batch_size, cfg.workers, device, cfg.seed, pin=False)
+        dl = measure.torchvision_loader(
+            ds, cfg.batch_size, cfg.workers, device, cfg.seed, pin=False
+        )
     for x, y in _fetched(dl):
         with record_function("h2d"):
             x_dev, y_dev = x.to(device), y.to(device)
@@ -176,7 +171,7 @@ def profile_row(
     ) as prof:
         for i in range(skip + cfg.steps):
             if i == skip:
-                sync(device)  # the recorded window starts with an idle device
+                measure.sync(device)  # the recorded window starts with an idle device
                 start = time.perf_counter()
             t0, c0 = time.perf_counter(), time.process_time()
             x, y, copied = next(source)  # fetch + copy + normalize: the data wait
@@ -187,7 +182,7 @@ def profile_row(
                 wait, cpu, nbytes = wait + t1 - t0, cpu + c1 - c0, nbytes + copied
                 step_phase += time.perf_counter() - t1
             if i == skip + cfg.steps - 1:
-                sync(device)  # stop the clock here: the next prof.step() exports the trace
+                measure.sync(device)  # stop the clock here: the next prof.step() exports the trace
                 elapsed = time.perf_counter() - start
             prof.step()
     source.close()  # stop DataLoader workers, if any
@@ -262,11 +257,11 @@ def report_markdown(r: dict) -> list[str]:
     return [
         f"{c['steps']} recorded steps per row after {1 + c['warmup']} unrecorded, batch "
         f"{c['batch_size']}. Times per step, under the profiler.",
-        markdown_table(header, rows),
+        measure.markdown_table(header, rows),
     ]
 
 
-def panels(r: dict) -> list[Panel]:
+def panels(r: dict) -> list[measure.Panel]:
     """Step time per row, and its parts side by side (on a GPU they overlap: async copies,
     queued kernels)."""
     part = {
@@ -303,12 +298,12 @@ def profile(cfg: ProfileConfig) -> dict:
     ]
     result = {
         "config": asdict(cfg),
-        **run_info(device),
+        **measure.run_info(device),
         "dataset": ds.name,
         "steps_per_epoch": math.ceil(len(ds) / cfg.batch_size),
         "rows": rows,
         "not_finite": bad,
     }
     files = [out / "report.json", out / "report.md", out / "profile.png"]
-    write_report(result, "profile", report_markdown(result), panels(result), files)
+    measure.write_report(result, "profile", report_markdown(result), panels(result), files)
     return result
