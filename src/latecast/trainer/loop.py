@@ -424,7 +424,7 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
             "--graph captures device work only: drop --mix and the augmentations drawn on the "
             f"host (resized_crop, altflip); got --augment {c.augment!r} --mix {c.mix!r}"
         )
-    model, opt, sched = model_and_optimizer(config, train_set, device, len(loader))
+    _, model, opt, sched = recipe(config, train_set, device, len(loader))
     out = Path(config.output_dir)
     resumed_from = checkpoint.resume_path(config.resume, out / "checkpoint.pt", say=rank == 0)
     data = fingerprint(train_set)
