@@ -31,14 +31,13 @@ Panel = tuple[str, dict[str, dict[str, float]], bool]
 
 @dataclass(frozen=True)
 class MeasureConfig:
-    """The options ``bench`` and ``profile`` share (each adds its own after them)."""
+    """The options ``bench`` and ``profile`` share (each adds its own, and its output folder)."""
 
     dataset: str = option("mnist", DATASET_HELP, positional=True)
     device: str = option("auto", "auto|cpu|cuda|cuda:N")
     batch_size: int = option(256, "images per batch (profile: per step)", short="-b", low=1)
     seed: int = option(0, "weights and order", low=0)
     data_root: str | None = option(None, "folder with the dataset's files")
-    output_dir: str = option("runs/measure", "the report's files go here")
 
     def __post_init__(self) -> None:
         validate(self)
