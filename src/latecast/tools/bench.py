@@ -297,7 +297,7 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
     return out
 
 
-# ---- (d) the prepare kernel ----------------------------------------------------------------
+# ---- (e) the prepare kernel ----------------------------------------------------------------
 
 
 def _two_pass(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> Callable:
