@@ -36,7 +36,7 @@ from latecast.distributed import resolve_device
 from latecast.loader import Loader
 from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store
-from latecast.tools.bench import _rates, epochs, markdown_table, run_info, to_device
+from latecast.tools.measure import epochs, markdown_table, rates, run_info, to_device
 from latecast.transfer import Jpeg, float32_bytes, uint8_bytes
 from latecast.transforms import parse_augment
 
@@ -65,7 +65,7 @@ def torchvision_rows(folder: Path, ds, args, device, workers: list[int]) -> dict
             persistent_workers=w > 0,  # start-up not timed: flatters torchvision
             generator=torch.Generator().manual_seed(0),
         )
-        out[f"torchvision-w{w}"] = _rates(
+        out[f"torchvision-w{w}"] = rates(
             lambda dl=dl: to_device(iter(dl), device), args.limit_batches, args.repeats, device
         )
         del dl  # stop its workers before the next row starts its own
@@ -79,12 +79,12 @@ def latecast_rows(ds, raw, args, device, workers: list[int]) -> dict:
         if t:
             torch.set_num_threads(t)
         loader = Loader(ds, args.batch_size, device=device, transfer="jpeg", augment=aug)
-        out[f"latecast-jpeg{f'-t{t}' if t else ''}"] = _rates(
+        out[f"latecast-jpeg{f'-t{t}' if t else ''}"] = rates(
             epochs(loader), args.limit_batches, args.repeats, device
         )
     torch.set_num_threads(threads_before)
     loader = Loader(raw, args.batch_size, device=device, transfer="uint8", augment=aug)
-    out["latecast-uint8 (raw store)"] = _rates(
+    out["latecast-uint8 (raw store)"] = rates(
         epochs(loader), args.limit_batches, args.repeats, device
     )
     return out
@@ -120,7 +120,7 @@ def main() -> None:
             **torchvision_rows(args.folder, ds, args, device, workers),
         }
         disk = {"jpeg": int(ds.offsets[-1]), "raw": int(raw.images.nbytes)}
-    rates = {k: float(np.median(v)) for k, v in runs.items()}
+    medians = {k: float(np.median(v)) for k, v in runs.items()}
     n = len(ds)
     nbytes = {
         "jpeg": Jpeg.epoch_bytes(ds)["per_epoch"],
@@ -133,8 +133,8 @@ def main() -> None:
         f"batch {args.batch_size}, {info['device']} ({info['gpu'] or info['cpu']}), "
         f"torch {info['torch']}, git {info['git']}, {info['date']}\n"
     )
-    best = max(rates, key=rates.get)
-    rows = [[k, f"{v:,.0f}", f"{v / rates[best]:.2f}"] for k, v in rates.items()]
+    best = max(medians, key=medians.get)
+    rows = [[k, f"{v:,.0f}", f"{v / medians[best]:.2f}"] for k, v in medians.items()]
     print(markdown_table(["loader", "images/s (median)", f"vs {best}"], rows) + "\n")
     rows = [[k, f"{v:,}", f"{nbytes['float32 (torchvision)'] / v:.1f}x"] for k, v in nbytes.items()]
     print(markdown_table(["path", "host->device bytes per epoch", "fewer than float32"], rows))
@@ -145,7 +145,7 @@ def main() -> None:
                 **info,
                 "config": vars(args) | {"folder": str(args.folder), "raw_store": str(store)},
                 "images": n,
-                "images_per_s": rates,
+                "images_per_s": medians,
                 "images_per_s_runs": runs,
                 "bytes_per_epoch": nbytes,
                 "disk_bytes": disk,

@@ -33,7 +33,7 @@ import numpy as np
 
 from latecast.loader import Loader
 from latecast.storage.datasets import load_dataset
-from latecast.tools.bench import run_info
+from latecast.tools.measure import run_info
 
 
 def store_files(store: Path) -> list[Path]:

@@ -11,7 +11,8 @@ import torch
 
 from latecast.data import from_arrays
 from latecast.loader import Loader
-from latecast.tools.bench import bytes_per_epoch, epochs
+from latecast.tools.bench import bytes_per_epoch
+from latecast.tools.measure import epochs
 from latecast.transfer import MOVERS
 
 PIXEL_MOVERS = [name for name, m in MOVERS.items() if not m.encoded]
@@ -100,7 +101,7 @@ def test_cpu_seconds_count_the_dataloader_workers():
     process's own CPU time (the workers are alive, persistent, when it reads them)."""
     from torch.utils.data import DataLoader
 
-    from latecast.tools.bench import cpu_seconds
+    from latecast.tools.measure import cpu_seconds
 
     dl = DataLoader(Busy(), batch_size=2, num_workers=2, persistent_workers=True)
     next(iter(dl))  # workers started

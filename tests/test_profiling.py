@@ -6,10 +6,11 @@ import math
 import pytest
 import torch
 
+from latecast.tools.measure import write_report
 from latecast.tools.profiling import (
     ROWS,
     ProfileConfig,
-    plot,
+    panels,
     profile,
     report_markdown,
     trace_totals,
@@ -48,8 +49,13 @@ def test_every_row_is_measured(run):
         for field in ("step_ms", "kernel_ms", "data_wait_ms", "data_cpu_ms", "data_wait_pct"):
             assert math.isfinite(row[field]) and row[field] > 0, (name, field, row[field])
         assert row["memcpy"] is None  # no device: the profiler has no copy rows
-        trace = json.loads((out / row["trace"]).read_text())
-        assert trace["traceEvents"], name
+        ranges = {
+            e.get("name") for e in json.loads((out / row["trace"]).read_text())["traceEvents"]
+        }
+        assert {"data", "step"} <= ranges, name
+        # the copy of each step; resident copies its epoch order once, before the recorded steps
+        assert ("h2d" in ranges) == (name != "resident"), name
+        assert ("normalize" in ranges) == (name == "baseline-u8"), name
 
 
 def test_bytes_per_step_follow_the_strategy(run):
@@ -120,10 +126,12 @@ def test_gpu_trace_and_report_paths(tmp_path):
         "config": {"steps": 1, "warmup": 0, "batch_size": 4},
         "rows": {"uint8": row},
     }
-    md = report_markdown(result)
-    assert "0.012 ms (2.0x)" in md and "device kernels" in md
-    plot(result, tmp_path / "p.png")
-    assert (tmp_path / "p.png").read_bytes().startswith(PNG)
+    files = [tmp_path / "r.json", tmp_path / "r.md", tmp_path / "p.png"]
+    write_report(result, "profile", report_markdown(result), panels(result), files)
+    md = files[1].read_text()
+    assert "0.012 ms (2.0x)" in md and "device kernels" in md and "(Test GPU)" in md
+    assert json.loads(files[0].read_text()) == result
+    assert files[2].read_bytes().startswith(PNG)
 
 
 def test_unknown_row_is_a_one_line_error(run_cli):

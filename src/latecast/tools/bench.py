@@ -23,10 +23,7 @@ absolute times on a shared machine are not comparable across runs.
 from __future__ import annotations
 
 import itertools
-import json
 import os
-import platform
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,234 +33,36 @@ import numpy as np
 import torch
 
 from .. import transforms
-from ..config import DATASET_HELP, option, validate
+from ..config import option
 from ..data import Dataset
 from ..distributed import resolve_device
 from ..errors import ConfigError
 from ..loader import Loader, epoch_order
 from ..storage.datasets import load_dataset
-from ..trainer.loop import TrainConfig, evaluate, model_and_optimizer, resolve_config, train_step
+from ..trainer.loop import TrainConfig, evaluate, recipe, resolve_config, train_step
 from ..transfer import MOVERS, Batch, float32_bytes, movers_for
-from ..transforms import Augment, parse_augment
+from ..transforms import parse_augment
 from ..wrapper import wrap
+from . import measure
 
 
 @dataclass(frozen=True)
-class BenchConfig:
-    dataset: str = option("mnist", DATASET_HELP, positional=True)
-    device: str = option("auto", "auto|cpu|cuda|cuda:N")
+class BenchConfig(measure.MeasureConfig):
     repeats: int = option(3, "timed passes per measurement, after a warm-up pass", low=1)
-    batch_size: int = option(256, "images per batch in the loader runs", short="-b", low=1)
     limit_batches: int | None = option(None, "batches per pass (default: whole epochs)", low=1)
     e2e_epochs: int = option(3, "epochs of each end-to-end run; 0 skips them", low=0)
     e2e_batch_size: int | None = option(None, "end-to-end batch (default: the preset's)", low=1)
     e2e_workers: int | None = option(None, "usual loop's workers (default: the fastest)", low=0)
     preset: str | None = option(None, "end-to-end recipe (default: as latecast train)")
-    lr: float | None = option(
-        None, "end-to-end peak learning rate (default: the preset's)", above=0
-    )
+    lr: float | None = option(None, "end-to-end peak lr (default: the preset's)", above=0)
     augment: str = option("", 'augmentation in every run, e.g. "crop,flip,cutout" (default: off)')
     kernels: bool = option(False, "also time the normalize kernel: two passes, fused, compiled")
-    seed: int = option(0, "weights and order", low=0)
-    data_root: str | None = option(None, "folder with the dataset's files")
-    folder_images: int = option(
-        10_000, "images written as PNGs for the ImageFolder rows (wrap vs usual); 0 skips", low=0
-    )
+    folder_images: int = option(10_000, "PNGs for the ImageFolder rows; 0 skips them", low=0)
     folder_workers: int = option(2, "DataLoader workers of both ImageFolder rows", low=0)
     output_dir: str = option("runs/bench", "bench.json, bench.md and bench.png go here")
 
-    def __post_init__(self) -> None:
-        validate(self)
-
-
-# ---- pieces shared with profiling.py -------------------------------------------------------
-
-
-def sync(device: torch.device) -> None:
-    """Wait for queued device work, so a host timer measures it (no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def run_info(device: torch.device) -> dict:
-    """Machine, versions and git revision, saved next to every number."""
-    try:  # outside a checkout, or without git: "unknown"
-        git = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                capture_output=True,
-                text=True,
-                cwd=Path(__file__).parent,
-            ).stdout.strip()
-            or "unknown"
-        )
-    except OSError:
-        git = "unknown"
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")),
-        platform.machine(),
-    )
-    return {
-        "device": str(device),
-        "cpu": cpu,
-        "cpu_count": os.cpu_count(),
-        "git": git,
-        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-        "torch": torch.__version__,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-    }
-
-
-class PILImages(torch.utils.data.Dataset):
-    """What torchvision's ``MNIST``/``CIFAR10.__getitem__`` do: one PIL image per sample
-    through ``transform``, label as a Python int. The usual code, fed the same arrays."""
-
-    def __init__(self, ds: Dataset, transform: Callable) -> None:
-        self.images, self.labels, self.transform = ds.images, ds.labels, transform
-        self.gray = ds.image_shape[2] == 1
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):
-        from PIL import Image
-
-        img = np.asarray(self.images[i])  # (H, W, C)
-        return self.transform(Image.fromarray(img[..., 0] if self.gray else img)), int(
-            self.labels[i]
-        )
-
-
-def torchvision_loader(
-    ds: Dataset,
-    batch_size: int,
-    workers: int,
-    device: torch.device,
-    seed: int,
-    persistent: bool = False,
-    pin: bool | None = None,
-    augment: Augment | None = None,
-) -> torch.utils.data.DataLoader:
-    """``DataLoader(ToTensor() + Normalize(mean, std))``, shuffled, pinned by default on CUDA;
-    with ``augment``, torchvision's per-image equivalents first (cutout: ``RandomErasing``)."""
-    from torchvision import transforms as T  # the `bench` extra
-
-    h, w, _ = ds.image_shape
-    pil, tensor = [], []
-    if augment is not None and augment.crop:
-        pil.append(
-            T.RandomCrop(
-                (h, w),
-                padding=augment.crop,
-                padding_mode="reflect" if augment.fill == "reflect" else "constant",
-            )
-        )
-    if augment is not None and augment.flip:
-        pil.append(T.RandomHorizontalFlip(augment.flip))
-    if augment is not None and augment.cutout:
-        area = augment.cutout**2 / (h * w)
-        tensor.append(T.RandomErasing(p=1.0, scale=(area, area), ratio=(1.0, 1.0)))
-    tf = T.Compose([*pil, T.ToTensor(), *tensor, T.Normalize(ds.mean, ds.std)])
-    pin = device.type == "cuda" if pin is None else pin
-    return dataloader(PILImages(ds, tf), batch_size, workers, seed, persistent, pin)
-
-
-def dataloader(
-    samples: torch.utils.data.Dataset,
-    batch_size: int,
-    workers: int,
-    seed: int,
-    persistent: bool,
-    pin: bool,
-) -> torch.utils.data.DataLoader:
-    """A shuffled ``DataLoader`` as the usual loop builds one."""
-    # Forked workers inherit this process's CUDA state; one that frees a CUDA tensor (a
-    # pinned buffer of an earlier row, collected as garbage) aborts with "CUDA error:
-    # initialization error" (seen on the H200). Spawned workers start clean.
-    spawn = workers > 0 and torch.cuda.is_initialized()
-    return torch.utils.data.DataLoader(
-        samples,
-        batch_size=batch_size,
-        shuffle=True,
-        num_workers=workers,
-        generator=torch.Generator().manual_seed(seed),
-        pin_memory=pin,
-        persistent_workers=persistent and workers > 0,
-        multiprocessing_context="spawn" if spawn else None,
-    )
-
-
-def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:
-    """The usual loop's ``images.to(device), labels.to(device)``."""
-    for x, y in batches:
-        yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-
-
-def epochs(loader: Loader) -> Callable[[], Iterator[Batch]]:
-    """Each call starts the loader's next epoch at its first batch (a pass cut short leaves
-    a Loader mid-epoch: ``iter`` would resume there)."""
-    count = itertools.count(loader.epoch + 1)
-
-    def start() -> Iterator[Batch]:
-        loader.set_epoch(next(count))
-        return iter(loader)
-
-    return start
-
-
-def markdown_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
-
 
 # ---- (a) loader throughput ---------------------------------------------------------------
-
-
-def _passes(
-    make_iter: Callable[[], Iterator], n_batches: int, repeats: int, device: torch.device
-) -> list[tuple[int, float, float]]:
-    """(images, seconds, host CPU seconds) of each timed pass over ``n_batches`` batches, after
-    a warm-up pass of at most 20 (enough to start workers and allocators; a full torchvision
-    epoch costs minutes). The CPU count starts before ``make_iter``: workers reset by it
-    start preparing batches at once."""
-    out = []
-    for r in range(repeats + 1):
-        cpu0 = cpu_seconds()
-        it = make_iter()  # outside the timer: e.g. DataLoader worker reset
-        sync(device)
-        t0, images = time.perf_counter(), 0
-        for batch in itertools.islice(it, n_batches if r else min(n_batches, 20)):
-            images += len(batch[0])
-        sync(device)
-        if r:
-            out.append((images, time.perf_counter() - t0, cpu_seconds() - cpu0))
-    return out
-
-
-def _rates(
-    make_iter: Callable[[], Iterator[Batch]], n_batches: int, repeats: int, device: torch.device
-) -> list[float]:
-    """images/s of each timed pass (``_passes``)."""
-    return [n / seconds for n, seconds, _ in _passes(make_iter, n_batches, repeats, device)]
-
-
-def cpu_seconds() -> float:
-    """User + system CPU seconds of this process (all its threads) and its live children
-    (DataLoader workers, read from /proc on Linux): what the data path costs the host."""
-    total, tick = time.process_time(), os.sysconf("SC_CLK_TCK")
-    for task in Path("/proc/self/task").glob("*"):
-        try:
-            children = (task / "children").read_text().split()
-        except OSError:  # a thread that ended since the listing
-            continue
-        for pid in children:
-            try:  # fields 14 and 15: utime, stime in clock ticks (after the ")" of the name)
-                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(stat[11]) + int(stat[12])) / tick
-            except (OSError, IndexError, ValueError):  # a child that exited meanwhile
-                continue
-    return total
 
 
 def _upper_bound(ds: Dataset, cfg: BenchConfig, device: torch.device) -> Iterator[Batch]:
@@ -297,18 +96,22 @@ def loader_throughput(
         loader = Loader(
             ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed, augment=aug
         )
-        out[name] = _rates(epochs(loader), n, cfg.repeats, device)
+        out[name] = measure.rates(measure.epochs(loader), n, cfg.repeats, device)
     cores = os.cpu_count() or 1
     for label, workers in (("torchvision-w0", 0), ("torchvision-w2", 2), ("torchvision-wN", cores)):
         # Persistent workers: start-up is not timed, which flatters torchvision.
-        dl = torchvision_loader(
+        dl = measure.torchvision_loader(
             ds, cfg.batch_size, workers, device, cfg.seed, persistent=True, augment=aug
         )
-        out[label] = _rates(lambda dl=dl: to_device(iter(dl), device), n, cfg.repeats, device)
+        out[label] = measure.rates(
+            lambda dl=dl: measure.to_device(iter(dl), device), n, cfg.repeats, device
+        )
         del dl  # stop its workers before the next setting starts its own
-    out["upper-bound"] = _rates(lambda: _upper_bound(ds, cfg, device), n, cfg.repeats, device)
+    out["upper-bound"] = measure.rates(
+        lambda: _upper_bound(ds, cfg, device), n, cfg.repeats, device
+    )
     count = itertools.count()
-    out["gather"] = _rates(lambda: _gather(ds, cfg, next(count)), n, cfg.repeats, device)
+    out["gather"] = measure.rates(lambda: _gather(ds, cfg, next(count)), n, cfg.repeats, device)
     return out
 
 
@@ -344,7 +147,9 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
 
         def loader(tf: list, pin: bool) -> torch.utils.data.DataLoader:
             images = datasets.ImageFolder(root, T.Compose([*gray, *tf]))
-            return dataloader(images, cfg.batch_size, cfg.folder_workers, cfg.seed, True, pin)
+            return measure.dataloader(
+                images, cfg.batch_size, cfg.folder_workers, cfg.seed, True, pin
+            )
 
         usual = loader([T.ToTensor(), T.Normalize(ds.mean, ds.std)], device.type == "cuda")
         wrapped = wrap(
@@ -355,10 +160,10 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
             layout="NCHW",  # PILToTensor's (C, H, W), whatever the image size
         )
         runs = {
-            "folder-float32": _passes(
-                lambda dl=usual: to_device(iter(dl), device), batches, cfg.repeats, device
+            "folder-float32": measure.passes(
+                lambda dl=usual: measure.to_device(iter(dl), device), batches, cfg.repeats, device
             ),
-            "folder-wrap": _passes(lambda w=wrapped: iter(w), batches, cfg.repeats, device),
+            "folder-wrap": measure.passes(lambda w=wrapped: iter(w), batches, cfg.repeats, device),
         }
         moved = wrapped.stats  # of every batch it read: the same share of each is its bytes
         del usual, wrapped  # stop their workers before the folder goes
@@ -372,11 +177,11 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
         "workers": cfg.folder_workers,
         **{
             name: {
-                "images_per_s": [k / t for k, t, _ in passes],
-                "cpu_seconds_per_epoch": [c * n / k for k, _, c in passes],  # passes may be cut
+                "images_per_s": [k / t for k, t, _ in timed],
+                "cpu_seconds_per_epoch": [c * n / k for k, _, c in timed],  # passes may be cut
                 "h2d_bytes_per_epoch": h2d[name],
             }
-            for name, passes in runs.items()
+            for name, timed in runs.items()
         },
     }
 
@@ -384,26 +189,22 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
 # ---- (b) end to end ----------------------------------------------------------------------
 
 
-def recipe(ds: Dataset, cfg: BenchConfig, device: torch.device) -> TrainConfig:
-    """What ``latecast train`` would run on ``ds``, with the bench's settings on top."""
-    return resolve_config(
-        TrainConfig(
-            dataset=cfg.dataset,
-            preset=cfg.preset,
-            epochs=cfg.e2e_epochs,
-            lr=cfg.lr,
-            batch_size=cfg.e2e_batch_size,
-            augment=cfg.augment,
-            seed=cfg.seed,
-            device=str(device),
-        ),
-        ds,
-        device,
+def settings(cfg: BenchConfig, device: torch.device) -> TrainConfig:
+    """``latecast train``'s config with the bench's settings on top (the preset fills the rest)."""
+    return TrainConfig(
+        dataset=cfg.dataset,
+        preset=cfg.preset,
+        epochs=cfg.e2e_epochs,
+        lr=cfg.lr,
+        batch_size=cfg.e2e_batch_size,
+        augment=cfg.augment,
+        seed=cfg.seed,
+        device=str(device),
     )
 
 
 def fit(
-    passes: Callable[[], Iterable[Batch]],
+    batches: Callable[[], Iterable[Batch]],
     steps_per_epoch: int,
     ds: Dataset,
     test: Dataset,
@@ -411,18 +212,17 @@ def fit(
     device: torch.device,
     limit: int | None,
 ) -> dict:
-    """Train a fresh model on one ``passes()`` per epoch with ``train``'s own step and
-    recipe; time each epoch between device syncs, evaluate outside the timer."""
-    torch.manual_seed(config.seed)  # same initial weights for every data path
-    model, opt, sched = model_and_optimizer(config, ds, device, steps_per_epoch)
+    """Train a fresh model on one ``batches()`` per epoch with ``train``'s own recipe and
+    step; time each epoch between device syncs, evaluate outside the timer."""
+    config, model, opt, sched = recipe(config, ds, device, steps_per_epoch)
     test_loader = Loader(test, 1000, device=device, shuffle=False, pad=False)
     seconds, accuracy = [], []
     for _ in range(config.epochs):
-        sync(device)
+        measure.sync(device)
         t0 = time.perf_counter()
-        for x, y in itertools.islice(passes(), steps_per_epoch):
+        for x, y in itertools.islice(batches(), steps_per_epoch):
             train_step(model, opt, sched, x, y, config)
-        sync(device)
+        measure.sync(device)
         seconds.append(time.perf_counter() - t0)
         correct, total = evaluate(model, itertools.islice(test_loader, limit), config.amp)
         accuracy.append(correct / total)
@@ -435,18 +235,24 @@ def fit(
 
 
 def end_to_end(
-    ds: Dataset, test: Dataset, cfg: BenchConfig, device: torch.device, workers: int
+    ds: Dataset,
+    test: Dataset,
+    cfg: BenchConfig,
+    config: TrainConfig,
+    device: torch.device,
+    workers: int,
 ) -> dict[str, dict]:
     """The usual loop (torchvision DataLoader at ``workers``) and latecast (``auto``)."""
-    config = recipe(ds, cfg, device)
     aug = parse_augment(config.augment)
     # Persistent workers: their start-up is not paid every epoch (flatters the usual loop).
-    dl = torchvision_loader(
+    dl = measure.torchvision_loader(
         ds, config.batch_size, workers, device, cfg.seed, persistent=True, augment=aug
     )
     next(iter(dl))  # start the workers before the clock (spawning 16 took 60 s on the H200)
     steps = min(len(dl), cfg.limit_batches or len(dl))
-    usual = fit(lambda: to_device(dl, device), steps, ds, test, config, device, cfg.limit_batches)
+    usual = fit(
+        lambda: measure.to_device(dl, device), steps, ds, test, config, device, cfg.limit_batches
+    )
     loader = Loader(
         ds,
         config.batch_size,
@@ -457,7 +263,7 @@ def end_to_end(
         channels_last=config.channels_last,
         dtype=torch.bfloat16 if config.amp else torch.float32,
     )
-    ours = fit(epochs(loader), steps, ds, test, config, device, cfg.limit_batches)
+    ours = fit(measure.epochs(loader), steps, ds, test, config, device, cfg.limit_batches)
     return {
         "usual-loop": {**usual, "workers": workers},
         "latecast": {**ours, "transfer": loader.transfer},
@@ -491,16 +297,22 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
     return out
 
 
-# ---- (d) the prepare kernel ----------------------------------------------------------------
+# ---- (e) the prepare kernel ----------------------------------------------------------------
 
 
-def _two_pass(images, mean, std, *, dtype, channels_last, out):
+def _two_pass(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> Callable:
     """How ``normalize`` worked before the fused form: addcmul on a float copy, then the
     dtype and layout change (two more passes over the batch)."""
-    scale, shift = transforms._scale_shift(mean, std, images.shape[3], images.device)
-    x = torch.addcmul(shift, images.permute(0, 3, 1, 2).float(), scale)
-    fmt = torch.channels_last if channels_last else torch.contiguous_format
-    return x.to(dtype=dtype, memory_format=fmt)
+    m, s = torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
+    scale = (1 / (255 * s)).to(device, torch.float32).view(1, -1, 1, 1)  # (1, C, 1, 1)
+    shift = (-m / s).to(device, torch.float32).view(1, -1, 1, 1)
+
+    def two_pass(images, mean, std, *, dtype, channels_last, out):
+        x = torch.addcmul(shift, images.permute(0, 3, 1, 2).float(), scale)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
+        return x.to(dtype=dtype, memory_format=fmt)
+
+    return two_pass
 
 
 def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict[str, dict]:
@@ -519,7 +331,7 @@ def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict
         want = transforms.normalize(*args, **kw).clone()
         ways = {}
         for name, fn in (
-            ("two-pass", _two_pass),
+            ("two-pass", _two_pass(ds.mean, ds.std, device)),
             ("fused", transforms.normalize),
             ("compiled", compiled),
         ):
@@ -528,11 +340,11 @@ def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict
                 fn(*args, **kw)
             times = []
             for _ in range(cfg.repeats):
-                sync(device)
+                measure.sync(device)
                 t0 = time.perf_counter()
                 for _ in range(20):
                     fn(*args, **kw)
-                sync(device)
+                measure.sync(device)
                 times.append((time.perf_counter() - t0) / 20 * 1e6)
             diff = (got.float() - want.float()).abs().max().item()
             ways[name] = {"us": float(np.median(times)), "max_diff": diff}
@@ -544,7 +356,7 @@ def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict
 
 
 def bench(cfg: BenchConfig) -> dict:
-    """Run (a), (b), (c); write bench.json, bench.md, bench.png to ``cfg.output_dir``."""
+    """Run (a) to (e); write bench.json, bench.md, bench.png to ``cfg.output_dir``."""
     device = resolve_device(cfg.device)
     ds = load_dataset(cfg.dataset, "train", root=cfg.data_root)
     if not isinstance(ds, Dataset):  # its torchvision rows read decoded pixels
@@ -554,9 +366,10 @@ def bench(cfg: BenchConfig) -> dict:
         )
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    config = resolve_config(settings(cfg, device), ds, device)
     runs = loader_throughput(ds, cfg, device)
-    rates = {k: float(np.median(v)) for k, v in runs.items()}
-    tv = {k: v for k, v in rates.items() if k.startswith("torchvision")}
+    medians = {k: float(np.median(v)) for k, v in runs.items()}
+    tv = {k: v for k, v in medians.items() if k.startswith("torchvision")}
     best_tv = max(tv, key=tv.get)
     e2e: dict[str, dict] = {}
     if cfg.e2e_epochs:
@@ -566,20 +379,19 @@ def bench(cfg: BenchConfig) -> dict:
             if cfg.e2e_workers is not None
             else {"torchvision-w0": 0, "torchvision-w2": 2}.get(best_tv, os.cpu_count() or 1)
         )
-        e2e = end_to_end(
-            ds, load_dataset(cfg.dataset, "test", root=cfg.data_root), cfg, device, workers
-        )
+        test = load_dataset(cfg.dataset, "test", root=cfg.data_root)
+        e2e = end_to_end(ds, test, cfg, config, device, workers)
     folder = image_folder_rows(ds, cfg, device) if cfg.folder_images else {}
     nbytes = bytes_per_epoch(ds, device, cfg.batch_size)
     kernels = prepare_kernels(ds, cfg, device) if cfg.kernels else {}
     f32, u8 = nbytes["float32"], nbytes["uint8"]
     result = {
         "config": asdict(cfg),
-        "recipe": asdict(recipe(ds, cfg, device)),
-        **run_info(device),
+        "recipe": asdict(config),
+        **measure.run_info(device),
         "dataset": ds.name,
         "best_torchvision": best_tv,
-        "loader_images_per_s": rates,
+        "loader_images_per_s": medians,
         "loader_images_per_s_range": {k: [min(v), max(v)] for k, v in runs.items()},
         "epoch_seconds": {k: float(np.median(v["epoch_seconds"])) for k, v in e2e.items()},
         "seconds_to_99": {k: v["seconds_to_99"] for k, v in e2e.items()},
@@ -593,52 +405,42 @@ def bench(cfg: BenchConfig) -> dict:
             "label": f32["label_bytes"] / u8["label_bytes"],
         },
     }
-    md = report_markdown(result)
-    (out / "bench.json").write_text(json.dumps(result, indent=2))
-    (out / "bench.md").write_text(md + "\n")
-    plot(result, out / "bench.png")
-    print(md)
+    files = [out / "bench.json", out / "bench.md", out / "bench.png"]
+    measure.write_report(result, "bench", report_markdown(result), panels(result), files)
     return result
 
 
-def report_markdown(r: dict) -> str:
-    """The three tables of ``bench``'s result, with the run's machine and revision on top."""
-    rates, best = r["loader_images_per_s"], r["best_torchvision"]
+def report_markdown(r: dict) -> list[str]:
+    """The tables of ``bench``'s result, each under its title (``write_report`` puts the
+    run's machine and revision on top)."""
+    c, speed, best = r["config"], r["loader_images_per_s"], r["best_torchvision"]
+    ranges = r["loader_images_per_s_range"]
     rows = [
-        [
-            k,
-            f"{v:,.0f}",
-            "{:,.0f} .. {:,.0f}".format(*r["loader_images_per_s_range"][k]),
-            f"{v / rates[best]:.1f}x",
-        ]
-        for k, v in rates.items()
+        [k, f"{v:,.0f}", measure.span(ranges[k]), f"{v / speed[best]:.1f}x"]
+        for k, v in speed.items()
     ]
     parts = [
-        f"`latecast bench` on {r['device']} ({r['gpu'] or r['cpu']}), torch {r['torch']}, "
-        f"git {r['git']}, {r['date']}: median of {r['config']['repeats']} after a warm-up.",
-        "",
-        f"Loader throughput on {r['dataset']}, batch {r['config']['batch_size']}, "
-        f"shuffled, augment: {r['config']['augment'] or 'off'}, normalized on the device",
-        "",
-        markdown_table(["loader", "images/s", "min .. max", f"vs {best}"], rows),
+        f"median of {c['repeats']} after a warm-up.",
+        f"Loader throughput on {r['dataset']}, batch {c['batch_size']}, "
+        f"shuffled, augment: {c['augment'] or 'off'}, normalized on the device",
+        measure.markdown_table(["loader", "images/s", "min .. max", f"vs {best}"], rows),
     ]
     if r["end_to_end"]:
         rows = [
             [
                 k,
                 f"{np.median(v['epoch_seconds']):.2f}",
-                f"{min(v['epoch_seconds']):.2f} .. {max(v['epoch_seconds']):.2f}",
+                measure.span(v["epoch_seconds"], ".2f"),
                 " ".join(f"{a:.4f}" for a in v["test_accuracy"]),
                 "not reached" if v["seconds_to_99"] is None else f"{v['seconds_to_99']:.1f}",
             ]
             for k, v in r["end_to_end"].items()
         ]
+        recipe = r["recipe"]
         parts += [
-            "",
-            f"End to end: {r['recipe']['model']}, SGD + one-cycle, batch "
-            f"{r['recipe']['batch_size']} (preset {r['recipe']['preset']})",
-            "",
-            markdown_table(
+            f"End to end: {recipe['model']}, SGD + one-cycle, batch "
+            f"{recipe['batch_size']} (preset {recipe['preset']})",
+            measure.markdown_table(
                 ["loop", "s/epoch", "min .. max", "test acc per epoch", "s to 99%"], rows
             ),
         ]
@@ -648,7 +450,7 @@ def report_markdown(r: dict) -> str:
             [
                 k,
                 f"{np.median(v['images_per_s']):,.0f}",
-                "{:,.0f} .. {:,.0f}".format(min(v["images_per_s"]), max(v["images_per_s"])),
+                measure.span(v["images_per_s"]),
                 f"{np.median(v['cpu_seconds_per_epoch']):.2f}",
                 f"{v['h2d_bytes_per_epoch']:,}",
                 f"{usual['h2d_bytes_per_epoch'] / v['h2d_bytes_per_epoch']:.2f}x",
@@ -657,28 +459,24 @@ def report_markdown(r: dict) -> str:
             if k.startswith("folder-")
         ]
         parts += [
-            "",
             f"Your own data: an ImageFolder of {folder['images']:,} PNGs, DataLoader with "
-            f"{folder['workers']} workers, batch {r['config']['batch_size']}; host CPU: main "
+            f"{folder['workers']} workers, batch {c['batch_size']}; host CPU: main "
             "process and workers together, per epoch (median)",
-            "",
-            markdown_table(
+            measure.markdown_table(
                 ["loader", "images/s", "min .. max", "host CPU s/epoch", "bytes/epoch", "fewer"],
                 rows,
             ),
         ]
-    if r.get("prepare_kernel_us"):
+    if r["prepare_kernel_us"]:
         rows = [
             [out, way, f"{v['us']:,.1f}", f"{v['max_diff']:.1e}"]
             for out, ways in r["prepare_kernel_us"].items()
             for way, v in ways.items()
         ]
         parts += [
-            "",
-            f"Prepare kernel: one uint8 batch of {r['config']['batch_size']} on the device -> "
+            f"Prepare kernel: one uint8 batch of {c['batch_size']} on the device -> "
             "normalized (microseconds per batch, median; difference from the fused result)",
-            "",
-            markdown_table(["output", "kernel", "us/batch", "max diff"], rows),
+            measure.markdown_table(["output", "kernel", "us/batch", "max diff"], rows),
         ]
     f32 = r["h2d_bytes_per_epoch"]["float32"]
     rows = [
@@ -691,40 +489,19 @@ def report_markdown(r: dict) -> str:
         ]
         for k, v in r["h2d_detail"].items()
     ]
-    parts += [
-        "",
+    return parts + [
         "Host->device bytes per epoch",
-        "",
-        markdown_table(
+        measure.markdown_table(
             ["path", "per epoch", "once", "counted over 1 epoch", "fewer than float32"], rows
         ),
     ]
-    return "\n".join(parts)
 
 
-def plot(r: dict, path: Path) -> None:
-    """Three panels: loader images/s (log), seconds per epoch, bytes per epoch."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed
-    import matplotlib.pyplot as plt
-
-    panels = [
-        (r["loader_images_per_s"], "loader images/s (median, log scale)", "tab:blue"),
-        (r["epoch_seconds"], "seconds per epoch, end to end (median)", "tab:green"),
-        (
-            {k: v / 1e6 for k, v in r["h2d_bytes_per_epoch"].items()},
-            "MB host->device per epoch",
-            "tab:orange",
-        ),
+def panels(r: dict) -> list[measure.Panel]:
+    """Loader images/s (log), seconds per epoch, MB host->device per epoch."""
+    mb = {k: v / 1e6 for k, v in r["h2d_bytes_per_epoch"].items()}
+    return [
+        ("loader images/s (median, log scale)", {"images/s": r["loader_images_per_s"]}, True),
+        ("seconds per epoch, end to end (median)", {"s": r["epoch_seconds"]}, False),
+        ("MB host->device per epoch", {"MB": mb}, False),
     ]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for ax, (values, label, color) in zip(axes, panels):
-        ax.barh(list(values), list(values.values()), color=color)
-        ax.set_xlabel(label)
-        ax.invert_yaxis()  # first row on top, as in the tables
-    axes[0].set_xscale("log")
-    fig.suptitle(f"latecast bench: {r['dataset']} on {r['gpu'] or r['device']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

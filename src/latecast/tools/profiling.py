@@ -6,8 +6,10 @@ strategies, ``baseline`` (torchvision ``ToTensor()+Normalize`` + ``DataLoader`` 
 ``.to(device)``, the usual code) and ``baseline-u8`` (the same ``DataLoader`` over uint8
 tensors, ``.float() / 255`` and normalize after the copy).
 
-Each row: a fresh ``cnn`` (same seed), ``wait + warmup`` unrecorded steps, then ``steps``
-recorded ones with ``record_function`` ranges ``data``, ``h2d``, ``normalize``, ``step``.
+Each row: a fresh model of ``latecast train``'s recipe (same seed), ``wait + warmup``
+unrecorded steps, then ``steps`` recorded ones with ``record_function`` ranges ``data``
+(fetching the batch; for latecast's rows a real ``Loader``'s whole work), ``h2d`` (the copy;
+inside ``data`` for latecast's rows), ``normalize`` (``baseline-u8``) and ``step``.
 Host timers give step time, data wait (wall time until the batch is ready on the device)
 and the CPU seconds spent preparing it; the Chrome trace of the recorded steps gives device
 kernel time and each ``Memcpy HtoD (Pinned|Pageable -> Device)`` row with its bytes.
@@ -23,42 +25,36 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, record_function
 
-from ..config import DATASET_HELP, option, validate
+from ..config import option
 from ..data import Dataset
 from ..distributed import resolve_device
 from ..errors import ConfigError
-from ..loader import epoch_order
-from ..prepare import Prepare
+from ..loader import Loader
 from ..storage.datasets import load_dataset
-from ..trainer.loop import TrainConfig, model_and_optimizer, resolve_config, train_step
+from ..trainer.loop import TrainConfig, recipe, train_step
 from ..transfer import MOVERS, movers_for
-from .bench import markdown_table, run_info, sync, torchvision_loader
+from . import measure
 
 ROWS = (*MOVERS, "baseline", "baseline-u8")
 NO_DEVICE = "n/a (no device)"
 
 
 @dataclass(frozen=True)
-class ProfileConfig:
-    dataset: str = option("mnist", DATASET_HELP, positional=True)
+class ProfileConfig(measure.MeasureConfig):
     steps: int = option(20, "recorded training steps per row", low=1)
     warmup: int = option(3, "profiler warm-up steps before them (after 1 wait step)", low=0)
     transfer: str = option("all", f"all, or a comma list of {','.join(ROWS)}")
-    batch_size: int = option(256, "images per step", short="-b", low=1)
     workers: int = option(0, "baseline DataLoader workers (0: their work is traced)", low=0)
-    device: str = option("auto", "auto|cpu|cuda|cuda:N")
-    seed: int = option(0, "weights and order", low=0)
-    data_root: str | None = option(None, "folder with the dataset's files")
     output_dir: str = option("runs/profile", "reports, plot and Chrome traces go here")
 
     def __post_init__(self) -> None:
-        validate(self)
+        super().__post_init__()
         self.rows()
 
     def rows(self) -> list[str]:
@@ -80,71 +76,54 @@ class ProfileConfig:
 
 
 def _latecast(
-    ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig, recipe: TrainConfig
+    ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig, channels_last: bool
 ) -> Iterator:
-    """A mover and the prepare stage driven as the Loader drives them, each with its label
-    (the copy inside the mover shows up as ``aten::to``/``copy_`` under ``h2d``)."""
-    prepare = Prepare(ds.mean, ds.std, channels_last=recipe.channels_last, size=ds.image_shape[:2])
-    cls = MOVERS[name]
-    mover = cls(ds, device, cfg.batch_size, *([prepare] if cls.prepares else []))
-    for epoch in itertools.count():
-        order = epoch_order(len(ds), seed=cfg.seed, epoch=epoch)
-        it = mover.batches(list(torch.split(order, cfg.batch_size)))
+    """A ``Loader`` on mover ``name``: its whole work (order, copy, prepare) under ``data``,
+    its copy inside as ``h2d`` (the mover's label)."""
+    loader = Loader(
+        ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed, channels_last=channels_last
+    )
+    before = loader.start().stats.h2d_bytes  # resident uploads the dataset here, unrecorded
+    for images, labels in _fetched(loader):
+        after = loader.stats.h2d_bytes
+        yield images, labels, after - before
+        before = after
+
+
+def _usual(ds: Dataset, device: torch.device, cfg: ProfileConfig, uint8: bool) -> Iterator:
+    """The usual code: float32 normalized on the CPU per image, then ``.to(device)``; with
+    ``uint8``, the same DataLoader over uint8 tensors, cast and normalized after the copy.
+    ``pin_memory=False``, as the code is most often written: pageable copies."""
+    if uint8:  # (N, C, H, W) uint8 in memory, as people hold it (`MNIST(...).data.unsqueeze(1)`)
+        images = torch.from_numpy(np.array(ds.images)).permute(0, 3, 1, 2).contiguous()
+        data = torch.utils.data.TensorDataset(images, torch.from_numpy(np.array(ds.labels)))
+        dl = measure.dataloader(
+            data, cfg.batch_size, cfg.workers, cfg.seed, persistent=False, pin=False
+        )
+        mean = torch.tensor(ds.mean, device=device).view(1, -1, 1, 1)  # (1, C, 1, 1)
+        std = torch.tensor(ds.std, device=device).view(1, -1, 1, 1)
+    else:
+        dl = measure.torchvision_loader(
+            ds, cfg.batch_size, cfg.workers, device, cfg.seed, pin=False
+        )
+    for x, y in _fetched(dl):
+        with record_function("h2d"):
+            x_dev, y_dev = x.to(device), y.to(device)
+        if uint8:
+            with record_function("normalize"):
+                x_dev, y_dev = (x_dev.float() / 255 - mean) / std, y_dev.long()
+        yield x_dev, y_dev, x.nbytes + y.nbytes
+
+
+def _fetched(batches: Iterable) -> Iterator:
+    """Pass after pass over ``batches``, each fetch under ``data``."""
+    for it in map(iter, itertools.repeat(batches)):
         while True:
-            before = mover.stats.h2d_bytes
             with record_function("data"):
                 batch = next(it, None)
             if batch is None:
                 break
-            images, labels = batch
-            if not cls.prepares:
-                with record_function("normalize"):
-                    images, labels = prepare(images, labels)
-            yield images, labels, mover.stats.h2d_bytes - before
-
-
-def _baseline(ds: Dataset, device: torch.device, cfg: ProfileConfig) -> Iterator:
-    """The usual code: float32 normalized on the CPU per image, then ``.to(device)``."""
-    # pin_memory=False, as the code is most often written: pageable copies.
-    dl = torchvision_loader(ds, cfg.batch_size, cfg.workers, device, cfg.seed, pin=False)
-    while True:
-        for x, y in _labelled(dl):
-            with record_function("h2d"):
-                x_dev, y_dev = x.to(device), y.to(device)
-            yield x_dev, y_dev, x.nbytes + y.nbytes
-
-
-def _baseline_u8(ds: Dataset, device: torch.device, cfg: ProfileConfig) -> Iterator:
-    """The same DataLoader over uint8 tensors; cast and normalize after the copy."""
-    # (N, C, H, W) uint8 in memory, as people hold it (``MNIST(...).data.unsqueeze(1)``).
-    images = torch.from_numpy(np.array(ds.images)).permute(0, 3, 1, 2).contiguous()
-    data = torch.utils.data.TensorDataset(images, torch.from_numpy(np.array(ds.labels)))
-    dl = torch.utils.data.DataLoader(
-        data,
-        batch_size=cfg.batch_size,
-        shuffle=True,
-        num_workers=cfg.workers,
-        generator=torch.Generator().manual_seed(cfg.seed),
-    )
-    mean = torch.tensor(ds.mean, device=device).view(1, -1, 1, 1)  # (1, C, 1, 1)
-    std = torch.tensor(ds.std, device=device).view(1, -1, 1, 1)
-    while True:
-        for x, y in _labelled(dl):
-            with record_function("h2d"):
-                x_dev, y_dev = x.to(device), y.to(device)
-            with record_function("normalize"):
-                images = (x_dev.float() / 255 - mean) / std
-            yield images, y_dev.long(), x.nbytes + y.nbytes
-
-
-def _labelled(dl: torch.utils.data.DataLoader) -> Iterator:
-    it = iter(dl)
-    while True:
-        with record_function("data"):
-            batch = next(it, None)
-        if batch is None:
-            return
-        yield batch
+            yield batch
 
 
 # ---- one row -------------------------------------------------------------------------
@@ -173,25 +152,14 @@ def profile_row(
     """Train ``1 + warmup + steps`` steps of a fresh model on row ``name``'s batches, with
     ``latecast train``'s step and recipe for the dataset."""
     skip = 1 + cfg.warmup
-    recipe = resolve_config(
-        TrainConfig(
-            dataset=cfg.dataset,
-            epochs=1,
-            seed=cfg.seed,
-            batch_size=cfg.batch_size,
-            device=str(device),
-        ),
-        ds,
-        device,
+    settings = TrainConfig(
+        dataset=cfg.dataset, epochs=1, seed=cfg.seed, batch_size=cfg.batch_size, device=str(device)
     )
-    torch.manual_seed(cfg.seed)
-    model, opt, sched = model_and_optimizer(recipe, ds, device, skip + cfg.steps)
+    config, model, opt, sched = recipe(settings, ds, device, skip + cfg.steps)
     source = (
-        _baseline(ds, device, cfg)
-        if name == "baseline"
-        else _baseline_u8(ds, device, cfg)
-        if name == "baseline-u8"
-        else _latecast(ds, name, device, cfg, recipe)
+        _usual(ds, device, cfg, uint8=name == "baseline-u8")
+        if name in ("baseline", "baseline-u8")
+        else _latecast(ds, name, device, cfg, config.channels_last)
     )
     trace = out / f"trace-{name}.json"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -203,18 +171,18 @@ def profile_row(
     ) as prof:
         for i in range(skip + cfg.steps):
             if i == skip:
-                sync(device)  # the recorded window starts with an idle device
+                measure.sync(device)  # the recorded window starts with an idle device
                 start = time.perf_counter()
             t0, c0 = time.perf_counter(), time.process_time()
             x, y, copied = next(source)  # fetch + copy + normalize: the data wait
             t1, c1 = time.perf_counter(), time.process_time()
             with record_function("step"):
-                loss = train_step(model, opt, sched, x, y, recipe)
+                loss = train_step(model, opt, sched, x, y, config)
             if i >= skip:
                 wait, cpu, nbytes = wait + t1 - t0, cpu + c1 - c0, nbytes + copied
                 step_phase += time.perf_counter() - t1
             if i == skip + cfg.steps - 1:
-                sync(device)  # stop the clock here: the next prof.step() exports the trace
+                measure.sync(device)  # stop the clock here: the next prof.step() exports the trace
                 elapsed = time.perf_counter() - start
             prof.step()
     source.close()  # stop DataLoader workers, if any
@@ -257,7 +225,7 @@ def _memcpy_cell(row: dict, kind: str) -> str:
     return f"{sum(m['ms'] for m in found):.3f} ms ({sum(m['count'] for m in found):.1f}x)"
 
 
-def report_markdown(r: dict) -> str:
+def report_markdown(r: dict) -> list[str]:
     rows = []
     for name, v in r["rows"].items():
         prof_bytes = NO_DEVICE if v["memcpy"] is None else f"{v['profiler_bytes_per_step']:,.0f}"
@@ -274,64 +242,40 @@ def report_markdown(r: dict) -> str:
                 f"{v['data_wait_ms']:.2f} ({v['data_wait_pct']:.1f}%)",
             ]
         )
-    kernels = "device kernels" if r["device"].startswith("cuda") else "model step (CPU)"
-    head = (
-        f"`latecast profile` on {r['device']} ({r['gpu'] or r['cpu']}), torch {r['torch']}, "
-        f"git {r['git']}, {r['date']}: {r['config']['steps']} recorded steps per row after "
-        f"{1 + r['config']['warmup']} unrecorded, batch {r['config']['batch_size']}. "
-        "Times per step, under the profiler."
-    )
-    return (
-        head
-        + "\n\n"
-        + markdown_table(
-            [
-                "row",
-                "step ms",
-                f"{kernels} ms",
-                "Memcpy HtoD Pinned",
-                "Memcpy HtoD Pageable",
-                "bytes h2d (loader)",
-                "bytes h2d (profiler)",
-                "data CPU ms",
-                "data wait ms (% step)",
-            ],
-            rows,
-        )
-    )
-
-
-def plot(r: dict, path: Path) -> None:
-    """Stacked bars per row: kernels, memcpy, data wait, other (the rest of the step)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display needed
-    import matplotlib.pyplot as plt
-
-    names = list(r["rows"])
-    kernels = "device kernels" if r["device"].startswith("cuda") else "model step (CPU)"
-    parts = {
-        kernels: [r["rows"][n]["kernel_ms"] for n in names],
-        "memcpy HtoD": [r["rows"][n].get("memcpy_ms", 0.0) for n in names],
-        "data wait": [r["rows"][n]["data_wait_ms"] for n in names],
-    }
-    # On a GPU these overlap (async copies, queued kernels): "other" is what is left, >= 0.
-    parts["other"] = [
-        max(r["rows"][n]["step_ms"] - sum(p[i] for p in parts.values()), 0.0)
-        for i, n in enumerate(names)
+    header = [
+        "row",
+        "step ms",
+        f"{_kernels(r)} ms",
+        "Memcpy HtoD Pinned",
+        "Memcpy HtoD Pageable",
+        "bytes h2d (loader)",
+        "bytes h2d (profiler)",
+        "data CPU ms",
+        "data wait ms (% step)",
     ]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    bottom = np.zeros(len(names))
-    for label, values in parts.items():
-        ax.bar(names, values, bottom=bottom, label=label)
-        bottom += np.array(values)
-    ax.plot(names, [r["rows"][n]["step_ms"] for n in names], "k_", markersize=30, label="step time")
-    ax.set_ylabel("ms per step")
-    ax.set_title(f"latecast profile: {r['dataset']} on {r['gpu'] or r['device']}")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the bars, not over them
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    c = r["config"]
+    return [
+        f"{c['steps']} recorded steps per row after {1 + c['warmup']} unrecorded, batch "
+        f"{c['batch_size']}. Times per step, under the profiler.",
+        measure.markdown_table(header, rows),
+    ]
+
+
+def panels(r: dict) -> list[measure.Panel]:
+    """Step time per row, and its parts side by side (on a GPU they overlap: async copies,
+    queued kernels)."""
+    part = {
+        _kernels(r): "kernel_ms",
+        "memcpy HtoD": "memcpy_ms",
+        "data wait": "data_wait_ms",
+    }
+    parts = {k: {n: v.get(f, 0.0) for n, v in r["rows"].items()} for k, f in part.items()}
+    steps = {"step": {n: v["step_ms"] for n, v in r["rows"].items()}}
+    return [("ms per step", steps, False), ("ms per step, by part", parts, False)]
+
+
+def _kernels(r: dict) -> str:
+    return "device kernels" if r["device"].startswith("cuda") else "model step (CPU)"
 
 
 def profile(cfg: ProfileConfig) -> dict:
@@ -354,15 +298,12 @@ def profile(cfg: ProfileConfig) -> dict:
     ]
     result = {
         "config": asdict(cfg),
-        **run_info(device),
+        **measure.run_info(device),
         "dataset": ds.name,
         "steps_per_epoch": math.ceil(len(ds) / cfg.batch_size),
         "rows": rows,
         "not_finite": bad,
     }
-    md = report_markdown(result)
-    (out / "report.md").write_text(md + "\n")
-    (out / "report.json").write_text(json.dumps(result, indent=2))
-    plot(result, out / "profile.png")
-    print(md)
+    files = [out / "report.json", out / "report.md", out / "profile.png"]
+    measure.write_report(result, "profile", report_markdown(result), panels(result), files)
     return result

@@ -196,6 +196,16 @@ def model_and_optimizer(
     return model, opt, one_cycle(opt, config.epochs * steps_per_epoch)
 
 
+def recipe(config: TrainConfig, train_set: Dataset, device: torch.device, steps_per_epoch: int):
+    """``latecast train``'s recipe, for ``bench`` and ``profile`` to train the same way:
+    ``config`` resolved for ``train_set`` (the preset fills what is unset), then a fresh
+    model, optimizer and schedule from ``config.seed`` (the same initial weights for every
+    data path compared). Returns ``(config, model, opt, sched)``."""
+    config = resolve_config(config, train_set, device)
+    torch.manual_seed(config.seed)
+    return (config, *model_and_optimizer(config, train_set, device, steps_per_epoch))
+
+
 def one_cycle(
     opt: torch.optim.Optimizer, total_steps: int, warmup: float = 0.25, start: float = 0.04
 ) -> torch.optim.lr_scheduler.LambdaLR:
@@ -414,7 +424,7 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
             "--graph captures device work only: drop --mix and the augmentations drawn on the "
             f"host (resized_crop, altflip); got --augment {c.augment!r} --mix {c.mix!r}"
         )
-    model, opt, sched = model_and_optimizer(config, train_set, device, len(loader))
+    _, model, opt, sched = recipe(config, train_set, device, len(loader))
     out = Path(config.output_dir)
     resumed_from = checkpoint.resume_path(config.resume, out / "checkpoint.pt", say=rank == 0)
     data = fingerprint(train_set)
