@@ -11,6 +11,12 @@ from pathlib import Path
 
 import pytest
 
+# OpenMP threads that spin-wait while the other core is busy make every CPU step 3-10x
+# slower on a loaded machine (a 1-epoch MNIST mlp: 26.6 s of training with another `make
+# test` running, 4.5 s with this; issue 21). Set before torch loads OpenMP, here and in every
+# process the tests start; a value the caller set is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _latecast_env(tmp_path_factory):
