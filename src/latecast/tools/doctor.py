@@ -112,8 +112,8 @@ class Observer(TorchFunctionMode):
     def _record(self, t: torch.Tensor, dtype: torch.dtype, target: str) -> None:
         axis = 1 if t.dim() == 4 and t.shape[1] in CHANNELS else None
         axis = 3 if t.dim() == 4 and axis is None and t.shape[3] in CHANNELS else axis
-        where = _where(sys._getframe(2))
-        key = (where, dtype, t.dim(), axis and t.shape[axis])
+        where, at = _where(sys._getframe(2))
+        key = (where, at, dtype, t.dim(), axis and t.shape[axis])
         s = self.sites.setdefault(key, Site(where, dtype, tuple(t.shape), axis))
         s.shape, s.calls, s.last_step = tuple(t.shape), s.calls + 1, self.steps
         s.nbytes += t.numel() * dtype.itemsize
@@ -156,11 +156,14 @@ def _mine(frame) -> bool:
     )
 
 
-def _where(frame) -> str:
-    """``file:line`` of the innermost frame of the script at or above ``frame``."""
+def _where(frame) -> tuple[str, int]:
+    """``file:line`` of the innermost frame of the script at or above ``frame``, and the
+    offset of its instruction there (``x.to(d), y.to(d)`` on one line are two sites)."""
     while frame is not None and not _mine(frame):
         frame = frame.f_back
-    return "?" if frame is None else f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}"
+    if frame is None:
+        return "?", 0
+    return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}", frame.f_lasti
 
 
 def _short(path: str) -> str:
@@ -180,20 +183,32 @@ def _sample(t: torch.Tensor, dtype: torch.dtype, axis: int | None) -> np.ndarray
 
 def grid(u: np.ndarray, eps: float) -> tuple[float, float] | None:
     """``(mean, std)`` when every value of ``u`` is ``(k/255 - mean)/std`` for integers k in
-    0..255 (within float rounding), else None. The step between levels is the smallest gap
-    between distinct values; the darkest value seen is taken as k = 0 unless another k gives
-    a mean of at most 4 decimals (as Normalize constants are written)."""
+    0..255 within the rounding of a float with machine epsilon ``eps``, else None.
+
+    The step between levels is first the smallest gap that rounding leaves sharp (float16
+    blurs gaps far from zero), then refitted by least squares over a window of levels
+    around it that widens 4x a pass, so no level is given the wrong k. The darkest value
+    seen is taken as k = 0, unless another k makes a mean of at most 4 decimals (as
+    Normalize constants are written) and that one does not."""
     levels = np.unique(u)
-    if len(levels) < 3:
+    gaps = np.diff(levels)
+    sharp = gaps > 100 * eps * np.maximum(np.abs(levels[:-1]), np.abs(levels[1:]))
+    if len(levels) < 3 or not sharp.any():
         return None
-    step = np.diff(levels).min()
-    k = np.rint((levels - levels[0]) / step)
-    tol = 0.1 * step + eps * np.abs(levels).max()  # float32 rounding of each value
-    if k[-1] > 255 or np.abs(levels - levels[0] - k * step).max() > tol:
+    i = np.flatnonzero(sharp)[np.argmin(gaps[sharp])]
+    step, origin, width = gaps[i], levels[i], 8
+    while True:
+        near = np.abs(levels - origin) <= width * step
+        k = np.rint((levels[near] - origin) / step)
+        step, origin = np.polyfit(k, levels[near], 1)  # level = step * k + origin
+        if near.all():
+            break
+        width *= 4
+    off = levels - origin - k * step
+    if k[-1] - k[0] > 255 or np.abs(off).max() > 0.1 * step + eps * np.abs(levels).max():
         return None
-    slope, at0 = np.polyfit(k, levels, 1)  # v = slope * k + at0
-    std = 1 / (255 * slope)
-    means = [k0 / 255 - at0 * std for k0 in range(256 - int(k[-1]))]
+    std, darkest = 1 / (255 * step), origin + k[0] * step
+    means = [k0 / 255 - darkest * std for k0 in range(256 - int(k[-1] - k[0]))]
     nice = [m for m in means if abs(m - round(m, 4)) < 1e-6]
     return (means[0] if not nice or means[0] in nice else nice[0]), std
 
