@@ -2,7 +2,7 @@
 the way people write them (an MNIST loop with ``ToTensor + Normalize``, ``ImageFolder``
 photos with ``RandomResizedCrop``, nanoGPT's ``get_batch``, a loop already on
 ``latecast.wrap``, float features), each checked for its verdict; a doctored run computes
-what an undoctored one does; every bad input of issue 17 (docs/RELIABILITY.md rows 82-89)."""
+what an undoctored one does; every bad input of issue 17 (docs/RELIABILITY.md rows 82-90)."""
 
 from __future__ import annotations
 
@@ -290,6 +290,14 @@ def test_float_features_that_are_not_quantized_have_nothing_to_gain(tmp_path, ru
     assert r["total"]["factor"] == 1.0 and r["total"]["bytes_per_step"] == 16 * 13 * 4
 
 
+def test_a_module_runs_as_python_m_runs_it(tmp_path, run_cli, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _, where = write(tmp_path, "regress.py", FEATURES)
+    for argv in (["-m", "regress"], ["--", "python", "-m", "regress"]):
+        r = run_cli("doctor", "--steps", "2", "--json", *argv).json
+        assert r["steps"] == 2 and {s["site"] for s in r["sites"]} == {Path(where).name}
+
+
 @pytest.mark.parametrize("channels", [1, 3])
 def test_grid_recovers_mean_and_std_as_torchvision_makes_the_values(channels):
     import torch
@@ -307,7 +315,7 @@ def test_grid_recovers_mean_and_std_as_torchvision_makes_the_values(channels):
     assert grid(half, torch.finfo(torch.float16).eps) is not None
 
 
-# -- bad input (docs/RELIABILITY.md rows 82-89) ----------------------------------------------
+# -- bad input (docs/RELIABILITY.md rows 82-90) ----------------------------------------------
 
 
 def one_error_line(res) -> str:
@@ -331,6 +339,21 @@ def test_a_script_that_raises_before_any_step(tmp_path, run_cli):
     assert "raised ValueError: no data" in line and f"{script}:3" in line
     assert res.json["steps"] == 0 and res.json["exit_status"] == 1
     assert res.json["sites"][0]["site"] == f"{script}:2"
+
+
+def test_the_stop_after_steps_passes_the_scripts_own_except_exception(tmp_path, run_cli):
+    script = tmp_path / "stubborn.py"
+    script.write_text(
+        "import torch\n"
+        "opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\n"
+        "for i in range(20):\n"
+        "    try:\n"
+        "        opt.step()\n"
+        "    except Exception:\n"
+        "        print('swallowed')\n"
+    )
+    res = run_cli("doctor", "--steps", "3", "--json", "--", script)
+    assert res.rc == 0 and res.json["steps"] == 3 and "swallowed" not in res.out
 
 
 def test_a_script_that_never_moves_a_tensor(tmp_path, run_cli):

@@ -251,11 +251,13 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
         norm = f"mean={m}, std={sd}" if any(m) or any(x != 1 for x in sd) else ""
         if s.axis is None:  # not an image batch latecast.wrap would recognise
             return f"move it as uint8 and normalize on the device ({norm or 'k/255'}), {factor}x"
-        given = f" + `Normalize({norm})`" if norm else ""
+        given = f" + `transforms.Normalize({norm})`" if norm else ""
         wrap = f"latecast.wrap(loader{', ' + norm if norm else ''})"
         return (
-            f"`transforms.ToTensor()`{given} -> `transforms.PILToTensor()`, and "
-            f"`loader = {wrap}`: uint8 crosses, normalized on the device, {factor}x fewer bytes"
+            f"8-bit pixels{' normalized with ' + norm if norm else ''}: they cross as uint8, "
+            f"normalized on the device, {factor}x fewer bytes, with two lines changed:\n"
+            f"    `transforms.ToTensor()`{given} -> `transforms.PILToTensor()`\n"
+            f"    `loader = {wrap}`"
         )
     if kind == "integers" and factor > 1:
         if s.dtype.is_floating_point:
@@ -445,8 +447,8 @@ def report(r: dict, cfg: DoctorConfig) -> str:
     lines = [f"latecast doctor: {r['script']}, {r['steps']} optimizer steps ({how})"]
     if r["on_cpu"]:
         lines.append(
-            "no accelerator here: the script's .to(device) calls target the CPU and move "
-            "nothing; they are counted as what would cross the bus on a GPU"
+            "no accelerator here: the script's .to(device) targets the CPU and moves nothing;\n"
+            "each such call is counted as what would cross the bus on a GPU"
         )
     if not r["sites"] and not r["setup"]:
         lines.append("no tensor was moved to a device: nothing crosses the bus in what ran")
@@ -482,7 +484,7 @@ def report(r: dict, cfg: DoctorConfig) -> str:
         for s in r["setup"]:
             by_site[s["site"]] = by_site.get(s["site"], 0) + s["bytes"]
         once = ", ".join(f"{site} ({_human_bytes(b)})" for site, b in by_site.items())
-        lines.append(f"moved once before the first step, not counted per step: {once}")
+        lines += ["", f"moved once before the first step, not counted per step: {once}"]
     if cfg.profile:
         p = r["profile"]
         lines.append(
