@@ -281,32 +281,31 @@ def target(cfg: DoctorConfig, command: list[str]) -> tuple[str, str, list[str]]:
     cmd = command[1:] if command[:1] == ["--"] else list(command)
     if not cfg.module and cmd and re.fullmatch(r"python[\d.]*", Path(cmd[0]).name):
         cmd = cmd[1:]
-    module = cfg.module or (cmd[1] if cmd[:1] == ["-m"] and len(cmd) > 1 else None)
-    if module:
-        cmd = cmd if cfg.module else cmd[2:]
-        if module.startswith("torch.distributed"):
-            cmd = ["torchrun"]
-        else:
-            sys.path.insert(0, os.getcwd())  # as python -m does
-            try:
-                spec = find_spec(module)
-            except ImportError:
-                spec = None
-            finally:
-                sys.path.pop(0)
-            if spec is None:
-                raise ConfigError(f"no module named {module!r} to run")
-            return "module", module, cmd
-    if not cmd:
+    module = cfg.module
+    if not module and cmd[:1] == ["-m"] and len(cmd) > 1:
+        module, cmd = cmd[1], cmd[2:]
+    name = module or (cmd.pop(0) if cmd else "")
+    if not name:
         raise ConfigError("name the script to run: latecast doctor -- python train.py [ARGS]")
-    if Path(cmd[0]).name in ("torchrun", "torch.distributed.run"):
+    if Path(name).name in ("torchrun", "torch.distributed.run", "torch.distributed.launch"):
         raise ConfigError(
             "doctor watches the process it runs in, not torchrun's children: start doctor "
             "under torchrun instead, torchrun [OPTIONS] -m latecast doctor -- train.py"
         )
-    if not Path(cmd[0]).is_file():
-        raise ConfigError(f"script {cmd[0]} not found (or not a file)")
-    return "path", cmd[0], cmd[1:]
+    if module:
+        sys.path.insert(0, os.getcwd())  # as python -m does
+        try:
+            found = find_spec(module) is not None
+        except ImportError:  # its parent package is not there
+            found = False
+        finally:
+            sys.path.pop(0)
+        if not found:
+            raise ConfigError(f"no module named {module!r} to run")
+        return "module", module, cmd
+    if not Path(name).is_file():
+        raise ConfigError(f"script {name} not found (or not a file)")
+    return "path", name, cmd
 
 
 def run_script(kind: str, name: str, argv: list[str], obs: Observer, cfg, debug: bool) -> dict:
@@ -378,9 +377,9 @@ class Profiler:
             self.prof.__enter__()
         elif n == WARMUP + PROFILED and self.prof is not None:
             torch.cuda.synchronize()  # every kernel and copy of the window is done
-            self.close()
+            prof = self.close()
             with tempfile.TemporaryDirectory() as tmp:
-                self.prof.export_chrome_trace(f"{tmp}/trace.json")
+                prof.export_chrome_trace(f"{tmp}/trace.json")
                 kernel_us, memcpy = trace_totals(Path(tmp) / "trace.json")
             copy_us = sum(m["us"] for m in memcpy.values())
             self.result = {
@@ -390,9 +389,12 @@ class Profiler:
                 "memcpy_share": copy_us / (copy_us + kernel_us) if copy_us + kernel_us else 0.0,
             }
 
-    def close(self) -> None:
-        if self.prof is not None and self.result is None:
-            self.prof.__exit__(None, None, None)
+    def close(self) -> torch.profiler.profile | None:
+        """Stop the profiler if it runs (the script may end inside the window)."""
+        prof, self.prof = self.prof, None
+        if prof is not None:
+            prof.__exit__(None, None, None)
+        return prof
 
 
 # -- the verdict ---------------------------------------------------------------------------
@@ -453,14 +455,7 @@ def report(r: dict, cfg: DoctorConfig) -> str:
     if not r["sites"] and not r["setup"]:
         lines.append("no tensor was moved to a device: nothing crosses the bus in what ran")
     if r["sites"]:
-        head = [
-            "site",
-            "per step",
-            "crosses now",
-            "could cross",
-            "bytes/step now -> then",
-            "factor",
-        ]
+        head = "site|per step|crosses now|could cross|bytes/step now -> then|factor".split("|")
         rows = [
             [
                 s["site"],
