@@ -206,7 +206,9 @@ def test_mnist_loop_uint8_pixels_mean_std_and_labels(tmp_path, run_cli):
     assert label["range"][0] >= 0 and label["range"][1] <= 9 and label["could_cross"] == "uint8"
     assert label["factor"] == 8.0 and label["bytes_per_step"] == 64 * 8
     assert r["total"]["factor"] == (64 * 784 * 4 + 64 * 8) / (64 * 784 + 64)
-    assert [s["site"] for s in r["setup"]] and all("model" not in s for s in r["setup"])
+    model_line = MNIST.splitlines().index("    model = Net().to(device)") + 1
+    assert {s["site"] for s in r["setup"]} == {f"{script}:{model_line}"}  # once, not per step
+    assert sum(s["bytes"] for s in r["setup"]) == 4 * (4 * 9 + 4 + 4 * 13 * 13 * 10 + 10)
     text = res.out
     assert where in text and "PILToTensor()" in text and "mean=(0.1307,), std=(0.3081,)" in text
     assert "would cross the bus on a GPU" in text

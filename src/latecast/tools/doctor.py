@@ -48,7 +48,6 @@ from ..storage.fileio import atomic_write
 from ..trainer.rundir import check_path
 from ..wrapper import NARROW, fits
 from .cli import _config, _human_bytes, _options, _strict
-from .profiling import trace_totals
 
 TENSORS, SAMPLES, VALUES = 8, 8, 8192  # sampled per site; per tensor: samples, values a channel
 CHANNELS = (1, 3, 4)  # a 4-dim tensor whose dim 1 (or 3) is one of these holds images
@@ -378,6 +377,8 @@ class Profiler:
         elif n == WARMUP + PROFILED and self.prof is not None:
             torch.cuda.synchronize()  # every kernel and copy of the window is done
             prof = self.close()
+            from .profiling import trace_totals  # imports the trainer: only when asked
+
             with tempfile.TemporaryDirectory() as tmp:
                 prof.export_chrome_trace(f"{tmp}/trace.json")
                 kernel_us, memcpy = trace_totals(Path(tmp) / "trace.json")
