@@ -280,6 +280,11 @@ COMMANDS = {
         _run_convert,
         "an image folder into a compact store (uint8 pixels or JPEG bytes)",
     ),
+    "doctor": (
+        lambda p: importlib.import_module("latecast.tools.doctor").add_arguments(p),
+        lambda args: importlib.import_module("latecast.tools.doctor").run(args),
+        "run your training script: what crosses host->device, and what could",
+    ),
 }
 
 

@@ -1,0 +1,530 @@
+"""``latecast doctor``: run anyone's training script, unmodified, and say what crosses the
+host->device bus wider than it needs to, and the change that narrows it.
+
+The script runs as ``__main__`` in this process (``runpy``) under an ``Observer``, a
+``TorchFunctionMode`` that sees every ``Tensor.to(device)``, ``.cuda()``, ``copy_`` from
+host memory into a device tensor and ``torch.tensor``/``as_tensor(..., device=)`` made on
+the main thread (DataLoader workers and its pin-memory thread only prepare batches; the
+move is the script's). Each move is charged to the script's own line (the innermost frame
+outside torch, latecast and the installed libraries). The first ``TENSORS`` tensors of each
+site are sampled, ``VALUES`` values a channel of their first ``SAMPLES`` samples, evenly
+strided: no random draw, no write, so the script computes exactly what it computes alone.
+When the script stops (after ``--steps`` optimizer steps, through torch's global step hook,
+or at its end) each site's samples are classified:
+
+- floats that are ``(k/255 - mean)/std`` for integers k, per channel (what ``ToTensor()`` +
+  ``Normalize`` make of 8-bit pixels): they could cross as uint8, 4x fewer bytes than
+  float32; mean and std are recovered by a least-squares fit of the values on their grid;
+- integers, and floats holding only integers: the narrowest integer dtype that holds them;
+- bool and 1-byte dtypes: already narrow; other floats: nothing to gain.
+
+Without an accelerator ``.to(device)`` targets the CPU and moves nothing: those calls are
+recorded all the same, as what would cross the bus on a GPU, and the report says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import runpy
+import sys
+import sysconfig
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.overrides import TorchFunctionMode
+
+from ..config import option, validate
+from ..errors import ConfigError, LatecastError
+from ..storage.fileio import atomic_write
+from ..trainer.rundir import check_path
+from ..wrapper import NARROW, fits
+from .cli import _config, _human_bytes, _options, _strict
+
+TENSORS, SAMPLES, VALUES = 8, 8, 8192  # sampled per site; per tensor: samples, values a channel
+CHANNELS = (1, 3, 4)  # a 4-dim tensor whose dim 1 (or 3) is one of these holds images
+WARMUP, PROFILED = 2, 3  # --profile: steps before the profiler starts, steps it records
+_SKIP = re.compile(r"(torch\w*|latecast)(\.|$)")  # modules whose frames are not the script's
+_LIBRARY = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}) + ("<",)
+
+
+@dataclass(frozen=True)
+class DoctorConfig:
+    module: str | None = option(None, "run a module, as python -m MODULE", short="-m")
+    steps: int = option(50, "stop the script after this many optimizer steps", low=1)
+    output_dir: str | None = option(None, "also write doctor.md there")
+    profile: bool = option(False, "CUDA: torch.profiler over a few steps, Memcpy HtoD vs kernels")
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+
+class ScriptError(LatecastError):
+    """The doctored script raised or exited with a non-zero status: its own error."""
+
+
+class _Stop(BaseException):
+    """Raised by the step hook after ``--steps`` steps: not an ``Exception``, so the
+    script's own ``except Exception`` lets it through."""
+
+
+@dataclass
+class Site:
+    """The tensors moved from one line of the script, of one dtype and kind."""
+
+    where: str  # file:line
+    dtype: torch.dtype  # as it crosses
+    shape: tuple[int, ...]  # the latest one's
+    axis: int | None  # its channel axis (images), else None
+    targets: set = field(default_factory=set)  # device types moved to
+    pinned: bool = False  # any came from pinned memory (DataLoader pin_memory=True)
+    calls: int = 0
+    nbytes: int = 0
+    last_step: int = 0  # optimizer steps done before its latest call
+    samples: list = field(default_factory=list)  # float64 (channels, values) arrays
+
+
+class Observer(TorchFunctionMode):
+    """Records every host->device move made under it, per site (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: dict[tuple, Site] = {}
+        self.steps = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)  # the mode is off in here: nothing below is recorded
+        moved = _moved(func, args, kwargs, out)
+        if moved is not None:
+            self._record(*moved)
+        return out
+
+    def _record(self, t: torch.Tensor, dtype: torch.dtype, target: str) -> None:
+        axis = 1 if t.dim() == 4 and t.shape[1] in CHANNELS else None
+        axis = 3 if t.dim() == 4 and axis is None and t.shape[3] in CHANNELS else axis
+        where, at = _where(sys._getframe(2))
+        key = (where, at, dtype, t.dim(), axis and t.shape[axis])
+        s = self.sites.setdefault(key, Site(where, dtype, tuple(t.shape), axis))
+        s.shape, s.calls, s.last_step = tuple(t.shape), s.calls + 1, self.steps
+        s.nbytes += t.numel() * dtype.itemsize
+        s.targets.add(target)
+        s.pinned |= t.device.type == "cpu" and t.is_pinned()
+        if len(s.samples) < TENSORS and t.numel():
+            s.samples.append(_sample(t, dtype, axis))
+
+
+def _moved(func, args, kwargs, out) -> tuple[torch.Tensor, torch.dtype, str] | None:
+    """(host tensor, dtype it crosses in, target device type) of a move, else None. A
+    blocking copy that also converts converts on the host: the new dtype crosses (ATen's
+    ``copy_kernel_cuda``); a non-blocking one converts on the device."""
+    if func is torch.Tensor.to:
+        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+        src = args[0]
+    elif func is torch.Tensor.cuda:
+        src, device, dtype, non_blocking = args[0], torch.device("cuda"), None, False
+    elif func is torch.Tensor.copy_:
+        (dst, src), non_blocking = args[:2], kwargs.get("non_blocking", args[2:3] == (True,))
+        device, dtype = (dst.device, dst.dtype) if dst.device.type != "cpu" else (None, None)
+    elif func in (torch.tensor, torch.as_tensor) and kwargs.get("device") is not None:
+        data = args[0] if args else kwargs.get("data")
+        if isinstance(data, torch.Tensor) and data.device.type != "cpu":
+            return None
+        if out.device.type == "cpu" and not _mine(sys._getframe(2)):
+            return None  # a library's constant on the host (Normalize's mean), not a move
+        return out, out.dtype, out.device.type
+    else:
+        return None
+    if device is None or not isinstance(src, torch.Tensor) or src.device.type != "cpu":
+        return None
+    return src, dtype if dtype is not None and not non_blocking else src.dtype, device.type
+
+
+def _mine(frame) -> bool:
+    name = frame.f_globals.get("__name__", "")
+    return name == "__main__" or not (
+        _SKIP.match(name) or frame.f_code.co_filename.startswith(_LIBRARY)
+    )
+
+
+def _where(frame) -> tuple[str, int]:
+    """``file:line`` of the innermost frame of the script at or above ``frame``, and the
+    offset of its instruction there (``x.to(d), y.to(d)`` on one line are two sites)."""
+    while frame is not None and not _mine(frame):
+        frame = frame.f_back
+    if frame is None:
+        return "?", 0
+    return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}", frame.f_lasti
+
+
+def _short(path: str) -> str:
+    p = Path(path).absolute()
+    return str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else path
+
+
+def _sample(t: torch.Tensor, dtype: torch.dtype, axis: int | None) -> np.ndarray:
+    x = t.detach()[:SAMPLES] if t.dim() > 1 else t.detach().reshape(-1)
+    x = x.movedim(axis, 0).reshape(x.shape[axis], -1) if axis else x.reshape(1, -1)
+    x = x[:, :: -(-x.shape[1] // VALUES)].to("cpu", dtype)  # (channels, <= VALUES)
+    return x.double().numpy() if dtype.is_floating_point else x.numpy().astype(np.float64)
+
+
+# -- what the values are -------------------------------------------------------------------
+
+
+def grid(u: np.ndarray, eps: float) -> tuple[float, float] | None:
+    """``(mean, std)`` when every value of ``u`` is ``(k/255 - mean)/std`` for integers k in
+    0..255 within the rounding of a float with machine epsilon ``eps``, else None.
+
+    The step between levels is first the smallest gap that rounding leaves sharp (float16
+    blurs gaps far from zero), then refitted by least squares over a window of levels
+    around it that widens 4x a pass, so no level is given the wrong k. The darkest value
+    seen is taken as k = 0, unless another k makes a mean of at most 4 decimals (as
+    Normalize constants are written) and that one does not."""
+    levels = np.unique(u)
+    gaps = np.diff(levels)
+    sharp = gaps > 100 * eps * np.maximum(np.abs(levels[:-1]), np.abs(levels[1:]))
+    if len(levels) < 3 or not sharp.any():
+        return None
+    i = np.flatnonzero(sharp)[np.argmin(gaps[sharp])]
+    step, origin, width = gaps[i], levels[i], 8
+    while True:
+        near = np.abs(levels - origin) <= width * step
+        k = np.rint((levels[near] - origin) / step)
+        step, origin = np.polyfit(k, levels[near], 1)  # level = step * k + origin
+        if near.all():
+            break
+        width *= 4
+    off = levels - origin - k * step
+    if k[-1] - k[0] > 255 or np.abs(off).max() > 0.1 * step + eps * np.abs(levels).max():
+        return None
+    std, darkest = 1 / (255 * step), origin + k[0] * step
+    means = [k0 / 255 - darkest * std for k0 in range(256 - int(k[-1] - k[0]))]
+    nice = [m for m in means if abs(m - round(m, 4)) < 1e-6]
+    return (means[0] if not nice or means[0] in nice else nice[0]), std
+
+
+def verdict(s: Site) -> dict:
+    """What a site moves now, what it could move, and the change."""
+    u = np.concatenate(s.samples, axis=1) if s.samples else np.zeros((1, 0))
+    now, then, stats, lo, hi = s.dtype, s.dtype, None, None, None
+    finite = bool(np.isfinite(u).all())
+    if now.itemsize == 1 or u.size == 0:
+        kind = "narrow"
+    elif finite and (u == np.rint(u)).all():
+        lo, hi = int(u.min()), int(u.max())
+        kind, then = "integers", next(d for d in NARROW if fits(d, lo, hi))
+    else:
+        eps = torch.finfo(now).eps
+        found = [grid(c, eps) for c in u] if finite else [None]
+        kind = "8-bit image" if all(found) else "float"
+        if all(found):
+            then, stats = torch.uint8, [list(x) for x in zip(*found)]
+    return {
+        "kind": kind,
+        "could_cross": _name(then),
+        "factor": now.itemsize / then.itemsize,
+        "range": None if lo is None else [lo, hi],
+        "mean": stats and stats[0],
+        "std": stats and stats[1],
+        "change": _change(s, kind, then, stats, lo, hi),
+    }
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
+    now, factor = _name(s.dtype), s.dtype.itemsize // then.itemsize
+    if kind == "8-bit image":
+        m, sd = (tuple(round(float(x), 4) for x in v) for v in stats)
+        norm = f"mean={m}, std={sd}" if any(m) or any(x != 1 for x in sd) else ""
+        if s.axis is None:  # not an image batch latecast.wrap would recognise
+            return f"move it as uint8 and normalize on the device ({norm or 'k/255'}), {factor}x"
+        given = f" + `transforms.Normalize({norm})`" if norm else ""
+        wrap = f"latecast.wrap(loader{', ' + norm if norm else ''})"
+        return (
+            f"8-bit pixels{' normalized with ' + norm if norm else ''}: they cross as uint8, "
+            f"normalized on the device, {factor}x fewer bytes, with two lines changed:\n"
+            f"    `transforms.ToTensor()`{given} -> `transforms.PILToTensor()`\n"
+            f"    `loader = {wrap}`"
+        )
+    if kind == "integers" and factor > 1:
+        if s.dtype.is_floating_point:
+            return f"{now} holding only integers {lo}..{hi}: move them as {_name(then)}, {factor}x"
+        return (
+            f"{now} in {lo}..{hi}: they cross as {_name(then)} through `latecast.wrap` "
+            f"(int64 again on the device), {factor}x"
+        )
+    why = {"narrow": "already narrow", "float": "not on an 8-bit grid"}.get(
+        kind, f"in {lo}..{hi}: no narrower dtype holds them"
+    )
+    return f"{now} {why}: nothing to gain"
+
+
+# -- running the script --------------------------------------------------------------------
+
+
+def target(cfg: DoctorConfig, command: list[str]) -> tuple[str, str, list[str]]:
+    """``("path" | "module", name, its arguments)`` from what follows ``--``; one line for
+    a script or module that is not there, or a launcher doctor cannot look inside."""
+    cmd = command[1:] if command[:1] == ["--"] else list(command)
+    if not cfg.module and cmd and re.fullmatch(r"python[\d.]*", Path(cmd[0]).name):
+        cmd = cmd[1:]
+    module = cfg.module
+    if not module and cmd[:1] == ["-m"] and len(cmd) > 1:
+        module, cmd = cmd[1], cmd[2:]
+    name = module or (cmd.pop(0) if cmd else "")
+    if not name:
+        raise ConfigError("name the script to run: latecast doctor -- python train.py [ARGS]")
+    if Path(name).name in ("torchrun", "torch.distributed.run", "torch.distributed.launch"):
+        raise ConfigError(
+            "doctor watches the process it runs in, not torchrun's children: start doctor "
+            "under torchrun instead, torchrun [OPTIONS] -m latecast doctor -- train.py"
+        )
+    if module:
+        sys.path.insert(0, os.getcwd())  # as python -m does
+        try:
+            found = find_spec(module) is not None
+        except ImportError:  # its parent package is not there
+            found = False
+        finally:
+            sys.path.pop(0)
+        if not found:
+            raise ConfigError(f"no module named {module!r} to run")
+        return "module", module, cmd
+    if not Path(name).is_file():
+        raise ConfigError(f"script {name} not found (or not a file)")
+    return "path", name, cmd
+
+
+def run_script(kind: str, name: str, argv: list[str], obs: Observer, cfg, debug: bool) -> dict:
+    """Run the script as ``__main__`` under ``obs`` until it ends or ``cfg.steps`` optimizer
+    steps are done: how it ended, its exit status and its error (reported, never swallowed)."""
+    profiler = Profiler() if cfg.profile else None
+
+    def step(optimizer, args, kwargs) -> None:
+        obs.steps += 1
+        if profiler:
+            profiler.step(obs.steps)
+        if obs.steps >= cfg.steps:
+            raise _Stop
+
+    saved = sys.argv, sys.path[:]
+    sys.argv = [name, *argv]
+    sys.path.insert(0, str(Path(name).resolve().parent) if kind == "path" else os.getcwd())
+    hook = register_optimizer_step_post_hook(step)
+    ended, status, error = "end", 0, None
+    try:
+        with obs:
+            if kind == "path":
+                runpy.run_path(name, run_name="__main__")
+            else:
+                runpy.run_module(name, run_name="__main__", alter_sys=True)
+    except _Stop:
+        ended = "steps"
+    except SystemExit as stop:
+        code = stop.code
+        ended, status = "exit", code if isinstance(code, int) else int(code is not None)
+        error = None if status == 0 else f"exited with status {status}"
+        if isinstance(code, str):
+            error += f" ({code})"
+    except Exception as err:  # the script's own: reported, and doctor exits 1
+        if debug:
+            traceback.print_exc()
+        at, tb = "?", err.__traceback__
+        while tb is not None:
+            if _mine(tb.tb_frame):
+                at = f"{_short(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+            tb = tb.tb_next
+        first = (str(err).strip().splitlines() or [""])[0]
+        ended, status, error = "error", 1, f"raised {type(err).__name__}: {first} ({at})"
+    finally:
+        hook.remove()
+        sys.argv, sys.path[:] = saved
+        if profiler:
+            profiler.close()
+    return {
+        "ended": ended,
+        "exit_status": status,
+        "error": error,
+        "profile": profiler and profiler.result,
+    }
+
+
+class Profiler:
+    """``torch.profiler`` over the ``PROFILED`` steps after ``WARMUP`` (CUDA): the time
+    ``Memcpy HtoD`` takes against kernel time, per step."""
+
+    def __init__(self) -> None:
+        self.prof, self.result = None, None
+
+    def step(self, n: int) -> None:
+        if n == WARMUP:
+            torch.cuda.synchronize()  # the recorded window starts with an idle device
+            acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+            self.prof = torch.profiler.profile(activities=acts)
+            self.prof.__enter__()
+        elif n == WARMUP + PROFILED and self.prof is not None:
+            torch.cuda.synchronize()  # every kernel and copy of the window is done
+            prof = self.close()
+            from .profiling import trace_totals  # imports the trainer: only when asked
+
+            with tempfile.TemporaryDirectory() as tmp:
+                prof.export_chrome_trace(f"{tmp}/trace.json")
+                kernel_us, memcpy = trace_totals(Path(tmp) / "trace.json")
+            copy_us = sum(m["us"] for m in memcpy.values())
+            self.result = {
+                "steps": PROFILED,
+                "memcpy_htod_ms": copy_us / 1e3 / PROFILED,
+                "kernel_ms": kernel_us / 1e3 / PROFILED,
+                "memcpy_share": copy_us / (copy_us + kernel_us) if copy_us + kernel_us else 0.0,
+            }
+
+    def close(self) -> torch.profiler.profile | None:
+        """Stop the profiler if it runs (the script may end inside the window)."""
+        prof, self.prof = self.prof, None
+        if prof is not None:
+            prof.__exit__(None, None, None)
+        return prof
+
+
+# -- the verdict ---------------------------------------------------------------------------
+
+
+def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
+    """The result: per-step sites with their verdicts, the total, and the moves made only
+    before the first step (the model's ``.to(device)``: once, not per step)."""
+    steps, sites, setup = obs.steps, [], []
+    for s in obs.sites.values():
+        row = {"site": s.where, "dtype": _name(s.dtype), "shape": list(s.shape)}
+        row.update(pinned=s.pinned, devices=sorted(s.targets), calls=s.calls)
+        if steps >= 2 and s.last_step == 0:
+            setup.append({**row, "bytes": s.nbytes})
+            continue
+        row.update(verdict(s))
+        per = max(steps, 1)
+        row.update(calls_per_step=s.calls / per, bytes_per_step=s.nbytes / per)
+        row["bytes_per_step_then"] = row["bytes_per_step"] / row["factor"]
+        sites.append(row)
+    now = sum(r["bytes_per_step"] for r in sites)
+    then = sum(r["bytes_per_step_then"] for r in sites)
+    return {
+        "script": script,
+        "steps": steps,
+        **outcome,
+        "on_cpu": any("cpu" in r["devices"] for r in sites + setup),
+        "sites": sites,
+        "setup": setup,
+        "total": {
+            "bytes_per_step": now,
+            "bytes_per_step_then": then,
+            "factor": now / then if then else 1.0,
+        },
+    }
+
+
+def _table(rows: list[list[str]]) -> list[str]:
+    """A markdown table with its columns padded, as readable in a terminal as in a file."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    return [
+        line(rows[0]),
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+        *map(line, rows[1:]),
+    ]
+
+
+def report(r: dict, cfg: DoctorConfig) -> str:
+    ended = {"steps": f"stopped at --steps {cfg.steps}", "end": "the script ended"}
+    how = ended.get(r["ended"], f"the script {r['error'] or 'exited with status 0'}")
+    lines = [f"latecast doctor: {r['script']}, {r['steps']} optimizer steps ({how})"]
+    if r["on_cpu"]:
+        lines.append(
+            "no accelerator here: the script's .to(device) targets the CPU and moves nothing;\n"
+            "each such call is counted as what would cross the bus on a GPU"
+        )
+    if not r["sites"] and not r["setup"]:
+        lines.append("no tensor was moved to a device: nothing crosses the bus in what ran")
+    if r["sites"]:
+        head = "site|per step|crosses now|could cross|bytes/step now -> then|factor".split("|")
+        rows = [
+            [
+                s["site"],
+                f"{s['calls_per_step']:.3g}",
+                f"{s['dtype']} {tuple(s['shape'])}" + (" pinned" if s["pinned"] else ""),
+                s["could_cross"],
+                f"{_human_bytes(s['bytes_per_step'])} -> {_human_bytes(s['bytes_per_step_then'])}",
+                f"{s['factor']:.1f}x",
+            ]
+            for s in r["sites"]
+        ]
+        t = r["total"]
+        total = f"{_human_bytes(t['bytes_per_step'])} -> {_human_bytes(t['bytes_per_step_then'])}"
+        lines += ["", *_table([head, *rows, ["total", "", "", "", total, f"{t['factor']:.1f}x"]])]
+        lines += ["", "what to change:"]
+        lines += [
+            f"- {s['site']} {s['dtype']} {tuple(s['shape'])}: {s['change']}" for s in r["sites"]
+        ]
+    if r["setup"]:
+        by_site = {}
+        for s in r["setup"]:
+            by_site[s["site"]] = by_site.get(s["site"], 0) + s["bytes"]
+        once = ", ".join(f"{site} ({_human_bytes(b)})" for site, b in by_site.items())
+        lines += ["", f"moved once before the first step, not counted per step: {once}"]
+    if cfg.profile:
+        p = r["profile"]
+        lines.append(
+            f"profile of {p['steps']} steps: Memcpy HtoD {p['memcpy_htod_ms']:.3f} ms a step, "
+            f"kernels {p['kernel_ms']:.3f} ms: the copies are {p['memcpy_share']:.0%} of the two"
+            if p
+            else f"profile: the script stopped before step {WARMUP + PROFILED}, nothing profiled"
+        )
+    return "\n".join(lines)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    _options("tools.doctor", "DoctorConfig")(p)
+    p.add_argument(
+        "script",
+        nargs=argparse.REMAINDER,
+        metavar="-- SCRIPT [ARGS...]",
+        help="the training script and its arguments (python train.py ..., python -m pkg.train)",
+    )
+
+
+def run(args: argparse.Namespace) -> dict:
+    """``latecast doctor``: check the options, run the script, print (rank 0) the report."""
+    cfg = _config(DoctorConfig, args)
+    if cfg.profile and not torch.cuda.is_available():
+        raise ConfigError("--profile needs CUDA (it times Memcpy HtoD on the GPU): none here")
+    if cfg.profile and cfg.steps < WARMUP + PROFILED:
+        raise ConfigError(f"--profile needs --steps >= {WARMUP + PROFILED}, got {cfg.steps}")
+    out = check_path(cfg.output_dir) if cfg.output_dir else None
+    kind, name, argv = target(cfg, args.script)
+    obs = Observer()
+    r = diagnose(name, obs, run_script(kind, name, argv, obs, cfg, args.debug))
+    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
+        args.json = False
+    else:
+        text = report(r, cfg)
+        print(text)
+        if out is not None:
+            with atomic_write(out / "doctor.md") as f:
+                f.write(f"# latecast doctor\n\n{text}\n".encode())
+            print(f"wrote {out / 'doctor.md'}")
+    if r["error"]:
+        if args.json:  # the report's JSON still ends stdout; the error line goes to stderr
+            print(json.dumps(_strict(r), allow_nan=False))
+            args.json = False
+        raise ScriptError(f"{name} {r['error']}")
+    return r

@@ -1,0 +1,443 @@
+"""``latecast doctor`` on small, ordinary training scripts of the common kinds, written here
+the way people write them (an MNIST loop with ``ToTensor + Normalize``, ``ImageFolder``
+photos with ``RandomResizedCrop``, nanoGPT's ``get_batch``, a loop already on
+``latecast.wrap``, float features), each checked for its verdict; a doctored run computes
+what an undoctored one does; every bad input of issue 17 (docs/RELIABILITY.md rows 82-90)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from latecast.tools.doctor import grid
+
+MNIST = """
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset
+from torchvision import transforms
+
+import latecast
+
+
+class MNIST(Dataset):
+    def __init__(self, split, transform, limit=512):
+        ds = latecast.load_dataset("mnist", split)
+        self.images, self.labels = ds.images[:limit, :, :, 0], ds.labels[:limit]
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return self.transform(Image.fromarray(self.images[i])), int(self.labels[i])
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3, 2)
+        self.fc = nn.Linear(4 * 13 * 13, 10)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(F.relu(self.conv(x)), 1))
+
+
+def main():
+    parser = argparse.ArgumentParser(description="MNIST, a few steps")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=0)
+    args = parser.parse_args()
+    torch.manual_seed(1)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tf = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
+    train = MNIST("train", tf, limit=6 * args.batch_size)
+    context = "spawn" if args.workers else None  # spawn re-imports this file: the guard below
+    loader = DataLoader(train, args.batch_size, shuffle=True, num_workers=args.workers,
+                        multiprocessing_context=context)
+    model = Net().to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for epoch in range(args.epochs):
+        for data, target in loader:
+            data, target = data.to(device), target.to(device)  # MOVE
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(data), target)
+            loss.backward()
+            optimizer.step()
+            print(f"loss {loss.item()!r}")
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+PHOTOS = """
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+
+tf = transforms.Compose([
+    transforms.RandomResizedCrop(24),
+    transforms.RandomHorizontalFlip(),
+    transforms.ToTensor(),
+    transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
+])
+loader = DataLoader(datasets.ImageFolder(sys.argv[1], tf), batch_size=8, shuffle=True)
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1),
+                            torch.nn.Flatten(), torch.nn.Linear(4, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for epoch in range(3):
+    for images, labels in loader:
+        images = images.to("cpu", non_blocking=True)  # MOVE
+        labels = labels.to("cpu", non_blocking=True)
+        loss = F.cross_entropy(model(images), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+"""
+
+TOKENS = """
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+block_size, batch_size, device = 32, 4, "cpu"
+data = np.memmap("train.bin", dtype=np.uint16, mode="r")
+
+
+def get_batch():
+    ix = torch.randint(len(data) - block_size, (batch_size,))
+    x = torch.stack([torch.from_numpy(data[i : i + block_size].astype(np.int64)) for i in ix])
+    y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int64))
+                     for i in ix])
+    x, y = x.to(device), y.to(device)  # MOVE
+    return x, y
+
+
+emb = torch.nn.Embedding(50304, 8)
+head = torch.nn.Linear(8, 50304)
+opt = torch.optim.AdamW([*emb.parameters(), *head.parameters()], lr=1e-3)
+for it in range(100):
+    x, y = get_batch()
+    loss = F.cross_entropy(head(emb(x)).flatten(0, 1), y.flatten())
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+"""
+
+WRAPPED = """
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+import latecast
+
+ds = latecast.load_dataset("mnist")
+images = torch.from_numpy(ds.images[:256]).permute(0, 3, 1, 2)  # uint8 (N, 1, 28, 28)
+dl = DataLoader(TensorDataset(images, torch.from_numpy(ds.labels[:256]).long()), 32)
+model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in latecast.wrap(dl, mean=ds.mean, std=ds.std, device="cpu"):  # MOVE
+    loss = F.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+FEATURES = """
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+g = torch.Generator().manual_seed(0)
+features, targets = torch.randn(256, 12, generator=g), torch.randn(256, 1, generator=g)
+model = torch.nn.Linear(12, 1)
+opt = torch.optim.Adam(model.parameters())
+for x, y in DataLoader(TensorDataset(features, targets), batch_size=16, shuffle=True):
+    x, y = x.to("cpu"), y.to("cpu")  # MOVE
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def write(tmp_path: Path, name: str, text: str) -> tuple[Path, str]:
+    """The script at ``tmp_path/name`` and the ``file:line`` of its line marked ``# MOVE``."""
+    path = tmp_path / name
+    path.write_text(text)
+    line = next(i for i, s in enumerate(text.splitlines(), 1) if "# MOVE" in s)
+    return path, f"{path}:{line}"
+
+
+def sites(result: dict, where: str) -> dict[str, dict]:
+    return {s["dtype"]: s for s in result["sites"] if s["site"] == where}
+
+
+def test_mnist_loop_uint8_pixels_mean_std_and_labels(tmp_path, run_cli):
+    script, where = write(tmp_path, "train.py", MNIST)
+    out = tmp_path / "out"
+    res = run_cli("doctor", "--steps", "4", "--json", "--output-dir", out, "--", "python", script)
+    assert res.rc == 0, res.err
+    r = res.json
+    assert r["ended"] == "steps" and r["steps"] == 4 and r["on_cpu"] and r["error"] is None
+    found = sites(r, where)
+    image, label = found["float32"], found["int64"]
+    assert image["shape"] == [64, 1, 28, 28] and image["kind"] == "8-bit image"
+    assert image["could_cross"] == "uint8" and image["factor"] == 4.0
+    assert image["bytes_per_step"] == 64 * 784 * 4 and image["bytes_per_step_then"] == 64 * 784
+    assert abs(image["mean"][0] - 0.1307) < 1e-6 and abs(image["std"][0] - 0.3081) < 1e-6
+    assert label["range"][0] >= 0 and label["range"][1] <= 9 and label["could_cross"] == "uint8"
+    assert label["factor"] == 8.0 and label["bytes_per_step"] == 64 * 8
+    assert r["total"]["factor"] == (64 * 784 * 4 + 64 * 8) / (64 * 784 + 64)
+    model_line = MNIST.splitlines().index("    model = Net().to(device)") + 1
+    assert {s["site"] for s in r["setup"]} == {f"{script}:{model_line}"}  # once, not per step
+    assert sum(s["bytes"] for s in r["setup"]) == 4 * (4 * 9 + 4 + 4 * 13 * 13 * 10 + 10)
+    text = res.out
+    assert where in text and "PILToTensor()" in text and "mean=(0.1307,), std=(0.3081,)" in text
+    assert "would cross the bus on a GPU" in text
+    md = (out / "doctor.md").read_text()
+    assert "| total" in md and "latecast.wrap(loader, mean=(0.1307,), std=(0.3081,))" in md
+
+
+def test_a_doctored_run_computes_exactly_what_an_undoctored_one_does(tmp_path, run_cli):
+    script, _ = write(tmp_path, "train.py", MNIST)
+    alone = io.StringIO()
+    argv = sys.argv
+    try:
+        sys.argv = [str(script), "--batch-size", "32"]
+        with contextlib.redirect_stdout(alone):
+            runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
+    doctored = run_cli("doctor", "--steps", "100", "--", script, "--batch-size", "32")
+    assert doctored.rc == 0, doctored.err
+    losses = [line for line in alone.getvalue().splitlines() if line.startswith("loss")]
+    assert len(losses) == 6
+    assert [x for x in doctored.out.splitlines() if x.startswith("loss")] == losses
+    assert "the script ended" in doctored.out and "(32, 1, 28, 28)" in doctored.out
+
+
+def test_image_folder_random_resized_crop(tmp_path, run_cli):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for cls in ("cat", "dog"):
+        (tmp_path / "photos" / cls).mkdir(parents=True)
+        for i in range(8):  # 8x8 flat blocks, a quarter black: every crop holds level 0
+            blocks = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+            blocks[rng.random((8, 8)) < 0.25] = 0
+            photo = blocks.repeat(6, axis=0).repeat(6, axis=1)
+            Image.fromarray(photo).save(tmp_path / "photos" / cls / f"{i}.png")
+    script, where = write(tmp_path, "photos.py", PHOTOS)
+    r = run_cli("doctor", "--steps", "3", "--json", "--", script, tmp_path / "photos").json
+    image = sites(r, where)["float32"]
+    assert image["shape"] == [8, 3, 24, 24] and image["kind"] == "8-bit image"
+    assert image["factor"] == 4.0 and image["bytes_per_step"] == 8 * 3 * 24 * 24 * 4
+    assert np.allclose(image["mean"], [0.485, 0.456, 0.406], rtol=0, atol=1e-6)
+    assert np.allclose(image["std"], [0.229, 0.224, 0.225], rtol=0, atol=1e-6)
+    labels = next(s for s in r["sites"] if s["dtype"] == "int64")
+    assert labels["could_cross"] == "uint8" and labels["range"][1] <= 1
+
+
+def test_nanogpt_token_ids_cross_as_uint16(tmp_path, run_cli, monkeypatch):
+    rng = np.random.default_rng(0)
+    rng.integers(0, 50257, 4096, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    monkeypatch.chdir(tmp_path)
+    script, where = write(tmp_path, "train.py", TOKENS)
+    r = run_cli("doctor", "--steps", "3", "--json", "--", "python", "train.py").json
+    assert len(r["sites"]) == 2  # x and y, moved on one line
+    for tokens in r["sites"]:
+        assert tokens["site"] == "train.py:" + where.rsplit(":")[1]
+        assert tokens["shape"] == [4, 32] and tokens["calls_per_step"] == 1
+        assert 32767 < tokens["range"][1] <= 50256 and tokens["could_cross"] == "uint16"
+        assert tokens["factor"] == 4.0 and tokens["bytes_per_step"] == 4 * 32 * 8
+    assert r["total"]["factor"] == 4.0
+
+
+def test_a_loop_already_on_wrap_has_nothing_to_gain(tmp_path, run_cli):
+    script, where = write(tmp_path, "wrapped.py", WRAPPED)
+    res = run_cli("doctor", "--steps", "3", "--json", "--", script)
+    (moved,) = res.json["sites"]
+    assert moved["site"] == where and moved["dtype"] == "uint8" and moved["factor"] == 1.0
+    # one packed copy a batch: uint8 pixels and uint8 labels (and the batch read ahead)
+    assert moved["bytes_per_step"] == 4 * 32 * (784 + 1) / 3
+    assert res.json["total"]["factor"] == 1.0 and "nothing to gain" in res.out
+
+
+def test_float_features_that_are_not_quantized_have_nothing_to_gain(tmp_path, run_cli):
+    script, where = write(tmp_path, "regress.py", FEATURES)
+    r = run_cli("doctor", "--steps", "5", "--json", "--", script).json
+    assert {s["site"] for s in r["sites"]} == {where}
+    assert {tuple(s["shape"]): s["kind"] for s in r["sites"]} == {
+        (16, 12): "float",
+        (16, 1): "float",
+    }
+    assert r["total"]["factor"] == 1.0 and r["total"]["bytes_per_step"] == 16 * 13 * 4
+
+
+def test_a_module_runs_as_python_m_runs_it(tmp_path, run_cli, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _, where = write(tmp_path, "regress.py", FEATURES)
+    for argv in (["-m", "regress"], ["--", "python", "-m", "regress"]):
+        r = run_cli("doctor", "--steps", "2", "--json", *argv).json
+        assert r["steps"] == 2 and {s["site"] for s in r["sites"]} == {Path(where).name}
+
+
+@pytest.mark.parametrize("channels", [1, 3])
+def test_grid_recovers_mean_and_std_as_torchvision_makes_the_values(channels):
+    import torch
+    from torchvision import transforms
+
+    g = torch.Generator().manual_seed(channels)
+    pixels = torch.randint(0, 256, (4, channels, 16, 16), dtype=torch.uint8, generator=g)
+    mean, std = torch.rand(channels, generator=g).tolist(), (torch.rand(channels) + 0.1).tolist()
+    x = transforms.Normalize(mean, std)(pixels.float() / 255)
+    for c in range(channels):
+        m, s = grid(x[:, c].double().numpy().ravel(), torch.finfo(torch.float32).eps)
+        assert abs(m - mean[c]) < 1e-6 and abs(s - std[c]) < 1e-6
+    assert grid(torch.randn(4096, generator=g).double().numpy(), 1e-7) is None
+    half = x.half()[:, 0].double().numpy().ravel()
+    assert grid(half, torch.finfo(torch.float16).eps) is not None
+
+
+# -- bad input (docs/RELIABILITY.md rows 82-90) ----------------------------------------------
+
+
+def one_error_line(res) -> str:
+    lines = res.err.strip().splitlines()
+    assert res.rc == 1 and len(lines) == 1 and "Traceback" not in res.err, res.err
+    assert lines[0].startswith("latecast: error: ")
+    return lines[0]
+
+
+def test_a_script_or_module_that_is_not_there(tmp_path, run_cli):
+    assert "not found" in one_error_line(run_cli("doctor", "--", tmp_path / "nope.py"))
+    assert "no module named" in one_error_line(run_cli("doctor", "-m", "no_such.module"))
+    assert "name the script" in one_error_line(run_cli("doctor"))
+
+
+def test_a_script_that_raises_before_any_step(tmp_path, run_cli):
+    script = tmp_path / "broken.py"
+    script.write_text("import torch\nx = torch.zeros(3).to('cpu')\nraise ValueError('no data')\n")
+    res = run_cli("doctor", "--json", "--", script)
+    line = one_error_line(res)
+    assert "raised ValueError: no data" in line and f"{script}:3" in line
+    assert res.json["steps"] == 0 and res.json["exit_status"] == 1
+    assert res.json["sites"][0]["site"] == f"{script}:2"
+
+
+def test_the_stop_after_steps_passes_the_scripts_own_except_exception(tmp_path, run_cli):
+    script = tmp_path / "stubborn.py"
+    script.write_text(
+        "import torch\n"
+        "opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\n"
+        "for i in range(20):\n"
+        "    try:\n"
+        "        opt.step()\n"
+        "    except Exception:\n"
+        "        print('swallowed')\n"
+    )
+    res = run_cli("doctor", "--steps", "3", "--json", "--", script)
+    assert res.rc == 0 and res.json["steps"] == 3 and "swallowed" not in res.out
+
+
+def test_a_script_that_never_moves_a_tensor(tmp_path, run_cli):
+    script = tmp_path / "quiet.py"
+    script.write_text("import torch\nprint(torch.ones(2).sum().item())\n")
+    res = run_cli("doctor", "--json", "--", script)
+    assert res.rc == 0 and res.json["sites"] == [] and "no tensor was moved" in res.out
+
+
+def test_sys_exit_is_reported_with_its_status(tmp_path, run_cli):
+    script = tmp_path / "leave.py"
+    for code, rc in (("0", 0), ("3", 1), ("'no GPU found'", 1)):
+        script.write_text(f"import sys\nsys.exit({code})\n")
+        res = run_cli("doctor", "--", script)
+        assert res.rc == rc
+        if rc:
+            assert "exited with status" in one_error_line(res)
+
+
+@pytest.mark.slow  # two spawned workers each import torch and torchvision
+def test_own_argparse_and_dataloader_workers_under_main_guard(tmp_path, run_cli):
+    """Two spawned workers re-import the script (as ``__mp_main__``): the guard keeps them
+    from training; the moves are the main process's own."""
+    script, where = write(tmp_path, "train.py", MNIST)
+    res = run_cli("doctor", "--", script, "--no-such-flag")
+    *script_says, last = res.err.strip().splitlines()  # the script's argparse, then doctor
+    assert res.rc == 1 and "unrecognized arguments: --no-such-flag" in script_says[-1]
+    assert last.startswith("latecast: error: ") and "exited with status 2" in last
+    res = run_cli(
+        "doctor", "--steps", "2", "--json", "--", script, "--workers", "2", "--batch-size", "16"
+    )
+    assert res.rc == 0, res.err
+    assert sites(res.json, where)["float32"]["shape"] == [16, 1, 28, 28]
+
+
+DDP = """
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+dist.init_process_group("gloo")
+torch.manual_seed(dist.get_rank())
+model = DistributedDataParallel(torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(10):
+    x = torch.randint(0, 200, (4, 8)).float().to("cpu")  # MOVE
+    model(x).sum().backward()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow  # torchrun and its two Python processes
+def test_under_torchrun_rank_0_reports_and_torchrun_after_the_dashes_is_refused(tmp_path, run_cli):
+    script, where = write(tmp_path, "ddp.py", DDP)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd += ["-m", "latecast", "doctor", "--steps", "3", "--json", "--", str(script)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=os.environ)
+    assert proc.returncode == 0, proc.stderr
+    reports = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert len(reports) == 1 and reports[0]["steps"] == 3
+    (moved,) = reports[0]["sites"]
+    assert moved["site"] == where and moved["kind"] == "integers" and moved["factor"] == 4.0
+    res = run_cli("doctor", "--", "torchrun", "--nproc_per_node=2", script)
+    assert "start doctor under torchrun" in one_error_line(res)
+
+
+def test_profile_needs_cuda_and_a_bad_output_dir_is_refused_before_the_script_runs(
+    tmp_path, run_cli, monkeypatch
+):
+    import torch
+
+    script = tmp_path / "marker.py"
+    script.write_text("open('ran', 'w').close()\n")
+    (tmp_path / "file").write_text("")
+    monkeypatch.chdir(tmp_path)
+    if not torch.cuda.is_available():
+        assert "needs CUDA" in one_error_line(run_cli("doctor", "--profile", "--", script))
+    else:  # the MNIST loop on the GPU: the copies' share of the profiled steps
+        mnist, _ = write(tmp_path, "train.py", MNIST)
+        p = run_cli("doctor", "--profile", "--steps", "6", "--json", "--", mnist).json["profile"]
+        assert p["steps"] == 3 and p["memcpy_htod_ms"] > 0 and 0 < p["memcpy_share"] < 1
+    bad = run_cli("doctor", "--output-dir", tmp_path / "file" / "out", "--", script)
+    assert "not a folder" in one_error_line(bad) and not (tmp_path / "ran").exists()
+    assert run_cli("doctor", "--help").rc == 0
