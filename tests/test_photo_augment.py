@@ -76,6 +76,19 @@ def test_resized_crop_takes_images_of_different_sizes():
         assert close(out[i].permute(2, 0, 1), ref) <= 1
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_augment_draws_its_resized_crop_boxes_on_the_host(device):
+    """One path, as Prepare takes it: crop_boxes on a CPU generator (for a device generator:
+    torch's default CPU one), then resized_crop; nothing is drawn on the device."""
+    x, aug = smooth(8, 20, 24).to(device), Augment(resized_crop=0.3)
+    boxes = aug.crop_boxes(torch.tensor([[20, 24]]).expand(8, 2), torch.Generator().manual_seed(3))
+    g = torch.Generator(device=device).manual_seed(3)
+    torch.manual_seed(3)
+    before = g.get_state()
+    assert torch.equal(aug(x, g), resized_crop(x, boxes, (20, 24)))
+    assert device == "cpu" or torch.equal(g.get_state(), before)
+
+
 def test_resized_crop_params_follow_torchvision_rules():
     n = 2000
     sizes = torch.tensor([[375, 500], [500, 375], [32, 32], [40, 400]]).repeat(n // 4, 1)

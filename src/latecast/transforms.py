@@ -307,19 +307,6 @@ def resized_crop(
     return out
 
 
-def random_resized_crop(
-    images: torch.Tensor, scale: tuple[float, float], ratio=RATIO, *, generator=None
-) -> torch.Tensor:
-    """RandomResizedCrop to the images' own size, boxes drawn per image on the generator's
-    device (on CUDA the boxes come back to the host: one sync; ``Prepare`` draws them on the
-    host instead)."""
-    _check_batch(images, "random_resized_crop", generator)
-    n, h, w, _ = images.shape
-    dev = generator.device if generator is not None else torch.device("cpu")
-    sizes = torch.tensor([[h, w]], device=dev).expand(n, 2)
-    return resized_crop(images, resized_crop_params(sizes, scale, ratio, generator).cpu(), (h, w))
-
-
 def color_jitter_params(
     images: torch.Tensor, brightness: float, contrast: float, saturation: float, generator=None
 ) -> torch.Tensor:
@@ -370,9 +357,9 @@ class Augment:
     flip or alternating flip -> colour jitter -> cutout. Settings are checked on
     construction; ``parse_augment(str(aug)) == aug``.
 
-    The resized crop is drawn by ``crop_boxes`` and applied first; ``pixels`` does the rest.
-    ``Prepare`` calls the two apart: it draws the boxes on the host and, for JPEG batches,
-    crops while decoding, from the stored image at full size.
+    The resized crop comes first, its boxes drawn on the host (``crop_boxes``) and applied
+    by ``resized_crop`` (``resize``; JPEG batches: while decoding, from the stored image at
+    full size); ``pixels`` does the rest, on the images' device.
 
     Example:
         >>> aug = Augment(crop=4, flip=0.5, cutout=8)
@@ -401,19 +388,27 @@ class Augment:
         return not (self.resized_crop or self.altflip)
 
     def crop_boxes(self, sizes: torch.Tensor, generator=None) -> torch.Tensor | None:
-        """RandomResizedCrop boxes for images of ``sizes`` (``(N, 2)``), or None when off."""
+        """RandomResizedCrop boxes for images of ``sizes`` (``(N, 2)``, CPU), drawn on the CPU
+        ``generator``; None when off."""
         if not self.resized_crop:
             return None
         return resized_crop_params(sizes, (self.resized_crop, 1.0), RATIO, generator)
 
+    def resize(self, images: torch.Tensor, host=None) -> torch.Tensor:
+        """The resized crop alone, to the images' own size: boxes from ``crop_boxes`` on the
+        host (nothing comes back from the device), one resize per image; off: ``images``."""
+        n, h, w, _ = images.shape
+        boxes = self.crop_boxes(torch.tensor([[h, w]]).expand(n, 2), host)
+        return images if boxes is None else resized_crop(images, boxes, (h, w))
+
     def __call__(
         self, images: torch.Tensor, generator=None, *, epoch: int = 0, indices=None, seed: int = 0
     ) -> torch.Tensor:
+        """``resize`` (its boxes drawn on ``generator`` if it is a CPU one, else on torch's
+        default CPU generator), then ``pixels``."""
         _check_batch(images, "Augment", generator)
-        if self.resized_crop:
-            images = random_resized_crop(
-                images, (self.resized_crop, 1.0), RATIO, generator=generator
-            )
+        cpu = generator is not None and generator.device.type == "cpu"
+        images = self.resize(images, generator if cpu else None)
         return self.pixels(images, generator, epoch=epoch, indices=indices, seed=seed)
 
     def pixels(
