@@ -6,6 +6,7 @@ import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
 
+from latecast.config import parse_augment, parse_mix
 from latecast.data import from_arrays
 from latecast.errors import ConfigError
 from latecast.loader import Loader
@@ -16,8 +17,6 @@ from latecast.transforms import (
     centre_boxes,
     color_jitter,
     color_jitter_params,
-    parse_augment,
-    parse_mix,
     resized_crop,
     resized_crop_params,
 )
@@ -217,6 +216,11 @@ def test_mix_is_torchvisions_mixup_and_cutmix():
     assert parse_mix("mixup=0.2,cutmix", 10) == Mix(classes=10, mixup=0.2, cutmix=1.0)
     with pytest.raises(ConfigError, match="unknown mix 'mosaic'"):
         parse_mix("mosaic", 10)
+    with pytest.raises(ConfigError, match="classes must be an integer >= 1, got 0"):
+        Mix(classes=0)
+    with pytest.raises(ConfigError, match="mixup must be a number >= 0, got -0.5"):
+        parse_mix("mixup=-0.5", 10)
+    assert Mix(classes=np.int64(3), mixup=np.float32(0.5)) == Mix(classes=3, mixup=0.5)
 
 
 def test_mix_hook_takes_torchvisions_mixup():

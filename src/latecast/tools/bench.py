@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from .. import transforms
-from ..config import DATASET_HELP, option, validate
+from ..config import DATASET_HELP, option, parse_augment, validate
 from ..data import Dataset
 from ..distributed import resolve_device
 from ..errors import ConfigError
@@ -44,7 +44,7 @@ from ..loader import Loader, epoch_order
 from ..storage.datasets import load_dataset
 from ..trainer.loop import TrainConfig, evaluate, model_and_optimizer, resolve_config, train_step
 from ..transfer import MOVERS, Batch, float32_bytes, movers_for
-from ..transforms import Augment, parse_augment
+from ..transforms import Augment
 from ..wrapper import wrap
 
 

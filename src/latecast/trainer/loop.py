@@ -41,13 +41,12 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import distributed
-from ..config import DATASET_HELP, option, validate
+from ..config import DATASET_HELP, option, parse_augment, parse_mix, validate
 from ..data import Dataset, EncodedDataset, fingerprint
 from ..errors import CheckpointError, ConfigError, TrainingError
 from ..loader import IGNORE, ORDERS, Loader
 from ..storage.datasets import load_dataset
 from ..transfer import MOVERS, Batch, float32_bytes, uint8_bytes
-from ..transforms import parse_augment, parse_mix
 from . import checkpoint, graphed, rundir
 from .models import MODELS, build_model
 
