@@ -229,8 +229,7 @@ def random_crop(images: torch.Tensor, padding: int, *, fill="zero", generator=No
 def random_flip(images: torch.Tensor, p: float = 0.5, *, generator=None) -> torch.Tensor:
     """Flip each image left-right with probability ``p``, independently per image."""
     _check_batch(images, "random_flip", generator)
-    if isinstance(p, bool) or not 0.0 <= p <= 1.0:
-        raise ConfigError(f"random_flip p must be a probability in [0, 1], got {p!r}")
+    p = _check_number(p, "random_flip p (a probability)", float, 0, 1)
     return flip(images, flip_params(images, p, generator))
 
 
