@@ -32,13 +32,13 @@ import numpy as np
 import torch
 from jpeg_folder import encoded_folder
 
+from latecast.config import parse_augment
 from latecast.distributed import resolve_device
 from latecast.loader import Loader
 from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store
 from latecast.tools.measure import epochs, markdown_table, rates, run_info, to_device
 from latecast.transfer import Jpeg, float32_bytes, uint8_bytes
-from latecast.transforms import parse_augment
 
 
 def torchvision_rows(folder: Path, ds, args, device, workers: list[int]) -> dict:

@@ -3,7 +3,7 @@ for each order (pages dropped with ``posix_fadvise(POSIX_FADV_DONTNEED)`` before
 pass, and the share still cached checked with ``mincore``), then optionally the test
 accuracy ``latecast train`` reaches with each order.
 
-    python benchmarks/order_bench.py STORE [--repeats 3] [--block 32 --window 256]
+    python benchmarks/order_bench.py STORE [--repeats 3] [--order block:32:256]
     python benchmarks/order_bench.py STORE --train "--epochs 8"   # + accuracy per order
 
 STORE is a ``latecast convert`` output (a raw store; an encoded one once convert writes
@@ -11,8 +11,8 @@ them: the jpeg mover then reads and decodes). A pass reads one epoch in the load
 order on the CPU (source + move: the reads are what the order changes); nothing else.
 The effect shows on a store larger than the free RAM or on a disk, not on tmpfs (whose
 pages cannot be dropped) or a store that fits in the cache between passes anyway. The
-accuracy runs use ``latecast train`` (its preset for the store) with ``--order`` and the
-same ``--block``/``--window``; the last stdout line is JSON.
+accuracy runs use ``latecast train`` (its preset for the store) with the same ``--order``;
+the last stdout line is JSON.
 """
 
 from __future__ import annotations
@@ -77,9 +77,7 @@ def one_pass(store: Path, order: str, args, epoch: int) -> tuple[float, float]:
     drop_pages(files)
     before = cached_share(files)
     ds = load_dataset(str(store), "train")
-    loader = Loader(
-        ds, args.batch_size, device="cpu", order=order, block=args.block, window=args.window
-    )
+    loader = Loader(ds, args.batch_size, device="cpu", order=order)
     loader.set_epoch(epoch)
     t0, n = time.perf_counter(), 0
     for _, labels in loader:
@@ -90,13 +88,13 @@ def one_pass(store: Path, order: str, args, epoch: int) -> tuple[float, float]:
     return rate, before
 
 
-def accuracy(store: Path, order: str, args) -> dict:
+def accuracy(store: Path, name: str, order: str, args) -> dict:
+    folder = Path(args.output_dir) / name
     cmd = [sys.executable, "-m", "latecast", "train", str(store), "--order", order]
-    cmd += ["--block", str(args.block), "--window", str(args.window), "--no-progress", "--json"]
-    cmd += ["--output-dir", str(Path(args.output_dir) / order), *shlex.split(args.train)]
+    cmd += ["--no-progress", "--json", "--output-dir", str(folder), *shlex.split(args.train)]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     summary = json.loads(out.strip().splitlines()[-1])
-    metrics = Path(args.output_dir) / order / "metrics.jsonl"
+    metrics = folder / "metrics.jsonl"
     per_epoch = [json.loads(line)["test_accuracy"] for line in metrics.read_text().splitlines()]
     return {"test_accuracy": summary["test_accuracy"], "per_epoch": per_epoch}
 
@@ -106,27 +104,26 @@ def main() -> None:
     p.add_argument("store", type=Path)
     p.add_argument("--repeats", type=int, default=3, help="cold passes per order")
     p.add_argument("-b", "--batch-size", type=int, default=256)
-    p.add_argument("--block", type=int, default=32)
-    p.add_argument("--window", type=int, default=256)
+    p.add_argument("--order", default="block:32:256", help="the block order set against random")
     p.add_argument("--train", default="", help='latecast train flags, e.g. "--epochs 8"')
     p.add_argument("--output-dir", default="runs/order-bench")
     args = p.parse_args()
     train = args.store / "train" if (args.store / "train").is_dir() else args.store
     result: dict = {**run_info(__import__("torch").device("cpu")), "config": vars(args)}
     result["config"]["store"] = str(args.store)
-    for order in ("random", "block"):
+    for name, order in (("random", "random"), ("block", args.order)):
         runs = [one_pass(train, order, args, epoch) for epoch in range(args.repeats)]
         rates, cached = zip(*runs)
-        result[order] = {"images_per_s": float(np.median(rates)), "runs": rates}
-        result[order]["cached_before"] = max(cached)
+        result[name] = {"images_per_s": float(np.median(rates)), "runs": rates}
+        result[name]["cached_before"] = max(cached)
         print(
-            f"{order:>6}: {np.median(rates):,.0f} images/s (median of {len(rates)} cold "
+            f"{name:>6}: {np.median(rates):,.0f} images/s (median of {len(rates)} cold "
             f"passes; at most {max(cached):.1%} of the store cached before a pass)",
             flush=True,
         )
         if args.train:
-            result[order].update(accuracy(args.store, order, args))
-            print(f"{order:>6}: test accuracy {result[order]['per_epoch']}", flush=True)
+            result[name].update(accuracy(args.store, name, order, args))
+            print(f"{name:>6}: test accuracy {result[name]['per_epoch']}", flush=True)
     print(json.dumps(result, default=str))
 
 

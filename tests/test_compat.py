@@ -1,9 +1,10 @@
 """Checkpoints written by an earlier latecast still resume, exactly.
 
-The earlier release is the package as it landed at ``OLD`` (read from this checkout's own git
-history with ``git archive``; skipped where the checkout has no history). It trains a few
-steps and is stopped right after a mid-epoch checkpoint; today's code resumes that checkpoint
-and must end with the same weights as today's code trained without a stop.
+Each earlier release is the package as it landed at a commit of ``RELEASES`` (read from this
+checkout's own git history with ``git archive``; skipped where the checkout has no history).
+It trains a few steps and is stopped right after a mid-epoch checkpoint; today's code
+resumes that checkpoint and must end with the same weights as today's code trained without
+a stop. A release's own flags may differ from today's for the same run.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-OLD = "b7eaa3d"  # the last landing before the three-stage refactor (issue 8)
+RELEASES = [  # (commit, its flags, today's flags for the same run)
+    ("b7eaa3d", [], []),  # the last landing before the three-stage refactor (issue 8)
+    ("fd98eaa", ["--order", "block", "--block", "8"], ["--order", "block:8:256"]),  # --block
+]
 ARGS = [
     "train",
     "--model",
@@ -40,37 +44,39 @@ ARGS = [
     "--no-progress",
 ]
 STOP_AFTER_STEP_5 = """
-import importlib, sys
+import importlib, importlib.util, sys
 from pathlib import Path
-train = importlib.import_module("latecast.train")  # the release at OLD: flat modules
-save = train.save_checkpoint
+new = importlib.util.find_spec("latecast.trainer") is not None  # the layout of 5f3ee1f on
+saver = importlib.import_module("latecast.trainer.checkpoint" if new else "latecast.train")
+save = saver.save_checkpoint
 def save_then_stop(path, state):
     save(path, state)
     if state["step"] == 5 and Path(path).name == "checkpoint.pt":
         raise SystemExit(3)
-train.save_checkpoint = save_then_stop
-from latecast.cli import main
-sys.exit(main(sys.argv[1:]))
+saver.save_checkpoint = save_then_stop
+cli = importlib.import_module("latecast.tools.cli" if new else "latecast.cli")
+sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-def old_package(tmp: Path) -> Path:
+def old_package(tmp: Path, old: str) -> Path:
     archive = tmp / "old.tar"
     proc = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", "-o", str(archive), OLD, "src/latecast"],
+        ["git", "-C", str(ROOT), "archive", "-o", str(archive), old, "src/latecast"],
         capture_output=True,
         text=True,
     )
     if proc.returncode:
-        pytest.skip(f"this checkout has no git history with {OLD}: {proc.stderr.strip()}")
+        pytest.skip(f"this checkout has no git history with {old}: {proc.stderr.strip()}")
     with tarfile.open(archive) as tar:
         tar.extractall(tmp / "old")  # our own history: trusted
     return tmp / "old" / "src"
 
 
 @pytest.mark.slow
-def test_a_checkpoint_of_the_previous_release_resumes_exactly(tmp_path):
-    old_src = old_package(tmp_path)
+@pytest.mark.parametrize("old, old_flags, flags", RELEASES)
+def test_a_checkpoint_of_the_previous_release_resumes_exactly(tmp_path, old, old_flags, flags):
+    old_src = old_package(tmp_path, old)
     base = {**os.environ, "OMP_NUM_THREADS": "1"}  # bitwise equality needs one thread
 
     def run(
@@ -88,13 +94,14 @@ def test_a_checkpoint_of_the_previous_release_resumes_exactly(tmp_path):
     old_env = {"LATECAST_CACHE": str(tmp_path / "old-cache")}  # its own cache format
     run(
         old_src,
+        *old_flags,
         "--output-dir",
         str(tmp_path / "resumed"),
         script=["-c", STOP_AFTER_STEP_5],
         env=old_env,
     )
-    run(ROOT / "src", "--output-dir", str(tmp_path / "resumed"), "--resume", "auto")
-    run(ROOT / "src", "--output-dir", str(tmp_path / "straight"))
+    run(ROOT / "src", *flags, "--output-dir", str(tmp_path / "resumed"), "--resume", "auto")
+    run(ROOT / "src", *flags, "--output-dir", str(tmp_path / "straight"))
     a, b = (
         torch.load(tmp_path / d / "checkpoint.pt", weights_only=True)
         for d in ("resumed", "straight")

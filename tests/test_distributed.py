@@ -114,11 +114,11 @@ def test_two_ranks_share_data_train_identical_weights_and_evaluate_exactly(tmp_p
     test = type(test)(
         test.name,
         test.split,
-        test.images[:301],
         test.labels[:301],
         test.classes,
         test.mean,
         test.std,
+        test.images[:301],
     )
     model = build_model("cnn", (1, 28, 28), 10)
     model.load_state_dict(state["model"])

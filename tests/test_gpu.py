@@ -123,18 +123,18 @@ def test_replayed_step_equals_the_eager_step(mnist):
 
 
 def _replay_vs_eager(mnist):
+    from latecast.config import parse_augment
     from latecast.trainer.graphed import GraphedStep
     from latecast.trainer.loop import TrainConfig, loss_of, model_and_optimizer, resolve_config
-    from latecast.transforms import parse_augment
 
     ds = type(mnist)(
         mnist.name,
         "train",
-        mnist.images[:4096],
         mnist.labels[:4096],
         mnist.classes,
         mnist.mean,
         mnist.std,
+        mnist.images[:4096],
     )
     device = torch.device("cuda", torch.cuda.current_device())
     config = resolve_config(

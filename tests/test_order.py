@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import latecast
 from latecast.errors import ConfigError
-from latecast.loader import Loader, block_order, epoch_order
+from latecast.loader import Loader, block_order, epoch_order, parse_order
 
 
 @settings(max_examples=60, deadline=None)
@@ -29,7 +29,7 @@ def test_block_order_visits_every_sample_once_and_shards_like_random(
     order = block_order(n, seed=seed, epoch=epoch, block=block, window=window)
     assert sorted(order.tolist()) == list(range(n))  # a permutation: every sample once
     assert torch.equal(order, block_order(n, seed=seed, epoch=epoch, block=block, window=window))
-    args = dict(seed=seed, epoch=epoch, order="block", block=block, window=window)
+    args = dict(seed=seed, epoch=epoch, order=f"block:{block}:{window}")
     shards = [epoch_order(n, rank=r, world_size=world, **args) for r in range(world)]
     rand = [epoch_order(n, seed=seed, epoch=epoch, rank=r, world_size=world) for r in range(world)]
     assert [len(s) for s in shards] == [len(s) for s in rand] == [math.ceil(n / world)] * world
@@ -57,7 +57,7 @@ def test_loader_block_order_every_index_once_and_state():
     images = np.zeros((n, 2, 2, 1), np.uint8)
     images[:, 0, 0, 0], images[:, 0, 1, 0] = np.arange(n) % 256, np.arange(n) // 256
     ds = latecast.from_arrays(images, np.zeros(n, int), mean=(0.0,), std=(1 / 255,))
-    loader = Loader(ds, 64, device="cpu", order="block", block=16, window=4, seed=5)
+    loader = Loader(ds, 64, device="cpu", order="block:16:4", seed=5)
     for _ in range(2):
         seen = torch.cat([(x[:, 0, 0, 0] + 256 * x[:, 0, 0, 1]).round().long() for x, _ in loader])
         assert sorted(seen.tolist()) == list(range(n))
@@ -68,5 +68,12 @@ def test_loader_block_order_every_index_once_and_state():
     Loader(ds, 64, device="cpu", seed=5).load_state_dict({**state, "order": "random"})
     old = {k: v for k, v in state.items() if k != "order"}  # saved before orders existed
     Loader(ds, 64, device="cpu", seed=5).load_state_dict(old)
-    with pytest.raises(ConfigError, match="order must be one of random, block"):
-        Loader(ds, 64, order="sorted")
+    assert Loader(ds, 64, order="block").state_dict()["order"] == "block:32:256"
+    for bad in ("sorted", "block:0:5", "block:x", "block:8", "block:8:4:2", "Random", 3, None):
+        with pytest.raises(ConfigError, match=r"order must be random, block \(block:32:256\) or"):
+            Loader(ds, 64, order=bad)
+    with pytest.raises(ConfigError, match=f"sizes in 1..2\\*\\*63-1, got 'block:{2**63}:4'"):
+        epoch_order(n, seed=0, epoch=0, order=f"block:{2**63}:4")
+    assert parse_order(f"block:{2**63 - 1}:1") == (2**63 - 1, 1) and parse_order("random") is None
+    one_block = epoch_order(n, seed=5, epoch=0, order=f"block:{2**63 - 1}:1")
+    assert sorted(one_block.tolist()) == list(range(n))  # the largest block: one shuffled run

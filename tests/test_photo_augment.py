@@ -6,6 +6,7 @@ import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
 
+from latecast.config import parse_augment, parse_mix
 from latecast.data import from_arrays
 from latecast.errors import ConfigError
 from latecast.loader import Loader
@@ -16,8 +17,6 @@ from latecast.transforms import (
     centre_boxes,
     color_jitter,
     color_jitter_params,
-    parse_augment,
-    parse_mix,
     resized_crop,
     resized_crop_params,
 )
@@ -74,6 +73,19 @@ def test_resized_crop_takes_images_of_different_sizes():
     for i, (t, left, h, w) in enumerate(boxes.tolist()):
         ref = TF.resized_crop(tv(images[i]), t, left, h, w, [20, 20], antialias=True)
         assert close(out[i].permute(2, 0, 1), ref) <= 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_augment_draws_its_resized_crop_boxes_on_the_host(device):
+    """One path, as Prepare takes it: crop_boxes on a CPU generator (for a device generator:
+    torch's default CPU one), then resized_crop; nothing is drawn on the device."""
+    x, aug = smooth(8, 20, 24).to(device), Augment(resized_crop=0.3)
+    boxes = aug.crop_boxes(torch.tensor([[20, 24]]).expand(8, 2), torch.Generator().manual_seed(3))
+    g = torch.Generator(device=device).manual_seed(3)
+    torch.manual_seed(3)
+    before = g.get_state()
+    assert torch.equal(aug(x, g), resized_crop(x, boxes, (20, 24)))
+    assert device == "cpu" or torch.equal(g.get_state(), before)
 
 
 def test_resized_crop_params_follow_torchvision_rules():
@@ -204,6 +216,11 @@ def test_mix_is_torchvisions_mixup_and_cutmix():
     assert parse_mix("mixup=0.2,cutmix", 10) == Mix(classes=10, mixup=0.2, cutmix=1.0)
     with pytest.raises(ConfigError, match="unknown mix 'mosaic'"):
         parse_mix("mosaic", 10)
+    with pytest.raises(ConfigError, match="classes must be an integer >= 1, got 0"):
+        Mix(classes=0)
+    with pytest.raises(ConfigError, match="mixup must be a number >= 0, got -0.5"):
+        parse_mix("mixup=-0.5", 10)
+    assert Mix(classes=np.int64(3), mixup=np.float32(0.5)) == Mix(classes=3, mixup=0.5)
 
 
 def test_mix_hook_takes_torchvisions_mixup():

@@ -83,7 +83,7 @@ def test_order_bench_times_both_orders_from_cold_pages_and_trains(tmp_path):
         cwd=tmp_path,
     )  # fmt: skip
     proc = script(
-        "order_bench.py", store, "--repeats", "1", "-b", "64", "--block", "8", "--window", "4",
+        "order_bench.py", store, "--repeats", "1", "-b", "64", "--order", "block:8:4",
         "--train", "--model mlp --epochs 1 -b 64 --device cpu", "--output-dir", tmp_path / "runs",
         cwd=tmp_path,
     )  # fmt: skip
@@ -92,4 +92,4 @@ def test_order_bench_times_both_orders_from_cold_pages_and_trains(tmp_path):
         assert result[order]["images_per_s"] > 0 and 0 <= result[order]["cached_before"] <= 1
         assert len(result[order]["per_epoch"]) == 1 and 0 <= result[order]["test_accuracy"] <= 1
     config = json.loads((tmp_path / "runs" / "block" / "config.json").read_text())
-    assert (config["order"], config["block"], config["window"]) == ("block", 8, 4)
+    assert config["order"] == "block:8:4"

@@ -64,7 +64,7 @@ def test_mix_and_block_order_train_and_mix_is_part_of_the_run(tmp_path, run_cli)
     out = tmp_path / "run"
     args = [*TINY, "--device", "cpu", "--output-dir", out]
     rc, result = run_cli(
-        "train", *args, "--mix", "mixup=0.2,cutmix", "--order", "block", "--block", "8", "--json"
+        "train", *args, "--mix", "mixup=0.2,cutmix", "--order", "block:8:256", "--json"
     )
     assert rc == 0 and result["test_accuracy"] > 0.3  # learns from soft labels
     proc = run_cli("train", *args, "--mix", "cutmix", "--resume", "auto")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -99,11 +100,11 @@ def test_write_rejects_labels_outside_classes(tmp_path):
     bad = Dataset(
         "x",
         "train",
-        ds.images,
         np.array([0, 1, 2, 3, 9, 0, 1, 2, 3, 0], np.uint8),
         ds.classes,
         ds.mean,
         ds.std,
+        ds.images,
     )
     with pytest.raises(FormatError, match="label 9 at index 4 is outside 0..3"):
         write_store(bad, tmp_path / "s")
@@ -245,11 +246,11 @@ def test_splits(tmp_path):
         Dataset(
             "small",
             "test",
-            small().images[:4],
             small().labels[:4],
             small().classes,
             small().mean,
             small().std,
+            small().images[:4],
         ),
         root / "test",
     )
@@ -277,16 +278,29 @@ def encoded(n: int = 6, seed: int = 0) -> EncodedDataset:
     return EncodedDataset(
         "enc",
         "train",
-        np.frombuffer(b"".join(files), np.uint8),
-        np.cumsum([0, *map(len, files)]).astype(np.int64),
-        np.array(shapes, np.int32),
         (np.arange(n) % 3).astype(np.uint8),
         ("a", "b", "c"),
         (0.5, 0.4, 0.3),
         (0.2, 0.25, 0.3),
+        np.frombuffer(b"".join(files), np.uint8),
+        np.cumsum([0, *map(len, files)]).astype(np.int64),
+        np.array(shapes, np.int32),
         3,
         (8, 10),
     )
+
+
+def test_raw_and_encoded_datasets_share_their_checks_and_members():
+    for ds in (small(), encoded()):
+        with pytest.raises(
+            FormatError, match=r"/train: labels must be uint8/uint16 \(N,\), got int64"
+        ):
+            replace(ds, labels=ds.labels.astype(np.int64))
+        c = ds.image_shape[2]
+        with pytest.raises(FormatError, match=f"mean/std need {c} finite channel values"):
+            replace(ds, std=(0.0,) * c)
+        assert len(ds) == len(ds.labels) and ds.num_classes == len(ds.classes)
+        assert ds.label_bytes == ds.labels.nbytes > 0 and ds.image_bytes > 0
 
 
 def same_encoded(a: EncodedDataset, b: EncodedDataset) -> bool:
@@ -440,7 +454,7 @@ from latecast.data import Dataset
 from latecast.storage.store import write_store
 images = np.broadcast_to(np.uint8(7), (4096, 256, 256, 1))  # 256 MiB, no memory used
 labels = np.zeros(4096, np.uint8)
-write_store(Dataset("big", "train", images, labels, ("a",), (0.5,), (0.5,)), sys.argv[1])
+write_store(Dataset("big", "train", labels, ("a",), (0.5,), (0.5,), images), sys.argv[1])
 """
 
 
@@ -472,11 +486,11 @@ def test_crash_between_renames_restores_the_old_store(tmp_path):
             Dataset(
                 "x",
                 "train",
-                small().images,
                 np.full(10, 9, np.uint8),
                 ("a",),
                 small().mean,
                 small().std,
+                small().images,
             ),
             tmp_path / "s",
         )

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from latecast.config import parse_augment
 from latecast.errors import ConfigError
 from latecast.transforms import (
     Augment,
@@ -13,7 +14,6 @@ from latecast.transforms import (
     erase,
     flip,
     flip_params,
-    parse_augment,
     random_crop,
     random_flip,
     translate,
@@ -172,7 +172,8 @@ def test_bad_settings_rejected():
         random_flip(x, 1.5)
     with pytest.raises(ConfigError, match="size"):
         cutout(x, -1)
-    for kwargs in ({"crop": -1}, {"flip": True}, {"cutout": 2.0}, {"fill": "wrap"}):
+    bad = ({"crop": -1}, {"flip": True}, {"cutout": 2.0}, {"fill": "wrap"}, {"altflip": 1})
+    for kwargs in (*bad, {"jitter": float("nan")}, {"resized_crop": float("inf")}):
         with pytest.raises(ConfigError):
             Augment(**kwargs)
 

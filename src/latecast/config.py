@@ -1,6 +1,7 @@
 """Settings declared once. Each option of a command is a field of a frozen dataclass with
 its default, help text and allowed range (``option``); ``cli.py`` builds the command line
-from the fields and ``validate`` checks every value in ``__post_init__``.
+from the fields and ``validate`` checks every value in ``__post_init__``. The values of
+``--augment`` and ``--mix`` are small languages of their own, parsed here too.
 """
 
 from __future__ import annotations
@@ -9,9 +10,12 @@ import math
 import numbers
 import operator
 from dataclasses import field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .transforms import Augment, Mix
 
 DATASET_HELP = "dataset name (mnist, fashion-mnist, kmnist, cifar10, cifar100) or a store folder"
 _TYPES = {
@@ -77,3 +81,78 @@ def validate(config: Any) -> None:
             object.__setattr__(
                 config, f.name, int(value) if want is numbers.Integral else float(value)
             )
+
+
+# ---- the --augment and --mix mini-languages: "name[=value],..." --------------------------
+
+# Used when a name is given without "=value" (CIFAR-style settings); also gives its type.
+_AUGMENT_DEFAULTS = {
+    "resized_crop": 0.35,
+    "crop": 4,
+    "flip": 0.5,
+    "altflip": True,
+    "jitter": 0.4,
+    "cutout": 8,
+    "fill": "zero",
+}
+_AUGMENT_HELP = (
+    "crop[=PAD], flip[=P], cutout[=SIZE], fill=zero|reflect, resized_crop[=MIN_AREA], "
+    "jitter[=STRENGTH], altflip, or none"
+)
+
+
+def _parse(spec: str, defaults: dict, what: str, valid: str) -> dict | None:
+    """``name[=value],...`` -> ``{name: value}`` typed as ``defaults``; None for ""/none."""
+    spec = spec.strip().lower()
+    if spec in ("", "none"):
+        return None
+    given: dict[str, object] = {}
+    for item in spec.split(","):
+        name, _, value = (part.strip() for part in item.partition("="))
+        if name not in defaults:
+            raise ConfigError(f"unknown {what} {name!r} in {spec!r}; valid: {valid}")
+        if name in given:
+            raise ConfigError(f"{what} {name!r} given twice in {spec!r}")
+        kind = type(defaults[name])
+        try:
+            if kind is bool and value not in ("", "true"):  # a switch: on when named
+                raise ValueError(value)
+            given[name] = kind(value) if value else defaults[name]
+        except ValueError:
+            raise ConfigError(
+                f"{what} {name}={value!r} in {spec!r} is not a valid {kind.__name__}"
+            ) from None
+    return given
+
+
+def parse_augment(spec: str) -> Augment | None:
+    """An ``Augment`` from the CLI string, ``None`` for ``""`` or ``"none"``.
+
+    Comma-separated names, each optionally ``=value``: ``crop`` (padding, default 4),
+    ``flip`` (probability, default 0.5), ``cutout`` (square side, default 8),
+    ``fill=zero|reflect`` (crop padding, default zero), ``resized_crop`` (smallest area,
+    default 0.35), ``jitter`` (strength, default 0.4) and ``altflip``.
+
+    Args:
+        spec: e.g. ``"crop,flip,cutout"`` or ``"resized_crop=0.25,flip,jitter"``.
+
+    Example:
+        >>> parse_augment("crop=2,flip") == Augment(crop=2, flip=0.5)
+        True
+    """
+    from .transforms import Augment  # torch: loaded when parsed, not when the CLI starts
+
+    given = _parse(spec, _AUGMENT_DEFAULTS, "augmentation", _AUGMENT_HELP)
+    return None if given is None else Augment(**given)
+
+
+_MIX_DEFAULTS = {"mixup": 1.0, "cutmix": 1.0}  # torchvision's default alphas
+
+
+def parse_mix(spec: str, classes: int) -> Mix | None:
+    """A ``Mix`` from the CLI string (``"mixup=0.2"``, ``"cutmix"``, ``"mixup,cutmix"``), None
+    for ``""`` or ``"none"``."""
+    from .transforms import Mix
+
+    given = _parse(spec, _MIX_DEFAULTS, "mix", "mixup[=ALPHA], cutmix[=ALPHA], or none")
+    return None if given is None else Mix(classes, **given)

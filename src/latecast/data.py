@@ -1,5 +1,6 @@
 """``Dataset``, what every source (``load_dataset``, ``open_store``, ``from_arrays``) gives the
-loader: uint8 images, narrow labels, class names, the train split's mean/std; checked once."""
+loader: uint8 images, narrow labels, class names, the train split's mean/std; checked once.
+``EncodedDataset`` holds JPEG files instead of pixels; both share ``_Split``'s fields."""
 
 from __future__ import annotations
 
@@ -15,42 +16,24 @@ from .errors import FormatError
 
 
 @dataclass(frozen=True, eq=False)
-class Dataset:
-    """Images and labels kept in their storage dtype, ready for a ``Loader``.
-
-    Args:
-        name: dataset name (``"mnist"``, ``"cifar10"``, a store folder name, ...).
-        split: ``"train"`` or ``"test"``.
-        images: ``(N, H, W, C)`` uint8, possibly a read-only memmap.
-        labels: ``(N,)`` uint8 class indices (uint16 where there are more than 256 classes).
-        classes: class names, ``len(classes)`` is the number of classes.
-        mean, std: per-channel statistics in [0, 1] units (of the *train* split), used by
-            the device-side normalize exactly like torchvision's ``Normalize(mean, std)``.
-    """
+class _Split:
+    """What raw and encoded datasets share (their fields are ``Dataset``'s), checked here
+    for both once each has checked its images."""
 
     name: str
     split: str
-    images: np.ndarray
     labels: np.ndarray
     classes: tuple[str, ...]
     mean: tuple[float, ...]
     std: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        im, lb = self.images, self.labels
-        if im.dtype != np.uint8 or im.ndim != 4:
-            raise FormatError(
-                f"{self.name}/{self.split}: images must be uint8 (N, H, W, C), "
-                f"got {im.dtype} with shape {tuple(im.shape)}"
-            )
+        lb, c, values = self.labels, self.image_shape[2], (*self.mean, *self.std)
         if lb.ndim != 1 or lb.dtype not in (np.uint8, np.uint16):
             raise FormatError(
                 f"{self.name}/{self.split}: labels must be uint8/uint16 (N,), "
                 f"got {lb.dtype} with shape {tuple(lb.shape)}"
             )
-        if len(im) != len(lb):
-            raise FormatError(f"{self.name}/{self.split}: {len(im)} images but {len(lb)} labels")
-        c, values = im.shape[3], (*self.mean, *self.std)
         if (
             len(self.mean) != c
             or len(self.std) != c
@@ -63,20 +46,11 @@ class Dataset:
             )
 
     def __len__(self) -> int:
-        return len(self.images)
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        """``(H, W, C)`` of one image."""
-        return tuple(self.images.shape[1:])
+        return len(self.labels)
 
     @property
     def num_classes(self) -> int:
         return len(self.classes)
-
-    @property
-    def image_bytes(self) -> int:
-        return int(self.images.nbytes)
 
     @property
     def label_bytes(self) -> int:
@@ -84,7 +58,46 @@ class Dataset:
 
 
 @dataclass(frozen=True, eq=False)
-class EncodedDataset:
+class Dataset(_Split):
+    """Images and labels kept in their storage dtype, ready for a ``Loader``.
+
+    Args:
+        name: dataset name (``"mnist"``, ``"cifar10"``, a store folder name, ...).
+        split: ``"train"`` or ``"test"``.
+        labels: ``(N,)`` uint8 class indices (uint16 where there are more than 256 classes).
+        classes: class names, ``len(classes)`` is the number of classes.
+        mean, std: per-channel statistics in [0, 1] units (of the *train* split), used by
+            the device-side normalize exactly like torchvision's ``Normalize(mean, std)``.
+        images: ``(N, H, W, C)`` uint8, possibly a read-only memmap.
+    """
+
+    images: np.ndarray
+
+    def __post_init__(self) -> None:
+        im = self.images
+        if im.dtype != np.uint8 or im.ndim != 4:
+            raise FormatError(
+                f"{self.name}/{self.split}: images must be uint8 (N, H, W, C), "
+                f"got {im.dtype} with shape {tuple(im.shape)}"
+            )
+        super().__post_init__()
+        if len(im) != len(self.labels):
+            raise FormatError(
+                f"{self.name}/{self.split}: {len(im)} images but {len(self.labels)} labels"
+            )
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        """``(H, W, C)`` of one image."""
+        return tuple(self.images.shape[1:])
+
+    @property
+    def image_bytes(self) -> int:
+        return int(self.images.nbytes)
+
+
+@dataclass(frozen=True, eq=False)
+class EncodedDataset(_Split):
     """Images kept as their encoded files (JPEG), for decoding on the device: ``data`` holds
     the files back to back, image ``i`` is ``data[offsets[i]:offsets[i + 1]]``.
 
@@ -98,20 +111,15 @@ class EncodedDataset:
         encoding: what ``data`` holds; ``"jpeg"``.
     """
 
-    name: str
-    split: str
     data: np.ndarray
     offsets: np.ndarray
     sizes: np.ndarray
-    labels: np.ndarray
-    classes: tuple[str, ...]
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
     channels: int
     size: tuple[int, int]
     encoding: str = "jpeg"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         n, where = len(self.labels), f"{self.name}/{self.split}"
         checks = [
             (self.data.dtype == np.uint8 and self.data.ndim == 1, "data must be uint8 (total,)"),
@@ -124,22 +132,12 @@ class EncodedDataset:
                 "offsets must rise from 0 to len(data)",
             ),
             (self.sizes.shape == (n, 2), f"sizes must be ({n}, 2)"),
-            (
-                self.labels.ndim == 1 and self.labels.dtype in (np.uint8, np.uint16),
-                "labels must be uint8/uint16 (N,)",
-            ),
-            (
-                self.channels in (1, 3) and len(self.mean) == len(self.std) == self.channels,
-                "channels must be 1 or 3, with as many mean/std values",
-            ),
+            (self.channels in (1, 3), "channels must be 1 or 3"),
             (self.encoding == "jpeg", "encoding must be 'jpeg'"),
         ]
         for ok, what in checks:
             if not ok:
                 raise FormatError(f"{where}: {what}")
-
-    def __len__(self) -> int:
-        return len(self.labels)
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -147,16 +145,8 @@ class EncodedDataset:
         return (*self.size, self.channels)
 
     @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    @property
     def image_bytes(self) -> int:
         return int(self.data.nbytes)
-
-    @property
-    def label_bytes(self) -> int:
-        return int(self.labels.nbytes)
 
 
 def channel_stats(
@@ -242,7 +232,7 @@ def from_arrays(
     check_labels(labels, n_classes, name)
     labels = labels.astype(np.uint8 if n_classes <= 256 else np.uint16)
     classes = classes or tuple(str(i) for i in range(n_classes))
-    return Dataset(name, split, images, labels, classes, mean, std)
+    return Dataset(name, split, labels, classes, mean, std, images)
 
 
 def _array(value, what: str, name: str) -> np.ndarray:

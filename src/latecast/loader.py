@@ -4,9 +4,9 @@ then moved (``transfer.py``) and prepared on the device (``prepare.py``).
 Order follows ``torch.utils.data.DistributedSampler`` exactly: a permutation from
 ``seed + epoch`` (``torch.randperm`` on a CPU generator), padded by wrapping around to a
 multiple of the world size, and rank ``r`` takes ``indices[r::world]``. Every rank thus
-sees the same permutation and the same number of batches. ``order="block"`` swaps the
-permutation for ``block_order``'s, which reads a store bigger than RAM mostly in sequence;
-padding and sharding stay the same.
+sees the same permutation and the same number of batches. ``order="block:32:256"`` swaps
+the permutation for ``block_order``'s, which reads a store bigger than RAM mostly in
+sequence; padding and sharding stay the same.
 
 Static batches (``static=True``, what ``latecast train`` uses): every batch has the same
 shape and lives in the same two buffers, so a compiled model never sees a new shape and a
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 import time
 from dataclasses import replace
 from typing import Iterator
@@ -33,10 +34,25 @@ from .errors import ConfigError
 from .prepare import Augmentation, Mixing, Prepare
 from .transfer import MOVERS, Batch, Mover, Resident, TransferStats, float32_bytes, resolve
 
-ORDERS = ("random", "block")
+_ORDER = re.compile(r"random|block(?::([0-9]+):([0-9]+))?")  # "block" is block:32:256
 # The label of a static evaluation batch's padding: F.cross_entropy's ignore_index, and
 # never equal to a predicted class, so padding counts in no loss and no accuracy.
 IGNORE = -100
+
+
+def parse_order(order: str) -> tuple[int, int] | None:
+    """``(block, window)`` of ``"block:BLOCK:WINDOW"`` (``"block"``: 32, 256), None for
+    ``"random"``; anything else is a ConfigError naming it and what is accepted."""
+    found = _ORDER.fullmatch(order) if isinstance(order, str) else None
+    if found and order == "random":
+        return None
+    sizes = (int(found[1] or 32), int(found[2] or 256)) if found else (0, 0)
+    if not all(0 < size < 2**63 for size in sizes):
+        raise ConfigError(
+            f"order must be random, block (block:32:256) or block:BLOCK:WINDOW with sizes "
+            f"in 1..2**63-1, got {order!r}"
+        )
+    return sizes
 
 
 def block_order(n: int, *, seed: int, epoch: int, block: int, window: int) -> torch.Tensor:
@@ -65,17 +81,17 @@ def epoch_order(
     world_size: int = 1,
     pad: bool = True,
     order: str = "random",
-    block: int = 32,
-    window: int = 256,
 ) -> torch.Tensor:
     """Indices rank ``rank`` visits in ``epoch``, as ``DistributedSampler`` would give them;
-    with ``order="block"`` from ``block_order``'s permutation instead of ``randperm``'s.
+    with ``order="block:BLOCK:WINDOW"`` from ``block_order``'s permutation instead of
+    ``randperm``'s.
 
     ``pad=True`` wraps around so every rank gets ``ceil(n / world_size)`` indices;
     ``pad=False`` (evaluation) gives each index to exactly one rank, shares may differ by one.
     """
-    if shuffle and order == "block":
-        indices = block_order(n, seed=seed, epoch=epoch, block=block, window=window)
+    sizes = parse_order(order)
+    if shuffle and sizes:
+        indices = block_order(n, seed=seed, epoch=epoch, block=sizes[0], window=sizes[1])
     elif shuffle:
         g = torch.Generator()
         g.manual_seed(seed + epoch)
@@ -118,8 +134,9 @@ class Loader:
             the device before the normalize (see ``transforms.Augment``).
         pad: pad the order to a multiple of the world size (training); ``False`` for
             evaluation, so no sample is counted twice.
-        order, block, window: ``"random"``, or ``"block"`` for stores bigger than RAM (see
-            ``block_order``; ``block`` samples a block, ``window`` blocks shuffled together).
+        order: ``"random"``, or ``"block:BLOCK:WINDOW"`` for stores bigger than RAM (see
+            ``block_order``: blocks of BLOCK samples, WINDOW blocks shuffled together;
+            ``"block"`` is ``"block:32:256"``).
         mix: optional ``f(images, labels, generator)`` after the normalize, e.g.
             ``transforms.Mix`` (MixUp/CutMix); labels become class probabilities.
         static: every batch ``batch_size`` long, in the same two buffers (overwritten by
@@ -148,8 +165,6 @@ class Loader:
         augment: Augmentation | None = None,
         pad: bool = True,
         order: str = "random",
-        block: int = 32,
-        window: int = 256,
         mix: Mixing | None = None,
         static: bool = False,
     ) -> None:
@@ -165,12 +180,8 @@ class Loader:
             raise ConfigError(f"{dataset.name}/{dataset.split} is empty")
         if transfer != "auto":
             resolve(transfer, dataset, torch.device("cpu"))  # raises, listing valid names
-        if order not in ORDERS or min(block, window) < 1:
-            raise ConfigError(
-                f"order must be one of {', '.join(ORDERS)} with block and window >= 1, "
-                f"got {order!r}, {block!r}, {window!r}"
-            )
-        self.order, self.block, self.window = order, block, window
+        sizes = parse_order(order)
+        self.order = "random" if sizes is None else "block:{}:{}".format(*sizes)  # as saved
         self.dataset, self.batch_size, self.static = dataset, batch_size, static
         self.drop_last = drop_last or (static and pad)
         self.shuffle, self.seed, self.pad, self.augment = shuffle, seed, pad, augment
@@ -276,7 +287,7 @@ class Loader:
             "batch_size": self.batch_size,
             "world_size": self.world_size,
             "num_samples": len(self.dataset),
-            "order": self._order_name,
+            "order": self.order,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -294,10 +305,6 @@ class Loader:
             )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
 
-    @property
-    def _order_name(self) -> str:
-        return "random" if self.order == "random" else f"block:{self.block}:{self.window}"
-
     def index_batches(self) -> list[torch.Tensor]:
         """This epoch's index batches for this rank (CPU int64), from ``position`` on."""
         order = epoch_order(
@@ -309,8 +316,6 @@ class Loader:
             world_size=self.world_size,
             pad=self.pad,
             order=self.order,
-            block=self.block,
-            window=self.window,
         )
         batches = list(torch.split(order, self.batch_size))
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:

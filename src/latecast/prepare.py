@@ -26,7 +26,7 @@ import torch
 
 from .decode import decode
 from .transfer import Batch, Encoded
-from .transforms import Augment, normalize, resized_crop
+from .transforms import Augment, normalize
 
 Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 Mixing = Callable[[torch.Tensor, torch.Tensor, torch.Generator], Batch]
@@ -107,20 +107,13 @@ class Prepare:
         return (images if out is None else out.copy_(images)), labels
 
     def _to_size(self, images: torch.Tensor | Encoded, host: torch.Generator) -> torch.Tensor:
-        """JPEG files decoded to the training size; with ``Augment.resized_crop`` the boxes
-        are RandomResizedCrop's, drawn on the host (each image is resized on its own)."""
-        encoded = isinstance(images, Encoded)
+        """JPEG files decoded to the training size; ``Augment``'s resized crop, its boxes
+        drawn on the host (for JPEG files: cropped while decoding)."""
         aug = self.augment if isinstance(self.augment, Augment) else None
-        if not encoded and (aug is None or not aug.resized_crop):
-            return images
-        sizes = (
-            images.sizes if encoded else torch.tensor([images.shape[1:3]]).expand(len(images), 2)
-        )
-        boxes = aug.crop_boxes(sizes, host) if aug is not None else None
-        size = self.size or tuple(images.shape[1:3])
-        if encoded:
-            return decode(images, size, boxes)
-        return images if boxes is None else resized_crop(images, boxes, size)
+        if isinstance(images, Encoded):
+            boxes = None if aug is None else aug.crop_boxes(images.sizes, host)
+            return decode(images, self.size, boxes)
+        return images if aug is None else aug.resize(images, host)
 
     def generator(self, device: torch.device) -> torch.Generator:
         """The generator on ``device`` (one per device, reseeded per batch)."""

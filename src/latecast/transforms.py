@@ -16,6 +16,7 @@ a time. ``Mix`` (MixUp, CutMix) runs *after* ``normalize``, on floats and labels
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -23,7 +24,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import option, validate
 from .errors import ConfigError
 
 _affine_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -191,9 +191,16 @@ def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
     return (n - 1) - ((n - 1) - i.abs()).abs()
 
 
-def _check_int(value, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{what} must be an int >= 0, got {value!r}")
+def _check_number(value, what: str, kind: type = int, low: float = 0, high: float | None = None):
+    """``value`` as ``kind`` (numpy scalars too, never a bool) when finite and within
+    ``low..high``; else a ConfigError naming ``what``."""
+    want = numbers.Integral if kind is int else numbers.Real
+    ok = isinstance(value, want) and not isinstance(value, bool)
+    if not (ok and (kind is int or math.isfinite(value)) and low <= value <= (high or math.inf)):
+        rule = f" >= {low}" + ("" if high is None else f" and <= {high}")
+        name = "an integer" if kind is int else "a number"
+        raise ConfigError(f"{what} must be {name}{rule}, got {value!r}")
+    return kind(value)
 
 
 def random_crop(images: torch.Tensor, padding: int, *, fill="zero", generator=None):
@@ -208,7 +215,7 @@ def random_crop(images: torch.Tensor, padding: int, *, fill="zero", generator=No
     """
     _check_batch(images, "random_crop", generator)
     _, h, w, _ = images.shape
-    _check_int(padding, "random_crop padding")
+    _check_number(padding, "random_crop padding")
     if fill == "reflect" and padding >= min(h, w):
         raise ConfigError(
             f"random_crop fill='reflect' needs padding < {min(h, w)} for {h}x{w} "
@@ -222,8 +229,7 @@ def random_crop(images: torch.Tensor, padding: int, *, fill="zero", generator=No
 def random_flip(images: torch.Tensor, p: float = 0.5, *, generator=None) -> torch.Tensor:
     """Flip each image left-right with probability ``p``, independently per image."""
     _check_batch(images, "random_flip", generator)
-    if isinstance(p, bool) or not 0.0 <= p <= 1.0:
-        raise ConfigError(f"random_flip p must be a probability in [0, 1], got {p!r}")
+    p = _check_number(p, "random_flip p (a probability)", float, 0, 1)
     return flip(images, flip_params(images, p, generator))
 
 
@@ -231,7 +237,7 @@ def cutout(images: torch.Tensor, size: int, *, generator=None) -> torch.Tensor:
     """Zero a ``size x size`` square at a random center per image (DeVries & Taylor, 2017):
     ``erase`` at ``cutout_params``. ``size`` 0 returns a copy."""
     _check_batch(images, "cutout", generator)
-    _check_int(size, "cutout size")
+    _check_number(size, "cutout size")
     if size == 0:
         return images.clone()
     return erase(images, cutout_params(images, generator), size)
@@ -307,19 +313,6 @@ def resized_crop(
     return out
 
 
-def random_resized_crop(
-    images: torch.Tensor, scale: tuple[float, float], ratio=RATIO, *, generator=None
-) -> torch.Tensor:
-    """RandomResizedCrop to the images' own size, boxes drawn per image on the generator's
-    device (on CUDA the boxes come back to the host: one sync; ``Prepare`` draws them on the
-    host instead)."""
-    _check_batch(images, "random_resized_crop", generator)
-    n, h, w, _ = images.shape
-    dev = generator.device if generator is not None else torch.device("cpu")
-    sizes = torch.tensor([[h, w]], device=dev).expand(n, 2)
-    return resized_crop(images, resized_crop_params(sizes, scale, ratio, generator).cpu(), (h, w))
-
-
 def color_jitter_params(
     images: torch.Tensor, brightness: float, contrast: float, saturation: float, generator=None
 ) -> torch.Tensor:
@@ -368,11 +361,11 @@ def alternating_flip_params(indices: torch.Tensor, epoch: int, seed: int = 0) ->
 class Augment:
     """Per-sample augmentation of uint8 ``(N, H, W, C)`` batches: resized crop -> crop ->
     flip or alternating flip -> colour jitter -> cutout. Settings are checked on
-    construction; ``parse_augment(str(aug)) == aug``.
+    construction; ``config.parse_augment(str(aug)) == aug``.
 
-    The resized crop is drawn by ``crop_boxes`` and applied first; ``pixels`` does the rest.
-    ``Prepare`` calls the two apart: it draws the boxes on the host and, for JPEG batches,
-    crops while decoding, from the stored image at full size.
+    The resized crop comes first, its boxes drawn on the host (``crop_boxes``) and applied
+    by ``resized_crop`` (``resize``; JPEG batches: while decoding, from the stored image at
+    full size); ``pixels`` does the rest, on the images' device.
 
     Example:
         >>> aug = Augment(crop=4, flip=0.5, cutout=8)
@@ -380,18 +373,23 @@ class Augment:
         torch.Size([16, 32, 32, 3])
     """
 
-    crop: int = option(0, "pixels of padding on each side (0: off)", low=0)
-    flip: float = option(0.0, "probability of a left-right flip per image", low=0, high=1)
-    cutout: int = option(0, "side in pixels of the zeroed square (0: off)", low=0)
-    fill: str = option("zero", "what the crop pads with", choices=_FILLS)
-    resized_crop: float = option(
-        0.0, "smallest crop area, as RandomResizedCrop's scale=(s, 1) (0: off)", low=0, high=1
-    )
-    jitter: float = option(0.0, "brightness, contrast and saturation strength (0: off)", low=0)
-    altflip: bool = option(False, "alternating flip (airbench); instead of flip")
+    crop: int = 0  # pixels of padding on each side (0: off)
+    flip: float = 0.0  # probability of a left-right flip per image
+    cutout: int = 0  # side in pixels of the zeroed square (0: off)
+    fill: str = "zero"  # what the crop pads with: zero or reflect
+    resized_crop: float = 0.0  # smallest crop area, as RandomResizedCrop's scale=(s, 1) (0: off)
+    jitter: float = 0.0  # brightness, contrast and saturation strength (0: off)
+    altflip: bool = False  # alternating flip (airbench); instead of flip
 
     def __post_init__(self) -> None:
-        validate(self)
+        numbers_ = [("crop", int, None), ("flip", float, 1), ("cutout", int, None)]
+        for name, kind, high in numbers_ + [("resized_crop", float, 1), ("jitter", float, None)]:
+            object.__setattr__(self, name, _check_number(getattr(self, name), name, kind, 0, high))
+        if self.fill not in _FILLS or not isinstance(self.altflip, bool):
+            raise ConfigError(
+                f"fill must be one of {', '.join(_FILLS)} and altflip true or false, "
+                f"got {self.fill!r}, {self.altflip!r}"
+            )
         if self.altflip and self.flip:
             raise ConfigError("choose flip or altflip, not both")
 
@@ -401,19 +399,27 @@ class Augment:
         return not (self.resized_crop or self.altflip)
 
     def crop_boxes(self, sizes: torch.Tensor, generator=None) -> torch.Tensor | None:
-        """RandomResizedCrop boxes for images of ``sizes`` (``(N, 2)``), or None when off."""
+        """RandomResizedCrop boxes for images of ``sizes`` (``(N, 2)``, CPU), drawn on the CPU
+        ``generator``; None when off."""
         if not self.resized_crop:
             return None
         return resized_crop_params(sizes, (self.resized_crop, 1.0), RATIO, generator)
 
+    def resize(self, images: torch.Tensor, host=None) -> torch.Tensor:
+        """The resized crop alone, to the images' own size: boxes from ``crop_boxes`` on the
+        host (nothing comes back from the device), one resize per image; off: ``images``."""
+        n, h, w, _ = images.shape
+        boxes = self.crop_boxes(torch.tensor([[h, w]]).expand(n, 2), host)
+        return images if boxes is None else resized_crop(images, boxes, (h, w))
+
     def __call__(
         self, images: torch.Tensor, generator=None, *, epoch: int = 0, indices=None, seed: int = 0
     ) -> torch.Tensor:
+        """``resize`` (its boxes drawn on ``generator`` if it is a CPU one, else on torch's
+        default CPU generator), then ``pixels``."""
         _check_batch(images, "Augment", generator)
-        if self.resized_crop:
-            images = random_resized_crop(
-                images, (self.resized_crop, 1.0), RATIO, generator=generator
-            )
+        cpu = generator is not None and generator.device.type == "cpu"
+        images = self.resize(images, generator if cpu else None)
         return self.pixels(images, generator, epoch=epoch, indices=indices, seed=seed)
 
     def pixels(
@@ -439,71 +445,8 @@ class Augment:
         return images
 
     def __str__(self) -> str:
-        on = [
-            f"{k}={getattr(self, k)!r}"
-            for k in _AUGMENT_DEFAULTS
-            if k != "fill" and getattr(self, k)
-        ]
-        return ",".join(on + ([f"fill={self.fill}"] if self.fill != "zero" else [])) or "crop=0"
-
-
-# Used when a name is given without "=value" (CIFAR-style settings); also gives its type.
-_AUGMENT_DEFAULTS = {
-    "resized_crop": 0.35,
-    "crop": 4,
-    "flip": 0.5,
-    "altflip": True,
-    "jitter": 0.4,
-    "cutout": 8,
-    "fill": "zero",
-}
-_AUGMENT_HELP = (
-    "crop[=PAD], flip[=P], cutout[=SIZE], fill=zero|reflect, resized_crop[=MIN_AREA], "
-    "jitter[=STRENGTH], altflip, or none"
-)
-
-
-def _parse(spec: str, defaults: dict, what: str, valid: str) -> dict | None:
-    """``name[=value],...`` -> ``{name: value}`` typed as ``defaults``; None for ""/none."""
-    spec = spec.strip().lower()
-    if spec in ("", "none"):
-        return None
-    fields: dict[str, object] = {}
-    for item in spec.split(","):
-        name, _, value = (part.strip() for part in item.partition("="))
-        if name not in defaults:
-            raise ConfigError(f"unknown {what} {name!r} in {spec!r}; valid: {valid}")
-        if name in fields:
-            raise ConfigError(f"{what} {name!r} given twice in {spec!r}")
-        kind = type(defaults[name])
-        try:
-            if kind is bool and value not in ("", "true"):  # a switch: on when named
-                raise ValueError(value)
-            fields[name] = kind(value) if value else defaults[name]
-        except ValueError:
-            raise ConfigError(
-                f"{what} {name}={value!r} in {spec!r} is not a valid {kind.__name__}"
-            ) from None
-    return fields
-
-
-def parse_augment(spec: str) -> Augment | None:
-    """An ``Augment`` from the CLI string, ``None`` for ``""`` or ``"none"``.
-
-    Comma-separated names, each optionally ``=value``: ``crop`` (padding, default 4),
-    ``flip`` (probability, default 0.5), ``cutout`` (square side, default 8),
-    ``fill=zero|reflect`` (crop padding, default zero), ``resized_crop`` (smallest area,
-    default 0.35), ``jitter`` (strength, default 0.4) and ``altflip``.
-
-    Args:
-        spec: e.g. ``"crop,flip,cutout"`` or ``"resized_crop=0.25,flip,jitter"``.
-
-    Example:
-        >>> parse_augment("crop=2,flip") == Augment(crop=2, flip=0.5)
-        True
-    """
-    fields = _parse(spec, _AUGMENT_DEFAULTS, "augmentation", _AUGMENT_HELP)
-    return None if fields is None else Augment(**fields)
+        on = [f"{k}={v}" for k, v in vars(self).items() if v and v != "zero"]
+        return ",".join(on) or "crop=0"
 
 
 # ---- batch mixing, after the normalize ---------------------------------------------------
@@ -524,12 +467,14 @@ class Mix:
         torch.Size([8, 10])
     """
 
-    classes: int = option(2, "number of classes", low=1)
-    mixup: float = option(0.0, "MixUp's Beta alpha (0: off)", low=0)
-    cutmix: float = option(0.0, "CutMix's Beta alpha (0: off)", low=0)
+    classes: int = 2  # number of classes
+    mixup: float = 0.0  # MixUp's Beta alpha (0: off)
+    cutmix: float = 0.0  # CutMix's Beta alpha (0: off)
 
     def __post_init__(self) -> None:
-        validate(self)
+        object.__setattr__(self, "classes", _check_number(self.classes, "classes", int, 1))
+        for name in ("mixup", "cutmix"):
+            object.__setattr__(self, name, _check_number(getattr(self, name), name, float))
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator=None):
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))  # a CPU draw: no sync
@@ -549,13 +494,3 @@ class Mix:
             images = images * lam + other * (1 - lam)
         soft = F.one_hot(labels, self.classes).float()  # (N, classes)
         return images, soft * lam + soft.roll(1, 0) * (1 - lam)
-
-
-_MIX_DEFAULTS = {"mixup": 1.0, "cutmix": 1.0}  # torchvision's default alphas
-
-
-def parse_mix(spec: str, classes: int) -> Mix | None:
-    """A ``Mix`` from the CLI string (``"mixup=0.2"``, ``"cutmix"``, ``"mixup,cutmix"``), None
-    for ``""`` or ``"none"``."""
-    fields = _parse(spec, _MIX_DEFAULTS, "mix", "mixup[=ALPHA], cutmix[=ALPHA], or none")
-    return None if fields is None else Mix(classes, **fields)

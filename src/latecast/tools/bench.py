@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from .. import transforms
-from ..config import option
+from ..config import option, parse_augment
 from ..data import Dataset
 from ..distributed import resolve_device
 from ..errors import ConfigError
@@ -41,7 +41,6 @@ from ..loader import Loader, epoch_order
 from ..storage.datasets import load_dataset
 from ..trainer.loop import TrainConfig, evaluate, recipe, resolve_config, train_step
 from ..transfer import MOVERS, Batch, float32_bytes, movers_for
-from ..transforms import parse_augment
 from ..wrapper import wrap
 from . import measure
 

@@ -41,13 +41,12 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import distributed
-from ..config import DATASET_HELP, option, validate
+from ..config import DATASET_HELP, option, parse_augment, parse_mix, validate
 from ..data import Dataset, EncodedDataset, fingerprint
 from ..errors import CheckpointError, ConfigError, TrainingError
-from ..loader import IGNORE, ORDERS, Loader
+from ..loader import IGNORE, Loader, parse_order
 from ..storage.datasets import load_dataset
 from ..transfer import MOVERS, Batch, float32_bytes, uint8_bytes
-from ..transforms import parse_augment, parse_mix
 from . import checkpoint, graphed, rundir
 from .models import MODELS, build_model
 
@@ -111,9 +110,9 @@ class TrainConfig:
     label_smoothing: float | None = option(None, f"in [0, 1){_PRESET}", low=0, below=1)
     augment: str | None = option(None, f'e.g. "crop=4,flip,cutout=8" or "none"{_PRESET}')
     mix: str = option("", 'after the normalize: "mixup=0.2", "cutmix", "mixup,cutmix" or none')
-    order: str = option("random", "random, or block: reads mostly in sequence", choices=ORDERS)
-    block: int = option(32, "--order block: consecutive samples read together", low=1)
-    window: int = option(256, "--order block: blocks shuffled together", low=1)
+    order: str = option(
+        "random", "random, or block[:BLOCK:WINDOW] (sizes 32:256 if not given): reads in sequence"
+    )
     amp: bool | None = option(None, f"bf16 autocast, CUDA only{_PRESET}")
     channels_last: bool | None = option(None, f"NHWC images and model{_PRESET}")
     momentum: float = option(0.9, "Nesterov momentum (0: plain SGD)", low=0)
@@ -138,6 +137,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         validate(self)  # one line naming the field and the value (docs/RELIABILITY.md row 29)
+        parse_order(self.order)  # a bad --order: one line, before any data is read
         if self.overwrite and self.resume is not None:
             raise ConfigError("overwrite starts a new run, resume continues one: give one")
 
@@ -407,8 +407,6 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
         seed=c.seed,
         augment=aug,
         order=c.order,
-        block=c.block,
-        window=c.window,
         mix=parse_mix(c.mix, train_set.num_classes),
         **shared,
     )
