@@ -64,12 +64,7 @@ class PrepareOnDevice:
         )
         leaves, rebuild = split(batch)
         tensors, plans = fields.plan_batch(leaves, host=False)
-        return rebuild(
-            [
-                value
-                if f is None or f.kind == AS_IS
-                # the field's bytes, as wrap hands them over after the copy
-                else fields.finish(f, t.contiguous().view(-1).view(torch.uint8), where)
-                for (_, value), t, f in zip(leaves, tensors, plans)
-            ]
-        )
+        plans = [None if f is None or f.kind == AS_IS else f for f in plans]  # as they came
+        raws = [f and t.contiguous().view(-1).view(torch.uint8) for t, f in zip(tensors, plans)]
+        done = fields.finish(plans, raws, where)  # the fields' bytes, as wrap hands them over
+        return rebuild([value if d is None else d for (_, value), d in zip(leaves, done)])

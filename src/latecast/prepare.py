@@ -26,7 +26,7 @@ import torch
 
 from .decode import decode
 from .transfer import Batch, Encoded
-from .transforms import Augment, normalize
+from .transforms import Augment, Moves, normalize, resized_crop
 
 Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 Mixing = Callable[[torch.Tensor, torch.Tensor, torch.Generator], Batch]
@@ -87,15 +87,16 @@ class Prepare:
             self.generator(where).manual_seed(mixed)  # host-side: sets seed and offset
         self.batch += 1
 
-    def apply(self, images, labels, indices=None, out: torch.Tensor | None = None) -> Batch:
-        """Decode, augment with the generators as ``next_batch`` seeded them, normalize (into
-        ``out`` when given), mix."""
+    def apply(
+        self, images, labels, indices=None, out: torch.Tensor | None = None, moves=None
+    ) -> Batch:
+        """Decode, augment with the generators as ``next_batch`` seeded them (the geometric
+        part by ``moves``, drawn here unless given), normalize (into ``out`` when given), mix."""
         g, host = self.generator(images.device), self.generator(_HOST)
-        images = self._to_size(images, host)
-        if isinstance(self.augment, Augment):
-            images = self.augment.pixels(
-                images, g, epoch=self.epoch, indices=indices, seed=self.seed
-            )
+        moves = self.moves(images, indices) if moves is None else moves
+        images = self._to_size(images, moves)
+        if moves is not None:
+            images = self.augment.pixels(images, moves, g)
         elif self.augment is not None:
             images = self.augment(images, g)
         images = normalize(
@@ -106,14 +107,27 @@ class Prepare:
         images, labels = self.mix(images, labels, host)
         return (images if out is None else out.copy_(images)), labels
 
-    def _to_size(self, images: torch.Tensor | Encoded, host: torch.Generator) -> torch.Tensor:
-        """JPEG files decoded to the training size; ``Augment``'s resized crop, its boxes
-        drawn on the host (for JPEG files: cropped while decoding)."""
-        aug = self.augment if isinstance(self.augment, Augment) else None
+    def moves(self, images: torch.Tensor | Encoded, indices=None) -> Moves | None:
+        """This batch's geometric draws (``Augment.moves``: the resized crop's boxes on the
+        host, crop shifts and flips on the images' device), made once: ``apply`` moves the
+        images by them, ``wrap`` their masks too. None without an ``Augment``."""
+        if not isinstance(self.augment, Augment):
+            return None
+        encoded = isinstance(images, Encoded)
+        n, dev = len(images), images.device
+        sizes = images.sizes if encoded else torch.tensor([images.shape[1:3]]).expand(n, 2)
+        g, host = self.generator(dev), self.generator(_HOST)
+        return self.augment.moves(
+            images, sizes, g, host, epoch=self.epoch, indices=indices, seed=self.seed
+        )
+
+    def _to_size(self, images: torch.Tensor | Encoded, moves: Moves | None) -> torch.Tensor:
+        """JPEG files decoded to the training size; ``Augment``'s resized crop by the boxes of
+        ``moves`` (for JPEG files: cropped while decoding)."""
+        boxes = None if moves is None else moves.boxes
         if isinstance(images, Encoded):
-            boxes = None if aug is None else aug.crop_boxes(images.sizes, host)
             return decode(images, self.size, boxes)
-        return images if aug is None else aug.resize(images, host)
+        return images if boxes is None else resized_crop(images, boxes, tuple(images.shape[1:3]))
 
     def generator(self, device: torch.device) -> torch.Generator:
         """The generator on ``device`` (one per device, reseeded per batch)."""

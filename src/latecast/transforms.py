@@ -140,7 +140,6 @@ def translate(images: torch.Tensor, shifts: torch.Tensor, *, fill: str = "zero")
     """Move image ``i`` by ``shifts[i] = (dy, dx)``: output pixel ``(y, x)`` is input pixel
     ``(y + dy, x + dx)``; outside the image it is 0 (``fill="zero"``) or mirrored like
     ``np.pad(mode="reflect")``. One gather with per-image row/column indices."""
-    _check_batch(images, "translate", None)
     n, h, w, _ = images.shape
     if fill not in _FILLS:
         raise ConfigError(f"fill must be one of {_FILLS}, got {fill!r}")
@@ -162,7 +161,6 @@ def flip_params(images: torch.Tensor, p: float, generator=None) -> torch.Tensor:
 
 def flip(images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Flip left-right the images where ``mask`` is True."""
-    _check_batch(images, "flip", None)
     return torch.where(mask[:, None, None, None], images.flip(2), images)  # W is dim 2 in NHWC
 
 
@@ -203,6 +201,15 @@ def _check_number(value, what: str, kind: type = int, low: float = 0, high: floa
     return kind(value)
 
 
+def _check_reflect(images: torch.Tensor, padding: int, fill: str) -> None:
+    _, h, w, _ = images.shape  # the one setting that depends on the images' size
+    if fill == "reflect" and padding >= min(h, w):
+        raise ConfigError(
+            f"random_crop fill='reflect' needs padding < {min(h, w)} for {h}x{w} "
+            f"images, got {padding}"
+        )
+
+
 def random_crop(images: torch.Tensor, padding: int, *, fill="zero", generator=None):
     """Pad each side by ``padding``, then crop back to ``(H, W)`` at a random offset per image
     (``translate`` by ``crop_params``; the padded batch is never built). ``fill="reflect"``
@@ -214,13 +221,8 @@ def random_crop(images: torch.Tensor, padding: int, *, fill="zero", generator=No
         torch.Size([8, 32, 32, 3])
     """
     _check_batch(images, "random_crop", generator)
-    _, h, w, _ = images.shape
     _check_number(padding, "random_crop padding")
-    if fill == "reflect" and padding >= min(h, w):
-        raise ConfigError(
-            f"random_crop fill='reflect' needs padding < {min(h, w)} for {h}x{w} "
-            f"images, got {padding}"
-        )
+    _check_reflect(images, padding, fill)
     if padding == 0:
         return images.clone()
     return translate(images, crop_params(images, padding, generator), fill=fill)
@@ -313,6 +315,17 @@ def resized_crop(
     return out
 
 
+def nearest_crop(x: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """Crop ``x[i]`` (``(N, H, W, C)``, any dtype) to ``boxes[i] = (top, left, height, width)``
+    and resize it to ``size`` by nearest neighbour, as ``F.interpolate(mode="nearest")``
+    (output pixel ``d`` reads ``floor(d * in / out)``): one gather, values kept (masks)."""
+    dev = x.device
+    top, left, h, w = boxes.to(dev)[:, :, None].unbind(1)  # each (N, 1)
+    rows = top + torch.arange(size[0], device=dev) * h // size[0]  # (N, H') source rows
+    cols = left + torch.arange(size[1], device=dev) * w // size[1]  # (N, W')
+    return x[torch.arange(len(x), device=dev)[:, None, None], rows[:, :, None], cols[:, None, :]]
+
+
 def color_jitter_params(
     images: torch.Tensor, brightness: float, contrast: float, saturation: float, generator=None
 ) -> torch.Tensor:
@@ -358,14 +371,40 @@ def alternating_flip_params(indices: torch.Tensor, epoch: int, seed: int = 0) ->
 
 
 @dataclass(frozen=True)
+class Moves:
+    """One batch's geometric draws of an ``Augment`` (None where off), drawn once and applied
+    alike to its images and to their per-pixel fields (``wrap``'s masks)."""
+
+    augment: Augment
+    boxes: torch.Tensor | None  # (N, 4) resized-crop (top, left, height, width), on the CPU
+    shifts: torch.Tensor | None  # (N, 2) crop translations (dy, dx), on the batch's device
+    flips: torch.Tensor | None  # (N,) bool, True: flipped left-right
+
+    def shift_and_flip(self, x: torch.Tensor) -> torch.Tensor:
+        """The crop, then the flips, on ``(N, H, W, C)`` of any dtype (gathers: exact)."""
+        if self.shifts is not None:
+            _check_reflect(x, self.augment.crop, self.augment.fill)
+            x = translate(x, self.shifts, fill=self.augment.fill)
+        return x if self.flips is None else flip(x, self.flips)
+
+    def mask(self, x: torch.Tensor) -> torch.Tensor:
+        """All of them on a per-pixel field ``(N, H, W, C)`` of any dtype, the resized crop by
+        nearest neighbour (``nearest_crop``): every value is one of the field's, never a blend."""
+        if self.boxes is not None:
+            x = nearest_crop(x, self.boxes, tuple(x.shape[1:3]))
+        return self.shift_and_flip(x)
+
+
+@dataclass(frozen=True)
 class Augment:
     """Per-sample augmentation of uint8 ``(N, H, W, C)`` batches: resized crop -> crop ->
     flip or alternating flip -> colour jitter -> cutout. Settings are checked on
     construction; ``config.parse_augment(str(aug)) == aug``.
 
-    The resized crop comes first, its boxes drawn on the host (``crop_boxes``) and applied
-    by ``resized_crop`` (``resize``; JPEG batches: while decoding, from the stored image at
-    full size); ``pixels`` does the rest, on the images' device.
+    ``moves`` draws the geometric part once per batch (resized-crop boxes on the host, crop
+    shifts and flips on the device), so masks can follow the images (``Moves.mask``); the
+    resized crop is applied first (JPEG batches: while decoding, from the stored image at
+    full size), then ``pixels`` does the rest, on the images' device.
 
     Example:
         >>> aug = Augment(crop=4, flip=0.5, cutout=8)
@@ -405,38 +444,42 @@ class Augment:
             return None
         return resized_crop_params(sizes, (self.resized_crop, 1.0), RATIO, generator)
 
-    def resize(self, images: torch.Tensor, host=None) -> torch.Tensor:
-        """The resized crop alone, to the images' own size: boxes from ``crop_boxes`` on the
-        host (nothing comes back from the device), one resize per image; off: ``images``."""
-        n, h, w, _ = images.shape
-        boxes = self.crop_boxes(torch.tensor([[h, w]]).expand(n, 2), host)
-        return images if boxes is None else resized_crop(images, boxes, (h, w))
+    def moves(
+        self, images, sizes, generator=None, host=None, *, epoch=0, indices=None, seed=0
+    ) -> Moves:
+        """The geometric draws for a batch of ``len(images)`` images of ``sizes`` (``(N, 2)``
+        (H, W) as they come, CPU): resized-crop boxes on ``host`` (a CPU generator), then crop
+        shifts and flips on ``generator`` (altflip: from the samples' dataset ``indices``, on
+        the CPU, the ``epoch`` and the run's ``seed``)."""
+        boxes = self.crop_boxes(sizes, host)
+        shifts = crop_params(images, self.crop, generator) if self.crop else None
+        flips = flip_params(images, self.flip, generator) if self.flip else None
+        if self.altflip:
+            if indices is None:
+                raise ConfigError("altflip needs the samples' dataset indices (Loader passes them)")
+            flips = alternating_flip_params(indices.cpu(), epoch, seed)  # one byte per image:
+            flips = flips.to(images.device)  # no pinning per batch for that
+        return Moves(self, boxes, shifts, flips)
 
     def __call__(
         self, images: torch.Tensor, generator=None, *, epoch: int = 0, indices=None, seed: int = 0
     ) -> torch.Tensor:
-        """``resize`` (its boxes drawn on ``generator`` if it is a CPU one, else on torch's
-        default CPU generator), then ``pixels``."""
+        """All of it: the boxes drawn on ``generator`` if it is a CPU one, else on torch's
+        default CPU generator; the rest on ``generator``."""
         _check_batch(images, "Augment", generator)
+        n, h, w, _ = images.shape
         cpu = generator is not None and generator.device.type == "cpu"
-        images = self.resize(images, generator if cpu else None)
-        return self.pixels(images, generator, epoch=epoch, indices=indices, seed=seed)
+        sizes, host = torch.tensor([[h, w]]).expand(n, 2), generator if cpu else None
+        moves = self.moves(images, sizes, generator, host, epoch=epoch, indices=indices, seed=seed)
+        if moves.boxes is not None:
+            images = resized_crop(images, moves.boxes, (h, w))
+        return self.pixels(images, moves, generator)
 
-    def pixels(
-        self, images: torch.Tensor, generator=None, *, epoch: int = 0, indices=None, seed: int = 0
-    ) -> torch.Tensor:
-        """Everything after the resized crop. ``altflip`` needs ``indices`` (the samples'
-        dataset indices, on the CPU), the ``epoch`` and the run's ``seed``."""
+    def pixels(self, images: torch.Tensor, moves: Moves, generator=None) -> torch.Tensor:
+        """Everything after the resized crop: the crop and flips of ``moves``, then colour
+        jitter and cutout drawn on ``generator``."""
         _check_batch(images, "Augment", generator)
-        if self.crop:
-            images = random_crop(images, self.crop, fill=self.fill, generator=generator)
-        if self.flip:
-            images = random_flip(images, self.flip, generator=generator)
-        if self.altflip:
-            if indices is None:
-                raise ConfigError("altflip needs the samples' dataset indices (Loader passes them)")
-            mask = alternating_flip_params(indices.cpu(), epoch, seed)  # one byte per image:
-            images = flip(images, mask.to(images.device))  # no pinning per batch for that
+        images = moves.shift_and_flip(images)
         if self.jitter:
             j = self.jitter
             images = color_jitter(images, color_jitter_params(images, j, j, j, generator))

@@ -15,11 +15,17 @@ else in it (file names, say) passes through untouched. Each field is one of thre
   do). Crosses as uint8; comes out ``(N, C, H, W)`` float, augmented and normalized on the
   device exactly as by the Loader: ``ToTensor()`` + ``Normalize(mean, std)``, or
   ``ToTensor()`` alone without ``mean``/``std``.
+- **mask**: any field declared ``"mask"`` (segmentation labels, any per-pixel field):
+  ``(N, H, W)`` or ``(N, C, H, W)`` of the images' ``N, H, W``. Crosses as an integer does
+  (floats and bools as they are) and comes out in its own shape, int64 if it is integer,
+  moved by the same draw as the images of its batch (resized crop by nearest neighbour,
+  crop, flip), never normalized, jittered or cut out. Two undeclared uint8 4-dim fields in
+  one batch are an error: one of them is likely a mask.
 - **integer** (any other integer dtype): crosses in the narrowest of ``NARROW`` that holds
   this batch's values, comes out int64 (what ``cross_entropy`` and ``nn.Embedding`` take).
   ``fields={"tokens": torch.uint16}`` fixes the dtype it crosses in, and
-  ``(torch.int16, torch.float32)`` the output dtype too; a value that does not fit is an
-  error naming the field, never a wrap-around.
+  ``(torch.int16, torch.float32)`` the output dtype too; a value that does not fit either is
+  an error naming the field, never a wrap-around.
 - anything else (floats, bools) crosses and comes out as it is.
 """
 
@@ -27,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -39,11 +46,14 @@ from .distributed import placement
 from .errors import BatchError, ConfigError
 from .prepare import Augmentation, Prepare
 from .transfer import Ring, TransferStats, widen
+from .transforms import Augment
 
 Name = Union[str, int]
-IMAGE, INT, AS_IS = "image", "integer", "as is"
+IMAGE, MASK, INT, AS_IS = "image", "mask", "integer", "as is"
 LAYOUTS = ("auto", "NHWC", "NCHW")
 NARROW = tuple(getattr(torch, n) for n in ("uint8", "int8", "uint16", "int16", "int32", "int64"))
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)  # what images come out in
+OUTS = NARROW + FLOATS + (torch.float64,)  # what a declared integer field may come out in
 PASSED = ("batch_size", "sampler", "batch_sampler", "dataset", "drop_last")  # read from the source
 
 
@@ -60,14 +70,25 @@ class Field:
     out: torch.dtype = torch.int64
 
     @property
+    def nhw(self) -> tuple[int, ...]:
+        """``(N, H, W)`` of an image or mask."""
+        n, *rest = self.shape
+        return (n, *{"NHWC": rest[:2], "NCHW": rest[1:], "NHW": rest}[self.layout])
+
+    @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
 
     @property
     def usual_bytes(self) -> int:
-        """What it costs the usual way: float32 images, int64 integers."""
-        size = {IMAGE: 4, INT: 8}.get(self.kind, self.dtype.itemsize)
+        """What it costs the usual way: float32 images, int64 integers (masks too)."""
+        size = 4 if self.kind == IMAGE else 8 if self.integer else self.dtype.itemsize
         return math.prod(self.shape) * size
+
+    @property
+    def integer(self) -> bool:
+        """An integer field or an integer mask: crosses narrow, comes out widened."""
+        return self.kind in (INT, MASK) and integral(self.dtype)
 
 
 def split(batch: Any) -> tuple[list[tuple[Name, Any]], Callable[[list], Any]]:
@@ -86,10 +107,14 @@ def split(batch: Any) -> tuple[list[tuple[Name, Any]], Callable[[list], Any]]:
 
 
 def as_tensor(value: Any) -> torch.Tensor | None:
-    """A tensor sharing ``value``'s memory, or None for what is not an array (passes through)."""
+    """A tensor sharing ``value``'s memory, or None for what is not an array (passes through).
+    Arrays torch cannot share (negative strides, as ``np.fliplr`` gives; big-endian) are
+    copied first."""
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, np.ndarray):
+        if not value.dtype.isnative or min(value.strides, default=0) < 0:
+            value = np.ascontiguousarray(value, value.dtype.newbyteorder("="))
         with warnings.catch_warnings():  # a read-only memmap: we only read it
             warnings.simplefilter("ignore", UserWarning)
             try:
@@ -99,9 +124,18 @@ def as_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
+def integral(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
 def value_range(t: torch.Tensor) -> tuple[int, int]:
+    if t.numel() == 0:
+        return (0, 0)
+    if t.device.type != "cpu":  # a batch already on the device (Lightning): one sync
+        low, high = t.detach().long().aminmax()
+        return int(low), int(high)
     a = t.detach().numpy()  # numpy: every integer dtype, on any torch >= 2.4
-    return (int(a.min()), int(a.max())) if a.size else (0, 0)
+    return int(a.min()), int(a.max())
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
@@ -112,26 +146,90 @@ def iinfo(dtype: torch.dtype) -> np.iinfo:
     return np.iinfo(numpy_dtype(dtype))  # numpy's: torch 2.4 has few uint16 ops
 
 
+def limits(dtype: torch.dtype) -> tuple:
+    info = torch.finfo(dtype) if dtype.is_floating_point else iinfo(dtype)
+    return info.min, info.max
+
+
 def fits(dtype: torch.dtype, low: int, high: int) -> bool:
-    info = iinfo(dtype)
-    return info.min <= low and high <= info.max
+    least, most = limits(dtype)
+    return least <= low and high <= most
 
 
 def check_fields(fields: dict | None) -> dict[Name, Any]:
-    """``fields=`` as ``{name: "image" | (dtype it crosses in, dtype it comes out in)}``."""
+    """``fields=`` as ``{name: "image" | "mask" | (dtype it crosses in, dtype out)}``."""
+    if fields is not None and not isinstance(fields, dict):
+        raise ConfigError(f"fields must be a dict {{name: kind}} or None, got {fields!r:.60}")
     out: dict[Name, Any] = {}
     for name, spec in (fields or {}).items():
-        if isinstance(spec, str) and spec == IMAGE:
-            out[name] = IMAGE
+        if isinstance(spec, str) and spec in (IMAGE, MASK):
+            out[name] = spec
             continue
         cross, dtype = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, torch.int64)
-        if cross not in NARROW or not isinstance(dtype, torch.dtype):
+        if not any(cross is d for d in NARROW) or not any(dtype is d for d in OUTS):
             raise ConfigError(
-                f"fields[{name!r}] = {spec!r}: give 'image', an integer dtype to cross in "
-                f"({', '.join(str(d) for d in NARROW)}), or (that dtype, the output dtype)"
+                f"fields[{name!r}] = {spec!r:.60}: give 'image', 'mask', an integer dtype to cross "
+                f"in ({', '.join(str(d) for d in NARROW)}), or (that dtype, the output dtype: "
+                "an integer or float one)"
             )
         out[name] = (cross, dtype)
     return out
+
+
+def numbers_of(value: Any) -> tuple[float, ...] | None:
+    """A non-empty sequence of finite numbers as floats; None for anything else."""
+    try:
+        items = () if isinstance(value, (str, bytes)) else tuple(value)
+    except TypeError:
+        return None
+    real = (isinstance(v, numbers.Real) and not isinstance(v, bool) for v in items)
+    if not items or not all(real) or not all(map(math.isfinite, items)):
+        return None
+    return tuple(map(float, items))
+
+
+def check_options(
+    mean, std, augment, dtype, channels_last, layout, fields, seed
+) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None, dict[Name, Any]]:
+    """The options of ``wrap`` and ``prepare_on_device``, checked where they are given, so
+    that none fails later at a batch: ``(mean, std, fields)`` as floats and checked specs, or
+    one ConfigError naming the argument, its value and what is accepted."""
+    m, s = numbers_of(mean), numbers_of(std)
+    if (mean is not None or std is not None) and not (m and s and len(m) == len(s) and min(s) > 0):
+        raise ConfigError(
+            f"mean {mean!r:.60} and std {std!r:.60}: give both, as long sequences of finite "
+            "numbers, std > 0 (or neither: images are only scaled to [0, 1])"
+        )
+    specs = check_fields(fields)
+    integer = isinstance(seed, numbers.Integral) and not isinstance(seed, bool)
+    checks = [  # (accepted?, argument, its value, what is accepted)
+        (augment is None or callable(augment), "augment", augment, "f(images, generator)"),
+        (
+            not (isinstance(augment, Augment) and augment.altflip),
+            "augment",
+            augment,
+            "without altflip (it needs each sample's dataset index, which only a Loader has)",
+        ),
+        (
+            MASK not in specs.values() or augment is None or isinstance(augment, Augment),
+            "augment",
+            augment,
+            "a latecast.Augment where fields= declares a mask (its geometric draws move the mask)",
+        ),
+        (any(dtype is d for d in FLOATS), "dtype", dtype, "one of " + ", ".join(map(str, FLOATS))),
+        (isinstance(channels_last, (bool, np.bool_)), "channels_last", channels_last, "a bool"),
+        (
+            isinstance(layout, str) and layout in LAYOUTS,
+            "layout",
+            layout,
+            "one of " + ", ".join(LAYOUTS),
+        ),
+        (integer and 0 <= seed < 2**63, "seed", seed, "an integer in 0..2**63-1"),
+    ]
+    for ok, name, value, accepted in checks:
+        if not ok:
+            raise ConfigError(f"{name} must be {accepted}, got {value!r:.60}")
+    return m, s, specs
 
 
 class Fields:
@@ -151,20 +249,16 @@ class Fields:
         fields: dict | None = None,
         seed: int = 0,
     ) -> None:
-        if (mean is None) != (std is None) or (
-            mean is not None and (len(mean) != len(std) or min(std) <= 0)
-        ):
-            raise ConfigError(f"mean {mean!r} and std {std!r}: give both, as long, std > 0")
-        if layout not in LAYOUTS:
-            raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-        self.normalizes, self.layout, self.fields = mean is not None, layout, check_fields(fields)
+        options = (mean, std, augment, dtype, channels_last, layout, fields, seed)
+        mean, std, self.fields = check_options(*options)
+        self.normalizes, self.layout = mean is not None, layout
         self.prepare = Prepare(
             (0.0,) if mean is None else mean,  # no mean/std: ToTensor() alone, x / 255
             (1.0,) if std is None else std,
             dtype=dtype,
             channels_last=channels_last,
             augment=augment,
-            seed=seed,
+            seed=int(seed),
         )
 
     def plan_batch(
@@ -186,8 +280,7 @@ class Fields:
                     f"field {name!r} is already on {t.device}: wrap moves batches from host "
                     "memory; give it the DataLoader before anything moves them"
                 )
-            f = None if t is None else self.plan(name, t)
-            plans.append(self.narrow(f, t) if f is not None and host else f)
+            plans.append(None if t is None else self.narrow(self.plan(name, t), t, host))
         if self.normalizes and not any(f and f.kind == IMAGE for f in plans):
             raise BatchError(
                 "mean/std were given but no field of this batch is a uint8 image ("
@@ -197,20 +290,47 @@ class Fields:
                 + "); yield uint8 with PILToTensor() or ToImage(), or declare fields={name: "
                 "'image'}"
             )
+        self._check_pixels([f for f in plans if f and f.kind in (IMAGE, MASK)])
         return tensors, plans
+
+    def _check_pixels(self, pixels: list[Field]) -> None:
+        """Images and masks of one batch are of one size; two uint8 4-d fields are declared
+        (one of them is likely a mask, which must never be normalized as an image)."""
+        guessed = [f.name for f in pixels if f.kind == IMAGE and f.name not in self.fields]
+        if len(guessed) > 1:
+            raise BatchError(
+                f"fields {', '.join(map(repr, guessed))} are all uint8 with 4 dims: declare "
+                "which are masks and which images, e.g. fields={"
+                + f"{guessed[-1]!r}: 'mask'"
+                + "} (a mask is moved with the images, never "
+                "normalized), or 'image' for each image"
+            )
+        if len({f.nhw for f in pixels}) > 1:
+            raise BatchError(
+                "the images and masks of a batch must have one (N, H, W), got "
+                + ", ".join(f"{f.name!r}: {f.nhw}" for f in pixels)
+            )
 
     def plan(self, name: Name, t: torch.Tensor) -> Field:
         """The field's kind, crossing as it is (``narrow`` picks a narrower dtype)."""
         spec = self.fields.get(name)
+        if spec == MASK:
+            if t.ndim not in (3, 4) or t.dtype.is_complex:
+                raise BatchError(
+                    f"field {name!r} is declared a mask and must be (N, H, W) or (N, C, H, W), "
+                    f"got {t.dtype} {tuple(t.shape)}"
+                )
+            out = torch.int64 if integral(t.dtype) else t.dtype
+            return Field(name, MASK, t.dtype, tuple(t.shape), "NCHW" if t.ndim == 4 else "NHW", out)
         if spec == IMAGE or (spec is None and t.dtype == torch.uint8 and t.ndim == 4):
             return self._image(name, t, declared=spec == IMAGE)
-        integer = not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
-        if spec is not None and not integer:
+        if spec is not None and not integral(t.dtype):
             raise BatchError(
                 f"field {name!r} is {t.dtype}: fields= declares {spec[0]} for integer fields only"
             )
         out = torch.int64 if spec is None else spec[1]
-        return Field(name, INT if integer else AS_IS, t.dtype, tuple(t.shape), out=out)
+        kind = INT if integral(t.dtype) else AS_IS
+        return Field(name, kind, t.dtype, tuple(t.shape), out=out)
 
     def _image(self, name: Name, t: torch.Tensor, declared: bool) -> Field:
         shape = tuple(t.shape)
@@ -235,43 +355,83 @@ class Fields:
             raise BatchError(
                 f"field {name!r}: {channels} channels ({layout} {shape}) but "
                 f"{len(self.prepare.mean)} mean/std values"
+                + ("; a mask? declare it: fields={" + f"{name!r}: 'mask'" + "}")
+                * (channels == 1 and not declared)
             )
         return Field(name, IMAGE, torch.uint8, shape, layout=layout)
 
-    def narrow(self, f: Field, t: torch.Tensor) -> Field:
-        """An integer field in the dtype it crosses in: declared, else the narrowest that holds
-        its values (a 1-byte field as it is: nothing is narrower)."""
-        if f.kind != INT or t.dtype.itemsize == 1:
+    def narrow(self, f: Field, t: torch.Tensor, host: bool = True) -> Field:
+        """An integer field or mask in the dtype it crosses in: the declared one, else (on the
+        host) the narrowest that holds its values. Values that do not fit the declared
+        dtypes, crossing or output, are a BatchError, never a wrap-around."""
+        if f.kind not in (INT, MASK) or not integral(t.dtype):
             return f
         spec = self.fields.get(f.name)
-        if spec is not None:
-            info = iinfo(t.dtype)
-            if not fits(spec[0], info.min, info.max):  # some value of t's dtype may not fit
-                low, high = value_range(t)
-                if not fits(spec[0], low, high):
-                    info = iinfo(spec[0])
-                    raise BatchError(
-                        f"field {f.name!r}: values {low}..{high} do not fit the declared "
-                        f"{spec[0]} ({info.min}..{info.max})"
-                    )
-            return replace(f, dtype=spec[0])
+        if isinstance(spec, tuple):
+            info, seen = iinfo(t.dtype), None
+            for d in spec:
+                if not fits(d, info.min, info.max):  # some value of t's dtype may not fit
+                    seen = seen or value_range(t)
+                    if not fits(d, *seen):
+                        raise BatchError(
+                            f"field {f.name!r}: values {seen[0]}..{seen[1]} do not fit the "
+                            f"declared {d} ({'..'.join(map(str, limits(d)))})"
+                        )
+            return replace(f, dtype=spec[0]) if host else f
+        if not host or t.dtype.itemsize == 1:  # nothing is narrower than one byte
+            return f
         low, high = value_range(t)
-        return replace(f, dtype=next(d for d in NARROW if fits(d, low, high)))
+        dtype = next((d for d in NARROW if fits(d, low, high)), None)
+        if dtype is None:
+            raise BatchError(f"field {f.name!r}: values {low}..{high} do not fit torch.int64")
+        return replace(f, dtype=dtype)
 
-    def finish(self, f: Field, raw: torch.Tensor, where: tuple[int, int, int]) -> torch.Tensor:
-        """The field's bytes on the device (1-d uint8) -> what the model takes. ``where``:
-        (epoch, rank, batch), the augmentation's seed; every image field of a batch gets the
-        same draw (an image and its aligned mask stay aligned)."""
+    def finish(
+        self,
+        plans: list[Field | None],
+        raws: list[torch.Tensor | None],
+        where: tuple[int, int, int],
+    ) -> list[torch.Tensor | None]:
+        """Each field's bytes on the device (1-d uint8; None: it passes through) -> what the
+        model takes. ``where``: (epoch, rank, batch), the augmentation's seed. The images and
+        masks of a batch share one geometric draw (``Prepare.moves``): a mask is moved with
+        its images by nearest neighbour and nothing else; every image gets the same colour
+        draws too."""
+        out = [None if f is None else self._view(f, raw) for f, raw in zip(plans, raws)]
+        pixels = [i for i, f in enumerate(plans) if f is not None and f.kind in (IMAGE, MASK)]
+        if not pixels:
+            return out
+        first, prepare = out[pixels[0]], self.prepare
+        prepare.seek(*where)
+        prepare.next_batch(first.device)
+        moves = prepare.moves(first)  # one draw for them all; None without an Augment
+        g = prepare.generator(first.device)
+        state = g.get_state()  # the colour draws start here, for every image
+        for i in pixels:
+            f, x = plans[i], out[i]
+            if f.kind == IMAGE:
+                g.set_state(state)
+                out[i] = prepare.apply(x, None, moves=moves)[0]  # no mixing: labels are fields
+            else:
+                x = x if moves is None else moves.mask(x)
+                out[i] = x[..., 0] if f.layout == "NHW" else x.permute(0, 3, 1, 2).contiguous()
+        return out
+
+    def _view(self, f: Field, raw: torch.Tensor) -> torch.Tensor:
+        """The field's bytes as its values; images and masks as ``(N, H, W, C)``."""
+        if f.kind == AS_IS:
+            return raw.view(f.dtype).view(f.shape)
         if f.kind == IMAGE:
-            images = raw.view(f.shape)
-            if f.layout != "NHWC":  # (N, C, H, W) or (N, H, W) -> (N, H, W, C) view
-                images = images.permute(0, 2, 3, 1) if f.layout == "NCHW" else images[..., None]
-            self.prepare.seek(*where)
-            return self.prepare(images, None)[0]  # no mixing here: labels are fields too
-        if f.kind == INT:
-            wide = widen(raw, numpy_dtype(f.dtype)).view(f.shape)
-            return wide if f.out == torch.int64 else wide.to(f.out)
-        return raw.view(f.dtype).view(f.shape)
+            x = raw.view(f.shape)
+        elif integral(f.dtype):
+            x = widen(raw, numpy_dtype(f.dtype)).view(f.shape)
+            if f.kind == INT:
+                return x if f.out == torch.int64 else x.to(f.out)
+        else:  # a float or bool mask
+            x = raw.view(f.dtype).view(f.shape)
+        if f.layout == "NHWC":
+            return x
+        return x.permute(0, 2, 3, 1) if f.layout == "NCHW" else x[..., None]
 
 
 @dataclass
@@ -369,13 +529,11 @@ class Wrapped:
                 main.wait_event(self._ring.events[pending.slot])
                 pending.dev.record_stream(main)  # allocated on `side`, used on `main`
             where = (self.epoch, rank, self.position)
+            plans = pending.plans
+            raws = [f and pending.dev[o : o + f.nbytes] for f, o in zip(plans, pending.offsets)]
+            done = self.fields.finish(plans, raws, where)
             batch = pending.rebuild(
-                [
-                    value
-                    if f is None
-                    else self.fields.finish(f, pending.dev[o : o + f.nbytes], where)
-                    for (_, value), f, o in zip(pending.leaves, pending.plans, pending.offsets)
-                ]
+                [value if f is None else d for (_, value), f, d in zip(pending.leaves, plans, done)]
             )
             self._stats.batches += 1
             self._stats.wait_seconds += time.perf_counter() - t0
@@ -416,14 +574,14 @@ class Wrapped:
         s = self._stats
         for f in filter(None, plans):
             s.image_bytes += f.nbytes if f.kind == IMAGE else 0
-            s.label_bytes += f.nbytes if f.kind == INT else 0
-            s.other_bytes += f.nbytes if f.kind == AS_IS else 0
+            s.label_bytes += f.nbytes if f.integer else 0
+            s.other_bytes += f.nbytes if f.kind != IMAGE and not f.integer else 0
             s.usual_bytes += f.usual_bytes
         s.copies += 1
 
     def _pack(self, dst: torch.Tensor, f: Field, t: torch.Tensor) -> None:
         """Write ``t`` into the pinned bytes ``dst`` in the dtype it crosses in."""
-        if f.kind == INT:  # numpy casts every integer dtype; the values were checked to fit
+        if f.dtype != t.dtype:  # narrowed: numpy casts every integer dtype; the values fit
             out = dst.numpy().view(numpy_dtype(f.dtype)).reshape(f.shape)
             np.copyto(out, t.detach().numpy(), casting="unsafe")
         else:
@@ -460,7 +618,7 @@ def wrap(
             seeded from (seed, epoch, rank, batch) like the Loader's.
         dtype, channels_last: the images' output dtype and memory format.
         layout: ``"auto"``, ``"NHWC"`` or ``"NCHW"``: where uint8 images keep their channels.
-        fields: ``{name: "image" | integer dtype | (integer dtype, output dtype)}``.
+        fields: ``{name: "image" | "mask" | integer dtype | (integer dtype, output dtype)}``.
         seed: mixed into the augmentation's seeds.
 
     Example:

@@ -1,0 +1,165 @@
+"""Masks through ``wrap`` (issue 18, point 3): a field declared ``"mask"`` is moved by the
+same geometric draw as its batch's images (resized crop by nearest neighbour, crop, flip),
+pixel for pixel, and is never normalized, jittered or cut out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import latecast
+from latecast.errors import BatchError, ConfigError
+from latecast.prepare import Prepare
+from latecast.transforms import nearest_crop, resized_crop
+
+N, H, W = 6, 10, 12
+MASKS = {"mask": "mask", "mask1": "mask"}
+
+
+def segmentation_batches(count: int = 3) -> list[dict]:
+    """``{"image": uint8 (N, 3, H, W), "mask": int64 (N, H, W), "mask1": uint8 (N, 1, H, W)}``:
+    channel 0 of each image is its mask (values 1..200, 0 is the crop's padding), so a
+    geometric op applied alike keeps them equal pixel by pixel."""
+    g = torch.Generator().manual_seed(3)
+    out = []
+    for _ in range(count):
+        mask = torch.randint(1, 201, (N, H, W), generator=g)
+        image = torch.randint(0, 256, (N, 3, H, W), generator=g, dtype=torch.uint8)
+        image[:, 0] = mask.to(torch.uint8)
+        out.append({"image": image, "mask": mask, "mask1": mask[:, None].to(torch.uint8)})
+    return out
+
+
+def as_uint8(images: torch.Tensor) -> torch.Tensor:
+    return (images * 255).round().to(torch.uint8)  # no mean/std: ToTensor()'s x / 255
+
+
+@pytest.mark.parametrize(
+    "aug",
+    [
+        latecast.Augment(crop=3),
+        latecast.Augment(crop=4, fill="reflect"),
+        latecast.Augment(flip=0.5),
+        latecast.Augment(flip=1.0),
+        latecast.Augment(crop=2, flip=0.5),
+    ],
+    ids=str,
+)
+def test_every_exact_geometric_op_moves_the_mask_with_the_image_pixel_by_pixel(aug):
+    batches = segmentation_batches()
+    got = list(latecast.wrap(batches, device="cpu", augment=aug, fields=MASKS, seed=5))
+    moved = 0
+    for before, after in zip(batches, got):
+        image, mask, mask1 = after["image"], after["mask"], after["mask1"]
+        assert mask.dtype == mask1.dtype == torch.int64
+        assert mask.shape == (N, H, W) and mask1.shape == (N, 1, H, W)
+        assert torch.equal(as_uint8(image[:, 0]).long(), mask)  # aligned, pixel by pixel
+        assert torch.equal(mask1[:, 0], mask)
+        assert set(mask.unique().tolist()) <= set(before["mask"].unique().tolist()) | {0}
+        moved += int((mask != before["mask"]).flatten(1).any(1).sum())
+    assert moved > 0  # the op did move something
+
+
+def test_resized_crop_moves_the_mask_by_nearest_neighbour_with_the_images_own_boxes():
+    """The boxes drawn once for the batch: the images resized bilinear by them, the masks by
+    nearest neighbour (F.interpolate's), every value one of the mask's own."""
+    aug = latecast.Augment(resized_crop=0.2, crop=2, flip=0.5)
+    batches = segmentation_batches(2)
+    got = list(latecast.wrap(batches, device="cpu", augment=aug, fields=MASKS, seed=7))
+    for k, (before, after) in enumerate(zip(batches, got)):
+        ref = Prepare((0.0,), (1.0,), augment=aug, seed=7)  # the same seeds: (7, 0, 0, k)
+        ref.seek(0, 0, k)
+        ref.next_batch(torch.device("cpu"))
+        nhwc = before["image"].permute(0, 2, 3, 1)
+        moves = ref.moves(nhwc)
+        assert moves.boxes is not None and (moves.boxes[:, 2:] < torch.tensor([H, W])).any()
+        images = moves.shift_and_flip(resized_crop(nhwc, moves.boxes, (H, W)))
+        assert torch.equal(as_uint8(after["image"]), images.permute(0, 3, 1, 2))
+        want = []
+        for m, (top, left, h, w) in zip(before["mask"], moves.boxes.tolist()):
+            crop = m[top : top + h, left : left + w].double()[None, None]
+            want.append(F.interpolate(crop, (H, W), mode="nearest")[0, :, :, :, None].long())
+        want = moves.shift_and_flip(torch.cat(want))[..., 0]
+        assert torch.equal(after["mask"], want) and torch.equal(after["mask1"][:, 0], want)
+
+
+def test_nearest_crop_equals_interpolate_nearest_for_any_box_and_dtype():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 50, (20, 13, 17, 2), generator=g)
+    boxes = []
+    for _ in range(20):
+        h, w = int(torch.randint(1, 14, (1,), generator=g)), int(torch.randint(1, 18, (1,)))
+        top, left = int(torch.randint(0, 14 - h, (1,))), int(torch.randint(0, 18 - w, (1,)))
+        boxes.append([top, left, h, w])
+    boxes = torch.tensor(boxes)
+    for size in [(13, 17), (5, 31), (1, 1)]:
+        got = nearest_crop(x, boxes, size)
+        for i, (top, left, h, w) in enumerate(boxes.tolist()):
+            crop = x[i, top : top + h, left : left + w].permute(2, 0, 1)[None].double()
+            want = F.interpolate(crop, size, mode="nearest")[0].permute(1, 2, 0).long()
+            assert torch.equal(got[i], want), (size, i)
+    assert nearest_crop(x.bool(), boxes, (4, 4)).dtype == torch.bool
+
+
+def test_a_mask_is_never_normalized_jittered_or_cut_out():
+    """Colour jitter and cutout touch the images only: the masks are those of the same
+    geometric draw without them; with mean/std given a uint8 mask keeps its values."""
+    geometric = latecast.Augment(resized_crop=0.3, crop=2, flip=0.5)
+    every = latecast.Augment(resized_crop=0.3, crop=2, flip=0.5, jitter=0.5, cutout=5)
+    mean, std = (0.4, 0.5, 0.6), (0.2, 0.25, 0.3)
+    batches = segmentation_batches()
+    kwargs = dict(device="cpu", fields=MASKS, mean=mean, std=std, seed=1)
+    plain = list(latecast.wrap(batches, augment=geometric, **kwargs))
+    full = list(latecast.wrap(batches, augment=every, **kwargs))
+    for a, b in zip(plain, full):
+        assert torch.equal(a["mask"], b["mask"]) and torch.equal(a["mask1"], b["mask1"])
+        assert not torch.equal(a["image"], b["image"])  # the colour ops did run
+    bare = list(latecast.wrap(batches, fields=MASKS, mean=mean, std=std))
+    for before, after in zip(batches, bare):
+        assert torch.equal(after["mask"], before["mask"])
+        assert torch.equal(after["mask1"], before["mask1"].long())
+
+
+def test_masks_cross_narrow_and_count_as_integers():
+    batch = segmentation_batches(1)[0]
+    wrapped = latecast.wrap([batch], device="cpu", fields=MASKS)
+    list(wrapped)
+    s = wrapped.stats  # the int64 mask's values 1..200 cross as one byte, as the uint8 one
+    assert (s.image_bytes, s.label_bytes) == (N * 3 * H * W, 2 * N * H * W)
+    assert s.usual_bytes == N * 3 * H * W * 4 + 2 * N * H * W * 8
+
+
+def test_a_uint8_mask_is_never_taken_for_an_image():
+    batch = segmentation_batches(1)[0]
+    with pytest.raises(BatchError, match=r"'image', 'mask1' are all uint8.*'mask1': 'mask'"):
+        next(iter(latecast.wrap([batch], device="cpu")))
+    alone = {"image": batch["image"][:, :1], "mask1": batch["mask1"]}  # gray image + mask
+    with pytest.raises(BatchError, match="all uint8"):
+        next(iter(latecast.wrap([alone], device="cpu", mean=(0.5,), std=(0.2,))))
+    one = {"mask1": batch["mask1"]}
+    with pytest.raises(BatchError, match=r"'mask1': 1 channels.*a mask\? declare it"):
+        next(iter(latecast.wrap([one], device="cpu", mean=(0.5,) * 3, std=(0.2,) * 3)))
+    out = next(iter(latecast.wrap([one], device="cpu", fields={"mask1": "mask"})))
+    assert torch.equal(out["mask1"], batch["mask1"].long())
+
+
+@pytest.mark.parametrize(
+    "batch,match",
+    [
+        (
+            {"image": torch.zeros(2, 3, 8, 8, dtype=torch.uint8), "mask": torch.zeros(2, 8, 9)},
+            r"one \(N, H, W\).*'image': \(2, 8, 8\).*'mask': \(2, 8, 9\)",
+        ),
+        ({"mask": torch.zeros(2, 8)}, "'mask' is declared a mask and must be"),
+        ({"mask": torch.zeros(2, 3, 8, 8, 1)}, "'mask' is declared a mask"),
+    ],
+)
+def test_masks_of_another_size_or_shape_are_one_clear_error(batch, match):
+    with pytest.raises(BatchError, match=match):
+        next(iter(latecast.wrap([batch], device="cpu", fields={"mask": "mask"})))
+
+
+def test_a_mask_with_an_augmentation_that_cannot_move_it_is_refused_at_once():
+    with pytest.raises(ConfigError, match="augment must be a latecast.Augment where fields="):
+        latecast.wrap([], augment=lambda x, g: x.flip(2), fields={"mask": "mask"})
