@@ -465,10 +465,11 @@ def _read(path: Path, fn: Callable, whole: bool):
                         f"the {MAX_PIXELS:,} pixels allowed"
                     )
                 return fn(im, data)
+    except FormatError as e:  # readable, but refused (damaged JPEG data)
+        return FormatError(f"{_shown(path)}: {e}")
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, struct.error, ...
         unknown = isinstance(e, Image.UnidentifiedImageError)  # its text names the BytesIO
         why = "not a format Pillow reads" if unknown else f"{type(e).__name__}: {e}"
-        why = str(e) if isinstance(e, FormatError) else why
         return FormatError(f"{_shown(path)}: not a readable image ({why})")
 
 
