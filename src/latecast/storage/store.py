@@ -400,11 +400,9 @@ def jpeg_problem(file: np.ndarray | bytes, hw: list[int]) -> str:
             break
         if marker in SOF:
             found = [int.from_bytes(head[a : a + 2], "big") for a in (pos + 5, pos + 7)]
-            return (
-                ""
-                if found == list(hw)
-                else f"the file is {found[0]}x{found[1]}, " + (f"{SIZES} says {hw[0]}x{hw[1]}")
-            )
+            if found != list(hw):
+                return f"the file is {found[0]}x{found[1]}, {SIZES} says {hw[0]}x{hw[1]}"
+            return ""
         pos += 1 if marker == 0xFF else 2 + length  # 0xFF: a fill byte before a marker
     return "no JPEG frame header (SOF) before the image data"
 
