@@ -191,7 +191,7 @@ def _run_info(args: argparse.Namespace) -> dict:
     for split, hashed in verified.items():
         print(
             f"verified {split}: every image read"
-            + (", SHA-256 as written" if hashed else "; no SHA-256 kept (an older store)")
+            + (", SHA-256 as written" if hashed else "; no SHA-256 to compare (an older store)")
         )
     return {"dataset": args.dataset, **info, **({"verified": verified} if args.verify else {})}
 
