@@ -30,7 +30,7 @@ from latecast.data import fingerprint, from_arrays
 from latecast.errors import CheckpointError, ConfigError, FormatError
 from latecast.loader import Loader
 from latecast.storage.datasets import load_dataset
-from latecast.storage.store import open_store, write_store
+from latecast.storage.store import open_store, verify, write_store
 from latecast.tools.cli import _strict
 from latecast.trainer import checkpoint as ckpt
 from latecast.trainer.loop import TrainConfig
@@ -388,6 +388,7 @@ def test_a_store_remade_with_one_image_mirrored_has_another_fingerprint(tmp_path
         (s / "train" / "meta.json").write_text(json.dumps(meta))
     old = [open_store(s, "train") for s in stores]
     assert old[0].digest == "" and fingerprint(old[0]) == fingerprint(old[1])  # image 100 unread
+    assert verify(old[0], "a") is False  # nothing to compare the bytes with
 
 
 # -- every argument and API input checked before work starts (rows 75, 40) -----------------

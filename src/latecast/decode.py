@@ -18,7 +18,7 @@ centre" (``transforms.centre_boxes``, what ``latecast convert`` does for raw sto
 
 libjpeg reports damaged scan data ("Corrupt JPEG data: N extraneous bytes before marker 0xd9")
 as a warning written from C to fd 2, not as a Python warning, and decodes the file anyway,
-partly wrong. So a CPU batch is decoded with fd 2 sent to a temporary file (``_fd2``); when
+partly wrong. So a batch is decoded with fd 2 sent to a temporary file (``_fd2``, ~60 us); when
 anything was written there, each file is decoded again alone to find which, and each is
 named in one Python warning (store and sample index), never libjpeg's own text.
 
