@@ -55,6 +55,7 @@ class Encoded:
     indices: torch.Tensor  # (n,) int64 dataset indices, on the CPU
     channels: int  # 1 (gray) or 3 (RGB)
     device: torch.device
+    source: str = ""  # the dataset, "name/split", for messages
 
     def __len__(self) -> int:
         return len(self.sizes)
@@ -398,7 +399,8 @@ class Jpeg(Mover):
             self.stats.decoded_bytes += len(idx_np) * math.prod(ds.image_shape)
             self.stats.copies += 1
             sizes = torch.from_numpy(ds.sizes[idx_np].astype(np.int64))
-            yield Encoded(host, offsets, sizes, idx, ds.channels, self.device), labels
+            where = f"{ds.name}/{ds.split}"
+            yield Encoded(host, offsets, sizes, idx, ds.channels, self.device, where), labels
 
 
 # A dataset is "resident" only if it takes at most this share of free device memory.
