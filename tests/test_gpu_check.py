@@ -53,7 +53,7 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "CARRY": str(tiny_carry(tmp_path)),
         "PEER_SEEDS": "1",
         "PEER_ARGS": "--preset colour -b 32 --epochs 1 --limit-test 12",
-        "VARIANTS": "eager:",  # --compile on the CPU: tests/test_static.py
+        "VARIANTS": "eager:",  # --compile on the CPU: tests/test_train_step.py
         "COMPILE_ARGS": TINY,
         "STEPS": "1",
         "PROFILE_ARGS": "--warmup 0 -b 16",
