@@ -23,20 +23,22 @@ import math
 import numbers
 import time
 from dataclasses import replace
-from typing import Iterator
+from typing import Iterable, Iterator, TypeVar
 
+import numpy as np
 import torch
 
-from .data import Dataset, EncodedDataset
+from .data import Batch, Dataset, EncodedDataset
 from .distributed import placement
 from .errors import ConfigError
 from .prepare import Augmentation, Mixing, Prepare
-from .transfer import MOVERS, Batch, Mover, Resident, TransferStats, float32_bytes, resolve
+from .transfer import MOVERS, Mover, Resident, TransferStats, float32_bytes, resolve
 
 ORDERS = ("random", "block")
 # The label of a static evaluation batch's padding: F.cross_entropy's ignore_index, and
 # never equal to a predicted class, so padding counts in no loss and no accuracy.
 IGNORE = -100
+T = TypeVar("T")
 
 
 def block_order(n: int, *, seed: int, epoch: int, block: int, window: int) -> torch.Tensor:
@@ -89,7 +91,41 @@ def epoch_order(
     return indices[rank::world_size]
 
 
-class Loader:
+def gather(dataset: Dataset, idx: torch.Tensor) -> Batch:
+    """Samples ``idx`` on the host as a ``DataLoader`` collates them: uint8 ``(n, H, W, C)``
+    images, int64 labels (the usual pipeline's input, before it prepares on the host)."""
+    i = idx.numpy()
+    return torch.from_numpy(dataset.images[i]), torch.from_numpy(dataset.labels[i].astype(np.int64))
+
+
+class Epochs:
+    """The epoch and ``position`` (batches of it handed out) of ``Loader`` and ``wrap``, in
+    their ``state_dict``; ``set_epoch`` as ``DistributedSampler``'s."""
+
+    epoch: int  # set by the subclass's __init__
+    position: int
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch`` from the next pass on (like ``DistributedSampler``)."""
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
+
+    def _count(self, items: Iterable[tuple[T, bool]]) -> Iterator[T]:
+        """Hand out the ``(item, last)`` of a pass, counting them. The next epoch starts
+        before the last item is handed out (or at once, for a pass with none): a consumer
+        that stops after it (Lightning knows len() and asks for no more) or saves a
+        checkpoint there starts the next epoch on its next pass."""
+        empty = True
+        for item, last in items:
+            self.position, empty = self.position + 1, False
+            if last:
+                self.epoch, self.position = self.epoch + 1, 0
+            yield item
+        if empty:
+            self.epoch, self.position = self.epoch + 1, 0
+
+
+class Loader(Epochs):
     """Batches of ``(images, labels)`` ready on the device: images normalized float
     ``(N, C, H, W)``, labels int64. ``len()`` and ``set_epoch()`` work as with a
     ``DataLoader`` over a ``DistributedSampler``; the epoch also advances by itself after
@@ -235,8 +271,7 @@ class Loader:
         if self._mover is None:
             device, self._rank, self._world = self._placement()
             cls = MOVERS[resolve(self._asked[1], self.dataset, device)]
-            args = (self.dataset, device, self.batch_size)
-            self._mover = cls(*args, self.prepare) if cls.prepares else cls(*args)
+            self._mover = cls(self.dataset, device, self.batch_size)
             if self.static:
                 (h, w, c), b = self.dataset.image_shape, self.batch_size
                 fmt = torch.channels_last if self.channels_last else torch.contiguous_format
@@ -261,11 +296,6 @@ class Loader:
     def __len__(self) -> int:
         m, b = self.num_samples, self.batch_size
         return m // b if self.drop_last else math.ceil(m / b)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use the order of ``epoch`` from the next pass on (like ``DistributedSampler``)."""
-        if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
 
     def state_dict(self) -> dict:
         """Where the loader is: epoch and batches already yielded in it (plain ints)."""
@@ -349,34 +379,36 @@ class Loader:
         mover = self.start()
         self.prepare.seek(self.epoch, self._rank, self.position)
         todo = self.index_batches()
-        end = self.position + len(todo)
-        if not todo:
-            self.epoch, self.position = self.epoch + 1, 0
+        yield from self._count(self._timed(mover, todo, fill))
+
+    def _timed(self, mover: Mover, todo: list[torch.Tensor], fill: bool) -> Iterator[tuple]:
         it = self._static(mover, todo, fill) if self.static else self._moved(mover, todo)
-        for _ in todo:
+        for k in range(len(todo)):
             t0 = time.perf_counter()
             images, labels, n = next(it)
             self._wait += time.perf_counter() - t0
             self._batches, self._samples = self._batches + 1, self._samples + n
-            self.position += 1
-            if self.position == end:  # before the last batch is handed out: a consumer that
-                # stops after it (Lightning knows len() and asks for no more) or saves a
-                # checkpoint there starts the next epoch on its next pass
-                self.epoch, self.position = self.epoch + 1, 0
-            yield images, labels
+            yield (images, labels), k == len(todo) - 1
+
+    def _fed(self, mover: Mover, batches: list[torch.Tensor]) -> Iterator:
+        """The mover's batches of ``batches``; ``float32`` is handed them gathered and
+        prepared on the host, as the usual pipeline does."""
+        if mover.takes_prepared:
+            return mover.batches(self.prepare(*gather(self.dataset, i), i) for i in batches)
+        return mover.batches(batches)
 
     def _moved(self, mover: Mover, batches: list[torch.Tensor]) -> Iterator[tuple]:
-        for idx, (images, labels) in zip(batches, mover.batches(batches)):
-            if not mover.prepares:
+        for idx, (images, labels) in zip(batches, self._fed(mover, batches)):
+            if not mover.takes_prepared:
                 images, labels = self.prepare(images, labels, idx)
             yield images, labels, len(idx)
 
     def _static(self, mover: Mover, batches: list[torch.Tensor], fill: bool) -> Iterator[tuple]:
         images, labels = self._buffers
         if not isinstance(mover, Resident):  # host work stays; the batch lands in the buffers
-            for idx, (x, y) in zip(batches, mover.batches(batches)):
+            for idx, (x, y) in zip(batches, self._fed(mover, batches)):
                 n = len(idx)
-                if mover.prepares:
+                if mover.takes_prepared:
                     images[:n].copy_(x)
                 else:
                     _, y = self.prepare(x, y, idx, out=images[:n])

@@ -33,7 +33,7 @@ from ..config import DATASET_HELP, option, validate
 from ..data import Dataset
 from ..distributed import resolve_device
 from ..errors import ConfigError
-from ..loader import epoch_order
+from ..loader import epoch_order, gather
 from ..prepare import Prepare
 from ..storage.datasets import load_dataset
 from ..trainer.loop import TrainConfig, model_and_optimizer, resolve_config, train_step
@@ -86,10 +86,13 @@ def _latecast(
     (the copy inside the mover shows up as ``aten::to``/``copy_`` under ``h2d``)."""
     prepare = Prepare(ds.mean, ds.std, channels_last=recipe.channels_last, size=ds.image_shape[:2])
     cls = MOVERS[name]
-    mover = cls(ds, device, cfg.batch_size, *([prepare] if cls.prepares else []))
+    mover = cls(ds, device, cfg.batch_size)
     for epoch in itertools.count():
         order = epoch_order(len(ds), seed=cfg.seed, epoch=epoch)
-        it = mover.batches(list(torch.split(order, cfg.batch_size)))
+        batches = list(torch.split(order, cfg.batch_size))
+        if cls.takes_prepared:  # float32: gathered and prepared on the host, then moved
+            batches = (prepare(*gather(ds, idx), idx) for idx in batches)
+        it = mover.batches(batches)
         while True:
             before = mover.stats.h2d_bytes
             with record_function("data"):
@@ -97,7 +100,7 @@ def _latecast(
             if batch is None:
                 break
             images, labels = batch
-            if not cls.prepares:
+            if not cls.takes_prepared:
                 with record_function("normalize"):
                     images, labels = prepare(images, labels)
             yield images, labels, mover.stats.h2d_bytes - before
