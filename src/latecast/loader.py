@@ -23,7 +23,7 @@ import math
 import numbers
 import time
 from dataclasses import replace
-from typing import Iterable, Iterator, TypeVar
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -38,7 +38,6 @@ ORDERS = ("random", "block")
 # The label of a static evaluation batch's padding: F.cross_entropy's ignore_index, and
 # never equal to a predicted class, so padding counts in no loss and no accuracy.
 IGNORE = -100
-T = TypeVar("T")
 
 
 def block_order(n: int, *, seed: int, epoch: int, block: int, window: int) -> torch.Tensor:
@@ -99,22 +98,18 @@ def gather(dataset: Dataset, idx: torch.Tensor) -> Batch:
 
 
 class Epochs:
-    """The epoch and ``position`` (batches of it handed out) of ``Loader`` and ``wrap``, in
-    their ``state_dict``; ``set_epoch`` as ``DistributedSampler``'s."""
-
-    epoch: int  # set by the subclass's __init__
-    position: int
+    """The ``epoch`` and ``position`` (batches of it handed out) of ``Loader`` and ``wrap``,
+    both set by their ``__init__``."""
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` from the next pass on (like ``DistributedSampler``)."""
         if epoch != self.epoch:
             self.epoch, self.position = epoch, 0
 
-    def _count(self, items: Iterable[tuple[T, bool]]) -> Iterator[T]:
-        """Hand out the ``(item, last)`` of a pass, counting them. The next epoch starts
-        before the last item is handed out (or at once, for a pass with none): a consumer
-        that stops after it (Lightning knows len() and asks for no more) or saves a
-        checkpoint there starts the next epoch on its next pass."""
+    def _count(self, items: Iterable[tuple[Any, bool]]) -> Iterator[Any]:
+        """A pass's items, counted; the next epoch starts before the last is handed out (at
+        once for a pass with none): a consumer that stops after it (Lightning knows len())
+        or saves a checkpoint there starts the next epoch on its next pass."""
         empty = True
         for item, last in items:
             self.position, empty = self.position + 1, False
@@ -348,7 +343,7 @@ class Loader(Epochs):
         return batches[self.position :]
 
     def __iter__(self) -> Iterator[Batch]:
-        return self._pass(fill=True)
+        return self._count(self._pass(fill=True))
 
     def staged(self) -> Iterator[Batch]:
         """A pass of a static ``resident`` training loader that only stages each batch (its
@@ -359,7 +354,7 @@ class Loader(Epochs):
                 "staged() needs a static training loader (static=True, pad=True) on the "
                 f"resident mover, not {self.transfer}"
             )
-        return self._pass(fill=False)
+        return self._count(self._pass(fill=False))
 
     def fill(self) -> Batch:
         """The device half of a static ``resident`` step: gather the staged indices, augment
@@ -379,10 +374,8 @@ class Loader(Epochs):
         mover = self.start()
         self.prepare.seek(self.epoch, self._rank, self.position)
         todo = self.index_batches()
-        yield from self._count(self._timed(mover, todo, fill))
-
-    def _timed(self, mover: Mover, todo: list[torch.Tensor], fill: bool) -> Iterator[tuple]:
-        it = self._static(mover, todo, fill) if self.static else self._moved(mover, todo)
+        resident = self.static and isinstance(mover, Resident)
+        it = self._resident(mover, todo, fill) if resident else self._moved(mover, todo)
         for k in range(len(todo)):
             t0 = time.perf_counter()
             images, labels, n = next(it)
@@ -390,37 +383,32 @@ class Loader(Epochs):
             self._batches, self._samples = self._batches + 1, self._samples + n
             yield (images, labels), k == len(todo) - 1
 
-    def _fed(self, mover: Mover, batches: list[torch.Tensor]) -> Iterator:
-        """The mover's batches of ``batches``; ``float32`` is handed them gathered and
-        prepared on the host, as the usual pipeline does."""
-        if mover.takes_prepared:
-            return mover.batches(self.prepare(*gather(self.dataset, i), i) for i in batches)
-        return mover.batches(batches)
-
     def _moved(self, mover: Mover, batches: list[torch.Tensor]) -> Iterator[tuple]:
-        for idx, (images, labels) in zip(batches, self._fed(mover, batches)):
-            if not mover.takes_prepared:
-                images, labels = self.prepare(images, labels, idx)
-            yield images, labels, len(idx)
+        """Moved, then prepared on the device; ``float32``, the usual pipeline, is handed its
+        batches gathered and prepared on the host. Static: written into the buffers."""
+        host = mover.takes_prepared
+        fed = (self.prepare(*gather(self.dataset, i), i) for i in batches) if host else batches
+        for idx, (x, y) in zip(batches, mover.batches(fed)):
+            n = len(idx)
+            if not self.static:
+                yield (x, y, n) if host else (*self.prepare(x, y, idx), n)
+                continue
+            images, labels = self._buffers
+            if host:
+                images[:n].copy_(x)
+            else:
+                _, y = self.prepare(x, y, idx, out=images[:n])
+            labels[:n].copy_(y)
+            yield (*self._masked(n), n)
 
-    def _static(self, mover: Mover, batches: list[torch.Tensor], fill: bool) -> Iterator[tuple]:
-        images, labels = self._buffers
-        if not isinstance(mover, Resident):  # host work stays; the batch lands in the buffers
-            for idx, (x, y) in zip(batches, self._fed(mover, batches)):
-                n = len(idx)
-                if mover.takes_prepared:
-                    images[:n].copy_(x)
-                else:
-                    _, y = self.prepare(x, y, idx, out=images[:n])
-                labels[:n].copy_(y)
-                yield (*self._masked(n), n)
-            return
+    def _resident(self, mover: Resident, batches: list[torch.Tensor], fill: bool) -> Iterator:
+        """Static on ``resident``: the batch's indices copied on the device, then ``fill``."""
         order, start = mover.order(batches) if batches else None, 0
         for idx in batches:
             n = len(idx)
             self._index[:n].copy_(order[start : start + n])  # device to device, no sync
             self._indices, start = idx, start + n
-            self.prepare.next_batch(images.device)
+            self.prepare.next_batch(mover.device)
             if fill:
                 self.fill()
             yield (*self._masked(n), n)

@@ -30,7 +30,7 @@ import math
 import os
 import warnings
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence, TypeVar
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -38,8 +38,6 @@ from torch.profiler import record_function
 
 from .data import Batch, Dataset, Encoded, EncodedDataset
 from .errors import ConfigError, DeviceError
-
-T = TypeVar("T")
 
 
 @dataclass
@@ -142,7 +140,7 @@ class Ring:
         return dev
 
 
-def ahead(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
+def ahead(items: Iterable) -> Iterator[tuple[Any, bool]]:
     """Each item with whether it is the last, the next one taken before this one is handed
     out: where taking an item starts its copy on a ``Ring``'s side stream, the copy of batch
     ``k + 1`` runs while batch ``k`` is used."""
@@ -396,14 +394,11 @@ def resolve(name: str, dataset: Dataset | EncodedDataset, device: torch.device) 
         )
     fit = movers_for(dataset)
     if name not in fit:
-        kind = "a JPEG store" if fit == ["jpeg"] else "decoded uint8 pixels"
+        jpeg = fit == ["jpeg"]
         raise ConfigError(
-            f"transfer {name!r} does not move {dataset.name}/{dataset.split} ({kind}); "
-            f"valid: auto, {', '.join(fit)}"
-            + (
-                " (convert the folder with --encoding raw for the others)"
-                if fit == ["jpeg"]
-                else ""
-            )
+            f"transfer {name!r} does not move {dataset.name}/{dataset.split} "
+            f"({'a JPEG store' if jpeg else 'decoded uint8 pixels'}); valid: auto, "
+            + ", ".join(fit)
+            + (" (convert the folder with --encoding raw for the others)" if jpeg else "")
         )
     return name

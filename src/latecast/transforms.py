@@ -12,11 +12,9 @@ gets its own random parameters (torchvision v2 draws one set per batch; Kornia r
 uint8). ``resized_crop`` is the exception: crops of different sizes are resized one image at
 a time. ``Mix`` (MixUp, CutMix) runs *after* ``normalize``, on floats and labels.
 
-A batch is checked once, where it comes in: by the functions that draw (``random_crop``,
-``random_flip``, ``cutout``, ``random_resized_crop``, ``Augment``); the applying halves
-(``translate``, ``flip``, ``erase``, ``color_jitter``) take a batch already checked and the
-parameters drawn for it, as ``Augment.pixels`` hands them on (the Loader and ``wrap`` check
-theirs when they take them in).
+A batch is checked once, where it comes in: by the functions that draw (``random_*``,
+``cutout``, ``Augment``), the Loader and ``wrap``; the applying halves (``translate``, ``flip``,
+``erase``, ``color_jitter``) and ``Augment.pixels`` take it checked.
 """
 
 from __future__ import annotations
