@@ -47,12 +47,9 @@ class PrepareOnDevice:
         if not hasattr(self, "_latecast"):
             self.prepare_on_device()
         fields = self._latecast[self.training]
-        trainer = self.trainer  # batch_idx: Lightning counts it up after this hook
-        where = (
-            trainer.current_epoch,
-            trainer.global_rank,
-            trainer.fit_loop.epoch_loop.batch_idx + 1,
-        )
+        trainer = self.trainer
+        step = trainer.fit_loop.epoch_loop.batch_idx + 1  # Lightning counts it up after this hook
+        where = (trainer.current_epoch, trainer.global_rank, step)
         leaves, rebuild = split(batch)
         tensors, plans = fields.plan_batch(leaves, host=False)
         return rebuild(
