@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -122,9 +123,11 @@ class Ring:
         return i, buf[:nbytes]
 
     def send(self, i: int, host: torch.Tensor) -> torch.Tensor:
-        """Copy slot ``i``'s ``host`` view to the device, on the side stream if there is one
-        (``torch.cuda.stream(None)`` is a no-op), else on the current one."""
-        with torch.cuda.stream(self.side), record_function("h2d"):
+        """Copy slot ``i``'s ``host`` view to the device, on the side stream if there is one,
+        else on the current one (not ``torch.cuda.stream(None)``: it starts CUDA, even for a
+        CPU device)."""
+        side = torch.cuda.stream(self.side) if self.side is not None else nullcontext()
+        with side, record_function("h2d"):
             dev = host.to(self.device, non_blocking=True)
             if self.events[i] is not None:
                 self.events[i].record()
