@@ -9,10 +9,14 @@ import math
 import numbers
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import FormatError
+
+if TYPE_CHECKING:  # storage imports this module and runs without torch (convert's workers)
+    import torch
 
 
 @dataclass(frozen=True, eq=False)
@@ -276,3 +280,32 @@ def check_labels(labels: np.ndarray, n_classes: int, where: str | os.PathLike) -
         raise FormatError(
             f"{where}: label {labels[bad[0]]} at index {bad[0]} is outside 0..{n_classes - 1}"
         )
+
+
+# ---- batches, as the stages hand them on ----------------------------------------------
+
+Batch = tuple["torch.Tensor", "torch.Tensor"]  # (images, labels)
+
+
+@dataclass
+class Encoded:
+    """A batch of JPEG files as the ``jpeg`` mover hands it on: the files back to back in
+    host memory, image ``i`` is ``data[offsets[i]:offsets[i + 1]]``, with each one's stored
+    ``(H, W)``, its dataset index (for error messages), the channels to decode to and the
+    device the pixels are wanted on. ``data`` is a slot of the mover's ring: decode it
+    before asking for the batch after next (``Prepare`` decodes it at once)."""
+
+    data: torch.Tensor  # (bytes,) uint8 on the CPU, pinned for a CUDA device
+    offsets: list[int]  # (n + 1,)
+    sizes: torch.Tensor  # (n, 2) int64 (H, W) as stored, on the CPU
+    indices: torch.Tensor  # (n,) int64 dataset indices, on the CPU
+    channels: int  # 1 (gray) or 3 (RGB)
+    device: torch.device
+    source: str = ""  # the dataset, "name/split", for messages
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def files(self) -> list[torch.Tensor]:
+        """One 1-D uint8 view per file (what the decoders take)."""
+        return [self.data[a:b] for a, b in zip(self.offsets, self.offsets[1:])]

@@ -1,5 +1,5 @@
 """JPEG batches decoded where the pixels are used: the first step of the prepare stage for
-encoded stores (``EncodedDataset``, moved by the ``jpeg`` mover as ``transfer.Encoded``).
+encoded stores (``EncodedDataset``, moved by the ``jpeg`` mover as ``data.Encoded``).
 
     decode (here) -> resized crop to the training size -> augment -> normalize
 
@@ -41,8 +41,8 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from .data import Encoded
 from .errors import ConfigError, FormatError
-from .transfer import Encoded
 from .transforms import centre_boxes, resized_crop
 
 _pools: dict[int, ThreadPoolExecutor] = {}
