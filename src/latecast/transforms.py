@@ -11,6 +11,10 @@ index or mask kernel per op for the whole batch, no Python loop over images, and
 gets its own random parameters (torchvision v2 draws one set per batch; Kornia rejects
 uint8). ``resized_crop`` is the exception: crops of different sizes are resized one image at
 a time. ``Mix`` (MixUp, CutMix) runs *after* ``normalize``, on floats and labels.
+
+A batch is checked once, where it comes in: by the functions that draw (``random_*``,
+``cutout``, ``Augment``), the Loader and ``wrap``; the applying halves (``translate``, ``flip``,
+``erase``, ``color_jitter``) and ``Augment.pixels`` take it checked.
 """
 
 from __future__ import annotations
@@ -175,7 +179,6 @@ def cutout_params(images: torch.Tensor, generator=None) -> torch.Tensor:
 def erase(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tensor:
     """Zero a ``size x size`` square per image: rows ``cy - size//2 .. cy - size//2 + size - 1``
     (columns alike) around ``centers[i] = (cy, cx)``, clipped at the borders."""
-    _check_batch(images, "erase", None)
     _, h, w, _ = images.shape
     top_left = centers - size // 2  # (N, 2)
     ys, xs = torch.arange(h, device=images.device), torch.arange(w, device=images.device)
@@ -349,7 +352,6 @@ def color_jitter(images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     each equal to torchvision v2's ``adjust_*`` on uint8 (truncated to uint8 after each step)
     within 1 grey level. (torchvision's ``ColorJitter`` shuffles the order per call; here it
     is fixed.) Saturation leaves 1-channel images as they are, as torchvision does."""
-    _check_batch(images, "color_jitter", None)
     b, c, s = factors.float().T[..., None, None, None]  # each (N, 1, 1, 1)
     x = (images.float() * b).clamp_(0, 255).trunc_()
     mean = _gray(x).mean((1, 2, 3), keepdim=True)
@@ -476,15 +478,15 @@ class Augment:
         return self.pixels(images, moves, generator)
 
     def pixels(self, images: torch.Tensor, moves: Moves, generator=None) -> torch.Tensor:
-        """Everything after the resized crop: the crop and flips of ``moves``, then colour
-        jitter and cutout drawn on ``generator``."""
-        _check_batch(images, "Augment", generator)
+        """Everything after the resized crop, on a batch already checked (by ``__call__``,
+        the Loader or ``wrap``): the crop and flips of ``moves``, then colour jitter and
+        cutout drawn on ``generator``."""
         images = moves.shift_and_flip(images)
         if self.jitter:
             j = self.jitter
             images = color_jitter(images, color_jitter_params(images, j, j, j, generator))
         if self.cutout:
-            images = cutout(images, self.cutout, generator=generator)
+            images = erase(images, cutout_params(images, generator), self.cutout)
         return images
 
     def __str__(self) -> str:
