@@ -83,6 +83,14 @@ def validate(config: Any) -> None:
             )
 
 
+def refuse(checks: list[tuple[bool, str, Any, str]]) -> None:
+    """One ConfigError for the first ``(accepted?, argument, its value, what is accepted)``
+    that is not accepted: how the Python API's entry points check their arguments."""
+    for ok, name, value, accepted in checks:
+        if not ok:
+            raise ConfigError(f"{name} must be {accepted}, got {value!r:.60}")
+
+
 # ---- the --augment and --mix mini-languages: "name[=value],..." --------------------------
 
 # Used when a name is given without "=value" (CIFAR-style settings); also gives its type.

@@ -10,6 +10,7 @@ train`` (NCCL on CUDA, gloo on CPU); the rest are collectives every rank calls i
 
 from __future__ import annotations
 
+import numbers
 import os
 from datetime import timedelta
 
@@ -57,6 +58,11 @@ def placement(
     device: str | torch.device = "auto", rank: int | None = None, world_size: int | None = None
 ) -> tuple[torch.device, int, int]:
     """(device, rank, world size): what is given, else what the environment says now."""
+    for name, value in (("rank", rank), ("world_size", world_size)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, numbers.Integral)
+        ):
+            raise ConfigError(f"{name} must be an integer or None, got {value!r:.60}")
     launched = _launched() or (0, 1)
     rank = launched[0] if rank is None else rank
     world_size = launched[1] if world_size is None else world_size

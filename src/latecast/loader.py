@@ -29,11 +29,13 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
+from .config import refuse
 from .data import Batch, Dataset, EncodedDataset
 from .distributed import placement
 from .errors import ConfigError
 from .prepare import Augmentation, Mixing, Prepare
 from .transfer import MOVERS, Mover, Resident, TransferStats, float32_bytes, resolve
+from .transforms import FLOATS, Mix
 
 _ORDER = re.compile(r"random|block(?::([0-9]+):([0-9]+))?")  # "block" is block:32:256
 # The label of a static evaluation batch's padding: F.cross_entropy's ignore_index, and
@@ -136,6 +138,28 @@ class Epochs:
             self.epoch, self.position = self.epoch + 1, 0
 
 
+def check_arguments(dataset, transfer, dtype, augment, mix, flags: dict[str, Any]) -> None:
+    """What the Loader's first pass would otherwise fail on, checked when it is built."""
+    kinds = "a latecast Dataset (load_dataset, open_store, from_arrays)"
+    refuse([(isinstance(dataset, (Dataset, EncodedDataset)), "dataset", dataset, kinds)])
+    classes = dataset.num_classes
+    refuse(
+        [
+            (isinstance(transfer, str), "transfer", transfer, "a transfer name (a string)"),
+            (any(dtype is d for d in FLOATS), "dtype", dtype, ", ".join(map(str, FLOATS))),
+            (augment is None or callable(augment), "augment", augment, "f(images, generator)"),
+            (mix is None or callable(mix), "mix", mix, "f(images, labels, generator)"),
+            (
+                not isinstance(mix, Mix) or mix.classes == classes,
+                "mix",
+                mix,
+                f"a Mix of the dataset's {classes} classes",
+            ),
+            *[(isinstance(v, (bool, np.bool_)), k, v, "True or False") for k, v in flags.items()],
+        ]
+    )
+
+
 class Loader(Epochs):
     """Batches of ``(images, labels)`` ready on the device: images normalized float
     ``(N, C, H, W)``, labels int64. ``len()`` and ``set_epoch()`` work as with a
@@ -207,6 +231,8 @@ class Loader(Epochs):
             ):
                 raise ConfigError(f"{name} must be an integer in {low}..2**63-1, got {value!r}")
         batch_size, seed = int(batch_size), int(seed)  # numpy ints too (torch's seed wants int)
+        flags = dict(shuffle=shuffle, drop_last=drop_last, channels_last=channels_last, pad=pad)
+        check_arguments(dataset, transfer, dtype, augment, mix, {**flags, "static": static})
         if len(dataset) == 0:
             raise ConfigError(f"{dataset.name}/{dataset.split} is empty")
         if transfer != "auto":

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from .errors import ConfigError
 
+FLOATS = (torch.float32, torch.bfloat16, torch.float16)  # what images come out in
 _affine_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
@@ -105,7 +106,7 @@ def normalize(
     if out is None:
         fmt = torch.channels_last if channels_last else torch.contiguous_format
         out = torch.empty((n, c, h, w), dtype=dtype, device=images.device, memory_format=fmt)
-    if out.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if not any(out.dtype is d for d in FLOATS):
         raise ConfigError(f"normalize dtype must be float32, bfloat16 or float16, got {out.dtype}")
     if out.shape != (n, c, h, w):
         raise ConfigError(f"normalize out must be {(n, c, h, w)}, got {tuple(out.shape)}")
@@ -522,6 +523,8 @@ class Mix:
             object.__setattr__(self, name, _check_number(getattr(self, name), name, float))
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator=None):
+        self._check(images, labels)
+        labels = labels.long()  # one_hot takes int64 only
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))  # a CPU draw: no sync
         rng = np.random.default_rng(seed)
         cut = self.cutmix > 0 and (self.mixup == 0 or rng.random() < 0.5)
@@ -539,3 +542,24 @@ class Mix:
             images = images * lam + other * (1 - lam)
         soft = F.one_hot(labels, self.classes).float()  # (N, classes)
         return images, soft * lam + soft.roll(1, 0) * (1 - lam)
+
+    def _check(self, images, labels) -> None:
+        """Float ``(N, C, H, W)`` images, ``(N,)`` integer labels in ``0..classes-1``: the range
+        checked on the CPU only (on CUDA it would sync; the Loader's labels are checked when the
+        dataset is loaded, and ``one_hot`` asserts on the device)."""
+        if not (
+            isinstance(images, torch.Tensor) and images.ndim == 4 and images.is_floating_point()
+        ):
+            got = f"{images.dtype} {tuple(images.shape)}" if torch.is_tensor(images) else images
+            raise ConfigError(f"Mix expects float images (N, C, H, W), got {got!r:.60}")
+        dtype = labels.dtype if torch.is_tensor(labels) else None
+        if dtype in (None, torch.bool) or dtype.is_floating_point or dtype.is_complex:
+            raise ConfigError(f"Mix expects integer labels, got {labels!r:.60}")
+        if labels.shape != images.shape[:1]:
+            raise ConfigError(f"Mix: {tuple(labels.shape)} labels for {len(images)} images")
+        if labels.device.type == "cpu" and len(labels):
+            low, high = int(labels.min()), int(labels.max())
+            if low < 0 or high >= self.classes:
+                raise ConfigError(
+                    f"Mix: labels {low}..{high} outside 0..{self.classes - 1} (its classes)"
+                )

@@ -42,18 +42,18 @@ from typing import Any, Callable, Iterable, Iterator, Union
 import numpy as np
 import torch
 
+from .config import refuse
 from .distributed import placement
 from .errors import BatchError, ConfigError
 from .loader import Epochs
 from .prepare import Augmentation, Prepare
 from .transfer import Ring, TransferStats, ahead, widen
-from .transforms import Augment
+from .transforms import FLOATS, Augment
 
 Name = Union[str, int]
 IMAGE, MASK, INT, AS_IS = "image", "mask", "integer", "as is"
 LAYOUTS = ("auto", "NHWC", "NCHW")
 NARROW = tuple(getattr(torch, n) for n in ("uint8", "int8", "uint16", "int16", "int32", "int64"))
-FLOATS = (torch.float32, torch.bfloat16, torch.float16)  # what images come out in
 OUTS = NARROW + FLOATS + (torch.float64,)  # what a declared integer field may come out in
 PASSED = ("batch_size", "sampler", "batch_sampler", "dataset", "drop_last")  # read from the source
 
@@ -227,9 +227,7 @@ def check_options(
         ),
         (integer and 0 <= seed < 2**63, "seed", seed, "an integer in 0..2**63-1"),
     ]
-    for ok, name, value, accepted in checks:
-        if not ok:
-            raise ConfigError(f"{name} must be {accepted}, got {value!r:.60}")
+    refuse(checks)
     return m, s, specs
 
 
