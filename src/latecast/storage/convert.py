@@ -37,11 +37,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
-import torch
 
 from ..config import option, validate
 from ..data import Dataset, EncodedDataset, mean_std
-from ..decode import libjpeg_says
 from ..errors import ConfigError, FormatError
 from .fileio import atomic_folder, cannot_write
 from .store import (
@@ -512,6 +510,10 @@ def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndar
 def _libjpeg(data: bytes) -> str | None:
     """What libjpeg says decoding ``data`` as training does ("" when clean); None when it
     cannot decode it at all (e.g. 12-bit: such a file is re-encoded into a jpeg store)."""
+    import torch  # in the workers only: the command line starts without it
+
+    from ..decode import libjpeg_says
+
     try:
         return libjpeg_says([torch.frombuffer(bytearray(data), dtype=torch.uint8)], 3)[0]
     except RuntimeError:
