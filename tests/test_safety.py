@@ -33,7 +33,7 @@ from latecast.storage.store import write_store
 from latecast.tools.cli import _strict
 from latecast.trainer import checkpoint as ckpt
 from latecast.trainer.loop import TrainConfig
-from latecast.trainer.rundir import LOCK, RUN_FILES
+from latecast.trainer.rundir import ASIDE, LOCK, RUN_FILES
 from latecast.transforms import normalize
 
 # Two steps of an mlp on bundled MNIST: about a second in-process.
@@ -209,6 +209,80 @@ def test_overwrite_never_replaces_a_file_latecast_did_not_write(name, tmp_path, 
 def test_overwrite_and_resume_exclude_each_other(tmp_path, run_cli):
     proc = run_cli("train", *TINY, "--output-dir", tmp_path, "--overwrite", "--resume", "auto")
     one_line_error(proc, "overwrite", "resume")
+
+
+def run_files(out: Path) -> dict[str, bytes]:
+    return {name: (out / name).read_bytes() for name in RUN_FILES if (out / name).exists()}
+
+
+def test_overwrite_that_fails_before_its_first_checkpoint_puts_the_previous_run_back(
+    tmp_path, run_cli
+):
+    out = tmp_path / "run"
+    assert run_cli("train", *TINY, "--output-dir", out).rc == 0
+    before = tree(out)
+    proc = run_cli("train", *TINY, "--output-dir", out, "--overwrite", "--lr", "1e30")
+    one_line_error(proc, "NaN/inf at step 2", "no checkpoint saved yet")
+    assert tree(out) == before  # not a byte lost, nothing of the new run left, nothing aside
+
+
+def stopped_at(proc: subprocess.Popen, out: Path, stage: str) -> None:
+    """Until ``proc`` (an --overwrite run into ``out``) is seen at ``stage``, then stopped."""
+    if stage == "set-up":
+        wait_for(proc.pid, "libtorch")  # importing: nothing moved yet
+        return proc.send_signal(signal.SIGSTOP)
+    if stage == "finished":
+        return proc.wait(300)
+    seen = {  # observed: the previous files going aside, the new run's first file, its checkpoint
+        "aside": lambda: (out / ASIDE).is_dir(),
+        "new config": lambda: (out / ASIDE).is_dir() and (out / "config.json").exists(),
+        "new checkpoint": lambda: (
+            not (out / ASIDE / "checkpoint.pt").exists()
+            and (out / "checkpoint.pt").exists()
+            and ckpt.load_checkpoint(out / "checkpoint.pt")["config"]["lr"] == 0.2
+        ),
+    }[stage]
+    deadline = time.monotonic() + 300
+    while True:
+        assert time.monotonic() < deadline and proc.poll() is None, stage
+        with contextlib.suppress(OSError, CheckpointError):  # a file as it is being replaced
+            if seen():
+                return proc.send_signal(signal.SIGSTOP)
+        time.sleep(0.002)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["set-up", "aside", "new config", "new checkpoint", "finished"])
+def test_overwrite_killed_at_any_stage_leaves_one_whole_run(stage, tmp_path, run_cli):
+    """A real ``python -m latecast train --overwrite`` stopped when each stage is seen, then
+    ``kill -9``: the folder holds the previous run byte for byte or the new one with its
+    checkpoint; the next run says which and goes on from it."""
+    out = tmp_path / "run"
+    assert run_cli("train", *TINY, "--output-dir", out).rc == 0  # lr 0.1: the gray preset's
+    (out / "notes.txt").write_text("mine")
+    previous = run_files(out)
+    args = [*TINY, "--limit-train", "2048", "--lr", "0.2", "--output-dir", str(out), "--overwrite"]
+    proc = subprocess.Popen([sys.executable, "-m", "latecast", "train", *args])
+    try:
+        stopped_at(proc, out, stage)
+        latest = out / "checkpoint.pt"
+        new = latest.exists() and ckpt.load_checkpoint(latest)["config"]["lr"] == 0.2
+    finally:
+        proc.kill()
+        proc.wait(30)
+    if (out / ASIDE).is_dir():  # left as the kill found it: --check only looks
+        one_line_error(run_cli("train", *TINY, "--output-dir", out, "--check"), str(out / ASIDE))
+    line = one_line_error(run_cli("train", *TINY, "--output-dir", out), "holds a previous run")
+    assert not (out / ASIDE).exists() and (out / "notes.txt").read_text() == "mine"
+    if new:  # a whole new run: its config and checkpoint, resumable
+        assert json.loads((out / "config.json").read_text())["lr"] == 0.2
+        resumed = run_cli("train", *args[:-1], "--resume", "auto", "--json")
+    else:
+        assert run_files(out) == previous, line
+        resumed = run_cli("train", *TINY, "--output-dir", out, "--resume", "auto", "--json")
+    assert resumed.rc == 0 and resumed.json["step"] == (16 if new else 2), resumed.err
+    assert stage != "set-up" or not new
+    assert stage != "finished" or new
 
 
 # -- unwritable places and full disks (rows 74, 76) ----------------------------------------

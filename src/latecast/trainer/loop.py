@@ -506,15 +506,17 @@ def train(config: TrainConfig) -> dict:
     lead = distributed.placement(device)[1] == 0  # rank 0 alone writes the output folder
     out, asked = config.output_dir, (config.output_dir, config.resume, config.overwrite)
     try:
+        if lead and not config.check:
+            rundir.recover(out)  # what an --overwrite run killed mid-way left (row 82)
         replaced = rundir.check(*asked) if lead else []  # before any work; writes nothing
         t0 = time.perf_counter()
         run = _set_up(config, device, distributed_)
         run.startup["set_up"] = time.perf_counter() - t0  # data loaded, model built
         if config.check:
             return _checked(run, replaced)
-        with rundir.claim(*asked) if lead else contextlib.nullcontext([]) as replaced:
-            rundir.clear(out, replaced)  # judged again under the lock
-            return _train(run)
+        # --overwrite: the previous run is moved aside until this one's first checkpoint
+        with rundir.claim(*asked) if lead else contextlib.nullcontext(lambda: None) as kept:
+            return _train(run, kept)
     except OSError as err:  # a full disk, a folder gone read-only: one line naming the file
         raise TrainingError(f"{err.filename or out}: {err.strerror or err}") from err
     except RuntimeError as err:
@@ -551,7 +553,7 @@ def _checked(run: Run, replaced: list[str]) -> dict:
     }
 
 
-def _train(run: Run) -> dict:
+def _train(run: Run, kept) -> dict:
     config, loader, progress = run.config, run.loader, run.progress
     device, world, out = loader.device, loader.world_size, Path(config.output_dir)
     lap = _stopwatch(device)
@@ -632,6 +634,7 @@ def _train(run: Run) -> dict:
                 losses.mean(last_good)  # never save a NaN
                 progress.epoch_loss_sum, progress.epoch_seen = losses.sum.cpu(), losses.seen
                 last_good = run.save(out / "checkpoint.pt")
+                kept()
         epoch_loss = losses.mean(last_good)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -667,6 +670,7 @@ def _train(run: Run) -> dict:
             progress.best_accuracy = accuracy
             run.save(out / "best.pt")
         last_good = run.save(out / "checkpoint.pt")
+        kept()
         outside["save"] += time.perf_counter() - t0
 
     stats, test_stats = loader.stats, run.test_loader.stats

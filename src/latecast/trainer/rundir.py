@@ -9,7 +9,11 @@ run at a time, and never silently given to a new run while it holds a previous o
   even by ``kill -9``, so a stale file never blocks; the file itself stays. ``check``
   (``--check``) only looks: it writes nothing.
 - A previous run (any of ``RUN_FILES`` in the folder) is continued with ``--resume`` or
-  replaced with ``--overwrite``, which removes only files latecast verifiably wrote.
+  replaced with ``--overwrite``, which moves only files latecast verifiably wrote, and only
+  aside (into ``OUT/.latecast-replaced``) until the new run has saved its first checkpoint:
+  then they are removed; a new run that fails before puts them back. ``kill -9`` in between
+  leaves both, and the next run settles them the same way before anything else (``settle``):
+  one whole run, the new one if it has a checkpoint, the previous one otherwise.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..errors import ConfigError
 from .checkpoint import is_checkpoint
@@ -32,6 +36,7 @@ except ImportError:  # Windows: no flock, runs are not locked there
 
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoint.pt", "best.pt")
 LOCK = ".latecast.lock"
+ASIDE = ".latecast-replaced"  # the previous run's files until --overwrite's run checkpoints
 _HOLDER = "latecast run: "  # the lock file's first bytes: it is ours to rewrite
 _KEYS = {  # what a file latecast wrote holds, per JSON name
     "config.json": {"dataset", "model", "world_size"},
@@ -72,13 +77,66 @@ def check(out: str, resume: str | None, overwrite: bool) -> list[str]:
             _lock(fd, path, fcntl.LOCK_SH if fcntl else 0)  # conflicts with a holder's LOCK_EX
         finally:
             os.close(fd)
+    if (path / ASIDE).is_dir():  # settling it moves files: a real run does it (recover)
+        raise ConfigError(
+            f"output folder {out}: an --overwrite run was stopped before it settled "
+            f"{path / ASIDE}; run latecast train without --check to settle it first"
+        )
     return _previous(path, resume, overwrite)
 
 
 @contextlib.contextmanager
-def claim(out: str, resume: str | None, overwrite: bool) -> Iterator[list[str]]:
-    """Hold ``out`` for one run; yields the previous run's files that ``overwrite`` allows
-    replacing (judged under the lock, so two runs cannot both find the folder free)."""
+def claim(out: str, resume: str | None, overwrite: bool) -> Iterator[Callable[[], None]]:
+    """Hold ``out`` for one run. The previous run's files that ``overwrite`` allows
+    replacing (judged under the lock, so two runs cannot both find the folder free) are
+    moved aside; yields ``kept``, to call after each save of ``checkpoint.pt``: the first
+    removes them. If the block ends before that (an error, Ctrl-C), they are put back."""
+    with _held(out) as path:
+        settle(path)  # what a killed run left
+        replaced = _previous(path, resume, overwrite)
+        try:
+            if replaced:
+                (path / ASIDE).mkdir()
+            for name in replaced:  # checkpoint.pt first (see settle)
+                os.replace(path / name, path / ASIDE / name)
+            yield lambda: settle(path)
+        finally:
+            settle(path)
+
+
+def recover(out: str) -> None:
+    """Settle what an ``--overwrite`` run killed before it settled left in ``out`` (under
+    the folder's lock), so the checks and the set-up see one run."""
+    if (Path(out) / ASIDE).is_dir():
+        with _held(out) as path:
+            settle(path)
+
+
+def settle(out: Path) -> None:
+    """One run from two: with the previous run's files aside, the new run's
+    ``checkpoint.pt`` decides. It has one: the files aside are removed. It has none: they
+    are put back over what the new run wrote (its files without a counterpart there are
+    removed when verifiably latecast's). ``checkpoint.pt`` is moved aside first, so while
+    it is still in ``out`` nothing else is aside yet: keeping ``out`` as it is is right."""
+    aside = out / ASIDE
+    if not aside.is_dir():
+        return
+    moved = [name for name in RUN_FILES if os.path.lexists(aside / name)]
+    if os.path.lexists(out / "checkpoint.pt"):
+        for name in moved:
+            (aside / name).unlink()
+    else:
+        for name in RUN_FILES:
+            if name not in moved and os.path.lexists(out / name) and _ours(out / name):
+                (out / name).unlink()
+        for name in moved:
+            os.replace(aside / name, out / name)
+    aside.rmdir()
+
+
+@contextlib.contextmanager
+def _held(out: str) -> Iterator[Path]:
+    """``out`` created and its lock taken (naming this process) for the block."""
     path = check_path(out)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -96,15 +154,9 @@ def claim(out: str, resume: str | None, overwrite: bool) -> Iterator[list[str]]:
         os.write(
             fd, f"{_HOLDER}pid {os.getpid()} on {socket.gethostname()}, started {stamp}\n".encode()
         )
-        yield _previous(path, resume, overwrite)
+        yield path
     finally:
         os.close(fd)  # releases the lock
-
-
-def clear(out: str, replaced: list[str]) -> None:
-    """Remove the previous run's files that ``claim`` allowed ``--overwrite`` to replace."""
-    for name in replaced:
-        (Path(out) / name).unlink(missing_ok=True)
 
 
 def _read(fd: int) -> str:
@@ -141,7 +193,7 @@ def _previous(out: Path, resume: str | None, overwrite: bool) -> list[str]:
                 f"{out / foreign[0]} was not written by latecast; --overwrite replaces only "
                 f"a previous run's own files: move it away or choose another --output-dir"
             )
-        return found
+        return sorted(found, key=lambda name: name != "checkpoint.pt")
     if resume == "auto" or (resume and Path(resume).resolve().parent == out.resolve()):
         return []  # this folder's own run continues (or restarts: it never checkpointed)
     if resume:
