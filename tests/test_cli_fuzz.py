@@ -52,6 +52,7 @@ def values(name: str, k: str, paths: dict[str, str]) -> st.SearchStrategy[str]:
         "lr": st.sampled_from([0.01, 0.1, 1.0]),
         "label_smoothing": st.sampled_from([0.0, 0.1, 0.9]),
         "augment": st.sampled_from(["none", "crop=4,flip,cutout=8,fill=reflect", "crop=60"]),
+        "mix": st.sampled_from(["none", "mixup=0", "mixup=0.2,cutmix", "cutmix=0"]),
         "momentum": st.sampled_from([0.0, 0.9, 1.5]),
         "weight_decay": st.sampled_from([0.0, 5e-4]),
         "transfer": st.sampled_from([*MOVERS, "auto"]),

@@ -34,7 +34,7 @@ from latecast.tools.cli import _strict
 from latecast.trainer import checkpoint as ckpt
 from latecast.trainer.loop import TrainConfig
 from latecast.trainer.rundir import ASIDE, LOCK, RUN_FILES
-from latecast.transforms import normalize
+from latecast.transforms import Mix, normalize
 
 # Two steps of an mlp on bundled MNIST: about a second in-process.
 TINY = [
@@ -472,6 +472,33 @@ def test_bad_values_are_refused_before_any_work(flags, mentions, tmp_path, run_c
     assert not (tmp_path / "run").exists()  # not even the folder
 
 
+@pytest.mark.parametrize(
+    "flags,rc",
+    [
+        (["--mix", "mixup=0"], 0),  # "0: off"
+        (["--mix", "mixup=0,cutmix=0"], 0),
+        (["--order", "block", "--block", str(2**63)], 1),  # after `data`: --order block:2**63:..
+    ],
+)
+def test_what_check_accepts_does_not_fail_at_the_first_step(flags, rc, tmp_path, run_cli):
+    """``--check`` runs the run's own set-up, which makes the first step's data in miniature
+    (order, augment, normalize, mix): both say yes, or both refuse before anything is written."""
+    out = tmp_path / "run"
+    checked = run_cli("train", *TINY, *flags, "--output-dir", out, "--check")
+    ran = run_cli("train", *TINY, *flags, "--output-dir", out)
+    assert checked.rc == ran.rc == rc, (checked.err, ran.err)
+    if rc:
+        assert checked.err == ran.err and len(ran.err.splitlines()) == 1 and not out.exists()
+    else:
+        assert "check passed" in checked.out and "epoch 1/1" in ran.out
+
+
+def test_mix_with_both_alphas_zero_is_off():
+    images, labels = torch.rand(4, 3, 8, 8), torch.tensor([0, 2, 1, 2])
+    x, y = Mix(classes=3)(images, labels, torch.Generator().manual_seed(0))
+    assert torch.equal(x, images) and torch.equal(y, torch.eye(3)[labels])
+
+
 def store_of(folder: Path, train: tuple, test: tuple) -> Path:
     """A two-split store from ``(images, labels, classes)`` per split."""
     for split, (images, labels, classes) in (("train", train), ("test", test)):
@@ -585,6 +612,21 @@ def test_json_is_strict_and_never_nan():
     json.dumps(_strict(value), allow_nan=False)
 
 
+def test_with_json_the_last_stdout_line_is_one_object_also_on_an_error(tmp_path, run_cli):
+    out = tmp_path / "run"
+    for argv, process in (
+        (["train", *TINY, "--lr", "1e30", "--output-dir", out], False),  # fails at step 2
+        (["info", tmp_path / "nothing"], True),  # a real process: stdout as a caller reads it
+    ):
+        proc = run_cli(*argv, "--json", process=process)
+        line = one_line_error(proc)
+        assert proc.out.endswith("\n") and json.loads(proc.out.splitlines()[-1]) == {
+            "error": line.removeprefix("latecast: error: "),
+            "exit_code": 1,
+        }
+    assert run_cli("train", *TINY, "--output-dir", tmp_path / "ok", "--json").json["step"] == 2
+
+
 # -- messages that never mislead, Ctrl-C (rows 78, 38) -------------------------------------
 
 
@@ -648,7 +690,7 @@ def test_an_interrupt_inside_generated_code_still_exits_130(tmp_path):
     when it is caught, and then kills itself with SIGINT (-2) instead of exiting with the
     code it was given; a Ctrl-C that lands in a dataclass's generated code does exactly this."""
     (tmp_path / "interrupted.py").write_text(
-        "import sys\nfrom latecast import cli\n"
+        "import sys\nfrom latecast.tools import cli\n"
         "cli._main = lambda argv: exec('raise KeyboardInterrupt')\nsys.exit(cli.main())\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}

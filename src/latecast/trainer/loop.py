@@ -414,6 +414,7 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
             "--graph captures device work only: drop --mix and the augmentations drawn on the "
             f"host (resized_crop, altflip); got --augment {c.augment!r} --mix {c.mix!r}"
         )
+    _rehearse(loader)
     model, opt, sched = model_and_optimizer(config, train_set, device, len(loader))
     out = Path(config.output_dir)
     resumed_from = checkpoint.resume_path(config.resume, out / "checkpoint.pt", say=rank == 0)
@@ -457,6 +458,17 @@ def _check_fits(config: TrainConfig, train_set: Dataset, test_set: Dataset, worl
             f"model {config.model} cannot train on {h}x{w}x{c} images in batches of "
             f"{smallest} ({str(err).strip().splitlines()[0]}); choose another --model"
         ) from None
+
+
+def _rehearse(loader: Loader) -> None:
+    """The first step's data path, in miniature, so that what it cannot do fails in set-up
+    (and so under ``--check``, which runs the same set-up), never at the first step: the
+    epoch's order (block sizes), then augment, normalize and mix on two blank images on the
+    run's device. Every batch reseeds its generators: no draw of the run moves."""
+    loader.index_batches()
+    (h, w, c), n = loader.dataset.image_shape, min(2, len(loader.dataset))
+    images = torch.zeros(n, h, w, c, dtype=torch.uint8, device=loader.device)
+    loader.prepare(images, torch.zeros(n, dtype=torch.int64, device=loader.device), torch.arange(n))
 
 
 def _check_same_data(train_set: Dataset, test_set: Dataset, device: torch.device) -> None:
