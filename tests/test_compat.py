@@ -42,14 +42,14 @@ ARGS = [
 STOP_AFTER_STEP_5 = """
 import importlib, sys
 from pathlib import Path
-train = importlib.import_module("latecast.trainer.loop")
+train = importlib.import_module("latecast.train")  # the old release: its own names
 save = train.save_checkpoint
 def save_then_stop(path, state):
     save(path, state)
     if state["step"] == 5 and Path(path).name == "checkpoint.pt":
         raise SystemExit(3)
 train.save_checkpoint = save_then_stop
-from latecast.tools.cli import main
+from latecast.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
