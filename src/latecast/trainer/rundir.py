@@ -4,6 +4,8 @@ run at a time, and never silently given to a new run while it holds a previous o
 
 - ``check_path``: the folder can be created and written (not a file, not under a file,
   names within the filesystem's limits, not read-only), without writing anything.
+- ``write``: the run's files (``config.json``, ``metrics.jsonl``, ``summary.json``), each
+  replaced whole (atomically), so a killed run never leaves one that cannot be verified.
 - ``claim`` (a run) takes ``OUT/.latecast.lock`` with ``fcntl.flock`` for the run's life; the
   file names the holder (pid, host, start). The kernel drops the lock when the process dies,
   even by ``kill -9``, so a stale file never blocks; the file itself stays. ``check``
@@ -26,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..errors import ConfigError
+from ..errors import ConfigError, WriteError
+from ..storage.fileio import atomic_write
 from .checkpoint import is_checkpoint
 
 try:
@@ -157,6 +160,20 @@ def _held(out: str) -> Iterator[Path]:
         yield path
     finally:
         os.close(fd)  # releases the lock
+
+
+def write(out: str, name: str, value: dict | list[dict]) -> None:
+    """``OUT/name`` written whole or not at all (a kill mid-write leaves the previous one, so
+    the file stays one that ``--overwrite`` can verify): a JSON object, indented, or for
+    ``.jsonl`` one JSON row a line. A failed write is one line naming the file."""
+    path = Path(out) / name
+    rows = name.endswith(".jsonl")
+    text = "".join(json.dumps(r) + "\n" for r in value) if rows else json.dumps(value, indent=2)
+    try:
+        with atomic_write(path) as f:
+            f.write(text.encode())
+    except OSError as err:
+        raise WriteError(f"{path}: not written ({err.strerror or err})") from None
 
 
 def _read(fd: int) -> str:
