@@ -33,7 +33,7 @@ from latecast.storage.store import write_store
 from latecast.tools.cli import _strict
 from latecast.trainer import checkpoint as ckpt
 from latecast.trainer.loop import TrainConfig
-from latecast.trainer.rundir import ASIDE, LOCK, RUN_FILES
+from latecast.trainer.rundir import ASIDE, LOCK, MOVING, RUN_FILES
 from latecast.transforms import Mix, normalize
 
 # Two steps of an mlp on bundled MNIST: about a second in-process.
@@ -234,7 +234,7 @@ def stopped_at(proc: subprocess.Popen, out: Path, stage: str) -> None:
     if stage == "finished":
         return proc.wait(300)
     seen = {  # observed: the previous files going aside, the new run's first file, its checkpoint
-        "aside": lambda: (out / ASIDE).is_dir(),
+        "aside": lambda: (out / MOVING).is_dir() or (out / ASIDE).is_dir(),
         "new config": lambda: (out / ASIDE).is_dir() and (out / "config.json").exists(),
         "new checkpoint": lambda: (
             not (out / ASIDE / "checkpoint.pt").exists()
@@ -249,6 +249,21 @@ def stopped_at(proc: subprocess.Popen, out: Path, stage: str) -> None:
             if seen():
                 return proc.send_signal(signal.SIGSTOP)
         time.sleep(0.002)
+
+
+def test_a_replacement_stopped_while_moving_the_files_aside_is_put_back(tmp_path, run_cli):
+    """``kill -9`` between two of ``--overwrite``'s moves (each an ``os.replace``, too quick
+    to stop a real process in between) leaves some of the previous run's files in the
+    folder and some in ``.latecast-replacing``: the next run puts every one back."""
+    out = tmp_path / "run"
+    assert run_cli("train", *TINY, "--output-dir", out).rc == 0
+    previous = run_files(out)
+    for k in range(1, len(previous) + 1):
+        (out / MOVING).mkdir()
+        for name in list(previous)[:k]:  # the first k moved, as claim moves them
+            os.replace(out / name, out / MOVING / name)
+        one_line_error(run_cli("train", *TINY, "--output-dir", out), "holds a previous run")
+        assert run_files(out) == previous and not (out / MOVING).exists()
 
 
 @pytest.mark.slow
@@ -270,10 +285,12 @@ def test_overwrite_killed_at_any_stage_leaves_one_whole_run(stage, tmp_path, run
     finally:
         proc.kill()
         proc.wait(30)
-    if (out / ASIDE).is_dir():  # left as the kill found it: --check only looks
-        one_line_error(run_cli("train", *TINY, "--output-dir", out, "--check"), str(out / ASIDE))
+    for left in (out / MOVING, out / ASIDE):  # as the kill left them: --check only looks
+        if left.is_dir():
+            one_line_error(run_cli("train", *TINY, "--output-dir", out, "--check"), str(left))
     line = one_line_error(run_cli("train", *TINY, "--output-dir", out), "holds a previous run")
-    assert not (out / ASIDE).exists() and (out / "notes.txt").read_text() == "mine"
+    assert not (out / ASIDE).exists() and not (out / MOVING).exists()
+    assert (out / "notes.txt").read_text() == "mine"
     if new:  # a whole new run: its config and checkpoint, resumable
         assert json.loads((out / "config.json").read_text())["lr"] == 0.2
         resumed = run_cli("train", *args[:-1], "--resume", "auto", "--json")

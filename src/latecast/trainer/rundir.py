@@ -12,7 +12,7 @@ run at a time, and never silently given to a new run while it holds a previous o
   (``--check``) only looks: it writes nothing.
 - A previous run (any of ``RUN_FILES`` in the folder) is continued with ``--resume`` or
   replaced with ``--overwrite``, which moves only files latecast verifiably wrote, and only
-  aside (into ``OUT/.latecast-replaced``) until the new run has saved its first checkpoint:
+  aside (``OUT/.latecast-replaced``) until the new run has saved its first checkpoint:
   then they are removed; a new run that fails before puts them back. ``kill -9`` in between
   leaves both, and the next run settles them the same way before anything else (``settle``):
   one whole run, the new one if it has a checkpoint, the previous one otherwise.
@@ -40,6 +40,7 @@ except ImportError:  # Windows: no flock, runs are not locked there
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoint.pt", "best.pt")
 LOCK = ".latecast.lock"
 ASIDE = ".latecast-replaced"  # the previous run's files until --overwrite's run checkpoints
+MOVING = ".latecast-replacing"  # ASIDE while they are being moved into it
 _HOLDER = "latecast run: "  # the lock file's first bytes: it is ours to rewrite
 _KEYS = {  # what a file latecast wrote holds, per JSON name
     "config.json": {"dataset", "model", "world_size"},
@@ -80,10 +81,11 @@ def check(out: str, resume: str | None, overwrite: bool) -> list[str]:
             _lock(fd, path, fcntl.LOCK_SH if fcntl else 0)  # conflicts with a holder's LOCK_EX
         finally:
             os.close(fd)
-    if (path / ASIDE).is_dir():  # settling it moves files: a real run does it (recover)
+    left = [path / d for d in (MOVING, ASIDE) if (path / d).is_dir()]
+    if left:  # settling moves files: a real run does it (recover)
         raise ConfigError(
             f"output folder {out}: an --overwrite run was stopped before it settled "
-            f"{path / ASIDE}; run latecast train without --check to settle it first"
+            f"{left[0]}; run latecast train without --check to settle it first"
         )
     return _previous(path, resume, overwrite)
 
@@ -99,9 +101,10 @@ def claim(out: str, resume: str | None, overwrite: bool) -> Iterator[Callable[[]
         replaced = _previous(path, resume, overwrite)
         try:
             if replaced:
-                (path / ASIDE).mkdir()
-            for name in replaced:  # checkpoint.pt first (see settle)
-                os.replace(path / name, path / ASIDE / name)
+                (path / MOVING).mkdir()
+                for name in replaced:
+                    os.replace(path / name, path / MOVING / name)
+                (path / MOVING).rename(path / ASIDE)  # all aside: what comes is the new run's
             yield lambda: settle(path)
         finally:
             settle(path)
@@ -110,31 +113,38 @@ def claim(out: str, resume: str | None, overwrite: bool) -> Iterator[Callable[[]
 def recover(out: str) -> None:
     """Settle what an ``--overwrite`` run killed before it settled left in ``out`` (under
     the folder's lock), so the checks and the set-up see one run."""
-    if (Path(out) / ASIDE).is_dir():
+    if any((Path(out) / d).is_dir() for d in (MOVING, ASIDE)):
         with _held(out) as path:
             settle(path)
 
 
 def settle(out: Path) -> None:
-    """One run from two: with the previous run's files aside, the new run's
-    ``checkpoint.pt`` decides. It has one: the files aside are removed. It has none: they
-    are put back over what the new run wrote (its files without a counterpart there are
-    removed when verifiably latecast's). ``checkpoint.pt`` is moved aside first, so while
-    it is still in ``out`` nothing else is aside yet: keeping ``out`` as it is is right."""
+    """One run from two. Stopped while moving the previous run's files aside: they are put
+    back (the new run has written nothing yet). All aside: the new run's ``checkpoint.pt``
+    decides. It has one: the files aside are removed. It has none: they are put back over
+    what the new run wrote (its files without a counterpart removed when verifiably ours)."""
+    if (out / MOVING).is_dir():
+        _put_back(out / MOVING, out)
     aside = out / ASIDE
     if not aside.is_dir():
         return
-    moved = [name for name in RUN_FILES if os.path.lexists(aside / name)]
     if os.path.lexists(out / "checkpoint.pt"):
-        for name in moved:
-            (aside / name).unlink()
-    else:
         for name in RUN_FILES:
-            if name not in moved and os.path.lexists(out / name) and _ours(out / name):
-                (out / name).unlink()
-        for name in moved:
-            os.replace(aside / name, out / name)
-    aside.rmdir()
+            (aside / name).unlink(missing_ok=True)
+        aside.rmdir()
+        return
+    for name in RUN_FILES:
+        new = out / name
+        if not os.path.lexists(aside / name) and os.path.lexists(new) and _ours(new):
+            new.unlink()
+    _put_back(aside, out)
+
+
+def _put_back(folder: Path, out: Path) -> None:
+    for name in RUN_FILES:
+        if os.path.lexists(folder / name):
+            os.replace(folder / name, out / name)
+    folder.rmdir()
 
 
 @contextlib.contextmanager
@@ -210,7 +220,7 @@ def _previous(out: Path, resume: str | None, overwrite: bool) -> list[str]:
                 f"{out / foreign[0]} was not written by latecast; --overwrite replaces only "
                 f"a previous run's own files: move it away or choose another --output-dir"
             )
-        return sorted(found, key=lambda name: name != "checkpoint.pt")
+        return found
     if resume == "auto" or (resume and Path(resume).resolve().parent == out.resolve()):
         return []  # this folder's own run continues (or restarts: it never checkpointed)
     if resume:
