@@ -146,11 +146,16 @@ class Ring:
 def ahead(items: Iterable) -> Iterator[tuple[Any, bool]]:
     """Each item with whether it is the last, the next one taken before this one is handed
     out: where taking an item starts its copy on a ``Ring``'s side stream, the copy of batch
-    ``k + 1`` runs while batch ``k`` is used."""
+    ``k + 1`` runs while batch ``k`` is used. Where taking item ``k + 1`` raises, item ``k`` is
+    still handed out, then the error raised (nothing taken is lost)."""
     it, end = iter(items), object()
     item = next(it, end)
     while item is not end:
-        after = next(it, end)
+        try:
+            after = next(it, end)
+        except Exception:  # the source fails at the next item: this one is handed out first
+            yield item, False
+            raise
         yield item, after is end
         item = after
 

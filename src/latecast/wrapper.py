@@ -125,6 +125,15 @@ def as_tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
+def holds_arrays(value: Any) -> bool:
+    """A dict, list or tuple with a tensor or an array somewhere inside."""
+    if isinstance(value, dict):
+        return any(map(holds_arrays, value.values()))
+    if isinstance(value, (list, tuple)):
+        return any(map(holds_arrays, value))
+    return as_tensor(value) is not None
+
+
 def integral(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
@@ -282,11 +291,17 @@ class Fields:
             )
         tensors = [as_tensor(v) for _, v in leaves]
         plans: list[Field | None] = []
-        for (name, _), t in zip(leaves, tensors):
+        for (name, value), t in zip(leaves, tensors):
             if t is not None and host and t.device.type != "cpu":
                 raise BatchError(
                     f"field {name!r} is already on {t.device}: wrap moves batches from host "
                     "memory; give it the DataLoader before anything moves them"
+                )
+            if t is None and host and holds_arrays(value):  # it would stay on the host
+                raise BatchError(
+                    f"field {name!r} is a {type(value).__name__} holding tensors or arrays: wrap "
+                    "moves the fields of a flat batch (a dict, tuple or list of tensors); "
+                    "flatten it, e.g. {" + f"'{name}.x': tensor" + "}"
                 )
             plans.append(None if t is None else self.narrow(self.plan(name, t), t, host))
         if self.normalizes and not any(f and f.kind == IMAGE for f in plans):
