@@ -15,6 +15,10 @@ from latecast.transforms import nearest_crop, resized_crop
 
 N, H, W = 6, 10, 12
 MASKS = {"mask": "mask", "mask1": "mask"}
+CUDA = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 
 def segmentation_batches(count: int = 3) -> list[dict]:
@@ -46,12 +50,13 @@ def as_uint8(images: torch.Tensor) -> torch.Tensor:
     ],
     ids=str,
 )
-def test_every_exact_geometric_op_moves_the_mask_with_the_image_pixel_by_pixel(aug):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_every_exact_geometric_op_moves_the_mask_with_the_image_pixel_by_pixel(aug, device):
     batches = segmentation_batches()
-    got = list(latecast.wrap(batches, device="cpu", augment=aug, fields=MASKS, seed=5))
+    got = list(latecast.wrap(batches, device=device, augment=aug, fields=MASKS, seed=5))
     moved = 0
     for before, after in zip(batches, got):
-        image, mask, mask1 = after["image"], after["mask"], after["mask1"]
+        image, mask, mask1 = (after[k].cpu() for k in ("image", "mask", "mask1"))
         assert mask.dtype == mask1.dtype == torch.int64
         assert mask.shape == (N, H, W) and mask1.shape == (N, 1, H, W)
         assert torch.equal(as_uint8(image[:, 0]).long(), mask)  # aligned, pixel by pixel

@@ -324,7 +324,8 @@ def nearest_crop(x: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) ->
     and resize it to ``size`` by nearest neighbour, as ``F.interpolate(mode="nearest")``
     (output pixel ``d`` reads ``floor(d * in / out)``): one gather, values kept (masks)."""
     dev = x.device
-    top, left, h, w = boxes.to(dev)[:, :, None].unbind(1)  # each (N, 1)
+    boxes = boxes.to(dev, non_blocking=True)  # from pageable memory: staged, no device sync
+    top, left, h, w = boxes[:, :, None].unbind(1)  # each (N, 1)
     rows = top + torch.arange(size[0], device=dev) * h // size[0]  # (N, H') source rows
     cols = left + torch.arange(size[1], device=dev) * w // size[1]  # (N, W')
     return x[torch.arange(len(x), device=dev)[:, None, None], rows[:, :, None], cols[:, None, :]]
