@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import latecast
-from latecast.errors import BatchError, ConfigError
+from latecast.errors import BatchError, ConfigError, FormatError
 from latecast.lightning import PrepareOnDevice
 from latecast.loader import Loader
 from latecast.transforms import Augment, Mix
@@ -147,6 +147,21 @@ def test_mix_widens_narrow_labels_and_names_labels_outside_its_classes():
         Mix(classes=3, mixup=1.0)(images, torch.rand(4), g())
     with pytest.raises(ConfigError, match=r"Mix: \(3,\) labels for 4 images"):
         Mix(classes=3, mixup=1.0)(images, torch.tensor([0, 1, 2]), g())
+
+
+def test_from_arrays_refuses_strings_for_numbers_and_names():
+    images, labels = np.zeros((2, 3, 3, 2), np.uint8), np.array([0, 1])
+    for kwargs in [
+        {"mean": "05", "std": "11"},  # was (0.0, 5.0) and (1.0, 1.0)
+        {"mean": (0.5, 0.5), "std": (True, 1)},
+        {"classes": "ab"},  # was two classes "a" and "b"
+        {"name": None},
+        {"split": 5},
+    ]:
+        with pytest.raises(FormatError, match="name and split must be strings"):
+            latecast.from_arrays(images, labels, **kwargs)
+    ds = latecast.from_arrays(images, labels, mean=[0.5, 0.5], std=np.array([0.2, 0.3]))
+    assert ds.mean == (0.5, 0.5) and ds.std == (0.2, 0.3)
 
 
 # -- point 8: nested tensors, a source that fails --------------------------------------------

@@ -83,6 +83,18 @@ def validate(config: Any) -> None:
             )
 
 
+def numbers_of(value: Any) -> tuple[float, ...] | None:
+    """A non-empty sequence of finite numbers as floats; None for anything else."""
+    try:
+        items = () if isinstance(value, (str, bytes)) else tuple(value)
+    except TypeError:
+        return None
+    real = (isinstance(v, numbers.Real) and not isinstance(v, bool) for v in items)
+    if not items or not all(real) or not all(map(math.isfinite, items)):
+        return None
+    return tuple(map(float, items))
+
+
 def refuse(checks: list[tuple[bool, str, Any, str]]) -> None:
     """One ConfigError for the first ``(accepted?, argument, its value, what is accepted)``
     that is not accepted: how the Python API's entry points check their arguments."""

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .config import numbers_of
 from .errors import FormatError
 
 if TYPE_CHECKING:  # storage imports this module and runs without torch (convert's workers)
@@ -225,18 +226,20 @@ def from_arrays(
         raise FormatError(
             f"{name}: labels must lie in 0..65535, got {labels.min()}..{labels.max()}"
         )
+    given = (numbers_of(mean), numbers_of(std)) if (mean, std) != (None, None) else None
     try:
+        if isinstance(classes, str) or not (isinstance(name, str) and isinstance(split, str)):
+            raise TypeError
         classes = None if classes is None else tuple(str(c) for c in classes)
-        mean, std = (
-            channel_stats(images)
-            if mean is None and std is None
-            else (tuple(map(float, mean)), tuple(map(float, std)))
-        )
-    except (TypeError, ValueError):
+        if given is not None and None in given:
+            raise TypeError
+    except TypeError:
         raise FormatError(
-            f"{name}: classes must be names, mean and std sequences of numbers (both or "
-            f"neither), got {classes!r:.60}, {mean!r:.60}, {std!r:.60}"
+            f"{name!s:.60}: name and split must be strings, classes a sequence of names, mean "
+            f"and std sequences of numbers, finite (both or neither), got {split!r:.60}, "
+            f"{classes!r:.60}, {mean!r:.60}, {std!r:.60}"
         ) from None
+    mean, std = given or channel_stats(images)
     n_classes = len(classes) if classes is not None else int(labels.max()) + 1 if labels.size else 0
     check_labels(labels, n_classes, name)
     labels = labels.astype(np.uint8 if n_classes <= 256 else np.uint16)

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Iterator, Union
 import numpy as np
 import torch
 
-from .config import refuse
+from .config import numbers_of, refuse
 from .distributed import placement
 from .errors import BatchError, ConfigError
 from .loader import Epochs
@@ -184,18 +184,6 @@ def check_fields(fields: dict | None) -> dict[Name, Any]:
             )
         out[name] = (cross, dtype)
     return out
-
-
-def numbers_of(value: Any) -> tuple[float, ...] | None:
-    """A non-empty sequence of finite numbers as floats; None for anything else."""
-    try:
-        items = () if isinstance(value, (str, bytes)) else tuple(value)
-    except TypeError:
-        return None
-    real = (isinstance(v, numbers.Real) and not isinstance(v, bool) for v in items)
-    if not items or not all(real) or not all(map(math.isfinite, items)):
-        return None
-    return tuple(map(float, items))
 
 
 def check_options(
