@@ -12,6 +12,7 @@ import latecast
 from latecast.errors import BatchError, ConfigError
 from latecast.prepare import Prepare
 from latecast.transforms import nearest_crop, resized_crop
+from latecast.wrapper import Fields
 
 N, H, W = 6, 10, 12
 MASKS = {"mask": "mask", "mask1": "mask"}
@@ -168,3 +169,17 @@ def test_masks_of_another_size_or_shape_are_one_clear_error(batch, match):
 def test_a_mask_with_an_augmentation_that_cannot_move_it_is_refused_at_once():
     with pytest.raises(ConfigError, match="augment must be a latecast.Augment where fields="):
         latecast.wrap([], augment=lambda x, g: x.flip(2), fields={"mask": "mask"})
+
+
+def test_masks_already_on_the_device_are_moved_as_wraps_are():
+    """What ``PrepareOnDevice`` runs on a batch Lightning moved (``host=False``: as it came,
+    no narrowing) gives what ``wrap`` gives for the same batch and seed."""
+    aug = latecast.Augment(resized_crop=0.3, crop=2, flip=0.5, jitter=0.2)
+    batch = segmentation_batches(1)[0]
+    want = next(iter(latecast.wrap([batch], device="cpu", augment=aug, fields=MASKS, seed=2)))
+    fields = Fields(augment=aug, fields=MASKS, seed=2)
+    tensors, plans = fields.plan_batch(list(batch.items()), host=False)
+    raws = [t.contiguous().view(-1).view(torch.uint8) for t in tensors]
+    got = fields.finish(plans, raws, (0, 0, 0))
+    for name, value in zip(batch, got):
+        assert torch.equal(value, want[name]), name
