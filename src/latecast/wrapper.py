@@ -600,8 +600,9 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
         options: the fields of ``Fields``:
         mean, std: per-channel statistics in [0, 1] units (as ``Normalize``); without them
             images are only scaled to [0, 1] (as ``ToTensor``).
-        augment: ``f(images, generator)`` on uint8 ``(N, H, W, C)``, e.g. ``latecast.Augment``;
-            seeded from (seed, epoch, rank, batch) like the Loader's.
+        augment: ``f(images, generator)`` on uint8 ``(N, H, W, C)``, e.g. ``latecast.Augment``
+            (without ``altflip``: it needs dataset indices; an ``Augment`` where there are
+            masks); seeded from (seed, epoch, rank, batch) like the Loader's.
         dtype, channels_last: the images' output dtype and memory format.
         layout: ``"auto"``, ``"NHWC"`` or ``"NCHW"``: where uint8 images keep their channels.
         fields: ``{name: "image" | "mask" | integer dtype | (integer dtype, output dtype)}``.
