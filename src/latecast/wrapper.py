@@ -19,8 +19,9 @@ else in it (file names, say) passes through untouched. Each field is one of thre
   ``(N, H, W)`` or ``(N, C, H, W)`` of the images' ``N, H, W``. Crosses as an integer does
   (floats and bools as they are) and comes out in its own shape, int64 if it is integer,
   moved by the same draw as the images of its batch (resized crop by nearest neighbour,
-  crop, flip), never normalized, jittered or cut out. Two undeclared uint8 4-dim fields in
-  one batch are an error: one of them is likely a mask.
+  crop, flip; the crop pads masks with 0 too, or mirrors them), never normalized, jittered
+  or cut out. Two undeclared uint8 4-dim fields in one batch are an error: one of them is
+  likely a mask.
 - **integer** (any other integer dtype): crosses in the narrowest of ``NARROW`` that holds
   this batch's values, comes out int64 (what ``cross_entropy`` and ``nn.Embedding`` take).
   ``fields={"tokens": torch.uint16}`` fixes the dtype it crosses in, and
