@@ -26,6 +26,7 @@ else in it (file names, say) passes through untouched. Each field is one of thre
 from __future__ import annotations
 
 import contextlib
+import inspect
 import math
 import time
 import warnings
@@ -34,6 +35,7 @@ from typing import Any, Callable, Iterable, Iterator, Union
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
 from .distributed import placement
 from .errors import BatchError, ConfigError
@@ -44,7 +46,6 @@ Name = Union[str, int]
 IMAGE, INT, AS_IS = "image", "integer", "as is"
 LAYOUTS = ("auto", "NHWC", "NCHW")
 NARROW = tuple(getattr(torch, n) for n in ("uint8", "int8", "uint16", "int16", "int32", "int64"))
-PASSED = ("batch_size", "sampler", "batch_sampler", "dataset", "drop_last")  # read from the source
 
 
 @dataclass(frozen=True)
@@ -289,8 +290,12 @@ class Sent:
 
 
 class Wrapped:
-    """An iterable of batches moved and prepared on the device; see ``wrap``."""
+    """An iterable of batches moved and prepared on the device; see ``wrap``. Every attribute
+    it does not own (``__slots__``, its methods and properties) is the source's: read there,
+    written there (timm sets ``loader.mixup_enabled``, Lightning ``worker_init_fn``)."""
 
+    __slots__ = ("batches", "fields", "_device", "epoch", "position", "_stats", "_ring")
+    __slots__ += ("_where", "_state")
     slots = 3  # one read by the copy in flight, one handed out, one being filled
 
     def __init__(self, batches: Iterable, fields: Fields, device: str | torch.device) -> None:
@@ -301,15 +306,19 @@ class Wrapped:
         self._state: Any = None  # the source's state after the last batch handed out
 
     def __getattr__(self, name: str) -> Any:
-        """``batch_size``, ``sampler``, ... from the source; ``state_dict`` and
-        ``load_state_dict`` only where the source has them (Lightning and accelerate ask
-        ``hasattr``)."""
-        source = self.__dict__.get("batches")
-        if name in PASSED:
-            return getattr(source, name)
-        if name in ("state_dict", "load_state_dict") and hasattr(source, name):
+        """The source's attribute; ``state_dict`` and ``load_state_dict`` are latecast's
+        where the source has them (Lightning and accelerate ask ``hasattr``)."""
+        if name in Wrapped.__slots__ or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(name)  # not set yet (copy, pickle): never the source's
+        if name in ("state_dict", "load_state_dict") and hasattr(self.batches, name):
             return getattr(self, f"_{name}")
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(self.batches, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in Wrapped.__slots__:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.batches, name, value)
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -430,6 +439,39 @@ class Wrapped:
             dst.view(t.dtype).view(f.shape).copy_(t)
 
 
+class WrappedLoader(Wrapped, DataLoader):
+    """``wrap`` of a ``DataLoader``: an instance of the loader's own class that shares its
+    attributes (one ``__dict__``) and moves its batches. So frameworks that look for a
+    DataLoader find one: Lightning injects its ``DistributedSampler`` by re-making it as
+    ``type(w)(**arguments read off it)``, which makes a loader of the source's class from those
+    arguments and wraps it the same way; accelerate's ``prepare`` re-makes it as its own class
+    (wrap what ``prepare`` returns instead; README, "Your own data")."""
+
+    source: type  # set on each wrap's own class, with `options`: what __init__ re-makes
+    options: tuple  # (Fields, device)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._adopt(self.source(*args, **kwargs))
+
+    def _adopt(self, loader: DataLoader) -> WrappedLoader:
+        object.__setattr__(self, "__dict__", loader.__dict__)
+        Wrapped.__init__(self, loader, *self.options)
+        return self
+
+
+def loader_class(cls: type, fields: Fields, device: str | torch.device) -> type:
+    """A ``WrappedLoader`` class for loaders of class ``cls``, wrapped with these options."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        WrappedLoader.__init__(self, *args, **kwargs)
+
+    __init__.__signature__ = inspect.signature(cls.__init__)  # read by Lightning to re-make it
+    body = {"__init__": __init__, "source": cls, "options": (fields, device)}
+    if hasattr(cls, "state_dict"):  # else the source's own, one batch ahead, would answer
+        body.update(state_dict=Wrapped._state_dict, load_state_dict=Wrapped._load_state_dict)
+    return type(f"Wrapped{cls.__name__}", (WrappedLoader, cls), body)
+
+
 def wrap(
     batches: Iterable,
     *,
@@ -446,9 +488,9 @@ def wrap(
     """Batches of ``batches`` (any iterable: a ``DataLoader``, a generator, a list) on the
     device: uint8 images augmented and normalized there, integers widened there after
     crossing narrow, every field of a batch in one pinned buffer and one copy, the next
-    batch's copy started on a side CUDA stream while this one is used. ``len()``,
-    ``set_epoch()``, ``sampler``, ``batch_size`` and ``state_dict()``/``load_state_dict()``
-    pass through to ``batches`` where it has them; ``stats`` counts the bytes. Rank and
+    batch's copy started on a side CUDA stream while this one is used. Every attribute but
+    latecast's own (``stats``, ``device``, ``epoch``, ...) is read from and written to
+    ``batches``; a ``DataLoader`` comes back as one of its class (``WrappedLoader``). Rank and
     device are resolved at the first pass. What a field is: see the module docstring.
 
     Args:
@@ -469,17 +511,18 @@ def wrap(
         >>> for images, labels in latecast.wrap(dl, mean=MEAN, std=STD, device="cuda"):
         ...     ...   # float32 (256, 3, H, W) normalized on the device; int64 labels
     """
-    return Wrapped(
-        batches,
-        Fields(
-            mean,
-            std,
-            augment=augment,
-            dtype=dtype,
-            channels_last=channels_last,
-            layout=layout,
-            fields=fields,
-            seed=seed,
-        ),
-        device,
+    spec = Fields(
+        mean,
+        std,
+        augment=augment,
+        dtype=dtype,
+        channels_last=channels_last,
+        layout=layout,
+        fields=fields,
+        seed=seed,
     )
+    if isinstance(batches, Wrapped):
+        raise ConfigError(f"{type(batches).__name__} is wrapped already: wrap its source once")
+    if isinstance(batches, DataLoader):
+        return object.__new__(loader_class(type(batches), spec, device))._adopt(batches)
+    return Wrapped(batches, spec, device)

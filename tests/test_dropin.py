@@ -1,0 +1,227 @@
+"""``latecast.wrap`` inside programs nobody here wrote (issue 20): what a DataLoader is to
+Lightning and accelerate, attributes the program reads and sets on its loader, the set-ups
+that used to run silently wrong. The tests have the shape of the real programs (a Lightning
+``fit`` under DDP, ``accelerate launch``, timm's loader attributes, the ImageNet script's
+second loader from ``loader.dataset``), 2 processes on the CPU over gloo where it is DDP.
+
+Launched runs start this very file as their script (see ``_worker`` at the bottom).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import latecast
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the launched script imports it too
+from test_frameworks import accelerate, launch  # noqa: E402
+
+N, BATCH = 64, 8  # per rank under DDP: 32 samples, 4 batches an epoch
+MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.3, 0.25)
+
+
+def ids_data() -> tuple[torch.Tensor, TensorDataset]:
+    """uint8 NCHW images (as ``PILToTensor()`` collates them); sample ``i`` has label ``i``."""
+    rng = np.random.default_rng(0)
+    images = torch.from_numpy(rng.integers(0, 256, (N, 3, 5, 6), dtype=np.uint8))
+    return images, TensorDataset(images, torch.arange(N))
+
+
+def reference(nchw: torch.Tensor) -> torch.Tensor:
+    return latecast.normalize(nchw.permute(0, 2, 3, 1), MEAN, STD)  # ToTensor + Normalize
+
+
+# -- a DataLoader to frameworks, every attribute the wrapped loader's --------------------
+
+
+class Custom(DataLoader):
+    """A program's own loader class, with an argument of its own (as timm's and many have)."""
+
+    def __init__(self, dataset, tag: str, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.tag = tag
+
+
+def test_wrap_of_a_dataloader_is_one_of_its_class_sharing_every_attribute():
+    images, data = ids_data()
+    dl = Custom(data, "train", batch_size=BATCH, shuffle=True, num_workers=0)
+    before = set(vars(dl))
+    w = latecast.wrap(dl, mean=MEAN, std=STD, device="cpu")
+    assert isinstance(w, Custom) and isinstance(w, DataLoader)
+    assert (w.dataset, w.tag, w.num_workers, w.collate_fn) == (data, "train", 0, dl.collate_fn)
+    w.mixup_enabled = False  # what timm's --mixup-off-epoch does to its loader
+    dl.custom = 7
+    assert dl.mixup_enabled is False and w.custom == 7
+    with pytest.raises(ValueError, match="batch_size attribute should not be set"):
+        w.batch_size = 4  # as on the DataLoader itself
+    x, y = next(iter(w))
+    assert x.dtype == torch.float32 and torch.equal(x, reference(images[y]))
+    assert set(vars(dl)) - before == {"mixup_enabled", "custom"}  # latecast's own stay its own
+    assert w.epoch == 0 and not hasattr(dl, "epoch")
+
+
+def test_a_loader_remade_from_its_class_is_wrapped_the_same_way():
+    """What Lightning does to inject its DistributedSampler: ``type(w)(**arguments)``."""
+    images, data = ids_data()
+    w = latecast.wrap(Custom(data, "t", batch_size=BATCH), mean=MEAN, std=STD, device="cpu")
+    shares = []
+    for rank in range(2):
+        sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=0)
+        again = type(w)(w.dataset, w.tag, batch_size=BATCH, sampler=sampler)
+        assert isinstance(again, Custom) and again.sampler is sampler and again.tag == "t"
+        batches = list(again)
+        for x, y in batches:
+            assert torch.equal(x, reference(images[y]))
+        shares.append(torch.cat([y for _, y in batches]).tolist())
+        assert again.stats.batches == len(batches) == 4
+    assert sorted(shares[0] + shares[1]) == list(range(N))
+
+
+def test_a_loader_that_is_no_dataloader_gets_its_attributes_set_too():
+    """timm's PrefetchLoader is no DataLoader; ``mixup_enabled`` is a property of it that
+    reaches its collate function (regression: AttributeError through ``wrap``)."""
+
+    class Mixup:
+        mixup_enabled = True
+
+    class PrefetchShaped:
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __iter__(self):
+            return iter(self.loader)
+
+        @property
+        def mixup_enabled(self):
+            return self.loader.collate_fn.mixup_enabled
+
+        @mixup_enabled.setter
+        def mixup_enabled(self, x):
+            self.loader.collate_fn.mixup_enabled = x
+
+    mix = Mixup()
+    source = PrefetchShaped(DataLoader(ids_data()[1], batch_size=BATCH))
+    source.loader.collate_fn, w = mix, latecast.wrap(source, device="cpu")
+    w.mixup_enabled = False
+    assert mix.mixup_enabled is False and w.mixup_enabled is False and w.loader is source.loader
+    with pytest.raises(AttributeError):
+        w.no_such_thing  # noqa: B018
+
+
+def test_wrapping_a_wrapped_loader_is_one_error():
+    w = latecast.wrap(DataLoader(ids_data()[1]), device="cpu")
+    with pytest.raises(latecast.LatecastError, match="wrapped already"):
+        latecast.wrap(w)
+
+
+def shares(runs: list[dict], epoch: int) -> list[list[int]]:
+    return [sum((ids for e, ids in r["seen"] if e == epoch), []) for r in runs]
+
+
+@pytest.mark.slow
+def test_lightning_ddp_injects_its_sampler_into_a_wrapped_dataloader(tmp_path):
+    """``trainer.fit(model, latecast.wrap(dl))`` under Lightning's DDP launcher: each rank its
+    own half, every sample once an epoch, normalized on the device (regression: every rank
+    trained on all 64 samples)."""
+    pytest.importorskip("lightning")
+    launch(__file__, "lightning", tmp_path, cwd=tmp_path)
+    runs = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for epoch in range(2):
+        a, b = shares(runs, epoch)
+        assert len(a) == len(b) == N // 2 and sorted(a + b) == list(range(N)), epoch
+    assert shares(runs, 0) != shares(runs, 1)  # Lightning's set_epoch reached its sampler
+    for r in runs:
+        assert r["sampler"] == "DistributedSampler" and r["max_error"] <= 1e-6
+
+
+@pytest.mark.slow
+def test_accelerate_prepares_the_dataloader_that_wrap_then_moves(tmp_path):
+    """Under ``accelerate launch``: ``wrap(accelerator.prepare(dl, device_placement=[False]))``
+    is still accelerate's ``DataLoaderShard`` (its own tools recognise it), each rank gets its
+    own half, prepared on the device."""
+    pytest.importorskip("accelerate")
+    accelerate(__file__, "accelerate", tmp_path, cwd=tmp_path)
+    runs = [torch.load(tmp_path / f"acc{r}.pt") for r in range(2)]
+    for epoch in range(2):
+        a, b = shares(runs, epoch)
+        assert len(a) == len(b) == N // 2 and sorted(a + b) == list(range(N)), epoch
+    for r in runs:
+        assert r["kind"] == "DataLoaderShard" and r["max_error"] <= 1e-6
+
+
+# -- what the launched processes run ----------------------------------------------------
+
+
+def _lightning(out: Path) -> None:
+    import lightning as L
+    import torch.nn.functional as F
+
+    images, data = ids_data()
+
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net, self.seen, self.error = torch.nn.Linear(90, N), [], 0.0
+
+        def training_step(self, batch, batch_idx):
+            x, ids = batch
+            self.seen.append([self.current_epoch, ids.tolist()])
+            want = reference(images[ids])
+            self.error = max(self.error, (x - want).abs().max().item())
+            return F.cross_entropy(self.net(x.flatten(1)), ids)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    train = latecast.wrap(DataLoader(data, batch_size=BATCH, shuffle=True), mean=MEAN, std=STD)
+    model, trainer = (
+        Net(),
+        L.Trainer(
+            max_epochs=2,
+            accelerator="cpu",
+            devices=2,
+            strategy="ddp",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        ),
+    )
+    trainer.fit(model, train_dataloaders=train)
+    used = trainer.train_dataloader  # the loader Lightning re-made: still wrap's
+    torch.save(
+        {
+            "seen": model.seen,
+            "max_error": model.error,
+            "sampler": type(used.sampler).__name__,
+        },
+        out / f"rank{trainer.global_rank}.pt",
+    )
+
+
+def _accelerate(out: Path) -> None:
+    from accelerate import Accelerator
+
+    images, data = ids_data()
+    acc = Accelerator()
+    dl = DataLoader(data, batch_size=BATCH, shuffle=True)
+    train = latecast.wrap(acc.prepare(dl, device_placement=[False]), mean=MEAN, std=STD)
+    seen, error = [], 0.0
+    for epoch in range(2):
+        train.set_epoch(epoch)
+        for x, ids in train:
+            seen.append([epoch, ids.tolist()])
+            want = reference(images[ids])
+            error = max(error, (x - want).abs().max().item())
+    kind = next(c.__name__ for c in type(train).__mro__ if c.__module__.startswith("accel"))
+    torch.save({"seen": seen, "max_error": error, "kind": kind}, out / f"acc{acc.process_index}.pt")
+
+
+if __name__ == "__main__":
+    {"lightning": _lightning, "accelerate": _accelerate}[sys.argv[1]](Path(sys.argv[2]))
