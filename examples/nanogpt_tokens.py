@@ -22,10 +22,10 @@ VOCAB = 50304  # GPT-2's 50257 tokens, padded as nanoGPT does: ids need uint16
 
 
 def get_batch(data: np.memmap, batch: int, block: int, rng: np.random.Generator):
-    """nanoGPT's get_batch without its `.astype(np.int64)`: uint16 (batch, block) arrays."""
+    """nanoGPT's get_batch up to its move: int64 (batch, block) arrays of uint16 token ids."""
     starts = rng.integers(0, len(data) - block - 1, batch)
-    x = np.stack([data[s : s + block] for s in starts])
-    y = np.stack([data[s + 1 : s + 1 + block] for s in starts])
+    x = np.stack([data[s : s + block].astype(np.int64) for s in starts])
+    y = np.stack([data[s + 1 : s + 1 + block].astype(np.int64) for s in starts])
     return x, y
 
 

@@ -120,6 +120,103 @@ def test_wrapping_a_wrapped_loader_is_one_error():
         latecast.wrap(w)
 
 
+# -- no silent wrong set-up ------------------------------------------------------------
+
+
+def test_mean_std_in_0_255_units_is_one_error():
+    """timm's IMAGENET_DEFAULT_MEAN * 255 style constants made every output about -0.42."""
+    mean, std = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
+    with pytest.raises(latecast.LatecastError, match="divide them by 255"):
+        latecast.wrap(DataLoader(ids_data()[1]), mean=mean, std=std, device="cpu")
+    from latecast.lightning import PrepareOnDevice
+
+    with pytest.raises(latecast.LatecastError, match="divide them by 255"):
+        PrepareOnDevice().prepare_on_device(mean=mean, std=std)
+
+
+def test_float_images_from_to_tensor_warn_once_and_other_floats_do_not(recwarn):
+    images, _ = ids_data()
+    floats = TensorDataset(images.float() / 255, torch.arange(N))  # ToTensor() kept
+    w = latecast.wrap(DataLoader(floats, batch_size=BATCH), device="cpu")
+    with pytest.warns(UserWarning, match=r"field 0 is torch.float32 \(8, 3, 5, 6\) in \[0, 1\]"):
+        list(w)
+    list(w)  # once a wrap, not per batch or per pass
+    features = TensorDataset(torch.randn(N, 3, 5, 6), torch.arange(N))  # not in [0, 1]
+    list(latecast.wrap(DataLoader(features, batch_size=BATCH), device="cpu"))
+    assert not [m for m in recwarn if "latecast.wrap" in str(m.message)]
+    s = w.stats  # two passes: the float32 pixels crossed as they are, labels in one byte
+    assert (s.other_bytes, s.label_bytes, s.usual_bytes) == (2 * N * 360, 2 * N, 2 * N * 368)
+
+
+def hf_images():
+    """A Hugging Face ``datasets`` table of uint8 images, formatted for torch: int64 arrive."""
+    datasets = pytest.importorskip("datasets")
+    images = ids_data()[0].permute(0, 2, 3, 1).numpy()  # (N, 5, 6, 3) uint8, as PIL gives
+    return images, datasets.Dataset.from_dict({"image": images, "label": np.arange(N)})
+
+
+def test_int64_images_from_hf_datasets_get_advice_that_fits_and_cross_as_uint8():
+    images, table = hf_images()
+    dl = DataLoader(table.with_format("torch"), batch_size=BATCH)
+    assert next(iter(dl))["image"].dtype == torch.int64
+    with pytest.raises(latecast.LatecastError, match="fields={'image': 'image'}"):
+        next(iter(latecast.wrap(dl, mean=MEAN, std=STD, device="cpu")))
+    w = latecast.wrap(dl, mean=MEAN, std=STD, device="cpu", fields={"image": "image"})
+    for batch in w:
+        want = latecast.normalize(torch.from_numpy(images[batch["label"].numpy()]), MEAN, STD)
+        assert torch.equal(batch["image"], want) and batch["label"].dtype == torch.int64
+    s = w.stats
+    assert (s.image_bytes, s.label_bytes) == (N * 90, N)  # uint8 pixels, one-byte labels
+    assert s.usual_bytes == N * 90 * 8 + N * 8  # what moving the int64 batches would cost
+    too_big = TensorDataset(torch.full((4, 5, 6, 3), 256), torch.arange(4))
+    with pytest.raises(latecast.LatecastError, match="256..256 do not fit uint8"):
+        next(iter(latecast.wrap(DataLoader(too_big, 4), device="cpu", fields={0: "image"})))
+
+
+def test_a_one_channel_integer_mask_is_no_image(recwarn):
+    masks = TensorDataset(torch.randint(0, 21, (N, 1, 5, 6)))  # class ids: a mask
+    list(latecast.wrap(DataLoader(masks, batch_size=BATCH), device="cpu"))
+    assert not [m for m in recwarn if "latecast.wrap" in str(m.message)]
+
+
+def test_set_epoch_reaches_the_sampler_and_the_dataset():
+    """A shuffled HF iterable dataset draws its order from its own epoch (regression: the
+    same order every epoch through wrap)."""
+    _, table = hf_images()
+
+    def order(epoch: int, through_wrap: bool) -> list[int]:
+        ds = table.to_iterable_dataset(num_shards=4).shuffle(seed=0, buffer_size=16)
+        ds = ds.with_format("torch")
+        dl = DataLoader(ds, batch_size=BATCH)
+        w = latecast.wrap(dl, mean=MEAN, std=STD, device="cpu", fields={"image": "image"})
+        (w if through_wrap else ds).set_epoch(epoch)
+        return torch.cat([b["label"] for b in (w if through_wrap else dl)]).tolist()
+
+    assert order(1, True) == order(1, False) != order(0, True) == order(0, False)
+
+    class Epochs(TensorDataset):
+        epoch = None
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+    data = Epochs(torch.arange(N))
+    sampler = DistributedSampler(data, num_replicas=2, rank=0)
+    latecast.wrap(DataLoader(data, sampler=sampler), device="cpu").set_epoch(3)
+    assert sampler.epoch == data.epoch == 3
+
+
+def test_usual_bytes_are_what_the_batches_cost_as_they_arrive():
+    """timm's loader already moves uint8: through wrap only the labels shrink, and the stats
+    say so (regression: counted as float32, 4x where the true saving was 0.23%)."""
+    images, data = ids_data()
+    w = latecast.wrap(DataLoader(data, batch_size=BATCH), mean=MEAN, std=STD, device="cpu")
+    list(w)
+    s = w.stats
+    assert s.usual_bytes == N * 90 + N * 8 and s.h2d_bytes == N * 90 + N
+    assert s.usual_bytes / s.h2d_bytes == pytest.approx(98 / 91)
+
+
 def shares(runs: list[dict], epoch: int) -> list[list[int]]:
     return [sum((ids for e, ids in r["seen"] if e == epoch), []) for r in runs]
 

@@ -69,7 +69,7 @@ class PrepareOnDevice:
                 value
                 if f is None or f.kind == AS_IS
                 # the field's bytes, as wrap hands them over after the copy
-                else fields.finish(f, t.contiguous().view(-1).view(torch.uint8), where)
+                else fields.finish(f, t.to(f.dtype).contiguous().view(-1).view(torch.uint8), where)
                 for (_, value), t, f in zip(leaves, tensors, plans)
             ]
         )

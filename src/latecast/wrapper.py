@@ -51,7 +51,8 @@ NARROW = tuple(getattr(torch, n) for n in ("uint8", "int8", "uint16", "int16", "
 @dataclass(frozen=True)
 class Field:
     """How one field crosses: its kind, the dtype and shape it crosses in, the layout of an
-    image (``NHWC``, ``NCHW`` or ``NHW``) and the dtype an integer field comes out in."""
+    image (``NHWC``, ``NCHW`` or ``NHW``), the dtype an integer field comes out in and the
+    dtype it arrived in."""
 
     name: Name
     kind: str
@@ -59,6 +60,7 @@ class Field:
     shape: tuple[int, ...]
     layout: str = ""
     out: torch.dtype = torch.int64
+    arrived: torch.dtype | None = None  # None: as it crosses
 
     @property
     def nbytes(self) -> int:
@@ -66,9 +68,9 @@ class Field:
 
     @property
     def usual_bytes(self) -> int:
-        """What it costs the usual way: float32 images, int64 integers."""
-        size = {IMAGE: 4, INT: 8}.get(self.kind, self.dtype.itemsize)
-        return math.prod(self.shape) * size
+        """What moving it as it arrived costs (``batch.to(device)``): a loader that already
+        yields uint8 saves nothing on its images here, and the stats say so."""
+        return math.prod(self.shape) * (self.arrived or self.dtype).itemsize
 
 
 def split(batch: Any) -> tuple[list[tuple[Name, Any]], Callable[[list], Any]]:
@@ -118,6 +120,30 @@ def fits(dtype: torch.dtype, low: int, high: int) -> bool:
     return info.min <= low and high <= info.max
 
 
+def image_hint(name: Name, t: torch.Tensor) -> str | None:
+    """What to change, for a 4-dim field that is not uint8 but holds what images do (the
+    channel axis at dim 1 or 3): floats in [0, 1] as ``ToTensor()`` makes them, or integers
+    in 0..255 with 3 or 4 channels as Hugging Face ``datasets`` formats uint8 images (int64;
+    one channel may be a mask). Else None. Read at the first batch only (one pass)."""
+    channels = {t.shape[1], t.shape[3]} if t.ndim == 4 and t.numel() else set()
+    if t.dtype.is_floating_point and channels & {1, 3, 4} and 0 <= t.min() and t.max() <= 1:
+        return (
+            f"field {name!r} is {t.dtype} {tuple(t.shape)} in [0, 1], images as ToTensor() "
+            f"makes them: they cross as {t.dtype.itemsize} bytes a pixel; yield uint8 with "
+            "PILToTensor() or ToImage() and give wrap the mean/std"
+        )
+    integer = not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+    if integer and t.dtype != torch.uint8 and channels & {3, 4}:
+        low, high = value_range(t.cpu())  # the Lightning mixin's batches are on the device
+        if 0 <= low and high <= 255:
+            return (
+                f"field {name!r} is {t.dtype} {tuple(t.shape)} with values 0..255, images as "
+                f"Hugging Face datasets formats uint8 ones: declare fields={{{name!r}: 'image'}} "
+                "(it crosses as uint8), or use ds.with_format('torch', dtype=torch.uint8)"
+            )
+    return None
+
+
 def check_fields(fields: dict | None) -> dict[Name, Any]:
     """``fields=`` as ``{name: "image" | (dtype it crosses in, dtype it comes out in)}``."""
     out: dict[Name, Any] = {}
@@ -156,9 +182,15 @@ class Fields:
             mean is not None and (len(mean) != len(std) or min(std) <= 0)
         ):
             raise ConfigError(f"mean {mean!r} and std {std!r}: give both, as long, std > 0")
+        if mean is not None and not all(0 <= v <= 1 for v in (*mean, *std)):
+            raise ConfigError(  # timm's IMAGENET_DEFAULT_MEAN * 255, say: every output ~ -0.4
+                f"mean {mean!r} and std {std!r} are in [0, 1] units, as Normalize() takes them "
+                "after ToTensor(); in 0-255 units divide them by 255"
+            )
         if layout not in LAYOUTS:
             raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         self.normalizes, self.layout, self.fields = mean is not None, layout, check_fields(fields)
+        self.looked = False  # at the first batch: fields that look like images but are not
         self.prepare = Prepare(
             (0.0,) if mean is None else mean,  # no mean/std: ToTensor() alone, x / 255
             (1.0,) if std is None else std,
@@ -189,15 +221,28 @@ class Fields:
                 )
             f = None if t is None else self.plan(name, t)
             plans.append(self.narrow(f, t) if f is not None and host else f)
-        if self.normalizes and not any(f and f.kind == IMAGE for f in plans):
-            raise BatchError(
-                "mean/std were given but no field of this batch is a uint8 image ("
-                + ", ".join(
-                    f"{f.name!r}: {t.dtype} {tuple(t.shape)}" for f, t in zip(plans, tensors) if f
+        images = any(f and f.kind == IMAGE for f in plans)
+        if not self.looked or (self.normalizes and not images):
+            self.looked = True
+            hints = [image_hint(f.name, t) for f, t in zip(plans, tensors) if f and f.kind != IMAGE]
+            hints = [h for h in hints if h]
+            if self.normalizes and not images:
+                raise BatchError(
+                    "mean/std were given but no field of this batch is a uint8 image ("
+                    + ", ".join(
+                        f"{f.name!r}: {t.dtype} {tuple(t.shape)}"
+                        for f, t in zip(plans, tensors)
+                        if f
+                    )
+                    + "); "
+                    + (
+                        "; ".join(hints)
+                        or "yield uint8 with PILToTensor() or ToImage(), or "
+                        "declare fields={name: 'image'}"
+                    )
                 )
-                + "); yield uint8 with PILToTensor() or ToImage(), or declare fields={name: "
-                "'image'}"
-            )
+            for hint in hints:
+                warnings.warn(f"latecast.wrap: {hint}", UserWarning, stacklevel=4)
         return tensors, plans
 
     def plan(self, name: Name, t: torch.Tensor) -> Field:
@@ -211,11 +256,21 @@ class Fields:
                 f"field {name!r} is {t.dtype}: fields= declares {spec[0]} for integer fields only"
             )
         out = torch.int64 if spec is None else spec[1]
-        return Field(name, INT if integer else AS_IS, t.dtype, tuple(t.shape), out=out)
+        return Field(
+            name, INT if integer else AS_IS, t.dtype, tuple(t.shape), out=out, arrived=t.dtype
+        )
 
     def _image(self, name: Name, t: torch.Tensor, declared: bool) -> Field:
         shape = tuple(t.shape)
-        if t.dtype != torch.uint8 or t.ndim not in (3, 4):
+        integer = not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+        if declared and integer and t.dtype != torch.uint8 and t.ndim in (3, 4):
+            low, high = value_range(t)  # int64 from Hugging Face datasets: crosses as uint8
+            if not (0 <= low and high <= 255):
+                raise BatchError(
+                    f"field {name!r} is declared an image: its {t.dtype} values {low}..{high} "
+                    "do not fit uint8 (0..255)"
+                )
+        elif t.dtype != torch.uint8 or t.ndim not in (3, 4):
             raise BatchError(
                 f"field {name!r} is {'declared ' if declared else ''}an image and must be uint8 "
                 f"(N, H, W, C) or (N, C, H, W), got {t.dtype} {shape}; a DataLoader yields "
@@ -237,7 +292,7 @@ class Fields:
                 f"field {name!r}: {channels} channels ({layout} {shape}) but "
                 f"{len(self.prepare.mean)} mean/std values"
             )
-        return Field(name, IMAGE, torch.uint8, shape, layout=layout)
+        return Field(name, IMAGE, torch.uint8, shape, layout=layout, arrived=t.dtype)
 
     def narrow(self, f: Field, t: torch.Tensor) -> Field:
         """An integer field in the dtype it crosses in: declared, else the narrowest that holds
@@ -330,17 +385,22 @@ class Wrapped:
     @property
     def stats(self) -> TransferStats:
         """Bytes by kind (images, integers, others), copies, batches, data wait, and what the
-        same batches would have cost as float32 images and int64 integers."""
+        same batches would have cost moved as they arrived (``usual_bytes``)."""
         return replace(self._stats)
 
     def set_epoch(self, epoch: int) -> None:
-        """Seed augmentation from ``epoch`` and pass it on to the source (or its sampler)."""
+        """Seed augmentation from ``epoch`` and pass it on: to the source's own ``set_epoch``
+        where it has one (accelerate's loaders pass it on themselves), else to its sampler and
+        its dataset (a shuffled iterable dataset, Hugging Face's, draws its order from it)."""
         if epoch != self.epoch:
             self.epoch, self.position = epoch, 0
-        for obj in (self.batches, getattr(self.batches, "sampler", None)):
+        source = self.batches
+        if callable(getattr(source, "set_epoch", None)):
+            source.set_epoch(epoch)
+            return
+        for obj in (getattr(source, "sampler", None), getattr(source, "dataset", None)):
             if callable(getattr(obj, "set_epoch", None)):
                 obj.set_epoch(epoch)
-                return
 
     def _state_dict(self) -> dict:
         source = self._state if self._state is not None else self.batches.state_dict()
@@ -432,7 +492,7 @@ class Wrapped:
 
     def _pack(self, dst: torch.Tensor, f: Field, t: torch.Tensor) -> None:
         """Write ``t`` into the pinned bytes ``dst`` in the dtype it crosses in."""
-        if f.kind == INT:  # numpy casts every integer dtype; the values were checked to fit
+        if f.kind == INT or t.dtype != f.dtype:  # numpy casts every integer dtype; checked to fit
             out = dst.numpy().view(numpy_dtype(f.dtype)).reshape(f.shape)
             np.copyto(out, t.detach().numpy(), casting="unsafe")
         else:
