@@ -120,6 +120,39 @@ def test_wrapping_a_wrapped_loader_is_one_error():
         latecast.wrap(w)
 
 
+# -- loaders a program re-makes ---------------------------------------------------------
+
+
+def test_the_imagenet_scripts_second_val_loader_from_loader_dataset():
+    """pytorch/examples' ImageNet script validates the samples a drop_last DistributedSampler
+    leaves out with a second DataLoader over ``Subset(val_loader.dataset, ...)`` (regression:
+    uint8 batches, "expected scalar type Byte but found Float"). Re-made with ``wrap`` and the
+    wrapper's public ``mean``/``std``, or as ``type(val_loader)(...)``: every rank's share
+    plus the rest is every sample once, all normalized."""
+    from torch.utils.data import Subset
+
+    images, _ = ids_data()
+    val = TensorDataset(images[:13], torch.arange(13))  # 13 samples, 2 ranks: one left out
+    seen = []
+    for rank in range(2):
+        sampler = DistributedSampler(val, num_replicas=2, rank=rank, shuffle=False, drop_last=True)
+        dl = DataLoader(val, batch_size=4, sampler=sampler)
+        val_loader = latecast.wrap(dl, mean=MEAN, std=STD, device="cpu")
+        assert (val_loader.mean, val_loader.std) == (MEAN, STD) and val_loader.fields.mean == MEAN
+        rest = Subset(val_loader.dataset, range(len(val_loader.sampler) * 2, len(val)))
+        aux = DataLoader(rest, batch_size=4, shuffle=False)
+        for second in (
+            latecast.wrap(aux, mean=val_loader.mean, std=val_loader.std, device="cpu"),
+            type(val_loader)(rest, batch_size=4, shuffle=False),
+        ):
+            for x, y in second:
+                assert x.dtype == torch.float32 and torch.equal(x, reference(images[y]))
+        ids = [y for loader in (val_loader, second) for _, y in loader]
+        seen.append(torch.cat(ids).tolist())
+    assert sorted(set(seen[0]) | set(seen[1])) == list(range(13)) and 12 in seen[0] + seen[1]
+    assert len(set(seen[0]) & set(seen[1])) == 1  # the rest, validated by every rank
+
+
 # -- no silent wrong set-up ------------------------------------------------------------
 
 

@@ -383,6 +383,16 @@ class Wrapped(Epochs):
         return self._where[0] if self._where else placement(self._device)[0]
 
     @property
+    def mean(self) -> tuple[float, ...] | None:
+        """The mean it normalizes with (``fields`` holds every option): what a second loader
+        made from ``w.dataset`` needs, ``latecast.wrap(that, mean=w.mean, std=w.std)``."""
+        return self.fields.mean
+
+    @property
+    def std(self) -> tuple[float, ...] | None:
+        return self.fields.std
+
+    @property
     def stats(self) -> TransferStats:
         """Bytes by kind (images, integers, others), copies, batches, data wait, and what the
         same batches would have cost moved as they arrived (``usual_bytes``)."""
