@@ -9,6 +9,7 @@ Launched runs start this very file as their script (see ``_worker`` at the botto
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import latecast
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the launched script imports it too
 from test_frameworks import accelerate, launch  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
 N, BATCH = 64, 8  # per rank under DDP: 32 samples, 4 batches an epoch
 MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.3, 0.25)
 
@@ -151,6 +153,73 @@ def test_the_imagenet_scripts_second_val_loader_from_loader_dataset():
         seen.append(torch.cat(ids).tolist())
     assert sorted(set(seen[0]) | set(seen[1])) == list(range(13)) and 12 in seen[0] + seen[1]
     assert len(set(seen[0]) & set(seen[1])) == 1  # the rest, validated by every rank
+
+
+# -- batches built per call, and the random draws of the source ---------------------------
+
+
+def example(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_nanogpt_get_batch_through_the_mover_same_tokens_same_draws_two_bytes(tmp_path):
+    """The example's two-line change to nanoGPT's get_batch: the same int64 tokens on the
+    device, the same global-RNG draws (train and val interleaved), 2 bytes a token."""
+    ex = example("nanogpt_tokens")
+    ex.write_tokens(tmp_path)
+    splits = ["train", "train", "val", "train"]
+    torch.manual_seed(0)
+    usual = [ex.usual_batch(tmp_path, split, torch.device("cpu")) for split in splits]
+    usual_rng = torch.get_rng_state()
+    torch.manual_seed(0)
+    moved = [ex.get_batch(tmp_path, split) for split in splits]
+    assert torch.equal(torch.get_rng_state(), usual_rng)  # no draw moved or added
+    for (x, y), (ux, uy) in zip(moved, usual):
+        assert x.dtype == y.dtype == torch.int64 and torch.equal(x, ux) and torch.equal(y, uy)
+    tokens = len(splits) * 2 * ex.BATCH * ex.BLOCK
+    s = ex.mover.stats
+    assert (s.label_bytes, s.h2d_bytes, s.usual_bytes) == (2 * tokens, 2 * tokens, 8 * tokens)
+    assert s.copies == s.batches == ex.mover.position == len(splits)
+
+
+def test_wrap_reads_one_batch_ahead_of_its_consumer_and_the_mover_none():
+    """What the README says: wrap takes batch k + 1 from its source before it hands out
+    batch k, so a source drawing from the global RNG draws before step k's own draws
+    (dropout); the Mover draws when called."""
+    calls = []
+
+    def batches():
+        for k in range(3):
+            calls.append(k)
+            yield torch.randint(0, 9, (4,))
+
+    w = iter(latecast.wrap(batches(), device="cpu"))
+    next(w)
+    assert calls == [0, 1]
+    mover, calls[:] = latecast.Mover(device="cpu"), []
+    source = batches()
+    mover(next(source))
+    assert calls == [0]
+
+
+def test_the_global_rng_draws_a_dataloader_makes_per_pass_can_be_made_before_a_loader():
+    """A DataLoader draws one int64 from the global RNG as each pass starts (its workers'
+    base seed), and its RandomSampler one more with shuffle=True and no generator=; the
+    Loader draws none. Drawing them before each pass (README) keeps dropout where it was."""
+    data = TensorDataset(torch.arange(N))
+    for shuffle, draws in ((False, 1), (True, 2)):
+        torch.manual_seed(0)
+        list(DataLoader(data, batch_size=BATCH, shuffle=shuffle))
+        after_dataloader = torch.get_rng_state()
+        torch.manual_seed(0)
+        for _ in range(draws):
+            torch.empty((), dtype=torch.int64).random_()  # what the DataLoader drew
+        images, labels = ids_data()[0].permute(0, 2, 3, 1).numpy(), np.arange(N)
+        list(latecast.Loader(latecast.from_arrays(images, labels), BATCH, device="cpu"))
+        assert torch.equal(torch.get_rng_state(), after_dataloader), shuffle
 
 
 # -- no silent wrong set-up ------------------------------------------------------------

@@ -24,6 +24,7 @@ _EXPORTS = {
     "Dataset": "data",
     "LatecastError": "errors",
     "Loader": "loader",
+    "Mover": "wrapper",
     "TrainConfig": "trainer.loop",
     "convert_folder": "storage.convert",
     "from_arrays": "data",

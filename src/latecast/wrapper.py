@@ -428,10 +428,13 @@ class Wrapped(Epochs):
         self.epoch, self.position, self._state = int(state["epoch"]), int(state["position"]), None
 
     def __iter__(self) -> Iterator[Any]:
+        self._start()
+        yield from self._count(self._finished())
+
+    def _start(self) -> None:
         if self._where is None:  # resolved at the first pass: a launcher may start after us
             self._where = placement(self._device)
             self._ring = Ring(self.slots, self._where[0], side=True)
-        yield from self._count(self._finished())
 
     def _finished(self) -> Iterator[tuple[Any, bool]]:
         """Each batch finished on the device and whether it is the last; the next one's copy
@@ -440,19 +443,23 @@ class Wrapped(Epochs):
         sent = (self._send(batch, stateful) for batch in self.batches)
         t0 = time.perf_counter()
         for s, last in ahead(sent):
-            dev = self._ring.ready(s.slot, s.dev)
-            where = (self.epoch, self._where[1], self.position)
-            batch = s.rebuild(
-                [
-                    value if f is None else self.fields.finish(f, dev[o : o + f.nbytes], where)
-                    for (_, value), f, o in zip(s.leaves, s.plans, s.offsets)
-                ]
-            )
-            self._stats.batches += 1
+            batch = self._finish(s)
             self._stats.wait_seconds += time.perf_counter() - t0
             self._state = None if last else s.state  # the last: the next epoch's, from the source
             yield batch, last
             t0 = time.perf_counter()
+
+    def _finish(self, s: Sent) -> Any:
+        """A sent batch prepared on the device, once its copy is done."""
+        dev = self._ring.ready(s.slot, s.dev)
+        where = (self.epoch, self._where[1], self.position)
+        self._stats.batches += 1
+        return s.rebuild(
+            [
+                value if f is None else self.fields.finish(f, dev[o : o + f.nbytes], where)
+                for (_, value), f, o in zip(s.leaves, s.plans, s.offsets)
+            ]
+        )
 
     def _send(self, batch: Any, stateful: bool) -> Sent:
         """A batch of the source packed into the ring, its copy started."""
@@ -492,6 +499,28 @@ class Wrapped(Epochs):
             np.copyto(out, t.detach().numpy(), casting="unsafe")
         else:
             dst.view(t.dtype).view(f.shape).copy_(t)
+
+
+class Mover(Wrapped):
+    """``mover(batch)``: one host batch moved and prepared as ``wrap`` moves each of its
+    batches (one pinned buffer, one copy, narrow integers, images normalized on the device),
+    for programs that build their batches per call (nanoGPT's ``get_batch``). No read-ahead:
+    a batch function that draws from the global RNG draws exactly when it did without it.
+    ``position`` counts the calls, and seeds the augmentation with ``epoch`` and the rank.
+
+    Example:
+        >>> mover = latecast.Mover(device="cuda")            # wrap's options: fields=, mean=...
+        >>> x, y = mover((x, y))   # int64 token ids cross as uint16, int64 on the device
+    """
+
+    def __init__(self, *, device: str | torch.device = "auto", **options: Any) -> None:
+        super().__init__(None, Fields(**options), device)
+
+    def __call__(self, batch: Any) -> Any:
+        self._start()
+        batch = self._finish(self._send(batch, stateful=False))
+        self.position += 1
+        return batch
 
 
 class WrappedLoader(Wrapped, DataLoader):
