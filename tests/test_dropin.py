@@ -319,6 +319,64 @@ def test_usual_bytes_are_what_the_batches_cost_as_they_arrive():
     assert s.usual_bytes / s.h2d_bytes == pytest.approx(98 / 91)
 
 
+# -- the Lightning mixin -----------------------------------------------------------------
+
+
+def test_the_lightning_mixin_listed_after_lightningmodule_is_one_error():
+    """After LightningModule in the bases, Lightning's own ``on_after_batch_transfer``
+    would run and the batches stay uint8, silently."""
+    L = pytest.importorskip("lightning")
+    from latecast.lightning import PrepareOnDevice
+
+    with pytest.raises(latecast.LatecastError, match=r"list PrepareOnDevice before DataHooks"):
+
+        class Late(L.LightningModule, PrepareOnDevice):
+            pass
+
+    class Early(PrepareOnDevice, L.LightningModule):  # the right order: no error
+        def on_after_batch_transfer(self, batch, dataloader_idx):  # the user's own, on top
+            return super().on_after_batch_transfer(batch, dataloader_idx)
+
+
+@pytest.mark.slow
+def test_the_lightning_mixin_counts_the_bytes_lightning_moved(tmp_path):
+    L = pytest.importorskip("lightning")
+    import torch.nn.functional as F
+
+    from latecast.lightning import PrepareOnDevice
+
+    images, _ = ids_data()
+
+    class Net(PrepareOnDevice, L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.prepare_on_device(mean=MEAN, std=STD)
+            self.lin, self.error = torch.nn.Linear(90, N), 0.0
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            self.error = max(self.error, (x - reference(images[y])).abs().max().item())
+            return F.cross_entropy(self.lin(x.flatten(1)), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = TensorDataset(images, torch.arange(N).to(torch.uint8))  # uint8 labels: 1 byte
+    net = Net()
+    L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    ).fit(net, DataLoader(data, batch_size=BATCH, shuffle=True))
+    s = net.latecast_stats
+    assert (s.image_bytes, s.label_bytes, s.batches, s.copies) == (2 * N * 90, 2 * N, 16, 32)
+    assert s.usual_bytes == s.h2d_bytes and net.error <= 1e-6
+
+
 def shares(runs: list[dict], epoch: int) -> list[list[int]]:
     return [sum((ids for e, ids in r["seen"] if e == epoch), []) for r in runs]
 

@@ -330,6 +330,16 @@ class Fields:
         return raw.view(f.dtype).view(f.shape)
 
 
+def tally(s: TransferStats, plans: list[Field | None], copies: int) -> None:
+    """Count a batch's fields as they crossed, in ``copies`` host->device copies."""
+    for f in filter(None, plans):
+        s.image_bytes += f.nbytes if f.kind == IMAGE else 0
+        s.label_bytes += f.nbytes if f.kind == INT else 0
+        s.other_bytes += f.nbytes if f.kind == AS_IS else 0
+        s.usual_bytes += f.usual_bytes
+    s.copies += copies
+
+
 @dataclass
 class Sent:
     """One batch on its way: its device bytes (copy in flight), the slot they came from,
@@ -480,17 +490,8 @@ class Wrapped(Epochs):
         dev = self._ring.send(slot, host)
         if dev.data_ptr() == host.data_ptr():  # a CPU "device": never hand out the ring's memory
             dev = dev.clone()
-        self._tally(plans)
+        tally(self._stats, plans, copies=1)
         return Sent(dev, slot, plans, offsets, leaves, rebuild, state)
-
-    def _tally(self, plans: list[Field | None]) -> None:
-        s = self._stats
-        for f in filter(None, plans):
-            s.image_bytes += f.nbytes if f.kind == IMAGE else 0
-            s.label_bytes += f.nbytes if f.kind == INT else 0
-            s.other_bytes += f.nbytes if f.kind == AS_IS else 0
-            s.usual_bytes += f.usual_bytes
-        s.copies += 1
 
     def _pack(self, dst: torch.Tensor, f: Field, t: torch.Tensor) -> None:
         """Write ``t`` into the pinned bytes ``dst`` in the dtype it crosses in."""
