@@ -319,6 +319,72 @@ def test_usual_bytes_are_what_the_batches_cost_as_they_arrive():
     assert s.usual_bytes / s.h2d_bytes == pytest.approx(98 / 91)
 
 
+# -- what a prefetching loader did: model dtype, random erasing on the device -------------
+
+
+def test_random_erasing_equals_torchvisions_for_the_same_draws():
+    """torchvision's ``RandomErasing`` draws its box per image (``get_params``); erasing the
+    whole batch with those boxes equals its ``F.erase`` image by image, for 0, per-channel
+    and per-pixel ("random") values."""
+    T = pytest.importorskip("torchvision.transforms")
+    from torchvision.transforms import functional as TF
+
+    from latecast.transforms import erase_boxes
+
+    x = reference(ids_data()[0][:16])  # normalized (16, 3, 5, 6)
+    torch.manual_seed(0)
+    for value in ([0.0], [0.5, -1.0, 2.0], None):  # None: torchvision's "random"
+        params = [T.RandomErasing.get_params(img, (0.02, 0.4), (0.3, 3.3), value) for img in x]
+        want = torch.stack(
+            [TF.erase(img, i, j, h, w, v) for img, (i, j, h, w, v) in zip(x, params)]
+        )
+        boxes = torch.tensor([p[:4] for p in params])
+        if value is None:  # each image's own normal values, where it erases
+            fill = torch.zeros_like(x)
+            for f, (i, j, h, w, v) in zip(fill, params):
+                f[:, i : i + h, j : j + w] = v if h < x.shape[2] else 0
+        else:
+            fill = torch.tensor(value)[:, None, None]
+        got = erase_boxes(x, boxes, fill)
+        assert torch.equal(got, want), value
+
+
+def test_random_erasing_through_wrap_draws_per_image_within_its_bounds():
+    """timm's ``--reprob``: every image erased with probability p, boxes of the area and
+    ratio asked for, the same draws again for the same (seed, epoch, batch)."""
+    images = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (512, 3, 20, 24)))
+    data = TensorDataset(images.to(torch.uint8))
+    erase = latecast.Erasing(p=0.5, scale=(0.05, 0.2), ratio=(0.5, 2.0), value=9.0)
+
+    def run():
+        w = latecast.wrap(DataLoader(data, 128), mean=MEAN, std=STD, erase=erase, device="cpu")
+        return torch.cat([b[0] for b in w])
+
+    x = run()
+    assert torch.equal(x, run())
+    erased = x == 9.0  # (N, C, H, W)
+    share = erased.flatten(1).any(1).float().mean().item()
+    assert 0.4 < share < 0.6  # p = 0.5 of 512 images
+    area = erased[:, 0].flatten(1).sum(1)
+    area = area[area > 0].float() / (20 * 24)
+    assert area.min() >= 0.03 and area.max() <= 0.25  # scale, up to rounding of the sides
+    assert erased.all(1).eq(erased.any(1)).all()  # one box through all channels
+    with pytest.raises(latecast.LatecastError, match="scale"):
+        latecast.Erasing(scale=(0.5, 0.1))
+
+
+def test_images_come_out_in_the_models_dtype():
+    """timm's ``--model-dtype bfloat16``: its loader cast to the model's dtype; through wrap,
+    ``dtype=`` does (README), or a bf16 model gets float32 and fails."""
+    images, data = ids_data()
+    model = torch.nn.Conv2d(3, 4, 3).to(torch.bfloat16)
+    w = latecast.wrap(DataLoader(data, BATCH), mean=MEAN, std=STD, dtype=torch.bfloat16)
+    x, _ = next(iter(w))
+    assert x.dtype == torch.bfloat16 and model(x).dtype == torch.bfloat16
+    with pytest.raises(RuntimeError):
+        model(next(iter(latecast.wrap(DataLoader(data, BATCH), mean=MEAN, std=STD)))[0])
+
+
 # -- the Lightning mixin -----------------------------------------------------------------
 
 

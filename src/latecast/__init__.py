@@ -22,6 +22,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Augment": "transforms",
     "Dataset": "data",
+    "Erasing": "transforms",
     "LatecastError": "errors",
     "Loader": "loader",
     "Mover": "wrapper",

@@ -54,7 +54,10 @@ class PrepareOnDevice:
         """``options`` (``mean``, ``std``, ``augment``, ``dtype``, ``channels_last``,
         ``layout``, ``fields``, ``seed``) as for ``latecast.wrap``: the fields of ``Fields``."""
         train = Fields(**options)
-        self._latecast = {True: train, False: replace(train, augment=None)}  # by self.training
+        self._latecast = {
+            True: train,
+            False: replace(train, augment=None, erase=None),
+        }  # by self.training
         self._latecast_stats = TransferStats()
 
     @property

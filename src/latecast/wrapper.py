@@ -41,6 +41,7 @@ from .errors import BatchError, ConfigError
 from .loader import Epochs
 from .prepare import Augmentation, Prepare
 from .transfer import Ring, TransferStats, ahead, widen
+from .transforms import Erasing
 
 Name = Union[str, int]
 IMAGE, INT, AS_IS = "image", "integer", "as is"
@@ -176,6 +177,7 @@ class Fields:
     layout: str = "auto"  # where uint8 images keep their channels: auto, NHWC or NCHW
     fields: dict | None = None  # {name: "image" | integer dtype | (that dtype, output dtype)}
     seed: int = 0  # mixed into the augmentation's seeds
+    erase: Erasing | None = None  # random erasing after the normalize (timm's --reprob)
 
     def __post_init__(self) -> None:
         mean, std = self.mean, self.std
@@ -323,7 +325,10 @@ class Fields:
             if f.layout != "NHWC":  # (N, C, H, W) or (N, H, W) -> (N, H, W, C) view
                 images = images.permute(0, 2, 3, 1) if f.layout == "NCHW" else images[..., None]
             self.prepare.seek(*where)
-            return self.prepare(images, None)[0]  # no mixing here: labels are fields too
+            images = self.prepare(images, None)[0]  # no mixing here: labels are fields too
+            if self.erase is None:
+                return images
+            return self.erase(images, self.prepare.generator(images.device))
         if f.kind == INT:
             wide = widen(raw, numpy_dtype(f.dtype)).view(f.shape)
             return wide if f.out == torch.int64 else wide.to(f.out)
@@ -574,10 +579,13 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
             images are only scaled to [0, 1] (as ``ToTensor``).
         augment: ``f(images, generator)`` on uint8 ``(N, H, W, C)``, e.g. ``latecast.Augment``;
             seeded from (seed, epoch, rank, batch) like the Loader's.
-        dtype, channels_last: the images' output dtype and memory format.
+        dtype, channels_last: the images' output dtype and memory format: the model's
+            (timm's ``--model-dtype bfloat16``: ``dtype=torch.bfloat16``).
         layout: ``"auto"``, ``"NHWC"`` or ``"NCHW"``: where uint8 images keep their channels.
         fields: ``{name: "image" | integer dtype | (integer dtype, output dtype)}``.
         seed: mixed into the augmentation's seeds.
+        erase: ``latecast.Erasing(p=...)``, torchvision's ``RandomErasing`` per image on the
+            normalized batch (drawn from the augmentation's generator).
 
     Example:
         >>> tf = torchvision.transforms.PILToTensor()   # uint8 (C, H, W), not ToTensor()
