@@ -478,6 +478,30 @@ def test_accelerate_prepares_the_dataloader_that_wrap_then_moves(tmp_path):
         assert r["kind"] == "DataLoaderShard" and r["max_error"] <= 1e-6
 
 
+# -- the examples in the real shapes -----------------------------------------------------
+
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+EXAMPLES = {  # file: (the module it needs, how it is started, what it must print)
+    "imagenet_style.py": (
+        "torchvision",
+        [*TORCHRUN, "{path}", "--limit=240", "--epochs=1"],
+        ["rank 0 epoch 0: validated 61 of 61, 1 re-made", "rank 1 epoch 0: validated 61 of 61"],
+    ),
+    "timm_style.py": ("torch", ["{path}", "--steps=4"], ["(0.23% fewer: the labels)"]),
+    "hf_datasets.py": ("datasets", ["{path}", "--limit=600"], ["epoch 1:", "as the int64"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_examples_in_the_shape_of_real_programs_run(name, tmp_path):
+    module, argv, lines = EXAMPLES[name]
+    pytest.importorskip(module)
+    path = str(ROOT / "examples" / name)
+    out = launch(*[a.format(path=path) for a in argv], cwd=tmp_path).stdout
+    assert all(line in out for line in lines), out[-2000:]
+
+
 # -- what the launched processes run ----------------------------------------------------
 
 
