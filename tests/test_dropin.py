@@ -16,12 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from test_frameworks import accelerate, launch  # tests/ is on sys.path, launched or not
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import latecast
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the launched script imports it too
-from test_frameworks import accelerate, launch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 N, BATCH = 64, 8  # per rank under DDP: 32 samples, 4 batches an epoch
