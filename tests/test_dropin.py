@@ -451,14 +451,17 @@ def test_lightning_ddp_injects_its_sampler_into_a_wrapped_dataloader(tmp_path):
     own half, every sample once an epoch, normalized on the device (regression: every rank
     trained on all 64 samples)."""
     pytest.importorskip("lightning")
-    launch(__file__, "lightning", tmp_path, cwd=tmp_path)
-    runs = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    for epoch in range(2):
-        a, b = shares(runs, epoch)
-        assert len(a) == len(b) == N // 2 and sorted(a + b) == list(range(N)), epoch
-    assert shares(runs, 0) != shares(runs, 1)  # Lightning's set_epoch reached its sampler
-    for r in runs:
-        assert r["sampler"] == "DistributedSampler" and r["max_error"] <= 1e-6
+    for how in ("fit", "datamodule"):  # fit(model, wrap(dl)); a DataModule's train_dataloader
+        out = tmp_path / how
+        out.mkdir()
+        launch(__file__, "lightning", out, how, cwd=tmp_path)
+        runs = [torch.load(out / f"rank{r}.pt") for r in range(2)]
+        for epoch in range(2):
+            a, b = shares(runs, epoch)
+            assert len(a) == len(b) == N // 2 and sorted(a + b) == list(range(N)), (how, epoch)
+        assert shares(runs, 0) != shares(runs, 1)  # Lightning's set_epoch reached its sampler
+        for r in runs:
+            assert r["sampler"] == "DistributedSampler" and r["max_error"] <= 1e-6, how
 
 
 @pytest.mark.slow
@@ -503,7 +506,7 @@ def test_examples_in_the_shape_of_real_programs_run(name, tmp_path):
 # -- what the launched processes run ----------------------------------------------------
 
 
-def _lightning(out: Path) -> None:
+def _lightning(out: Path, how: str) -> None:
     import lightning as L
     import torch.nn.functional as F
 
@@ -524,7 +527,14 @@ def _lightning(out: Path) -> None:
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
-    train = latecast.wrap(DataLoader(data, batch_size=BATCH, shuffle=True), mean=MEAN, std=STD)
+    def train():
+        dl = DataLoader(data, batch_size=BATCH, shuffle=True)
+        return latecast.wrap(dl, mean=MEAN, std=STD)
+
+    class Data(L.LightningDataModule):  # as LightningCLI's examples give their data
+        def train_dataloader(self):
+            return train()  # made inside Lightning's hook: it records the arguments itself
+
     model, trainer = (
         Net(),
         L.Trainer(
@@ -538,7 +548,10 @@ def _lightning(out: Path) -> None:
             enable_model_summary=False,
         ),
     )
-    trainer.fit(model, train_dataloaders=train)
+    if how == "fit":
+        trainer.fit(model, train_dataloaders=train())
+    else:
+        trainer.fit(model, datamodule=Data())
     used = trainer.train_dataloader  # the loader Lightning re-made: still wrap's
     torch.save(
         {
@@ -569,4 +582,6 @@ def _accelerate(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    {"lightning": _lightning, "accelerate": _accelerate}[sys.argv[1]](Path(sys.argv[2]))
+    {"lightning": _lightning, "accelerate": _accelerate}[sys.argv[1]](
+        Path(sys.argv[2]), *sys.argv[3:]
+    )
