@@ -122,7 +122,7 @@ def test_the_readme_snippets_are_cut_from_the_examples():
     names (comments aside), so what the README shows is what the tests run."""
     section = (ROOT / "README.md").read_text().split("## Your own data")[1].split("\n## ")[0]
     blocks = section.split("```python\n")[1:]
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     for block in blocks:
         lines = block.split("```")[0].splitlines()
         example = (ROOT / lines[0].split()[1].rstrip(":")).read_text()
@@ -306,6 +306,7 @@ def _accelerate(out: Path) -> None:
             seen.append([epoch, labels.tolist()])
             if (epoch, k) == (0, 2):
                 acc.save_state(out / "state")  # after 3 batches of epoch 0
+    acc.wait_for_everyone()  # rank 0 alone writes the loader's state: done before any reads
     acc.load_state(out / "state")
     for epoch in range(loader.epoch, 2):
         resumed += [[epoch, labels.tolist()] for _, labels in loader]

@@ -33,6 +33,7 @@ else in it (file names, say) passes through untouched. Each field is one of thre
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import numbers
 import time
@@ -42,6 +43,7 @@ from typing import Any, Callable, Iterable, Iterator, Union
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
 from .config import numbers_of, refuse
 from .distributed import placement
@@ -49,20 +51,20 @@ from .errors import BatchError, ConfigError
 from .loader import Epochs
 from .prepare import Augmentation, Prepare
 from .transfer import Ring, TransferStats, ahead, widen
-from .transforms import FLOATS, Augment
+from .transforms import FLOATS, Augment, Erasing
 
 Name = Union[str, int]
 IMAGE, MASK, INT, AS_IS = "image", "mask", "integer", "as is"
 LAYOUTS = ("auto", "NHWC", "NCHW")
 NARROW = tuple(getattr(torch, n) for n in ("uint8", "int8", "uint16", "int16", "int32", "int64"))
 OUTS = NARROW + FLOATS + (torch.float64,)  # what a declared integer field may come out in
-PASSED = ("batch_size", "sampler", "batch_sampler", "dataset", "drop_last")  # read from the source
 
 
 @dataclass(frozen=True)
 class Field:
     """How one field crosses: its kind, the dtype and shape it crosses in, the layout of an
-    image (``NHWC``, ``NCHW`` or ``NHW``) and the dtype an integer field comes out in."""
+    image (``NHWC``, ``NCHW`` or ``NHW``), the dtype an integer field comes out in and the
+    dtype it arrived in."""
 
     name: Name
     kind: str
@@ -70,6 +72,7 @@ class Field:
     shape: tuple[int, ...]
     layout: str = ""
     out: torch.dtype = torch.int64
+    arrived: torch.dtype | None = None  # None: as it crosses
 
     @property
     def nhw(self) -> tuple[int, ...]:
@@ -83,9 +86,9 @@ class Field:
 
     @property
     def usual_bytes(self) -> int:
-        """What it costs the usual way: float32 images, int64 integers (masks too)."""
-        size = 4 if self.kind == IMAGE else 8 if self.integer else self.dtype.itemsize
-        return math.prod(self.shape) * size
+        """What moving it as it arrived costs (``batch.to(device)``): a loader that already
+        yields uint8 saves nothing on its images here, and the stats say so."""
+        return math.prod(self.shape) * (self.arrived or self.dtype).itemsize
 
     @property
     def integer(self) -> bool:
@@ -167,6 +170,30 @@ def fits(dtype: torch.dtype, low: int, high: int) -> bool:
     return least <= low and high <= most
 
 
+def image_hint(name: Name, t: torch.Tensor) -> str | None:
+    """What to change, for a 4-dim field that is not uint8 but holds what images do (the
+    channel axis at dim 1 or 3): floats in [0, 1] as ``ToTensor()`` makes them, or integers
+    in 0..255 with 3 or 4 channels as Hugging Face ``datasets`` formats uint8 images (int64;
+    one channel may be a mask). Else None. Read at the first batch only (one pass)."""
+    channels = {t.shape[1], t.shape[3]} if t.ndim == 4 and t.numel() else set()
+    if t.dtype.is_floating_point and channels & {1, 3, 4} and 0 <= t.min() and t.max() <= 1:
+        return (
+            f"field {name!r} is {t.dtype} {tuple(t.shape)} in [0, 1], images as ToTensor() "
+            f"makes them: they cross as {t.dtype.itemsize} bytes a pixel; yield uint8 with "
+            "PILToTensor() or ToImage() and give wrap the mean/std"
+        )
+    integer = not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+    if integer and t.dtype != torch.uint8 and channels & {3, 4}:
+        low, high = value_range(t.cpu())  # the Lightning mixin's batches are on the device
+        if 0 <= low and high <= 255:
+            return (
+                f"field {name!r} is {t.dtype} {tuple(t.shape)} with values 0..255, images as "
+                f"Hugging Face datasets formats uint8 ones: declare fields={{{name!r}: 'image'}} "
+                "(it crosses as uint8), or use ds.with_format('torch', dtype=torch.uint8)"
+            )
+    return None
+
+
 def check_fields(fields: dict | None) -> dict[Name, Any]:
     """``fields=`` as ``{name: "image" | "mask" | (dtype it crosses in, dtype out)}``."""
     if fields is not None and not isinstance(fields, dict):
@@ -198,6 +225,11 @@ def check_options(
         raise ConfigError(
             f"mean {mean!r:.60} and std {std!r:.60}: give both, as long sequences of finite "
             "numbers, std > 0 (or neither: images are only scaled to [0, 1])"
+        )
+    if m and not all(0 <= v <= 1 for v in (*m, *s)):
+        raise ConfigError(  # timm's IMAGENET_DEFAULT_MEAN * 255, say: every output ~ -0.4
+            f"mean {mean!r} and std {std!r} are in [0, 1] units, as Normalize() takes them "
+            "after ToTensor(); in 0-255 units divide them by 255"
         )
     specs = check_fields(fields)
     integer = isinstance(seed, numbers.Integral) and not isinstance(seed, bool)
@@ -244,11 +276,15 @@ class Fields:
     layout: str = "auto"  # where uint8 images keep their channels: auto, NHWC or NCHW
     fields: dict | None = None  # {name: "image" | "mask" | dtype | (dtype, output dtype)}
     seed: int = 0  # mixed into the augmentation's seeds
+    erase: Erasing | None = None  # random erasing after the normalize (timm's --reprob)
 
     def __post_init__(self) -> None:
         options = (self.mean, self.std, self.augment, self.dtype, self.channels_last)
         mean, std, self.fields = check_options(*options, self.layout, self.fields, self.seed)
+        if self.erase is not None and not callable(self.erase):
+            raise ConfigError(f"erase must be a latecast.Erasing or None, got {self.erase!r:.60}")
         self.normalizes = mean is not None
+        self.looked = False  # at the first batch: fields that look like images but are not
         self.prepare = Prepare(
             (0.0,) if mean is None else mean,  # no mean/std: ToTensor() alone, x / 255
             (1.0,) if std is None else std,
@@ -293,15 +329,28 @@ class Fields:
                     "flatten it, e.g. {" + f"'{name}.x': tensor" + "}"
                 )
             plans.append(None if t is None else self.narrow(self.plan(name, t), t, host))
-        if self.normalizes and not any(f and f.kind == IMAGE for f in plans):
-            raise BatchError(
-                "mean/std were given but no field of this batch is a uint8 image ("
-                + ", ".join(
-                    f"{f.name!r}: {t.dtype} {tuple(t.shape)}" for f, t in zip(plans, tensors) if f
+        images = any(f and f.kind == IMAGE for f in plans)
+        if not self.looked or (self.normalizes and not images):
+            self.looked = True
+            hints = [image_hint(f.name, t) for f, t in zip(plans, tensors) if f and f.kind != IMAGE]
+            hints = [h for h in hints if h]
+            if self.normalizes and not images:
+                raise BatchError(
+                    "mean/std were given but no field of this batch is a uint8 image ("
+                    + ", ".join(
+                        f"{f.name!r}: {t.dtype} {tuple(t.shape)}"
+                        for f, t in zip(plans, tensors)
+                        if f
+                    )
+                    + "); "
+                    + (
+                        "; ".join(hints)
+                        or "yield uint8 with PILToTensor() or ToImage(), or declare "
+                        "fields={name: 'image'}"
+                    )
                 )
-                + "); yield uint8 with PILToTensor() or ToImage(), or declare fields={name: "
-                "'image'}"
-            )
+            for hint in hints:
+                warnings.warn(f"latecast.wrap: {hint}", UserWarning, stacklevel=4)
         self._check_pixels([f for f in plans if f and f.kind in (IMAGE, MASK)])
         return tensors, plans
 
@@ -333,7 +382,8 @@ class Fields:
                     f"got {t.dtype} {tuple(t.shape)}"
                 )
             out = torch.int64 if integral(t.dtype) else t.dtype
-            return Field(name, MASK, t.dtype, tuple(t.shape), "NCHW" if t.ndim == 4 else "NHW", out)
+            layout = "NCHW" if t.ndim == 4 else "NHW"
+            return Field(name, MASK, t.dtype, tuple(t.shape), layout, out, arrived=t.dtype)
         if spec == IMAGE or (spec is None and t.dtype == torch.uint8 and t.ndim == 4):
             return self._image(name, t, declared=spec == IMAGE)
         if spec is not None and not integral(t.dtype):
@@ -342,11 +392,19 @@ class Fields:
             )
         out = torch.int64 if spec is None else spec[1]
         kind = INT if integral(t.dtype) else AS_IS
-        return Field(name, kind, t.dtype, tuple(t.shape), out=out)
+        return Field(name, kind, t.dtype, tuple(t.shape), out=out, arrived=t.dtype)
 
     def _image(self, name: Name, t: torch.Tensor, declared: bool) -> Field:
         shape = tuple(t.shape)
-        if t.dtype != torch.uint8 or t.ndim not in (3, 4):
+        integer = not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+        if declared and integer and t.dtype != torch.uint8 and t.ndim in (3, 4):
+            low, high = value_range(t)  # int64 from Hugging Face datasets: crosses as uint8
+            if not (0 <= low and high <= 255):
+                raise BatchError(
+                    f"field {name!r} is declared an image: its {t.dtype} values {low}..{high} "
+                    "do not fit uint8 (0..255)"
+                )
+        elif t.dtype != torch.uint8 or t.ndim not in (3, 4):
             raise BatchError(
                 f"field {name!r} is {'declared ' if declared else ''}an image and must be uint8 "
                 f"(N, H, W, C) or (N, C, H, W), got {t.dtype} {shape}; a DataLoader yields "
@@ -370,7 +428,7 @@ class Fields:
                 + ("; a mask? declare it: fields={" + f"{name!r}: 'mask'" + "}")
                 * (channels == 1 and not declared)
             )
-        return Field(name, IMAGE, torch.uint8, shape, layout=layout)
+        return Field(name, IMAGE, torch.uint8, shape, layout=layout, arrived=t.dtype)
 
     def narrow(self, f: Field, t: torch.Tensor, host: bool = True) -> Field:
         """An integer field or mask in the dtype it crosses in: the declared one, else (on the
@@ -423,7 +481,8 @@ class Fields:
             f, x = plans[i], out[i]
             if f.kind == IMAGE:
                 g.set_state(state)
-                out[i] = prepare.apply(x, None, moves=moves)[0]  # no mixing: labels are fields
+                x = prepare.apply(x, None, moves=moves)[0]  # no mixing: labels are fields
+                out[i] = x if self.erase is None else self.erase(x, g)  # after the normalize
             else:
                 x = x if moves is None else moves.mask(x)
                 out[i] = x[..., 0] if f.layout == "NHW" else x.permute(0, 3, 1, 2).contiguous()
@@ -446,6 +505,16 @@ class Fields:
         return x.permute(0, 2, 3, 1) if f.layout == "NCHW" else x[..., None]
 
 
+def tally(s: TransferStats, plans: list[Field | None], copies: int) -> None:
+    """Count a batch's fields as they crossed, in ``copies`` host->device copies."""
+    for f in filter(None, plans):
+        s.image_bytes += f.nbytes if f.kind == IMAGE else 0
+        s.label_bytes += f.nbytes if f.integer else 0
+        s.other_bytes += f.nbytes if f.kind != IMAGE and not f.integer else 0
+        s.usual_bytes += f.usual_bytes
+    s.copies += copies
+
+
 @dataclass
 class Sent:
     """One batch on its way: its device bytes (copy in flight), the slot they came from,
@@ -461,8 +530,12 @@ class Sent:
 
 
 class Wrapped(Epochs):
-    """An iterable of batches moved and prepared on the device; see ``wrap``."""
+    """An iterable of batches moved and prepared on the device; see ``wrap``. Every attribute
+    it does not own (``__slots__``, its methods and properties) is the source's: read there,
+    written there (timm sets ``loader.mixup_enabled``, Lightning ``worker_init_fn``)."""
 
+    __slots__ = ("batches", "fields", "_device", "epoch", "position", "_stats", "_ring")
+    __slots__ += ("_where", "_state")
     slots = 3  # one read by the copy in flight, one handed out, one being filled
 
     def __init__(self, batches: Iterable, fields: Fields, device: str | torch.device) -> None:
@@ -473,15 +546,19 @@ class Wrapped(Epochs):
         self._state: Any = None  # the source's state after the last batch handed out
 
     def __getattr__(self, name: str) -> Any:
-        """``batch_size``, ``sampler``, ... from the source; ``state_dict`` and
-        ``load_state_dict`` only where the source has them (Lightning and accelerate ask
-        ``hasattr``)."""
-        source = self.__dict__.get("batches")
-        if name in PASSED:
-            return getattr(source, name)
-        if name in ("state_dict", "load_state_dict") and hasattr(source, name):
+        """The source's attribute; ``state_dict`` and ``load_state_dict`` are latecast's
+        where the source has them (Lightning and accelerate ask ``hasattr``)."""
+        if name in Wrapped.__slots__ or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(name)  # not set yet (copy, pickle): never the source's
+        if name in ("state_dict", "load_state_dict") and hasattr(self.batches, name):
             return getattr(self, f"_{name}")
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(self.batches, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in Wrapped.__slots__:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.batches, name, value)
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -491,18 +568,33 @@ class Wrapped(Epochs):
         return self._where[0] if self._where else placement(self._device)[0]
 
     @property
+    def mean(self) -> tuple[float, ...] | None:
+        """The mean it normalizes with (``fields`` holds every option): what a second loader
+        made from ``w.dataset`` needs, ``latecast.wrap(that, mean=w.mean, std=w.std)``."""
+        return self.fields.mean
+
+    @property
+    def std(self) -> tuple[float, ...] | None:
+        return self.fields.std
+
+    @property
     def stats(self) -> TransferStats:
         """Bytes by kind (images, integers, others), copies, batches, data wait, and what the
-        same batches would have cost as float32 images and int64 integers."""
+        same batches would have cost moved as they arrived (``usual_bytes``)."""
         return replace(self._stats)
 
     def set_epoch(self, epoch: int) -> None:
-        """Seed augmentation from ``epoch`` and pass it on to the source (or its sampler)."""
+        """Seed augmentation from ``epoch`` and pass it on: to the source's own ``set_epoch``
+        where it has one (accelerate's loaders pass it on themselves), else to its sampler and
+        its dataset (a shuffled iterable dataset, Hugging Face's, draws its order from it)."""
         super().set_epoch(epoch)
-        for obj in (self.batches, getattr(self.batches, "sampler", None)):
+        source = self.batches
+        if callable(getattr(source, "set_epoch", None)):
+            source.set_epoch(epoch)
+            return
+        for obj in (getattr(source, "sampler", None), getattr(source, "dataset", None)):
             if callable(getattr(obj, "set_epoch", None)):
                 obj.set_epoch(epoch)
-                return
 
     def _state_dict(self) -> dict:
         source = self._state if self._state is not None else self.batches.state_dict()
@@ -521,10 +613,13 @@ class Wrapped(Epochs):
         self.epoch, self.position, self._state = int(state["epoch"]), int(state["position"]), None
 
     def __iter__(self) -> Iterator[Any]:
+        self._start()
+        yield from self._count(self._finished())
+
+    def _start(self) -> None:
         if self._where is None:  # resolved at the first pass: a launcher may start after us
             self._where = placement(self._device)
             self._ring = Ring(self.slots, self._where[0], side=True)
-        yield from self._count(self._finished())
 
     def _finished(self) -> Iterator[tuple[Any, bool]]:
         """Each batch finished on the device and whether it is the last; the next one's copy
@@ -533,18 +628,22 @@ class Wrapped(Epochs):
         sent = (self._send(batch, stateful) for batch in self.batches)
         t0 = time.perf_counter()
         for s, last in ahead(sent):
-            dev = self._ring.ready(s.slot, s.dev)
-            where = (self.epoch, self._where[1], self.position)
-            raws = [f and dev[o : o + f.nbytes] for f, o in zip(s.plans, s.offsets)]
-            done = self.fields.finish(s.plans, raws, where)
-            batch = s.rebuild(
-                [value if f is None else d for (_, value), f, d in zip(s.leaves, s.plans, done)]
-            )
-            self._stats.batches += 1
+            batch = self._finish(s)
             self._stats.wait_seconds += time.perf_counter() - t0
             self._state = None if last else s.state  # the last: the next epoch's, from the source
             yield batch, last
             t0 = time.perf_counter()
+
+    def _finish(self, s: Sent) -> Any:
+        """A sent batch prepared on the device, once its copy is done."""
+        dev = self._ring.ready(s.slot, s.dev)
+        where = (self.epoch, self._where[1], self.position)
+        self._stats.batches += 1
+        raws = [f and dev[o : o + f.nbytes] for f, o in zip(s.plans, s.offsets)]
+        done = self.fields.finish(s.plans, raws, where)
+        return s.rebuild(
+            [value if f is None else d for (_, value), f, d in zip(s.leaves, s.plans, done)]
+        )
 
     def _send(self, batch: Any, stateful: bool) -> Sent:
         """A batch of the source packed into the ring, its copy started."""
@@ -565,17 +664,8 @@ class Wrapped(Epochs):
         dev = self._ring.send(slot, host)
         if dev.data_ptr() == host.data_ptr():  # a CPU "device": never hand out the ring's memory
             dev = dev.clone()
-        self._tally(plans)
+        tally(self._stats, plans, copies=1)
         return Sent(dev, slot, plans, offsets, leaves, rebuild, state)
-
-    def _tally(self, plans: list[Field | None]) -> None:
-        s = self._stats
-        for f in filter(None, plans):
-            s.image_bytes += f.nbytes if f.kind == IMAGE else 0
-            s.label_bytes += f.nbytes if f.integer else 0
-            s.other_bytes += f.nbytes if f.kind != IMAGE and not f.integer else 0
-            s.usual_bytes += f.usual_bytes
-        s.copies += 1
 
     def _pack(self, dst: torch.Tensor, f: Field, t: torch.Tensor) -> None:
         """Write ``t`` into the pinned bytes ``dst`` in the dtype it crosses in."""
@@ -586,13 +676,68 @@ class Wrapped(Epochs):
             dst.view(t.dtype).view(f.shape).copy_(t)
 
 
+class Mover(Wrapped):
+    """``mover(batch)``: one host batch moved and prepared as ``wrap`` moves each of its
+    batches (one pinned buffer, one copy, narrow integers, images normalized on the device),
+    for programs that build their batches per call (nanoGPT's ``get_batch``). No read-ahead:
+    a batch function that draws from the global RNG draws exactly when it did without it.
+    ``position`` counts the calls, and seeds the augmentation with ``epoch`` and the rank.
+
+    Example:
+        >>> mover = latecast.Mover(device="cuda")            # wrap's options: fields=, mean=...
+        >>> x, y = mover((x, y))   # int64 token ids cross as uint16, int64 on the device
+    """
+
+    def __init__(self, *, device: str | torch.device = "auto", **options: Any) -> None:
+        super().__init__(None, Fields.of(options), device)
+
+    def __call__(self, batch: Any) -> Any:
+        self._start()
+        batch = self._finish(self._send(batch, stateful=False))
+        self.position += 1
+        return batch
+
+
+class WrappedLoader(Wrapped, DataLoader):
+    """``wrap`` of a ``DataLoader``: an instance of the loader's own class that shares its
+    attributes (one ``__dict__``) and moves its batches. So frameworks that look for a
+    DataLoader find one: Lightning injects its ``DistributedSampler`` by re-making it as
+    ``type(w)(**arguments read off it)``, which makes a loader of the source's class from those
+    arguments and wraps it the same way; accelerate's ``prepare`` re-makes it as its own class
+    (wrap what ``prepare`` returns instead; README, "Your own data")."""
+
+    source: type  # set on each wrap's own class, with `options`: what __init__ re-makes
+    options: tuple  # (Fields, device)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._adopt(self.source(*args, **kwargs))
+
+    def _adopt(self, loader: DataLoader) -> WrappedLoader:
+        object.__setattr__(self, "__dict__", loader.__dict__)
+        Wrapped.__init__(self, loader, *self.options)
+        return self
+
+
+def loader_class(cls: type, fields: Fields, device: str | torch.device) -> type:
+    """A ``WrappedLoader`` class for loaders of class ``cls``, wrapped with these options."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        WrappedLoader.__init__(self, *args, **kwargs)
+
+    __init__.__signature__ = inspect.signature(cls.__init__)  # read by Lightning to re-make it
+    body = {"__init__": __init__, "source": cls, "options": (fields, device)}
+    if hasattr(cls, "state_dict"):  # else the source's own, one batch ahead, would answer
+        body.update(state_dict=Wrapped._state_dict, load_state_dict=Wrapped._load_state_dict)
+    return type(f"Wrapped{cls.__name__}", (WrappedLoader, cls), body)
+
+
 def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: Any) -> Wrapped:
     """Batches of ``batches`` (any iterable: a ``DataLoader``, a generator, a list) on the
     device: uint8 images augmented and normalized there, integers widened there after
     crossing narrow, every field of a batch in one pinned buffer and one copy, the next
-    batch's copy started on a side CUDA stream while this one is used. ``len()``,
-    ``set_epoch()``, ``sampler``, ``batch_size`` and ``state_dict()``/``load_state_dict()``
-    pass through to ``batches`` where it has them; ``stats`` counts the bytes. Rank and
+    batch's copy started on a side CUDA stream while this one is used. Every attribute but
+    latecast's own (``stats``, ``device``, ``epoch``, ...) is read from and written to
+    ``batches``; a ``DataLoader`` comes back as one of its class (``WrappedLoader``). Rank and
     device are resolved at the first pass. What a field is: see the module docstring.
 
     Args:
@@ -604,10 +749,13 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
         augment: ``f(images, generator)`` on uint8 ``(N, H, W, C)``, e.g. ``latecast.Augment``
             (without ``altflip``: it needs dataset indices; an ``Augment`` where there are
             masks); seeded from (seed, epoch, rank, batch) like the Loader's.
-        dtype, channels_last: the images' output dtype and memory format.
+        dtype, channels_last: the images' output dtype and memory format: the model's
+            (timm's ``--model-dtype bfloat16``: ``dtype=torch.bfloat16``).
         layout: ``"auto"``, ``"NHWC"`` or ``"NCHW"``: where uint8 images keep their channels.
         fields: ``{name: "image" | "mask" | integer dtype | (integer dtype, output dtype)}``.
         seed: mixed into the augmentation's seeds.
+        erase: ``latecast.Erasing(p=...)``, torchvision's ``RandomErasing`` per image on the
+            normalized batch (drawn from the augmentation's generator).
 
     Example:
         >>> tf = torchvision.transforms.PILToTensor()   # uint8 (C, H, W), not ToTensor()
@@ -617,4 +765,9 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
     """
     if not isinstance(batches, Iterable):
         raise ConfigError(f"batches must be an iterable of batches, got {batches!r:.60}")
-    return Wrapped(batches, Fields.of(options), device)
+    spec = Fields.of(options)
+    if isinstance(batches, Wrapped):
+        raise ConfigError(f"{type(batches).__name__} is wrapped already: wrap its source once")
+    if isinstance(batches, DataLoader):
+        return object.__new__(loader_class(type(batches), spec, device))._adopt(batches)
+    return Wrapped(batches, spec, device)
