@@ -29,6 +29,7 @@ from typing import Iterator
 import torch
 
 from .data import Dataset, EncodedDataset
+from .decode import decoder
 from .distributed import placement
 from .errors import ConfigError
 from .prepare import Augmentation, Mixing, Prepare
@@ -248,6 +249,7 @@ class Loader:
             cls = MOVERS[resolve(self._asked[1], self.dataset, device)]
             args = (self.dataset, device, self.batch_size)
             self._mover = cls(*args, self.prepare) if cls.prepares else cls(*args)
+            self._mover.stats.decoder = decoder() if cls.encoded else ""  # fails before a batch
             if self.static:
                 (h, w, c), b = self.dataset.image_shape, self.batch_size
                 fmt = torch.channels_last if self.channels_last else torch.contiguous_format

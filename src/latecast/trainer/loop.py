@@ -694,6 +694,7 @@ def _train(run: Run) -> dict:
         "graph": config.graph,
         "epochs": config.epochs,
         "transfer": loader.transfer,
+        "decoder": stats.decoder,  # "" unless JPEG files were decoded
         "device": str(loader.device),
         "dataset": loader.dataset.name,
         "model": config.model,
