@@ -53,6 +53,11 @@ def upright(data: bytes, mode: str = "RGB") -> torch.Tensor:
     return torch.from_numpy(a.reshape(*a.shape[:2], -1).copy()).permute(2, 0, 1)
 
 
+def as_uint8(images: torch.Tensor) -> torch.Tensor:
+    """wrap's output without mean/std (ToTensor's x / 255) as the uint8 pixels again."""
+    return images.mul(255).round().to(torch.uint8)
+
+
 def test_each_exif_orientation_decodes_as_pillow_shows_it(decoder):
     """Orientations 1-8 of a 24x40 photo: the pixels Pillow's exif_transpose shows, exactly
     (the same libjpeg underneath), and the header read gives the upright size."""
@@ -126,3 +131,118 @@ def test_a_store_from_before_exif_turns_is_refused_naming_the_sample(decoder):
     )  # fmt: skip
     with pytest.raises(decode.FormatError, match=r"sample 1: decodes to \(40, 24\), stored as"):
         list(Loader(ds, 2, device="cpu", shuffle=False))
+
+
+# ---- JPEG fields in wrap ---------------------------------------------------------------------
+
+MEAN, STD = (0.45, 0.5, 0.4), (0.25, 0.2, 0.3)
+SHAPES = [(40, 56, 1), (32, 32, 6), (61, 23, 1), (30, 50, 8), (48, 48, 3), (33, 47, 1)]
+
+
+@pytest.fixture(scope="module")
+def mixed_files() -> list[bytes]:
+    """Photos of several sizes, two of them stored turned (EXIF 6 and 8) and one upside down."""
+    return [jpeg(smooth(h, w, i), o) for i, (h, w, o) in enumerate(SHAPES)]
+
+
+def store_of(files: list[bytes], size, channels=3):
+    """The JPEG store ``latecast convert`` would write of these files (upright sizes)."""
+    from latecast.data import EncodedDataset
+
+    sizes = [tuple(upright(f).shape[1:]) for f in files]
+    return EncodedDataset(
+        name="same", split="train", data=np.frombuffer(b"".join(files), np.uint8),
+        offsets=np.cumsum([0] + [len(f) for f in files]), sizes=np.array(sizes),
+        labels=np.arange(len(files), dtype=np.uint8) % 3, classes=("a", "b", "c"),
+        mean=MEAN[:channels], std=STD[:channels], channels=channels, size=size,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("augment", [None, "train"])
+def test_wrap_and_a_store_give_the_same_pixels_for_the_same_files(decoder, mixed_files, augment):
+    """The same files, seed and batch number, so the same crop boxes: a JPEG field through
+    ``wrap`` equals a JPEG store's batch bitwise (train: RandomResizedCrop + flip + jitter;
+    eval: resize to cover + centre crop), EXIF-turned files included, on either decoder."""
+    import latecast
+
+    aug = augment and latecast.Augment(resized_crop=0.25, flip=0.5, jitter=0.3)
+    ds = store_of(mixed_files, (24, 28))
+    loader = Loader(ds, 3, device="cpu", augment=aug, seed=5, shuffle=False, pad=False)
+    labels = torch.arange(len(mixed_files)) % 3
+    batches = [(mixed_files[k : k + 3], labels[k : k + 3]) for k in (0, 3)]
+    jpg = latecast.jpeg(size=(24, 28))
+    wrapped = latecast.wrap(batches, mean=MEAN, std=STD, device="cpu", augment=aug, seed=5,
+                            fields={0: jpg})  # fmt: skip
+    for (a, ya), (b, yb) in zip(loader, wrapped, strict=True):
+        assert a.shape == (3, 3, 24, 28) and torch.equal(a, b) and torch.equal(ya, yb)
+    s = wrapped.stats
+    assert s.image_bytes == sum(map(len, mixed_files)) and s.decoder == decode.decoder()
+    assert s.decoded_bytes == 6 * 24 * 28 * 3 and s.usual_bytes == 4 * s.decoded_bytes + 6 * 8
+
+
+def test_every_form_of_a_jpeg_field_comes_out_alike(mixed_files):
+    """bytes, a tuple, 1-D uint8 tensors and arrays, Hugging Face dicts, a numpy object
+    array: the same images; undeclared (recognised by the signature) at their one size."""
+    import latecast
+
+    files = [jpeg(smooth(20, 30, i)) for i in range(4)]
+    forms = [
+        files,
+        tuple(files),
+        [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files],
+        [np.frombuffer(f, np.uint8) for f in files],
+        [{"bytes": f, "path": f"{i}.jpg"} for i, f in enumerate(files)],
+        np.array(files + [b""], dtype=object)[:4],
+    ]
+    outs = [next(iter(latecast.wrap([{"jpg": x, "n": 7}], device="cpu")))["jpg"] for x in forms]
+    ref = torch.stack([upright(f) for f in files])
+    assert outs[0].shape == (4, 3, 20, 30) and torch.equal(as_uint8(outs[0]), ref)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_files_of_mixed_sizes_need_a_declared_size(mixed_files):
+    import latecast
+    from latecast.errors import BatchError
+
+    with pytest.raises(BatchError, match=r"field 'jpg': JPEG files of 6 sizes .*latecast.jpeg\("):
+        next(iter(latecast.wrap([{"jpg": mixed_files}], device="cpu")))
+
+
+def test_grey_and_colour_files_come_out_with_the_channels_asked_for():
+    import latecast
+
+    files = [jpeg(smooth(16, 16, 0, grey=True)), jpeg(smooth(16, 16, 1))]
+    grey = [jpeg(smooth(16, 16, 2, grey=True))] * 2
+    for batch, fields, channels, mode in [
+        (files, None, 3, "RGB"),  # undeclared: colour wins
+        (files, {0: latecast.jpeg(channels=1)}, 1, "L"),
+        (grey, None, 1, "L"),  # every file grey
+    ]:
+        out = next(iter(latecast.wrap([(batch,)], device="cpu", fields=fields)))[0]
+        ref = torch.stack([upright(f, mode) for f in batch])
+        assert out.shape == (2, channels, 16, 16) and torch.equal(as_uint8(out), ref), mode
+
+
+def test_a_file_that_is_no_jpeg_is_decoded_on_the_host_and_said_once(recwarn):
+    """A PNG among JPEGs: decoded on the host (one warning for the field, not per batch),
+    the same pixels as Pillow's."""
+    import latecast
+
+    png = jpeg(smooth(16, 16, 3), fmt="PNG")
+    files = [jpeg(smooth(16, 16, 0)), png, jpeg(smooth(16, 16, 1))]
+    out = [b["x"] for b in latecast.wrap([{"x": files}] * 3, device="cpu")]
+    said = [w for w in recwarn.list if "is decoded on the host" in str(w.message)]
+    assert len(said) == 1 and "field 'x'" in str(said[0].message)
+    assert torch.equal(as_uint8(out[2][1]), upright(png)) and torch.equal(out[0], out[2])
+
+
+def test_a_corrupt_file_is_one_error_naming_the_field_and_the_position():
+    import latecast
+    from latecast.errors import BatchError
+
+    good = [jpeg(smooth(16, 16, i)) for i in range(4)]
+    cut, junk = good[:2] + [good[2][: len(good[2]) // 2], good[3]], good[:3] + [b"\xff\xd8junk"]
+    with pytest.raises(BatchError, match=r"field 'img': the file at position 2 of the batch"):
+        next(iter(latecast.wrap([{"img": cut}], device="cpu")))
+    with pytest.raises(BatchError, match=r"field 'img': the file at position 3 of the batch"):
+        next(iter(latecast.wrap([{"img": junk}], device="cpu")))

@@ -124,6 +124,8 @@ def _orientation(tiff: bytes) -> int:
 def read(files: list[torch.Tensor], channels: int, device: torch.device) -> list[torch.Tensor]:
     """JPEG files (1-D uint8 on the CPU) -> ``(channels, H, W)`` uint8 images on ``device``,
     upright (EXIF orientation applied), in one call of the chosen decoder."""
+    if not files:
+        return []
     mode = {1: "GRAY", 3: "RGB"}[channels]
     if decoder().startswith("torchcodec"):
         from torchcodec.decoders import decode_jpeg
@@ -151,10 +153,11 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
     files = batch.files()
 
     def upright(rows, device) -> list[torch.Tensor]:  # (H, W, C) views, checked
+        todo = [i for i in rows if i not in batch.decoded]
         try:
-            images = read([files[i] for i in rows], batch.channels, device)
+            done = dict(zip(todo, read([files[i] for i in todo], batch.channels, device)))
         except RuntimeError as err:  # name the first file that does not decode
-            for i in rows:
+            for i in todo:
                 try:
                     read([files[i]], batch.channels, torch.device("cpu"))
                 except RuntimeError as bad:
@@ -164,6 +167,7 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
             raise FormatError(
                 f"the batch did not decode on {device}, though each file does on the CPU ({err})"
             ) from None
+        images = [done[i] if i in done else batch.decoded[i].to(device) for i in rows]
         for i, im in zip(rows, images):
             if list(im.shape[1:]) != batch.sizes[i].tolist():  # a store from before EXIF turns
                 raise FormatError(

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
@@ -55,6 +55,7 @@ class Encoded:
     indices: torch.Tensor  # (n,) int64 dataset indices, on the CPU
     channels: int  # 1 (gray) or 3 (RGB)
     device: torch.device
+    decoded: dict = field(default_factory=dict)  # wrap: position -> CHW of a non-JPEG file
 
     def __len__(self) -> int:
         return len(self.sizes)

@@ -20,6 +20,9 @@ else in it (file names, say) passes through untouched. Each field is one of thre
   ``fields={"tokens": torch.uint16}`` fixes the dtype it crosses in, and
   ``(torch.int16, torch.float32)`` the output dtype too; a value that does not fit is an
   error naming the field, never a wrap-around.
+- **JPEG files** (``encoded.py``): a list of files starting with the JPEG signature, or any
+  field declared ``latecast.jpeg(...)``. The files cross; they come out decoded, cropped to
+  the training size, augmented and normalized on the device, as a JPEG store's batch.
 - anything else (floats, bools) crosses and comes out as it is.
 """
 
@@ -35,6 +38,7 @@ from typing import Any, Callable, Iterable, Iterator, Union
 import numpy as np
 import torch
 
+from . import encoded
 from .distributed import placement
 from .errors import BatchError, ConfigError
 from .prepare import Augmentation, Prepare
@@ -118,17 +122,18 @@ def fits(dtype: torch.dtype, low: int, high: int) -> bool:
 
 
 def check_fields(fields: dict | None) -> dict[Name, Any]:
-    """``fields=`` as ``{name: "image" | (dtype it crosses in, dtype it comes out in)}``."""
+    """``fields=`` as ``{name: "image" | Jpeg | (dtype it crosses in, dtype it comes out in)}``."""
     out: dict[Name, Any] = {}
     for name, spec in (fields or {}).items():
-        if isinstance(spec, str) and spec == IMAGE:
-            out[name] = IMAGE
+        if (isinstance(spec, str) and spec == IMAGE) or isinstance(spec, encoded.Jpeg):
+            out[name] = spec
             continue
         cross, dtype = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, torch.int64)
         if cross not in NARROW or not isinstance(dtype, torch.dtype):
             raise ConfigError(
-                f"fields[{name!r}] = {spec!r}: give 'image', an integer dtype to cross in "
-                f"({', '.join(str(d) for d in NARROW)}), or (that dtype, the output dtype)"
+                f"fields[{name!r}] = {spec!r}: give 'image', latecast.jpeg(), an integer dtype "
+                f"to cross in ({', '.join(str(d) for d in NARROW)}), or (that dtype, the output "
+                "dtype)"
             )
         out[name] = (cross, dtype)
     return out
@@ -179,8 +184,12 @@ class Fields:
                 + ", ".join(repr(name) for name, _ in leaves)
             )
         tensors = [as_tensor(v) for _, v in leaves]
-        plans: list[Field | None] = []
-        for (name, _), t in zip(leaves, tensors):
+        plans: list[Field | encoded.JpegField | None] = []
+        for (name, value), t in zip(leaves, tensors):
+            spec = self.fields.get(name)
+            if isinstance(spec, encoded.Jpeg) or (t is None and encoded.recognised(value)):
+                plans.append(encoded.plan(name, value, spec, len(self.prepare.mean)))
+                continue
             if t is not None and host and t.device.type != "cpu":
                 raise BatchError(
                     f"field {name!r} is already on {t.device}: wrap moves batches from host "
@@ -188,7 +197,7 @@ class Fields:
                 )
             f = None if t is None else self.plan(name, t)
             plans.append(self.narrow(f, t) if f is not None and host else f)
-        if self.normalizes and not any(f and f.kind == IMAGE for f in plans):
+        if self.normalizes and not any(f and f.kind in (IMAGE, encoded.ENCODED) for f in plans):
             raise BatchError(
                 "mean/std were given but no field of this batch is a uint8 image ("
                 + ", ".join(
@@ -280,6 +289,7 @@ class Sent:
     each field's plan and offset, what passes through, and the source's state after it."""
 
     dev: torch.Tensor
+    host: torch.Tensor  # the slot's bytes: JPEG fields are decoded from here
     slot: int
     plans: list[Field | None]
     offsets: list[int]
@@ -371,9 +381,7 @@ class Wrapped:
             where = (self.epoch, rank, self.position)
             batch = pending.rebuild(
                 [
-                    value
-                    if f is None
-                    else self.fields.finish(f, pending.dev[o : o + f.nbytes], where)
+                    value if f is None else self._finish(pending, f, o, where)
                     for (_, value), f, o in zip(pending.leaves, pending.plans, pending.offsets)
                 ]
             )
@@ -385,6 +393,13 @@ class Wrapped:
             yield batch
             t0, pending = time.perf_counter(), ahead
 
+    def _finish(self, pending: Sent, f, offset: int, where: tuple[int, int, int]) -> Any:
+        if f.kind == encoded.ENCODED:  # the files stay in the pinned buffer: the decoder reads them
+            self.fields.prepare.seek(*where)
+            files = pending.host[offset : offset + f.nbytes]
+            return encoded.finish(f, files, self.fields.prepare, self._where[0])
+        return self.fields.finish(f, pending.dev[offset : offset + f.nbytes], where)
+
     def _fetch(self, source: Iterator, side, stateful: bool) -> Sent | None:
         """The source's next batch, packed and its copy started (on ``side``), or None."""
         try:
@@ -395,27 +410,32 @@ class Wrapped:
         leaves, rebuild = split(batch)
         tensors, plans = self.fields.plan_batch(leaves, host=True)
         # Widest dtype first: every field then starts at a multiple of its own item size, so
-        # it can be viewed as its dtype on the device with no padding between fields.
+        # it can be viewed as its dtype on the device with no padding between fields. JPEG
+        # files last: they stay in the pinned buffer, the decoder copies them itself.
         order = sorted(
-            (i for i, p in enumerate(plans) if p), key=lambda i: -plans[i].dtype.itemsize
+            (i for i, p in enumerate(plans) if p),
+            key=lambda i: (plans[i].kind == encoded.ENCODED, -plans[i].dtype.itemsize),
         )
-        offsets, end = [0] * len(plans), 0
+        offsets, end, sent = [0] * len(plans), 0, 0
         for i in order:
             offsets[i], end = end, end + plans[i].nbytes
+            sent = end if plans[i].kind != encoded.ENCODED else sent
         slot, host = self._ring.stage(end)
         for i in order:
             self._pack(host[offsets[i] : offsets[i] + plans[i].nbytes], plans[i], tensors[i])
         with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            dev = self._ring.send(slot, host)
+            dev = self._ring.send(slot, host[:sent])
         if dev.data_ptr() == host.data_ptr():  # a CPU "device": never hand out the ring's memory
             dev = dev.clone()
         self._count(plans)
-        return Sent(dev, slot, plans, offsets, leaves, rebuild, state)
+        return Sent(dev, host, slot, plans, offsets, leaves, rebuild, state)
 
     def _count(self, plans: list[Field | None]) -> None:
         s = self._stats
         for f in filter(None, plans):
-            s.image_bytes += f.nbytes if f.kind == IMAGE else 0
+            if f.kind == encoded.ENCODED:  # the files count, beside what uint8 would move
+                s.decoded_bytes, s.decoder = s.decoded_bytes + f.decoded_bytes, encoded.decoder()
+            s.image_bytes += f.nbytes if f.kind in (IMAGE, encoded.ENCODED) else 0
             s.label_bytes += f.nbytes if f.kind == INT else 0
             s.other_bytes += f.nbytes if f.kind == AS_IS else 0
             s.usual_bytes += f.usual_bytes
@@ -423,7 +443,9 @@ class Wrapped:
 
     def _pack(self, dst: torch.Tensor, f: Field, t: torch.Tensor) -> None:
         """Write ``t`` into the pinned bytes ``dst`` in the dtype it crosses in."""
-        if f.kind == INT:  # numpy casts every integer dtype; the values were checked to fit
+        if f.kind == encoded.ENCODED:
+            f.pack(dst)
+        elif f.kind == INT:  # numpy casts every integer dtype; the values were checked to fit
             out = dst.numpy().view(numpy_dtype(f.dtype)).reshape(f.shape)
             np.copyto(out, t.detach().numpy(), casting="unsafe")
         else:
