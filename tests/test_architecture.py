@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(importlib.util.find_spec("latecast").submodule_search_locations[0])  # not imported
@@ -114,6 +116,13 @@ def test_the_folder_rule():
     assert {folder(m) for m in graph} == set(ALLOWED)  # the check sees every folder
     bad = folder_breaches(graph)
     assert not bad, f"imports against the folder rule: {'; '.join(bad)}"
+
+
+def test_storage_and_the_data_types_load_without_torch():
+    """``latecast convert``'s workers and the command line start without torch (about 2 s):
+    the data types (``Batch``, ``Encoded`` too) name torch only for type checkers."""
+    code = "import sys, latecast.data, latecast.storage.convert; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_the_checks_see_every_kind_of_import(tmp_path):

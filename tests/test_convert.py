@@ -118,6 +118,41 @@ def test_convert_then_info_on_a_jpeg_store(tmp_path, run_cli):
     assert f"decoded by {proc.json['decoder']}" in proc.out
 
 
+def damage_scan(jpeg: bytes) -> bytes:
+    """16 bytes inverted in the middle of the entropy-coded data (after the SOS header):
+    Pillow decodes the file without a word, libjpeg with "Corrupt JPEG data: ..."."""
+    data, mid = bytearray(jpeg), (jpeg.index(b"\xff\xda") + len(jpeg)) // 2
+    data[mid : mid + 16] = bytes(b ^ 0xFF for b in data[mid : mid + 16])
+    return bytes(data)
+
+
+@pytest.mark.parametrize("encoding", ["jpeg", "raw"])
+def test_damaged_jpeg_scan_data_is_refused_or_skipped_and_bytes_after_the_end_reencoded(
+    tmp_path, capfd, encoding
+):
+    from latecast.storage.store import verify
+
+    src = tmp_path / "photos"
+    for c, cls in enumerate(("cat", "dog")):
+        for i in range(3):
+            save(src / cls / f"{i}.jpg", smooth(24, 32, seed=seed_of(c, i)))
+    noise = np.random.default_rng(0).integers(0, 256, (24, 32, 3), dtype=np.uint8)
+    Image.open(io.BytesIO(damage_scan(jpeg_of(noise)))).load()  # Pillow: no error, no warning
+    (src / "cat" / "scan.jpg").write_bytes(damage_scan(jpeg_of(noise)))
+    (src / "dog" / "tail.jpg").write_bytes(jpeg_of(noise) + b"a phone's trailer")
+    options = {"encoding": encoding, "test_fraction": 0, "workers": 2}
+    with pytest.raises(FormatError, match=r"cat/scan\.jpg: damaged JPEG data \(libjpeg decodes"):
+        convert_folder(src, tmp_path / "s", **options)
+    assert not (tmp_path / "s").exists()
+    out, skipped = convert_folder(src, tmp_path / "s", skip_bad=True, **options)
+    assert skipped == ["cat/scan.jpg"] and "damaged JPEG" in (out / "skipped.txt").read_text()
+    ds = open_store(out)
+    assert len(ds) == 7 and verify(ds, "s")
+    if encoding == "jpeg":  # the file with a trailer is re-encoded, the others kept
+        assert json.loads((out / "meta.json").read_text())["reencoded"] == 1
+    assert "Corrupt JPEG" not in capfd.readouterr().err
+
+
 # ---- row 56: kill -9 during a real `latecast convert` ------------------------------------------
 
 

@@ -53,7 +53,7 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "CARRY": str(tiny_carry(tmp_path)),
         "PEER_SEEDS": "1",
         "PEER_ARGS": "--preset colour -b 32 --epochs 1 --limit-test 12",
-        "VARIANTS": "eager:",  # --compile on the CPU: tests/test_static.py
+        "VARIANTS": "eager:",  # --compile on the CPU: tests/test_train_step.py
         "COMPILE_ARGS": TINY,
         "STEPS": "1",
         "PROFILE_ARGS": "--warmup 0 -b 16",
@@ -139,6 +139,7 @@ def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path):
         "PYTHON": sys.executable,
         "DEVICE": "nodevice",
         "LIMITS": "off",
+        "PHOTOS": "8",  # the one part that still works: make it small
         "SEEDS": "1",
         "CARRY": str(carry),
         "VARIANTS": "eager:",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -14,7 +15,7 @@ from torch.utils.data import DistributedSampler
 import latecast
 from latecast.errors import ConfigError
 from latecast.loader import Loader, epoch_order
-from latecast.transfer import MOVERS, float32_bytes
+from latecast.transfer import MOVERS, ahead, float32_bytes
 
 STRATS = [name for name, m in MOVERS.items() if not m.encoded]  # uint8 pixels
 
@@ -214,6 +215,42 @@ def test_rank_and_world_from_torchrun_environment(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "3")
     loader = Loader(small(n=10, shape=(2, 2, 1)), 4, device="cpu")
     assert (loader.rank, loader.world_size, loader.num_samples, len(loader)) == (1, 3, 4, 1)
+
+
+def test_empty_pass_moves_to_the_next_epoch():
+    loader = Loader(small(n=100, shape=(2, 2, 1)), 32, device="cpu")
+    loader.load_state_dict({**loader.state_dict(), "position": 4})  # the epoch's 4 batches done
+    assert collect(loader) == [] and (loader.epoch, loader.position) == (1, 0)
+
+
+# -- movers ------------------------------------------------------------------------------
+
+
+def test_movers_move_only_and_float32_takes_what_the_host_prepared():
+    """Every mover is made from (dataset, device, batch size) alone: none is handed the
+    prepare stage. ``float32`` copies the batches the host prepared as they are."""
+    assert {tuple(inspect.signature(m).parameters) for m in MOVERS.values()} == {
+        ("dataset", "device", "batch_size")
+    }
+    ds = small(n=10, shape=(2, 2, 1))
+    x, y = torch.randn(4, 1, 2, 2), torch.arange(4)
+    mover = MOVERS["float32"](ds, torch.device("cpu"), 4)
+    ((mx, my),) = mover.batches([(x, y)])
+    assert torch.equal(mx, x) and torch.equal(my, y)
+    assert (mover.stats.image_bytes, mover.stats.label_bytes) == (64, 32)
+
+
+def test_ahead_takes_the_next_item_before_handing_out_this_one():
+    taken = []
+
+    def items():
+        for k in range(3):
+            taken.append(k)
+            yield k
+
+    got = [(item, last, len(taken)) for item, last in ahead(items())]
+    assert got == [(0, False, 2), (1, False, 3), (2, True, 3)]
+    assert list(ahead([])) == [] and list(ahead("a")) == [("a", True)]
 
 
 # -- bytes -------------------------------------------------------------------------------

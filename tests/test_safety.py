@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +30,7 @@ from latecast.data import fingerprint, from_arrays
 from latecast.errors import CheckpointError, ConfigError, FormatError
 from latecast.loader import Loader
 from latecast.storage.datasets import load_dataset
-from latecast.storage.store import write_store
+from latecast.storage.store import open_store, verify, write_store
 from latecast.tools.cli import _strict
 from latecast.trainer import checkpoint as ckpt
 from latecast.trainer.loop import TrainConfig
@@ -310,15 +311,19 @@ def test_the_next_save_removes_what_a_killed_save_left(tmp_path):
 # -- resume identity: the data's content (row 77) ------------------------------------------
 
 
-def mnist_store(folder: Path, permute: bool = False, dark: int | None = None) -> Path:
-    """A store of 256 MNIST training images (optionally with labels permuted, or one image
-    blacked out) and 128 test images: same sizes and label sums either way."""
+def mnist_store(
+    folder: Path, permute: bool = False, dark: int | None = None, mirror: int | None = None
+) -> Path:
+    """A store of 256 MNIST training images (optionally with labels permuted, one image
+    blacked out or one mirrored) and 128 test images: same sizes and label sums either way."""
     train, test = load_dataset("mnist", "train"), load_dataset("mnist", "test")
     images, labels = np.array(train.images[:256]), np.array(train.labels[:256])
     if permute:
         labels = np.random.default_rng(0).permutation(labels)
     if dark is not None:
         images[dark] = 0
+    if mirror is not None:  # the same pixel sums, so the same mean/std
+        images[mirror] = images[mirror, :, ::-1]
     for split, ims, lbs in (
         ("train", images, labels),
         ("test", test.images[:128], test.labels[:128]),
@@ -328,15 +333,17 @@ def mnist_store(folder: Path, permute: bool = False, dark: int | None = None) ->
     return folder
 
 
-@pytest.mark.parametrize("change", ["labels-permuted", "one-image"])
+@pytest.mark.parametrize("change", ["labels-permuted", "one-image", "one-image-mirrored"])
 def test_resume_refuses_a_checkpoint_made_from_other_data(change, tmp_path, run_cli):
     store, out = mnist_store(tmp_path / "store"), tmp_path / "run"
     assert run_cli("train", store, *TINY, "--output-dir", out).rc == 0
     before = tree(out)
     if change == "labels-permuted":  # same counts, same label sum
         mnist_store(store, permute=True)
-    else:  # the last image is always among those the fingerprint reads
+    elif change == "one-image":  # the last image is always among those sampled
         mnist_store(store, dark=255)
+    else:  # not among the 64 sampled: caught by the images' SHA-256 in meta.json
+        mnist_store(store, mirror=100)
     for extra in (["--check"], []):
         proc = run_cli("train", store, *TINY, "--output-dir", out, "--resume", "auto", *extra)
         line = one_line_error(proc, str(out / "checkpoint.pt"), "data_fingerprint")
@@ -356,17 +363,32 @@ def test_a_checkpoint_without_a_fingerprint_resumes_checked_by_name_and_size(tmp
     one_line_error(proc, "limit_train 256 (checkpoint) != 384 (now)")
 
 
-def test_fingerprint_is_the_same_in_another_process_and_follows_content():
+def test_fingerprint_is_the_same_in_another_process_and_follows_content(tmp_path):
     ds = load_dataset("mnist", "train")
     code = "from latecast import load_dataset; from latecast.data import fingerprint\n"
     code += "print(fingerprint(load_dataset('mnist', 'train')))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert other.stdout.strip() == fingerprint(ds), other.stderr
-    same = from_arrays(ds.images, ds.labels, name="copy", mean=ds.mean, std=ds.std)
+    copy = from_arrays(ds.images, ds.labels, name="copy", mean=ds.mean, std=ds.std)
+    same = open_store(write_store(copy, tmp_path / "copy"))
     labels = np.array(ds.labels)
     labels[1000] = (labels[1000] + 1) % 10  # one label of 60000
     changed = from_arrays(ds.images, labels, name=ds.name, mean=ds.mean, std=ds.std)
     assert fingerprint(same) == fingerprint(ds) != fingerprint(changed)
+    assert fingerprint(copy) == fingerprint(replace(ds, digest=""))  # no SHA-256: sampled
+
+
+def test_a_store_remade_with_one_image_mirrored_has_another_fingerprint(tmp_path):
+    stores = [mnist_store(tmp_path / "a"), mnist_store(tmp_path / "b", mirror=100)]
+    prints = [fingerprint(open_store(s, "train")) for s in stores]
+    assert prints[0] != prints[1]
+    for s in stores:  # as a store written before images_sha256: still opens, sampled
+        meta = json.loads((s / "train" / "meta.json").read_text())
+        del meta["images_sha256"]
+        (s / "train" / "meta.json").write_text(json.dumps(meta))
+    old = [open_store(s, "train") for s in stores]
+    assert old[0].digest == "" and fingerprint(old[0]) == fingerprint(old[1])  # image 100 unread
+    assert verify(old[0], "a") is False  # nothing to compare the bytes with
 
 
 # -- every argument and API input checked before work starts (rows 75, 40) -----------------

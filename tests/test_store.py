@@ -446,6 +446,80 @@ def test_any_byte_flip_or_cut_of_a_jpeg_store_gives_equal_data_or_a_latecast_err
     )
 
 
+def damage_scan(jpeg: bytes) -> bytes:
+    """16 bytes inverted in the middle of the entropy-coded data (after the SOS header):
+    libjpeg still decodes the file, warning "Corrupt JPEG data: N extraneous bytes"."""
+    data, mid = bytearray(jpeg), (jpeg.index(b"\xff\xda") + len(jpeg)) // 2
+    data[mid : mid + 16] = bytes(b ^ 0xFF for b in data[mid : mid + 16])
+    return bytes(data)
+
+
+def test_damaged_scan_data_mid_store_is_caught_by_verify_and_named_when_decoded(tmp_path, capfd):
+    from latecast.loader import Loader
+
+    rng, k = np.random.default_rng(0), 48
+    files = [jpeg_bytes(rng.integers(0, 256, (200, 200, 3), dtype=np.uint8)) for _ in range(96)]
+    ds = EncodedDataset(
+        "enc",
+        "train",
+        np.frombuffer(b"".join(files), np.uint8),
+        np.cumsum([0, *map(len, files)]).astype(np.int64),
+        np.full((96, 2), 200, np.int32),
+        np.zeros(96, np.uint8),
+        ("a",),
+        (0.5,) * 3,
+        (0.25,) * 3,
+        3,
+        (32, 32),
+    )
+    out = write_store(ds, tmp_path / "s")
+    start = int(ds.offsets[k])
+    assert (1 << 20) < start and start + len(files[k]) < len(ds.data) - (1 << 20)  # mid-store
+    with open(out / "data.bin", "r+b") as f:  # in place: the size and head/tail still agree
+        f.seek(start)
+        f.write(damage_scan(files[k]))
+    back = open_store(out)  # opening reads a sample of headers, not every scan
+    with pytest.raises(FormatError, match=r"s: the images differ from the SHA-256 in meta\.json"):
+        store.verify(back, "s")
+    capfd.readouterr()
+    with pytest.warns(UserWarning) as said:
+        batches = list(Loader(back, 16, shuffle=False, device="cpu"))
+    damaged = [str(w.message) for w in said if "damaged" in str(w.message)]
+    assert len(batches) == 6 and damaged == [
+        f"enc/train: sample {k}: damaged JPEG data (libjpeg decodes it with a warning, part of "
+        f"the image is wrong); `latecast info --verify` checks a store"
+    ]
+    assert "Corrupt JPEG" not in capfd.readouterr().err  # libjpeg's own text never shows
+
+
+@pytest.mark.parametrize("change", [lambda v: v * 2, lambda v: v // 2], ids=["larger", "smaller"])
+def test_sizes_that_disagree_with_the_files_headers_are_a_format_error_naming_the_sample(
+    tmp_path, change
+):
+    from latecast.loader import Loader
+
+    out = write_store(encoded(n=300), tmp_path / "s")
+    sampled = set(np.linspace(0, 299, store.STRUCTURE_SAMPLE).astype(int).tolist())
+    unsampled = next(i for i in range(300) if i not in sampled)
+
+    def edit(i: int) -> str:
+        sizes = np.load(out / "sizes.npy")
+        h, w = sizes[i].tolist()
+        rewrite(out, "sizes.npy", lambda a: np.where(np.arange(300)[:, None] == i, change(a), a))
+        return f"sample {i}: the file is {h}x{w}, sizes.npy says {change(h)}x{change(w)}"
+
+    seen = edit(299)  # the last file is always among those opening checks
+    with pytest.raises(FormatError, match=f"{out}: {seen}"):
+        open_store(out)
+    write_store(encoded(n=300), out)
+    unseen = edit(unsampled)
+    ds = open_store(out)  # one entry of 300 outside the sample: seen when decoded
+    with pytest.raises(FormatError, match=f"enc/train: {unseen}"):
+        list(Loader(ds, 50, shuffle=False, device="cpu"))
+    with pytest.raises(FormatError, match=f"s: {unseen}"):
+        store.verify(ds, "s")
+
+
 # ---- row 18: kill -9 mid-write leaves the previous store, and the next run starts clean ---
 
 WRITER = """

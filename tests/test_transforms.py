@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+import latecast
+from latecast import transforms
 from latecast.config import parse_augment
 from latecast.errors import ConfigError
 from latecast.transforms import (
@@ -176,6 +178,24 @@ def test_bad_settings_rejected():
     for kwargs in (*bad, {"jitter": float("nan")}, {"resized_crop": float("inf")}):
         with pytest.raises(ConfigError):
             Augment(**kwargs)
+
+
+def test_a_batch_is_checked_where_it_comes_in_not_in_every_transform(monkeypatch):
+    """The Loader and wrap check a batch when they take it in; the transforms an Augment
+    applies to it check nothing again, and called on its own an Augment checks once."""
+    calls = []
+    check = transforms._check_batch
+    monkeypatch.setattr(transforms, "_check_batch", lambda *a: calls.append(a[1]) or check(*a))
+    aug = Augment(crop=2, flip=0.5, cutout=2, jitter=0.2, fill="reflect")
+    x = batch(n=32, h=8, w=8)
+    ds = latecast.from_arrays(x.numpy(), np.arange(32) % 4, classes=list("abcd"))
+    assert len(list(latecast.Loader(ds, 8, device="cpu", transfer="uint8", augment=aug))) == 4
+    assert len(list(latecast.wrap([x[:8], x[8:]], device="cpu", augment=aug))) == 2
+    assert calls == []
+    aug(x, gen(0))
+    assert calls == ["Augment"]
+    with pytest.raises(ConfigError, match="needs padding < 2"):  # depends on the size: per batch
+        Augment(crop=2, fill="reflect")(batch(h=2, w=5))
 
 
 def test_generator_on_another_device_rejected():

@@ -350,3 +350,19 @@ def test_cuda_equals_cpu_under_load_with_pinned_reused_buffers():
         assert torch.equal(got["weight"].cpu(), want["weight"]), k
     assert all(b is not None and b.is_pinned() for b in w._ring.buffers)
     assert w.stats.copies == 12 and w.stats.label_bytes == 12 * 64 * 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cpu_passes_never_start_cuda():
+    """A CPU device on a CUDA machine: the rings copy on no stream, CUDA stays unstarted."""
+    code = (
+        "import numpy as np, torch, latecast\n"
+        "x = np.zeros((8, 6, 6, 1), np.uint8)\n"
+        "list(latecast.wrap([(x, np.arange(8))], device='cpu'))\n"
+        "ds = latecast.from_arrays(x, np.arange(8) % 2, classes=['a', 'b'])\n"
+        "for t in ('uint8', 'prefetch'):\n"
+        "    list(latecast.Loader(ds, 4, device='cpu', transfer=t))\n"
+        "assert not torch.cuda.is_initialized()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

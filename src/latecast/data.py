@@ -8,11 +8,15 @@ import hashlib
 import math
 import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from .errors import FormatError
+
+if TYPE_CHECKING:  # storage imports this module and runs without torch (convert's workers)
+    import torch
 
 
 @dataclass(frozen=True, eq=False)
@@ -69,9 +73,12 @@ class Dataset(_Split):
         mean, std: per-channel statistics in [0, 1] units (of the *train* split), used by
             the device-side normalize exactly like torchvision's ``Normalize(mean, std)``.
         images: ``(N, H, W, C)`` uint8, possibly a read-only memmap.
+        digest: SHA-256 of every image byte as the store was written (meta.json's
+            ``images_sha256``), "" when unknown; ``fingerprint`` uses it.
     """
 
     images: np.ndarray
+    digest: str = ""
 
     def __post_init__(self) -> None:
         im = self.images
@@ -109,6 +116,7 @@ class EncodedDataset(_Split):
         channels: 1 (decoded as grayscale) or 3 (RGB).
         size: ``(H, W)`` every image is cropped or resized to on the device.
         encoding: what ``data`` holds; ``"jpeg"``.
+        digest: as for ``Dataset`` (of ``data``).
     """
 
     data: np.ndarray
@@ -117,6 +125,7 @@ class EncodedDataset(_Split):
     channels: int
     size: tuple[int, int]
     encoding: str = "jpeg"
+    digest: str = ""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -245,15 +254,18 @@ def _array(value, what: str, name: str) -> np.ndarray:
 
 def fingerprint(ds: Dataset | EncodedDataset, samples: int = 64) -> str:
     """What identifies a split's content, as 16 hex digits: its shapes, mean/std, every
-    label and ``samples`` images spread evenly over it (a JPEG store: every file's size and
-    those files' bytes). Reads those images only, so a store larger than memory costs
-    milliseconds; equal on every process and machine."""
+    label (a JPEG store: every file's offset) and the images: their SHA-256 recorded when
+    the store was written (``ds.digest``: any changed byte is caught, at no cost per run),
+    else ``samples`` images spread evenly over it. Equal on every process and machine."""
     n = len(ds)
     picks = sorted({i * (n - 1) // max(samples - 1, 1) for i in range(min(samples, n))})
     h = hashlib.sha256(repr([len(ds), ds.image_shape, *map(float, (*ds.mean, *ds.std))]).encode())
     h.update(ds.labels.astype(ds.labels.dtype.newbyteorder("<")).tobytes())
     if isinstance(ds, EncodedDataset):
         h.update(ds.offsets.astype("<i8").tobytes())
+    if ds.digest:
+        h.update(ds.digest.encode())
+    elif isinstance(ds, EncodedDataset):
         for i in picks:
             h.update(ds.data[ds.offsets[i] : ds.offsets[i + 1]].tobytes())
     else:
@@ -268,3 +280,33 @@ def check_labels(labels: np.ndarray, n_classes: int, where: str | os.PathLike) -
         raise FormatError(
             f"{where}: label {labels[bad[0]]} at index {bad[0]} is outside 0..{n_classes - 1}"
         )
+
+
+# ---- batches, as the stages hand them on ----------------------------------------------
+
+Batch = tuple["torch.Tensor", "torch.Tensor"]  # (images, labels)
+
+
+@dataclass
+class Encoded:
+    """A batch of JPEG files as the ``jpeg`` mover hands it on: the files back to back in
+    host memory, image ``i`` is ``data[offsets[i]:offsets[i + 1]]``, with each one's stored
+    ``(H, W)``, its dataset index (for error messages), the channels to decode to and the
+    device the pixels are wanted on. ``data`` is a slot of the mover's ring: decode it
+    before asking for the batch after next (``Prepare`` decodes it at once)."""
+
+    data: torch.Tensor  # (bytes,) uint8 on the CPU, pinned for a CUDA device
+    offsets: list[int]  # (n + 1,)
+    sizes: torch.Tensor  # (n, 2) int64 (H, W) as stored, on the CPU
+    indices: torch.Tensor  # (n,) int64 dataset indices, on the CPU
+    channels: int  # 1 (gray) or 3 (RGB)
+    device: torch.device
+    source: str = ""  # the dataset, "name/split", for messages
+    decoded: dict = field(default_factory=dict)  # wrap: position -> CHW of a non-JPEG file
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def files(self) -> list[torch.Tensor]:
+        """One 1-D uint8 view per file (what the decoders take)."""
+        return [self.data[a:b] for a, b in zip(self.offsets, self.offsets[1:])]

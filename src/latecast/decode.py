@@ -1,5 +1,5 @@
 """JPEG batches decoded where the pixels are used: the first step of the prepare stage for
-encoded stores (``EncodedDataset``, moved by the ``jpeg`` mover as ``transfer.Encoded``) and
+encoded stores (``EncodedDataset``, moved by the ``jpeg`` mover as ``data.Encoded``) and
 for the JPEG fields of ``latecast.wrap`` (``encoded.py``).
 
     decode (here) -> resized crop to the training size -> augment -> normalize
@@ -24,27 +24,38 @@ latecast reads the orientation from the file's header and turns the decoded imag
   per file; their ops release the GIL, so threads scale. Measured on 2 vCPUs (Xeon,
   torchvision 0.29, lightly loaded), the op called in one thread and in two: CIFAR-10 32x32
   files 32,000/s and 45,000/s; 500x375 photos 450/s and 806/s.
+
+libjpeg reports damaged scan data ("Corrupt JPEG data: N extraneous bytes before marker 0xd9")
+as a warning written from C to fd 2, not as a Python warning, and decodes the file anyway,
+partly wrong. So a batch is decoded with fd 2 sent to a temporary file (``_fd2``, ~60 us); when
+anything was written there, each file is decoded again alone to find which, and each is
+named in one Python warning (store and sample index), never libjpeg's own text.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-import struct
+import sys
+import tempfile
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
 
+from .data import Encoded
 from .errors import ConfigError, FormatError
-from .transfer import Encoded
+from .jpegheader import jpeg_header
 from .transforms import centre_boxes, resized_crop
 
 _pools: dict[int, ThreadPoolExecutor] = {}
+_fd2_lock = threading.Lock()  # fd 2 is the process's: one redirection at a time
+
 DECODERS = ("torchcodec", "torchvision")
-_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 # EXIF orientation -> the turn that shows the image upright, on (C, H, W): Pillow's
 # exif_transpose (2 FLIP_LEFT_RIGHT, 3 ROTATE_180, 4 FLIP_TOP_BOTTOM, 5 TRANSPOSE,
 # 6 ROTATE_270, 7 TRANSVERSE, 8 ROTATE_90; rot90 with k=1 turns counter-clockwise)
@@ -86,41 +97,6 @@ def decoder() -> str:
     return f"{name} {version}"
 
 
-def jpeg_header(data) -> tuple[int, int, int, int] | None:
-    """``(H, W, channels, EXIF orientation)`` of a JPEG file (any buffer of its bytes), H
-    and W as it shows upright (orientation applied); None for what is not a readable JPEG.
-    Reads the markers up to the frame header, no pixels."""
-    mv, i, orientation = memoryview(data).cast("B"), 2, 1
-    if len(mv) < 4 or mv[0] != 0xFF or mv[1] != 0xD8:
-        return None
-    while i + 9 < len(mv) and mv[i] == 0xFF:
-        marker, length = mv[i + 1], mv[i + 2] << 8 | mv[i + 3]
-        if marker == 0xFF:  # a fill byte
-            i += 1
-            continue
-        if marker == 0xE1 and mv[i + 4 : i + 10] == b"Exif\0\0":
-            orientation = _orientation(bytes(mv[i + 10 : i + 2 + length]))
-        if marker in _SOF:
-            h, w, c = mv[i + 5] << 8 | mv[i + 6], mv[i + 7] << 8 | mv[i + 8], mv[i + 9]
-            return (w, h, c, orientation) if orientation >= 5 else (h, w, c, orientation)
-        i += 2 + length
-    return None
-
-
-def _orientation(tiff: bytes) -> int:
-    """The orientation tag (0x0112) of an EXIF block, 1 when absent or unreadable."""
-    try:
-        end = {b"II": "<", b"MM": ">"}[tiff[:2]]
-        ifd = struct.unpack(end + "I", tiff[4:8])[0]
-        for k in range(struct.unpack(end + "H", tiff[ifd : ifd + 2])[0]):
-            tag, _, _, value = struct.unpack(end + "HHIH", tiff[ifd + 2 + 12 * k :][:10])
-            if tag == 0x0112:
-                return value if 1 <= value <= 8 else 1
-    except (KeyError, struct.error):
-        pass
-    return 1
-
-
 def read(files: list[torch.Tensor], channels: int, device: torch.device) -> list[torch.Tensor]:
     """JPEG files (1-D uint8 on the CPU) -> ``(channels, H, W)`` uint8 images on ``device``,
     upright (EXIF orientation applied), in one call of the chosen decoder."""
@@ -141,7 +117,8 @@ def read(files: list[torch.Tensor], channels: int, device: torch.device) -> list
 
 
 def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = None):
-    """The batch's files as uint8 ``(n, H, W, C)`` on ``batch.device``, ``size = (H, W)``.
+    """The batch's files as uint8 ``(n, H, W, C)`` on ``batch.device``, ``size = (H, W)``;
+    a file libjpeg warns about is named in one warning (``_named``).
 
     Args:
         batch: what the ``jpeg`` mover yields.
@@ -149,10 +126,16 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
         boxes: ``(n, 4)`` int64 ``(top, left, height, width)`` in the stored images, on the
             CPU (e.g. ``transforms.resized_crop_params``); None: ``centre_boxes``.
     """
+    with _fd2() as said:
+        images = _decode(batch, size, boxes)
+    return _named(said[0], batch, images)
+
+
+def _decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None):
     boxes = centre_boxes(batch.sizes, size) if boxes is None else boxes
     files = batch.files()
 
-    def upright(rows, device) -> list[torch.Tensor]:  # (H, W, C) views, checked
+    def upright(rows, device) -> list[torch.Tensor]:  # (H, W, C) views, sizes checked
         todo = [i for i in rows if i not in batch.decoded]
         try:
             done = dict(zip(todo, read([files[i] for i in todo], batch.channels, device)))
@@ -162,19 +145,15 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
                     read([files[i]], batch.channels, torch.device("cpu"))
                 except RuntimeError as bad:
                     raise FormatError(
-                        f"sample {int(batch.indices[i])}: not a decodable JPEG ({bad})"
+                        f"{batch.source}: sample {int(batch.indices[i])}: not a decodable "
+                        f"JPEG ({bad})"
                     ) from None
             raise FormatError(
-                f"the batch did not decode on {device}, though each file does on the CPU ({err})"
+                f"{batch.source}: the batch did not decode on {device}, though each file "
+                f"does on the CPU ({err})"
             ) from None
         images = [done[i] if i in done else batch.decoded[i].to(device) for i in rows]
-        for i, im in zip(rows, images):
-            if list(im.shape[1:]) != batch.sizes[i].tolist():  # a store from before EXIF turns
-                raise FormatError(
-                    f"sample {int(batch.indices[i])}: decodes to {tuple(im.shape[1:])}, stored "
-                    f"as {tuple(batch.sizes[i].tolist())} (written by a latecast that ignored "
-                    "EXIF orientation: convert it again)"
-                )
+        _check_sizes(images, batch, rows)
         return [im.permute(1, 2, 0) for im in images]
 
     if batch.device.type != "cpu":  # one nvJPEG call
@@ -187,3 +166,71 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
 
     rows = [r for r in np.array_split(np.arange(len(files)), threads) if len(r)]
     return torch.cat(list(pool.map(part, rows)))
+
+
+def _check_sizes(images: list[torch.Tensor], batch: Encoded, rows) -> None:
+    """Each decoded ``(C, H, W)`` must have the ``(H, W)`` that sizes.npy gives its file:
+    the crop boxes are drawn from those sizes (too large: out of the image; too small: the
+    wrong crop)."""
+    sizes = batch.sizes.tolist()
+    for im, i in zip(images, rows):
+        if list(im.shape[1:]) != sizes[i]:
+            raise FormatError(
+                f"{batch.source}: sample {int(batch.indices[i])}: the file is "
+                f"{im.shape[1]}x{im.shape[2]}, sizes.npy says {sizes[i][0]}x{sizes[i][1]} "
+                f"(an edited store, or one written when convert ignored EXIF orientation: "
+                f"convert it again)"
+            )
+
+
+def _named(said: str, batch: Encoded, out: torch.Tensor) -> torch.Tensor:
+    """``out``, after one warning per file of ``batch`` that libjpeg warned about (found by
+    decoding each again alone); text no file makes again was not libjpeg's: passed on."""
+    if not said:
+        return out
+    damaged = [i for i, text in enumerate(libjpeg_says(batch.files(), batch.channels)) if text]
+    for i in damaged:
+        warnings.warn(
+            f"{batch.source}: sample {int(batch.indices[i])}: damaged JPEG data (libjpeg decodes "
+            f"it with a warning, part of the image is wrong); `latecast info --verify` checks "
+            f"a store",
+            stacklevel=4,
+        )
+    if not damaged:
+        os.write(2, said.encode())
+    return out
+
+
+def libjpeg_says(files: list, channels: int) -> list[str]:
+    """What libjpeg writes to fd 2 while decoding each file alone on the CPU ("" for a file
+    it decodes cleanly); a file it cannot decode at all raises as in ``decode``."""
+    said = []
+    for f in files:
+        if not len(f):  # wrap: a file decoded on the host (no JPEG) stands empty here
+            said.append("")
+            continue
+        with _fd2() as text, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Python's own (torchvision's deprecation) stay out
+            read([f], channels, torch.device("cpu"))
+        said.append(text[0])
+    return said
+
+
+@contextlib.contextmanager
+def _fd2() -> Iterator[list[str]]:
+    """Send fd 2 to a temporary file while the block runs; the text written there is then
+    ``said[0]`` of the yielded list (what C code such as libjpeg printed, and whatever
+    another thread wrote meanwhile: ``_named`` passes that on)."""
+    said: list[str] = []
+    with _fd2_lock, tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield said
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            said.append(tmp.read().decode(errors="replace"))

@@ -25,9 +25,10 @@ from typing import Any, Union
 import numpy as np
 import torch
 
-from .decode import decoder, jpeg_header
+from .data import Encoded
+from .decode import decoder
 from .errors import BatchError, ConfigError, FormatError
-from .transfer import Encoded
+from .jpegheader import jpeg_header
 
 ENCODED = "jpeg"
 Name = Union[str, int]
@@ -177,7 +178,7 @@ def host_decode(name: Name, i: int, data: np.ndarray, channels: int) -> torch.Te
             image = decode_image(t, ImageReadMode[mode], apply_exif_orientation=True)
     except (RuntimeError, ValueError) as err:  # torch's ops, TorchCodec's format sniffing
         raise BatchError(
-            f"field {name!r}: the file at position {i} of the batch is not a readable image "
+            f"field {name!r}: the file at position {i} in the batch is not a readable image "
             f"({str(err).splitlines()[-1][:200]})"
         ) from None
     if image.ndim == 4:  # an animation: its first frame
@@ -195,11 +196,13 @@ def host_decode(name: Name, i: int, data: np.ndarray, channels: int) -> torch.Te
 def finish(f: JpegField, host: torch.Tensor, prepare, device: torch.device) -> torch.Tensor:
     """The field's files (``host``: the pinned bytes ``pack`` wrote) -> what the model takes,
     by ``prepare`` (seeked to this batch) exactly as a JPEG store's batch."""
-    n = len(f.files)
-    batch = Encoded(host, f.offsets, f.sizes, torch.arange(n), f.channels, device, f.decoded)
+    where = f"field {f.name!r}"  # decode.py names "SOURCE: sample K"; here K is the position
+    batch = Encoded(
+        host, f.offsets, f.sizes, torch.arange(len(f.files)), f.channels, device, where, f.decoded
+    )
     prepare.size = f.size
     try:
         return prepare(batch, None)[0]
-    except FormatError as err:  # a store names its sample where wrap names the position
-        why = re.sub(r"^sample (\d+)", r"the file at position \1 of the batch", str(err))
-        raise BatchError(f"field {f.name!r}: {why}") from None
+    except FormatError as err:
+        why = re.sub(r": sample (\d+)", r": the file at position \1 in the batch", str(err))
+        raise BatchError(why) from None

@@ -15,11 +15,11 @@ Lightning itself is imported by your code, never by latecast.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from .prepare import Augmentation
 from .wrapper import AS_IS, Fields, split
 
 
@@ -36,32 +36,20 @@ class PrepareOnDevice:
         ...         self.prepare_on_device(mean=(0.1307,), std=(0.3081,), augment=Augment(crop=2))
     """
 
-    def prepare_on_device(
-        self,
-        *,
-        mean: tuple[float, ...] | None = None,
-        std: tuple[float, ...] | None = None,
-        augment: Augmentation | None = None,
-        **options: Any,
-    ) -> None:
-        """``mean``, ``std``, ``augment`` and ``options`` (``dtype``, ``channels_last``,
-        ``layout``, ``fields``, ``seed``) as for ``latecast.wrap``."""
-        self._latecast = {  # by self.training: augment in training only
-            True: Fields(mean, std, augment=augment, **options),
-            False: Fields(mean, std, **options),
-        }
+    def prepare_on_device(self, **options: Any) -> None:
+        """``options`` (``mean``, ``std``, ``augment``, ``dtype``, ``channels_last``,
+        ``layout``, ``fields``, ``seed``) as for ``latecast.wrap``: the fields of ``Fields``."""
+        train = Fields(**options)
+        self._latecast = {True: train, False: replace(train, augment=None)}  # by self.training
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         batch = super().on_after_batch_transfer(batch, dataloader_idx)
         if not hasattr(self, "_latecast"):
             self.prepare_on_device()
         fields = self._latecast[self.training]
-        trainer = self.trainer  # batch_idx: Lightning counts it up after this hook
-        where = (
-            trainer.current_epoch,
-            trainer.global_rank,
-            trainer.fit_loop.epoch_loop.batch_idx + 1,
-        )
+        trainer = self.trainer
+        step = trainer.fit_loop.epoch_loop.batch_idx + 1  # Lightning counts it up after this hook
+        where = (trainer.current_epoch, trainer.global_rank, step)
         leaves, rebuild = split(batch)
         tensors, plans = fields.plan_batch(leaves, host=False)
         return rebuild(

@@ -24,16 +24,17 @@ import numbers
 import re
 import time
 from dataclasses import replace
-from typing import Iterator
+from typing import Any, Iterable, Iterator
 
+import numpy as np
 import torch
 
-from .data import Dataset, EncodedDataset
+from .data import Batch, Dataset, EncodedDataset
 from .decode import decoder
 from .distributed import placement
 from .errors import ConfigError
 from .prepare import Augmentation, Mixing, Prepare
-from .transfer import MOVERS, Batch, Mover, Resident, TransferStats, float32_bytes, resolve
+from .transfer import MOVERS, Mover, Resident, TransferStats, float32_bytes, resolve
 
 _ORDER = re.compile(r"random|block(?::([0-9]+):([0-9]+))?")  # "block" is block:32:256
 # The label of a static evaluation batch's padding: F.cross_entropy's ignore_index, and
@@ -106,7 +107,37 @@ def epoch_order(
     return indices[rank::world_size]
 
 
-class Loader:
+def gather(dataset: Dataset, idx: torch.Tensor) -> Batch:
+    """Samples ``idx`` on the host as a ``DataLoader`` collates them: uint8 ``(n, H, W, C)``
+    images, int64 labels (the usual pipeline's input, before it prepares on the host)."""
+    i = idx.numpy()
+    return torch.from_numpy(dataset.images[i]), torch.from_numpy(dataset.labels[i].astype(np.int64))
+
+
+class Epochs:
+    """The ``epoch`` and ``position`` (batches of it handed out) of ``Loader`` and ``wrap``,
+    both set by their ``__init__``."""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch`` from the next pass on (like ``DistributedSampler``)."""
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
+
+    def _count(self, items: Iterable[tuple[Any, bool]]) -> Iterator[Any]:
+        """A pass's items, counted; the next epoch starts before the last is handed out (at
+        once for a pass with none): a consumer that stops after it (Lightning knows len())
+        or saves a checkpoint there starts the next epoch on its next pass."""
+        empty = True
+        for item, last in items:
+            self.position, empty = self.position + 1, False
+            if last:
+                self.epoch, self.position = self.epoch + 1, 0
+            yield item
+        if empty:
+            self.epoch, self.position = self.epoch + 1, 0
+
+
+class Loader(Epochs):
     """Batches of ``(images, labels)`` ready on the device: images normalized float
     ``(N, C, H, W)``, labels int64. ``len()`` and ``set_epoch()`` work as with a
     ``DataLoader`` over a ``DistributedSampler``; the epoch also advances by itself after
@@ -247,8 +278,7 @@ class Loader:
         if self._mover is None:
             device, self._rank, self._world = self._placement()
             cls = MOVERS[resolve(self._asked[1], self.dataset, device)]
-            args = (self.dataset, device, self.batch_size)
-            self._mover = cls(*args, self.prepare) if cls.prepares else cls(*args)
+            self._mover = cls(self.dataset, device, self.batch_size)
             self._mover.stats.decoder = decoder() if cls.encoded else ""  # fails before a batch
             if self.static:
                 (h, w, c), b = self.dataset.image_shape, self.batch_size
@@ -274,11 +304,6 @@ class Loader:
     def __len__(self) -> int:
         m, b = self.num_samples, self.batch_size
         return m // b if self.drop_last else math.ceil(m / b)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Use the order of ``epoch`` from the next pass on (like ``DistributedSampler``)."""
-        if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
 
     def state_dict(self) -> dict:
         """Where the loader is: epoch and batches already yielded in it (plain ints)."""
@@ -325,7 +350,7 @@ class Loader:
         return batches[self.position :]
 
     def __iter__(self) -> Iterator[Batch]:
-        return self._pass(fill=True)
+        return self._count(self._pass(fill=True))
 
     def staged(self) -> Iterator[Batch]:
         """A pass of a static ``resident`` training loader that only stages each batch (its
@@ -336,7 +361,7 @@ class Loader:
                 "staged() needs a static training loader (static=True, pad=True) on the "
                 f"resident mover, not {self.transfer}"
             )
-        return self._pass(fill=False)
+        return self._count(self._pass(fill=False))
 
     def fill(self) -> Batch:
         """The device half of a static ``resident`` step: gather the staged indices, augment
@@ -356,46 +381,41 @@ class Loader:
         mover = self.start()
         self.prepare.seek(self.epoch, self._rank, self.position)
         todo = self.index_batches()
-        end = self.position + len(todo)
-        if not todo:
-            self.epoch, self.position = self.epoch + 1, 0
-        it = self._static(mover, todo, fill) if self.static else self._moved(mover, todo)
-        for _ in todo:
+        resident = self.static and isinstance(mover, Resident)
+        it = self._resident(mover, todo, fill) if resident else self._moved(mover, todo)
+        for k in range(len(todo)):
             t0 = time.perf_counter()
             images, labels, n = next(it)
             self._wait += time.perf_counter() - t0
             self._batches, self._samples = self._batches + 1, self._samples + n
-            self.position += 1
-            if self.position == end:  # before the last batch is handed out: a consumer that
-                # stops after it (Lightning knows len() and asks for no more) or saves a
-                # checkpoint there starts the next epoch on its next pass
-                self.epoch, self.position = self.epoch + 1, 0
-            yield images, labels
+            yield (images, labels), k == len(todo) - 1
 
     def _moved(self, mover: Mover, batches: list[torch.Tensor]) -> Iterator[tuple]:
-        for idx, (images, labels) in zip(batches, mover.batches(batches)):
-            if not mover.prepares:
-                images, labels = self.prepare(images, labels, idx)
-            yield images, labels, len(idx)
+        """Moved, then prepared on the device; ``float32``, the usual pipeline, is handed its
+        batches gathered and prepared on the host. Static: written into the buffers."""
+        host = mover.takes_prepared
+        fed = (self.prepare(*gather(self.dataset, i), i) for i in batches) if host else batches
+        for idx, (x, y) in zip(batches, mover.batches(fed)):
+            n = len(idx)
+            if not self.static:
+                yield (x, y, n) if host else (*self.prepare(x, y, idx), n)
+                continue
+            images, labels = self._buffers
+            if host:
+                images[:n].copy_(x)
+            else:
+                _, y = self.prepare(x, y, idx, out=images[:n])
+            labels[:n].copy_(y)
+            yield (*self._masked(n), n)
 
-    def _static(self, mover: Mover, batches: list[torch.Tensor], fill: bool) -> Iterator[tuple]:
-        images, labels = self._buffers
-        if not isinstance(mover, Resident):  # host work stays; the batch lands in the buffers
-            for idx, (x, y) in zip(batches, mover.batches(batches)):
-                n = len(idx)
-                if mover.prepares:
-                    images[:n].copy_(x)
-                else:
-                    _, y = self.prepare(x, y, idx, out=images[:n])
-                labels[:n].copy_(y)
-                yield (*self._masked(n), n)
-            return
+    def _resident(self, mover: Resident, batches: list[torch.Tensor], fill: bool) -> Iterator:
+        """Static on ``resident``: the batch's indices copied on the device, then ``fill``."""
         order, start = mover.order(batches) if batches else None, 0
         for idx in batches:
             n = len(idx)
             self._index[:n].copy_(order[start : start + n])  # device to device, no sync
             self._indices, start = idx, start + n
-            self.prepare.next_batch(images.device)
+            self.prepare.next_batch(mover.device)
             if fill:
                 self.fill()
             yield (*self._masked(n), n)

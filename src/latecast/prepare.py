@@ -24,8 +24,8 @@ from typing import Callable
 
 import torch
 
+from .data import Batch, Encoded
 from .decode import decode
-from .transfer import Batch, Encoded
 from .transforms import Augment, normalize
 
 Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]

@@ -8,12 +8,13 @@ storage dtype). It only moves: it knows nothing of augmentation or normalization
 what is true of it: the bytes an epoch costs (``epoch_bytes``), whether the data fits
 (``Resident.fits``), its pinned ring and events, and the counters in ``stats``.
 
-- ``float32``  the usual way, kept as the baseline and the one exception: it prepares on
-               the host (that is what it stands for), then copies float32 + int64.
+- ``float32``  the usual way, kept as the baseline: it takes batches the host has already
+               gathered and prepared (that is what it stands for) and copies float32 + int64.
 - ``uint8``    gather uint8 images and narrow labels into one reused pinned buffer, one
                ``non_blocking`` copy.
 - ``prefetch`` as ``uint8``, but the next batch is gathered and copied on a side CUDA
-               stream while the current one is used.
+               stream while the current one is used (copy-ahead, ``Ring`` and ``ahead``,
+               also ``wrap``'s).
 - ``resident`` the whole uint8 dataset is uploaded once; batches are gathered on the device.
 - ``jpeg``     encoded stores: each batch's JPEG files gathered into one reused host buffer;
                the prepare stage decodes them where the pixels are used (``decode.py``).
@@ -28,41 +29,16 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch.profiler import record_function
 
-from .data import Dataset, EncodedDataset
+from .data import Batch, Dataset, Encoded, EncodedDataset
 from .errors import ConfigError, DeviceError
-
-Batch = tuple[torch.Tensor, torch.Tensor]
-
-
-@dataclass
-class Encoded:
-    """A batch of JPEG files as the ``jpeg`` mover hands it on: the files back to back in
-    host memory, image ``i`` is ``data[offsets[i]:offsets[i + 1]]``, with each one's stored
-    ``(H, W)``, its dataset index (for error messages), the channels to decode to and the
-    device the pixels are wanted on. ``data`` is a slot of the mover's ring: decode it
-    before asking for the batch after next (``Prepare`` decodes it at once)."""
-
-    data: torch.Tensor  # (bytes,) uint8 on the CPU, pinned for a CUDA device
-    offsets: list[int]  # (n + 1,)
-    sizes: torch.Tensor  # (n, 2) int64 (H, W) as stored, on the CPU
-    indices: torch.Tensor  # (n,) int64 dataset indices, on the CPU
-    channels: int  # 1 (gray) or 3 (RGB)
-    device: torch.device
-    decoded: dict = field(default_factory=dict)  # wrap: position -> CHW of a non-JPEG file
-
-    def __len__(self) -> int:
-        return len(self.sizes)
-
-    def files(self) -> list[torch.Tensor]:
-        """One 1-D uint8 view per file (what the decoders take)."""
-        return [self.data[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
 
 
 @dataclass
@@ -124,14 +100,17 @@ def host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
 class Ring:
     """``slots`` reused host buffers (pinned for CUDA), each guarded by the event of the
     last copy that read it, so a buffer is rewritten only once that copy is done. A buffer
-    grows when a larger batch comes and is reused after."""
+    grows when a larger batch comes and is reused after. With ``side`` (CUDA) the copies run
+    on a side stream and ``ready`` makes the consumer's stream wait for one: with ``ahead``,
+    the copy-ahead of ``Prefetch`` and ``wrap``."""
 
-    def __init__(self, slots: int, device: torch.device) -> None:
+    def __init__(self, slots: int, device: torch.device, side: bool = False) -> None:
         self.device, self.cuda = device, device.type == "cuda"
         self.buffers: list[torch.Tensor | None] = [None] * slots
         self.events = [torch.cuda.Event() if self.cuda else None for _ in range(slots)]
         self.used = [False] * slots  # an event waited on before it was recorded never returns
         self.turn = 0
+        self.side = torch.cuda.Stream(device) if side and self.cuda else None
 
     def stage(self, nbytes: int) -> tuple[int, torch.Tensor]:
         """The next slot and a host uint8 view of ``nbytes`` in it, free to write."""
@@ -145,25 +124,47 @@ class Ring:
         return i, buf[:nbytes]
 
     def send(self, i: int, host: torch.Tensor) -> torch.Tensor:
-        """Copy slot ``i``'s ``host`` view to the device on the current stream."""
-        with record_function("h2d"):
+        """Copy slot ``i``'s ``host`` view to the device, on the side stream if there is one,
+        else on the current one (not ``torch.cuda.stream(None)``: it starts CUDA, even for a
+        CPU device)."""
+        side = torch.cuda.stream(self.side) if self.side is not None else nullcontext()
+        with side, record_function("h2d"):
             dev = host.to(self.device, non_blocking=True)
-        if self.events[i] is not None:
-            self.events[i].record()
+            if self.events[i] is not None:
+                self.events[i].record()
         self.used[i] = True
         return dev
+
+    def ready(self, i: int, dev: torch.Tensor) -> torch.Tensor:
+        """``dev``, slot ``i``'s copy, safe to use on the current stream."""
+        if self.side is not None:
+            main = torch.cuda.current_stream(self.device)
+            main.wait_event(self.events[i])
+            dev.record_stream(main)  # allocated on the side stream, used on `main`
+        return dev
+
+
+def ahead(items: Iterable) -> Iterator[tuple[Any, bool]]:
+    """Each item with whether it is the last, the next one taken before this one is handed
+    out: where taking an item starts its copy on a ``Ring``'s side stream, the copy of batch
+    ``k + 1`` runs while batch ``k`` is used."""
+    it, end = iter(items), object()
+    item = next(it, end)
+    while item is not end:
+        after = next(it, end)
+        yield item, after is end
+        item = after
 
 
 class Mover:
     """Shared set-up of the movers: dataset, device, batch size and the byte counters."""
 
     name = ""
-    prepares = False  # True only for the float32 baseline: its batches come out prepared
+    takes_prepared = False  # float32 only: it moves batches the host gathered and prepared
     encoded = False  # moves an EncodedDataset (jpeg) rather than a Dataset of uint8 pixels
 
     def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
         self.dataset, self.device, self.batch_size = dataset, device, batch_size
-        self.cuda = device.type == "cuda"
         self.stats = TransferStats()
 
     @staticmethod
@@ -173,41 +174,25 @@ class Mover:
         return {"per_epoch": uint8_bytes(dataset, len(dataset)), "once": 0}
 
     def batches(self, index_batches: Sequence[torch.Tensor]) -> Iterator[Batch]:
-        """Yield ``(images, labels)`` on the device for ``index_batches`` (CPU int64)."""
+        """Yield ``(images, labels)`` on the device for ``index_batches`` (CPU int64; for
+        ``takes_prepared``, the host's prepared batches instead)."""
         raise NotImplementedError
 
 
 class Float32(Mover):
-    """The usual way, kept as the baseline: gather, then *prepare on the host* (this path
-    means exactly that), then copy float32 images and int64 labels. The one mover that is
-    handed the prepare stage; the Loader does not prepare what it yields."""
+    """The usual way, kept as the baseline: the Loader gathers each batch and *prepares it
+    on the host* (this path means exactly that), before the mover; this copies the float32
+    images and int64 labels as they are."""
 
     name = "float32"
-    prepares = True
-
-    def __init__(
-        self,
-        dataset: Dataset,
-        device: torch.device,
-        batch_size: int,
-        prepare: Callable[..., Batch],
-    ) -> None:
-        super().__init__(dataset, device, batch_size)
-        self.prepare = prepare
+    takes_prepared = True
 
     @staticmethod
     def epoch_bytes(dataset: Dataset) -> dict[str, int]:
         return {"per_epoch": float32_bytes(dataset, len(dataset)), "once": 0}
 
-    def batches(self, index_batches):
-        ds = self.dataset
-        for idx in index_batches:
-            idx_np = idx.numpy()
-            x, y = self.prepare(  # (n, C, H, W) float on the CPU
-                torch.from_numpy(ds.images[idx_np]),
-                torch.from_numpy(ds.labels[idx_np].astype(np.int64)),
-                idx,
-            )
+    def batches(self, prepared: Iterable[Batch]):
+        for x, y in prepared:  # (n, C, H, W) float, (n,) int64 on the CPU
             self.stats.image_bytes += x.nbytes
             self.stats.label_bytes += y.nbytes
             self.stats.copies += 2
@@ -220,11 +205,11 @@ class Uint8(Mover):
     """uint8 images + narrow labels packed in one pinned buffer, one async copy."""
 
     name = "uint8"
-    slots = 2
+    slots, side = 2, False
 
     def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
         super().__init__(dataset, device, batch_size)
-        self.ring = Ring(self.slots, device)
+        self.ring = Ring(self.slots, device, self.side)
         self.pixels = math.prod(dataset.image_shape)  # uint8 bytes of one image
 
     def _copy(self, idx: torch.Tensor) -> tuple[int, torch.Tensor, int]:
@@ -261,32 +246,15 @@ class Prefetch(Uint8):
     """``uint8`` with the next batch copied on a side CUDA stream while this one is used.
 
     Three slots: one being read by the copy in flight, one just handed to the consumer,
-    one being filled. On a CPU device there is nothing to overlap: it runs as ``uint8``.
+    one being filled. On a CPU device the copies are no-ops, with nothing to wait for.
     """
 
     name = "prefetch"
-    slots = 3
+    slots, side = 3, True
 
     def batches(self, index_batches):
-        if not self.cuda:
-            yield from super().batches(index_batches)
-            return
-        side = torch.cuda.Stream(self.device)
-        main = torch.cuda.current_stream(self.device)
-
-        def start(idx: torch.Tensor) -> tuple[torch.Tensor, int, torch.cuda.Event]:
-            with torch.cuda.stream(side):
-                i, dev, n = self._copy(idx)
-            return dev, n, self.ring.events[i]
-
-        pending = start(index_batches[0]) if len(index_batches) else None
-        for k in range(len(index_batches)):
-            dev, n, copied = pending
-            if k + 1 < len(index_batches):
-                pending = start(index_batches[k + 1])  # overlaps the consumer's work on batch k
-            main.wait_event(copied)
-            dev.record_stream(main)  # allocated on `side`, used on `main`
-            yield self._unpack(dev, n)
+        for (i, dev, n), _ in ahead(self._copy(idx) for idx in index_batches):
+            yield self._unpack(self.ring.ready(i, dev), n)
 
 
 def _free_bytes(device: torch.device) -> int:
@@ -347,7 +315,7 @@ class Resident(Mover):
         """This epoch's order on the device (int64): one upload per epoch."""
         order = torch.cat(list(index_batches))
         with record_function("h2d"):
-            order_dev = order.to(self.device, non_blocking=self.cuda)
+            order_dev = order.to(self.device, non_blocking=True)  # no copy on a CPU device
         self.stats.index_bytes += order.nbytes
         self.stats.copies += 1
         return order_dev
@@ -400,7 +368,8 @@ class Jpeg(Mover):
             self.stats.decoded_bytes += len(idx_np) * math.prod(ds.image_shape)
             self.stats.copies += 1
             sizes = torch.from_numpy(ds.sizes[idx_np].astype(np.int64))
-            yield Encoded(host, offsets, sizes, idx, ds.channels, self.device), labels
+            where = f"{ds.name}/{ds.split}"
+            yield Encoded(host, offsets, sizes, idx, ds.channels, self.device, where), labels
 
 
 # A dataset is "resident" only if it takes at most this share of free device memory.
@@ -429,14 +398,11 @@ def resolve(name: str, dataset: Dataset | EncodedDataset, device: torch.device) 
         )
     fit = movers_for(dataset)
     if name not in fit:
-        kind = "a JPEG store" if fit == ["jpeg"] else "decoded uint8 pixels"
+        jpeg = fit == ["jpeg"]
         raise ConfigError(
-            f"transfer {name!r} does not move {dataset.name}/{dataset.split} ({kind}); "
-            f"valid: auto, {', '.join(fit)}"
-            + (
-                " (convert the folder with --encoding raw for the others)"
-                if fit == ["jpeg"]
-                else ""
-            )
+            f"transfer {name!r} does not move {dataset.name}/{dataset.split} "
+            f"({'a JPEG store' if jpeg else 'decoded uint8 pixels'}); valid: auto, "
+            + ", ".join(fit)
+            + (" (convert the folder with --encoding raw for the others)" if jpeg else "")
         )
     return name

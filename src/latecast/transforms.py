@@ -11,6 +11,10 @@ index or mask kernel per op for the whole batch, no Python loop over images, and
 gets its own random parameters (torchvision v2 draws one set per batch; Kornia rejects
 uint8). ``resized_crop`` is the exception: crops of different sizes are resized one image at
 a time. ``Mix`` (MixUp, CutMix) runs *after* ``normalize``, on floats and labels.
+
+A batch is checked once, where it comes in: by the functions that draw (``random_*``,
+``cutout``, ``Augment``), the Loader and ``wrap``; the applying halves (``translate``, ``flip``,
+``erase``, ``color_jitter``) and ``Augment.pixels`` take it checked.
 """
 
 from __future__ import annotations
@@ -140,7 +144,6 @@ def translate(images: torch.Tensor, shifts: torch.Tensor, *, fill: str = "zero")
     """Move image ``i`` by ``shifts[i] = (dy, dx)``: output pixel ``(y, x)`` is input pixel
     ``(y + dy, x + dx)``; outside the image it is 0 (``fill="zero"``) or mirrored like
     ``np.pad(mode="reflect")``. One gather with per-image row/column indices."""
-    _check_batch(images, "translate", None)
     n, h, w, _ = images.shape
     if fill not in _FILLS:
         raise ConfigError(f"fill must be one of {_FILLS}, got {fill!r}")
@@ -162,7 +165,6 @@ def flip_params(images: torch.Tensor, p: float, generator=None) -> torch.Tensor:
 
 def flip(images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Flip left-right the images where ``mask`` is True."""
-    _check_batch(images, "flip", None)
     return torch.where(mask[:, None, None, None], images.flip(2), images)  # W is dim 2 in NHWC
 
 
@@ -177,7 +179,6 @@ def cutout_params(images: torch.Tensor, generator=None) -> torch.Tensor:
 def erase(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tensor:
     """Zero a ``size x size`` square per image: rows ``cy - size//2 .. cy - size//2 + size - 1``
     (columns alike) around ``centers[i] = (cy, cx)``, clipped at the borders."""
-    _check_batch(images, "erase", None)
     _, h, w, _ = images.shape
     top_left = centers - size // 2  # (N, 2)
     ys, xs = torch.arange(h, device=images.device), torch.arange(w, device=images.device)
@@ -203,6 +204,15 @@ def _check_number(value, what: str, kind: type = int, low: float = 0, high: floa
     return kind(value)
 
 
+def _check_reflect(images: torch.Tensor, padding: int, fill: str) -> None:
+    _, h, w, _ = images.shape  # the one setting that depends on the images' size
+    if fill == "reflect" and padding >= min(h, w):
+        raise ConfigError(
+            f"random_crop fill='reflect' needs padding < {min(h, w)} for {h}x{w} "
+            f"images, got {padding}"
+        )
+
+
 def random_crop(images: torch.Tensor, padding: int, *, fill="zero", generator=None):
     """Pad each side by ``padding``, then crop back to ``(H, W)`` at a random offset per image
     (``translate`` by ``crop_params``; the padded batch is never built). ``fill="reflect"``
@@ -214,13 +224,8 @@ def random_crop(images: torch.Tensor, padding: int, *, fill="zero", generator=No
         torch.Size([8, 32, 32, 3])
     """
     _check_batch(images, "random_crop", generator)
-    _, h, w, _ = images.shape
     _check_number(padding, "random_crop padding")
-    if fill == "reflect" and padding >= min(h, w):
-        raise ConfigError(
-            f"random_crop fill='reflect' needs padding < {min(h, w)} for {h}x{w} "
-            f"images, got {padding}"
-        )
+    _check_reflect(images, padding, fill)
     if padding == 0:
         return images.clone()
     return translate(images, crop_params(images, padding, generator), fill=fill)
@@ -336,7 +341,6 @@ def color_jitter(images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     each equal to torchvision v2's ``adjust_*`` on uint8 (truncated to uint8 after each step)
     within 1 grey level. (torchvision's ``ColorJitter`` shuffles the order per call; here it
     is fixed.) Saturation leaves 1-channel images as they are, as torchvision does."""
-    _check_batch(images, "color_jitter", None)
     b, c, s = factors.float().T[..., None, None, None]  # each (N, 1, 1, 1)
     x = (images.float() * b).clamp_(0, 255).trunc_()
     mean = _gray(x).mean((1, 2, 3), keepdim=True)
@@ -425,13 +429,14 @@ class Augment:
     def pixels(
         self, images: torch.Tensor, generator=None, *, epoch: int = 0, indices=None, seed: int = 0
     ) -> torch.Tensor:
-        """Everything after the resized crop. ``altflip`` needs ``indices`` (the samples'
-        dataset indices, on the CPU), the ``epoch`` and the run's ``seed``."""
-        _check_batch(images, "Augment", generator)
+        """Everything after the resized crop, on a batch already checked (by ``__call__``,
+        the Loader or ``wrap``). ``altflip`` needs ``indices`` (the samples' dataset indices,
+        on the CPU), the ``epoch`` and the run's ``seed``."""
         if self.crop:
-            images = random_crop(images, self.crop, fill=self.fill, generator=generator)
+            _check_reflect(images, self.crop, self.fill)
+            images = translate(images, crop_params(images, self.crop, generator), fill=self.fill)
         if self.flip:
-            images = random_flip(images, self.flip, generator=generator)
+            images = flip(images, flip_params(images, self.flip, generator))
         if self.altflip:
             if indices is None:
                 raise ConfigError("altflip needs the samples' dataset indices (Loader passes them)")
@@ -441,7 +446,7 @@ class Augment:
             j = self.jitter
             images = color_jitter(images, color_jitter_params(images, j, j, j, generator))
         if self.cutout:
-            images = cutout(images, self.cutout, generator=generator)
+            images = erase(images, cutout_params(images, generator), self.cutout)
         return images
 
     def __str__(self) -> str:

@@ -28,7 +28,6 @@ else in it (file names, say) passes through untouched. Each field is one of thre
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 import warnings
@@ -41,8 +40,9 @@ import torch
 from . import encoded
 from .distributed import placement
 from .errors import BatchError, ConfigError
+from .loader import Epochs
 from .prepare import Augmentation, Prepare
-from .transfer import Ring, TransferStats, widen
+from .transfer import Ring, TransferStats, ahead, widen
 
 Name = Union[str, int]
 IMAGE, INT, AS_IS = "image", "integer", "as is"
@@ -139,37 +139,38 @@ def check_fields(fields: dict | None) -> dict[Name, Any]:
     return out
 
 
+@dataclass
 class Fields:
     """What every field becomes: its kind and crossing dtype decided on the host (``plan``,
-    ``narrow``), then made what the model takes on the device (``finish``). Shared by
-    ``wrap`` and ``latecast.lightning``; it never moves anything itself."""
+    ``narrow``), then made what the model takes on the device (``finish``). Its fields are
+    the options of ``wrap`` and ``PrepareOnDevice.prepare_on_device`` (see ``wrap``'s Args);
+    it never moves anything itself."""
 
-    def __init__(
-        self,
-        mean: tuple[float, ...] | None = None,
-        std: tuple[float, ...] | None = None,
-        *,
-        augment: Augmentation | None = None,
-        dtype: torch.dtype = torch.float32,
-        channels_last: bool = False,
-        layout: str = "auto",
-        fields: dict | None = None,
-        seed: int = 0,
-    ) -> None:
+    mean: tuple[float, ...] | None = None  # per channel, [0, 1] units; None: x / 255 alone
+    std: tuple[float, ...] | None = None
+    augment: Augmentation | None = None
+    dtype: torch.dtype = torch.float32  # the images' output dtype
+    channels_last: bool = False  # the images' output memory format
+    layout: str = "auto"  # where uint8 images keep their channels: auto, NHWC or NCHW
+    fields: dict | None = None  # {name: "image" | jpeg() | integer dtype | (that, output dtype)}
+    seed: int = 0  # mixed into the augmentation's seeds
+
+    def __post_init__(self) -> None:
+        mean, std = self.mean, self.std
         if (mean is None) != (std is None) or (
             mean is not None and (len(mean) != len(std) or min(std) <= 0)
         ):
             raise ConfigError(f"mean {mean!r} and std {std!r}: give both, as long, std > 0")
-        if layout not in LAYOUTS:
-            raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-        self.normalizes, self.layout, self.fields = mean is not None, layout, check_fields(fields)
+        if self.layout not in LAYOUTS:
+            raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
+        self.normalizes, self.fields = mean is not None, check_fields(self.fields)
         self.prepare = Prepare(
             (0.0,) if mean is None else mean,  # no mean/std: ToTensor() alone, x / 255
             (1.0,) if std is None else std,
-            dtype=dtype,
-            channels_last=channels_last,
-            augment=augment,
-            seed=seed,
+            dtype=self.dtype,
+            channels_last=self.channels_last,
+            augment=self.augment,
+            seed=self.seed,
         )
 
     def plan_batch(
@@ -298,7 +299,7 @@ class Sent:
     state: Any
 
 
-class Wrapped:
+class Wrapped(Epochs):
     """An iterable of batches moved and prepared on the device; see ``wrap``."""
 
     slots = 3  # one read by the copy in flight, one handed out, one being filled
@@ -336,8 +337,7 @@ class Wrapped:
 
     def set_epoch(self, epoch: int) -> None:
         """Seed augmentation from ``epoch`` and pass it on to the source (or its sampler)."""
-        if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
+        super().set_epoch(epoch)
         for obj in (self.batches, getattr(self.batches, "sampler", None)):
             if callable(getattr(obj, "set_epoch", None)):
                 obj.set_epoch(epoch)
@@ -362,50 +362,39 @@ class Wrapped:
     def __iter__(self) -> Iterator[Any]:
         if self._where is None:  # resolved at the first pass: a launcher may start after us
             self._where = placement(self._device)
-            self._ring = Ring(self.slots, self._where[0])
-        device, rank, _ = self._where
-        cuda = device.type == "cuda"
-        side = torch.cuda.Stream(device) if cuda else None
+            self._ring = Ring(self.slots, self._where[0], side=True)
+        yield from self._count(self._finished())
+
+    def _finished(self) -> Iterator[tuple[Any, bool]]:
+        """Each batch finished on the device and whether it is the last; the next one's copy
+        is started before (``ahead``), so it overlaps the use of this one."""
         stateful = self._source_state() is not None
-        source = iter(self.batches)
+        sent = (self._send(batch, stateful) for batch in self.batches)
         t0 = time.perf_counter()
-        pending = self._fetch(source, side, stateful)
-        if pending is None:
-            self.epoch, self.position = self.epoch + 1, 0
-        while pending is not None:
-            ahead = self._fetch(source, side, stateful)  # its copy overlaps the use of this one
-            if cuda:
-                main = torch.cuda.current_stream(device)
-                main.wait_event(self._ring.events[pending.slot])
-                pending.dev.record_stream(main)  # allocated on `side`, used on `main`
-            where = (self.epoch, rank, self.position)
-            batch = pending.rebuild(
+        for s, last in ahead(sent):
+            dev = self._ring.ready(s.slot, s.dev)
+            where = (self.epoch, self._where[1], self.position)
+            batch = s.rebuild(
                 [
-                    value if f is None else self._finish(pending, f, o, where)
-                    for (_, value), f, o in zip(pending.leaves, pending.plans, pending.offsets)
+                    value if f is None else self._finish(s, dev, f, o, where)
+                    for (_, value), f, o in zip(s.leaves, s.plans, s.offsets)
                 ]
             )
             self._stats.batches += 1
             self._stats.wait_seconds += time.perf_counter() - t0
-            self.position, self._state = self.position + 1, pending.state
-            if ahead is None:  # the last batch: the state says the next epoch already
-                self.epoch, self.position, self._state = self.epoch + 1, 0, None
-            yield batch
-            t0, pending = time.perf_counter(), ahead
+            self._state = None if last else s.state  # the last: the next epoch's, from the source
+            yield batch, last
+            t0 = time.perf_counter()
 
-    def _finish(self, pending: Sent, f, offset: int, where: tuple[int, int, int]) -> Any:
-        if f.kind == encoded.ENCODED:  # the files stay in the pinned buffer: the decoder reads them
+    def _finish(self, s: Sent, dev: torch.Tensor, f, offset: int, where) -> Any:
+        if f.kind == encoded.ENCODED:  # the files stay in the pinned slot: the decoder reads them
             self.fields.prepare.seek(*where)
-            files = pending.host[offset : offset + f.nbytes]
+            files = s.host[offset : offset + f.nbytes]
             return encoded.finish(f, files, self.fields.prepare, self._where[0])
-        return self.fields.finish(f, pending.dev[offset : offset + f.nbytes], where)
+        return self.fields.finish(f, dev[offset : offset + f.nbytes], where)
 
-    def _fetch(self, source: Iterator, side, stateful: bool) -> Sent | None:
-        """The source's next batch, packed and its copy started (on ``side``), or None."""
-        try:
-            batch = next(source)
-        except StopIteration:
-            return None
+    def _send(self, batch: Any, stateful: bool) -> Sent:
+        """A batch of the source packed into the ring, its copy started."""
         state = self._source_state() if stateful else None  # before we read further
         leaves, rebuild = split(batch)
         tensors, plans = self.fields.plan_batch(leaves, host=True)
@@ -423,14 +412,13 @@ class Wrapped:
         slot, host = self._ring.stage(end)
         for i in order:
             self._pack(host[offsets[i] : offsets[i] + plans[i].nbytes], plans[i], tensors[i])
-        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
-            dev = self._ring.send(slot, host[:sent])
+        dev = self._ring.send(slot, host[:sent])
         if dev.data_ptr() == host.data_ptr():  # a CPU "device": never hand out the ring's memory
             dev = dev.clone()
-        self._count(plans)
+        self._tally(plans)
         return Sent(dev, host, slot, plans, offsets, leaves, rebuild, state)
 
-    def _count(self, plans: list[Field | None]) -> None:
+    def _tally(self, plans: list[Field | None]) -> None:
         s = self._stats
         for f in filter(None, plans):
             if f.kind == encoded.ENCODED:  # the files count, beside what uint8 would move
@@ -452,19 +440,7 @@ class Wrapped:
             dst.view(t.dtype).view(f.shape).copy_(t)
 
 
-def wrap(
-    batches: Iterable,
-    *,
-    mean: tuple[float, ...] | None = None,
-    std: tuple[float, ...] | None = None,
-    device: str | torch.device = "auto",
-    augment: Augmentation | None = None,
-    dtype: torch.dtype = torch.float32,
-    channels_last: bool = False,
-    layout: str = "auto",
-    fields: dict | None = None,
-    seed: int = 0,
-) -> Wrapped:
+def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: Any) -> Wrapped:
     """Batches of ``batches`` (any iterable: a ``DataLoader``, a generator, a list) on the
     device: uint8 images augmented and normalized there, integers widened there after
     crossing narrow, every field of a batch in one pinned buffer and one copy, the next
@@ -475,9 +451,10 @@ def wrap(
 
     Args:
         batches: yields a tensor, a tuple/list or a dict of tensors or numpy arrays.
+        device: ``"auto"`` (``cuda:LOCAL_RANK`` under a launcher), ``"cpu"``, ``"cuda:1"``, ...
+        options: the fields of ``Fields``:
         mean, std: per-channel statistics in [0, 1] units (as ``Normalize``); without them
             images are only scaled to [0, 1] (as ``ToTensor``).
-        device: ``"auto"`` (``cuda:LOCAL_RANK`` under a launcher), ``"cpu"``, ``"cuda:1"``, ...
         augment: ``f(images, generator)`` on uint8 ``(N, H, W, C)``, e.g. ``latecast.Augment``;
             seeded from (seed, epoch, rank, batch) like the Loader's.
         dtype, channels_last: the images' output dtype and memory format.
@@ -491,17 +468,4 @@ def wrap(
         >>> for images, labels in latecast.wrap(dl, mean=MEAN, std=STD, device="cuda"):
         ...     ...   # float32 (256, 3, H, W) normalized on the device; int64 labels
     """
-    return Wrapped(
-        batches,
-        Fields(
-            mean,
-            std,
-            augment=augment,
-            dtype=dtype,
-            channels_last=channels_last,
-            layout=layout,
-            fields=fields,
-            seed=seed,
-        ),
-        device,
-    )
+    return Wrapped(batches, Fields(**options), device)

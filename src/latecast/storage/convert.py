@@ -7,7 +7,8 @@ Two passes over a pool of processes, the files in the order they will be stored:
    when every image is greyscale) and the encoding (``raw`` when every image has one size,
    else ``jpeg``), all known before anything is decoded.
 2. decode: each file is read once and decoded fully by a worker (a truncated file fails
-   here, not in training), which hands back what the store keeps (uint8 pixels at the
+   here, not in training; a JPEG also by libjpeg, which Pillow does not let warn: see
+   ``convert``), which hands back what the store keeps (uint8 pixels at the
    training size, or JPEG bytes) and integer sums of the pixels for the mean/std. The parent
    only appends those to the store's files, in order, so any worker count writes the same
    store, byte for byte.
@@ -20,6 +21,7 @@ server instead, and a script calling ``convert`` then needs multiprocessing's us
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import multiprocessing
@@ -49,6 +51,7 @@ from .store import (
     SPLIT_NAMES,
     check_replaceable,
     finish_split,
+    jpeg_problem,
     npy_header,
 )
 
@@ -154,8 +157,10 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
         ``test_fraction=0``, ``out`` is one train store.
       - order: each split is stored in a seeded order that spreads every class evenly, so
         the first N samples (``--limit-train N``) hold each class in proportion.
-      - every file is fully decoded with Pillow; a corrupt, truncated, empty or huge
-        (over ``MAX_PIXELS``) file raises ``FormatError`` naming it, or with ``skip_bad``
+      - every file is fully decoded with Pillow, a JPEG also with libjpeg as training
+        decodes it (torchvision); a corrupt, truncated, empty or huge (over ``MAX_PIXELS``)
+        file, or a JPEG whose scan data libjpeg warns about (damaged: Pillow decodes it
+        without a word, partly wrong), raises ``FormatError`` naming it, or with ``skip_bad``
         is left out and listed in ``out/skipped.txt``, one JSON object per line
         (``{"file": path relative to folder, "reason": ...}``: any file name reads back).
       - pixels: 16-bit, 32-bit and float greyscale (``I;16``, ``I``, ``F``, ...) is scaled
@@ -167,9 +172,10 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
         is greyscale, else 3.
       - ``raw``: every image scaled to cover the training size keeping its aspect ratio,
         then center-cropped (torchvision ``Resize`` + ``CenterCrop``, bilinear).
-      - ``jpeg``: a JPEG file (by content, 8-bit greyscale or RGB) is kept byte for byte;
-        anything else is decoded and re-encoded at ``quality`` (recorded in meta.json with
-        the count re-encoded). Every image keeps its own size; the training size is
+      - ``jpeg``: a JPEG file (by content, 8-bit greyscale or RGB, a whole file from its SOI to
+        its EOI marker that libjpeg decodes) is kept byte for byte; anything else (bytes after
+        the EOI, say, as phones append) is decoded and re-encoded at ``quality`` (recorded in
+        meta.json with the count re-encoded). Every image keeps its own size; the training size is
         recorded for the device to crop or resize to.
       - mean/std: exact (integer sums) over every train image as the raw store holds it,
         i.e. at the training size, resized and center-cropped: what evaluation sees.
@@ -182,8 +188,11 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
     """
     try:
         import PIL.Image  # noqa: F401  (optional: the "bench" extra)
+        import torchvision.io  # noqa: F401  (libjpeg, to check each JPEG as training reads it)
     except ImportError:
-        raise ConfigError("latecast convert needs Pillow: pip install 'latecast[bench]'") from None
+        raise ConfigError(
+            "latecast convert needs Pillow and torchvision: pip install 'latecast[bench]'"
+        ) from None
     folder, out = Path(config.folder), Path(config.out)
     if not folder.is_dir():
         raise ConfigError(f"{folder}: not a folder of class subfolders")
@@ -216,7 +225,7 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
                 where = f"{folder} ({name or 'train'} split)"
                 (tmp / name).mkdir(exist_ok=True)
                 samples = read(partial(_load, job), items)
-                arrays, labels, sums, reencoded = _write_split(
+                arrays, labels, sums, reencoded, digest = _write_split(
                     tmp / name, job, len(items), samples, where
                 )
                 if present is None:
@@ -241,7 +250,7 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
                     channels = 1 if job.mode == "L" else 3
                     ds = EncodedDataset(**arrays, **common, channels=channels, size=job.size)
                     more = {"quality": job.quality, "reencoded": reencoded}
-                finish_split(tmp / name, ds, f"image folder {src}", **extra, **more)
+                finish_split(tmp / name, ds, f"image folder {src}", digest, **extra, **more)
                 del ds, arrays  # close the memmaps before the folder is renamed
             if config.skip_bad:
                 (tmp / SKIPPED).write_text(
@@ -455,6 +464,8 @@ def _read(path: Path, fn: Callable, whole: bool):
                         f"the {MAX_PIXELS:,} pixels allowed"
                     )
                 return fn(im, data)
+    except FormatError as e:  # readable, but refused (damaged JPEG data)
+        return FormatError(f"{_shown(path)}: {e}")
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, struct.error, ...
         unknown = isinstance(e, Image.UnidentifiedImageError)  # its text names the BytesIO
         why = "not a format Pillow reads" if unknown else f"{type(e).__name__}: {e}"
@@ -485,7 +496,14 @@ def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndar
     from PIL import ImageOps
 
     im.load()  # decode every byte now: a truncated file fails here, not in training
-    kept = im.format == "JPEG" and im.mode in ("L", "RGB")  # its own bytes go in a jpeg store
+    said = _libjpeg(data) if im.format == "JPEG" else None
+    if said:
+        raise FormatError(
+            "damaged JPEG data (libjpeg decodes it only with a warning: part of the image "
+            "would be wrong)"
+        )
+    # its own bytes go in a jpeg store when libjpeg decodes it cleanly, SOI to EOI
+    kept = said == "" and im.mode in ("L", "RGB") and not jpeg_problem(data)
     im = ImageOps.exif_transpose(im)  # upright, as the decoders show the kept files
     eight = _eight_bit(im)
     pixels = np.asarray(_fit(eight.convert(job.mode), job.size)).reshape(*job.size, -1)
@@ -498,6 +516,19 @@ def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndar
     buf = io.BytesIO()
     eight.convert("L" if im.mode in GREY_MODES else "RGB").save(buf, "JPEG", quality=job.quality)
     return buf.getvalue(), (im.height, im.width), sums, False
+
+
+def _libjpeg(data: bytes) -> str | None:
+    """What libjpeg says decoding ``data`` as training does ("" when clean); None when it
+    cannot decode it at all (e.g. 12-bit: such a file is re-encoded into a jpeg store)."""
+    import torch  # in the workers only: the command line starts without it
+
+    from ..decode import libjpeg_says
+
+    try:
+        return libjpeg_says([torch.frombuffer(bytearray(data), dtype=torch.uint8)], 3)[0]
+    except RuntimeError:
+        return None
 
 
 def _eight_bit(im):
@@ -534,20 +565,21 @@ def _fit(im, size: tuple[int, int]):
 
 def _write_split(
     folder: Path, job: _Job, count: int, samples: Iterable, where: str
-) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int]:
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int, str]:
     """Append each sample's bytes to the split's images file through a file object (a full
     disk is then an ``OSError``, never a memmap's SIGBUS), then map what was written.
     Returns the arrays (``images``; or ``data``, ``offsets``, ``sizes``), the labels, the
-    summed pixel sums and the count of re-encoded images."""
+    summed pixel sums, the count of re-encoded images and the SHA-256 of the bytes."""
     raw = job.encoding == "raw"
     path = folder / (IMAGES if raw else DATA)
     shape = (*job.size, 1 if job.mode == "L" else 3)  # (H, W, C)
     header = npy_header(np.uint8, (count, *shape)) if raw else b""
-    labels, offsets, sizes, sums, reencoded = [], [0], [], 0, 0
+    labels, offsets, sizes, sums, reencoded, digest = [], [0], [], 0, 0, hashlib.sha256()
     with open(path, "wb") as f:
         f.write(header)  # rewritten at the end for the count kept (at most ``count``)
         for (_, label), (payload, hw, image_sums, own) in samples:
             f.write(payload)
+            digest.update(payload)
             labels.append(label)
             offsets.append(offsets[-1] + len(payload))
             sizes.append(hw)
@@ -557,10 +589,11 @@ def _write_split(
         f.seek(0)
         f.write(npy_header(np.uint8, (len(labels), *shape), len(header)) if raw else b"")
     if raw:
-        return {"images": np.load(path, mmap_mode="r")}, np.array(labels), sums, 0
+        images = np.load(path, mmap_mode="r")
+        return {"images": images}, np.array(labels), sums, 0, digest.hexdigest()
     arrays = {
         "data": np.memmap(path, np.uint8, mode="r"),
         "offsets": np.array(offsets, np.int64),
         "sizes": np.array(sizes, np.int32),
     }
-    return arrays, np.array(labels), sums, reencoded
+    return arrays, np.array(labels), sums, reencoded, digest.hexdigest()

@@ -2,7 +2,8 @@
 
 A store is a folder with ``labels.npy`` (uint8, or uint16 past 256 classes), ``meta.json``
 (schema version, encoding, name, split, count, shapes, dtypes, file sizes and fingerprints,
-classes, mean/std, source) and the images in one of two encodings:
+classes, mean/std, source, ``images_sha256``: the SHA-256 of every image byte, hashed as they
+were written) and the images in one of two encodings:
 
 - ``raw``: ``images.npy``, uint8 ``(N, H, W, C)`` pixels (a ``Dataset``).
 - ``jpeg``: ``data.bin``, the JPEG files back to back; ``offsets.npy`` (int64 ``(N + 1,)``,
@@ -12,7 +13,8 @@ classes, mean/std, source) and the images in one of two encodings:
 
 A converted image folder with ``train/`` and ``test/`` (or ``val/``) holds one such store per
 split: ``out/train``, ``out/test``. Opening never reads the images: a store larger than
-memory is paged in as the loader touches it.
+memory is paged in as the loader touches it; only a jpeg store's sample of files is
+read (``STRUCTURE_SAMPLE``). ``verify`` reads everything (``latecast info --verify``).
 
 Writes go through ``fileio.atomic_folder``: a crash (even ``kill -9``) leaves the previous
 store or none, never half of one. Only a store is ever replaced, never a user's other data.
@@ -25,11 +27,13 @@ import json
 import os
 import struct
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from ..data import Dataset, EncodedDataset, check_labels
 from ..errors import ConfigError, FormatError
+from ..jpegheader import jpeg_header
 from .fileio import atomic_folder
 
 SCHEMA = 1
@@ -43,6 +47,11 @@ MAX_SIDE = 10_000  # pixels: the largest training height or width
 JPEG_SIDE = 65_535  # pixels: the largest height or width a JPEG file can have
 CHUNK_BYTES = 64 << 20  # copy images in 64 MiB pieces, so a memmap source is never read whole
 SPLIT_NAMES = ("train", "test", "val")
+# Files whose structure opening a jpeg store checks (spread evenly, the first and last among
+# them): about a millisecond even for ImageNet, and sure to see sizes.npy or offsets.npy
+# from another store; one edited entry among N is seen with odds 256/N here, and always by
+# the decoder (decode.py) or ``verify``.
+STRUCTURE_SAMPLE = 256
 
 
 def _store_problem(folder: Path) -> str:
@@ -95,6 +104,13 @@ def _fingerprint(path: Path) -> str:
     return h.hexdigest()
 
 
+def _chunks(big: np.ndarray) -> Iterator[bytes]:
+    """The bytes of ``big`` (C order) in pieces of about ``CHUNK_BYTES``, whole rows each."""
+    step = max(1, CHUNK_BYTES // max(1, big[:1].nbytes))
+    for start in range(0, len(big), step):
+        yield np.ascontiguousarray(big[start : start + step]).tobytes()
+
+
 def _arrays(ds: Dataset | EncodedDataset) -> dict[str, np.ndarray]:
     """``{meta.json key: array}`` of ``ds``, in ``FILES`` order."""
     if isinstance(ds, EncodedDataset):
@@ -111,13 +127,18 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...], length: int = 0) -> byte
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", size - 10) + f"{text:<{size - 11}}\n".encode()
 
 
-def finish_split(folder: Path, ds: Dataset | EncodedDataset, source: str, **extra) -> None:
-    """Write the small arrays and meta.json (plus ``extra`` fields) next to the images file
-    (``images.npy`` or ``data.bin``) already written in ``folder``."""
+def finish_split(
+    folder: Path, ds: Dataset | EncodedDataset, source: str, digest: str, **extra
+) -> None:
+    """Write the small arrays and meta.json (``digest``: the images' SHA-256, hashed as they
+    were written; plus ``extra`` fields) next to the images file (``images.npy`` or
+    ``data.bin``) already written in ``folder``. Every JPEG file's structure is checked."""
     if len(ds) == 0:
         raise FormatError(f"{folder.name}: refusing to write a store with no images")
     check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
     encoding, arrays = getattr(ds, "encoding", "raw"), _arrays(ds)
+    if encoding != "raw":
+        check_jpegs(ds, f"{ds.name}/{ds.split}", range(len(ds)))
     for key, name in list(FILES[encoding].items())[1:]:
         np.save(folder / name, np.ascontiguousarray(arrays[key]), allow_pickle=False)
     files = {
@@ -142,6 +163,7 @@ def finish_split(folder: Path, ds: Dataset | EncodedDataset, source: str, **extr
         "mean": list(ds.mean),
         "std": list(ds.std),
         "source": source,
+        "images_sha256": digest,
         **extra,
     }
     (folder / META).write_text(json.dumps(meta, indent=1) + "\n")
@@ -170,14 +192,15 @@ def write_store(
     encoding = getattr(dataset, "encoding", "raw")
     key, name = next(iter(FILES[encoding].items()))
     big = _arrays(dataset)[key]
+    digest = hashlib.sha256()
     with atomic_folder(Path(out), check_replaceable) as tmp:
         with open(tmp / name, "wb") as f:
             if encoding == "raw":
                 f.write(npy_header(big.dtype, big.shape))
-            step = max(1, CHUNK_BYTES // max(1, big[:1].nbytes))
-            for start in range(0, len(big), step):
-                f.write(np.ascontiguousarray(big[start : start + step]).tobytes())
-        finish_split(tmp, dataset, source)
+            for chunk in _chunks(big):
+                digest.update(chunk)
+                f.write(chunk)
+        finish_split(tmp, dataset, source, digest.hexdigest())
     return Path(out)
 
 
@@ -211,6 +234,11 @@ def read_meta(folder: Path) -> dict:
             raise FormatError(
                 f"{path}: field {key!r} should be a {t.__name__}, got {meta.get(key)!r:.60}"
             )
+    digest = meta.setdefault("images_sha256", "")  # stores written before it have none
+    if not isinstance(digest, str) or len(digest) not in (0, 64):
+        raise FormatError(
+            f"{path}: field 'images_sha256' should be 64 hex digits, got {digest!r:.70}"
+        )
     return meta
 
 
@@ -313,14 +341,61 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
         "classes": tuple(map(str, meta["classes"])),
         "mean": tuple(map(float, mean)),
         "std": tuple(map(float, std)),
+        "digest": meta["images_sha256"],
     }
     if encoding == "raw":
         ds = Dataset(images=arrays["images"], **common)  # checks the dtypes and ndim
     else:
         size = tuple(meta["size"])
         ds = EncodedDataset(**arrays, **common, channels=channels, size=size)
+        picks = np.unique(np.linspace(0, count - 1, min(count, STRUCTURE_SAMPLE)).astype(int))
+        check_jpegs(ds, str(folder), picks)
     check_labels(labels, ds.num_classes, str(folder / LABELS))
     return ds
+
+
+def verify(ds: Dataset | EncodedDataset, where: str) -> bool:
+    """Read every image byte of an opened store: each JPEG file's structure (``check_jpegs``)
+    and the SHA-256 of them all against meta.json's (a flipped byte anywhere is caught).
+    Returns False when the store has no SHA-256 to compare (written before latecast kept
+    one); raises ``FormatError`` naming ``where`` when a check fails."""
+    if isinstance(ds, EncodedDataset):
+        check_jpegs(ds, where, range(len(ds)))
+    if not ds.digest:
+        return False
+    digest = hashlib.sha256()
+    for chunk in _chunks(ds.data if isinstance(ds, EncodedDataset) else ds.images):
+        digest.update(chunk)
+    if digest.hexdigest() != ds.digest:
+        raise FormatError(
+            f"{where}: the images differ from the SHA-256 in {META} (a file edited or damaged "
+            f"since it was written); make the store again"
+        )
+    return True
+
+
+def check_jpegs(ds: EncodedDataset, where: str, picks) -> None:
+    """``FormatError`` naming ``where`` and the first sample in ``picks`` whose file is not a
+    whole JPEG of the size sizes.npy gives it (``jpeg_problem``)."""
+    offsets, sizes = ds.offsets.tolist(), ds.sizes.tolist()
+    for i in picks:
+        if why := jpeg_problem(ds.data[offsets[i] : offsets[i + 1]], sizes[i]):
+            raise FormatError(f"{where}: sample {i}: {why} (a damaged or edited store?)")
+
+
+def jpeg_problem(file: np.ndarray | bytes, hw: list[int] | None = None) -> str:
+    """Why ``file`` is not one whole JPEG of ``hw`` (H, W) pixels upright ("" when it is): it
+    must start with the SOI marker, end with EOI, and its frame header (SOF, read by
+    ``decode.jpeg_header``: the markers before it only, usually under 1 KiB) must give that
+    size once its EXIF orientation is applied. ``hw`` None: the structure only."""
+    if len(file) < 4 or bytes(file[:2]) != b"\xff\xd8" or bytes(file[-2:]) != b"\xff\xd9":
+        return "not a whole JPEG file (it must start with FF D8 and end with FF D9)"
+    head = jpeg_header(file)
+    if head is None:
+        return "no readable JPEG frame header (SOF) before the image data"
+    if hw is not None and list(head[:2]) != list(hw):
+        return f"the file is {head[0]}x{head[1]}, {SIZES} says {hw[0]}x{hw[1]}"
+    return ""
 
 
 def _check_encoded(folder: Path, meta: dict, arrays: dict, labels: np.ndarray) -> dict:

@@ -145,15 +145,24 @@ def _print_check(found: dict) -> None:
 def _add_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", nargs="?", default="mnist", help=DATASET_HELP)
     p.add_argument("--data-root", default=None, help="folder with the dataset's files")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="read every image byte: each JPEG file's structure, and the SHA-256 kept when "
+        "the store was written",
+    )
 
 
 def _run_info(args: argparse.Namespace) -> dict:
     from ..storage.datasets import load_dataset
+    from ..storage.store import verify
     from ..transfer import MOVERS, movers_for
 
-    info = {}
+    info, verified = {}, {}
     for split in ("train", "test"):
         ds = load_dataset(args.dataset, split, root=args.data_root)
+        if args.verify:
+            verified[split] = verify(ds, f"{args.dataset} ({split} split)")
         info[split] = {
             "samples": len(ds),
             "image_shape": list(ds.image_shape),
@@ -183,7 +192,12 @@ def _run_info(args: argparse.Namespace) -> dict:
     print(f"{'strategy':<10} {'host->device per epoch':>24} {'once':>12}")
     for name, b in tr["epoch_bytes"].items():
         print(f"{name:<10} {_human_bytes(b['per_epoch']):>24} {_human_bytes(b['once']):>12}")
-    return {"dataset": args.dataset, **info}
+    for split, hashed in verified.items():
+        print(
+            f"verified {split}: every image read"
+            + (", SHA-256 as written" if hashed else "; no SHA-256 to compare (an older store)")
+        )
+    return {"dataset": args.dataset, **info, **({"verified": verified} if args.verify else {})}
 
 
 # -- profile -----------------------------------------------------------------------------

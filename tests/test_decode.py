@@ -193,3 +193,27 @@ def test_nvjpeg_batches_are_close_to_pillow_and_repeatable(colour):
         for _ in range(2)
     ]
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*runs))
+
+
+def test_a_damaged_file_is_named_once_and_other_text_on_fd2_is_passed_on(colour, capfd):
+    from latecast.decode import _named
+    from latecast.transfer import Encoded
+
+    images, _ = colour
+    files = [jpeg_bytes(im) for im in images[:4]]
+    data, mid = bytearray(files[1]), (files[1].index(b"\xff\xda") + len(files[1])) // 2
+    data[mid : mid + 16] = bytes(b ^ 0xFF for b in data[mid : mid + 16])  # scan data damaged
+    files[1] = bytes(data)
+    clean = encoded(files[:1] + files[2:], SIZES[:1] + SIZES[2:4])
+    with pytest.warns(UserWarning, match="photos/train: sample 1: damaged JPEG data") as said:
+        batches = list(Loader(encoded(files, SIZES[:4]), 2, device="cpu", shuffle=False))
+    assert len(batches) == 2 and len([w for w in said if "damaged" in str(w.message)]) == 1
+    assert "Corrupt JPEG" not in capfd.readouterr().err
+    batch = Encoded(
+        torch.from_numpy(np.array(clean.data)), clean.offsets.tolist(),
+        torch.from_numpy(clean.sizes.astype(np.int64)), torch.arange(3), 3, torch.device("cpu"),
+        "photos/train",
+    )  # fmt: skip
+    out = torch.zeros(1)
+    assert _named("another thread's line\n", batch, out) is out  # no file repeats it: not libjpeg's
+    assert capfd.readouterr().err == "another thread's line\n"
