@@ -1,5 +1,6 @@
-"""The photo benchmark scripts, run at a tiny size so they cannot rot: the synthetic photo
-folder, the JPEG loader comparison, and random vs block order from cold pages."""
+"""The benchmark scripts, run at a tiny size so they cannot rot: the synthetic photo folder,
+the JPEG loader comparison, random vs block order from cold pages, two revisions side by
+side."""
 
 import json
 import os
@@ -19,7 +20,7 @@ from order_bench import cached_share, drop_pages  # noqa: E402
 def script(name: str, *args, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{BENCH}"}
     cmd = [sys.executable, str(BENCH / name), *map(str, args)]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 
@@ -93,3 +94,30 @@ def test_order_bench_times_both_orders_from_cold_pages_and_trains(tmp_path):
         assert len(result[order]["per_epoch"]) == 1 and 0 <= result[order]["test_accuracy"] <= 1
     config = json.loads((tmp_path / "runs" / "block" / "config.json").read_text())
     assert config["order"] == "block:8:4"
+
+
+def test_revisions_times_both_revisions_every_round(tmp_path):
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    if head.returncode:
+        pytest.skip(f"no git history here: {head.stderr.strip()}")
+    rev = head.stdout.strip()
+    proc = script(
+        "revisions.py",
+        rev,
+        "HEAD",
+        "--rounds",
+        2,
+        "--epochs",
+        1,
+        "--transfers",
+        "resident,uint8",
+        cwd=tmp_path,
+    )
+    rates = json.loads(proc.stdout.splitlines()[-1])["images_per_s"]
+    assert list(rates) == ["resident", "uint8"]
+    for by_rev in rates.values():
+        assert list(by_rev) == [rev, "HEAD"] and all(len(r) == 2 for r in by_rev.values())
+        assert all(r > 0 for runs in by_rev.values() for r in runs)
+    assert "| resident |" in proc.stdout

@@ -53,6 +53,7 @@ def values(name: str, k: str, paths: dict[str, str]) -> st.SearchStrategy[str]:
         "label_smoothing": st.sampled_from([0.0, 0.1, 0.9]),
         "augment": st.sampled_from(["none", "crop=4,flip,cutout=8,fill=reflect", "crop=60"]),
         "order": st.sampled_from(["random", "block", "block:8:4", "block:0:5", f"block:{2**63}:1"]),
+        "mix": st.sampled_from(["none", "mixup=0", "mixup=0.2,cutmix", "cutmix=0"]),
         "momentum": st.sampled_from([0.0, 0.9, 1.5]),
         "weight_decay": st.sampled_from([0.0, 5e-4]),
         "transfer": st.sampled_from([*MOVERS, "auto"]),

@@ -34,8 +34,8 @@ from latecast.storage.store import open_store, verify, write_store
 from latecast.tools.cli import _strict
 from latecast.trainer import checkpoint as ckpt
 from latecast.trainer.loop import TrainConfig
-from latecast.trainer.rundir import LOCK, RUN_FILES
-from latecast.transforms import normalize
+from latecast.trainer.rundir import ASIDE, LOCK, MOVING, RUN_FILES
+from latecast.transforms import Mix, normalize
 
 # Two steps of an mlp on bundled MNIST: about a second in-process.
 TINY = [
@@ -210,6 +210,97 @@ def test_overwrite_never_replaces_a_file_latecast_did_not_write(name, tmp_path, 
 def test_overwrite_and_resume_exclude_each_other(tmp_path, run_cli):
     proc = run_cli("train", *TINY, "--output-dir", tmp_path, "--overwrite", "--resume", "auto")
     one_line_error(proc, "overwrite", "resume")
+
+
+def run_files(out: Path) -> dict[str, bytes]:
+    return {name: (out / name).read_bytes() for name in RUN_FILES if (out / name).exists()}
+
+
+def test_overwrite_that_fails_before_its_first_checkpoint_puts_the_previous_run_back(
+    tmp_path, run_cli
+):
+    out = tmp_path / "run"
+    assert run_cli("train", *TINY, "--output-dir", out).rc == 0
+    before = tree(out)
+    proc = run_cli("train", *TINY, "--output-dir", out, "--overwrite", "--lr", "1e30")
+    one_line_error(proc, "NaN/inf at step 2", "no checkpoint saved yet")
+    assert tree(out) == before  # not a byte lost, nothing of the new run left, nothing aside
+
+
+def stopped_at(proc: subprocess.Popen, out: Path, stage: str) -> None:
+    """Until ``proc`` (an --overwrite run into ``out``) is seen at ``stage``, then stopped."""
+    if stage == "set-up":
+        wait_for(proc.pid, "libtorch")  # importing: nothing moved yet
+        return proc.send_signal(signal.SIGSTOP)
+    if stage == "finished":
+        return proc.wait(300)
+    seen = {  # observed: the previous files going aside, the new run's first file, its checkpoint
+        "aside": lambda: (out / MOVING).is_dir() or (out / ASIDE).is_dir(),
+        "new config": lambda: (out / ASIDE).is_dir() and (out / "config.json").exists(),
+        "new checkpoint": lambda: (
+            not (out / ASIDE / "checkpoint.pt").exists()
+            and (out / "checkpoint.pt").exists()
+            and ckpt.load_checkpoint(out / "checkpoint.pt")["config"]["lr"] == 0.2
+        ),
+    }[stage]
+    deadline = time.monotonic() + 300
+    while True:
+        assert time.monotonic() < deadline and proc.poll() is None, stage
+        with contextlib.suppress(OSError, CheckpointError):  # a file as it is being replaced
+            if seen():
+                return proc.send_signal(signal.SIGSTOP)
+        time.sleep(0.002)
+
+
+def test_a_replacement_stopped_while_moving_the_files_aside_is_put_back(tmp_path, run_cli):
+    """``kill -9`` between two of ``--overwrite``'s moves (each an ``os.replace``, too quick
+    to stop a real process in between) leaves some of the previous run's files in the
+    folder and some in ``.latecast-replacing``: the next run puts every one back."""
+    out = tmp_path / "run"
+    assert run_cli("train", *TINY, "--output-dir", out).rc == 0
+    previous = run_files(out)
+    for k in range(1, len(previous) + 1):
+        (out / MOVING).mkdir()
+        for name in list(previous)[:k]:  # the first k moved, as claim moves them
+            os.replace(out / name, out / MOVING / name)
+        one_line_error(run_cli("train", *TINY, "--output-dir", out), "holds a previous run")
+        assert run_files(out) == previous and not (out / MOVING).exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["set-up", "aside", "new config", "new checkpoint", "finished"])
+def test_overwrite_killed_at_any_stage_leaves_one_whole_run(stage, tmp_path, run_cli):
+    """A real ``python -m latecast train --overwrite`` stopped when each stage is seen, then
+    ``kill -9``: the folder holds the previous run byte for byte or the new one with its
+    checkpoint; the next run says which and goes on from it."""
+    out = tmp_path / "run"
+    assert run_cli("train", *TINY, "--output-dir", out).rc == 0  # lr 0.1: the gray preset's
+    (out / "notes.txt").write_text("mine")
+    previous = run_files(out)
+    args = [*TINY, "--limit-train", "2048", "--lr", "0.2", "--output-dir", str(out), "--overwrite"]
+    proc = subprocess.Popen([sys.executable, "-m", "latecast", "train", *args])
+    try:
+        stopped_at(proc, out, stage)
+        latest = out / "checkpoint.pt"
+        new = latest.exists() and ckpt.load_checkpoint(latest)["config"]["lr"] == 0.2
+    finally:
+        proc.kill()
+        proc.wait(30)
+    for left in (out / MOVING, out / ASIDE):  # as the kill left them: --check only looks
+        if left.is_dir():
+            one_line_error(run_cli("train", *TINY, "--output-dir", out, "--check"), str(left))
+    line = one_line_error(run_cli("train", *TINY, "--output-dir", out), "holds a previous run")
+    assert not (out / ASIDE).exists() and not (out / MOVING).exists()
+    assert (out / "notes.txt").read_text() == "mine"
+    if new:  # a whole new run: its config and checkpoint, resumable
+        assert json.loads((out / "config.json").read_text())["lr"] == 0.2
+        resumed = run_cli("train", *args[:-1], "--resume", "auto", "--json")
+    else:
+        assert run_files(out) == previous, line
+        resumed = run_cli("train", *TINY, "--output-dir", out, "--resume", "auto", "--json")
+    assert resumed.rc == 0 and resumed.json["step"] == (16 if new else 2), resumed.err
+    assert stage != "set-up" or not new
+    assert stage != "finished" or new
 
 
 # -- unwritable places and full disks (rows 74, 76) ----------------------------------------
@@ -420,6 +511,34 @@ def test_bad_values_are_refused_before_any_work(flags, mentions, tmp_path, run_c
     assert not (tmp_path / "run").exists()  # not even the folder
 
 
+@pytest.mark.parametrize(
+    "flags,rc",
+    [
+        (["--mix", "mixup=0"], 0),  # "0: off"
+        (["--mix", "mixup=0,cutmix=0"], 0),
+        (["--order", f"block:{2**63}:1"], 1),  # a block past what an index holds
+    ],
+)
+def test_what_check_accepts_does_not_fail_at_the_first_step(flags, rc, tmp_path, run_cli):
+    """``--check`` runs the run's own set-up, which makes the first step's data in miniature
+    (order, augment, normalize, mix): both say yes, or both refuse before anything is written."""
+    out = tmp_path / "run"
+    checked = run_cli("train", *TINY, *flags, "--output-dir", out, "--check")
+    ran = run_cli("train", *TINY, *flags, "--output-dir", out)
+    assert checked.rc == ran.rc == rc, (checked.err, ran.err)
+    if rc:
+        assert checked.err == ran.err and len(ran.err.splitlines()) == 1 and not out.exists()
+        assert "internal error" not in ran.err
+    else:
+        assert "check passed" in checked.out and "epoch 1/1" in ran.out
+
+
+def test_mix_with_both_alphas_zero_is_off():
+    images, labels = torch.rand(4, 3, 8, 8), torch.tensor([0, 2, 1, 2])
+    x, y = Mix(classes=3)(images, labels, torch.Generator().manual_seed(0))
+    assert torch.equal(x, images) and torch.equal(y, torch.eye(3)[labels])
+
+
 def store_of(folder: Path, train: tuple, test: tuple) -> Path:
     """A two-split store from ``(images, labels, classes)`` per split."""
     for split, (images, labels, classes) in (("train", train), ("test", test)):
@@ -531,6 +650,21 @@ def test_json_is_strict_and_never_nan():
     value = {"a": math.nan, "b": [math.inf, 1.5, -math.inf], "c": (np.float64("nan"), "x")}
     assert _strict(value) == {"a": None, "b": [None, 1.5, None], "c": [None, "x"]}
     json.dumps(_strict(value), allow_nan=False)
+
+
+def test_with_json_the_last_stdout_line_is_one_object_also_on_an_error(tmp_path, run_cli):
+    out = tmp_path / "run"
+    for argv, process in (
+        (["train", *TINY, "--lr", "1e30", "--output-dir", out], False),  # fails at step 2
+        (["info", tmp_path / "nothing"], True),  # a real process: stdout as a caller reads it
+    ):
+        proc = run_cli(*argv, "--json", process=process)
+        line = one_line_error(proc)
+        assert proc.out.endswith("\n") and json.loads(proc.out.splitlines()[-1]) == {
+            "error": line.removeprefix("latecast: error: "),
+            "exit_code": 1,
+        }
+    assert run_cli("train", *TINY, "--output-dir", tmp_path / "ok", "--json").json["step"] == 2
 
 
 # -- messages that never mislead, Ctrl-C (rows 78, 38) -------------------------------------

@@ -485,7 +485,8 @@ class Mix:
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))  # a CPU draw: no sync
         rng = np.random.default_rng(seed)
         cut = self.cutmix > 0 and (self.mixup == 0 or rng.random() < 0.5)
-        lam = float(rng.beta(*(2 * [self.cutmix if cut else self.mixup])))
+        alpha = self.cutmix if cut else self.mixup
+        lam = float(rng.beta(alpha, alpha)) if alpha else 1.0  # both 0 (off): labels only
         other = images.roll(1, 0)
         if cut:  # torchvision's CutMix box: centre anywhere, sides sqrt(1 - lam) of the image
             h, w = images.shape[-2:]

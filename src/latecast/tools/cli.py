@@ -2,7 +2,9 @@
 
 Exit codes: 0 success, 2 bad usage (argparse), 1 a ``LatecastError`` or what the system
 refused (a full disk, no permission), 130 Ctrl-C; errors are one line on stderr, no
-traceback unless ``--debug``. With ``--json`` the last stdout line is one strict JSON object.
+traceback unless ``--debug``. With ``--json`` the last stdout line is one strict JSON object:
+the result, or on an error ``{"error": the same message, "exit_code": 1}``; bad usage (2) and
+Ctrl-C (130) print none.
 """
 
 from __future__ import annotations
@@ -364,16 +366,17 @@ def _main(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     if not args.debug:  # warnings as one line each, without the source line under them
         warnings.formatwarning = _one_line_warning
+    code = 0
     try:
         result = COMMANDS[args.command][1](args)
-        if args.json:
-            print(json.dumps(_strict(result), default=str, allow_nan=False))
     except Exception as err:
         if args.debug:
             raise
-        print(f"latecast: error: {_one_line(_message(err))}", file=sys.stderr)
-        return 1
-    return 0
+        code, result = 1, {"error": _one_line(_message(err)), "exit_code": 1}
+        print(f"latecast: error: {result['error']}", file=sys.stderr)
+    if args.json:  # the last stdout line, also on an error (docs/RELIABILITY.md row 97)
+        print(json.dumps(_strict(result), default=str, allow_nan=False))
+    return code
 
 
 def _message(err: Exception) -> str:

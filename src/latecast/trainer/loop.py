@@ -25,14 +25,13 @@ ranks from unpadded shards, so it equals single-process accuracy on the same wei
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -345,6 +344,8 @@ class Run:
     data_fingerprint: str  # of the training split: part of the resume identity
     progress: checkpoint.Progress = field(default_factory=checkpoint.Progress)
     startup: dict[str, float] = field(default_factory=dict)  # seconds before the first step
+    last_good: str = "no checkpoint saved yet"  # named when the loss goes NaN
+    kept: Callable[[], None] = lambda: None  # rundir.claim's: after each checkpoint.pt save
 
     @property
     def lead(self) -> bool:  # rank 0: logs, progress bar, metrics and checkpoints
@@ -360,10 +361,11 @@ class Run:
             "loader": self.loader,
         }
 
-    def save(self, path: Path) -> str:
-        """Checkpoint (collective: BatchNorm statistics first; rank 0 writes); returns the
-        line that names the last good checkpoint."""
+    def save(self, name: str) -> None:
+        """Checkpoint ``OUTPUT_DIR/name`` (collective: BatchNorm statistics first; rank 0
+        writes); ``checkpoint.pt`` is then the last good one."""
         distributed.sync_buffers(self.model, self.distributed)
+        path = Path(self.config.output_dir) / name
         if self.lead:
             checkpoint.save(
                 path,
@@ -373,19 +375,15 @@ class Run:
                 self.loader.world_size,
                 self.data_fingerprint,
             )
-        return f"last good checkpoint: {path} (step {self.progress.step})"
+        if name == "checkpoint.pt":
+            self.last_good = f"last good checkpoint: {path} (step {self.progress.step})"
+            self.kept()
 
 
 def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Run:
     """Data (the same on every rank), the resolved config, loaders, model and optimizer,
     and the state to continue from when resuming."""
     _, rank, world = distributed.placement(device)
-    if config.graph and (device.type != "cuda" or distributed_):
-        raise ConfigError(
-            f"--graph captures the training step in a CUDA graph: it needs one process on a "
-            f"CUDA device, and this run is on {device}"
-            + (f" with {world} processes" if distributed_ else "")
-        )
     torch.manual_seed(config.seed)
     train_set, test_set = load_splits(config)
     if distributed_:
@@ -412,16 +410,9 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     )
     eval_batch = min(c.eval_batch_size, len(test_set))  # a larger one is the same single batch
     test_loader = Loader(test_set, eval_batch, shuffle=False, pad=False, **shared)
-    if c.graph and loader.transfer != "resident":
-        raise ConfigError(
-            f"--graph needs the resident transfer (the whole step on the device), this run "
-            f"would use {loader.transfer}"
-        )
-    if c.graph and (c.mix not in ("", "none") or (aug is not None and not aug.capturable)):
-        raise ConfigError(
-            "--graph captures device work only: drop --mix and the augmentations drawn on the "
-            f"host (resized_crop, altflip); got --augment {c.augment!r} --mix {c.mix!r}"
-        )
+    if c.graph:
+        _check_graph(c, loader, distributed_)
+    _rehearse(loader)
     _, model, opt, sched = recipe(config, train_set, device, len(loader))
     out = Path(config.output_dir)
     resumed_from = checkpoint.resume_path(config.resume, out / "checkpoint.pt", say=rank == 0)
@@ -430,6 +421,7 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     if resumed_from:
         identity = {**asdict(config), "world_size": world, "data_fingerprint": data}
         run.progress = checkpoint.restore(resumed_from, identity, run.parts)
+        run.last_good = f"last good checkpoint: {resumed_from} (step {run.progress.step})"
     if distributed_:
         _check_same_start(run.progress.step if resumed_from else -1, device)
     return run
@@ -465,6 +457,39 @@ def _check_fits(config: TrainConfig, train_set: Dataset, test_set: Dataset, worl
             f"model {config.model} cannot train on {h}x{w}x{c} images in batches of "
             f"{smallest} ({str(err).strip().splitlines()[0]}); choose another --model"
         ) from None
+
+
+def _check_graph(config: TrainConfig, loader: Loader, distributed_: bool) -> None:
+    """What ``--graph`` needs, in one place: one process on a CUDA device, the resident
+    mover (the whole step on the device) and device work only (nothing drawn on the host)."""
+    if loader.device.type != "cuda" or distributed_:
+        raise ConfigError(
+            f"--graph captures the training step in a CUDA graph: it needs one process on a "
+            f"CUDA device, and this run is on {loader.device}"
+            + (f" with {loader.world_size} processes" if distributed_ else "")
+        )
+    if loader.transfer != "resident":
+        raise ConfigError(
+            f"--graph needs the resident transfer (the whole step on the device), this run "
+            f"would use {loader.transfer}"
+        )
+    aug = loader.augment
+    if loader.prepare.mix is not None or (aug is not None and not aug.capturable):
+        raise ConfigError(
+            "--graph captures device work only: drop --mix and the augmentations drawn on the "
+            f"host (resized_crop, altflip); got --augment {config.augment!r} --mix {config.mix!r}"
+        )
+
+
+def _rehearse(loader: Loader) -> None:
+    """The first step's data path, in miniature, so that what it cannot do fails in set-up
+    (and so under ``--check``, which runs the same set-up), never at the first step: the
+    epoch's order (block sizes), then augment, normalize and mix on two blank images on the
+    run's device. Every batch reseeds its generators: no draw of the run moves."""
+    loader.index_batches()
+    (h, w, c), n = loader.dataset.image_shape, min(2, len(loader.dataset))
+    images = torch.zeros(n, h, w, c, dtype=torch.uint8, device=loader.device)
+    loader.prepare(images, torch.zeros(n, dtype=torch.int64, device=loader.device), torch.arange(n))
 
 
 def _check_same_data(train_set: Dataset, test_set: Dataset, device: torch.device) -> None:
@@ -514,14 +539,16 @@ def train(config: TrainConfig) -> dict:
     lead = distributed.placement(device)[1] == 0  # rank 0 alone writes the output folder
     out, asked = config.output_dir, (config.output_dir, config.resume, config.overwrite)
     try:
+        if lead and not config.check:
+            rundir.recover(out)  # what an --overwrite run killed mid-way left (row 95)
         replaced = rundir.check(*asked) if lead else []  # before any work; writes nothing
         t0 = time.perf_counter()
         run = _set_up(config, device, distributed_)
         run.startup["set_up"] = time.perf_counter() - t0  # data loaded, model built
         if config.check:
             return _checked(run, replaced)
-        with rundir.claim(*asked) if lead else contextlib.nullcontext([]) as replaced:
-            rundir.clear(out, replaced)  # judged again under the lock
+        # --overwrite: the previous run is moved aside until this one's first checkpoint
+        with rundir.claim(*asked) if lead else contextlib.nullcontext(run.kept) as run.kept:
             return _train(run)
     except OSError as err:  # a full disk, a folder gone read-only: one line naming the file
         raise TrainingError(f"{err.filename or out}: {err.strerror or err}") from err
@@ -560,134 +587,183 @@ def _checked(run: Run, replaced: list[str]) -> dict:
 
 
 def _train(run: Run) -> dict:
-    config, loader, progress = run.config, run.loader, run.progress
-    device, world, out = loader.device, loader.world_size, Path(config.output_dir)
-    lap = _stopwatch(device)
-    todo = loader.epoch < config.epochs  # a resumed run that had finished trains nothing
+    """The run top to bottom: start-up (off the clock), then per epoch train, evaluate,
+    record and save; the summary."""
+    step, batches = _start(run)
+    if run.lead:
+        _begin(run)
+    tally = _Tally()
+    for epoch in range(run.loader.epoch, run.config.epochs):
+        loss, seconds = _epoch(run, step, batches, epoch, tally)
+        accuracy = _evaluate(run, tally)
+        _record(run, epoch, loss, accuracy, seconds)
+        _save(run, accuracy, tally)
+    summary = _summary(run, tally)
+    if run.lead:
+        rundir.write(run.config.output_dir, "summary.json", summary)
+    return summary
+
+
+@dataclass
+class _Tally:
+    """This process's samples and the seconds kept off the record clock."""
+
+    samples: int = 0  # trained, for the float32/uint8 byte comparison
+    evaluated: int = 0
+    eval_seconds: float = 0.0  # every evaluation, the final one too
+    save_seconds: float = 0.0  # the epoch-end checkpoint writes
+    final_eval: float = 0.0  # the last evaluation: on the clock
+
+
+def _start(run: Run) -> tuple[Callable, Callable[[], Iterable[Batch]]]:
+    """Start-up, timed apart: the data on the device (resident), DDP, the step compiled
+    (``--compile``) or captured (``--graph``) and warmed up. The step and the epoch's
+    batches (``--graph``: staged only, the graph fills them)."""
+    config, loader, device = run.config, run.loader, run.loader.device
+    lap, todo = _stopwatch(device), loader.epoch < config.epochs  # finished: nothing to do
     for part in (loader, run.test_loader) if todo else ():
         part.start()  # resident: the dataset goes to the device here, before the clock
     run.startup["upload"] = lap()
-    net = (
-        DistributedDataParallel(
-            run.model, device_ids=[device.index] if device.type == "cuda" else None
-        )
-        if run.distributed
-        else run.model
-    )
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed shapes: autotune once, in the warm-up
     loss_fn = compiled(loss_of, device, config.graph) if config.compile else loss_of
-    step = partial(train_step, net, run.opt, run.sched, config=config, loss_fn=loss_fn)
-    if config.graph and todo:  # warms up on construction, captures below
-        step = graphed.GraphedStep(run.model, run.opt, run.sched, loader, loss_fn, config)
-    elif (device.type == "cuda" or config.compile) and todo:
-        warm_up(net, loader, config, loss_fn)
-    run.startup["warm_up"] = lap()  # compilation and cuDNN autotuning included
     if config.graph and todo:
+        step = graphed.GraphedStep(run.model, run.opt, run.sched, loader, loss_fn, config)
+        run.startup["warm_up"] = lap()  # on construction
         step.capture()
         run.startup["capture"] = lap()
-    last_good = (
-        f"last good checkpoint: {run.resumed_from} (step {progress.step})"
-        if run.resumed_from
-        else "no checkpoint saved yet"
+        return step, loader.staged
+    net = run.model
+    if run.distributed:
+        ids = [device.index] if device.type == "cuda" else None
+        net = DistributedDataParallel(net, device_ids=ids)
+    if (device.type == "cuda" or config.compile) and todo:
+        warm_up(net, loader, config, loss_fn)
+    run.startup["warm_up"] = lap()  # compilation and cuDNN autotuning included
+    step = partial(train_step, net, run.opt, run.sched, config=config, loss_fn=loss_fn)
+    return step, lambda: loader
+
+
+def _begin(run: Run) -> None:
+    """Rank 0: the run's config in its folder, its history so far (rebuilt from the
+    checkpoint on resume: no duplicate or missing epochs), and where it resumes."""
+    loader, out = run.loader, run.config.output_dir
+    where = {"world_size": loader.world_size, "transfer": loader.transfer}
+    rundir.write(out, "config.json", {**asdict(run.config), **where, "device": str(loader.device)})
+    rundir.write(out, "metrics.jsonl", run.progress.history)
+    if run.resumed_from:
+        print(
+            f"resuming from {run.resumed_from}: epoch {loader.epoch + 1}, "
+            f"batch {loader.position} of {len(loader)}, step {run.progress.step}",
+            flush=True,
+        )
+
+
+def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tuple[float, float]:
+    """One epoch's steps (on resume from the saved position); its mean loss and seconds.
+    The loss is read (a host sync) every ``log_every`` steps and before every save."""
+    config, loader, progress = run.config, run.loader, run.progress
+    loader.set_epoch(epoch)  # on resume the same epoch: the position is kept
+    t0 = time.perf_counter()
+    # A mid-epoch checkpoint carries the loss summed so far in its epoch.
+    losses = LossTracker(
+        loader.device, run.distributed, progress.epoch_loss_sum, progress.epoch_seen
+    )
+    show = run.lead and config.progress and sys.stdout.isatty()
+    bar = _progress(batches(), len(loader), f"epoch {epoch + 1}/{config.epochs}", show)
+    for images, labels in bar:
+        loss = step(images, labels)
+        progress.step, tally.samples = progress.step + 1, tally.samples + len(labels)
+        losses.add(loss, progress.step)
+        if progress.step % config.log_every == 0:
+            epoch_loss = losses.mean(run.last_good)
+            if show:
+                bar.set_postfix(loss=f"{epoch_loss:.4f}")
+        if (
+            config.checkpoint_every
+            and progress.step % config.checkpoint_every == 0
+            and loader.epoch == epoch  # the last batch moved it on: the epoch's end saves
+        ):
+            losses.mean(run.last_good)  # never save a NaN
+            progress.epoch_loss_sum, progress.epoch_seen = losses.sum.cpu(), losses.seen
+            run.save("checkpoint.pt")
+    epoch_loss = losses.mean(run.last_good)
+    if loader.device.type == "cuda":
+        torch.cuda.synchronize(loader.device)
+    seconds = time.perf_counter() - t0
+    progress.train_seconds += seconds
+    progress.epoch_loss_sum, progress.epoch_seen = torch.zeros(()), 0
+    return epoch_loss, seconds
+
+
+def _evaluate(run: Run, tally: _Tally) -> float:
+    """Test accuracy over every rank's unpadded test share (docs/RELIABILITY.md row 24),
+    timed: the last evaluation is the final one, on the clock."""
+    t0 = time.perf_counter()
+    distributed.sync_buffers(run.model, run.distributed)
+    correct, total = evaluate(run.model, run.test_loader, run.config.amp)  # ends in a sync
+    if run.distributed:
+        both = torch.tensor([correct, total], dtype=torch.int64, device=run.loader.device)
+        dist.all_reduce(both)
+        correct, total = both.tolist()
+    tally.final_eval = time.perf_counter() - t0
+    tally.eval_seconds += tally.final_eval
+    tally.evaluated += run.test_loader.num_samples
+    return correct / total
+
+
+def _record(run: Run, epoch: int, loss: float, accuracy: float, seconds: float) -> None:
+    """The epoch's row in the history (saved with the checkpoint), in ``metrics.jsonl`` and
+    on stdout (rank 0)."""
+    config, loader = run.config, run.loader
+    run.progress.history.append(
+        {
+            "epoch": epoch + 1,
+            "step": run.progress.step,
+            "train_loss": loss,
+            "test_accuracy": accuracy,
+            "epoch_seconds": seconds,
+            "images_per_s": len(loader) * loader.batch_size * loader.world_size / seconds,
+        }
     )
     if run.lead:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "config.json").write_text(
-            json.dumps(
-                {
-                    **asdict(config),
-                    "world_size": world,
-                    "transfer": loader.transfer,
-                    "device": str(loader.device),
-                },
-                indent=2,
-            )
+        rundir.write(config.output_dir, "metrics.jsonl", run.progress.history)
+        print(
+            f"epoch {epoch + 1}/{config.epochs}  loss {loss:.4f}  "
+            f"test acc {accuracy:.4f}  {seconds:.1f} s",
+            flush=True,
         )
-        # Rebuilt from the checkpoint's history on resume: no duplicate or missing epochs.
-        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in progress.history))
-        if run.resumed_from:
-            print(
-                f"resuming from {run.resumed_from}: epoch {loader.epoch + 1}, "
-                f"batch {loader.position} of {len(loader)}, step {progress.step}",
-                flush=True,
-            )
 
-    show = run.lead and config.progress and sys.stdout.isatty()
-    samples, evaluated = 0, 0  # for the float32 byte comparison
-    outside, final_eval = {"eval": 0.0, "save": 0.0}, 0.0  # seconds off the clock
-    accuracy = progress.history[-1]["test_accuracy"] if progress.history else float("nan")
-    for epoch in range(loader.epoch, config.epochs):
-        loader.set_epoch(epoch)  # on resume the same epoch: the position is kept
-        t0 = time.perf_counter()
-        # A mid-epoch checkpoint carries the loss summed so far in its epoch.
-        losses = LossTracker(device, run.distributed, progress.epoch_loss_sum, progress.epoch_seen)
-        batches = loader.staged() if config.graph else loader  # staged: the graph fills
-        bar = _progress(batches, len(loader), f"epoch {epoch + 1}/{config.epochs}", show)
-        for images, labels in bar:
-            loss = step(images, labels)
-            progress.step, samples = progress.step + 1, samples + len(labels)
-            losses.add(loss, progress.step)
-            if progress.step % config.log_every == 0:
-                epoch_loss = losses.mean(last_good)
-                if show:
-                    bar.set_postfix(loss=f"{epoch_loss:.4f}")
-            if (
-                config.checkpoint_every
-                and progress.step % config.checkpoint_every == 0
-                and loader.epoch == epoch  # the last batch moved it on: the epoch's end saves
-            ):
-                losses.mean(last_good)  # never save a NaN
-                progress.epoch_loss_sum, progress.epoch_seen = losses.sum.cpu(), losses.seen
-                last_good = run.save(out / "checkpoint.pt")
-        epoch_loss = losses.mean(last_good)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        epoch_seconds = time.perf_counter() - t0
-        progress.train_seconds += epoch_seconds
-        progress.epoch_loss_sum, progress.epoch_seen = torch.zeros(()), 0
-        t0 = time.perf_counter()
-        accuracy = _accuracy(run)  # ends in a host sync
-        final_eval = time.perf_counter() - t0  # the last one is the final evaluation
-        outside["eval"] += final_eval
-        evaluated += run.test_loader.num_samples
-        progress.history.append(
-            {
-                "epoch": epoch + 1,
-                "step": progress.step,
-                "train_loss": epoch_loss,
-                "test_accuracy": accuracy,
-                "epoch_seconds": epoch_seconds,
-                "images_per_s": len(loader) * loader.batch_size * world / epoch_seconds,
-            }
-        )
-        if run.lead:
-            with (out / "metrics.jsonl").open("a") as metrics:
-                metrics.write(json.dumps(progress.history[-1]) + "\n")
-            print(
-                f"epoch {epoch + 1}/{config.epochs}  loss {epoch_loss:.4f}  "
-                f"test acc {accuracy:.4f}  {epoch_seconds:.1f} s",
-                flush=True,
-            )
-        t0 = time.perf_counter()
-        # best.pt first: a crash between the two saves redoes this epoch
-        if accuracy > progress.best_accuracy:
-            progress.best_accuracy = accuracy
-            run.save(out / "best.pt")
-        last_good = run.save(out / "checkpoint.pt")
-        outside["save"] += time.perf_counter() - t0
 
-    stats, test_stats = loader.stats, run.test_loader.stats
-    summary = {
-        "test_accuracy": accuracy,
+def _save(run: Run, accuracy: float, tally: _Tally) -> None:
+    """The epoch's checkpoints, timed apart: best.pt first, so a crash between the two
+    saves redoes this epoch."""
+    t0 = time.perf_counter()
+    if accuracy > run.progress.best_accuracy:
+        run.progress.best_accuracy = accuracy
+        run.save("best.pt")
+    run.save("checkpoint.pt")
+    tally.save_seconds += time.perf_counter() - t0
+
+
+def _summary(run: Run, tally: _Tally) -> dict:
+    """What the run did: accuracy, the record clock and what was kept off it, bytes moved."""
+    config, loader, progress = run.config, run.loader, run.progress
+    stats, test_stats, samples = (
+        loader.stats,
+        run.test_loader.stats,
+        tally.samples + tally.evaluated,
+    )
+    return {
+        "test_accuracy": progress.history[-1]["test_accuracy"] if progress.history else math.nan,
         "train_seconds": progress.train_seconds,
         # the record clock: the steps (mid-epoch checkpoints included) + the final evaluation
-        "clock_seconds": progress.train_seconds + final_eval,
-        "final_eval_seconds": final_eval,
+        "clock_seconds": progress.train_seconds + tally.final_eval,
+        "final_eval_seconds": tally.final_eval,
         # this process's, off the clock: every evaluation (the final one too) and the
         # epoch-end checkpoint writes
-        "eval_seconds": outside["eval"],
-        "save_seconds": outside["save"],
+        "eval_seconds": tally.eval_seconds,
+        "save_seconds": tally.save_seconds,
         "startup_seconds": sum(run.startup.values()),
         "startup": run.startup,
         "compile": config.compile,
@@ -700,29 +776,15 @@ def _train(run: Run) -> dict:
         "model": config.model,
         # bytes are this process's; float32 is what the same samples would have cost
         "h2d_bytes": stats.h2d_bytes + test_stats.h2d_bytes,
-        "h2d_bytes_float32": float32_bytes(loader.dataset, samples + evaluated),
-        "h2d_bytes_uint8": uint8_bytes(loader.dataset, samples + evaluated),
+        "h2d_bytes_float32": float32_bytes(loader.dataset, samples),
+        "h2d_bytes_uint8": uint8_bytes(loader.dataset, samples),
         "data_wait_seconds": stats.wait_seconds,
         "step": progress.step,
         "best_accuracy": progress.best_accuracy,
         "rank": loader.rank,
-        "world_size": world,
-        "output_dir": str(out),
+        "world_size": loader.world_size,
+        "output_dir": str(Path(config.output_dir)),
     }
-    if run.lead:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return summary
-
-
-def _accuracy(run: Run) -> float:
-    """Test accuracy over every rank's unpadded test share (docs/RELIABILITY.md row 24)."""
-    distributed.sync_buffers(run.model, run.distributed)
-    correct, total = evaluate(run.model, run.test_loader, run.config.amp)
-    if run.distributed:
-        both = torch.tensor([correct, total], dtype=torch.int64, device=run.loader.device)
-        dist.all_reduce(both)
-        correct, total = both.tolist()
-    return correct / total
 
 
 def warm_up(model: torch.nn.Module, loader: Loader, config: TrainConfig, loss_fn=loss_of) -> None:

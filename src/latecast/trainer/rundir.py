@@ -4,12 +4,18 @@ run at a time, and never silently given to a new run while it holds a previous o
 
 - ``check_path``: the folder can be created and written (not a file, not under a file,
   names within the filesystem's limits, not read-only), without writing anything.
+- ``write``: the run's files (``config.json``, ``metrics.jsonl``, ``summary.json``), each
+  replaced whole (atomically), so a killed run never leaves one that cannot be verified.
 - ``claim`` (a run) takes ``OUT/.latecast.lock`` with ``fcntl.flock`` for the run's life; the
   file names the holder (pid, host, start). The kernel drops the lock when the process dies,
   even by ``kill -9``, so a stale file never blocks; the file itself stays. ``check``
   (``--check``) only looks: it writes nothing.
 - A previous run (any of ``RUN_FILES`` in the folder) is continued with ``--resume`` or
-  replaced with ``--overwrite``, which removes only files latecast verifiably wrote.
+  replaced with ``--overwrite``, which moves only files latecast verifiably wrote, and only
+  aside (``OUT/.latecast-replaced``) until the new run has saved its first checkpoint:
+  then they are removed; a new run that fails before puts them back. ``kill -9`` in between
+  leaves both, and the next run settles them the same way before anything else (``settle``):
+  one whole run, the new one if it has a checkpoint, the previous one otherwise.
 """
 
 from __future__ import annotations
@@ -20,9 +26,10 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
-from ..errors import ConfigError
+from ..errors import ConfigError, WriteError
+from ..storage.fileio import atomic_write
 from .checkpoint import is_checkpoint
 
 try:
@@ -32,6 +39,8 @@ except ImportError:  # Windows: no flock, runs are not locked there
 
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "checkpoint.pt", "best.pt")
 LOCK = ".latecast.lock"
+ASIDE = ".latecast-replaced"  # the previous run's files until --overwrite's run checkpoints
+MOVING = ".latecast-replacing"  # ASIDE while they are being moved into it
 _HOLDER = "latecast run: "  # the lock file's first bytes: it is ours to rewrite
 _KEYS = {  # what a file latecast wrote holds, per JSON name
     "config.json": {"dataset", "model", "world_size"},
@@ -72,13 +81,75 @@ def check(out: str, resume: str | None, overwrite: bool) -> list[str]:
             _lock(fd, path, fcntl.LOCK_SH if fcntl else 0)  # conflicts with a holder's LOCK_EX
         finally:
             os.close(fd)
+    left = [path / d for d in (MOVING, ASIDE) if (path / d).is_dir()]
+    if left:  # settling moves files: a real run does it (recover)
+        raise ConfigError(
+            f"output folder {out}: an --overwrite run was stopped before it settled "
+            f"{left[0]}; run latecast train without --check to settle it first"
+        )
     return _previous(path, resume, overwrite)
 
 
 @contextlib.contextmanager
-def claim(out: str, resume: str | None, overwrite: bool) -> Iterator[list[str]]:
-    """Hold ``out`` for one run; yields the previous run's files that ``overwrite`` allows
-    replacing (judged under the lock, so two runs cannot both find the folder free)."""
+def claim(out: str, resume: str | None, overwrite: bool) -> Iterator[Callable[[], None]]:
+    """Hold ``out`` for one run. The previous run's files that ``overwrite`` allows
+    replacing (judged under the lock, so two runs cannot both find the folder free) are
+    moved aside; yields ``kept``, to call after each save of ``checkpoint.pt``: the first
+    removes them. If the block ends before that (an error, Ctrl-C), they are put back."""
+    with _held(out) as path:
+        settle(path)  # what a killed run left
+        replaced = _previous(path, resume, overwrite)
+        try:
+            if replaced:
+                (path / MOVING).mkdir()
+                for name in replaced:
+                    os.replace(path / name, path / MOVING / name)
+                (path / MOVING).rename(path / ASIDE)  # all aside: what comes is the new run's
+            yield lambda: settle(path)
+        finally:
+            settle(path)
+
+
+def recover(out: str) -> None:
+    """Settle what an ``--overwrite`` run killed before it settled left in ``out`` (under
+    the folder's lock), so the checks and the set-up see one run."""
+    if any((Path(out) / d).is_dir() for d in (MOVING, ASIDE)):
+        with _held(out) as path:
+            settle(path)
+
+
+def settle(out: Path) -> None:
+    """One run from two. Stopped while moving the previous run's files aside: they are put
+    back (the new run has written nothing yet). All aside: the new run's ``checkpoint.pt``
+    decides. It has one: the files aside are removed. It has none: they are put back over
+    what the new run wrote (its files without a counterpart removed when verifiably ours)."""
+    if (out / MOVING).is_dir():
+        _put_back(out / MOVING, out)
+    aside = out / ASIDE
+    if not aside.is_dir():
+        return
+    if os.path.lexists(out / "checkpoint.pt"):
+        for name in RUN_FILES:
+            (aside / name).unlink(missing_ok=True)
+        aside.rmdir()
+        return
+    for name in RUN_FILES:
+        new = out / name
+        if not os.path.lexists(aside / name) and os.path.lexists(new) and _ours(new):
+            new.unlink()
+    _put_back(aside, out)
+
+
+def _put_back(folder: Path, out: Path) -> None:
+    for name in RUN_FILES:
+        if os.path.lexists(folder / name):
+            os.replace(folder / name, out / name)
+    folder.rmdir()
+
+
+@contextlib.contextmanager
+def _held(out: str) -> Iterator[Path]:
+    """``out`` created and its lock taken (naming this process) for the block."""
     path = check_path(out)
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -96,15 +167,23 @@ def claim(out: str, resume: str | None, overwrite: bool) -> Iterator[list[str]]:
         os.write(
             fd, f"{_HOLDER}pid {os.getpid()} on {socket.gethostname()}, started {stamp}\n".encode()
         )
-        yield _previous(path, resume, overwrite)
+        yield path
     finally:
         os.close(fd)  # releases the lock
 
 
-def clear(out: str, replaced: list[str]) -> None:
-    """Remove the previous run's files that ``claim`` allowed ``--overwrite`` to replace."""
-    for name in replaced:
-        (Path(out) / name).unlink(missing_ok=True)
+def write(out: str, name: str, value: dict | list[dict]) -> None:
+    """``OUT/name`` written whole or not at all (a kill mid-write leaves the previous one, so
+    the file stays one that ``--overwrite`` can verify): a JSON object, indented, or for
+    ``.jsonl`` one JSON row a line. A failed write is one line naming the file."""
+    path = Path(out) / name
+    rows = name.endswith(".jsonl")
+    text = "".join(json.dumps(r) + "\n" for r in value) if rows else json.dumps(value, indent=2)
+    try:
+        with atomic_write(path) as f:
+            f.write(text.encode())
+    except OSError as err:
+        raise WriteError(f"{path}: not written ({err.strerror or err})") from None
 
 
 def _read(fd: int) -> str:
