@@ -65,6 +65,7 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "FOLDER_IMAGES": "64",
         "PHOTOS": "8",
         "PHOTO_ARGS": "-b 4 --limit-batches 1",
+        "WDS_PHOTOS": "16",
         "TORCHRUN_ARGS": TINY,
     }
     proc = subprocess.run(
