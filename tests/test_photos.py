@@ -249,3 +249,26 @@ def test_a_corrupt_file_is_one_error_naming_the_field_and_the_position():
         next(iter(latecast.wrap([{"img": cut}], device="cpu")))
     with pytest.raises(BatchError, match=r"field 'img': the file at position 3 in the batch"):
         next(iter(latecast.wrap([{"img": junk}], device="cpu")))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_wrap_equals_the_store_and_turned_files_are_upright(mixed_files):
+    """nvJPEG on the device: a JPEG field through wrap equals the store's batch bitwise (same
+    files, same boxes), and the EXIF-turned files come out as Pillow shows them upright
+    (nvJPEG's IDCT is not libjpeg's: mean error under a grey level)."""
+    import latecast
+
+    ds = store_of(mixed_files, (24, 28))
+    aug = latecast.Augment(resized_crop=0.25, flip=0.5)
+    loader = Loader(ds, 6, device="cuda", augment=aug, seed=5, shuffle=False, pad=False)
+    batches = [(mixed_files, torch.arange(6) % 3)]
+    wrapped = latecast.wrap(batches, mean=MEAN, std=STD, device="cuda", augment=aug, seed=5,
+                            fields={0: latecast.jpeg(size=(24, 28))})  # fmt: skip
+    (a, _), (b, _) = next(iter(loader)), next(iter(wrapped))
+    assert a.device.type == "cuda" and torch.equal(a, b)
+    files = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in mixed_files]
+    for f, got in zip(mixed_files, decode.read(files, 3, torch.device("cuda"))):
+        ref = upright(f)
+        assert got.shape == ref.shape, (decode.decoder(), got.shape, ref.shape)
+        assert (got.cpu().int() - ref.int()).abs().float().mean() < 1.0
