@@ -33,9 +33,9 @@ from torch.utils.data import DataLoader
 
 import latecast
 
-CIFAR = (
-    Path(__file__).resolve().parents[1] / ".." / "shared/datasets/cifar10-jpg/cifar10-jpg.tar.gz"
-)
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: ../shared beside it, or shared/ in it
+COPIES = [r / "shared/datasets/cifar10-jpg/cifar10-jpg.tar.gz" for r in (ROOT / "..", ROOT)]
+CIFAR = next((p for p in COPIES if p.exists()), COPIES[0])
 MEAN, STD = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
 
 
