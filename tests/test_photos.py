@@ -272,3 +272,17 @@ def test_on_cuda_wrap_equals_the_store_and_turned_files_are_upright(mixed_files)
         ref = upright(f)
         assert got.shape == ref.shape, (decode.decoder(), got.shape, ref.shape)
         assert (got.cpu().int() - ref.int()).abs().float().mean() < 1.0
+
+
+def test_a_jpeg_field_after_another_framework_moved_the_batch_is_one_error():
+    """Lightning's hook (``PrepareOnDevice``) finishes batches another framework moved: JPEG
+    files are wrap's alone (its decoder reads them from its pinned buffer)."""
+    import latecast
+    from latecast.errors import BatchError
+    from latecast.wrapper import Fields
+
+    fields = Fields(fields={"jpg": latecast.jpeg(16)})
+    with pytest.raises(BatchError, match="field 'jpg' is declared JPEG files"):
+        fields.plan_batch([("jpg", [jpeg(smooth(16, 16, 0))])], host=False)
+    undeclared = Fields().plan_batch([("jpg", [jpeg(smooth(16, 16, 0))])], host=False)
+    assert undeclared[1] == [None]  # passes through untouched, as any list does there

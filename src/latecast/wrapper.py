@@ -188,7 +188,14 @@ class Fields:
         plans: list[Field | encoded.JpegField | None] = []
         for (name, value), t in zip(leaves, tensors):
             spec = self.fields.get(name)
-            if isinstance(spec, encoded.Jpeg) or (t is None and encoded.recognised(value)):
+            if isinstance(spec, encoded.Jpeg) and not host:
+                raise BatchError(
+                    f"field {name!r} is declared JPEG files: those are decoded by latecast.wrap "
+                    "(from its pinned buffer), not after another framework moved the batch"
+                )
+            if host and (
+                isinstance(spec, encoded.Jpeg) or (t is None and encoded.recognised(value))
+            ):
                 plans.append(encoded.plan(name, value, spec, len(self.prepare.mean)))
                 continue
             if t is not None and host and t.device.type != "cpu":
