@@ -222,8 +222,8 @@ def main() -> None:
     train, train_stats = train_targets(args.results / "train")
     peers, peer_stats = peer_targets(args.results / "peers")
     photos = _load(args.results / "photo-rows" / "bench.json")
-    targets = photo_targets(photos) + train + peers + compile_rows(args.results / "compile")
-    targets += profile_targets(report) + bench_targets(bench)
+    targets = train + peers + compile_rows(args.results / "compile")
+    targets += profile_targets(report) + bench_targets(bench) + photo_targets(photos)
     device = (report or bench or {}).get("device", "?")
     gpu = (report or bench or {}).get("gpu") or (report or bench or {}).get("cpu", "")
     lines = [f"gpu_check on {device} ({gpu})", "", "| target | measured | |", "|---|---|---|"]
