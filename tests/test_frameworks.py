@@ -306,6 +306,7 @@ def _accelerate(out: Path) -> None:
             seen.append([epoch, labels.tolist()])
             if (epoch, k) == (0, 2):
                 acc.save_state(out / "state")  # after 3 batches of epoch 0
+    acc.wait_for_everyone()  # rank 0 alone writes the loader's state: done before any reads
     acc.load_state(out / "state")
     for epoch in range(loader.epoch, 2):
         resumed += [[epoch, labels.tolist()] for _, labels in loader]

@@ -460,17 +460,17 @@ def test_damaged_scan_data_mid_store_is_caught_by_verify_and_named_when_decoded(
     rng, k = np.random.default_rng(0), 48
     files = [jpeg_bytes(rng.integers(0, 256, (200, 200, 3), dtype=np.uint8)) for _ in range(96)]
     ds = EncodedDataset(
-        "enc",
-        "train",
-        np.frombuffer(b"".join(files), np.uint8),
-        np.cumsum([0, *map(len, files)]).astype(np.int64),
-        np.full((96, 2), 200, np.int32),
-        np.zeros(96, np.uint8),
-        ("a",),
-        (0.5,) * 3,
-        (0.25,) * 3,
-        3,
-        (32, 32),
+        name="enc",
+        split="train",
+        data=np.frombuffer(b"".join(files), np.uint8),
+        offsets=np.cumsum([0, *map(len, files)]).astype(np.int64),
+        sizes=np.full((96, 2), 200, np.int32),
+        labels=np.zeros(96, np.uint8),
+        classes=("a",),
+        mean=(0.5,) * 3,
+        std=(0.25,) * 3,
+        channels=3,
+        size=(32, 32),
     )
     out = write_store(ds, tmp_path / "s")
     start = int(ds.offsets[k])

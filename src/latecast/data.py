@@ -252,18 +252,19 @@ def _array(value, what: str, name: str) -> np.ndarray:
         raise FormatError(f"{name}: {what} must be an array or tensor ({e})") from None
 
 
-def fingerprint(ds: Dataset | EncodedDataset, samples: int = 64) -> str:
+def fingerprint(ds: Dataset | EncodedDataset, samples: int = 64, sampled: bool = False) -> str:
     """What identifies a split's content, as 16 hex digits: its shapes, mean/std, every
     label (a JPEG store: every file's offset) and the images: their SHA-256 recorded when
     the store was written (``ds.digest``: any changed byte is caught, at no cost per run),
-    else ``samples`` images spread evenly over it. Equal on every process and machine."""
+    else (or with ``sampled``, as latecast before ``digest`` did) ``samples`` images spread
+    evenly over it. Equal on every process and machine."""
     n = len(ds)
     picks = sorted({i * (n - 1) // max(samples - 1, 1) for i in range(min(samples, n))})
     h = hashlib.sha256(repr([len(ds), ds.image_shape, *map(float, (*ds.mean, *ds.std))]).encode())
     h.update(ds.labels.astype(ds.labels.dtype.newbyteorder("<")).tobytes())
     if isinstance(ds, EncodedDataset):
         h.update(ds.offsets.astype("<i8").tobytes())
-    if ds.digest:
+    if ds.digest and not sampled:
         h.update(ds.digest.encode())
     elif isinstance(ds, EncodedDataset):
         for i in picks:

@@ -172,13 +172,17 @@ def restore(path: Path, run: dict, parts: dict) -> Progress:
     state = load_checkpoint(path)
     saved = {**state["config"], **{k: state.get(k) for k in ("world_size", "data_fingerprint")}}
     unprinted = saved["data_fingerprint"] is None  # written before fingerprints (0.1.0)
-    if unprinted:
+    sampled = saved["data_fingerprint"] == run.get("sampled_fingerprint")  # before digests
+    if unprinted or sampled:
         saved["data_fingerprint"] = run["data_fingerprint"]
     check_same_run(path, saved, run)  # a refused resume is one line, with no warning first
-    if unprinted:
+    if unprinted or (sampled and saved["data_fingerprint"] != state["data_fingerprint"]):
         warnings.warn(
             f"{path} predates data fingerprints: its data is checked by dataset name, "
-            f"--limit-train and sample count only",
+            f"--limit-train and sample count only"
+            if unprinted
+            else f"{path} predates the images' SHA-256: its data is checked by every label "
+            f"and 64 images",
             stacklevel=2,
         )
     try:  # a checkpoint edited by hand, or from another latecast version

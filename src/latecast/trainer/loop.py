@@ -420,6 +420,7 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     run = Run(config, distributed_, loader, test_loader, model, opt, sched, resumed_from, data)
     if resumed_from:
         identity = {**asdict(config), "world_size": world, "data_fingerprint": data}
+        identity["sampled_fingerprint"] = fingerprint(train_set, sampled=True)  # older runs
         run.progress = checkpoint.restore(resumed_from, identity, run.parts)
         run.last_good = f"last good checkpoint: {resumed_from} (step {run.progress.step})"
     if distributed_:
