@@ -1,15 +1,15 @@
-"""A Hugging Face `datasets.Dataset` of photos, its JPEG files decoded on the device.
+"""A Hugging Face `datasets` table through latecast.wrap (needs `pip install datasets`).
 
-With `Image(decode=False)` each row's image is `{"bytes": ..., "path": ...}`: the DataLoader
-workers hand the files on as they are, and `latecast.wrap` sends them across and decodes,
-crops and normalizes them on the device (no PIL, no ToTensor in the workers).
+`datasets` formats uint8 image columns for torch as int64: declared as an image,
+`fields={"image": "image"}`, the column crosses as uint8 and is normalized on the device.
+The streaming form (`IterableDataset`, shuffled by a buffer) draws its order from its own
+epoch, which `wrapped.set_epoch(e)` passes on, as it does to a sampler.
 
-python examples/hf_datasets.py --parquet FILE   # a parquet file with "image" and "label"
-                                                # columns (e.g. Dataset.to_parquet's); no hub
+python examples/hf_datasets.py [--limit 2000] [--epochs 2]
+(the table is made from the bundled MNIST, no download; `load_dataset("mnist")` works alike)
 """
 
 import argparse
-from pathlib import Path
 
 import datasets
 import torch
@@ -18,41 +18,39 @@ from torch.utils.data import DataLoader
 
 import latecast
 
-MEAN, STD = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
+MEAN, STD = (0.1307,), (0.3081,)  # MNIST's
 
 args = argparse.ArgumentParser()
-args.add_argument("--parquet", type=Path, required=True)
-args.add_argument("--size", type=int, default=32, help="training size")
-args.add_argument("--batch-size", type=int, default=32)
-args.add_argument("--epochs", type=int, default=1)
+args.add_argument("--limit", type=int, default=2000)
+args.add_argument("--epochs", type=int, default=2)
 args = args.parse_args()
+mnist = latecast.load_dataset("mnist")
+table = datasets.Dataset.from_dict(
+    {"image": mnist.images[: args.limit], "label": mnist.labels[: args.limit]}
+)  # (28, 28, 1) uint8 per row, as a PIL image column would be after decoding
 
-
-def files(rows: list[dict]):  # the batch as it is: a list of {"bytes", "path"} dicts
-    return [r["image"] for r in rows], torch.tensor([r["label"] for r in rows])
-
-
-ds = datasets.Dataset.from_parquet(str(args.parquet))
-ds = ds.cast_column("image", datasets.Image(decode=False))
-dl = DataLoader(ds, args.batch_size, shuffle=True, num_workers=2, collate_fn=files)
-aug = latecast.Augment(resized_crop=0.35, flip=0.5)
-train = latecast.wrap(dl, mean=MEAN, std=STD, augment=aug, fields={0: latecast.jpeg(args.size)})
+stream = table.to_iterable_dataset(num_shards=4).shuffle(seed=0, buffer_size=256)
+stream = stream.with_format("torch")  # int64 images: IterableDataset.with_format has no dtype=
+train = latecast.wrap(
+    DataLoader(stream, batch_size=128), mean=MEAN, std=STD, fields={"image": "image"}
+)
 model = torch.nn.Sequential(
-    torch.nn.Conv2d(3, 16, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
-    torch.nn.Flatten(), torch.nn.Linear(16, 10),
-).to(train.device)  # fmt: skip
-opt = torch.optim.SGD(model.parameters(), lr=0.05)
-
-seen = 0
-for _ in range(args.epochs):
-    for images, labels in train:  # float32 (N, 3, S, S) normalized on the device, int64
-        loss = F.cross_entropy(model(images), labels)
+    torch.nn.Flatten(), torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+).to(train.device)
+opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+firsts = []
+for epoch in range(args.epochs):
+    train.set_epoch(epoch)  # a new shuffle order each epoch
+    for k, batch in enumerate(train):  # batch["image"]: float32 (N, 1, 28, 28), normalized
+        loss = F.cross_entropy(model(batch["image"]), batch["label"])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        seen += len(labels)
+        if k == 0:
+            firsts.append(batch["label"][:8].tolist())
+    print(f"epoch {epoch}: loss {loss.item():.3f}, first labels {firsts[-1]}")
+assert len({str(f) for f in firsts}) == len(firsts), "the same order twice"
 s = train.stats
 print(
-    f"{seen} photos in {args.epochs} epochs of {len(ds)}, loss {loss.item():.3f}; decoded by "
-    f"{s.decoder}; host->device {s.image_bytes} JPEG bytes (uint8 would be {s.decoded_bytes})"
+    f"{s.image_bytes:,} image bytes crossed as uint8, {s.usual_bytes:,} as the int64 they arrive in"
 )

@@ -89,7 +89,7 @@ def test_hugging_face_datasets_parquet_with_undecoded_images(tmp_path):
     ds = datasets.Dataset.from_dict({"image": rows, "label": [i % 10 for i in range(40)]},
                                     features=features)  # fmt: skip
     ds.to_parquet(str(tmp_path / "photos.parquet"))
-    out = run(ROOT / "examples" / "hf_datasets.py", "--parquet", "photos.parquet", cwd=tmp_path)
+    out = run(ROOT / "examples" / "hf_photos.py", "--parquet", "photos.parquet", cwd=tmp_path)
     jpeg_bytes = sum(len(r["bytes"]) for r in rows)
     assert "40 photos in 1 epochs of 40" in out and f"host->device {jpeg_bytes} JPEG" in out
 

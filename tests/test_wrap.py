@@ -59,7 +59,7 @@ def test_imagefolder_with_pil_to_tensor_equals_to_tensor_normalize(image_folder)
     assert n == 14
     s = wrapped.stats  # uint8 pixels, labels 0/1 cross as one byte each
     assert (s.image_bytes, s.label_bytes, s.other_bytes) == (14 * 3 * 12 * 10, 14, 0)
-    assert s.usual_bytes == 14 * 3 * 12 * 10 * 4 + 14 * 8
+    assert s.usual_bytes == 14 * 3 * 12 * 10 + 14 * 8  # as they arrive: uint8, int64
     assert s.h2d_bytes == 14 * 361 and s.copies == s.batches == 4
 
 
@@ -177,7 +177,7 @@ def test_token_batches_cross_as_two_bytes_per_token(tmp_path):
     per_step = 2 * batch * block  # x and y
     s = w.stats
     assert s.label_bytes == s.h2d_bytes == steps * per_step * 2  # 2 bytes per token
-    assert s.usual_bytes == steps * per_step * 8  # what nanoGPT copies: int64
+    assert s.usual_bytes == steps * per_step * 2  # as they arrive (nanoGPT's own: int64, 8)
     assert s.copies == s.batches == steps  # x and y in one copy
 
 

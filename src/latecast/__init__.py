@@ -22,8 +22,10 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Augment": "transforms",
     "Dataset": "data",
+    "Erasing": "transforms",
     "LatecastError": "errors",
     "Loader": "loader",
+    "Mover": "wrapper",
     "TrainConfig": "trainer.loop",
     "convert_folder": "storage.convert",
     "from_arrays": "data",

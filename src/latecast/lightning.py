@@ -20,14 +20,18 @@ from typing import Any
 
 import torch
 
-from .wrapper import AS_IS, Fields, split
+from .errors import ConfigError
+from .transfer import TransferStats
+from .wrapper import AS_IS, Fields, split, tally
 
 
 class PrepareOnDevice:
     """Mixin for a ``LightningModule``: its uint8 batches are prepared on the device.
 
-    Put it before ``LightningModule`` and call ``prepare_on_device`` in ``__init__``; without
-    that call images are only scaled to [0, 1] (``ToTensor()``).
+    Put it before ``LightningModule`` (after it, Lightning's own hook would run instead: a
+    ``ConfigError`` when the class is made) and call ``prepare_on_device`` in ``__init__``;
+    without that call images are only scaled to [0, 1] (``ToTensor()``). ``latecast_stats``
+    counts what Lightning moved, field by field, as ``wrap.stats`` does.
 
     Example:
         >>> class Classifier(PrepareOnDevice, L.LightningModule):
@@ -36,11 +40,31 @@ class PrepareOnDevice:
         ...         self.prepare_on_device(mean=(0.1307,), std=(0.3081,), augment=Augment(crop=2))
     """
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in cls.__mro__[: cls.__mro__.index(PrepareOnDevice)]:
+            if "on_after_batch_transfer" in vars(base) and not issubclass(base, PrepareOnDevice):
+                raise ConfigError(
+                    f"class {cls.__name__}: list PrepareOnDevice before {base.__name__} in its "
+                    f"bases, class {cls.__name__}(PrepareOnDevice, LightningModule); after it, "
+                    f"{base.__name__}.on_after_batch_transfer runs instead and batches stay uint8"
+                )
+
     def prepare_on_device(self, **options: Any) -> None:
         """``options`` (``mean``, ``std``, ``augment``, ``dtype``, ``channels_last``,
         ``layout``, ``fields``, ``seed``) as for ``latecast.wrap``: the fields of ``Fields``."""
         train = Fields(**options)
-        self._latecast = {True: train, False: replace(train, augment=None)}  # by self.training
+        self._latecast = {
+            True: train,
+            False: replace(train, augment=None, erase=None),
+        }  # by self.training
+        self._latecast_stats = TransferStats()
+
+    @property
+    def latecast_stats(self) -> TransferStats:
+        """The bytes of the batches prepared (training and validation), as they crossed: one
+        copy per tensor, as Lightning moves them; ``usual_bytes`` equal, nothing narrowed."""
+        return replace(self._latecast_stats)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         batch = super().on_after_batch_transfer(batch, dataloader_idx)
@@ -52,12 +76,14 @@ class PrepareOnDevice:
         where = (trainer.current_epoch, trainer.global_rank, step)
         leaves, rebuild = split(batch)
         tensors, plans = fields.plan_batch(leaves, host=False)
+        tally(self._latecast_stats, plans, copies=sum(t is not None for t in tensors))
+        self._latecast_stats.batches += 1
         return rebuild(
             [
                 value
                 if f is None or f.kind == AS_IS
                 # the field's bytes, as wrap hands them over after the copy
-                else fields.finish(f, t.contiguous().view(-1).view(torch.uint8), where)
+                else fields.finish(f, t.to(f.dtype).contiguous().view(-1).view(torch.uint8), where)
                 for (_, value), t, f in zip(leaves, tensors, plans)
             ]
         )

@@ -55,7 +55,7 @@ class TransferStats:
     copies: int = 0  # host->device copy calls
     batches: int = 0  # batches yielded (counted by the Loader)
     wait_seconds: float = 0.0  # host time the consumer spent waiting inside next() (Loader)
-    usual_bytes: int = 0  # what the same batches cost the usual way: float32 images, int64 ints
+    usual_bytes: int = 0  # the usual way (Loader: float32 images, int64; wrap: as they arrive)
 
     @property
     def h2d_bytes(self) -> int:

@@ -187,6 +187,38 @@ def erase(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tenso
     return images.masked_fill(in_y[:, :, None, None] & in_x[:, None, :, None], 0)
 
 
+def erasing_params(images: torch.Tensor, p: float, scale, ratio, generator=None) -> torch.Tensor:
+    """``(N, 4)`` int64 ``(top, left, height, width)``: torchvision ``RandomErasing``'s draw,
+    batched on the device. With probability ``p``, up to 10 tries of an area in ``scale``
+    (of H * W) and a log-uniform aspect ratio in ``ratio``, the first that fits; an image
+    that is not erased gets height and width 0. ``images``: normalized ``(N, C, H, W)``."""
+    n, _, h, w = images.shape
+    u = torch.rand(n, 23, generator=generator, device=images.device)  # 10 tries, 3 more
+    area = h * w * (scale[0] + (scale[1] - scale[0]) * u[:, :10])
+    lo, hi = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(lo + (hi - lo) * u[:, 10:20])
+    hs, ws = (area * aspect).sqrt().round().long(), (area / aspect).sqrt().round().long()
+    fits = (hs < h) & (ws < w)  # (N, 10)
+    first = fits.long().argmax(1, keepdim=True)  # the first try that fits
+    on = (fits.any(1) & (u[:, 20] < p)).long()
+    hs, ws = hs.gather(1, first)[:, 0] * on, ws.gather(1, first)[:, 0] * on
+    top = (u[:, 21] * (h - hs + 1)).long().clamp(max=h - hs)  # uniform in 0..h - hs
+    left = (u[:, 22] * (w - ws + 1)).long().clamp(max=w - ws)
+    return torch.stack([top, left, hs, ws], 1)
+
+
+def erase_boxes(images: torch.Tensor, boxes: torch.Tensor, fill) -> torch.Tensor:
+    """Each image's box ``(top, left, height, width)`` set to ``fill`` (a number, a
+    per-channel ``(C, 1, 1)`` or per-pixel ``(N, C, H, W)`` tensor): torchvision's
+    ``F.erase(image, top, left, height, width, v)``, for the whole batch at once."""
+    _, _, h, w = images.shape
+    top, left, hs, ws = boxes.to(images.device).T[..., None]  # each (N, 1)
+    ys, xs = torch.arange(h, device=images.device), torch.arange(w, device=images.device)
+    in_y, in_x = (ys >= top) & (ys < top + hs), (xs >= left) & (xs < left + ws)  # (N, H), (N, W)
+    fill = torch.as_tensor(fill, dtype=images.dtype, device=images.device)
+    return torch.where(in_y[:, None, :, None] & in_x[:, None, None, :], fill, images)
+
+
 def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
     """Mirror ``-(n-1)..2(n-1)`` into ``0..n-1`` without repeating the edge, as ``np.pad``."""
     return (n - 1) - ((n - 1) - i.abs()).abs()
@@ -454,7 +486,43 @@ class Augment:
         return ",".join(on) or "crop=0"
 
 
-# ---- batch mixing, after the normalize ---------------------------------------------------
+# ---- after the normalize: random erasing, batch mixing -------------------------------------
+
+
+@dataclass(frozen=True)
+class Erasing:
+    """torchvision's ``RandomErasing`` per image, on the normalized ``(N, C, H, W)`` batch
+    (where timm's prefetch loader erases, ``--reprob``): ``value`` 0 (the mean), a value per
+    channel, or ``"random"``: normal per pixel (timm's ``--remode pixel``).
+
+    Example:
+        >>> wrapped = latecast.wrap(dl, mean=MEAN, std=STD, erase=Erasing(p=0.25))
+    """
+
+    p: float = 0.5  # probability per image
+    scale: tuple[float, float] = (0.02, 0.33)  # the box's area, a fraction of the image's
+    ratio: tuple[float, float] = (0.3, 3.3)  # its aspect ratio (height / width), log-uniform
+    value: float | tuple[float, ...] | str = 0.0
+
+    def __post_init__(self) -> None:
+        _check_number(self.p, "p", float, 0, 1)
+        (a, b), (c, d) = self.scale, self.ratio
+        if not (0 < a <= b <= 1 and 0 < c <= d) or not (
+            self.value == "random" or isinstance(self.value, (numbers.Real, tuple))
+        ):
+            raise ConfigError(
+                f"Erasing: scale {self.scale} needs 0 < a <= b <= 1, ratio {self.ratio} "
+                f"0 < a <= b, value a number, one per channel or 'random', got {self.value!r}"
+            )
+
+    def __call__(self, images: torch.Tensor, generator=None) -> torch.Tensor:
+        boxes = erasing_params(images, self.p, self.scale, self.ratio, generator)
+        fill = self.value
+        if fill == "random":
+            fill = torch.randn(images.shape, generator=generator, device=images.device)
+        elif isinstance(fill, tuple):
+            fill = torch.tensor(fill)[:, None, None]  # (C, 1, 1)
+        return erase_boxes(images, boxes, fill)
 
 
 @dataclass(frozen=True)

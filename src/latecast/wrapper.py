@@ -28,6 +28,7 @@ else in it (file names, say) passes through untouched. Each field is one of thre
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 import warnings
@@ -36,6 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Union
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
 from . import encoded
 from .distributed import placement
@@ -43,18 +45,19 @@ from .errors import BatchError, ConfigError
 from .loader import Epochs
 from .prepare import Augmentation, Prepare
 from .transfer import Ring, TransferStats, ahead, widen
+from .transforms import Erasing
 
 Name = Union[str, int]
 IMAGE, INT, AS_IS = "image", "integer", "as is"
 LAYOUTS = ("auto", "NHWC", "NCHW")
 NARROW = tuple(getattr(torch, n) for n in ("uint8", "int8", "uint16", "int16", "int32", "int64"))
-PASSED = ("batch_size", "sampler", "batch_sampler", "dataset", "drop_last")  # read from the source
 
 
 @dataclass(frozen=True)
 class Field:
     """How one field crosses: its kind, the dtype and shape it crosses in, the layout of an
-    image (``NHWC``, ``NCHW`` or ``NHW``) and the dtype an integer field comes out in."""
+    image (``NHWC``, ``NCHW`` or ``NHW``), the dtype an integer field comes out in and the
+    dtype it arrived in."""
 
     name: Name
     kind: str
@@ -62,6 +65,7 @@ class Field:
     shape: tuple[int, ...]
     layout: str = ""
     out: torch.dtype = torch.int64
+    arrived: torch.dtype | None = None  # None: as it crosses
 
     @property
     def nbytes(self) -> int:
@@ -69,9 +73,9 @@ class Field:
 
     @property
     def usual_bytes(self) -> int:
-        """What it costs the usual way: float32 images, int64 integers."""
-        size = {IMAGE: 4, INT: 8}.get(self.kind, self.dtype.itemsize)
-        return math.prod(self.shape) * size
+        """What moving it as it arrived costs (``batch.to(device)``): a loader that already
+        yields uint8 saves nothing on its images here, and the stats say so."""
+        return math.prod(self.shape) * (self.arrived or self.dtype).itemsize
 
 
 def split(batch: Any) -> tuple[list[tuple[Name, Any]], Callable[[list], Any]]:
@@ -121,6 +125,30 @@ def fits(dtype: torch.dtype, low: int, high: int) -> bool:
     return info.min <= low and high <= info.max
 
 
+def image_hint(name: Name, t: torch.Tensor) -> str | None:
+    """What to change, for a 4-dim field that is not uint8 but holds what images do (the
+    channel axis at dim 1 or 3): floats in [0, 1] as ``ToTensor()`` makes them, or integers
+    in 0..255 with 3 or 4 channels as Hugging Face ``datasets`` formats uint8 images (int64;
+    one channel may be a mask). Else None. Read at the first batch only (one pass)."""
+    channels = {t.shape[1], t.shape[3]} if t.ndim == 4 and t.numel() else set()
+    if t.dtype.is_floating_point and channels & {1, 3, 4} and 0 <= t.min() and t.max() <= 1:
+        return (
+            f"field {name!r} is {t.dtype} {tuple(t.shape)} in [0, 1], images as ToTensor() "
+            f"makes them: they cross as {t.dtype.itemsize} bytes a pixel; yield uint8 with "
+            "PILToTensor() or ToImage() and give wrap the mean/std"
+        )
+    integer = not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+    if integer and t.dtype != torch.uint8 and channels & {3, 4}:
+        low, high = value_range(t.cpu())  # the Lightning mixin's batches are on the device
+        if 0 <= low and high <= 255:
+            return (
+                f"field {name!r} is {t.dtype} {tuple(t.shape)} with values 0..255, images as "
+                f"Hugging Face datasets formats uint8 ones: declare fields={{{name!r}: 'image'}} "
+                "(it crosses as uint8), or use ds.with_format('torch', dtype=torch.uint8)"
+            )
+    return None
+
+
 def check_fields(fields: dict | None) -> dict[Name, Any]:
     """``fields=`` as ``{name: "image" | Jpeg | (dtype it crosses in, dtype it comes out in)}``."""
     out: dict[Name, Any] = {}
@@ -154,6 +182,7 @@ class Fields:
     layout: str = "auto"  # where uint8 images keep their channels: auto, NHWC or NCHW
     fields: dict | None = None  # {name: "image" | jpeg() | integer dtype | (that, output dtype)}
     seed: int = 0  # mixed into the augmentation's seeds
+    erase: Erasing | None = None  # random erasing after the normalize (timm's --reprob)
 
     def __post_init__(self) -> None:
         mean, std = self.mean, self.std
@@ -161,9 +190,15 @@ class Fields:
             mean is not None and (len(mean) != len(std) or min(std) <= 0)
         ):
             raise ConfigError(f"mean {mean!r} and std {std!r}: give both, as long, std > 0")
+        if mean is not None and not all(0 <= v <= 1 for v in (*mean, *std)):
+            raise ConfigError(  # timm's IMAGENET_DEFAULT_MEAN * 255, say: every output ~ -0.4
+                f"mean {mean!r} and std {std!r} are in [0, 1] units, as Normalize() takes them "
+                "after ToTensor(); in 0-255 units divide them by 255"
+            )
         if self.layout not in LAYOUTS:
             raise ConfigError(f"layout must be one of {', '.join(LAYOUTS)}, got {self.layout!r}")
         self.normalizes, self.fields = mean is not None, check_fields(self.fields)
+        self.looked = False  # at the first batch: fields that look like images but are not
         self.prepare = Prepare(
             (0.0,) if mean is None else mean,  # no mean/std: ToTensor() alone, x / 255
             (1.0,) if std is None else std,
@@ -205,15 +240,32 @@ class Fields:
                 )
             f = None if t is None else self.plan(name, t)
             plans.append(self.narrow(f, t) if f is not None and host else f)
-        if self.normalizes and not any(f and f.kind in (IMAGE, encoded.ENCODED) for f in plans):
-            raise BatchError(
-                "mean/std were given but no field of this batch is a uint8 image ("
-                + ", ".join(
-                    f"{f.name!r}: {t.dtype} {tuple(t.shape)}" for f, t in zip(plans, tensors) if f
+        images = any(f and f.kind in (IMAGE, encoded.ENCODED) for f in plans)
+        if not self.looked or (self.normalizes and not images):
+            self.looked = True
+            hints = [
+                image_hint(f.name, t)
+                for f, t in zip(plans, tensors)
+                if t is not None and f and f.kind != IMAGE
+            ]
+            hints = [h for h in hints if h]
+            if self.normalizes and not images:
+                raise BatchError(
+                    "mean/std were given but no field of this batch is a uint8 image ("
+                    + ", ".join(
+                        f"{f.name!r}: {t.dtype} {tuple(t.shape)}"
+                        for f, t in zip(plans, tensors)
+                        if f
+                    )
+                    + "); "
+                    + (
+                        "; ".join(hints)
+                        or "yield uint8 with PILToTensor() or ToImage(), or declare "
+                        "fields={name: 'image'}"
+                    )
                 )
-                + "); yield uint8 with PILToTensor() or ToImage(), or declare fields={name: "
-                "'image'}"
-            )
+            for hint in hints:
+                warnings.warn(f"latecast.wrap: {hint}", UserWarning, stacklevel=4)
         return tensors, plans
 
     def plan(self, name: Name, t: torch.Tensor) -> Field:
@@ -227,11 +279,20 @@ class Fields:
                 f"field {name!r} is {t.dtype}: fields= declares {spec[0]} for integer fields only"
             )
         out = torch.int64 if spec is None else spec[1]
-        return Field(name, INT if integer else AS_IS, t.dtype, tuple(t.shape), out=out)
+        kind = INT if integer else AS_IS
+        return Field(name, kind, t.dtype, tuple(t.shape), out=out, arrived=t.dtype)
 
     def _image(self, name: Name, t: torch.Tensor, declared: bool) -> Field:
         shape = tuple(t.shape)
-        if t.dtype != torch.uint8 or t.ndim not in (3, 4):
+        integer = not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+        if declared and integer and t.dtype != torch.uint8 and t.ndim in (3, 4):
+            low, high = value_range(t)  # int64 from Hugging Face datasets: crosses as uint8
+            if not (0 <= low and high <= 255):
+                raise BatchError(
+                    f"field {name!r} is declared an image: its {t.dtype} values {low}..{high} "
+                    "do not fit uint8 (0..255)"
+                )
+        elif t.dtype != torch.uint8 or t.ndim not in (3, 4):
             raise BatchError(
                 f"field {name!r} is {'declared ' if declared else ''}an image and must be uint8 "
                 f"(N, H, W, C) or (N, C, H, W), got {t.dtype} {shape}; a DataLoader yields "
@@ -253,7 +314,7 @@ class Fields:
                 f"field {name!r}: {channels} channels ({layout} {shape}) but "
                 f"{len(self.prepare.mean)} mean/std values"
             )
-        return Field(name, IMAGE, torch.uint8, shape, layout=layout)
+        return Field(name, IMAGE, torch.uint8, shape, layout=layout, arrived=t.dtype)
 
     def narrow(self, f: Field, t: torch.Tensor) -> Field:
         """An integer field in the dtype it crosses in: declared, else the narrowest that holds
@@ -284,11 +345,26 @@ class Fields:
             if f.layout != "NHWC":  # (N, C, H, W) or (N, H, W) -> (N, H, W, C) view
                 images = images.permute(0, 2, 3, 1) if f.layout == "NCHW" else images[..., None]
             self.prepare.seek(*where)
-            return self.prepare(images, None)[0]  # no mixing here: labels are fields too
+            images = self.prepare(images, None)[0]  # no mixing here: labels are fields too
+            if self.erase is None:
+                return images
+            return self.erase(images, self.prepare.generator(images.device))
         if f.kind == INT:
             wide = widen(raw, numpy_dtype(f.dtype)).view(f.shape)
             return wide if f.out == torch.int64 else wide.to(f.out)
         return raw.view(f.dtype).view(f.shape)
+
+
+def tally(s: TransferStats, plans: list[Field | None], copies: int) -> None:
+    """Count a batch's fields as they crossed, in ``copies`` host->device copies."""
+    for f in filter(None, plans):
+        if f.kind == encoded.ENCODED:  # the files count, beside what uint8 would move
+            s.decoded_bytes, s.decoder = s.decoded_bytes + f.decoded_bytes, encoded.decoder()
+        s.image_bytes += f.nbytes if f.kind in (IMAGE, encoded.ENCODED) else 0
+        s.label_bytes += f.nbytes if f.kind == INT else 0
+        s.other_bytes += f.nbytes if f.kind == AS_IS else 0
+        s.usual_bytes += f.usual_bytes
+    s.copies += copies
 
 
 @dataclass
@@ -307,8 +383,12 @@ class Sent:
 
 
 class Wrapped(Epochs):
-    """An iterable of batches moved and prepared on the device; see ``wrap``."""
+    """An iterable of batches moved and prepared on the device; see ``wrap``. Every attribute
+    it does not own (``__slots__``, its methods and properties) is the source's: read there,
+    written there (timm sets ``loader.mixup_enabled``, Lightning ``worker_init_fn``)."""
 
+    __slots__ = ("batches", "fields", "_device", "epoch", "position", "_stats", "_ring")
+    __slots__ += ("_where", "_state")
     slots = 3  # one read by the copy in flight, one handed out, one being filled
 
     def __init__(self, batches: Iterable, fields: Fields, device: str | torch.device) -> None:
@@ -319,15 +399,19 @@ class Wrapped(Epochs):
         self._state: Any = None  # the source's state after the last batch handed out
 
     def __getattr__(self, name: str) -> Any:
-        """``batch_size``, ``sampler``, ... from the source; ``state_dict`` and
-        ``load_state_dict`` only where the source has them (Lightning and accelerate ask
-        ``hasattr``)."""
-        source = self.__dict__.get("batches")
-        if name in PASSED:
-            return getattr(source, name)
-        if name in ("state_dict", "load_state_dict") and hasattr(source, name):
+        """The source's attribute; ``state_dict`` and ``load_state_dict`` are latecast's
+        where the source has them (Lightning and accelerate ask ``hasattr``)."""
+        if name in Wrapped.__slots__ or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(name)  # not set yet (copy, pickle): never the source's
+        if name in ("state_dict", "load_state_dict") and hasattr(self.batches, name):
             return getattr(self, f"_{name}")
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        return getattr(self.batches, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in Wrapped.__slots__:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.batches, name, value)
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -337,18 +421,33 @@ class Wrapped(Epochs):
         return self._where[0] if self._where else placement(self._device)[0]
 
     @property
+    def mean(self) -> tuple[float, ...] | None:
+        """The mean it normalizes with (``fields`` holds every option): what a second loader
+        made from ``w.dataset`` needs, ``latecast.wrap(that, mean=w.mean, std=w.std)``."""
+        return self.fields.mean
+
+    @property
+    def std(self) -> tuple[float, ...] | None:
+        return self.fields.std
+
+    @property
     def stats(self) -> TransferStats:
         """Bytes by kind (images, integers, others), copies, batches, data wait, and what the
-        same batches would have cost as float32 images and int64 integers."""
+        same batches would have cost moved as they arrived (``usual_bytes``)."""
         return replace(self._stats)
 
     def set_epoch(self, epoch: int) -> None:
-        """Seed augmentation from ``epoch`` and pass it on to the source (or its sampler)."""
+        """Seed augmentation from ``epoch`` and pass it on: to the source's own ``set_epoch``
+        where it has one (accelerate's loaders pass it on themselves), else to its sampler and
+        its dataset (a shuffled iterable dataset, Hugging Face's, draws its order from it)."""
         super().set_epoch(epoch)
-        for obj in (self.batches, getattr(self.batches, "sampler", None)):
+        source = self.batches
+        if callable(getattr(source, "set_epoch", None)):
+            source.set_epoch(epoch)
+            return
+        for obj in (getattr(source, "sampler", None), getattr(source, "dataset", None)):
             if callable(getattr(obj, "set_epoch", None)):
                 obj.set_epoch(epoch)
-                return
 
     def _state_dict(self) -> dict:
         source = self._state if self._state is not None else self.batches.state_dict()
@@ -367,10 +466,13 @@ class Wrapped(Epochs):
         self.epoch, self.position, self._state = int(state["epoch"]), int(state["position"]), None
 
     def __iter__(self) -> Iterator[Any]:
+        self._start()
+        yield from self._count(self._finished())
+
+    def _start(self) -> None:
         if self._where is None:  # resolved at the first pass: a launcher may start after us
             self._where = placement(self._device)
             self._ring = Ring(self.slots, self._where[0], side=True)
-        yield from self._count(self._finished())
 
     def _finished(self) -> Iterator[tuple[Any, bool]]:
         """Each batch finished on the device and whether it is the last; the next one's copy
@@ -379,22 +481,27 @@ class Wrapped(Epochs):
         sent = (self._send(batch, stateful) for batch in self.batches)
         t0 = time.perf_counter()
         for s, last in ahead(sent):
-            dev = self._ring.ready(s.slot, s.dev)
-            where = (self.epoch, self._where[1], self.position)
-            batch = s.rebuild(
-                [
-                    value if f is None else self._finish(s, dev, f, o, where)
-                    for (_, value), f, o in zip(s.leaves, s.plans, s.offsets)
-                ]
-            )
-            self._stats.batches += 1
+            batch = self._finish(s)
             self._stats.wait_seconds += time.perf_counter() - t0
             self._state = None if last else s.state  # the last: the next epoch's, from the source
             yield batch, last
             t0 = time.perf_counter()
 
-    def _finish(self, s: Sent, dev: torch.Tensor, f, offset: int, where) -> Any:
-        if f.kind == encoded.ENCODED:  # the files stay in the pinned slot: the decoder reads them
+    def _finish(self, s: Sent) -> Any:
+        """A sent batch prepared on the device, once its copy is done; a JPEG field's files
+        stay in the pinned slot, where the decoder reads them."""
+        dev = self._ring.ready(s.slot, s.dev)
+        where = (self.epoch, self._where[1], self.position)
+        self._stats.batches += 1
+        return s.rebuild(
+            [
+                value if f is None else self._field(s, dev, f, o, where)
+                for (_, value), f, o in zip(s.leaves, s.plans, s.offsets)
+            ]
+        )
+
+    def _field(self, s: Sent, dev: torch.Tensor, f, offset: int, where) -> Any:
+        if f.kind == encoded.ENCODED:
             self.fields.prepare.seek(*where)
             files = s.host[offset : offset + f.nbytes]
             return encoded.finish(f, files, self.fields.prepare, self._where[0])
@@ -422,38 +529,82 @@ class Wrapped(Epochs):
         dev = self._ring.send(slot, host[:sent])
         if dev.data_ptr() == host.data_ptr():  # a CPU "device": never hand out the ring's memory
             dev = dev.clone()
-        self._tally(plans)
+        tally(self._stats, plans, copies=1)
         return Sent(dev, host, slot, plans, offsets, leaves, rebuild, state)
-
-    def _tally(self, plans: list[Field | None]) -> None:
-        s = self._stats
-        for f in filter(None, plans):
-            if f.kind == encoded.ENCODED:  # the files count, beside what uint8 would move
-                s.decoded_bytes, s.decoder = s.decoded_bytes + f.decoded_bytes, encoded.decoder()
-            s.image_bytes += f.nbytes if f.kind in (IMAGE, encoded.ENCODED) else 0
-            s.label_bytes += f.nbytes if f.kind == INT else 0
-            s.other_bytes += f.nbytes if f.kind == AS_IS else 0
-            s.usual_bytes += f.usual_bytes
-        s.copies += 1
 
     def _pack(self, dst: torch.Tensor, f: Field, t: torch.Tensor) -> None:
         """Write ``t`` into the pinned bytes ``dst`` in the dtype it crosses in."""
         if f.kind == encoded.ENCODED:
             f.pack(dst)
-        elif f.kind == INT:  # numpy casts every integer dtype; the values were checked to fit
+        elif f.kind == INT or t.dtype != f.dtype:  # numpy casts every integer dtype; checked
             out = dst.numpy().view(numpy_dtype(f.dtype)).reshape(f.shape)
             np.copyto(out, t.detach().numpy(), casting="unsafe")
         else:
             dst.view(t.dtype).view(f.shape).copy_(t)
 
 
+class Mover(Wrapped):
+    """``mover(batch)``: one host batch moved and prepared as ``wrap`` moves each of its
+    batches (one pinned buffer, one copy, narrow integers, images normalized on the device),
+    for programs that build their batches per call (nanoGPT's ``get_batch``). No read-ahead:
+    a batch function that draws from the global RNG draws exactly when it did without it.
+    ``position`` counts the calls, and seeds the augmentation with ``epoch`` and the rank.
+
+    Example:
+        >>> mover = latecast.Mover(device="cuda")            # wrap's options: fields=, mean=...
+        >>> x, y = mover((x, y))   # int64 token ids cross as uint16, int64 on the device
+    """
+
+    def __init__(self, *, device: str | torch.device = "auto", **options: Any) -> None:
+        super().__init__(None, Fields(**options), device)
+
+    def __call__(self, batch: Any) -> Any:
+        self._start()
+        batch = self._finish(self._send(batch, stateful=False))
+        self.position += 1
+        return batch
+
+
+class WrappedLoader(Wrapped, DataLoader):
+    """``wrap`` of a ``DataLoader``: an instance of the loader's own class that shares its
+    attributes (one ``__dict__``) and moves its batches. So frameworks that look for a
+    DataLoader find one: Lightning injects its ``DistributedSampler`` by re-making it as
+    ``type(w)(**arguments read off it)``, which makes a loader of the source's class from those
+    arguments and wraps it the same way; accelerate's ``prepare`` re-makes it as its own class
+    (wrap what ``prepare`` returns instead; README, "Your own data")."""
+
+    source: type  # set on each wrap's own class, with `options`: what __init__ re-makes
+    options: tuple  # (Fields, device)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._adopt(self.source(*args, **kwargs))
+
+    def _adopt(self, loader: DataLoader) -> WrappedLoader:
+        object.__setattr__(self, "__dict__", loader.__dict__)
+        Wrapped.__init__(self, loader, *self.options)
+        return self
+
+
+def loader_class(cls: type, fields: Fields, device: str | torch.device) -> type:
+    """A ``WrappedLoader`` class for loaders of class ``cls``, wrapped with these options."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        WrappedLoader.__init__(self, *args, **kwargs)
+
+    __init__.__signature__ = inspect.signature(cls.__init__)  # read by Lightning to re-make it
+    body = {"__init__": __init__, "source": cls, "options": (fields, device)}
+    if hasattr(cls, "state_dict"):  # else the source's own, one batch ahead, would answer
+        body.update(state_dict=Wrapped._state_dict, load_state_dict=Wrapped._load_state_dict)
+    return type(f"Wrapped{cls.__name__}", (WrappedLoader, cls), body)
+
+
 def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: Any) -> Wrapped:
     """Batches of ``batches`` (any iterable: a ``DataLoader``, a generator, a list) on the
     device: uint8 images augmented and normalized there, integers widened there after
     crossing narrow, every field of a batch in one pinned buffer and one copy, the next
-    batch's copy started on a side CUDA stream while this one is used. ``len()``,
-    ``set_epoch()``, ``sampler``, ``batch_size`` and ``state_dict()``/``load_state_dict()``
-    pass through to ``batches`` where it has them; ``stats`` counts the bytes. Rank and
+    batch's copy started on a side CUDA stream while this one is used. Every attribute but
+    latecast's own (``stats``, ``device``, ``epoch``, ...) is read from and written to
+    ``batches``; a ``DataLoader`` comes back as one of its class (``WrappedLoader``). Rank and
     device are resolved at the first pass. What a field is: see the module docstring.
 
     Args:
@@ -464,10 +615,13 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
             images are only scaled to [0, 1] (as ``ToTensor``).
         augment: ``f(images, generator)`` on uint8 ``(N, H, W, C)``, e.g. ``latecast.Augment``;
             seeded from (seed, epoch, rank, batch) like the Loader's.
-        dtype, channels_last: the images' output dtype and memory format.
+        dtype, channels_last: the images' output dtype and memory format: the model's
+            (timm's ``--model-dtype bfloat16``: ``dtype=torch.bfloat16``).
         layout: ``"auto"``, ``"NHWC"`` or ``"NCHW"``: where uint8 images keep their channels.
         fields: ``{name: "image" | integer dtype | (integer dtype, output dtype)}``.
         seed: mixed into the augmentation's seeds.
+        erase: ``latecast.Erasing(p=...)``, torchvision's ``RandomErasing`` per image on the
+            normalized batch (drawn from the augmentation's generator).
 
     Example:
         >>> tf = torchvision.transforms.PILToTensor()   # uint8 (C, H, W), not ToTensor()
@@ -475,4 +629,9 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
         >>> for images, labels in latecast.wrap(dl, mean=MEAN, std=STD, device="cuda"):
         ...     ...   # float32 (256, 3, H, W) normalized on the device; int64 labels
     """
-    return Wrapped(batches, Fields(**options), device)
+    spec = Fields(**options)
+    if isinstance(batches, Wrapped):
+        raise ConfigError(f"{type(batches).__name__} is wrapped already: wrap its source once")
+    if isinstance(batches, DataLoader):
+        return object.__new__(loader_class(type(batches), spec, device))._adopt(batches)
+    return Wrapped(batches, spec, device)

@@ -26,6 +26,7 @@ absolute times on a shared machine are not comparable across runs.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -176,7 +177,7 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
     usual_bytes = float32_bytes(ds, n)  # float32 images, int64 labels
     h2d = {
         "folder-float32": usual_bytes,
-        "folder-wrap": usual_bytes * moved.h2d_bytes // moved.usual_bytes,
+        "folder-wrap": n * moved.h2d_bytes // (moved.image_bytes // math.prod(ds.image_shape)),
     }
     return {
         "images": n,

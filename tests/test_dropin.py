@@ -1,0 +1,587 @@
+"""``latecast.wrap`` inside programs nobody here wrote (issue 20): what a DataLoader is to
+Lightning and accelerate, attributes the program reads and sets on its loader, the set-ups
+that used to run silently wrong. The tests have the shape of the real programs (a Lightning
+``fit`` under DDP, ``accelerate launch``, timm's loader attributes, the ImageNet script's
+second loader from ``loader.dataset``), 2 processes on the CPU over gloo where it is DDP.
+
+Launched runs start this very file as their script (see ``_worker`` at the bottom).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_frameworks import accelerate, launch  # tests/ is on sys.path, launched or not
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+import latecast
+
+ROOT = Path(__file__).resolve().parent.parent
+N, BATCH = 64, 8  # per rank under DDP: 32 samples, 4 batches an epoch
+MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.3, 0.25)
+
+
+def ids_data() -> tuple[torch.Tensor, TensorDataset]:
+    """uint8 NCHW images (as ``PILToTensor()`` collates them); sample ``i`` has label ``i``."""
+    rng = np.random.default_rng(0)
+    images = torch.from_numpy(rng.integers(0, 256, (N, 3, 5, 6), dtype=np.uint8))
+    return images, TensorDataset(images, torch.arange(N))
+
+
+def reference(nchw: torch.Tensor) -> torch.Tensor:
+    return latecast.normalize(nchw.permute(0, 2, 3, 1), MEAN, STD)  # ToTensor + Normalize
+
+
+# -- a DataLoader to frameworks, every attribute the wrapped loader's --------------------
+
+
+class Custom(DataLoader):
+    """A program's own loader class, with an argument of its own (as timm's and many have)."""
+
+    def __init__(self, dataset, tag: str, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.tag = tag
+
+
+def test_wrap_of_a_dataloader_is_one_of_its_class_sharing_every_attribute():
+    images, data = ids_data()
+    dl = Custom(data, "train", batch_size=BATCH, shuffle=True, num_workers=0)
+    before = set(vars(dl))
+    w = latecast.wrap(dl, mean=MEAN, std=STD, device="cpu")
+    assert isinstance(w, Custom) and isinstance(w, DataLoader)
+    assert (w.dataset, w.tag, w.num_workers, w.collate_fn) == (data, "train", 0, dl.collate_fn)
+    w.mixup_enabled = False  # what timm's --mixup-off-epoch does to its loader
+    dl.custom = 7
+    assert dl.mixup_enabled is False and w.custom == 7
+    with pytest.raises(ValueError, match="batch_size attribute should not be set"):
+        w.batch_size = 4  # as on the DataLoader itself
+    x, y = next(iter(w))
+    assert x.dtype == torch.float32 and torch.equal(x, reference(images[y]))
+    assert set(vars(dl)) - before == {"mixup_enabled", "custom"}  # latecast's own stay its own
+    assert w.epoch == 0 and not hasattr(dl, "epoch")
+
+
+def test_a_loader_remade_from_its_class_is_wrapped_the_same_way():
+    """What Lightning does to inject its DistributedSampler: ``type(w)(**arguments)``."""
+    images, data = ids_data()
+    w = latecast.wrap(Custom(data, "t", batch_size=BATCH), mean=MEAN, std=STD, device="cpu")
+    shares = []
+    for rank in range(2):
+        sampler = DistributedSampler(data, num_replicas=2, rank=rank, shuffle=True, seed=0)
+        again = type(w)(w.dataset, w.tag, batch_size=BATCH, sampler=sampler)
+        assert isinstance(again, Custom) and again.sampler is sampler and again.tag == "t"
+        batches = list(again)
+        for x, y in batches:
+            assert torch.equal(x, reference(images[y]))
+        shares.append(torch.cat([y for _, y in batches]).tolist())
+        assert again.stats.batches == len(batches) == 4
+    assert sorted(shares[0] + shares[1]) == list(range(N))
+
+
+def test_a_loader_that_is_no_dataloader_gets_its_attributes_set_too():
+    """timm's PrefetchLoader is no DataLoader; ``mixup_enabled`` is a property of it that
+    reaches its collate function (regression: AttributeError through ``wrap``)."""
+
+    class Mixup:
+        mixup_enabled = True
+
+    class PrefetchShaped:
+        def __init__(self, loader):
+            self.loader = loader
+
+        def __iter__(self):
+            return iter(self.loader)
+
+        @property
+        def mixup_enabled(self):
+            return self.loader.collate_fn.mixup_enabled
+
+        @mixup_enabled.setter
+        def mixup_enabled(self, x):
+            self.loader.collate_fn.mixup_enabled = x
+
+    mix = Mixup()
+    source = PrefetchShaped(DataLoader(ids_data()[1], batch_size=BATCH))
+    source.loader.collate_fn, w = mix, latecast.wrap(source, device="cpu")
+    w.mixup_enabled = False
+    assert mix.mixup_enabled is False and w.mixup_enabled is False and w.loader is source.loader
+    with pytest.raises(AttributeError):
+        w.no_such_thing  # noqa: B018
+
+
+def test_wrapping_a_wrapped_loader_is_one_error():
+    w = latecast.wrap(DataLoader(ids_data()[1]), device="cpu")
+    with pytest.raises(latecast.LatecastError, match="wrapped already"):
+        latecast.wrap(w)
+
+
+# -- loaders a program re-makes ---------------------------------------------------------
+
+
+def test_the_imagenet_scripts_second_val_loader_from_loader_dataset():
+    """pytorch/examples' ImageNet script validates the samples a drop_last DistributedSampler
+    leaves out with a second DataLoader over ``Subset(val_loader.dataset, ...)`` (regression:
+    uint8 batches, "expected scalar type Byte but found Float"). Re-made with ``wrap`` and the
+    wrapper's public ``mean``/``std``, or as ``type(val_loader)(...)``: every rank's share
+    plus the rest is every sample once, all normalized."""
+    from torch.utils.data import Subset
+
+    images, _ = ids_data()
+    val = TensorDataset(images[:13], torch.arange(13))  # 13 samples, 2 ranks: one left out
+    seen = []
+    for rank in range(2):
+        sampler = DistributedSampler(val, num_replicas=2, rank=rank, shuffle=False, drop_last=True)
+        dl = DataLoader(val, batch_size=4, sampler=sampler)
+        val_loader = latecast.wrap(dl, mean=MEAN, std=STD, device="cpu")
+        assert (val_loader.mean, val_loader.std) == (MEAN, STD) and val_loader.fields.mean == MEAN
+        rest = Subset(val_loader.dataset, range(len(val_loader.sampler) * 2, len(val)))
+        aux = DataLoader(rest, batch_size=4, shuffle=False)
+        for second in (
+            latecast.wrap(aux, mean=val_loader.mean, std=val_loader.std, device="cpu"),
+            type(val_loader)(rest, batch_size=4, shuffle=False),
+        ):
+            for x, y in second:
+                assert x.dtype == torch.float32 and torch.equal(x, reference(images[y]))
+        ids = [y for loader in (val_loader, second) for _, y in loader]
+        seen.append(torch.cat(ids).tolist())
+    assert sorted(set(seen[0]) | set(seen[1])) == list(range(13)) and 12 in seen[0] + seen[1]
+    assert len(set(seen[0]) & set(seen[1])) == 1  # the rest, validated by every rank
+
+
+# -- batches built per call, and the random draws of the source ---------------------------
+
+
+def example(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_nanogpt_get_batch_through_the_mover_same_tokens_same_draws_two_bytes(tmp_path):
+    """The example's two-line change to nanoGPT's get_batch: the same int64 tokens on the
+    device, the same global-RNG draws (train and val interleaved), 2 bytes a token."""
+    ex = example("nanogpt_tokens")
+    ex.write_tokens(tmp_path)
+    splits = ["train", "train", "val", "train"]
+    torch.manual_seed(0)
+    usual = [ex.usual_batch(tmp_path, split, torch.device("cpu")) for split in splits]
+    usual_rng = torch.get_rng_state()
+    torch.manual_seed(0)
+    moved = [ex.get_batch(tmp_path, split) for split in splits]
+    assert torch.equal(torch.get_rng_state(), usual_rng)  # no draw moved or added
+    for (x, y), (ux, uy) in zip(moved, usual):
+        assert x.dtype == y.dtype == torch.int64 and torch.equal(x, ux) and torch.equal(y, uy)
+    tokens = len(splits) * 2 * ex.BATCH * ex.BLOCK
+    s = ex.mover.stats
+    assert (s.label_bytes, s.h2d_bytes, s.usual_bytes) == (2 * tokens, 2 * tokens, 8 * tokens)
+    assert s.copies == s.batches == ex.mover.position == len(splits)
+
+
+def test_wrap_reads_one_batch_ahead_of_its_consumer_and_the_mover_none():
+    """What the README says: wrap takes batch k + 1 from its source before it hands out
+    batch k, so a source drawing from the global RNG draws before step k's own draws
+    (dropout); the Mover draws when called."""
+    calls = []
+
+    def batches():
+        for k in range(3):
+            calls.append(k)
+            yield torch.randint(0, 9, (4,))
+
+    w = iter(latecast.wrap(batches(), device="cpu"))
+    next(w)
+    assert calls == [0, 1]
+    mover, calls[:] = latecast.Mover(device="cpu"), []
+    source = batches()
+    mover(next(source))
+    assert calls == [0]
+
+
+def test_the_global_rng_draws_a_dataloader_makes_per_pass_can_be_made_before_a_loader():
+    """A DataLoader draws one int64 from the global RNG as each pass starts (its workers'
+    base seed), and its RandomSampler one more with shuffle=True and no generator=; the
+    Loader draws none. Drawing them before each pass (README) keeps dropout where it was."""
+    data = TensorDataset(torch.arange(N))
+    for shuffle, draws in ((False, 1), (True, 2)):
+        torch.manual_seed(0)
+        list(DataLoader(data, batch_size=BATCH, shuffle=shuffle))
+        after_dataloader = torch.get_rng_state()
+        torch.manual_seed(0)
+        for _ in range(draws):
+            torch.empty((), dtype=torch.int64).random_()  # what the DataLoader drew
+        images, labels = ids_data()[0].permute(0, 2, 3, 1).numpy(), np.arange(N)
+        list(latecast.Loader(latecast.from_arrays(images, labels), BATCH, device="cpu"))
+        assert torch.equal(torch.get_rng_state(), after_dataloader), shuffle
+
+
+# -- no silent wrong set-up ------------------------------------------------------------
+
+
+def test_mean_std_in_0_255_units_is_one_error():
+    """timm's IMAGENET_DEFAULT_MEAN * 255 style constants made every output about -0.42."""
+    mean, std = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
+    with pytest.raises(latecast.LatecastError, match="divide them by 255"):
+        latecast.wrap(DataLoader(ids_data()[1]), mean=mean, std=std, device="cpu")
+    from latecast.lightning import PrepareOnDevice
+
+    with pytest.raises(latecast.LatecastError, match="divide them by 255"):
+        PrepareOnDevice().prepare_on_device(mean=mean, std=std)
+
+
+def test_float_images_from_to_tensor_warn_once_and_other_floats_do_not(recwarn):
+    images, _ = ids_data()
+    floats = TensorDataset(images.float() / 255, torch.arange(N))  # ToTensor() kept
+    w = latecast.wrap(DataLoader(floats, batch_size=BATCH), device="cpu")
+    with pytest.warns(UserWarning, match=r"field 0 is torch.float32 \(8, 3, 5, 6\) in \[0, 1\]"):
+        list(w)
+    list(w)  # once a wrap, not per batch or per pass
+    features = TensorDataset(torch.randn(N, 3, 5, 6), torch.arange(N))  # not in [0, 1]
+    list(latecast.wrap(DataLoader(features, batch_size=BATCH), device="cpu"))
+    assert not [m for m in recwarn if "latecast.wrap" in str(m.message)]
+    s = w.stats  # two passes: the float32 pixels crossed as they are, labels in one byte
+    assert (s.other_bytes, s.label_bytes, s.usual_bytes) == (2 * N * 360, 2 * N, 2 * N * 368)
+
+
+def hf_images():
+    """A Hugging Face ``datasets`` table of uint8 images, formatted for torch: int64 arrive."""
+    datasets = pytest.importorskip("datasets")
+    images = ids_data()[0].permute(0, 2, 3, 1).numpy()  # (N, 5, 6, 3) uint8, as PIL gives
+    return images, datasets.Dataset.from_dict({"image": images, "label": np.arange(N)})
+
+
+def test_int64_images_from_hf_datasets_get_advice_that_fits_and_cross_as_uint8():
+    images, table = hf_images()
+    dl = DataLoader(table.with_format("torch"), batch_size=BATCH)
+    assert next(iter(dl))["image"].dtype == torch.int64
+    with pytest.raises(latecast.LatecastError, match="fields={'image': 'image'}"):
+        next(iter(latecast.wrap(dl, mean=MEAN, std=STD, device="cpu")))
+    w = latecast.wrap(dl, mean=MEAN, std=STD, device="cpu", fields={"image": "image"})
+    for batch in w:
+        want = latecast.normalize(torch.from_numpy(images[batch["label"].numpy()]), MEAN, STD)
+        assert torch.equal(batch["image"], want) and batch["label"].dtype == torch.int64
+    s = w.stats
+    assert (s.image_bytes, s.label_bytes) == (N * 90, N)  # uint8 pixels, one-byte labels
+    assert s.usual_bytes == N * 90 * 8 + N * 8  # what moving the int64 batches would cost
+    too_big = TensorDataset(torch.full((4, 5, 6, 3), 256), torch.arange(4))
+    with pytest.raises(latecast.LatecastError, match="256..256 do not fit uint8"):
+        next(iter(latecast.wrap(DataLoader(too_big, 4), device="cpu", fields={0: "image"})))
+
+
+def test_a_one_channel_integer_mask_is_no_image(recwarn):
+    masks = TensorDataset(torch.randint(0, 21, (N, 1, 5, 6)))  # class ids: a mask
+    list(latecast.wrap(DataLoader(masks, batch_size=BATCH), device="cpu"))
+    assert not [m for m in recwarn if "latecast.wrap" in str(m.message)]
+
+
+def test_set_epoch_reaches_the_sampler_and_the_dataset():
+    """A shuffled HF iterable dataset draws its order from its own epoch (regression: the
+    same order every epoch through wrap)."""
+    _, table = hf_images()
+
+    def order(epoch: int, through_wrap: bool) -> list[int]:
+        ds = table.to_iterable_dataset(num_shards=4).shuffle(seed=0, buffer_size=16)
+        ds = ds.with_format("torch")
+        dl = DataLoader(ds, batch_size=BATCH)
+        w = latecast.wrap(dl, mean=MEAN, std=STD, device="cpu", fields={"image": "image"})
+        (w if through_wrap else ds).set_epoch(epoch)
+        return torch.cat([b["label"] for b in (w if through_wrap else dl)]).tolist()
+
+    assert order(1, True) == order(1, False) != order(0, True) == order(0, False)
+
+    class Epochs(TensorDataset):
+        epoch = None
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+    data = Epochs(torch.arange(N))
+    sampler = DistributedSampler(data, num_replicas=2, rank=0)
+    latecast.wrap(DataLoader(data, sampler=sampler), device="cpu").set_epoch(3)
+    assert sampler.epoch == data.epoch == 3
+
+
+def test_usual_bytes_are_what_the_batches_cost_as_they_arrive():
+    """timm's loader already moves uint8: through wrap only the labels shrink, and the stats
+    say so (regression: counted as float32, 4x where the true saving was 0.23%)."""
+    images, data = ids_data()
+    w = latecast.wrap(DataLoader(data, batch_size=BATCH), mean=MEAN, std=STD, device="cpu")
+    list(w)
+    s = w.stats
+    assert s.usual_bytes == N * 90 + N * 8 and s.h2d_bytes == N * 90 + N
+    assert s.usual_bytes / s.h2d_bytes == pytest.approx(98 / 91)
+
+
+# -- what a prefetching loader did: model dtype, random erasing on the device -------------
+
+
+def test_random_erasing_equals_torchvisions_for_the_same_draws():
+    """torchvision's ``RandomErasing`` draws its box per image (``get_params``); erasing the
+    whole batch with those boxes equals its ``F.erase`` image by image, for 0, per-channel
+    and per-pixel ("random") values."""
+    T = pytest.importorskip("torchvision.transforms")
+    from torchvision.transforms import functional as TF
+
+    from latecast.transforms import erase_boxes
+
+    x = reference(ids_data()[0][:16])  # normalized (16, 3, 5, 6)
+    torch.manual_seed(0)
+    for value in ([0.0], [0.5, -1.0, 2.0], None):  # None: torchvision's "random"
+        params = [T.RandomErasing.get_params(img, (0.02, 0.4), (0.3, 3.3), value) for img in x]
+        want = torch.stack(
+            [TF.erase(img, i, j, h, w, v) for img, (i, j, h, w, v) in zip(x, params)]
+        )
+        boxes = torch.tensor([p[:4] for p in params])
+        if value is None:  # each image's own normal values, where it erases
+            fill = torch.zeros_like(x)
+            for f, (i, j, h, w, v) in zip(fill, params):
+                f[:, i : i + h, j : j + w] = v if h < x.shape[2] else 0
+        else:
+            fill = torch.tensor(value)[:, None, None]
+        got = erase_boxes(x, boxes, fill)
+        assert torch.equal(got, want), value
+
+
+def test_random_erasing_through_wrap_draws_per_image_within_its_bounds():
+    """timm's ``--reprob``: every image erased with probability p, boxes of the area and
+    ratio asked for, the same draws again for the same (seed, epoch, batch)."""
+    images = torch.from_numpy(np.random.default_rng(0).integers(0, 256, (512, 3, 20, 24)))
+    data = TensorDataset(images.to(torch.uint8))
+    erase = latecast.Erasing(p=0.5, scale=(0.05, 0.2), ratio=(0.5, 2.0), value=9.0)
+
+    def run():
+        w = latecast.wrap(DataLoader(data, 128), mean=MEAN, std=STD, erase=erase, device="cpu")
+        return torch.cat([b[0] for b in w])
+
+    x = run()
+    assert torch.equal(x, run())
+    erased = x == 9.0  # (N, C, H, W)
+    share = erased.flatten(1).any(1).float().mean().item()
+    assert 0.4 < share < 0.6  # p = 0.5 of 512 images
+    area = erased[:, 0].flatten(1).sum(1)
+    area = area[area > 0].float() / (20 * 24)
+    assert area.min() >= 0.03 and area.max() <= 0.25  # scale, up to rounding of the sides
+    assert erased.all(1).eq(erased.any(1)).all()  # one box through all channels
+    with pytest.raises(latecast.LatecastError, match="scale"):
+        latecast.Erasing(scale=(0.5, 0.1))
+
+
+def test_images_come_out_in_the_models_dtype():
+    """timm's ``--model-dtype bfloat16``: its loader cast to the model's dtype; through wrap,
+    ``dtype=`` does (README), or a bf16 model gets float32 and fails."""
+    images, data = ids_data()
+    model = torch.nn.Conv2d(3, 4, 3).to(torch.bfloat16)
+    w = latecast.wrap(DataLoader(data, BATCH), mean=MEAN, std=STD, dtype=torch.bfloat16)
+    x, _ = next(iter(w))
+    assert x.dtype == torch.bfloat16 and model(x).dtype == torch.bfloat16
+    with pytest.raises(RuntimeError):
+        model(next(iter(latecast.wrap(DataLoader(data, BATCH), mean=MEAN, std=STD)))[0])
+
+
+# -- the Lightning mixin -----------------------------------------------------------------
+
+
+def test_the_lightning_mixin_listed_after_lightningmodule_is_one_error():
+    """After LightningModule in the bases, Lightning's own ``on_after_batch_transfer``
+    would run and the batches stay uint8, silently."""
+    L = pytest.importorskip("lightning")
+    from latecast.lightning import PrepareOnDevice
+
+    with pytest.raises(latecast.LatecastError, match=r"list PrepareOnDevice before DataHooks"):
+
+        class Late(L.LightningModule, PrepareOnDevice):
+            pass
+
+    class Early(PrepareOnDevice, L.LightningModule):  # the right order: no error
+        def on_after_batch_transfer(self, batch, dataloader_idx):  # the user's own, on top
+            return super().on_after_batch_transfer(batch, dataloader_idx)
+
+
+@pytest.mark.slow
+def test_the_lightning_mixin_counts_the_bytes_lightning_moved(tmp_path):
+    L = pytest.importorskip("lightning")
+    import torch.nn.functional as F
+
+    from latecast.lightning import PrepareOnDevice
+
+    images, _ = ids_data()
+
+    class Net(PrepareOnDevice, L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.prepare_on_device(mean=MEAN, std=STD)
+            self.lin, self.error = torch.nn.Linear(90, N), 0.0
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            self.error = max(self.error, (x - reference(images[y])).abs().max().item())
+            return F.cross_entropy(self.lin(x.flatten(1)), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = TensorDataset(images, torch.arange(N).to(torch.uint8))  # uint8 labels: 1 byte
+    net = Net()
+    L.Trainer(
+        max_epochs=2,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    ).fit(net, DataLoader(data, batch_size=BATCH, shuffle=True))
+    s = net.latecast_stats
+    assert (s.image_bytes, s.label_bytes, s.batches, s.copies) == (2 * N * 90, 2 * N, 16, 32)
+    assert s.usual_bytes == s.h2d_bytes and net.error <= 1e-6
+
+
+def shares(runs: list[dict], epoch: int) -> list[list[int]]:
+    return [sum((ids for e, ids in r["seen"] if e == epoch), []) for r in runs]
+
+
+@pytest.mark.slow
+def test_lightning_ddp_injects_its_sampler_into_a_wrapped_dataloader(tmp_path):
+    """``trainer.fit(model, latecast.wrap(dl))`` under Lightning's DDP launcher: each rank its
+    own half, every sample once an epoch, normalized on the device (regression: every rank
+    trained on all 64 samples)."""
+    pytest.importorskip("lightning")
+    for how in ("fit", "datamodule"):  # fit(model, wrap(dl)); a DataModule's train_dataloader
+        out = tmp_path / how
+        out.mkdir()
+        launch(__file__, "lightning", out, how, cwd=tmp_path)
+        runs = [torch.load(out / f"rank{r}.pt") for r in range(2)]
+        for epoch in range(2):
+            a, b = shares(runs, epoch)
+            assert len(a) == len(b) == N // 2 and sorted(a + b) == list(range(N)), (how, epoch)
+        assert shares(runs, 0) != shares(runs, 1)  # Lightning's set_epoch reached its sampler
+        for r in runs:
+            assert r["sampler"] == "DistributedSampler" and r["max_error"] <= 1e-6, how
+
+
+@pytest.mark.slow
+def test_accelerate_prepares_the_dataloader_that_wrap_then_moves(tmp_path):
+    """Under ``accelerate launch``: ``wrap(accelerator.prepare(dl, device_placement=[False]))``
+    is still accelerate's ``DataLoaderShard`` (its own tools recognise it), each rank gets its
+    own half, prepared on the device."""
+    pytest.importorskip("accelerate")
+    accelerate(__file__, "accelerate", tmp_path, cwd=tmp_path)
+    runs = [torch.load(tmp_path / f"acc{r}.pt") for r in range(2)]
+    for epoch in range(2):
+        a, b = shares(runs, epoch)
+        assert len(a) == len(b) == N // 2 and sorted(a + b) == list(range(N)), epoch
+    for r in runs:
+        assert r["kind"] == "DataLoaderShard" and r["max_error"] <= 1e-6
+
+
+# -- the examples in the real shapes -----------------------------------------------------
+
+TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+EXAMPLES = {  # file: (the module it needs, how it is started, what it must print)
+    "imagenet_style.py": (
+        "torchvision",
+        [*TORCHRUN, "{path}", "--limit=240", "--epochs=1"],
+        ["rank 0 epoch 0: validated 61 of 61, 1 re-made", "rank 1 epoch 0: validated 61 of 61"],
+    ),
+    "timm_style.py": ("torch", ["{path}", "--steps=4"], ["(0.23% fewer: the labels)"]),
+    "hf_datasets.py": ("datasets", ["{path}", "--limit=600"], ["epoch 1:", "as the int64"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_examples_in_the_shape_of_real_programs_run(name, tmp_path):
+    module, argv, lines = EXAMPLES[name]
+    pytest.importorskip(module)
+    path = str(ROOT / "examples" / name)
+    out = launch(*[a.format(path=path) for a in argv], cwd=tmp_path).stdout
+    assert all(line in out for line in lines), out[-2000:]
+
+
+# -- what the launched processes run ----------------------------------------------------
+
+
+def _lightning(out: Path, how: str) -> None:
+    import lightning as L
+    import torch.nn.functional as F
+
+    images, data = ids_data()
+
+    class Net(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net, self.seen, self.error = torch.nn.Linear(90, N), [], 0.0
+
+        def training_step(self, batch, batch_idx):
+            x, ids = batch
+            self.seen.append([self.current_epoch, ids.tolist()])
+            want = reference(images[ids])
+            self.error = max(self.error, (x - want).abs().max().item())
+            return F.cross_entropy(self.net(x.flatten(1)), ids)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train():
+        dl = DataLoader(data, batch_size=BATCH, shuffle=True)
+        return latecast.wrap(dl, mean=MEAN, std=STD)
+
+    class Data(L.LightningDataModule):  # as LightningCLI's examples give their data
+        def train_dataloader(self):
+            return train()  # made inside Lightning's hook: it records the arguments itself
+
+    model, trainer = (
+        Net(),
+        L.Trainer(
+            max_epochs=2,
+            accelerator="cpu",
+            devices=2,
+            strategy="ddp",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        ),
+    )
+    if how == "fit":
+        trainer.fit(model, train_dataloaders=train())
+    else:
+        trainer.fit(model, datamodule=Data())
+    used = trainer.train_dataloader  # the loader Lightning re-made: still wrap's
+    torch.save(
+        {
+            "seen": model.seen,
+            "max_error": model.error,
+            "sampler": type(used.sampler).__name__,
+        },
+        out / f"rank{trainer.global_rank}.pt",
+    )
+
+
+def _accelerate(out: Path) -> None:
+    from accelerate import Accelerator
+
+    images, data = ids_data()
+    acc = Accelerator()
+    dl = DataLoader(data, batch_size=BATCH, shuffle=True)
+    train = latecast.wrap(acc.prepare(dl, device_placement=[False]), mean=MEAN, std=STD)
+    seen, error = [], 0.0
+    for epoch in range(2):
+        train.set_epoch(epoch)
+        for x, ids in train:
+            seen.append([epoch, ids.tolist()])
+            want = reference(images[ids])
+            error = max(error, (x - want).abs().max().item())
+    kind = next(c.__name__ for c in type(train).__mro__ if c.__module__.startswith("accel"))
+    torch.save({"seen": seen, "max_error": error, "kind": kind}, out / f"acc{acc.process_index}.pt")
+
+
+if __name__ == "__main__":
+    {"lightning": _lightning, "accelerate": _accelerate}[sys.argv[1]](
+        Path(sys.argv[2]), *sys.argv[3:]
+    )
