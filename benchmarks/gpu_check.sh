@@ -4,6 +4,8 @@
 # the checkout (PYTHONPATH=src), installs nothing, and within $TOTAL_BUDGET seconds (7.5 min)
 # runs, most important first:
 #   1. the gpu-marked tests             (pytest -m gpu: the captured step equals the eager one)
+#   1b. photos streamed                 (bench's WebDataset rows: PIL + torchvision in the
+#                                        workers vs wrap decoding the JPEGs on the device)
 #   2. time to 99% on MNIST, --graph    (one warm-up run, then the median of $SEEDS seeds)
 #   3. CIFAR-10 JPEG copy side by side  (both formats written, airbench94's warm-up and seeds,
 #                                        latecast train --preset colour, same seeds)
@@ -41,6 +43,7 @@
 #   CIFAR_BENCH_ARGS [--kernels] part 7 only (the colour preset's bf16 channels_last output)
 #   FOLDER_IMAGES [5000] part 6's ImageFolder rows  PHOTOS [2000] synthetic photos (part 7b)
 #   PHOTO_ARGS [-b 64 --limit-batches 10] part 7b's loader flags
+#   WDS_PHOTOS [1024] part 1b's 500x375 JPEGs in WebDataset shards (batches of 64)
 #   TORCHRUN_ARGS [--epochs 2 -b 512 --lr 0.2 --checkpoint-every 50] 1-GPU torchrun train
 set -u
 cd "$(dirname "$0")/.."
@@ -62,6 +65,7 @@ PROFILE_ARGS=${PROFILE_ARGS:-}
 REPEATS=${REPEATS:-2}
 LIMIT_BATCHES=${LIMIT_BATCHES:-50}
 E2E_EPOCHS=${E2E_EPOCHS:-2}
+WDS_PHOTOS=${WDS_PHOTOS:-1024}
 BENCH_ARGS=${BENCH_ARGS:-}
 CIFAR_BATCHES=${CIFAR_BATCHES:-40}
 CIFAR_BENCH_ARGS=${CIFAR_BENCH_ARGS:---kernels}
@@ -156,6 +160,12 @@ cat "$RESULTS/env.txt" >> "$LOG"
 part gpu-tests 90 bash -c '"$@"; rc=$?; if [ "$rc" -eq 5 ]; then echo "no gpu-marked tests selected"; exit 0; fi; exit "$rc"' \
     _ "$PYTHON" -m pytest $PYTEST_ARGS -p no:cacheprovider
 
+# ---- 1b. photos streamed: what the host saves when the device decodes ----------------------
+# shellcheck disable=SC2086
+part photo-rows 90 "$PYTHON" -m latecast bench --device "$DEVICE" --repeats "$REPEATS" -b 64 \
+    --limit-batches $(((WDS_PHOTOS + 63) / 64)) --e2e-epochs 0 --folder-images 0 \
+    --webdataset-photos "$WDS_PHOTOS" --output-dir "$RESULTS/photo-rows" --json
+
 # ---- 2. time to 99% on MNIST, the whole step in a CUDA graph -------------------------------
 # One warm-up run (CUDA context, dataset cache), then seeds 1..$SEEDS; the summary takes the
 # median clock (first step to the end of the final evaluation) and accuracy of the seeds.
@@ -213,7 +223,7 @@ gzip -f "$RESULTS"/profile/trace-*.json 2> /dev/null
 # shellcheck disable=SC2086
 part bench 120 "$PYTHON" -m latecast bench --device "$DEVICE" --repeats "$REPEATS" \
     ${LIMIT_BATCHES:+--limit-batches "$LIMIT_BATCHES"} --e2e-epochs "$E2E_EPOCHS" \
-    --folder-images "$FOLDER_IMAGES" $BENCH_ARGS \
+    --folder-images "$FOLDER_IMAGES" --webdataset-photos 0 $BENCH_ARGS \
     --output-dir "$RESULTS/bench" --json
 
 # ---- 7. bench on the real CIFAR-10 store (part 3 wrote it), augmentation on --------------
@@ -221,7 +231,8 @@ if [ -d "$SCRATCH/peer/store" ]; then
     # shellcheck disable=SC2086
     part cifar10-bench 60 "$PYTHON" -m latecast bench "$SCRATCH/peer/store" --device "$DEVICE" \
         --repeats "$REPEATS" --limit-batches "$CIFAR_BATCHES" --e2e-epochs 0 \
-        --augment crop,flip,cutout --folder-images 0 $BENCH_ARGS $CIFAR_BENCH_ARGS \
+        --augment crop,flip,cutout --folder-images 0 --webdataset-photos 0 $BENCH_ARGS \
+        $CIFAR_BENCH_ARGS \
         --output-dir "$RESULTS/cifar10-bench" --json
 fi
 

@@ -77,6 +77,27 @@ def profile_targets(report: dict | None) -> list[tuple[str, str, bool | None]]:
     return out
 
 
+def photo_targets(bench: dict | None) -> list[tuple[str, str, bool | None]]:
+    """Part 1b: the host CPU the device decode saves (no target: measured, first on CUDA)."""
+    photos = (bench or {}).get("webdataset_photos")
+    if not photos:
+        return [("photos streamed (part 1b)", "missing (the photo-rows part failed)", None)]
+    u, w = photos["photos-float32"], photos["photos-wrap"]
+
+    def med(row, key):
+        return sorted(row[key])[len(row[key]) // 2]
+
+    return [
+        (
+            "photos streamed: host CPU s/epoch, usual -> wrap (device decode)",
+            f"{med(u, 'cpu_seconds_per_epoch'):.2f} -> {med(w, 'cpu_seconds_per_epoch'):.2f} s; "
+            f"{med(u, 'images_per_s'):,.0f} -> {med(w, 'images_per_s'):,.0f} img/s "
+            f"({photos['images']} photos, {photos['decoder']})",
+            None,
+        )
+    ]
+
+
 def bench_targets(bench: dict | None) -> list[tuple[str, str, bool | None]]:
     if bench is None:
         return [("bench", "missing (the bench part failed)", None)]
@@ -200,8 +221,9 @@ def main() -> None:
     bench = _load(args.results / "bench" / "bench.json")
     train, train_stats = train_targets(args.results / "train")
     peers, peer_stats = peer_targets(args.results / "peers")
+    photos = _load(args.results / "photo-rows" / "bench.json")
     targets = train + peers + compile_rows(args.results / "compile")
-    targets += profile_targets(report) + bench_targets(bench)
+    targets += profile_targets(report) + bench_targets(bench) + photo_targets(photos)
     device = (report or bench or {}).get("device", "?")
     gpu = (report or bench or {}).get("gpu") or (report or bench or {}).get("cpu", "")
     lines = [f"gpu_check on {device} ({gpu})", "", "| target | measured | |", "|---|---|---|"]

@@ -26,7 +26,7 @@ def _latecast_env(tmp_path_factory):
     """
     patch = pytest.MonkeyPatch()
     patch.setenv("LATECAST_CACHE", str(tmp_path_factory.mktemp("latecast-cache")))
-    for var in ("LATECAST_DATA", "LATECAST_MIRRORS"):
+    for var in ("LATECAST_DATA", "LATECAST_MIRRORS", "LATECAST_DECODER"):
         patch.delenv(var, raising=False)
     yield
     patch.undo()

@@ -50,6 +50,8 @@ def run(tmp_path_factory, run_cli):
         "32",
         "--folder-images",
         "96",
+        "--webdataset-photos",
+        "32",
         "--output-dir",
         out,
         "--json",
@@ -78,6 +80,22 @@ def test_bytes_per_epoch(run):
     assert b["uint8"] == b["prefetch"] == n * (pixels + 1)
     assert b["resident"] == n * 8  # one int64 permutation per epoch
     assert all(isinstance(v, int) for v in b.values())
+
+
+def test_webdataset_photos_decoded_in_the_workers_against_wrap_on_the_device(run):
+    """Issue 16: the same shards of 500x375 JPEGs, the usual way (PIL + torchvision in the
+    workers, float32 across) and through wrap (the files across, decoded on the device)."""
+    out, r = run
+    photos = r["webdataset_photos"]
+    assert photos["images"] == 32 and photos["photo"] == [375, 500] and photos["crop"] == 224
+    assert photos["decoder"].split()[0] in ("torchcodec", "torchvision")
+    usual, wrapped = photos["photos-float32"], photos["photos-wrap"]
+    assert usual["h2d_bytes_per_epoch"] == 32 * (3 * 224 * 224 * 4 + 8)
+    assert 0 < wrapped["h2d_bytes_per_epoch"] <= photos["shard_bytes"]  # the files, labels
+    for row in (usual, wrapped):
+        assert all(v > 0 for v in row["images_per_s"] + row["cpu_seconds_per_epoch"])
+    md = (out / "bench.md").read_text()
+    assert "| photos-float32 |" in md and "| photos-wrap |" in md and "Photos streamed" in md
 
 
 def test_wrap_over_an_image_folder_against_the_usual_dataloader(run):

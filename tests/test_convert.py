@@ -114,6 +114,8 @@ def test_convert_then_info_on_a_jpeg_store(tmp_path, run_cli):
     proc = run_cli("info", tmp_path / "s", "--json")
     assert proc.rc == 0, proc.err
     assert proc.json["train"]["encoding"] == "jpeg" and " jpeg (" in proc.out
+    assert proc.json["decoder"].split()[0] in ("torchcodec", "torchvision")  # chosen once
+    assert f"decoded by {proc.json['decoder']}" in proc.out
 
 
 def damage_scan(jpeg: bytes) -> bytes:

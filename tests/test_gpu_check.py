@@ -65,6 +65,7 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "FOLDER_IMAGES": "64",
         "PHOTOS": "8",
         "PHOTO_ARGS": "-b 4 --limit-batches 1",
+        "WDS_PHOTOS": "16",
         "TORCHRUN_ARGS": TINY,
     }
     proc = subprocess.run(
@@ -78,6 +79,7 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
     status = {name: state for name, state, _ in rows}
     assert list(status) == [
         "gpu-tests",
+        "photo-rows",
         "train-warmup",
         "train-1",
         "peer-data",
@@ -101,6 +103,8 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
     assert peer["model"] == "resnet9" and peer["dataset"] == "cifar10-jpg" and peer["step"] == 1
     assert json.loads((out / "compile" / "eager.json").read_text())["compile"] is False
     assert json.loads((out / "profile" / "report.json").read_text())["rows"]
+    photos = json.loads((out / "photo-rows" / "bench.json").read_text())["webdataset_photos"]
+    assert photos["images"] == 16 and "photos-wrap" in photos
     assert list((out / "profile").glob("trace-*.json.gz"))
     assert json.loads((out / "bench" / "bench.json").read_text())["prepare_kernel_us"] == {}
     cifar = json.loads((out / "cifar10-bench" / "bench.json").read_text())
@@ -120,6 +124,9 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "CIFAR-10 JPEG: airbench94's mean accuracy in less time",
     ]
     assert summary["targets"][2]["measured"].startswith("missing (airbench94")
+    assert (
+        targets[-1].startswith("photos streamed") and " -> " in summary["targets"][-1]["measured"]
+    )
     assert summary["failed_parts"] == [] and summary["skipped_parts"] == ["peer-airbench"]
     assert "| target | measured |" in proc.stdout and "n/a (no device)" in proc.stdout
     assert (out / "gpu_check.log").stat().st_size > 0
@@ -153,11 +160,20 @@ def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path):
     )
     assert proc.returncode != 0
     table = (tmp_path / "parts.tsv").read_text()
-    for name in ("train-warmup", "train-1", "peer-data", "mnist-eager", "profile", "bench"):
+    parts = (
+        "photo-rows",
+        "train-warmup",
+        "train-1",
+        "peer-data",
+        "mnist-eager",
+        "profile",
+        "bench",
+    )
+    for name in parts:
         assert f"{name}\tFAILED" in table, table
     assert "summary\tok" in table and "gpu-tests\tok" in table
     assert "cifar10-jpg.tar.gz: FAILED" in (tmp_path / "peer-data.out").read_text()
-    assert "FAILED parts: train-warmup train-1 peer-data" in proc.stdout
+    assert "FAILED parts: photo-rows train-warmup train-1 peer-data" in proc.stdout
     assert "missing" in (tmp_path / "summary.md").read_text()
 
 
@@ -175,4 +191,4 @@ def test_the_budget_skips_what_would_start_too_late(tmp_path):
     rows = (tmp_path / "parts.tsv").read_text().splitlines()[1:]
     assert rows[0].startswith("gpu-tests\tskipped (out of time)")
     assert rows[-1].startswith("summary\tok") and len(rows) >= 8
-    assert "skipped parts: gpu-tests train-warmup" in proc.stdout
+    assert "skipped parts: gpu-tests photo-rows train-warmup" in proc.stdout

@@ -29,6 +29,7 @@ _EXPORTS = {
     "TrainConfig": "trainer.loop",
     "convert_folder": "storage.convert",
     "from_arrays": "data",
+    "jpeg": "encoded",
     "load_dataset": "storage.datasets",
     "normalize": "transforms",
     "open_store": "storage.store",

@@ -17,7 +17,11 @@ from .errors import ConfigError
 if TYPE_CHECKING:
     from .transforms import Augment, Mix
 
-DATASET_HELP = "dataset name (mnist, fashion-mnist, kmnist, cifar10, cifar100) or a store folder"
+DATASET_HELP = (
+    "dataset name (mnist, fashion-mnist, kmnist, cifar10, cifar100), a store folder, or "
+    "WebDataset tar shards (http://.../shard-{000..009}.tar or path/shard-*.tar; the last is "
+    "the test split)"
+)
 _TYPES = {
     "int": (numbers.Integral, "an integer"),
     "float": (numbers.Real, "a number"),

@@ -8,7 +8,7 @@ import hashlib
 import math
 import numbers
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -306,6 +306,7 @@ class Encoded:
     channels: int  # 1 (gray) or 3 (RGB)
     device: torch.device
     source: str = ""  # the dataset, "name/split", for messages
+    decoded: dict = field(default_factory=dict)  # wrap: position -> CHW of a non-JPEG file
 
     def __len__(self) -> int:
         return len(self.sizes)

@@ -1,5 +1,6 @@
 """JPEG batches decoded where the pixels are used: the first step of the prepare stage for
-encoded stores (``EncodedDataset``, moved by the ``jpeg`` mover as ``data.Encoded``).
+encoded stores (``EncodedDataset``, moved by the ``jpeg`` mover as ``data.Encoded``) and
+for the JPEG fields of ``latecast.wrap`` (``encoded.py``).
 
     decode (here) -> resized crop to the training size -> augment -> normalize
 
@@ -7,24 +8,28 @@ Each file is decoded at its stored size and cropped to the training size in the 
 step: a RandomResizedCrop box when training asks for one, else "scale to cover, crop the
 centre" (``transforms.centre_boxes``, what ``latecast convert`` does for raw stores).
 
-- CUDA: one batched call, ``torchvision.io.decode_jpeg(files, device=...)``: nvJPEG, on the
-  hardware JPEG engines of A100/H100/H200 for baseline files. It reads the files from host
-  memory and syncs its own stream (not the training stream) before it returns.
+The decoder is chosen once per process (``decoder()``, reported by ``info``, ``stats`` and
+the bench JSON): TorchCodec's ``decode_jpeg`` when TorchCodec >= 0.16 imports, else
+torchvision's (deprecated in torchvision 0.29 for TorchCodec; its warning is silenced once
+here, never printed per batch). ``LATECAST_DECODER=torchvision`` (or ``torchcodec``) picks
+one. Both give the same pixels: EXIF orientation applied, as TorchCodec always does and as
+Pillow's ``ImageOps.exif_transpose`` (``latecast convert`` applies it too); for torchvision
+latecast reads the orientation from the file's header and turns the decoded image itself.
+
+- CUDA: one batched call, ``decode_jpeg(files, device=...)``: nvJPEG, on the hardware JPEG
+  engines of A100/H100/H200 for baseline files. It reads the files from host memory and
+  syncs its own stream (not the training stream) before it returns.
 - CPU: a thread pool of ``torch.get_num_threads()``, each thread decoding and cropping its
-  share. torchvision decodes a list on the CPU in a Python loop, no faster than one call per
-  file; its op releases the GIL, so threads scale. Measured on 2 vCPUs (Xeon, torchvision
-  0.29, lightly loaded), the op called in one thread and in two: CIFAR-10 32x32 files
-  32,000/s and 45,000/s; 500x375 photos 450/s and 806/s.
+  share. Both decoders decode a list on the CPU in a Python loop, no faster than one call
+  per file; their ops release the GIL, so threads scale. Measured on 2 vCPUs (Xeon,
+  torchvision 0.29, lightly loaded), the op called in one thread and in two: CIFAR-10 32x32
+  files 32,000/s and 45,000/s; 500x375 photos 450/s and 806/s.
 
 libjpeg reports damaged scan data ("Corrupt JPEG data: N extraneous bytes before marker 0xd9")
 as a warning written from C to fd 2, not as a Python warning, and decodes the file anyway,
 partly wrong. So a batch is decoded with fd 2 sent to a temporary file (``_fd2``, ~60 us); when
 anything was written there, each file is decoded again alone to find which, and each is
 named in one Python warning (store and sample index), never libjpeg's own text.
-
-torchvision 0.29 deprecates its decoders in favour of TorchCodec 0.16. TorchCodec is not
-used yet: its image API is still moving (a recent ``decode_jpeg`` takes a path only, and a
-batched CUDA call is not documented), and nothing here could run it.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import tempfile
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from typing import Callable, Iterator
 
 import numpy as np
@@ -43,22 +49,71 @@ import torch
 
 from .data import Encoded
 from .errors import ConfigError, FormatError
+from .jpegheader import jpeg_header
 from .transforms import centre_boxes, resized_crop
 
 _pools: dict[int, ThreadPoolExecutor] = {}
 _fd2_lock = threading.Lock()  # fd 2 is the process's: one redirection at a time
 
+DECODERS = ("torchcodec", "torchvision")
+# EXIF orientation -> the turn that shows the image upright, on (C, H, W): Pillow's
+# exif_transpose (2 FLIP_LEFT_RIGHT, 3 ROTATE_180, 4 FLIP_TOP_BOTTOM, 5 TRANSPOSE,
+# 6 ROTATE_270, 7 TRANSVERSE, 8 ROTATE_90; rot90 with k=1 turns counter-clockwise)
+_TURNS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
+    2: lambda x: x.flip(2),
+    3: lambda x: x.flip(1, 2),
+    4: lambda x: x.flip(1),
+    5: lambda x: x.transpose(1, 2),
+    6: lambda x: x.rot90(-1, (1, 2)),
+    7: lambda x: x.transpose(1, 2).flip(1, 2),
+    8: lambda x: x.rot90(1, (1, 2)),
+}
 
-def jpeg_decoder() -> Callable:
-    """``decode(file_or_files, channels, device)`` -> ``(C, H, W)`` uint8 image(s)."""
-    try:
-        from torchvision.io import ImageReadMode, decode_jpeg
-    except ImportError:
+
+@lru_cache(maxsize=None)
+def decoder() -> str:
+    """The JPEG decoder of this process, ``"torchcodec <version>"`` or ``"torchvision
+    <version>"``: chosen at the first call, ``LATECAST_DECODER`` first."""
+    asked = os.environ.get("LATECAST_DECODER", "")
+    if asked not in ("", *DECODERS):
+        raise ConfigError(f"LATECAST_DECODER={asked!r}: give one of {', '.join(DECODERS)}")
+    for name in [asked] if asked else DECODERS:
+        try:
+            module = __import__(name)
+            version = module.__version__.split("+")[0]
+            if name == "torchvision" or tuple(map(int, version.split(".")[:2])) >= (0, 16):
+                break
+        except Exception:  # absent, or a build whose libraries do not load
+            continue
+    else:
         raise ConfigError(
-            "decoding JPEG stores needs torchvision: pip install torchvision"
-        ) from None
-    modes = {1: ImageReadMode.GRAY, 3: ImageReadMode.RGB}
-    return lambda files, channels, device: decode_jpeg(files, modes[channels], device)
+            f"decoding JPEG files needs {asked or 'TorchCodec >= 0.16 or torchvision'}: "
+            "pip install 'latecast[photos]'"
+        )
+    if name == "torchvision":  # once, here: torchvision 0.29 warns at every decode call
+        warnings.filterwarnings(
+            "ignore", "The image decoding and encoding capabilities", DeprecationWarning
+        )
+    return f"{name} {version}"
+
+
+def read(files: list[torch.Tensor], channels: int, device: torch.device) -> list[torch.Tensor]:
+    """JPEG files (1-D uint8 on the CPU) -> ``(channels, H, W)`` uint8 images on ``device``,
+    upright (EXIF orientation applied), in one call of the chosen decoder."""
+    if not files:
+        return []
+    mode = {1: "GRAY", 3: "RGB"}[channels]
+    if decoder().startswith("torchcodec"):
+        from torchcodec.decoders import decode_jpeg
+
+        return decode_jpeg(files, mode=mode, device=device)
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    images = decode_jpeg(files, ImageReadMode[mode], device)
+    for k, f in enumerate(files):
+        turn = _TURNS.get((jpeg_header(f.numpy()) or (0, 0, 0, 1))[3])
+        images[k] = images[k] if turn is None else turn(images[k])
+    return images
 
 
 def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = None):
@@ -78,15 +133,16 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
 
 def _decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None):
     boxes = centre_boxes(batch.sizes, size) if boxes is None else boxes
-    files, decoder = batch.files(), jpeg_decoder()
+    files = batch.files()
 
-    def read(which, device):
+    def upright(rows, device) -> list[torch.Tensor]:  # (H, W, C) views, sizes checked
+        todo = [i for i in rows if i not in batch.decoded]
         try:
-            return decoder(which, batch.channels, device)
+            done = dict(zip(todo, read([files[i] for i in todo], batch.channels, device)))
         except RuntimeError as err:  # name the first file that does not decode
-            for i, f in enumerate(files):
+            for i in todo:
                 try:
-                    decoder(f, batch.channels, "cpu")
+                    read([files[i]], batch.channels, torch.device("cpu"))
                 except RuntimeError as bad:
                     raise FormatError(
                         f"{batch.source}: sample {int(batch.indices[i])}: not a decodable "
@@ -96,18 +152,17 @@ def _decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None):
                 f"{batch.source}: the batch did not decode on {device}, though each file "
                 f"does on the CPU ({err})"
             ) from None
+        images = [done[i] if i in done else batch.decoded[i].to(device) for i in rows]
+        _check_sizes(images, batch, rows)
+        return [im.permute(1, 2, 0) for im in images]
 
-    if batch.device.type != "cpu":
-        images = read(files, batch.device)  # list of (C, H_i, W_i), one nvJPEG call
-        _check_sizes(images, batch, range(len(files)))
-        return resized_crop([im.permute(1, 2, 0) for im in images], boxes, size)
+    if batch.device.type != "cpu":  # one nvJPEG call
+        return resized_crop(upright(range(len(files)), batch.device), boxes, size)
     threads = torch.get_num_threads()
     pool = _pools.get(threads) or _pools.setdefault(threads, ThreadPoolExecutor(threads))
 
     def part(rows: np.ndarray) -> torch.Tensor:  # one thread: decode and crop its share
-        images = [read(files[i], "cpu") for i in rows]
-        _check_sizes(images, batch, rows)
-        return resized_crop([im.permute(1, 2, 0) for im in images], boxes[rows], size)
+        return resized_crop([upright([i], batch.device)[0] for i in rows], boxes[rows], size)
 
     rows = [r for r in np.array_split(np.arange(len(files)), threads) if len(r)]
     return torch.cat(list(pool.map(part, rows)))
@@ -123,7 +178,8 @@ def _check_sizes(images: list[torch.Tensor], batch: Encoded, rows) -> None:
             raise FormatError(
                 f"{batch.source}: sample {int(batch.indices[i])}: the file is "
                 f"{im.shape[1]}x{im.shape[2]}, sizes.npy says {sizes[i][0]}x{sizes[i][1]} "
-                f"(an edited store?)"
+                f"(an edited store, or one written when convert ignored EXIF orientation: "
+                f"convert it again)"
             )
 
 
@@ -148,11 +204,14 @@ def _named(said: str, batch: Encoded, out: torch.Tensor) -> torch.Tensor:
 def libjpeg_says(files: list, channels: int) -> list[str]:
     """What libjpeg writes to fd 2 while decoding each file alone on the CPU ("" for a file
     it decodes cleanly); a file it cannot decode at all raises as in ``decode``."""
-    decoder, said = jpeg_decoder(), []
+    said = []
     for f in files:
+        if not len(f):  # wrap: a file decoded on the host (no JPEG) stands empty here
+            said.append("")
+            continue
         with _fd2() as text, warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Python's own (torchvision's deprecation) stay out
-            decoder(f, channels, "cpu")
+            read([f], channels, torch.device("cpu"))
         said.append(text[0])
     return said
 

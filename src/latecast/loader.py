@@ -31,6 +31,7 @@ import torch
 
 from .config import refuse
 from .data import Batch, Dataset, EncodedDataset
+from .decode import decoder
 from .distributed import placement
 from .errors import ConfigError
 from .prepare import Augmentation, Mixing, Prepare
@@ -304,6 +305,7 @@ class Loader(Epochs):
             device, self._rank, self._world = self._placement()
             cls = MOVERS[resolve(self._asked[1], self.dataset, device)]
             self._mover = cls(self.dataset, device, self.batch_size)
+            self._mover.stats.decoder = decoder() if cls.encoded else ""  # fails before a batch
             if self.static:
                 (h, w, c), b = self.dataset.image_shape, self.batch_size
                 fmt = torch.channels_last if self.channels_last else torch.contiguous_format

@@ -51,6 +51,7 @@ class TransferStats:
     index_bytes: int = 0  # resident: one int64 permutation per epoch
     other_bytes: int = 0  # wrap: fields that cross as they are (floats, bools)
     decoded_bytes: int = 0  # jpeg: the same images as uint8 at the training size (what uint8 moves)
+    decoder: str = ""  # jpeg and wrap's JPEG fields: the decoder that runs (decode.decoder())
     copies: int = 0  # host->device copy calls
     batches: int = 0  # batches yielded (counted by the Loader)
     wait_seconds: float = 0.0  # host time the consumer spent waiting inside next() (Loader)

@@ -27,6 +27,9 @@ else in it (file names, say) passes through untouched. Each field is one of thre
   ``fields={"tokens": torch.uint16}`` fixes the dtype it crosses in, and
   ``(torch.int16, torch.float32)`` the output dtype too; a value that does not fit either is
   an error naming the field, never a wrap-around.
+- **JPEG files** (``encoded.py``): a list of files starting with the JPEG signature, or any
+  field declared ``latecast.jpeg(...)``. The files cross; they come out decoded, cropped to
+  the training size, augmented and normalized on the device, as a JPEG store's batch.
 - anything else (floats, bools) crosses and comes out as it is.
 """
 
@@ -45,6 +48,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from . import encoded
 from .config import numbers_of, refuse
 from .distributed import placement
 from .errors import BatchError, ConfigError
@@ -195,20 +199,20 @@ def image_hint(name: Name, t: torch.Tensor) -> str | None:
 
 
 def check_fields(fields: dict | None) -> dict[Name, Any]:
-    """``fields=`` as ``{name: "image" | "mask" | (dtype it crosses in, dtype out)}``."""
+    """``fields=`` as ``{name: "image" | "mask" | Jpeg | (dtype it crosses in, dtype out)}``."""
     if fields is not None and not isinstance(fields, dict):
         raise ConfigError(f"fields must be a dict {{name: kind}} or None, got {fields!r:.60}")
     out: dict[Name, Any] = {}
     for name, spec in (fields or {}).items():
-        if isinstance(spec, str) and spec in (IMAGE, MASK):
+        if (isinstance(spec, str) and spec in (IMAGE, MASK)) or isinstance(spec, encoded.Jpeg):
             out[name] = spec
             continue
         cross, dtype = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, torch.int64)
         if not any(cross is d for d in NARROW) or not any(dtype is d for d in OUTS):
             raise ConfigError(
-                f"fields[{name!r}] = {spec!r:.60}: give 'image', 'mask', an integer dtype to cross "
-                f"in ({', '.join(str(d) for d in NARROW)}), or (that dtype, the output dtype: "
-                "an integer or float one)"
+                f"fields[{name!r}] = {spec!r:.60}: give 'image', 'mask', latecast.jpeg(), an "
+                f"integer dtype to cross in ({', '.join(str(d) for d in NARROW)}), or (that "
+                "dtype, the output dtype: an integer or float one)"
             )
         out[name] = (cross, dtype)
     return out
@@ -274,7 +278,7 @@ class Fields:
     dtype: torch.dtype = torch.float32  # the images' output dtype
     channels_last: bool = False  # the images' output memory format
     layout: str = "auto"  # where uint8 images keep their channels: auto, NHWC or NCHW
-    fields: dict | None = None  # {name: "image" | "mask" | dtype | (dtype, output dtype)}
+    fields: dict | None = None  # {name: "image" | "mask" | jpeg() | dtype | (dtype, out dtype)}
     seed: int = 0  # mixed into the augmentation's seeds
     erase: Erasing | None = None  # random erasing after the normalize (timm's --reprob)
 
@@ -315,8 +319,19 @@ class Fields:
                 + ", ".join(repr(name) for name, _ in leaves)
             )
         tensors = [as_tensor(v) for _, v in leaves]
-        plans: list[Field | None] = []
+        plans: list[Field | encoded.JpegField | None] = []
         for (name, value), t in zip(leaves, tensors):
+            spec = self.fields.get(name)
+            if isinstance(spec, encoded.Jpeg) and not host:
+                raise BatchError(
+                    f"field {name!r} is declared JPEG files: those are decoded by latecast.wrap "
+                    "(from its pinned buffer), not after another framework moved the batch"
+                )
+            if host and (
+                isinstance(spec, encoded.Jpeg) or (t is None and encoded.recognised(value))
+            ):
+                plans.append(encoded.plan(name, value, spec, len(self.prepare.mean)))
+                continue
             if t is not None and host and t.device.type != "cpu":
                 raise BatchError(
                     f"field {name!r} is already on {t.device}: wrap moves batches from host "
@@ -329,10 +344,14 @@ class Fields:
                     "flatten it, e.g. {" + f"'{name}.x': tensor" + "}"
                 )
             plans.append(None if t is None else self.narrow(self.plan(name, t), t, host))
-        images = any(f and f.kind == IMAGE for f in plans)
+        images = any(f and f.kind in (IMAGE, encoded.ENCODED) for f in plans)
         if not self.looked or (self.normalizes and not images):
             self.looked = True
-            hints = [image_hint(f.name, t) for f, t in zip(plans, tensors) if f and f.kind != IMAGE]
+            hints = [
+                image_hint(f.name, t)
+                for f, t in zip(plans, tensors)
+                if t is not None and f and f.kind != IMAGE
+            ]
             hints = [h for h in hints if h]
             if self.normalizes and not images:
                 raise BatchError(
@@ -508,9 +527,12 @@ class Fields:
 def tally(s: TransferStats, plans: list[Field | None], copies: int) -> None:
     """Count a batch's fields as they crossed, in ``copies`` host->device copies."""
     for f in filter(None, plans):
-        s.image_bytes += f.nbytes if f.kind == IMAGE else 0
-        s.label_bytes += f.nbytes if f.integer else 0
-        s.other_bytes += f.nbytes if f.kind != IMAGE and not f.integer else 0
+        if f.kind == encoded.ENCODED:  # the files count, beside what uint8 would move
+            s.decoded_bytes, s.decoder = s.decoded_bytes + f.decoded_bytes, encoded.decoder()
+        integer = f.kind != encoded.ENCODED and f.integer
+        s.image_bytes += f.nbytes if f.kind in (IMAGE, encoded.ENCODED) else 0
+        s.label_bytes += f.nbytes if integer else 0
+        s.other_bytes += f.nbytes if f.kind in (MASK, INT, AS_IS) and not integer else 0
         s.usual_bytes += f.usual_bytes
     s.copies += copies
 
@@ -521,6 +543,7 @@ class Sent:
     each field's plan and offset, what passes through, and the source's state after it."""
 
     dev: torch.Tensor
+    host: torch.Tensor  # the slot's bytes: JPEG fields are decoded from here
     slot: int
     plans: list[Field | None]
     offsets: list[int]
@@ -635,15 +658,26 @@ class Wrapped(Epochs):
             t0 = time.perf_counter()
 
     def _finish(self, s: Sent) -> Any:
-        """A sent batch prepared on the device, once its copy is done."""
+        """A sent batch prepared on the device, once its copy is done; a JPEG field's files
+        stay in the pinned slot, where the decoder reads them."""
         dev = self._ring.ready(s.slot, s.dev)
         where = (self.epoch, self._where[1], self.position)
         self._stats.batches += 1
-        raws = [f and dev[o : o + f.nbytes] for f, o in zip(s.plans, s.offsets)]
-        done = self.fields.finish(s.plans, raws, where)
+        plans = [None if f is None or f.kind == encoded.ENCODED else f for f in s.plans]
+        raws = [f and dev[o : o + f.nbytes] for f, o in zip(plans, s.offsets)]
+        done = self.fields.finish(plans, raws, where)  # JPEG fields (None here): _jpeg
         return s.rebuild(
-            [value if f is None else d for (_, value), f, d in zip(s.leaves, s.plans, done)]
+            [
+                value if f is None else self._jpeg(s, f, o, where) if d is None else d
+                for (_, value), f, o, d in zip(s.leaves, s.plans, s.offsets, done)
+            ]
         )
+
+    def _jpeg(self, s: Sent, f, offset: int, where) -> Any:
+        """A JPEG field's files decoded from the pinned slot, where the decoder reads them."""
+        self.fields.prepare.seek(*where)
+        files = s.host[offset : offset + f.nbytes]
+        return encoded.finish(f, files, self.fields.prepare, self._where[0])
 
     def _send(self, batch: Any, stateful: bool) -> Sent:
         """A batch of the source packed into the ring, its copy started."""
@@ -651,25 +685,30 @@ class Wrapped(Epochs):
         leaves, rebuild = split(batch)
         tensors, plans = self.fields.plan_batch(leaves, host=True)
         # Widest dtype first: every field then starts at a multiple of its own item size, so
-        # it can be viewed as its dtype on the device with no padding between fields.
+        # it can be viewed as its dtype on the device with no padding between fields. JPEG
+        # files last: they stay in the pinned buffer, the decoder copies them itself.
         order = sorted(
-            (i for i, p in enumerate(plans) if p), key=lambda i: -plans[i].dtype.itemsize
+            (i for i, p in enumerate(plans) if p),
+            key=lambda i: (plans[i].kind == encoded.ENCODED, -plans[i].dtype.itemsize),
         )
-        offsets, end = [0] * len(plans), 0
+        offsets, end, sent = [0] * len(plans), 0, 0
         for i in order:
             offsets[i], end = end, end + plans[i].nbytes
+            sent = end if plans[i].kind != encoded.ENCODED else sent
         slot, host = self._ring.stage(end)
         for i in order:
             self._pack(host[offsets[i] : offsets[i] + plans[i].nbytes], plans[i], tensors[i])
-        dev = self._ring.send(slot, host)
+        dev = self._ring.send(slot, host[:sent])
         if dev.data_ptr() == host.data_ptr():  # a CPU "device": never hand out the ring's memory
             dev = dev.clone()
         tally(self._stats, plans, copies=1)
-        return Sent(dev, slot, plans, offsets, leaves, rebuild, state)
+        return Sent(dev, host, slot, plans, offsets, leaves, rebuild, state)
 
     def _pack(self, dst: torch.Tensor, f: Field, t: torch.Tensor) -> None:
         """Write ``t`` into the pinned bytes ``dst`` in the dtype it crosses in."""
-        if f.dtype != t.dtype:  # narrowed: numpy casts every integer dtype; the values fit
+        if f.kind == encoded.ENCODED:
+            f.pack(dst)
+        elif f.dtype != t.dtype:  # narrowed: numpy casts every integer dtype; the values fit
             out = dst.numpy().view(numpy_dtype(f.dtype)).reshape(f.shape)
             np.copyto(out, t.detach().numpy(), casting="unsafe")
         else:

@@ -167,8 +167,9 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
         linearly from each image's own min..max to 0..255 (a constant image becomes 0):
         never clipped, which would turn a 16-bit image all white. Palette, CMYK and alpha
         images become RGB as Pillow converts them (alpha dropped, as torchvision's
-        ``ImageFolder`` does); EXIF orientation is ignored (as there, and as the device's
-        JPEG decoder does). Channels: 1 if every image is greyscale, else 3.
+        ``ImageFolder`` does); EXIF orientation is applied (Pillow's ``exif_transpose``,
+        what the device's decoder does to the JPEG files kept). Channels: 1 if every image
+        is greyscale, else 3.
       - ``raw``: every image scaled to cover the training size keeping its aspect ratio,
         then center-cropped (torchvision ``Resize`` + ``CenterCrop``, bilinear).
       - ``jpeg``: a JPEG file (by content, 8-bit greyscale or RGB, a whole file from its SOI to
@@ -472,8 +473,14 @@ def _read(path: Path, fn: Callable, whole: bool):
 
 
 def _header(path: Path) -> tuple[tuple[int, int], bool] | FormatError:
-    """``((H, W), greyscale?)`` from the file's header (Pillow reads its first KBs only)."""
-    return _read(path, lambda im, _: ((im.height, im.width), im.mode in GREY_MODES), False)
+    """``((H, W), greyscale?)`` from the file's header (Pillow reads its first KBs only), H and
+    W as the image shows upright (EXIF orientation 5 to 8 turns it a quarter)."""
+    return _read(path, lambda im, _: (_upright_size(im), im.mode in GREY_MODES), False)
+
+
+def _upright_size(im) -> tuple[int, int]:
+    turned = im.getexif().get(0x0112, 1) in (5, 6, 7, 8)
+    return (im.width, im.height) if turned else (im.height, im.width)
 
 
 def _load(job: _Job, path: Path):
@@ -486,6 +493,8 @@ def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndar
     jpeg the file itself when it is an 8-bit JPEG, else a re-encoding), its (H, W) as stored,
     the int64 sums of its pixels and of their squares at the training size, (2, C), and
     whether the bytes are the file's own."""
+    from PIL import ImageOps
+
     im.load()  # decode every byte now: a truncated file fails here, not in training
     said = _libjpeg(data) if im.format == "JPEG" else None
     if said:
@@ -493,14 +502,16 @@ def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndar
             "damaged JPEG data (libjpeg decodes it only with a warning: part of the image "
             "would be wrong)"
         )
+    # its own bytes go in a jpeg store when libjpeg decodes it cleanly, SOI to EOI
+    kept = said == "" and im.mode in ("L", "RGB") and not jpeg_problem(data)
+    im = ImageOps.exif_transpose(im)  # upright, as the decoders show the kept files
     eight = _eight_bit(im)
     pixels = np.asarray(_fit(eight.convert(job.mode), job.size)).reshape(*job.size, -1)
     flat = pixels.reshape(-1, pixels.shape[-1]).astype(np.int64)  # (H * W, C)
     sums = np.stack([flat.sum(0), (flat * flat).sum(0)])
     if job.encoding == "raw":
         return pixels.tobytes(), job.size, sums, True
-    whole = said == "" and not jpeg_problem(data, [im.height, im.width])
-    if im.mode in ("L", "RGB") and whole:
+    if kept:
         return data, (im.height, im.width), sums, True
     buf = io.BytesIO()
     eight.convert("L" if im.mode in GREY_MODES else "RGB").save(buf, "JPEG", quality=job.quality)

@@ -33,6 +33,7 @@ import numpy as np
 
 from ..data import Dataset, EncodedDataset, check_labels
 from ..errors import ConfigError, FormatError
+from ..jpegheader import jpeg_header
 from .fileio import atomic_folder
 
 SCHEMA = 1
@@ -51,7 +52,6 @@ SPLIT_NAMES = ("train", "test", "val")
 # from another store; one edited entry among N is seen with odds 256/N here, and always by
 # the decoder (decode.py) or ``verify``.
 STRUCTURE_SAMPLE = 256
-SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
 def _store_problem(folder: Path) -> str:
@@ -383,28 +383,19 @@ def check_jpegs(ds: EncodedDataset, where: str, picks) -> None:
             raise FormatError(f"{where}: sample {i}: {why} (a damaged or edited store?)")
 
 
-def jpeg_problem(file: np.ndarray | bytes, hw: list[int]) -> str:
-    """Why ``file`` is not one whole JPEG of ``hw`` (H, W) pixels ("" when it is): it must
-    start with the SOI marker, end with EOI, and its frame header (SOF) must give that size.
-    Reads only the marker segments before the frame header (usually under 1 KiB)."""
-    n, head, pos = len(file), b"", 2
-    if n < 4 or bytes(file[:2]) != b"\xff\xd8" or bytes(file[-2:]) != b"\xff\xd9":
+def jpeg_problem(file: np.ndarray | bytes, hw: list[int] | None = None) -> str:
+    """Why ``file`` is not one whole JPEG of ``hw`` (H, W) pixels upright ("" when it is): it
+    must start with the SOI marker, end with EOI, and its frame header (SOF, read by
+    ``decode.jpeg_header``: the markers before it only, usually under 1 KiB) must give that
+    size once its EXIF orientation is applied. ``hw`` None: the structure only."""
+    if len(file) < 4 or bytes(file[:2]) != b"\xff\xd8" or bytes(file[-2:]) != b"\xff\xd9":
         return "not a whole JPEG file (it must start with FF D8 and end with FF D9)"
-    while pos + 9 <= n:
-        if pos + 9 > len(head):  # read on in doubling pieces: an EXIF block can be 64 KiB
-            head = bytes(file[: max(2 * len(head), pos + 9, 1024)])
-        if head[pos] != 0xFF:
-            return f"no JPEG marker at byte {pos} of the file"
-        marker, length = head[pos + 1], int.from_bytes(head[pos + 2 : pos + 4], "big")
-        if marker == 0xDA:  # the scan starts: no frame header came
-            break
-        if marker in SOF:
-            found = [int.from_bytes(head[a : a + 2], "big") for a in (pos + 5, pos + 7)]
-            if found != list(hw):
-                return f"the file is {found[0]}x{found[1]}, {SIZES} says {hw[0]}x{hw[1]}"
-            return ""
-        pos += 1 if marker == 0xFF else 2 + length  # 0xFF: a fill byte before a marker
-    return "no JPEG frame header (SOF) before the image data"
+    head = jpeg_header(file)
+    if head is None:
+        return "no readable JPEG frame header (SOF) before the image data"
+    if hw is not None and list(head[:2]) != list(hw):
+        return f"the file is {head[0]}x{head[1]}, {SIZES} says {hw[0]}x{hw[1]}"
+    return ""
 
 
 def _check_encoded(folder: Path, meta: dict, arrays: dict, labels: np.ndarray) -> dict:

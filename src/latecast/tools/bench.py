@@ -11,6 +11,9 @@
 (d) Your own data: ``latecast.wrap`` over a torchvision ``ImageFolder`` DataLoader yielding
     uint8 against the usual float32 one (the dataset's first images written as PNGs):
     images/s, host CPU seconds per epoch (main process and workers) and bytes per epoch.
+(f) Photos streamed: a WebDataset DataLoader of 500x375 JPEGs, decode + RandomResizedCrop(224)
+    + flip + normalize the usual way (PIL and torchvision in the workers, float32 across)
+    against ``wrap`` with a JPEG field (decoded on the device): ``photo_rows.py``.
 (e) With ``--kernels``: the prepare kernel alone, a uint8 batch already on the device made
     normalized float three ways: two passes (a float copy, then the dtype and layout change),
     the one fused ``addcmul`` latecast runs, and that ``normalize`` under ``torch.compile``.
@@ -44,6 +47,7 @@ from ..trainer.loop import TrainConfig, evaluate, recipe, resolve_config, train_
 from ..transfer import MOVERS, Batch, float32_bytes, movers_for
 from ..wrapper import wrap
 from . import measure
+from .photo_rows import photo_rows
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,9 @@ class BenchConfig(measure.MeasureConfig):
     kernels: bool = option(False, "also time the normalize kernel: two passes, fused, compiled")
     folder_images: int = option(10_000, "PNGs for the ImageFolder rows; 0 skips them", low=0)
     folder_workers: int = option(2, "DataLoader workers of both ImageFolder rows", low=0)
+    webdataset_photos: int = option(
+        512, "generated 500x375 JPEGs in WebDataset shards for the photo rows; 0 skips", low=0
+    )
     output_dir: str = option("runs/bench", "bench.json, bench.md and bench.png go here")
 
 
@@ -382,6 +389,12 @@ def bench(cfg: BenchConfig) -> dict:
         test = load_dataset(cfg.dataset, "test", root=cfg.data_root)
         e2e = end_to_end(ds, test, cfg, config, device, workers)
     folder = image_folder_rows(ds, cfg, device) if cfg.folder_images else {}
+    n = min(cfg.webdataset_photos, (cfg.limit_batches or 10**9) * cfg.batch_size)
+    photos = (
+        photo_rows(n, cfg.batch_size, cfg.folder_workers, cfg.repeats, cfg.seed, device)
+        if n
+        else {}
+    )
     nbytes = bytes_per_epoch(ds, device, cfg.batch_size)
     kernels = prepare_kernels(ds, cfg, device) if cfg.kernels else {}
     f32, u8 = nbytes["float32"], nbytes["uint8"]
@@ -397,6 +410,7 @@ def bench(cfg: BenchConfig) -> dict:
         "seconds_to_99": {k: v["seconds_to_99"] for k, v in e2e.items()},
         "end_to_end": e2e,
         "image_folder": folder,
+        "webdataset_photos": photos,
         "h2d_bytes_per_epoch": {k: int(v["per_epoch"]) for k, v in nbytes.items()},
         "h2d_detail": nbytes,
         "prepare_kernel_us": kernels,
@@ -462,6 +476,31 @@ def report_markdown(r: dict) -> list[str]:
             f"Your own data: an ImageFolder of {folder['images']:,} PNGs, DataLoader with "
             f"{folder['workers']} workers, batch {c['batch_size']}; host CPU: main "
             "process and workers together, per epoch (median)",
+            measure.markdown_table(
+                ["loader", "images/s", "min .. max", "host CPU s/epoch", "bytes/epoch", "fewer"],
+                rows,
+            ),
+        ]
+    if r.get("webdataset_photos"):
+        photos, usual = r["webdataset_photos"], r["webdataset_photos"]["photos-float32"]
+        rows = [
+            [
+                k,
+                f"{np.median(v['images_per_s']):,.0f}",
+                measure.span(v["images_per_s"]),
+                f"{np.median(v['cpu_seconds_per_epoch']):.2f}",
+                f"{v['h2d_bytes_per_epoch']:,}",
+                f"{usual['h2d_bytes_per_epoch'] / v['h2d_bytes_per_epoch']:.1f}x",
+            ]
+            for k, v in photos.items()
+            if k.startswith("photos-")
+        ]
+        h, w = photos["photo"]
+        parts += [
+            f"Photos streamed: {photos['images']:,} JPEGs of {w}x{h} in WebDataset shards "
+            f"({photos['reader']}), {photos['workers']} workers, batch {c['batch_size']}, "
+            f"RandomResizedCrop({photos['crop']}) + flip + normalize; wrap's decoder "
+            f"{photos['decoder']}; host CPU: main process and workers, per epoch (median)",
             measure.markdown_table(
                 ["loader", "images/s", "min .. max", "host CPU s/epoch", "bytes/epoch", "fewer"],
                 rows,

@@ -177,10 +177,14 @@ def _run_info(args: argparse.Namespace) -> dict:
         if split == "train":
             info["mean"], info["std"] = list(ds.mean), list(ds.std)
     tr = info["train"]
+    if tr["encoding"] != "raw":
+        from ..decode import decoder
+
+        info["decoder"] = decoder()
     stored = (
         "uint8"
         if tr["encoding"] == "raw"
-        else f"{tr['encoding']} ({_human_bytes(tr['image_bytes'])})"
+        else f"{tr['encoding']} ({_human_bytes(tr['image_bytes'])}, decoded by {info['decoder']})"
     )
     print(
         f"{args.dataset}: train {tr['samples']} x {tuple(tr['image_shape'])} {stored}, "

@@ -771,6 +771,7 @@ def _summary(run: Run, tally: _Tally) -> dict:
         "graph": config.graph,
         "epochs": config.epochs,
         "transfer": loader.transfer,
+        "decoder": stats.decoder,  # "" unless JPEG files were decoded
         "device": str(loader.device),
         "dataset": loader.dataset.name,
         "model": config.model,

@@ -1,0 +1,208 @@
+"""JPEG fields of ``latecast.wrap``: a batch field of compressed files (what WebDataset
+yields without ``.decode()``, Hugging Face ``datasets`` with ``Image(decode=False)``, or a
+``Dataset`` returning file bytes) crosses as the files and is decoded on the device.
+
+    files -> packed back to back in wrap's pinned buffer (offsets and sizes alongside) ->
+    one batched decode on the device (``decode.py``) -> resized crop -> augment -> normalize
+
+The same steps as a JPEG store's batch (``Prepare`` with a ``transfer.Encoded``), so the
+same files with the same crop boxes give the same pixels through ``wrap`` and a store.
+A field is a list/tuple (or 1-D numpy object array) of ``bytes``, 1-D uint8 tensors or
+arrays, or Hugging Face ``{"bytes": ..., "path": ...}`` dicts: recognised when its first
+file starts with the JPEG signature, or declared ``fields={"jpg": latecast.jpeg(...)}``.
+Each file's upright size and channels are read from its header on the host (no pixels).
+A file that is no JPEG (PNG, WebP, ...) is decoded on the host, said once per field.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import numpy as np
+import torch
+
+from .data import Encoded
+from .decode import decoder
+from .errors import BatchError, ConfigError, FormatError
+from .jpegheader import jpeg_header
+
+ENCODED = "jpeg"
+Name = Union[str, int]
+_said: set[Name] = set()  # fields whose non-JPEG files were announced
+
+
+@dataclass(frozen=True)
+class Jpeg:
+    """A declared JPEG field: the training size ``(H, W)`` (None: the files' own, when they
+    all share one) and the channels (None: 3 unless every file is greyscale)."""
+
+    size: tuple[int, int] | None = None
+    channels: int | None = None
+
+
+def jpeg(size: int | tuple[int, int] | None = None, channels: int | None = None) -> Jpeg:
+    """Declare a field of JPEG files for ``wrap(fields={name: latecast.jpeg(...)})``.
+
+    Args:
+        size: the training size, ``(H, W)`` or one int: RandomResizedCrop to it when
+            ``augment`` asks for one (``Augment(resized_crop=...)``), else resize to cover
+            and crop the centre (evaluation). None: the files' own size, all alike.
+        channels: 1 (greyscale) or 3 (RGB); grey and colour files come out alike.
+
+    Example:
+        >>> dl = DataLoader(wds.WebDataset(urls).to_tuple("jpg", "cls").batched(256), None)
+        >>> loader = latecast.wrap(dl, mean=MEAN, std=STD, fields={0: latecast.jpeg(224)},
+        ...                        augment=latecast.Augment(resized_crop=0.08, flip=0.5))
+    """
+    size = (size, size) if isinstance(size, int) else size
+    if size is not None and (len(size) != 2 or min(size) < 1):
+        raise ConfigError(f"latecast.jpeg(size={size!r}): give (H, W) or N, positive")
+    if channels not in (None, 1, 3):
+        raise ConfigError(f"latecast.jpeg(channels={channels!r}): give 1 or 3")
+    return Jpeg(None if size is None else (int(size[0]), int(size[1])), channels)
+
+
+def files_of(value: Any) -> list[np.ndarray] | None:
+    """The field's files as 1-D uint8 arrays (views, no copy), or None when ``value`` is not
+    a list of files (it then passes through, as any non-array does)."""
+    if isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 1:
+        value = list(value)
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    out = []
+    for item in value:
+        item = item.get("bytes") if isinstance(item, dict) else item
+        if isinstance(item, torch.Tensor) and item.device.type == "cpu":
+            item = item.numpy() if item.dtype == torch.uint8 and item.ndim == 1 else None
+        if isinstance(item, (bytes, bytearray, memoryview)):
+            item = np.frombuffer(item, np.uint8)
+        if not isinstance(item, np.ndarray) or item.dtype != np.uint8 or item.ndim != 1:
+            return None
+        out.append(item)
+    return out
+
+
+def recognised(value: Any) -> bool:
+    """An undeclared field of files whose first starts with the JPEG signature."""
+    files = files_of(value)
+    return files is not None and bytes(files[0][:3]) == b"\xff\xd8\xff"
+
+
+@dataclass(frozen=True)
+class JpegField:
+    """How a JPEG field crosses (the plan ``wrap`` keeps beside its other fields' plans):
+    the JPEG files back to back (``nbytes`` of them), the upright size of every file, the
+    training size and channels, and the files decoded on the host (position -> CHW)."""
+
+    name: Name
+    files: list[np.ndarray] = field(repr=False)
+    sizes: torch.Tensor  # (n, 2) int64 upright (H, W)
+    size: tuple[int, int]
+    channels: int
+    decoded: dict[int, torch.Tensor] = field(repr=False)  # non-JPEG files, decoded here
+    kind: str = ENCODED
+    dtype: torch.dtype = torch.uint8
+
+    @property
+    def offsets(self) -> list[int]:
+        return np.cumsum([0] + [len(f) for f in self.files]).tolist()
+
+    @property
+    def nbytes(self) -> int:
+        return self.offsets[-1]
+
+    @property
+    def decoded_bytes(self) -> int:
+        """What the batch costs as uint8 pixels at the training size."""
+        return len(self.files) * math.prod(self.size) * self.channels
+
+    @property
+    def usual_bytes(self) -> int:
+        """What it costs the usual way: float32 at the training size."""
+        return 4 * self.decoded_bytes
+
+    def pack(self, dst: torch.Tensor) -> None:
+        """The JPEG files back to back into the pinned bytes ``dst``."""
+        out = dst.numpy()
+        for f, a in zip(self.files, self.offsets):
+            out[a : a + len(f)] = f
+
+
+def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegField:
+    """The field's plan from its files' headers; the files that are no JPEG are decoded
+    here, on the host. ``means``: how many mean/std values wrap was given."""
+    spec, files = spec or Jpeg(), files_of(value)
+    if files is None:
+        raise BatchError(
+            f"field {name!r} is declared JPEG files but is {type(value).__name__}: give a list "
+            "of bytes, of 1-D uint8 tensors or arrays, or of {'bytes': ...} dicts"
+        )
+    heads = [jpeg_header(f) for f in files]
+    grey = all(h is not None and h[2] == 1 for h in heads)
+    channels = spec.channels or (1 if grey else 3)
+    decoded = {
+        i: host_decode(name, i, f, channels)
+        for i, (f, h) in enumerate(zip(files, heads))
+        if h is None
+    }
+    sizes = [tuple(decoded[i].shape[1:]) if h is None else h[:2] for i, h in enumerate(heads)]
+    size = spec.size or (sizes[0] if len(set(sizes)) == 1 else None)
+    if size is None:
+        some = ", ".join(f"{h}x{w}" for h, w in sorted(set(sizes))[:3])
+        raise BatchError(
+            f"field {name!r}: JPEG files of {len(set(sizes))} sizes ({some}, ...): declare the "
+            f"training size, fields={{{name!r}: latecast.jpeg(size=(H, W))}}"
+        )
+    if means not in (1, channels):
+        raise BatchError(f"field {name!r}: {channels} channels but {means} mean/std values")
+    kept = [np.zeros(0, np.uint8) if i in decoded else f for i, f in enumerate(files)]
+    return JpegField(name, kept, torch.tensor(sizes, dtype=torch.int64), size, channels, decoded)
+
+
+def host_decode(name: Name, i: int, data: np.ndarray, channels: int) -> torch.Tensor:
+    """A file that is no JPEG, decoded on the host, upright: ``(channels, H, W)`` uint8."""
+    mode = {1: "GRAY", 3: "RGB"}[channels]
+    t = torch.from_numpy(data.copy())  # a rare file: a copy, writable as torch asks
+    try:
+        if decoder().startswith("torchcodec"):
+            from torchcodec.decoders import decode_image
+
+            image = decode_image(t, mode=mode)
+        else:
+            from torchvision.io import ImageReadMode, decode_image
+
+            image = decode_image(t, ImageReadMode[mode], apply_exif_orientation=True)
+    except (RuntimeError, ValueError) as err:  # torch's ops, TorchCodec's format sniffing
+        raise BatchError(
+            f"field {name!r}: the file at position {i} in the batch is not a readable image "
+            f"({str(err).splitlines()[-1][:200]})"
+        ) from None
+    if image.ndim == 4:  # an animation: its first frame
+        image = image[0]
+    if name not in _said:
+        _said.add(name)
+        warnings.warn(
+            f"field {name!r}: a file that is no JPEG (at position {i}) is decoded on the host; "
+            "such files of this field are not said again",
+            stacklevel=2,
+        )
+    return image
+
+
+def finish(f: JpegField, host: torch.Tensor, prepare, device: torch.device) -> torch.Tensor:
+    """The field's files (``host``: the pinned bytes ``pack`` wrote) -> what the model takes,
+    by ``prepare`` (seeked to this batch) exactly as a JPEG store's batch."""
+    where = f"field {f.name!r}"  # decode.py names "SOURCE: sample K"; here K is the position
+    batch = Encoded(
+        host, f.offsets, f.sizes, torch.arange(len(f.files)), f.channels, device, where, f.decoded
+    )
+    prepare.size = f.size
+    try:
+        return prepare(batch, None)[0]
+    except FormatError as err:
+        why = re.sub(r": sample (\d+)", r": the file at position \1 in the batch", str(err))
+        raise BatchError(why) from None

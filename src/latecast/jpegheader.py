@@ -1,0 +1,48 @@
+"""The header of a JPEG file, read without its pixels and without torch (``latecast convert``'s
+workers and the store checks load no torch): its size as it shows upright, its channels and
+its EXIF orientation. Used by the decoders (``decode.py``: turning torchvision's output),
+``wrap``'s JPEG fields (``encoded.py``: sizes and crop boxes before decoding) and the store
+checks (``storage/store.py``)."""
+
+from __future__ import annotations
+
+import struct
+
+SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+def jpeg_header(data) -> tuple[int, int, int, int] | None:
+    """``(H, W, channels, EXIF orientation)`` of a JPEG file (any buffer of its bytes), H
+    and W as it shows upright (orientation applied); None for what is not a readable JPEG.
+    Reads the markers up to the frame header, no pixels."""
+    mv, i, orientation = memoryview(data).cast("B"), 2, 1
+    if len(mv) < 4 or mv[0] != 0xFF or mv[1] != 0xD8:
+        return None
+    while i + 9 < len(mv) and mv[i] == 0xFF:
+        marker, length = mv[i + 1], mv[i + 2] << 8 | mv[i + 3]
+        if marker == 0xFF:  # a fill byte
+            i += 1
+            continue
+        if marker == 0xDA:  # the scan starts: no frame header came
+            return None
+        if marker == 0xE1 and mv[i + 4 : i + 10] == b"Exif\0\0":
+            orientation = _orientation(bytes(mv[i + 10 : i + 2 + length]))
+        if marker in SOF:
+            h, w, c = mv[i + 5] << 8 | mv[i + 6], mv[i + 7] << 8 | mv[i + 8], mv[i + 9]
+            return (w, h, c, orientation) if orientation >= 5 else (h, w, c, orientation)
+        i += 2 + length
+    return None
+
+
+def _orientation(tiff: bytes) -> int:
+    """The orientation tag (0x0112) of an EXIF block, 1 when absent or unreadable."""
+    try:
+        end = {b"II": "<", b"MM": ">"}[tiff[:2]]
+        ifd = struct.unpack(end + "I", tiff[4:8])[0]
+        for k in range(struct.unpack(end + "H", tiff[ifd : ifd + 2])[0]):
+            tag, _, _, value = struct.unpack(end + "HHIH", tiff[ifd + 2 + 12 * k :][:10])
+            if tag == 0x0112:
+                return value if 1 <= value <= 8 else 1
+    except (KeyError, struct.error):
+        pass
+    return 1

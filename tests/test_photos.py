@@ -1,0 +1,288 @@
+"""Photos from anywhere (issue 16): the decoder chosen once (TorchCodec, else torchvision),
+EXIF orientation applied the same way on every path (decoders, ``latecast convert``, stores)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image, ImageOps
+
+from latecast import decode
+from latecast.jpegheader import jpeg_header
+from latecast.loader import Loader
+from latecast.storage.convert import convert_folder
+from latecast.storage.store import open_store
+
+
+@pytest.fixture(params=["torchcodec", "torchvision"])
+def decoder(request, monkeypatch):
+    """Each test once per decoder: TorchCodec's, and torchvision's fallback (the one the GPU
+    machine, without TorchCodec, runs)."""
+    if request.param == "torchcodec":
+        pytest.importorskip("torchcodec")
+    monkeypatch.setenv("LATECAST_DECODER", request.param)
+    decode.decoder.cache_clear()
+    assert decode.decoder().startswith(request.param)
+    yield request.param
+    decode.decoder.cache_clear()
+
+
+def smooth(h: int, w: int, seed: int, grey: bool = False) -> np.ndarray:
+    """A photo-like image JPEG keeps well: a coloured gradient with a bright corner block."""
+    rng = np.random.default_rng(seed)
+    ys, xs = np.mgrid[0:h, 0:w]
+    img = np.stack([40 + 160 * (xs * rng.uniform() + ys * rng.uniform()) / (h + w)] * 3, -1)
+    img = img * rng.uniform(0.6, 1, 3)
+    img[: h // 3, : w // 4] = 240
+    img = img.clip(0, 255).astype(np.uint8)
+    return img[..., 0] if grey else img
+
+
+def jpeg(pixels: np.ndarray, orientation: int = 1, fmt: str = "JPEG") -> bytes:
+    buf, exif = io.BytesIO(), Image.Exif()
+    exif[0x0112] = orientation
+    Image.fromarray(pixels).save(buf, fmt, quality=90, exif=exif.tobytes())
+    return buf.getvalue()
+
+
+def upright(data: bytes, mode: str = "RGB") -> torch.Tensor:
+    """Pillow's reading, EXIF orientation applied: (C, H, W) uint8, the reference."""
+    a = np.asarray(ImageOps.exif_transpose(Image.open(io.BytesIO(data))).convert(mode))
+    return torch.from_numpy(a.reshape(*a.shape[:2], -1).copy()).permute(2, 0, 1)
+
+
+def as_uint8(images: torch.Tensor) -> torch.Tensor:
+    """wrap's output without mean/std (ToTensor's x / 255) as the uint8 pixels again."""
+    return images.mul(255).round().to(torch.uint8)
+
+
+def test_each_exif_orientation_decodes_as_pillow_shows_it(decoder):
+    """Orientations 1-8 of a 24x40 photo: the pixels Pillow's exif_transpose shows, exactly
+    (the same libjpeg underneath), and the header read gives the upright size."""
+    for o in range(1, 9):
+        f = jpeg(smooth(24, 40, o), o)
+        got = decode.read([torch.frombuffer(bytearray(f), dtype=torch.uint8)], 3, "cpu")[0]
+        ref = upright(f)
+        assert torch.equal(got, ref), (decoder, o)
+        assert jpeg_header(f) == (*ref.shape[1:], 3, o)
+
+
+def test_the_header_reader_refuses_what_is_not_a_jpeg():
+    png = jpeg(smooth(8, 8, 0), fmt="PNG")
+    assert jpeg_header(png) is None and jpeg_header(b"\xff\xd8") is None
+    assert jpeg_header(jpeg(smooth(8, 8, 0))[:20]) is None  # cut before the frame
+
+
+def test_the_decoder_is_chosen_once_and_a_bad_choice_is_one_error(monkeypatch):
+    decode.decoder.cache_clear()
+    try:
+        monkeypatch.setenv("LATECAST_DECODER", "pillow")
+        with pytest.raises(decode.ConfigError, match="LATECAST_DECODER='pillow'"):
+            decode.decoder()
+        monkeypatch.delenv("LATECAST_DECODER")
+        decode.decoder.cache_clear()
+        name = decode.decoder()
+        monkeypatch.setenv("LATECAST_DECODER", "torchvision")  # read at the first call only
+        assert decode.decoder() == name and name.split()[0] in decode.DECODERS
+    finally:
+        decode.decoder.cache_clear()
+
+
+@pytest.mark.parametrize("encoding", ["raw", "jpeg"])
+def test_convert_and_the_store_show_rotated_files_upright(tmp_path, decoder, encoding):
+    """Files stored 24x40 with orientation 6 or 8 beside upright 40x24 ones: every image is
+    40x24 in the store (raw: Pillow's pixels; jpeg: the files kept, turned by the decoder),
+    and the loader's batches are Pillow's upright pixels exactly."""
+    files = {}
+    for i in range(6):
+        o = (1, 6, 8)[i % 3]
+        pixels = smooth(40, 24, i) if o == 1 else smooth(24, 40, i)
+        files[f"{'ab'[i % 2]}/{i}.jpg"] = jpeg(pixels, o)
+    for name, data in files.items():
+        (tmp_path / "in" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "in" / name).write_bytes(data)
+    out, _ = convert_folder(
+        tmp_path / "in", tmp_path / encoding, encoding=encoding, test_fraction=0, workers=1
+    )
+    ds = open_store(out)
+    assert ds.image_shape == (40, 24, 3)
+    loader = Loader(ds, 3, device="cpu", shuffle=False, pad=False)
+    got = torch.cat([x for x, _ in loader]) * torch.tensor(ds.std)[:, None, None]
+    got = (got + torch.tensor(ds.mean)[:, None, None]).mul(255).round().to(torch.uint8)
+    refs = {tuple(upright(d).flatten().tolist()): n for n, d in files.items()}
+    seen = {refs.get(tuple(im.flatten().tolist())) for im in got}
+    assert seen == set(files), (decoder, encoding)
+    assert loader.stats.decoder == (decode.decoder() if encoding == "jpeg" else "")
+
+
+def test_a_store_from_before_exif_turns_is_refused_naming_the_sample(decoder):
+    """A jpeg store written when convert ignored EXIF recorded a turned file's size as its
+    pixels lie (24x40); decoded upright (40x24) it no longer fits its crop box: one error."""
+    from latecast.data import EncodedDataset
+
+    files = [jpeg(smooth(24, 40, 0)), jpeg(smooth(24, 40, 1), 6)]
+    ds = EncodedDataset(
+        name="old", split="train", data=np.frombuffer(b"".join(files), np.uint8),
+        offsets=np.cumsum([0] + [len(f) for f in files]), sizes=np.array([(24, 40)] * 2),
+        labels=np.zeros(2, np.uint8), classes=("a",), mean=(0.5,) * 3, std=(0.2,) * 3,
+        channels=3, size=(24, 40),
+    )  # fmt: skip
+    with pytest.raises(
+        decode.FormatError, match=r"sample 1: the file is 40x24, sizes.npy says 24x40"
+    ):
+        list(Loader(ds, 2, device="cpu", shuffle=False))
+
+
+# ---- JPEG fields in wrap ---------------------------------------------------------------------
+
+MEAN, STD = (0.45, 0.5, 0.4), (0.25, 0.2, 0.3)
+SHAPES = [(40, 56, 1), (32, 32, 6), (61, 23, 1), (30, 50, 8), (48, 48, 3), (33, 47, 1)]
+
+
+@pytest.fixture(scope="module")
+def mixed_files() -> list[bytes]:
+    """Photos of several sizes, two of them stored turned (EXIF 6 and 8) and one upside down."""
+    return [jpeg(smooth(h, w, i), o) for i, (h, w, o) in enumerate(SHAPES)]
+
+
+def store_of(files: list[bytes], size, channels=3):
+    """The JPEG store ``latecast convert`` would write of these files (upright sizes)."""
+    from latecast.data import EncodedDataset
+
+    sizes = [tuple(upright(f).shape[1:]) for f in files]
+    return EncodedDataset(
+        name="same", split="train", data=np.frombuffer(b"".join(files), np.uint8),
+        offsets=np.cumsum([0] + [len(f) for f in files]), sizes=np.array(sizes),
+        labels=np.arange(len(files), dtype=np.uint8) % 3, classes=("a", "b", "c"),
+        mean=MEAN[:channels], std=STD[:channels], channels=channels, size=size,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("augment", [None, "train"])
+def test_wrap_and_a_store_give_the_same_pixels_for_the_same_files(decoder, mixed_files, augment):
+    """The same files, seed and batch number, so the same crop boxes: a JPEG field through
+    ``wrap`` equals a JPEG store's batch bitwise (train: RandomResizedCrop + flip + jitter;
+    eval: resize to cover + centre crop), EXIF-turned files included, on either decoder."""
+    import latecast
+
+    aug = augment and latecast.Augment(resized_crop=0.25, flip=0.5, jitter=0.3)
+    ds = store_of(mixed_files, (24, 28))
+    loader = Loader(ds, 3, device="cpu", augment=aug, seed=5, shuffle=False, pad=False)
+    labels = torch.arange(len(mixed_files)) % 3
+    batches = [(mixed_files[k : k + 3], labels[k : k + 3]) for k in (0, 3)]
+    jpg = latecast.jpeg(size=(24, 28))
+    wrapped = latecast.wrap(batches, mean=MEAN, std=STD, device="cpu", augment=aug, seed=5,
+                            fields={0: jpg})  # fmt: skip
+    for (a, ya), (b, yb) in zip(loader, wrapped, strict=True):
+        assert a.shape == (3, 3, 24, 28) and torch.equal(a, b) and torch.equal(ya, yb)
+    s = wrapped.stats
+    assert s.image_bytes == sum(map(len, mixed_files)) and s.decoder == decode.decoder()
+    assert s.decoded_bytes == 6 * 24 * 28 * 3 and s.usual_bytes == 4 * s.decoded_bytes + 6 * 8
+
+
+def test_every_form_of_a_jpeg_field_comes_out_alike(mixed_files):
+    """bytes, a tuple, 1-D uint8 tensors and arrays, Hugging Face dicts, a numpy object
+    array: the same images; undeclared (recognised by the signature) at their one size."""
+    import latecast
+
+    files = [jpeg(smooth(20, 30, i)) for i in range(4)]
+    forms = [
+        files,
+        tuple(files),
+        [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files],
+        [np.frombuffer(f, np.uint8) for f in files],
+        [{"bytes": f, "path": f"{i}.jpg"} for i, f in enumerate(files)],
+        np.array(files + [b""], dtype=object)[:4],
+    ]
+    outs = [next(iter(latecast.wrap([{"jpg": x, "n": 7}], device="cpu")))["jpg"] for x in forms]
+    ref = torch.stack([upright(f) for f in files])
+    assert outs[0].shape == (4, 3, 20, 30) and torch.equal(as_uint8(outs[0]), ref)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def test_files_of_mixed_sizes_need_a_declared_size(mixed_files):
+    import latecast
+    from latecast.errors import BatchError
+
+    with pytest.raises(BatchError, match=r"field 'jpg': JPEG files of 6 sizes .*latecast.jpeg\("):
+        next(iter(latecast.wrap([{"jpg": mixed_files}], device="cpu")))
+
+
+def test_grey_and_colour_files_come_out_with_the_channels_asked_for():
+    import latecast
+
+    files = [jpeg(smooth(16, 16, 0, grey=True)), jpeg(smooth(16, 16, 1))]
+    grey = [jpeg(smooth(16, 16, 2, grey=True))] * 2
+    for batch, fields, channels, mode in [
+        (files, None, 3, "RGB"),  # undeclared: colour wins
+        (files, {0: latecast.jpeg(channels=1)}, 1, "L"),
+        (grey, None, 1, "L"),  # every file grey
+    ]:
+        out = next(iter(latecast.wrap([(batch,)], device="cpu", fields=fields)))[0]
+        ref = torch.stack([upright(f, mode) for f in batch])
+        assert out.shape == (2, channels, 16, 16) and torch.equal(as_uint8(out), ref), mode
+
+
+def test_a_file_that_is_no_jpeg_is_decoded_on_the_host_and_said_once(recwarn):
+    """A PNG among JPEGs: decoded on the host (one warning for the field, not per batch),
+    the same pixels as Pillow's."""
+    import latecast
+
+    png = jpeg(smooth(16, 16, 3), fmt="PNG")
+    files = [jpeg(smooth(16, 16, 0)), png, jpeg(smooth(16, 16, 1))]
+    out = [b["x"] for b in latecast.wrap([{"x": files}] * 3, device="cpu")]
+    said = [w for w in recwarn.list if "is decoded on the host" in str(w.message)]
+    assert len(said) == 1 and "field 'x'" in str(said[0].message)
+    assert torch.equal(as_uint8(out[2][1]), upright(png)) and torch.equal(out[0], out[2])
+
+
+def test_a_corrupt_file_is_one_error_naming_the_field_and_the_position():
+    import latecast
+    from latecast.errors import BatchError
+
+    good = [jpeg(smooth(16, 16, i)) for i in range(4)]
+    cut, junk = good[:2] + [good[2][: len(good[2]) // 2], good[3]], good[:3] + [b"\xff\xd8junk"]
+    with pytest.raises(BatchError, match=r"field 'img': the file at position 2 in the batch"):
+        next(iter(latecast.wrap([{"img": cut}], device="cpu")))
+    with pytest.raises(BatchError, match=r"field 'img': the file at position 3 in the batch"):
+        next(iter(latecast.wrap([{"img": junk}], device="cpu")))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_wrap_equals_the_store_and_turned_files_are_upright(mixed_files):
+    """nvJPEG on the device: a JPEG field through wrap equals the store's batch bitwise (same
+    files, same boxes), and the EXIF-turned files come out as Pillow shows them upright
+    (nvJPEG's IDCT is not libjpeg's: mean error under a grey level)."""
+    import latecast
+
+    ds = store_of(mixed_files, (24, 28))
+    aug = latecast.Augment(resized_crop=0.25, flip=0.5)
+    loader = Loader(ds, 6, device="cuda", augment=aug, seed=5, shuffle=False, pad=False)
+    batches = [(mixed_files, torch.arange(6) % 3)]
+    wrapped = latecast.wrap(batches, mean=MEAN, std=STD, device="cuda", augment=aug, seed=5,
+                            fields={0: latecast.jpeg(size=(24, 28))})  # fmt: skip
+    (a, _), (b, _) = next(iter(loader)), next(iter(wrapped))
+    assert a.device.type == "cuda" and torch.equal(a, b)
+    files = [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in mixed_files]
+    for f, got in zip(mixed_files, decode.read(files, 3, torch.device("cuda"))):
+        ref = upright(f)
+        assert got.shape == ref.shape, (decode.decoder(), got.shape, ref.shape)
+        assert (got.cpu().int() - ref.int()).abs().float().mean() < 1.0
+
+
+def test_a_jpeg_field_after_another_framework_moved_the_batch_is_one_error():
+    """Lightning's hook (``PrepareOnDevice``) finishes batches another framework moved: JPEG
+    files are wrap's alone (its decoder reads them from its pinned buffer)."""
+    import latecast
+    from latecast.errors import BatchError
+    from latecast.wrapper import Fields
+
+    fields = Fields(fields={"jpg": latecast.jpeg(16)})
+    with pytest.raises(BatchError, match="field 'jpg' is declared JPEG files"):
+        fields.plan_batch([("jpg", [jpeg(smooth(16, 16, 0))])], host=False)
+    undeclared = Fields().plan_batch([("jpg", [jpeg(smooth(16, 16, 0))])], host=False)
+    assert undeclared[1] == [None]  # passes through untouched, as any list does there
