@@ -424,6 +424,24 @@ def bench(cfg: BenchConfig) -> dict:
     return result
 
 
+def _host_rows(section: dict, prefix: str, fewer: str) -> list[list[str]]:
+    """A table's rows for the loaders named ``prefix...`` of a host-CPU section (ImageFolder,
+    WebDataset photos): bytes "fewer" against the section's ``float32`` loader."""
+    usual = section[f"{prefix}float32"]["h2d_bytes_per_epoch"]
+    return [
+        [
+            k,
+            f"{np.median(v['images_per_s']):,.0f}",
+            measure.span(v["images_per_s"]),
+            f"{np.median(v['cpu_seconds_per_epoch']):.2f}",
+            f"{v['h2d_bytes_per_epoch']:,}",
+            f"{usual / v['h2d_bytes_per_epoch']:{fewer}}x",
+        ]
+        for k, v in section.items()
+        if k.startswith(prefix)
+    ]
+
+
 def report_markdown(r: dict) -> list[str]:
     """The tables of ``bench``'s result, each under its title (``write_report`` puts the
     run's machine and revision on top)."""
@@ -459,19 +477,8 @@ def report_markdown(r: dict) -> list[str]:
             ),
         ]
     if r["image_folder"]:
-        folder, usual = r["image_folder"], r["image_folder"]["folder-float32"]
-        rows = [
-            [
-                k,
-                f"{np.median(v['images_per_s']):,.0f}",
-                measure.span(v["images_per_s"]),
-                f"{np.median(v['cpu_seconds_per_epoch']):.2f}",
-                f"{v['h2d_bytes_per_epoch']:,}",
-                f"{usual['h2d_bytes_per_epoch'] / v['h2d_bytes_per_epoch']:.2f}x",
-            ]
-            for k, v in folder.items()
-            if k.startswith("folder-")
-        ]
+        folder = r["image_folder"]
+        rows = _host_rows(folder, "folder-", ".2f")
         parts += [
             f"Your own data: an ImageFolder of {folder['images']:,} PNGs, DataLoader with "
             f"{folder['workers']} workers, batch {c['batch_size']}; host CPU: main "
@@ -482,19 +489,8 @@ def report_markdown(r: dict) -> list[str]:
             ),
         ]
     if r.get("webdataset_photos"):
-        photos, usual = r["webdataset_photos"], r["webdataset_photos"]["photos-float32"]
-        rows = [
-            [
-                k,
-                f"{np.median(v['images_per_s']):,.0f}",
-                measure.span(v["images_per_s"]),
-                f"{np.median(v['cpu_seconds_per_epoch']):.2f}",
-                f"{v['h2d_bytes_per_epoch']:,}",
-                f"{usual['h2d_bytes_per_epoch'] / v['h2d_bytes_per_epoch']:.1f}x",
-            ]
-            for k, v in photos.items()
-            if k.startswith("photos-")
-        ]
+        photos = r["webdataset_photos"]
+        rows = _host_rows(photos, "photos-", ".1f")
         h, w = photos["photo"]
         parts += [
             f"Photos streamed: {photos['images']:,} JPEGs of {w}x{h} in WebDataset shards "
