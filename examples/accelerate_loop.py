@@ -44,3 +44,4 @@ for epoch in range(loader.epoch, args.epochs):
     accelerator.save_state(args.state)  # accelerator.load_state(args.state) resumes here
     accelerator.print(f"epoch {epoch}: loss {loss.item():.4f}")
 print(f"rank {loader.rank} of {loader.world_size}: {len(loader)} batches, {loader.stats}")
+accelerator.end_training()  # the process group down before the process exits

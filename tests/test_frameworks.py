@@ -332,6 +332,7 @@ def _accelerate(out: Path) -> None:
         },
         out / f"acc{acc.process_index}.pt",
     )
+    acc.end_training()  # exiting with the gloo group alive aborted a rank now and then
 
 
 def _worker(argv: list[str]) -> None:
