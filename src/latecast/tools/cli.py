@@ -351,7 +351,12 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit code. Ctrl-C at any point, even while torch is still
     importing (``build_parser`` imports it), is one line and exit code 130 (row 79)."""
     try:
-        return _main(argv)
+        try:
+            return _main(argv)
+        except RuntimeError as err:  # a class body's __set_name__ wraps a Ctrl-C landing in it
+            if isinstance(err.__cause__, KeyboardInterrupt):
+                raise err.__cause__ from None
+            raise
     except KeyboardInterrupt:
         # Interrupted inside an exec()/eval() of a string (dataclasses and namedtuples make
         # their methods so), CPython keeps its "unhandled KeyboardInterrupt" flag set although
