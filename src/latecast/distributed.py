@@ -4,15 +4,14 @@
 train`` alike, in this order: an initialized process group; torchrun's ``RANK`` and
 ``WORLD_SIZE``; ``LOCAL_RANK`` (what Lightning's DDP launcher sets, inside ``fit`` only);
 else one process. ``device="auto"`` is ``cuda:LOCAL_RANK`` under a launcher, the current
-CUDA device without one, else the CPU. ``start`` joins the process group for ``latecast
-train`` (NCCL on CUDA, gloo on CPU); the rest are collectives every rank calls in order.
+CUDA device without one, else the CPU. (The process group of ``latecast train``:
+``trainer/group.py``.)
 """
 
 from __future__ import annotations
 
 import numbers
 import os
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -69,53 +68,3 @@ def placement(
     if world_size < 1 or not 0 <= rank < world_size:
         raise ConfigError(f"rank {rank} / world size {world_size}: need 0 <= rank < world size")
     return resolve_device(device), rank, world_size
-
-
-def start(device: str, timeout: float) -> tuple[torch.device, bool, bool]:
-    """(device, distributed, own_group) for ``latecast train``: under torchrun
-    (``WORLD_SIZE`` set) join the process group, waiting at most ``timeout`` seconds."""
-    dev = resolve_device(device)
-    if dist.is_available() and dist.is_initialized():
-        return dev, True, False  # the caller's group: theirs to destroy
-    if "WORLD_SIZE" not in os.environ:
-        return dev, False, False
-    cuda = dev.type == "cuda"
-    if cuda:
-        torch.cuda.set_device(dev)
-    try:
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            timeout=timedelta(seconds=timeout),
-            **({"device_id": dev} if cuda else {}),
-        )
-    except ValueError as err:  # env:// without MASTER_ADDR/PORT: not launched by torchrun
-        raise ConfigError(
-            f"WORLD_SIZE is set but the process group cannot start: {err}; launch with torchrun"
-        ) from None
-    return dev, True, True
-
-
-def gather(values: list[int], device: torch.device) -> list[list[int]]:
-    """``values`` from every rank, in rank order."""
-    mine = torch.tensor(values, dtype=torch.int64, device=device)
-    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
-    return [t.tolist() for t in every]
-
-
-def sync_buffers(model: torch.nn.Module, distributed: bool) -> None:
-    """Copy rank 0's BatchNorm running statistics to every rank (DDP does this at each
-    forward; after the last step they differ again) so all ranks hold the same weights."""
-    if distributed:
-        for buffer in model.buffers():
-            dist.broadcast(buffer, 0)
-
-
-def peer_failure(err: RuntimeError) -> bool:
-    """A collective that failed because a peer died or timed out. Collectives called here
-    raise ``DistError``; DDP's gradient all-reduce fails inside autograd, which re-raises
-    the backend's message as a plain ``RuntimeError``."""
-    text = str(err).lower()
-    return isinstance(err, dist.DistError) or any(
-        s in text for s in ("gloo", "nccl", "timed out", "connection closed", "connection reset")
-    )

@@ -46,7 +46,7 @@ from ..errors import CheckpointError, ConfigError, TrainingError
 from ..loader import IGNORE, Loader, parse_order
 from ..storage.datasets import load_dataset
 from ..transfer import MOVERS, Batch, float32_bytes, uint8_bytes
-from . import checkpoint, graphed, rundir
+from . import checkpoint, graphed, group, rundir
 from .models import MODELS, build_model
 
 _PRESET = " (default: the preset's)"
@@ -364,7 +364,7 @@ class Run:
     def save(self, name: str) -> None:
         """Checkpoint ``OUTPUT_DIR/name`` (collective: BatchNorm statistics first; rank 0
         writes); ``checkpoint.pt`` is then the last good one."""
-        distributed.sync_buffers(self.model, self.distributed)
+        group.sync_buffers(self.model, self.distributed)
         path = Path(self.config.output_dir) / name
         if self.lead:
             checkpoint.save(
@@ -495,7 +495,7 @@ def _rehearse(loader: Loader) -> None:
 
 def _check_same_data(train_set: Dataset, test_set: Dataset, device: torch.device) -> None:
     """Every rank must hold the same data (sizes and label sums compared; row 23)."""
-    rows = distributed.gather(
+    rows = group.gather(
         [
             len(train_set),
             len(test_set),
@@ -513,7 +513,7 @@ def _check_same_data(train_set: Dataset, test_set: Dataset, device: torch.device
 
 def _check_same_start(step: int, device: torch.device) -> None:
     """Every rank must continue from the same step (-1: fresh start)."""
-    steps = [r[0] for r in distributed.gather([step], device)]
+    steps = [r[0] for r in group.gather([step], device)]
     if len(set(steps)) > 1:
         raise CheckpointError(
             f"ranks would start from different steps {steps} (-1: no checkpoint found); with "
@@ -536,7 +536,7 @@ def train(config: TrainConfig) -> dict:
     """
     if config.epochs == 0:  # allowed in a TrainConfig: bench's recipe skips its runs with it
         raise ConfigError("epochs 0 trains nothing: give --epochs 1 or more")
-    device, distributed_, own_group = distributed.start(config.device, config.dist_timeout)
+    device, distributed_, own_group = group.start(config.device, config.dist_timeout)
     lead = distributed.placement(device)[1] == 0  # rank 0 alone writes the output folder
     out, asked = config.output_dir, (config.output_dir, config.resume, config.overwrite)
     try:
@@ -554,7 +554,7 @@ def train(config: TrainConfig) -> dict:
     except OSError as err:  # a full disk, a folder gone read-only: one line naming the file
         raise TrainingError(f"{err.filename or out}: {err.strerror or err}") from err
     except RuntimeError as err:
-        if not (distributed_ and distributed.peer_failure(err)):
+        if not (distributed_ and group.peer_failure(err)):
             raise
         first = str(err).strip().splitlines()[0][:300]
         raise TrainingError(
@@ -701,7 +701,7 @@ def _evaluate(run: Run, tally: _Tally) -> float:
     """Test accuracy over every rank's unpadded test share (docs/RELIABILITY.md row 24),
     timed: the last evaluation is the final one, on the clock."""
     t0 = time.perf_counter()
-    distributed.sync_buffers(run.model, run.distributed)
+    group.sync_buffers(run.model, run.distributed)
     correct, total = evaluate(run.model, run.test_loader, run.config.amp)  # ends in a sync
     if run.distributed:
         both = torch.tensor([correct, total], dtype=torch.int64, device=run.loader.device)

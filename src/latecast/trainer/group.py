@@ -1,0 +1,63 @@
+"""The process group of ``latecast train``: ``start`` joins it under torchrun (NCCL on CUDA,
+gloo on CPU); the rest are collectives every rank calls in order."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..distributed import resolve_device
+from ..errors import ConfigError
+
+
+def start(device: str, timeout: float) -> tuple[torch.device, bool, bool]:
+    """(device, distributed, own_group) for ``latecast train``: under torchrun
+    (``WORLD_SIZE`` set) join the process group, waiting at most ``timeout`` seconds."""
+    dev = resolve_device(device)
+    if dist.is_available() and dist.is_initialized():
+        return dev, True, False  # the caller's group: theirs to destroy
+    if "WORLD_SIZE" not in os.environ:
+        return dev, False, False
+    cuda = dev.type == "cuda"
+    if cuda:
+        torch.cuda.set_device(dev)
+    try:
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            timeout=timedelta(seconds=timeout),
+            **({"device_id": dev} if cuda else {}),
+        )
+    except ValueError as err:  # env:// without MASTER_ADDR/PORT: not launched by torchrun
+        raise ConfigError(
+            f"WORLD_SIZE is set but the process group cannot start: {err}; launch with torchrun"
+        ) from None
+    return dev, True, True
+
+
+def gather(values: list[int], device: torch.device) -> list[list[int]]:
+    """``values`` from every rank, in rank order."""
+    mine = torch.tensor(values, dtype=torch.int64, device=device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [t.tolist() for t in every]
+
+
+def sync_buffers(model: torch.nn.Module, distributed: bool) -> None:
+    """Copy rank 0's BatchNorm running statistics to every rank (DDP does this at each
+    forward; after the last step they differ again) so all ranks hold the same weights."""
+    if distributed:
+        for buffer in model.buffers():
+            dist.broadcast(buffer, 0)
+
+
+def peer_failure(err: RuntimeError) -> bool:
+    """A collective that failed because a peer died or timed out. Collectives called here
+    raise ``DistError``; DDP's gradient all-reduce fails inside autograd, which re-raises
+    the backend's message as a plain ``RuntimeError``."""
+    text = str(err).lower()
+    return isinstance(err, dist.DistError) or any(
+        s in text for s in ("gloo", "nccl", "timed out", "connection closed", "connection reset")
+    )
