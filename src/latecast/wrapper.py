@@ -6,31 +6,19 @@ latecast's, the same as the Loader's:
     CUDA stream one batch ahead -> on the device: augment + normalize images, widen integers
 
 A batch is a tensor, a tuple/list (named tuples too) or a dict; its tensors and numpy arrays
-are its fields, named by key or position (``0``, ``1``, ...; a lone tensor is ``0``). Anything
-else in it (file names, say) passes through untouched. Each field is one of three kinds:
+are its fields, named by key or position (a lone tensor is ``0``); anything else in it (file
+names, say) passes through. What each kind of field crosses as and becomes is the README's
+table ("Your own data"); the rules behind it:
 
-- **image**: uint8 with 4 dims, or any field declared ``"image"`` in ``fields=`` (then
-  ``(N, H, W)`` too, one channel). ``(N, H, W, C)`` or ``(N, C, H, W)``: the channel axis is
-  whichever of dims 1 and 3 has size 1, 3 or 4 (``layout=`` decides when both or neither
-  do). Crosses as uint8; comes out ``(N, C, H, W)`` float, augmented and normalized on the
-  device exactly as by the Loader: ``ToTensor()`` + ``Normalize(mean, std)``, or
-  ``ToTensor()`` alone without ``mean``/``std``.
-- **mask**: any field declared ``"mask"`` (segmentation labels, any per-pixel field):
-  ``(N, H, W)`` or ``(N, C, H, W)`` of the images' ``N, H, W``. Crosses as an integer does
-  (floats and bools as they are) and comes out in its own shape, int64 if it is integer,
-  moved by the same draw as the images of its batch (resized crop by nearest neighbour,
-  crop, flip; the crop pads masks with 0 too, or mirrors them), never normalized, jittered
-  or cut out. Two undeclared uint8 4-dim fields in one batch are an error: one of them is
-  likely a mask.
-- **integer** (any other integer dtype): crosses in the narrowest of ``NARROW`` that holds
-  this batch's values, comes out int64 (what ``cross_entropy`` and ``nn.Embedding`` take).
-  ``fields={"tokens": torch.uint16}`` fixes the dtype it crosses in, and
-  ``(torch.int16, torch.float32)`` the output dtype too; a value that does not fit either is
-  an error naming the field, never a wrap-around.
-- **JPEG files** (``encoded.py``): a list of files starting with the JPEG signature, or any
-  field declared ``latecast.jpeg(...)``. The files cross; they come out decoded, cropped to
-  the training size, augmented and normalized on the device, as a JPEG store's batch.
-- anything else (floats, bools) crosses and comes out as it is.
+- **image**: uint8 with 4 dims, or declared ``"image"`` (then ``(N, H, W)`` too). The channel
+  axis is whichever of dims 1 and 3 has size 1, 3 or 4 (``layout=`` decides when both or
+  neither do). Two undeclared uint8 4-dim fields in one batch are an error: one is likely a
+  mask, and a mask must never be normalized.
+- **mask** (declared): the images' ``N, H, W``, moved by the same geometric draw as its
+  images (nearest neighbour; crop padding 0 or mirrored), nothing else.
+- **integer**: crosses in the narrowest of ``NARROW`` that holds this batch's values, or the
+  declared dtype; a value that does not fit is an error naming the field, never a wrap-around.
+- **JPEG files** (``encoded.py``): decoded, cropped, augmented and normalized on the device.
 """
 
 from __future__ import annotations
@@ -160,12 +148,9 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return np.dtype(str(dtype).removeprefix("torch."))
 
 
-def iinfo(dtype: torch.dtype) -> np.iinfo:
-    return np.iinfo(numpy_dtype(dtype))  # numpy's: torch 2.4 has few uint16 ops
-
-
 def limits(dtype: torch.dtype) -> tuple:
-    info = torch.finfo(dtype) if dtype.is_floating_point else iinfo(dtype)
+    """Its least and greatest value (numpy's ``iinfo``: torch 2.4 has few uint16 ops)."""
+    info = torch.finfo(dtype) if dtype.is_floating_point else np.iinfo(numpy_dtype(dtype))
     return info.min, info.max
 
 
@@ -186,8 +171,7 @@ def image_hint(name: Name, t: torch.Tensor) -> str | None:
             f"makes them: they cross as {t.dtype.itemsize} bytes a pixel; yield uint8 with "
             "PILToTensor() or ToImage() and give wrap the mean/std"
         )
-    integer = not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
-    if integer and t.dtype != torch.uint8 and channels & {3, 4}:
+    if integral(t.dtype) and t.dtype != torch.uint8 and channels & {3, 4}:
         low, high = value_range(t.cpu())  # the Lightning mixin's batches are on the device
         if 0 <= low and high <= 255:
             return (
@@ -218,53 +202,6 @@ def check_fields(fields: dict | None) -> dict[Name, Any]:
     return out
 
 
-def check_options(
-    mean, std, augment, dtype, channels_last, layout, fields, seed
-) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None, dict[Name, Any]]:
-    """The options of ``wrap`` and ``prepare_on_device``, checked where they are given, so
-    that none fails later at a batch: ``(mean, std, fields)`` as floats and checked specs, or
-    one ConfigError naming the argument, its value and what is accepted."""
-    m, s = numbers_of(mean), numbers_of(std)
-    if (mean is not None or std is not None) and not (m and s and len(m) == len(s) and min(s) > 0):
-        raise ConfigError(
-            f"mean {mean!r:.60} and std {std!r:.60}: give both, as long sequences of finite "
-            "numbers, std > 0 (or neither: images are only scaled to [0, 1])"
-        )
-    if m and not all(0 <= v <= 1 for v in (*m, *s)):
-        raise ConfigError(  # timm's IMAGENET_DEFAULT_MEAN * 255, say: every output ~ -0.4
-            f"mean {mean!r} and std {std!r} are in [0, 1] units, as Normalize() takes them "
-            "after ToTensor(); in 0-255 units divide them by 255"
-        )
-    specs = check_fields(fields)
-    integer = isinstance(seed, numbers.Integral) and not isinstance(seed, bool)
-    checks = [  # (accepted?, argument, its value, what is accepted)
-        (augment is None or callable(augment), "augment", augment, "f(images, generator)"),
-        (
-            not (isinstance(augment, Augment) and augment.altflip),
-            "augment",
-            augment,
-            "without altflip (it needs each sample's dataset index, which only a Loader has)",
-        ),
-        (
-            MASK not in specs.values() or augment is None or isinstance(augment, Augment),
-            "augment",
-            augment,
-            "a latecast.Augment where fields= declares a mask (its geometric draws move the mask)",
-        ),
-        (any(dtype is d for d in FLOATS), "dtype", dtype, "one of " + ", ".join(map(str, FLOATS))),
-        (isinstance(channels_last, (bool, np.bool_)), "channels_last", channels_last, "a bool"),
-        (
-            isinstance(layout, str) and layout in LAYOUTS,
-            "layout",
-            layout,
-            "one of " + ", ".join(LAYOUTS),
-        ),
-        (integer and 0 <= seed < 2**63, "seed", seed, "an integer in 0..2**63-1"),
-    ]
-    refuse(checks)
-    return m, s, specs
-
-
 @dataclass
 class Fields:
     """What every field becomes: its kind and crossing dtype decided on the host (``plan``,
@@ -283,10 +220,40 @@ class Fields:
     erase: Erasing | None = None  # random erasing after the normalize (timm's --reprob)
 
     def __post_init__(self) -> None:
-        options = (self.mean, self.std, self.augment, self.dtype, self.channels_last)
-        mean, std, self.fields = check_options(*options, self.layout, self.fields, self.seed)
-        if self.erase is not None and not callable(self.erase):
-            raise ConfigError(f"erase must be a latecast.Erasing or None, got {self.erase!r:.60}")
+        """Every option checked where it is given, so that none fails later at a batch: one
+        ConfigError naming the argument, its value and what is accepted."""
+        mean, std, given = numbers_of(self.mean), numbers_of(self.std), (self.mean, self.std)
+        if given != (None, None) and not (mean and std and len(mean) == len(std) and min(std) > 0):
+            raise ConfigError(
+                f"mean {self.mean!r:.60} and std {self.std!r:.60}: give both, as long sequences "
+                "of finite numbers, std > 0 (or neither: images are only scaled to [0, 1])"
+            )
+        if mean and not all(0 <= v <= 1 for v in (*mean, *std)):
+            raise ConfigError(  # timm's IMAGENET_DEFAULT_MEAN * 255, say: every output ~ -0.4
+                f"mean {self.mean!r} and std {self.std!r} are in [0, 1] units, as Normalize() "
+                "takes them after ToTensor(); in 0-255 units divide them by 255"
+            )
+        self.fields = check_fields(self.fields)
+        aug, seed, erase, lay = self.augment, self.seed, self.erase, self.layout
+        flag, ours = self.channels_last, isinstance(aug, Augment)
+        integer = isinstance(seed, numbers.Integral) and not isinstance(seed, bool)
+        floats, layouts = (", ".join(map(str, names)) for names in (FLOATS, LAYOUTS))
+        altflip = "without altflip (it needs each sample's dataset index, which only a Loader has)"
+        masks = (
+            "a latecast.Augment where fields= declares a mask (its geometric draws move the mask)"
+        )
+        refuse(
+            [  # (accepted?, argument, its value, what is accepted)
+                (aug is None or callable(aug), "augment", aug, "f(images, generator)"),
+                (not (ours and aug.altflip), "augment", aug, altflip),
+                (ours or aug is None or MASK not in self.fields.values(), "augment", aug, masks),
+                (any(self.dtype is d for d in FLOATS), "dtype", self.dtype, "one of " + floats),
+                (isinstance(flag, (bool, np.bool_)), "channels_last", flag, "a bool"),
+                (isinstance(lay, str) and lay in LAYOUTS, "layout", lay, "one of " + layouts),
+                (integer and 0 <= seed < 2**63, "seed", seed, "an integer in 0..2**63-1"),
+                (erase is None or callable(erase), "erase", erase, "a latecast.Erasing or None"),
+            ]
+        )
         self.normalizes = mean is not None
         self.looked = False  # at the first batch: fields that look like images but are not
         self.prepare = Prepare(
@@ -348,25 +315,20 @@ class Fields:
         if not self.looked or (self.normalizes and not images):
             self.looked = True
             hints = [
-                image_hint(f.name, t)
+                h
                 for f, t in zip(plans, tensors)
-                if t is not None and f and f.kind != IMAGE
+                if t is not None and f and f.kind != IMAGE and (h := image_hint(f.name, t))
             ]
-            hints = [h for h in hints if h]
             if self.normalizes and not images:
+                got = ", ".join(
+                    f"{f.name!r}: {t.dtype} {tuple(t.shape)}" for f, t in zip(plans, tensors) if f
+                )
+                fix = (
+                    "yield uint8 with PILToTensor() or ToImage(), or declare fields={name: 'image'}"
+                )
                 raise BatchError(
-                    "mean/std were given but no field of this batch is a uint8 image ("
-                    + ", ".join(
-                        f"{f.name!r}: {t.dtype} {tuple(t.shape)}"
-                        for f, t in zip(plans, tensors)
-                        if f
-                    )
-                    + "); "
-                    + (
-                        "; ".join(hints)
-                        or "yield uint8 with PILToTensor() or ToImage(), or declare "
-                        "fields={name: 'image'}"
-                    )
+                    f"mean/std were given but no field of this batch is a uint8 image ({got}); "
+                    + ("; ".join(hints) or fix)
                 )
             for hint in hints:
                 warnings.warn(f"latecast.wrap: {hint}", UserWarning, stacklevel=4)
@@ -379,11 +341,9 @@ class Fields:
         guessed = [f.name for f in pixels if f.kind == IMAGE and f.name not in self.fields]
         if len(guessed) > 1:
             raise BatchError(
-                f"fields {', '.join(map(repr, guessed))} are all uint8 with 4 dims: declare "
-                "which are masks and which images, e.g. fields={"
-                + f"{guessed[-1]!r}: 'mask'"
-                + "} (a mask is moved with the images, never "
-                "normalized), or 'image' for each image"
+                f"fields {', '.join(map(repr, guessed))} are all uint8 with 4 dims: declare which "
+                f"are masks and which images, e.g. fields={{{guessed[-1]!r}: 'mask'}} (a mask is "
+                "moved with the images, never normalized), or 'image' for each image"
             )
         if len({f.nhw for f in pixels}) > 1:
             raise BatchError(
@@ -415,8 +375,7 @@ class Fields:
 
     def _image(self, name: Name, t: torch.Tensor, declared: bool) -> Field:
         shape = tuple(t.shape)
-        integer = not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
-        if declared and integer and t.dtype != torch.uint8 and t.ndim in (3, 4):
+        if declared and integral(t.dtype) and t.dtype != torch.uint8 and t.ndim in (3, 4):
             low, high = value_range(t)  # int64 from Hugging Face datasets: crosses as uint8
             if not (0 <= low and high <= 255):
                 raise BatchError(
@@ -457,9 +416,9 @@ class Fields:
             return f
         spec = self.fields.get(f.name)
         if isinstance(spec, tuple):
-            info, seen = iinfo(t.dtype), None
+            seen = None
             for d in spec:
-                if not fits(d, info.min, info.max):  # some value of t's dtype may not fit
+                if not fits(d, *limits(t.dtype)):  # some value of t's dtype may not fit
                     seen = seen or value_range(t)
                     if not fits(d, *seen):
                         raise BatchError(
@@ -509,16 +468,9 @@ class Fields:
 
     def _view(self, f: Field, raw: torch.Tensor) -> torch.Tensor:
         """The field's bytes as its values; images and masks as ``(N, H, W, C)``."""
-        if f.kind == AS_IS:
-            return raw.view(f.dtype).view(f.shape)
-        if f.kind == IMAGE:
-            x = raw.view(f.shape)
-        elif integral(f.dtype):
-            x = widen(raw, numpy_dtype(f.dtype)).view(f.shape)
-            if f.kind == INT:
-                return x if f.out == torch.int64 else x.to(f.out)
-        else:  # a float or bool mask
-            x = raw.view(f.dtype).view(f.shape)
+        x = (widen(raw, numpy_dtype(f.dtype)) if f.integer else raw.view(f.dtype)).view(f.shape)
+        if f.kind in (INT, AS_IS):
+            return x if f.out == torch.int64 else x.to(f.out)
         if f.layout == "NHWC":
             return x
         return x.permute(0, 2, 3, 1) if f.layout == "NCHW" else x[..., None]
