@@ -64,8 +64,7 @@ def block_order(n: int, *, seed: int, epoch: int, block: int, window: int) -> to
     blocks of ``block`` consecutive indices, the blocks shuffled, then the samples shuffled
     within each run of ``window`` blocks of that order. A pass reads each block whole, and at
     most ``window`` blocks are in use at a time (what the page cache must hold)."""
-    g = torch.Generator()
-    g.manual_seed(seed + epoch)
+    g = torch.Generator().manual_seed(seed + epoch)
     blocks = torch.arange(n).split(block)
     picked = torch.randperm(len(blocks), generator=g).tolist()
     runs = [
@@ -97,9 +96,7 @@ def epoch_order(
     if shuffle and sizes:
         indices = block_order(n, seed=seed, epoch=epoch, block=sizes[0], window=sizes[1])
     elif shuffle:
-        g = torch.Generator()
-        g.manual_seed(seed + epoch)
-        indices = torch.randperm(n, generator=g)
+        indices = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
     else:
         indices = torch.arange(n)
     if pad and n % world_size:
