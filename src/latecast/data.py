@@ -39,12 +39,8 @@ class _Split:
                 f"{self.name}/{self.split}: labels must be uint8/uint16 (N,), "
                 f"got {lb.dtype} with shape {tuple(lb.shape)}"
             )
-        if (
-            len(self.mean) != c
-            or len(self.std) != c
-            or not all(isinstance(v, numbers.Real) and math.isfinite(v) for v in values)
-            or min(self.std) <= 0
-        ):
+        finite = all(isinstance(v, numbers.Real) and math.isfinite(v) for v in values)
+        if len(self.mean) != c or len(self.std) != c or not finite or min(self.std) <= 0:
             raise FormatError(
                 f"{self.name}/{self.split}: mean/std need {c} finite channel values "
                 f"(std > 0), got {self.mean}/{self.std}"
