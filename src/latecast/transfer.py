@@ -221,13 +221,11 @@ class Uint8(Mover):
         """Gather the batch into the next slot and start its copy on the current stream;
         (slot, packed device buffer, batch size). Labels go first, so that uint16 labels
         sit at an even offset and can be viewed as int16 on the device."""
-        ds, n = self.dataset, len(idx)
+        ds, n, at = self.dataset, len(idx), idx.numpy()
         lab_end = n * ds.labels.itemsize
         i, host = self.ring.stage(lab_end + n * self.pixels)
-        np.take(ds.labels, idx.numpy(), out=host[:lab_end].numpy().view(ds.labels.dtype))
-        np.take(
-            ds.images, idx.numpy(), axis=0, out=host[lab_end:].numpy().reshape(n, *ds.image_shape)
-        )
+        np.take(ds.labels, at, out=host[:lab_end].numpy().view(ds.labels.dtype))
+        np.take(ds.images, at, axis=0, out=host[lab_end:].numpy().reshape(n, *ds.image_shape))
         self.stats.image_bytes += n * self.pixels
         self.stats.label_bytes += lab_end
         self.stats.copies += 1
