@@ -53,11 +53,8 @@ class PrepareOnDevice:
     def prepare_on_device(self, **options: Any) -> None:
         """``options`` (``mean``, ``std``, ``augment``, ``dtype``, ``channels_last``,
         ``layout``, ``fields``, ``seed``) as for ``latecast.wrap``: the fields of ``Fields``."""
-        train = Fields.of(options)
-        self._latecast = {
-            True: train,
-            False: replace(train, augment=None, erase=None),
-        }  # by self.training
+        train = Fields.of(options)  # and, by self.training, for evaluation:
+        self._latecast = {True: train, False: replace(train, augment=None, erase=None)}
         self._latecast_stats = TransferStats()
 
     @property
