@@ -22,11 +22,11 @@ DATASET_HELP = (
     "WebDataset tar shards (http://.../shard-{000..009}.tar or path/shard-*.tar; the last is "
     "the test split)"
 )
-_TYPES = {
-    "int": (numbers.Integral, "an integer"),
-    "float": (numbers.Real, "a number"),
-    "str": (str, "a string"),
-    "bool": (bool, "true or false"),
+_TYPES = {  # kind -> (accepted type, its name, the type it is stored as)
+    "int": (numbers.Integral, "an integer", int),
+    "float": (numbers.Real, "a number", float),
+    "str": (str, "a string", None),
+    "bool": (bool, "true or false", None),
 }
 _BOUNDS = {
     "low": (">=", operator.ge),
@@ -62,7 +62,7 @@ def validate(config: Any) -> None:
     the default; numpy integers count as ints, ``True`` does not; numbers are finite) and
     its range; ``ConfigError`` names the field, what is allowed and the value."""
     for f in fields(config):
-        value, (want, what) = getattr(config, f.name), _TYPES[kind(f)]
+        value, (want, what, cast) = getattr(config, f.name), _TYPES[kind(f)]
         if value is None and f.default is None:
             continue
         bounds = [
@@ -72,7 +72,7 @@ def validate(config: Any) -> None:
         ]
         choices = f.metadata.get("choices")
         ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
-        if ok and want is not str and want is not bool:
+        if ok and cast:
             ok = math.isfinite(value) and all(test(value, b) for _, test, b in bounds)
         if choices is not None and value not in choices:
             raise ConfigError(f"{f.name} must be one of {', '.join(choices)}, got {value!r}")
@@ -81,10 +81,8 @@ def validate(config: Any) -> None:
         if not ok:
             rule = " and".join(f" {sym} {b}" for sym, _, b in bounds)
             raise ConfigError(f"{f.name} must be {what}{rule}, got {value!r}")
-        if want is numbers.Integral or want is numbers.Real:  # numpy scalars -> int, float
-            object.__setattr__(
-                config, f.name, int(value) if want is numbers.Integral else float(value)
-            )
+        if cast:  # numpy scalars -> int, float
+            object.__setattr__(config, f.name, cast(value))
 
 
 def numbers_of(value: Any) -> tuple[float, ...] | None:
