@@ -164,12 +164,8 @@ class Loader(Epochs):
     ``DataLoader`` over a ``DistributedSampler``; the epoch also advances by itself after
     each complete pass, so calling ``set_epoch`` is optional.
 
-    The three stages, one way: this rank's order of the dataset (the source) goes to a
-    mover (``transfer.MOVERS``) that yields uint8 batches on the device (or JPEG files for
-    an encoded store), which ``Prepare`` decodes, augments and normalizes there. Rank,
-    world size and device are resolved at the first pass (``distributed.placement``), not
-    at construction, so a Loader built before a launcher's processes exist still gets its
-    own share and device.
+    Rank, world size and device are resolved at the first pass (``distributed.placement``),
+    so a Loader built before a launcher's processes exist still gets its own share and device.
 
     Args:
         dataset: a ``Dataset`` (uint8 images, narrow labels) or an ``EncodedDataset`` (JPEG
