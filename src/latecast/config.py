@@ -148,15 +148,9 @@ def _parse(spec: str, defaults: dict, what: str, valid: str) -> dict | None:
 
 
 def parse_augment(spec: str) -> Augment | None:
-    """An ``Augment`` from the CLI string, ``None`` for ``""`` or ``"none"``.
-
-    Comma-separated names, each optionally ``=value``: ``crop`` (padding, default 4),
-    ``flip`` (probability, default 0.5), ``cutout`` (square side, default 8),
-    ``fill=zero|reflect`` (crop padding, default zero), ``resized_crop`` (smallest area,
-    default 0.35), ``jitter`` (strength, default 0.4) and ``altflip``.
-
-    Args:
-        spec: e.g. ``"crop,flip,cutout"`` or ``"resized_crop=0.25,flip,jitter"``.
+    """An ``Augment`` from the CLI string, ``None`` for ``""`` or ``"none"``: comma-separated
+    names of ``_AUGMENT_HELP``, each optionally ``=value`` (else its ``_AUGMENT_DEFAULTS``
+    value), e.g. ``"crop,flip,cutout"`` or ``"resized_crop=0.25,flip,jitter"``.
 
     Example:
         >>> parse_augment("crop=2,flip") == Augment(crop=2, flip=0.5)
