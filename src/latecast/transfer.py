@@ -246,14 +246,10 @@ class Uint8(Mover):
 
 
 class Prefetch(Uint8):
-    """``uint8`` with the next batch copied on a side CUDA stream while this one is used.
-
-    Three slots: one being read by the copy in flight, one just handed to the consumer,
-    one being filled. On a CPU device the copies are no-ops, with nothing to wait for.
-    """
+    """``uint8`` with the next batch copied on a side CUDA stream while this one is used."""
 
     name = "prefetch"
-    slots, side = 3, True
+    slots, side = 3, True  # one read by the copy in flight, one handed out, one being filled
 
     def batches(self, index_batches):
         for (i, dev, n), _ in ahead(self._copy(idx) for idx in index_batches):
