@@ -289,18 +289,16 @@ Batch = tuple["torch.Tensor", "torch.Tensor"]  # (images, labels)
 
 @dataclass
 class Encoded:
-    """A batch of JPEG files as the ``jpeg`` mover hands it on: the files back to back in
-    host memory, image ``i`` is ``data[offsets[i]:offsets[i + 1]]``, with each one's stored
-    ``(H, W)``, its dataset index (for error messages), the channels to decode to and the
-    device the pixels are wanted on. ``data`` is a slot of the mover's ring: decode it
+    """A batch of JPEG files as the ``jpeg`` mover hands it on, back to back: image ``i`` is
+    ``data[offsets[i]:offsets[i + 1]]``. ``data`` is a slot of the mover's ring: decode it
     before asking for the batch after next (``Prepare`` decodes it at once)."""
 
     data: torch.Tensor  # (bytes,) uint8 on the CPU, pinned for a CUDA device
     offsets: list[int]  # (n + 1,)
     sizes: torch.Tensor  # (n, 2) int64 (H, W) as stored, on the CPU
-    indices: torch.Tensor  # (n,) int64 dataset indices, on the CPU
-    channels: int  # 1 (gray) or 3 (RGB)
-    device: torch.device
+    indices: torch.Tensor  # (n,) int64 dataset indices, on the CPU (for error messages)
+    channels: int  # to decode to: 1 (gray) or 3 (RGB)
+    device: torch.device  # where the pixels are wanted
     source: str = ""  # the dataset, "name/split", for messages
     decoded: dict = field(default_factory=dict)  # wrap: position -> CHW of a non-JPEG file
 
