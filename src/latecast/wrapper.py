@@ -54,16 +54,14 @@ OUTS = NARROW + FLOATS + (torch.float64,)  # what a declared integer field may c
 
 @dataclass(frozen=True)
 class Field:
-    """How one field crosses: its kind, the dtype and shape it crosses in, the layout of an
-    image (``NHWC``, ``NCHW`` or ``NHW``), the dtype an integer field comes out in and the
-    dtype it arrived in."""
+    """How one field of a batch crosses, and what it becomes."""
 
     name: Name
-    kind: str
-    dtype: torch.dtype
+    kind: str  # IMAGE, MASK, INT or AS_IS
+    dtype: torch.dtype  # and shape: as it crosses
     shape: tuple[int, ...]
-    layout: str = ""
-    out: torch.dtype = torch.int64
+    layout: str = ""  # an image's or mask's: NHWC, NCHW or NHW
+    out: torch.dtype = torch.int64  # what an integer field comes out in
     arrived: torch.dtype | None = None  # None: as it crosses
 
     @property
@@ -491,17 +489,16 @@ def tally(s: TransferStats, plans: list[Field | None], copies: int) -> None:
 
 @dataclass
 class Sent:
-    """One batch on its way: its device bytes (copy in flight), the slot they came from,
-    each field's plan and offset, what passes through, and the source's state after it."""
+    """One batch on its way: its copy in flight, and what it is rebuilt from."""
 
-    dev: torch.Tensor
+    dev: torch.Tensor  # the copy in flight
     host: torch.Tensor  # the slot's bytes: JPEG fields are decoded from here
     slot: int
     plans: list[Field | None]
-    offsets: list[int]
-    leaves: list[tuple[Name, Any]]
+    offsets: list[int]  # each field's, in the slot
+    leaves: list[tuple[Name, Any]]  # what is not an array passes through from here
     rebuild: Callable[[list], Any]
-    state: Any
+    state: Any  # the source's, after this batch
 
 
 class Wrapped(Epochs):
