@@ -7,9 +7,14 @@ revisions one after the other (each its package from ``git archive``, in a fresh
 
     python benchmarks/revisions.py cfae759 HEAD --rounds 3
 
-Each run: MNIST (the bundled copy), ``Loader(train, BATCH, device="cpu", transfer=T)``,
-best images/s of ``--epochs`` whole epochs per transfer (the first is a warm-up).
-Uses only latecast's public API, which both revisions must have.
+Each run: MNIST (the bundled copy, or ``--dataset``: a name or a store folder),
+``Loader(train, BATCH, device="cpu", transfer=T, augment=A)``, best images/s of ``--epochs``
+whole epochs per transfer (the first is a warm-up) and the process CPU seconds of that
+epoch, at torch's default threads or ``--threads``. Uses only latecast's public API (and
+``config.parse_augment``), which both revisions must have. The CIFAR-10 row of issue 21:
+
+    python benchmarks/revisions.py 80a3fa1 HEAD --dataset STORE --augment crop=4,flip=0.5 \
+        --threads 1 --batch-size 512 --transfers resident
 """
 
 from __future__ import annotations
@@ -26,18 +31,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TIMING = """
 import json, sys, time
+import torch
 import latecast
-train = latecast.load_dataset("mnist", "train")
+from latecast.config import parse_augment
+transfers, batch, epochs, dataset, augment, threads = sys.argv[1:]
+if int(threads):
+    torch.set_num_threads(int(threads))
+train = latecast.load_dataset(dataset, "train")
+aug = parse_augment(augment) if augment else None
 out = {}
-for transfer in sys.argv[1].split(","):
-    loader = latecast.Loader(train, int(sys.argv[2]), device="cpu", transfer=transfer, seed=0)
-    best = 0.0
-    for epoch in range(int(sys.argv[3]) + 1):
+for transfer in transfers.split(","):
+    loader = latecast.Loader(
+        train, int(batch), device="cpu", transfer=transfer, seed=0, augment=aug
+    )
+    best = (0.0, 0.0)
+    for epoch in range(int(epochs) + 1):
         loader.set_epoch(epoch)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         n = sum(len(labels) for _, labels in loader)
         if epoch:
-            best = max(best, n / (time.perf_counter() - t0))
+            best = max(best, (n / (time.perf_counter() - t0), time.process_time() - c0))
     out[transfer] = best
 print(json.dumps(out))
 """
@@ -52,9 +65,11 @@ def package(rev: str, into: Path) -> Path:
     return into / rev / "src"
 
 
-def run(src: Path, args: argparse.Namespace, cache: Path) -> dict[str, float]:
+def run(src: Path, args: argparse.Namespace, cache: Path) -> dict[str, list[float]]:
+    """``{transfer: [images/s, CPU seconds of that epoch]}``."""
     env = {**os.environ, "PYTHONPATH": str(src), "LATECAST_CACHE": str(cache)}
     cmd = [sys.executable, "-c", TIMING, args.transfers, str(args.batch_size), str(args.epochs)]
+    cmd += [args.dataset, args.augment, str(args.threads)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -66,22 +81,31 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=3, help="timed epochs per transfer")
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--transfers", default="float32,uint8,prefetch,resident")
+    p.add_argument("--dataset", default="mnist", help="a dataset name or a store folder")
+    p.add_argument("--augment", default="", help='e.g. "crop=4,flip=0.5" (default: off)')
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: its default)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         srcs = {rev: package(rev, tmp) for rev in args.revisions}
         rows: dict[str, dict[str, list[float]]] = {}
+        cpu: dict[str, dict[str, list[float]]] = {}
         for _ in range(args.rounds):
             for rev, src in srcs.items():  # each revision its own cache: formats may differ
-                for transfer, rate in run(src, args, tmp / f"cache-{rev}").items():
+                for transfer, (rate, secs) in run(src, args, tmp / f"cache-{rev}").items():
                     rows.setdefault(transfer, {}).setdefault(rev, []).append(rate)
+                    cpu.setdefault(transfer, {}).setdefault(rev, []).append(secs)
     a, b = args.revisions
-    print(f"| images/s | {a}, rounds 1-{args.rounds} | {b}, rounds 1-{args.rounds} |")
+    print(f"| images/s (CPU-s) | {a}, rounds 1-{args.rounds} | {b}, rounds 1-{args.rounds} |")
     print("|---|---|---|")
     for transfer, by_rev in rows.items():
-        cells = [" / ".join(f"{r:,.0f}" for r in by_rev[rev]) for rev in (a, b)]
+        cells = [
+            " / ".join(f"{r:,.0f} ({s:.2f})" for r, s in zip(by_rev[rev], cpu[transfer][rev]))
+            for rev in (a, b)
+        ]
         print(f"| {transfer} | {cells[0]} | {cells[1]} |")
-    print(json.dumps({"revisions": args.revisions, "images_per_s": rows}))
+    out = {"revisions": args.revisions, "images_per_s": rows, "cpu_s_per_epoch": cpu}
+    print(json.dumps({**out, "dataset": args.dataset, "augment": args.augment}))
 
 
 if __name__ == "__main__":

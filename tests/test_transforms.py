@@ -3,6 +3,9 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode
 
 import latecast
 from latecast import transforms
@@ -10,6 +13,7 @@ from latecast.config import parse_augment
 from latecast.errors import ConfigError
 from latecast.transforms import (
     Augment,
+    Moves,
     crop_params,
     cutout,
     cutout_params,
@@ -233,3 +237,58 @@ def test_applying_halves_take_explicit_parameters():
     assert torch.equal(flip(two, torch.tensor([True, False])), torch.cat([x.flip(2), x]))
     erased = erase(x | 1, torch.tensor([[1, 1]]), 2)[0, :, :, 0]
     assert (erased == 0).nonzero().tolist() == [[0, 0], [0, 1], [1, 0], [1, 1]]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    shape=st.tuples(st.integers(0, 9), st.integers(1, 9), st.integers(1, 9), st.integers(1, 4)),
+    padding=st.integers(0, 12),
+    fill=st.sampled_from(["zero", "reflect"]),
+    crop=st.booleans(),
+    flips=st.sampled_from(["off", "none", "all", "some"]),
+    size=st.integers(1, 12),
+    dtype=st.sampled_from([torch.uint8, torch.int64]),
+    seed=st.integers(0, 2**31),
+)
+def test_cpu_copies_equal_the_batched_gathers(shape, padding, fill, crop, flips, size, dtype, seed):
+    """On the CPU an ``Augment`` moves images by copies of whole rows and zeroes only the
+    cutout squares' pixels; the output equals ``translate``, ``flip`` and ``erase`` (one gather
+    or mask over the whole batch, what the GPU runs) value for value: both fills, padding
+    past the image, no flips, every image flipped, flips off, and any dtype (masks)."""
+    n, h, w, _ = shape
+    padding = min(padding, min(h, w) - 1) if fill == "reflect" else padding
+    g = gen(seed)
+    x = torch.randint(0, 256, shape, generator=g).to(dtype)
+    shifts = crop_params(x, padding, g) if crop else None
+    mask = {"off": None, "none": torch.zeros(n, dtype=torch.bool), "all": torch.ones(n) > 0}
+    mask = mask.get(flips, flip_params(x, 0.5, g))
+    want = x if shifts is None else translate(x, shifts, fill=fill)
+    want = want if mask is None else flip(want, mask)
+    aug = Augment(crop=padding, fill=fill, cutout=size)
+    assert torch.equal(Moves(aug, None, shifts, mask).shift_and_flip(x), want)
+    if dtype == torch.uint8:
+        got = aug.pixels(x, Moves(aug, None, None, None), gen(seed))
+        assert torch.equal(got, erase(x, cutout_params(x, gen(seed)), size))
+
+
+class Calls(TorchFunctionMode):
+    """Records each torch function called inside it, with its tensor arguments' shapes."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        shapes = [tuple(a.shape) for a in args if isinstance(a, torch.Tensor)]
+        self.seen.append((getattr(func, "__name__", ""), shapes))
+        return func(*args, **(kwargs or {}))
+
+
+def test_cpu_augment_reads_no_per_pixel_index_or_mask():
+    """The CPU form is what runs there: no gather, ``where`` or ``masked_fill`` of the batch."""
+    x = batch(n=16)
+    with Calls() as calls:
+        Augment(crop=4, flip=0.5, cutout=4)(x, gen(0))
+        Augment(crop=4, flip=0.5, fill="reflect")(x, gen(0))
+    batched = {"__getitem__", "where", "masked_fill", "masked_fill_"}
+    assert [f for f, shapes in calls.seen if f in batched and x.shape in shapes] == []

@@ -9,8 +9,11 @@ Augmentation (``random_crop``, ``random_flip``, ``cutout``, ``color_jitter``,
 ``alternating_flip_params``, ``Augment``) runs on the uint8 batch *before* ``normalize``: one
 index or mask kernel per op for the whole batch, no Python loop over images, and each image
 gets its own random parameters (torchvision v2 draws one set per batch; Kornia rejects
-uint8). ``resized_crop`` is the exception: crops of different sizes are resized one image at
-a time. ``Mix`` (MixUp, CutMix) runs *after* ``normalize``, on floats and labels.
+uint8). ``resized_crop`` is the exception: crops of different sizes are resized one image
+at a time. On a CPU device ``Augment`` applies the same parameters by copies of whole rows
+and writes only the cutout squares (``_windows``, ``_zero_squares``): the same pixels at a
+tenth of the CPU time (the batched kernels copy one value at a time there). ``Mix``
+(MixUp, CutMix) runs *after* ``normalize``, on floats and labels.
 
 A batch is checked once, where it comes in: by the functions that draw (``random_*``,
 ``cutout``, ``Augment``), the Loader and ``wrap``; the applying halves (``translate``, ``flip``,
@@ -190,6 +193,45 @@ def erase(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tenso
     in_y = (ys >= top_left[:, :1]) & (ys < top_left[:, :1] + size)  # (N, H)
     in_x = (xs >= top_left[:, 1:]) & (xs < top_left[:, 1:] + size)  # (N, W)
     return images.masked_fill(in_y[:, :, None, None] & in_x[:, None, :, None], 0)
+
+
+def _windows(x: torch.Tensor, shifts, flips, fill: str) -> torch.Tensor:
+    """``translate``, then ``flip`` (either None: off), equal to them, the CPU's way: pad once,
+    add the flipped images flipped (a flipped image moved by ``dx`` is its flip moved by
+    ``-dx``), then copy each output row as one run of that buffer: one ``index_select`` of
+    overlapping windows (the gathers copy a value at a time: CIFAR 25 -> 2 us an image)."""
+    n, h, w, c = x.shape
+    shifts = x.new_zeros(n, 2, dtype=torch.long) if shifts is None else shifts
+    flipped = torch.arange(0) if flips is None else flips.nonzero()[:, 0]
+    p, k = int(shifts.abs().max()) if n else 0, len(flipped)
+    hp, wp = h + 2 * p, w + 2 * p
+    pad = x.new_zeros(n + k, hp, wp, c)
+    rows = pad[:, p : p + h]  # (N + K, H, Wp, C): the images' own rows
+    rows[:n, :, p : p + w] = x
+    if fill == "zero":
+        rows[n:, :, p : p + w] = x.index_select(0, flipped).flip(2)
+    else:  # np.pad's mirror: an image's mirrored columns are slices of its flip
+        other = torch.cat([x.flip(2), x.index_select(0, flipped)])  # (N + K, H, W, C)
+        rows[n:, :, p : p + w] = other.index_select(0, flipped)
+        rows[:, :, :p], rows[:, :, p + w :] = other[:, :, w - 1 - p : w - 1], other[:, :, 1 : p + 1]
+        pad = pad.index_select(1, _reflect(torch.arange(-p, h + p), h) + p)  # then the rows
+    image, dx = torch.arange(n), shifts[:, 1].clone()
+    image[flipped], dx[flipped] = torch.arange(n, n + k), -dx[flipped]
+    start = ((image * hp + shifts[:, 0] + p) * wp + dx + p) * c  # (N,) each window's first value
+    last = max(pad.numel() - (h - 1) * wp * c - w * c + 1, 0)  # windows that fit
+    windows = pad.view(-1).as_strided((last, h, w * c), (1, wp * c, 1))  # (L, H, W*C) view
+    return windows.index_select(0, start).view(n, h, w, c)
+
+
+def _zero_squares(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tensor:
+    """``erase``, equal to it, the CPU's way: only the squares' pixels are written, by index
+    (``masked_fill`` reads a mask of every pixel: CIFAR cutout 8: 8 -> 0.8 us an image)."""
+    n, h, w, c = images.shape
+    lo = (centers - size // 2).clamp(min=0)[:, :, None]  # (N, 2, 1) first row and column
+    hi = (centers - size // 2 + size).minimum(torch.tensor([h, w]))[:, :, None] - 1  # last
+    ys, xs = (lo + torch.arange(min(size, max(h, w)))).minimum(hi).unbind(1)  # each (N, S)
+    at = (torch.arange(n)[:, None, None] * h + ys[:, :, None]) * w + xs[:, None, :]  # pixels
+    return images.clone().view(-1, c).index_fill_(0, at.view(-1), 0).view(images.shape)
 
 
 def erasing_params(images: torch.Tensor, p: float, scale, ratio, generator=None) -> torch.Tensor:
@@ -421,9 +463,13 @@ class Moves:
     flips: torch.Tensor | None  # (N,) bool, True: flipped left-right
 
     def shift_and_flip(self, x: torch.Tensor) -> torch.Tensor:
-        """The crop, then the flips, on ``(N, H, W, C)`` of any dtype (gathers: exact)."""
+        """The crop, then the flips, on ``(N, H, W, C)`` of any dtype: gathers, or on the CPU
+        copies of rows (``_windows``); exact either way."""
         if self.shifts is not None:
             _check_reflect(x, self.augment.crop, self.augment.fill)
+        if x.device.type == "cpu" and (self.shifts is not None or self.flips is not None):
+            return _windows(x, self.shifts, self.flips, self.augment.fill)
+        if self.shifts is not None:
             x = translate(x, self.shifts, fill=self.augment.fill)
         return x if self.flips is None else flip(x, self.flips)
 
@@ -524,7 +570,8 @@ class Augment:
             j = self.jitter
             images = color_jitter(images, color_jitter_params(images, j, j, j, generator))
         if self.cutout:
-            images = erase(images, cutout_params(images, generator), self.cutout)
+            zero = _zero_squares if images.device.type == "cpu" else erase
+            images = zero(images, cutout_params(images, generator), self.cutout)
         return images
 
     def __str__(self) -> str:
