@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +17,7 @@ from test_decode import SIZES, encoded, jpeg_bytes, photo
 import latecast
 from latecast import threads
 
+SRC = Path(__file__).resolve().parents[1] / "src"
 USER = 3  # a count the user chose, neither torch's default on 2 cores nor latecast's 1
 
 
@@ -79,3 +84,13 @@ def test_wrap_prepares_at_one_thread_and_gives_the_users_count_back(user_threads
         assert torch.get_num_threads() == USER and images.shape == (4, 3, 8, 8)
     assert seen == [1, 1]
     assert torch.get_num_threads() == USER and started_thread_count() == USER
+
+
+@pytest.mark.parametrize("policy", [None, "ACTIVE"])
+def test_the_command_line_sets_a_passive_openmp_wait_unless_the_user_chose(policy):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env.update({"PYTHONPATH": str(SRC)}, **({"OMP_WAIT_POLICY": policy} if policy else {}))
+    code = "import os; from latecast.tools.cli import main; main(['info', 'mnist'])\n"
+    code += "print(os.environ['OMP_WAIT_POLICY'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split()[-1] == (policy or "PASSIVE"), out.stderr[-2000:]
