@@ -1,18 +1,14 @@
-"""The threads latecast's own CPU work runs on: each batch's work (the mover's gather, decode,
-augment, normalize; the ``float32`` baseline's host prepare) at one intra-op thread, in
-``one_thread()``, and the JPEG decoding split over latecast's own Python threads (``pool``),
-each at one intra-op thread too. The caller's ``torch.get_num_threads()`` is back after
-each batch, and it is what sets the number of decoding threads.
+"""The threads latecast's own CPU work runs on. Each batch's work (gather, decode, augment,
+normalize; the ``float32`` baseline's host prepare) runs in ``one_thread()``: one intra-op
+thread, the caller's ``torch.get_num_threads()`` back after it. JPEG files are decoded by
+that many Python threads of latecast's (``pool``), each at one intra-op thread.
 
-Why: torch's OpenMP threads spin-wait for each other at every op, so at 2 threads on a
-2-core machine where another process keeps one core busy every CPU path ran 3-10x slower
-than at one thread, at 4-8x the CPU (issue 21: CIFAR from a raw store 34k -> 4.5k images/s);
-``OMP_WAIT_POLICY=PASSIVE`` avoids it but is read once, when torch loads, before latecast
-can act. Python threads that wait on a lock sleep instead (``benchmarks/threads.py``).
-
-``torch.set_num_threads`` also sets the count that threads started later begin with; it is
-restored with the caller's, so only a thread whose first torch op runs while another thread
-is inside ``one_thread`` starts at one.
+Why: torch's OpenMP threads spin-wait for each other at every op, so at 2 threads on 2 cores
+beside a busy process every CPU path ran 3-10x slower than at one, at 4-8x the CPU (issue
+21; ``benchmarks/threads.py``). ``OMP_WAIT_POLICY=PASSIVE`` avoids it but is read once, as
+torch loads; Python threads that wait sleep. ``torch.set_num_threads`` also sets the count a
+thread starts with, restored with the caller's: a thread whose first torch op runs while
+another is inside ``one_thread`` starts at one.
 """
 
 from __future__ import annotations
