@@ -121,3 +121,22 @@ def test_revisions_times_both_revisions_every_round(tmp_path):
         assert list(by_rev) == [rev, "HEAD"] and all(len(r) == 2 for r in by_rev.values())
         assert all(r > 0 for runs in by_rev.values() for r in runs)
     assert "| resident |" in proc.stdout
+
+
+def test_threads_prints_one_row_per_workload_threads_and_load(tmp_path):
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    if head.returncode:
+        pytest.skip(f"no git history here: {head.stderr.strip()}")
+    args = (head.stdout.strip(), "HEAD", "--batches", 2, "--epochs", 1)
+    lines = script("threads.py", *args, cwd=tmp_path).stdout.splitlines()
+    rows = json.loads(lines[-1])["rows"]
+    assert [(r["threads"], r["busy"]) for r in rows] == [
+        (1, False),
+        (2, False),
+        (1, True),
+        (2, True),
+    ]
+    assert all(len(runs) == 1 and runs[0][0] > 0 for r in rows for runs in r["runs"].values())
+    assert sum(line.startswith("| mnist resident") for line in lines) == 4

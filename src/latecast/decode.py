@@ -40,7 +40,6 @@ import sys
 import tempfile
 import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from typing import Callable, Iterator
 
@@ -50,9 +49,9 @@ import torch
 from .data import Encoded
 from .errors import ConfigError, FormatError
 from .jpegheader import jpeg_header
+from .threads import count, one_thread, pool
 from .transforms import centre_boxes, resized_crop
 
-_pools: dict[int, ThreadPoolExecutor] = {}
 _fd2_lock = threading.Lock()  # fd 2 is the process's: one redirection at a time
 
 DECODERS = ("torchcodec", "torchvision")
@@ -126,7 +125,7 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
         boxes: ``(n, 4)`` int64 ``(top, left, height, width)`` in the stored images, on the
             CPU (e.g. ``transforms.resized_crop_params``); None: ``centre_boxes``.
     """
-    with _fd2() as said:
+    with _fd2() as said, one_thread():
         images = _decode(batch, size, boxes)
     return _named(said[0], batch, images)
 
@@ -158,14 +157,13 @@ def _decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None):
 
     if batch.device.type != "cpu":  # one nvJPEG call
         return resized_crop(upright(range(len(files)), batch.device), boxes, size)
-    threads = torch.get_num_threads()
-    pool = _pools.get(threads) or _pools.setdefault(threads, ThreadPoolExecutor(threads))
+    threads = count()
 
     def part(rows: np.ndarray) -> torch.Tensor:  # one thread: decode and crop its share
         return resized_crop([upright([i], batch.device)[0] for i in rows], boxes[rows], size)
 
     rows = [r for r in np.array_split(np.arange(len(files)), threads) if len(r)]
-    return torch.cat(list(pool.map(part, rows)))
+    return torch.cat(list(pool(threads).map(part, rows)))
 
 
 def _check_sizes(images: list[torch.Tensor], batch: Encoded, rows) -> None:

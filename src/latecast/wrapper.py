@@ -42,6 +42,7 @@ from .distributed import placement
 from .errors import BatchError, ConfigError
 from .loader import Epochs
 from .prepare import Augmentation, Prepare
+from .threads import one_thread
 from .transfer import Ring, TransferStats, ahead, widen
 from .transforms import FLOATS, Augment, Erasing
 
@@ -432,6 +433,7 @@ class Fields:
             raise BatchError(f"field {f.name!r}: values {low}..{high} do not fit torch.int64")
         return replace(f, dtype=dtype)
 
+    @one_thread()  # latecast's own CPU work: threads.py
     def finish(
         self,
         plans: list[Field | None],

@@ -13,6 +13,7 @@ import argparse
 import importlib
 import json
 import math
+import os
 import re
 import sys
 import warnings
@@ -350,6 +351,8 @@ def _strict(value):
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit code. Ctrl-C at any point, even while torch is still
     importing (``build_parser`` imports it), is one line and exit code 130 (row 79)."""
+    if "torch" not in sys.modules:  # OpenMP reads it once, as torch loads (latecast/threads.py)
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # the model's ops: see README
     try:
         try:
             return _main(argv)
