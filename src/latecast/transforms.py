@@ -336,7 +336,7 @@ def resized_crop(
     (H, W), bilinear with antialias: torchvision's ``resized_crop`` within 1 grey level (on
     the CPU the same uint8 kernel). ``images``: uint8 ``(N, H, W, C)`` or a sequence of
     ``(H_i, W_i, C)`` of any sizes; ``boxes``: ``(N, 4)`` int64 on the CPU. Crops differ in
-    size, so each is resized on its own (about four kernels an image); boxes that already
+    size, so each is resized on its own, into its slot (``crop_into``); boxes that already
     are ``size`` are only copied."""
     n, size = len(images), tuple(size)
     if n == 0 or images[0].dtype != torch.uint8 or images[0].ndim != 3:
@@ -348,8 +348,8 @@ def resized_crop(
 
 
 def crop_into(image: torch.Tensor, box, dst: torch.Tensor) -> None:
-    """``resized_crop`` of one uint8 ``(H, W, C)`` image by ``box = (top, left, height,
-    width)`` into ``dst`` (``(H', W', C)``, e.g. a slot of a batch), no other copy."""
+    """``resized_crop`` of one ``(H, W, C)`` image into ``dst`` (``(H', W', C)``, e.g. a
+    slot of a batch), no other copy."""
     top, left, h, w = box
     crop = image[top : top + h, left : left + w]
     if crop.shape == dst.shape:
