@@ -9,10 +9,10 @@ loaded with crop(pad 4) + flip + normalize at 32x32; ``--photos``: a JPEG folder
 normalize. Each revision runs in a fresh process (its ``src/`` from ``git archive``,
 ``torch.set_num_threads(1)``); every number is CPU time of the whole process
 (``time.process_time``, all threads) per image, the best of ``--repeats`` passes after a
-warm-up: ``floor`` the decoder called once per file in a tight loop (TorchCodec's
-``decode_jpeg``, or torchvision's with ``LATECAST_DECODER=torchvision``), ``decode``
-latecast's decode step on the mover's batches, ``loader`` a ``Loader`` pass (images/s
-beside it, wall clock).
+warm-up: ``floor`` the decoder's op (TorchCodec's, under its ``decode_jpeg``) called once
+per file in a tight loop, ``decode`` latecast's decode step on the mover's batches
+(RandomResizedCrop boxes for photos), ``loader`` a ``Loader`` pass (images/s beside it,
+wall clock).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import itertools, json, sys, time
 from pathlib import Path
 import numpy as np, torch
 torch.set_num_threads(1)
-from torchcodec.decoders import decode_jpeg
+from torchcodec.decoders._image_decoders import ImageReadMode, _decode_jpeg
 from latecast.config import parse_augment
 from latecast.data import Encoded
 from latecast.decode import decode
@@ -66,11 +66,12 @@ def batch(k):  # what the jpeg mover yields, in memory of its own
 encoded, g = [batch(k) for k in range(batches)], torch.Generator().manual_seed(0)
 boxes = [None if kind == "cifar" else resized_crop_params(b.sizes, (0.08, 1), generator=g)
          for b in encoded]
-files, mode = [f for b in encoded for f in b.files()], {1: "GRAY", 3: "RGB"}[ds.channels]
+files = [f for b in encoded for f in b.files()]
+mode = ImageReadMode[{1: "GRAY", 3: "RGB"}[ds.channels]]
 n = bs * batches
 loader = Loader(ds, bs, device="cpu", transfer="jpeg", augment=parse_augment(augment), seed=0)
 print(json.dumps({
-    "floor": best(lambda: [decode_jpeg(f, mode=mode) for f in files], n),
+    "floor": best(lambda: [_decode_jpeg(f, mode.value) for f in files], n),
     "decode": best(lambda: [decode(b, size, x) for b, x in zip(encoded, boxes)], n),
     "loader": best(lambda: sum(len(y) for _, y in itertools.islice(iter(loader), batches)), n),
 }))

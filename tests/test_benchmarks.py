@@ -121,3 +121,15 @@ def test_revisions_times_both_revisions_every_round(tmp_path):
         assert list(by_rev) == [rev, "HEAD"] and all(len(r) == 2 for r in by_rev.values())
         assert all(r > 0 for runs in by_rev.values() for r in runs)
     assert "| resident |" in proc.stdout
+
+
+def test_jpeg_cpu_times_the_floor_the_decode_step_and_the_loader(tmp_path, photos):
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse"], capture_output=True).returncode:
+        pytest.skip("no git history here")
+    proc = script(
+        "jpeg_cpu.py", "HEAD", "HEAD", "--photos", photos / "train", "--rounds", 1,
+        "--batches", 1, "--repeats", 1, cwd=tmp_path,
+    )  # fmt: skip
+    rows = json.loads(proc.stdout.splitlines()[-1])["rows"]
+    assert list(rows) == [f"photos {step} | HEAD" for step in ("floor", "decode", "loader")]
+    assert all(r["cpu_us"] > 0 and r["images_per_s"] > 0 for runs in rows.values() for r in runs)
