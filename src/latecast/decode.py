@@ -219,9 +219,8 @@ def _undecodable(batch: Encoded, i: int, err: Exception) -> FormatError:
 
 
 def _check_size(image: torch.Tensor, size: list[int], batch: Encoded, i: int) -> None:
-    """A decoded ``(C, H, W)`` must have the ``(H, W)`` that sizes.npy gives its file: the
-    crop boxes are drawn from those sizes (too large: out of the image; too small: the
-    wrong crop)."""
+    """A decoded ``(C, H, W)`` must have the ``(H, W)`` sizes.npy gives its file: the crop
+    boxes are drawn from those (too large: out of the image; too small: the wrong crop)."""
     if list(image.shape[1:]) != size:
         raise FormatError(
             f"{batch.source}: sample {int(batch.indices[i])}: the file is "
