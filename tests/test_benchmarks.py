@@ -140,3 +140,15 @@ def test_threads_prints_one_row_per_workload_threads_and_load(tmp_path):
     ]
     assert all(len(runs) == 1 and runs[0][0] > 0 for r in rows for runs in r["runs"].values())
     assert sum(line.startswith("| mnist resident") for line in lines) == 4
+
+
+def test_jpeg_cpu_times_the_floor_the_decode_step_and_the_loader(tmp_path, photos):
+    if subprocess.run(["git", "-C", str(ROOT), "rev-parse"], capture_output=True).returncode:
+        pytest.skip("no git history here")
+    proc = script(
+        "jpeg_cpu.py", "HEAD", "HEAD", "--photos", photos / "train", "--rounds", 1,
+        "--batches", 1, "--repeats", 1, cwd=tmp_path,
+    )  # fmt: skip
+    rows = json.loads(proc.stdout.splitlines()[-1])["rows"]
+    assert list(rows) == [f"photos {step} | HEAD" for step in ("floor", "decode", "loader")]
+    assert all(r["cpu_us"] > 0 and r["images_per_s"] > 0 for runs in rows.values() for r in runs)

@@ -123,6 +123,27 @@ def test_threads_do_not_change_the_result(colour):
     assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
 
 
+def test_files_at_the_training_size_are_stacked_as_decoded_and_a_bad_one_is_named():
+    """Every file already 32x32 (CIFAR-10): each of 3 threads stacks its share into the
+    batch; a file that does not decode, or is not the size sizes.npy says, is named."""
+    files = [jpeg_bytes(photo(32, 32, 3, i)) for i in range(7)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        ds = encoded(files, [(32, 32)] * 7)
+        got = torch.cat([as_uint8(x) for x, _ in Loader(ds, 7, device="cpu", shuffle=False)])
+        assert all(int((got[i].int() - pillow(ds, i).int()).abs().max()) <= 1 for i in range(7))
+        for k, bad, why in [
+            (5, files[5][:300], "not a decodable JPEG"),
+            (6, jpeg_bytes(photo(40, 32, 3, 0)), "the file is 40x32, sizes.npy says 32x32"),
+        ]:
+            ds = encoded(files[:k] + [bad] + files[k + 1 :], [(32, 32)] * 7)
+            with pytest.raises(FormatError, match=f"sample {k}: {why}"):
+                list(Loader(ds, 7, device="cpu", shuffle=False))
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_bytes_counted_are_the_compressed_files_beside_uint8(colour):
     _, ds = colour
     loader = Loader(ds, 3, device="cpu")  # auto: jpeg for an encoded store

@@ -378,23 +378,32 @@ def resized_crop(
     (H, W), bilinear with antialias: torchvision's ``resized_crop`` within 1 grey level (on
     the CPU the same uint8 kernel). ``images``: uint8 ``(N, H, W, C)`` or a sequence of
     ``(H_i, W_i, C)`` of any sizes; ``boxes``: ``(N, 4)`` int64 on the CPU. Crops differ in
-    size, so each is resized on its own (about four kernels an image); boxes that already
+    size, so each is resized on its own, into its slot (``crop_into``); boxes that already
     are ``size`` are only copied."""
     n, size = len(images), tuple(size)
     if n == 0 or images[0].dtype != torch.uint8 or images[0].ndim != 3:
         raise ConfigError("resized_crop expects uint8 (H, W, C) images")
     out = torch.empty((n, *size, images[0].shape[2]), dtype=torch.uint8, device=images[0].device)
-    for i, (top, left, h, w) in enumerate(boxes.tolist()):
-        crop = images[i][top : top + h, left : left + w]
-        if (h, w) != size:
-            x = crop.permute(2, 0, 1)[None]  # (1, C, h, w) view
-            if x.device.type == "cpu":  # torchvision's uint8 kernel
-                x = F.interpolate(x, size, **_BILINEAR)
-            else:  # no uint8 kernel there: float, then round
-                x = F.interpolate(x.float(), size, **_BILINEAR).round_().to(torch.uint8)
-            crop = x[0].permute(1, 2, 0)
-        out[i] = crop
+    for i, box in enumerate(boxes.tolist()):
+        crop_into(images[i], box, out[i])
     return out
+
+
+def crop_into(image: torch.Tensor, box, dst: torch.Tensor) -> None:
+    """``resized_crop`` of one ``(H, W, C)`` image into ``dst`` (``(H', W', C)``, e.g. a
+    slot of a batch), no other copy."""
+    top, left, h, w = box
+    crop = image[top : top + h, left : left + w]
+    if crop.shape == dst.shape:
+        dst.copy_(crop)
+    elif dst.device.type == "cpu":  # torchvision's uint8 kernel, into the slot: its
+        # channels-last strides spare a planar result's HWC copy (photos: 420 -> 150 us)
+        x, y = crop.permute(2, 0, 1)[None], dst.permute(2, 0, 1)[None]  # (1, C, h, w) views
+        torch.ops.aten._upsample_bilinear2d_aa.out(x, list(dst.shape[:2]), False, out=y)
+    else:  # no uint8 kernel there: float, then round
+        x = crop.permute(2, 0, 1)[None].float()
+        y = F.interpolate(x, dst.shape[:2], **_BILINEAR).round_()
+        dst.copy_(y[0].permute(1, 2, 0))
 
 
 def nearest_crop(x: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
