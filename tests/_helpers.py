@@ -38,3 +38,24 @@ def damage_mid_store(data_bin: Path, offsets, k: int) -> None:
         damaged = damage_scan(f.read(end - start))
         f.seek(start)
         f.write(damaged)
+
+
+def shares(runs: list[dict], epoch: int, key: str = "seen") -> list[list[int]]:
+    """Each launched rank's sample ids in ``epoch``, read off its ``[epoch, ids]`` records."""
+    return [sum((ids for e, ids in r[key] if e == epoch), []) for r in runs]
+
+
+def assert_two_halves(runs: list[dict], n: int, epochs: int = 2, key: str = "seen") -> None:
+    """The reference check of a 2-rank run: in every epoch each rank saw its own half of the
+    ``n`` samples, and together every sample once."""
+    for epoch in range(epochs):
+        a, b = shares(runs, epoch, key)
+        assert len(a) == len(b) == n // 2 and sorted(a + b) == list(range(n)), (key, epoch)
+
+
+def lightning_trainer(**kwargs):
+    """A Lightning ``Trainer`` on the CPU that writes and prints nothing of its own."""
+    import lightning as L
+
+    quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    return L.Trainer(accelerator="cpu", **{**quiet, **kwargs})
