@@ -22,7 +22,7 @@ def tiny_carry(folder: Path) -> Path:
 
     rng = np.random.default_rng(0)
     jpg = folder / "jpg"
-    for split, n in (("train", 11), ("test", 4)):  # 33: one step of 32
+    for split, n in (("train", 20), ("test", 4)):
         for name in ("airplane", "cat", "dog"):
             (jpg / split / name).mkdir(parents=True)
             for i in range(n):
@@ -56,16 +56,16 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "VARIANTS": "eager:",  # --compile on the CPU: tests/test_train_step.py
         "COMPILE_ARGS": TINY,
         "STEPS": "1",
-        "PROFILE_ARGS": "--warmup 0 -b 8",
+        "PROFILE_ARGS": "--warmup 0 -b 16",
         "REPEATS": "1",
         "LIMIT_BATCHES": "1",
         "E2E_EPOCHS": "1",
         "BENCH_ARGS": "-b 32 --e2e-batch-size 32",
         "CIFAR_BATCHES": "1",
-        "FOLDER_IMAGES": "32",  # one batch of 32
+        "FOLDER_IMAGES": "64",
         "PHOTOS": "8",
         "PHOTO_ARGS": "-b 4 --limit-batches 1",
-        "WDS_PHOTOS": "8",
+        "WDS_PHOTOS": "16",
         "TORCHRUN_ARGS": TINY,
     }
     proc = subprocess.run(
@@ -104,7 +104,7 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
     assert json.loads((out / "compile" / "eager.json").read_text())["compile"] is False
     assert json.loads((out / "profile" / "report.json").read_text())["rows"]
     photos = json.loads((out / "photo-rows" / "bench.json").read_text())["webdataset_photos"]
-    assert photos["images"] == 8 and "photos-wrap" in photos
+    assert photos["images"] == 16 and "photos-wrap" in photos
     assert list((out / "profile").glob("trace-*.json.gz"))
     assert json.loads((out / "bench" / "bench.json").read_text())["prepare_kernel_us"] == {}
     cifar = json.loads((out / "cifar10-bench" / "bench.json").read_text())
