@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import damage_scan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -116,14 +117,6 @@ def test_convert_then_info_on_a_jpeg_store(tmp_path, run_cli):
     assert proc.json["train"]["encoding"] == "jpeg" and " jpeg (" in proc.out
     assert proc.json["decoder"].split()[0] in ("torchcodec", "torchvision")  # chosen once
     assert f"decoded by {proc.json['decoder']}" in proc.out
-
-
-def damage_scan(jpeg: bytes) -> bytes:
-    """16 bytes inverted in the middle of the entropy-coded data (after the SOS header):
-    Pillow decodes the file without a word, libjpeg with "Corrupt JPEG data: ..."."""
-    data, mid = bytearray(jpeg), (jpeg.index(b"\xff\xda") + len(jpeg)) // 2
-    data[mid : mid + 16] = bytes(b ^ 0xFF for b in data[mid : mid + 16])
-    return bytes(data)
 
 
 @pytest.mark.parametrize("encoding", ["jpeg", "raw"])

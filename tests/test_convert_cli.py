@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import damage_mid_store, damage_scan, noise_jpeg
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -80,23 +81,14 @@ def test_bad_size_is_one_line(tmp_path, run_cli):
     assert run_cli("convert", tmp_path).rc == 2  # OUT is required
 
 
-def damage_scan(jpeg: bytes) -> bytes:
-    """16 bytes inverted in the middle of the entropy-coded data (after the SOS header):
-    libjpeg still decodes the file, warning "Corrupt JPEG data: N extraneous bytes"."""
-    data, mid = bytearray(jpeg), (jpeg.index(b"\xff\xda") + len(jpeg)) // 2
-    data[mid : mid + 16] = bytes(b ^ 0xFF for b in data[mid : mid + 16])
-    return bytes(data)
-
-
 def test_damaged_jpeg_data_is_one_line_naming_it_never_libjpegs_text(tmp_path, run_cli):
     src, store = tmp_path / "photos", tmp_path / "store"
     rng = np.random.default_rng(1)
     for split, n in (("train", 32), ("test", 4)):
         for name in ("a", "b"):
             (src / split / name).mkdir(parents=True)
-            for i in range(n):  # noise: ~50 KB a file, so data.bin is past 2 MiB
-                pixels = rng.integers(0, 256, (200, 200, 3), dtype=np.uint8)
-                Image.fromarray(pixels).save(src / split / name / f"{i}.jpg", quality=95)
+            for i in range(n):  # ~50 KB a file, so data.bin is past 2 MiB
+                (src / split / name / f"{i}.jpg").write_bytes(noise_jpeg(rng, quality=95))
     bad = src / "train" / "a" / "0.jpg"
     bad.write_bytes(damage_scan(bad.read_bytes()))
     proc = run_cli("convert", src, store, "--size", "32", "--encoding", "jpeg", process=True)
@@ -111,12 +103,7 @@ def test_damaged_jpeg_data_is_one_line_naming_it_never_libjpegs_text(tmp_path, r
     assert proc.rc == 0 and proc.json["skipped"] == ["train/a/0.jpg"], proc.err
     offsets = np.load(store / "train" / "offsets.npy")
     k = len(offsets) // 2  # a file in the middle, outside the first and last MiB
-    assert (1 << 20) < offsets[k] and offsets[k + 1] < offsets[-1] - (1 << 20)
-    with open(store / "train" / "data.bin", "r+b") as f:
-        f.seek(offsets[k])
-        damaged = damage_scan(f.read(offsets[k + 1] - offsets[k]))
-        f.seek(offsets[k])
-        f.write(damaged)
+    damage_mid_store(store / "train" / "data.bin", offsets, k)
     assert run_cli("info", store).rc == 0  # opening reads a sample of headers only
     proc = run_cli("info", store, "--verify")
     assert proc.rc == 1 and proc.err == (

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _helpers import assert_two_halves, lightning_trainer, shares
 from test_frameworks import accelerate, launch  # tests/ is on sys.path, launched or not
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -427,22 +428,12 @@ def test_the_lightning_mixin_counts_the_bytes_lightning_moved(tmp_path):
 
     data = TensorDataset(images, torch.arange(N).to(torch.uint8))  # uint8 labels: 1 byte
     net = Net()
-    L.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-    ).fit(net, DataLoader(data, batch_size=BATCH, shuffle=True))
+    lightning_trainer(max_epochs=2, enable_checkpointing=False, default_root_dir=tmp_path).fit(
+        net, DataLoader(data, batch_size=BATCH, shuffle=True)
+    )
     s = net.latecast_stats
     assert (s.image_bytes, s.label_bytes, s.batches, s.copies) == (2 * N * 90, 2 * N, 16, 32)
     assert s.usual_bytes == s.h2d_bytes and net.error <= 1e-6
-
-
-def shares(runs: list[dict], epoch: int) -> list[list[int]]:
-    return [sum((ids for e, ids in r["seen"] if e == epoch), []) for r in runs]
 
 
 @pytest.mark.slow
@@ -456,9 +447,7 @@ def test_lightning_ddp_injects_its_sampler_into_a_wrapped_dataloader(tmp_path):
         out.mkdir()
         launch(__file__, "lightning", out, how, cwd=tmp_path)
         runs = [torch.load(out / f"rank{r}.pt") for r in range(2)]
-        for epoch in range(2):
-            a, b = shares(runs, epoch)
-            assert len(a) == len(b) == N // 2 and sorted(a + b) == list(range(N)), (how, epoch)
+        assert_two_halves(runs, N)
         assert shares(runs, 0) != shares(runs, 1)  # Lightning's set_epoch reached its sampler
         for r in runs:
             assert r["sampler"] == "DistributedSampler" and r["max_error"] <= 1e-6, how
@@ -472,9 +461,7 @@ def test_accelerate_prepares_the_dataloader_that_wrap_then_moves(tmp_path):
     pytest.importorskip("accelerate")
     accelerate(__file__, "accelerate", tmp_path, cwd=tmp_path)
     runs = [torch.load(tmp_path / f"acc{r}.pt") for r in range(2)]
-    for epoch in range(2):
-        a, b = shares(runs, epoch)
-        assert len(a) == len(b) == N // 2 and sorted(a + b) == list(range(N)), epoch
+    assert_two_halves(runs, N)
     for r in runs:
         assert r["kind"] == "DataLoaderShard" and r["max_error"] <= 1e-6
 
@@ -537,16 +524,7 @@ def _lightning(out: Path, how: str) -> None:
 
     model, trainer = (
         Net(),
-        L.Trainer(
-            max_epochs=2,
-            accelerator="cpu",
-            devices=2,
-            strategy="ddp",
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        ),
+        lightning_trainer(max_epochs=2, devices=2, strategy="ddp", enable_checkpointing=False),
     )
     if how == "fit":
         trainer.fit(model, train_dataloaders=train())

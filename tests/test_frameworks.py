@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _helpers import assert_two_halves, lightning_trainer, shares
 
 import latecast
 from latecast.loader import Loader, epoch_order
@@ -98,15 +99,9 @@ def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
     # NCHW, as PILToTensor() collates; uint8 labels cross as one byte
     data = TensorDataset(images.permute(0, 3, 1, 2).contiguous(), torch.arange(N).to(torch.uint8))
     net = Net()
-    L.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=2,
-    ).fit(net, DataLoader(data, batch_size=16, shuffle=True), DataLoader(data, batch_size=16))
+    lightning_trainer(max_epochs=2, enable_checkpointing=False, limit_val_batches=2).fit(
+        net, DataLoader(data, batch_size=16, shuffle=True), DataLoader(data, batch_size=16)
+    )
     assert len(net.trained) == 8 and {e for e, *_ in net.trained} == {0, 1}
     for epoch, batch_idx, x, y in net.trained:
         assert y.dtype == torch.int64 and x.shape == (16, 3, 6, 5)
@@ -170,10 +165,6 @@ def accelerate(*argv, cwd: Path | None = None) -> subprocess.CompletedProcess:
     )
 
 
-def shares(runs: list[dict], epoch: int) -> list[list[int]]:
-    return [sum((ids for e, ids in r["seen"] if e == epoch), []) for r in runs]
-
-
 @pytest.mark.slow
 def test_lightning_ddp_two_processes_shares_checkpoint_and_one_process_equal(tmp_path):
     """The Loader as Lightning's train dataloader under its DDP launcher: built before the
@@ -186,9 +177,7 @@ def test_lightning_ddp_two_processes_shares_checkpoint_and_one_process_equal(tmp
     runs = [torch.load(full / f"rank{r}.pt") for r in range(2)]
     assert [r["built"] for r in runs] == [[0, 1], [1, 2]]  # rank 0 built it before fit
     assert [r["placed"] for r in runs] == [[0, 2], [1, 2]]
-    for epoch in range(2):
-        a, b = shares(runs, epoch)
-        assert len(a) == len(b) == N // 2 and sorted(a + b) == list(range(N)), epoch
+    assert_two_halves(runs, N)
     assert shares(runs, 0) != shares(runs, 1)  # a new order in the second epoch
 
     state = torch.load(full / "step=3.ckpt", weights_only=False)
@@ -213,9 +202,7 @@ def test_accelerate_two_processes_loader_checkpoint_and_wrap(tmp_path):
     accelerate(__file__, "accelerate", tmp_path, cwd=tmp_path)
     runs = [torch.load(tmp_path / f"acc{r}.pt") for r in range(2)]
     for key in ("seen", "wrapped"):
-        for epoch in range(2):
-            a, b = shares([{"seen": r[key]} for r in runs], epoch)
-            assert len(a) == len(b) == N // 2 and sorted(a + b) == list(range(N)), (key, epoch)
+        assert_two_halves(runs, N, key=key)
     for r in runs:
         assert r["placed"][1] == 2 and r["resumed"] == r["seen"][3:]
         assert r["max_error"] <= 1e-6
@@ -270,15 +257,11 @@ def _lightning(out: Path, devices: int, resume: str | None = None, batch: int = 
 
     torch.manual_seed(0)
     model = Net()
-    trainer = L.Trainer(
+    trainer = lightning_trainer(
         max_epochs=2,
-        accelerator="cpu",
         devices=devices,
         strategy="ddp" if devices > 1 else "auto",
         callbacks=[ModelCheckpoint(out, "{step}", every_n_train_steps=3, save_top_k=-1)],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(model, loader, ckpt_path=resume)
     torch.save(

@@ -75,33 +75,30 @@ def old_package(tmp: Path, old: str) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("old, old_flags, flags", RELEASES)
-def test_a_checkpoint_of_the_previous_release_resumes_exactly(tmp_path, old, old_flags, flags):
+def test_a_checkpoint_of_the_previous_release_resumes_exactly(
+    tmp_path, old, old_flags, flags, run_cli
+):
     old_src = old_package(tmp_path, old)
-    base = {**os.environ, "OMP_NUM_THREADS": "1"}  # bitwise equality needs one thread
-
-    def run(
-        src: Path, *extra: str, script: list[str] | None = None, env: dict | None = None
-    ) -> None:
-        cmd = [sys.executable, *(script or ["-m", "latecast"]), *ARGS, *extra]
-        proc = subprocess.run(
-            cmd,
-            env={**base, **(env or {}), "PYTHONPATH": str(src)},
-            capture_output=True,
-            text=True,
-        )
-        assert proc.returncode == (3 if script else 0), proc.stderr[-2000:]
-
-    old_env = {"LATECAST_CACHE": str(tmp_path / "old-cache")}  # its own cache format
-    run(
-        old_src,
-        *old_flags,
-        "--output-dir",
-        str(tmp_path / "resumed"),
-        script=["-c", STOP_AFTER_STEP_5],
-        env=old_env,
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",  # bitwise equality needs one thread
+        "LATECAST_CACHE": str(tmp_path / "old-cache"),  # its own cache format
+        "PYTHONPATH": str(old_src),
+    }
+    cmd = [sys.executable, "-c", STOP_AFTER_STEP_5, *ARGS, *old_flags]
+    proc = subprocess.run(
+        [*cmd, "--output-dir", str(tmp_path / "resumed")], env=env, capture_output=True, text=True
     )
-    run(ROOT / "src", *flags, "--output-dir", str(tmp_path / "resumed"), "--resume", "auto")
-    run(ROOT / "src", *flags, "--output-dir", str(tmp_path / "straight"))
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    # Today's code in this process (its start-up is most of a run here), on one thread too.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for out, extra in (("resumed", ["--resume", "auto"]), ("straight", [])):
+            proc = run_cli(*ARGS, *flags, "--output-dir", tmp_path / out, *extra)
+            assert proc.rc == 0, proc.err[-2000:]
+    finally:
+        torch.set_num_threads(threads)
     a, b = (
         torch.load(tmp_path / d / "checkpoint.pt", weights_only=True)
         for d in ("resumed", "straight")

@@ -725,29 +725,24 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(after, tmp_path):
     assert stderr == "latecast: interrupted\n" and "Traceback" not in stdout
 
 
-def test_an_interrupt_inside_a_class_body_still_exits_130(tmp_path):
-    """A Ctrl-C landing in a dataclass's ``__set_name__`` while a module imports (the parser
-    imports each command's module) reaches us as a RuntimeError caused by the interrupt."""
-    (tmp_path / "wrapped.py").write_text(
-        "import sys\nfrom latecast.tools import cli\n"
-        "def boom(argv):\n    try:\n        raise KeyboardInterrupt\n"
-        "    except KeyboardInterrupt as e:\n        raise RuntimeError('__set_name__') from e\n"
-        "cli._main = boom\nsys.exit(cli.main())\n"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
-    proc = subprocess.run(
-        [sys.executable, "-m", "wrapped"], capture_output=True, text=True, env=env
-    )
-    assert proc.returncode == 130 and proc.stderr == "latecast: interrupted\n", proc
+INTERRUPTED_MAINS = {
+    # A Ctrl-C landing in a dataclass's ``__set_name__`` while a module imports (the parser
+    # imports each command's module) reaches us as a RuntimeError caused by the interrupt.
+    "class-body": "def boom(argv):\n    try:\n        raise KeyboardInterrupt\n"
+    "    except KeyboardInterrupt as e:\n        raise RuntimeError('__set_name__') from e\n"
+    "cli._main = boom\n",
+    # CPython marks a KeyboardInterrupt raised inside exec() of a string as unhandled even
+    # when it is caught, and then kills itself with SIGINT (-2) instead of exiting with the
+    # code it was given; a Ctrl-C that lands in a dataclass's generated code does exactly this.
+    "generated-code": "cli._main = lambda argv: exec('raise KeyboardInterrupt')\n",
+}
 
 
-def test_an_interrupt_inside_generated_code_still_exits_130(tmp_path):
-    """CPython marks a KeyboardInterrupt raised inside exec() of a string as unhandled even
-    when it is caught, and then kills itself with SIGINT (-2) instead of exiting with the
-    code it was given; a Ctrl-C that lands in a dataclass's generated code does exactly this."""
+@pytest.mark.parametrize("where", list(INTERRUPTED_MAINS))
+def test_an_interrupt_inside_a_class_body_or_generated_code_still_exits_130(where, tmp_path):
     (tmp_path / "interrupted.py").write_text(
         "import sys\nfrom latecast.tools import cli\n"
-        "cli._main = lambda argv: exec('raise KeyboardInterrupt')\nsys.exit(cli.main())\n"
+        f"{INTERRUPTED_MAINS[where]}sys.exit(cli.main())\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     proc = subprocess.run(

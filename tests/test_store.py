@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import damage_mid_store, noise_jpeg
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -446,19 +447,11 @@ def test_any_byte_flip_or_cut_of_a_jpeg_store_gives_equal_data_or_a_latecast_err
     )
 
 
-def damage_scan(jpeg: bytes) -> bytes:
-    """16 bytes inverted in the middle of the entropy-coded data (after the SOS header):
-    libjpeg still decodes the file, warning "Corrupt JPEG data: N extraneous bytes"."""
-    data, mid = bytearray(jpeg), (jpeg.index(b"\xff\xda") + len(jpeg)) // 2
-    data[mid : mid + 16] = bytes(b ^ 0xFF for b in data[mid : mid + 16])
-    return bytes(data)
-
-
 def test_damaged_scan_data_mid_store_is_caught_by_verify_and_named_when_decoded(tmp_path, capfd):
     from latecast.loader import Loader
 
     rng, k = np.random.default_rng(0), 48
-    files = [jpeg_bytes(rng.integers(0, 256, (200, 200, 3), dtype=np.uint8)) for _ in range(96)]
+    files = [noise_jpeg(rng) for _ in range(96)]
     ds = EncodedDataset(
         name="enc",
         split="train",
@@ -473,11 +466,7 @@ def test_damaged_scan_data_mid_store_is_caught_by_verify_and_named_when_decoded(
         size=(32, 32),
     )
     out = write_store(ds, tmp_path / "s")
-    start = int(ds.offsets[k])
-    assert (1 << 20) < start and start + len(files[k]) < len(ds.data) - (1 << 20)  # mid-store
-    with open(out / "data.bin", "r+b") as f:  # in place: the size and head/tail still agree
-        f.seek(start)
-        f.write(damage_scan(files[k]))
+    damage_mid_store(out / "data.bin", ds.offsets, k)
     back = open_store(out)  # opening reads a sample of headers, not every scan
     with pytest.raises(FormatError, match=r"s: the images differ from the SHA-256 in meta\.json"):
         store.verify(back, "s")
