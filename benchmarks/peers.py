@@ -554,7 +554,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         head = f"| {r['workload']} | {r['threads']} | {r['peer']} |"
         if "images_per_s" not in r:
-            lines.append(f"{head} failed: {r['errors'][-1]} | | | |")
+            lines.append(f"{head} {r['errors'][-1] if r['errors'] else 'no runs'} | | | |")
             continue
         photos = r["workload"] == "photos"
         cpu = (
