@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import importlib.util
 import json
 import math
 import os
@@ -266,6 +267,7 @@ def measure(spec: dict) -> dict:
     """The warm-up, then ``spec["epochs"]`` timed epochs of one peer on one workload."""
     import torch
 
+    threads = torch.get_num_threads()  # put back at the end: --in-process runs in the caller
     torch.set_num_threads(spec["threads"])
     epoch = EPOCHS[spec["peer"]](spec)
     it = epoch()
@@ -286,6 +288,7 @@ def measure(spec: dict) -> dict:
         runs.append(
             {"images": n, "seconds": time.perf_counter() - t0, "cpu_seconds": cpu_seconds() - cpu0}
         )
+    torch.set_num_threads(threads)
     return {"output": out, "first_batch": values, "version": version(spec["peer"]), "epochs": runs}
 
 
@@ -518,6 +521,8 @@ def usable(peer: str, python: str | None) -> str | None:
         return f"no --{peer}-python given"
     if not Path(python).is_file():
         return f"{python} does not exist"
+    if python == sys.executable:  # this Python: no start-up of another
+        return None if importlib.util.find_spec(MODULE[peer]) else f"cannot import {MODULE[peer]}"
     proc = subprocess.run([python, "-c", f"import {MODULE[peer]}"], capture_output=True, text=True)
     if proc.returncode:
         return f"{python} cannot import {MODULE[peer]}: {proc.stderr.strip().splitlines()[-1]}"
@@ -586,7 +591,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", default="1", help="comma list, e.g. 1,2")
     p.add_argument("-b", "--batch-size", type=int, default=512)
     p.add_argument("--photo-batch-size", type=int, default=128)
-    p.add_argument("--warmup", type=int, default=5, help="batches before the timed epoch")
+    p.add_argument("--warmup", type=int, default=5, help="batches before the timed epoch (>= 1)")
     p.add_argument("--epochs", type=int, default=1, help="timed epochs per run")
     p.add_argument("--workloads", default=",".join(PEERS_OF), help="comma list")
     p.add_argument("--peers", default="latecast,ffcv,dali,torchvision", help="comma list")
@@ -610,6 +615,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"unknown workloads {sorted(unknown)}; known: {', '.join(PEERS_OF)}")
     args.peers = [x for x in args.peers.split(",") if x]
     args.threads = [int(t) for t in args.threads.split(",")]
+    if args.warmup < 1 or args.rounds < 0 or min(args.threads) < 1:
+        p.error("--warmup and --threads must be at least 1, --rounds at least 0")
     return args
 
 
