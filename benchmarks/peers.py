@@ -29,10 +29,11 @@ Workloads (float32 NCHW contiguous out, normalized with one mean/std per dataset
 
 Where a peer cannot do exactly the same: FFCV's ``NormalizeImage`` takes 3 channels only,
 so its MNIST row casts (``Convert``) and runs torchvision's ``Normalize`` on each batch;
-FFCV resizes with its own OpenCV call, DALI and latecast with antialiased linear
-interpolation, torchvision with PIL's bilinear filter; DALI's reader shuffles through a
-1024-sample buffer (not a full permutation) and runs whole batches, so its epoch is
-ceil(N / batch) batches; FFCV and DALI give int32 labels, latecast and torchvision int64.
+FFCV decodes with libjpeg-turbo's fast integer IDCT (``TJFLAG_FASTDCT``: cheaper, up to a
+few grey levels off) and resizes with OpenCV's ``INTER_AREA``, DALI and latecast with
+antialiased linear interpolation, torchvision with PIL's bilinear filter; DALI's reader
+shuffles through a 1024-sample buffer (not a full permutation) and runs whole batches, so
+its epoch is ceil(N / batch) batches, with int32 labels (int64 elsewhere).
 Threads: latecast ``torch.set_num_threads(T)``, FFCV ``num_workers=T``, DALI
 ``num_threads=T``, torchvision ``num_workers=0`` at 1 thread, else T worker processes.
 The last stdout line is JSON (also written to ``--json``).
@@ -85,11 +86,12 @@ def latecast_epochs(spec: dict):
     import latecast
 
     d, w = spec["data"], spec["workload"]
+    stats = {"mean": tuple(spec["mean"]), "std": tuple(spec["std"])}
     if w == "mnist":
-        ds = latecast.from_arrays(np.load(d["images"]), np.load(d["labels"]))
+        ds = latecast.from_arrays(np.load(d["images"]), np.load(d["labels"]), **stats)
     else:
-        ds = latecast.open_store(d["jpeg_store" if w != "cifar-raw" else "raw_store"])
-    ds = dataclasses.replace(ds, mean=tuple(spec["mean"]), std=tuple(spec["std"]))
+        store = latecast.open_store(d["jpeg_store" if w != "cifar-raw" else "raw_store"])
+        ds = dataclasses.replace(store, **stats)
     augment = {
         "cifar-raw": latecast.Augment(crop=CROP, flip=FLIP),
         "cifar-jpeg": latecast.Augment(crop=CROP, flip=FLIP),
@@ -529,6 +531,13 @@ def usable(peer: str, python: str | None) -> str | None:
     return None
 
 
+def said(result: dict) -> str:
+    if "error" in result:
+        return f"failed: {result['error']}"
+    e = result["epochs"][0]
+    return f"{e['images'] / e['seconds']:,.0f} images/s, {e['cpu_seconds']:.2f} CPU-s"
+
+
 def summarise(job: tuple[str, int, str], runs: list[dict], n: int) -> dict:
     workload, threads, peer = job
     good = [r for r in runs if "epochs" in r]
@@ -652,8 +661,7 @@ def main(argv: list[str] | None = None) -> int:
                 "epochs": args.epochs,
             }
             result = measure(spec) if args.in_process else run_child(pythons[peer], spec)
-            if "error" in result:
-                print(f"round {r + 1}: {peer} {w} at {t} threads failed: {result['error']}")
+            print(f"round {r + 1}: {w}, {peer}, {t} threads: {said(result)}", file=sys.stderr)
             runs[job].append(result)
     rows = [summarise(job, runs[job], data[job[0]]["n"]) for job in jobs]
     sizes = ", ".join(f"{w} {data[w]['n']:,}" for w in args.workloads)
