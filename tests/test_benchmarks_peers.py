@@ -1,10 +1,15 @@
-"""The side-by-side with airbench, prepared on the CPU at a small size so it cannot rot:
+"""The side-by-sides with peers, run on the CPU at a small size so they cannot rot:
 benchmarks/peer_data.py writes one JPEG folder as a latecast store and as airbench's
-cifar10/*.pt, and airbench's own loader reads what it wrote. Only the parts that need the
-files under ../shared (the airbench package, the real CIFAR-10 JPEG copy) skip without it."""
+cifar10/*.pt, and airbench's own loader reads what it wrote; benchmarks/peers.py runs its
+latecast and torchvision rows (FFCV and DALI, installed in their own venvs, are left out
+here). Only the parts that need the files under ../shared (the airbench package, the real
+CIFAR-10 JPEG copy) skip without it."""
 
 from __future__ import annotations
 
+import gzip
+import json
+import struct
 import sys
 import tarfile
 from pathlib import Path
@@ -24,6 +29,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # the scripts, imported: no Python
 
 import airbench_run  # noqa: E402
 import peer_data  # noqa: E402
+import peers  # noqa: E402
 
 
 def jpeg_folder(root: Path, per_class: dict[str, int]) -> Path:
@@ -91,3 +97,50 @@ def test_real_cifar10_jpegs_prepare(tmp_path):
     result = peer_data.prepare(tmp_path / "jpg", tmp_path / "out")
     assert result["samples"] == {"train": 30, "test": 30} and len(result["classes"]) == 10
     assert result["classes"][:3] == ["airplane", "automobile", "bird"]
+
+
+def mnist_files(root: Path, n: int) -> np.ndarray:
+    """MNIST's two training idx files (gzipped) of ``n`` random images; the images."""
+    images = np.random.default_rng(1).integers(0, 256, (n, 28, 28), dtype=np.uint8)
+    root.mkdir()
+    with gzip.open(root / "train-images-idx3-ubyte.gz", "wb") as f:
+        f.write(struct.pack(">IIII", 2051, n, 28, 28) + images.tobytes())
+    with gzip.open(root / "train-labels-idx1-ubyte.gz", "wb") as f:
+        f.write(struct.pack(">II", 2049, n) + (np.arange(n) % 10).astype(np.uint8).tobytes())
+    return images
+
+
+def test_peers_runs_latecast_and_torchvision_rows_and_leaves_the_others_out(tmp_path, capsys):
+    """Every workload's latecast and torchvision rows, from formats the script wrote itself:
+    float32 NCHW batches of the workload's shape, a rate and a CPU time each, one JSON."""
+    cifar = jpeg_folder(tmp_path / "cifar", {"train": 40})
+    mnist_files(tmp_path / "mnist", 200)
+    argv = [
+        "--cifar", cifar, "--mnist", tmp_path / "mnist", "--photos", 4, "--limit", 150,
+        "--work", tmp_path / "work", "--rounds", 1, "--warmup", 1, "-b", 32,
+        "--photo-batch-size", 2, "--ffcv-python", tmp_path / "none", "--in-process",
+        "--json", tmp_path / "peers.json",
+    ]  # fmt: skip
+    threads = torch.get_num_threads()
+    assert peers.main([str(a) for a in argv]) == 0
+    printed = capsys.readouterr().out
+    assert f"ffcv: left out: {tmp_path / 'none'} does not exist" in printed
+    assert "dali: left out: no --dali-python given" in printed
+    result = json.loads((tmp_path / "peers.json").read_text())
+    assert json.loads(printed.strip().splitlines()[-1]) == result
+    assert set(result["left_out"]) == {"ffcv", "dali"}
+    rows = {(r["workload"], r["peer"]): r for r in result["rows"]}
+    assert set(rows) == {
+        ("cifar-raw", "latecast"), ("cifar-raw", "torchvision"), ("cifar-jpeg", "latecast"),
+        ("photos", "latecast"), ("photos", "torchvision"),
+        ("mnist", "latecast"), ("mnist", "torchvision"),
+    }  # fmt: skip
+    shapes = {"cifar-raw": (32, 3, 32, 32), "cifar-jpeg": (32, 3, 32, 32)}
+    shapes |= {"photos": (2, 3, 224, 224), "mnist": (32, 1, 28, 28)}
+    counts = {"cifar-raw": 120, "cifar-jpeg": 120, "photos": 4, "mnist": 150}
+    for (workload, peer), row in rows.items():
+        assert row["output"] == f"float32 {shapes[workload]}", (workload, peer)
+        assert row["images"] == counts[workload] == row["runs"][0]["epochs"][0]["images"]
+        assert row["images_per_s"] > 0 and row["cpu_seconds"] >= 0 and not row["errors"]
+        assert f"| {workload} | 1 | {peer} |" in printed
+    assert torch.get_num_threads() == threads  # put back: the runs were in this process
