@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -16,6 +17,13 @@ import pytest
 # test` running, 4.5 s with this; issue 21). Set before torch loads OpenMP, here and in every
 # process the tests start; a value the caller set is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# The Ctrl-C tests send SIGINT to the processes they start, as a terminal does. A suite
+# started in the background by a non-interactive shell (`make test &`, nohup) inherits SIGINT
+# ignored, and an ignored signal stays ignored across exec: those processes would never see
+# it (exit 0 after a full run). A handler here is reset to the default in each child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True, scope="session")
