@@ -95,4 +95,8 @@ if __name__ == "__main__":
         rank = dist.get_rank() if world > 1 else 0
         print(f"rank {rank} epoch {epoch}: validated {total} of {len(val_set)}, {rest} re-made")
     if world > 1:
+        # DDP holds the gloo group: dropped here, so its worker threads end while Python
+        # still runs. Left to exit, one of them may free its last all-reduce's tensors
+        # during shutdown and abort the process (pytorch/pytorch#179291).
+        del model
         dist.destroy_process_group()

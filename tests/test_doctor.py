@@ -404,6 +404,7 @@ for step in range(10):
     x = torch.randint(0, 200, (4, 8)).float().to("cpu")  # MOVE
     model(x).sum().backward()
     opt.step()
+del model, opt  # DDP's gloo group freed before exit (examples/imagenet_style.py says why)
 dist.destroy_process_group()
 """
 
