@@ -25,6 +25,7 @@ recorded all the same, as what would cross the bus on a GPU, and the report says
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -39,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 from torch.overrides import TorchFunctionMode
 
@@ -353,12 +355,23 @@ def run_script(kind: str, name: str, argv: list[str], obs: Observer, cfg, debug:
         sys.argv, sys.path[:] = saved
         if profiler:
             profiler.close()
+        _release_group()
     return {
         "ended": ended,
         "exit_status": status,
         "error": error,
         "profile": profiler and profiler.result,
     }
+
+
+def _release_group() -> None:
+    """A script stopped at ``--steps`` never reaches its ``destroy_process_group()``, and
+    its DDP model, held by its functions' globals until the collector runs at exit, keeps the
+    group alive; then a gloo worker thread freeing its last all-reduce can abort the process
+    (pytorch/pytorch#179291). Destroy it and collect the script's objects while Python runs."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
 
 
 class Profiler:
