@@ -161,3 +161,56 @@ def test_the_checks_see_every_kind_of_import(tmp_path):
     assert find_cycle(graph) == ["a", "b", "c", "a"]
     assert folder_breaches(graph) == ["e imports tools.cli", "storage.fileio imports tools.cli"]
     assert find_cycle({"x": {"y"}, "y": set()}) == []
+
+
+def private_names(path: Path) -> list[str]:
+    """The private latecast names a script outside the package uses: imported
+    (``from latecast.tools.bench import _rates``, ``import latecast._x``) or reached as an
+    attribute of a latecast module it imported (``latecast.transforms._scale_shift``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    found, modules = [], set()
+
+    def private(dotted: str) -> bool:
+        return any(p.startswith("_") and not p.startswith("__") for p in dotted.split("."))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "latecast":
+                    found += [a.name] if private(a.name) else []
+                    modules.add(a.asname or a.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "latecast":
+            for a in node.names:
+                found += [f"{node.module}.{a.name}"] if private(f"{node.module}.{a.name}") else []
+                modules.add(a.asname or a.name)  # a module or a function: both hold attributes
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            root = node.value
+            while isinstance(root, ast.Attribute):
+                root = root.value
+            if isinstance(root, ast.Name) and root.id in modules:
+                found.append(ast.unparse(node))
+    return found
+
+
+def test_the_benchmark_scripts_use_only_public_names():
+    scripts = sorted((Path(__file__).parents[1] / "benchmarks").glob("*.py"))
+    assert len(scripts) > 5  # the check sees the scripts
+    bad = {p.name: names for p in scripts if (names := private_names(p))}
+    assert not bad, f"benchmarks/ reaching into latecast's private names: {bad}"
+
+
+def test_the_private_name_check_sees_each_way_in(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text(
+        "import latecast\nimport latecast._x\nimport latecast.tools as t\n"
+        "from latecast.tools.bench import _rates, recipe\nfrom latecast import transforms as T\n"
+        "latecast.__version__, latecast.wrap, T._scale_shift, t.bench._y, recipe._z, other._w\n"
+    )
+    assert private_names(script) == [
+        "latecast._x",
+        "latecast.tools.bench._rates",
+        "T._scale_shift",
+        "t.bench._y",
+        "recipe._z",
+    ]
