@@ -63,6 +63,19 @@ def test_a_loader_epoch_runs_at_one_thread_and_gives_the_users_count_back(user_t
     assert torch.get_num_threads() == USER and started_thread_count() == USER
 
 
+def test_a_staged_step_fills_at_one_thread_and_gives_the_users_count_back(user_threads):
+    x = np.random.default_rng(0).integers(0, 256, (40, 8, 8, 3), dtype=np.uint8)
+    ds = latecast.from_arrays(x, np.arange(40) % 4, name="noise")
+    seen: list[int] = []
+    loader = latecast.Loader(
+        ds, 16, device="cpu", transfer="resident", augment=counting(seen), static=True
+    )
+    for _ in loader.staged():
+        loader.fill()  # what the CUDA graph replays; called by the user's step
+        assert torch.get_num_threads() == USER
+    assert seen == [1, 1]  # 2 full batches (the partial one dropped)
+
+
 def test_jpeg_decoding_threads_follow_the_users_count_each_at_one_thread(user_threads):
     ds = encoded([jpeg_bytes(photo(h, w, 3, i)) for i, (h, w) in enumerate(SIZES)], SIZES)
     seen: list[int] = []

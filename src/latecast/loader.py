@@ -383,6 +383,7 @@ class Loader(Epochs):
             )
         return self._count(self._pass(fill=False))
 
+    @one_thread()  # on a CPU device, latecast's own work as in _pass
     def fill(self) -> Batch:
         """The device half of a static ``resident`` step: gather the staged indices, augment
         and normalize into the static buffers. Nothing allocated for the outputs, no host
