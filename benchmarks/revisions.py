@@ -11,7 +11,8 @@ Each run: MNIST (the bundled copy, or ``--dataset``: a name or a store folder),
 ``Loader(train, BATCH, device="cpu", transfer=T, augment=A)``, best images/s of ``--epochs``
 whole epochs per transfer (the first is a warm-up) and the process CPU seconds of that
 epoch, at torch's default threads or ``--threads``. Uses only latecast's public API (and
-``config.parse_augment``), which both revisions must have. The CIFAR-10 row of issue 21:
+``parse_augment``: ``config``'s, before issue 15 ``transforms``'). The CIFAR-10 row of
+issue 21:
 
     python benchmarks/revisions.py 80a3fa1 HEAD --dataset STORE --augment crop=4,flip=0.5 \
         --threads 1 --batch-size 512 --transfers resident
@@ -33,7 +34,10 @@ TIMING = """
 import json, sys, time
 import torch
 import latecast
-from latecast.config import parse_augment
+try:
+    from latecast.config import parse_augment
+except ImportError:  # before issue 15's layout
+    from latecast.transforms import parse_augment
 transfers, batch, epochs, dataset, augment, threads = sys.argv[1:]
 if int(threads):
     torch.set_num_threads(int(threads))
@@ -70,7 +74,9 @@ def run(src: Path, args: argparse.Namespace, cache: Path) -> dict[str, list[floa
     env = {**os.environ, "PYTHONPATH": str(src), "LATECAST_CACHE": str(cache)}
     cmd = [sys.executable, "-c", TIMING, args.transfers, str(args.batch_size), str(args.epochs)]
     cmd += [args.dataset, args.augment, str(args.threads)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"revisions.py: {src.parent.name} failed: {proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
