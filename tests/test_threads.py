@@ -99,11 +99,15 @@ def test_wrap_prepares_at_one_thread_and_gives_the_users_count_back(user_threads
     assert torch.get_num_threads() == USER and started_thread_count() == USER
 
 
-@pytest.mark.parametrize("policy", [None, "ACTIVE"])
-def test_the_command_line_sets_a_passive_openmp_wait_unless_the_user_chose(policy):
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-    env.update({"PYTHONPATH": str(SRC)}, **({"OMP_WAIT_POLICY": policy} if policy else {}))
+@pytest.mark.parametrize(
+    "chosen, seen",
+    [({}, "- 2000"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE -"), ({"GOMP_SPINCOUNT": "5"}, "- 5")],
+)
+def test_the_command_line_shortens_openmp_spinning_unless_the_user_chose(chosen, seen):
+    unset = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env.update({"PYTHONPATH": str(SRC)}, **chosen)
     code = "import os; from latecast.tools.cli import main; main(['info', 'mnist'])\n"
-    code += "print(os.environ['OMP_WAIT_POLICY'])"
+    code += "print(*(os.environ.get(k, '-') for k in %r))" % (unset,)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.split()[-1] == (policy or "PASSIVE"), out.stderr[-2000:]
+    assert out.stdout.splitlines()[-1] == seen, out.stderr[-2000:]

@@ -5,10 +5,14 @@ that many Python threads of latecast's (``pool``), each at one intra-op thread.
 
 Why: torch's OpenMP threads spin-wait for each other at every op, so at 2 threads on 2 cores
 beside a busy process every CPU path ran 3-10x slower than at one, at 4-8x the CPU (issue
-21; ``benchmarks/threads.py``). ``OMP_WAIT_POLICY=PASSIVE`` avoids it but is read once, as
-torch loads; Python threads that wait sleep. ``torch.set_num_threads`` also sets the count a
-thread starts with, restored with the caller's: a thread whose first torch op runs while
-another is inside ``one_thread`` starts at one.
+21; ``benchmarks/threads.py``). Python threads that wait sleep. For the model's ops the
+``latecast`` command sets ``GOMP_SPINCOUNT=2000`` (torch's libgomp reads it once, as torch
+loads): a thread spins 2,000 times, not 300,000, before it sleeps, as fast as the default
+on a quiet machine and as one thread beside a busy process (``PASSIVE``, no spinning, ran
+``latecast train`` 1.15x slower on a quiet one; RESULTS.md).
+``torch.set_num_threads`` also sets the count a thread starts with, restored with the
+caller's: a thread whose first torch op runs while another is inside ``one_thread`` starts
+at one.
 """
 
 from __future__ import annotations

@@ -351,8 +351,8 @@ def _strict(value):
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit code. Ctrl-C at any point, even while torch is still
     importing (``build_parser`` imports it), is one line and exit code 130 (row 79)."""
-    if "torch" not in sys.modules:  # OpenMP reads it once, as torch loads (latecast/threads.py)
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # the model's ops: see README
+    if "torch" not in sys.modules and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):
+        os.environ["GOMP_SPINCOUNT"] = "2000"  # read once, as torch loads: see threads.py
     try:
         try:
             return _main(argv)
