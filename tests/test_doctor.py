@@ -393,39 +393,6 @@ def test_own_argparse_and_dataloader_workers_under_main_guard(tmp_path, run_cli)
     assert sites(res.json, where)["float32"]["shape"] == [16, 1, 28, 28]
 
 
-ONE_RANK = """
-import builtins, sys, weakref
-import torch
-import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
-
-dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
-model = DistributedDataParallel(torch.nn.Linear(8, 2))
-builtins.doctor_test_model = weakref.ref(model)  # the test checks that it is gone
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-for step in range(10):
-    x = torch.randint(0, 200, (4, 8)).float().to("cpu")  # MOVE
-    model(x).sum().backward()
-    opt.step()
-dist.destroy_process_group()
-"""
-
-
-def test_a_script_stopped_at_steps_leaves_no_process_group_behind(tmp_path, run_cli):
-    """``--steps`` stops a script before its ``destroy_process_group()``: doctor destroys the
-    group and frees the script's DDP model, so no gloo thread is left to free tensors while
-    Python shuts down (the abort at exit of pytorch/pytorch#179291)."""
-    script, _ = write(tmp_path, "one_rank.py", ONE_RANK)
-    try:
-        res = run_cli("doctor", "--steps", "2", "--json", "--", script, tmp_path / "group")
-        assert res.rc == 0 and res.json["ended"] == "steps", res.err
-        assert not dist.is_initialized() and builtins.doctor_test_model() is None
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        vars(builtins).pop("doctor_test_model", None)
-
-
 DDP = """
 import torch
 import torch.distributed as dist
@@ -441,6 +408,25 @@ for step in range(10):
     opt.step()
 dist.destroy_process_group()
 """
+
+ONE_RANK = "import builtins, sys, weakref\n" + DDP.replace(  # one rank, in this process
+    '("gloo")', '("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)'
+).replace("opt = ", "builtins.doctor_test_model = weakref.ref(model)  # gone after doctor?\nopt = ")
+
+
+def test_a_script_stopped_at_steps_leaves_no_process_group_behind(tmp_path, run_cli):
+    """``--steps`` stops a script before its ``destroy_process_group()``: doctor destroys the
+    group and frees the script's DDP model, so no gloo thread is left to free tensors while
+    Python shuts down (the abort at exit of pytorch/pytorch#179291)."""
+    script, _ = write(tmp_path, "one_rank.py", ONE_RANK)
+    try:
+        res = run_cli("doctor", "--steps", "2", "--json", "--", script, tmp_path / "group")
+        assert res.rc == 0 and res.json["ended"] == "steps", res.err
+        assert not dist.is_initialized() and builtins.doctor_test_model() is None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        vars(builtins).pop("doctor_test_model", None)
 
 
 @pytest.mark.slow  # torchrun and its two Python processes
