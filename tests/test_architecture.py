@@ -1,5 +1,6 @@
 """The package's shape, read from its source with ``ast`` (nothing is imported): no import
-cycle, and the folder rule. The core (modules at the top of the package) imports nothing
+cycle (imports by name, as the CLI imports each command's module, included), and the
+folder rule. The core (modules at the top of the package) imports nothing
 from the subpackages; ``storage`` imports only the core; ``trainer`` the core and storage;
 ``tools`` anything. Nothing imports ``tools`` but ``tools`` and ``__main__``."""
 
@@ -31,7 +32,9 @@ def module_name(package_dir: Path, path: Path) -> str:
 def module_imports(path: Path, name: str, package: str, modules: set[str]) -> set[str]:
     """The package's modules that module ``name`` (at ``path``) imports, at the top or inside
     functions; ``__init__`` for a name taken from the package itself (``from . import Loader``
-    at the top)."""
+    at the top); and those it imports by name, a string naming one given to a call
+    (``importlib.import_module("latecast.tools.doctor")``, the CLI's ``_options("trainer.loop",
+    ...)``: a subpackage's module, or any with the package's prefix)."""
     here = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
     if name == "__init__":
         here = []
@@ -60,6 +63,12 @@ def module_imports(path: Path, name: str, package: str, modules: set[str]) -> se
             else:
                 dotted = here[: len(here) - (node.level - 1)] + parts
             add(dotted, [a.name for a in node.names])
+        elif isinstance(node, ast.Call):
+            for arg in node.args:
+                value = arg.value if isinstance(arg, ast.Constant) else None
+                named = value.removeprefix(f"{package}.") if isinstance(value, str) else ""
+                if named in modules and ("." in named or named != value):
+                    found.add(named)
     return found
 
 
@@ -133,7 +142,7 @@ def test_the_checks_see_every_kind_of_import(tmp_path):
         "__init__": "from .a import run\n",
         "a": "from . import b\n",
         "b": "def late():\n    from pkg.c import thing\n",  # inside a function
-        "c": "import pkg.a\nimport numpy\n",
+        "c": "import pkg.a\nimport numpy\nf('data', 'other.x')\n",  # no module named
         "d": "from pkg import run\n",  # a name from the package: __init__
         "e": "from .tools.cli import x\n",  # the core importing a tool
         "storage/__init__": "",
@@ -141,6 +150,8 @@ def test_the_checks_see_every_kind_of_import(tmp_path):
         "storage/fileio": "from ..tools import cli\n",  # storage importing a tool
         "tools/__init__": "",
         "tools/cli": "from ..storage.store import y\nfrom .. import e\n",
+        "tools/late": "import importlib\nimportlib.import_module('pkg.tools.cli')\n",
+        "tools/options": "def f():\n    return g('tools.late', 'Config')\n",  # by name
     }
     for name, text in files.items():
         (pkg / f"{name}.py").write_text(text)
@@ -157,8 +168,17 @@ def test_the_checks_see_every_kind_of_import(tmp_path):
         "storage.fileio": {"tools.cli"},
         "tools": set(),
         "tools.cli": {"storage.store", "e"},
+        "tools.late": {"tools.cli"},
+        "tools.options": {"tools.late"},
     }
     assert find_cycle(graph) == ["a", "b", "c", "a"]
+    by_name = {m: graph[m] for m in ("tools.late", "tools.options")}  # cli imports options:
+    assert find_cycle({**by_name, "tools.cli": {"tools.options"}}) == [
+        "tools.cli",
+        "tools.options",
+        "tools.late",
+        "tools.cli",
+    ]
     assert folder_breaches(graph) == ["e imports tools.cli", "storage.fileio imports tools.cli"]
     assert find_cycle({"x": {"y"}, "y": set()}) == []
 

@@ -22,6 +22,7 @@ from typing import Callable
 
 from ..config import DATASET_HELP, kind
 from ..errors import LatecastError
+from .text import human_bytes
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -71,14 +72,6 @@ def _config(cls, args: argparse.Namespace):
     return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
 
 
-def _human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if abs(n) < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"
-
-
 # -- train -------------------------------------------------------------------------------
 
 
@@ -114,10 +107,10 @@ def _run_train(args: argparse.Namespace) -> dict:
         else f" ({moved / f32:.1f}x as much)"
     )
     print(
-        f"host->device: {_human_bytes(moved)} moved; float32 would have moved "
-        f"{_human_bytes(f32)}{versus}"
+        f"host->device: {human_bytes(moved)} moved; float32 would have moved "
+        f"{human_bytes(f32)}{versus}"
         + (  # JPEG: compressed bytes; decoded uint8 is the other comparison
-            f", uint8 {_human_bytes(summary['h2d_bytes_uint8'])}"
+            f", uint8 {human_bytes(summary['h2d_bytes_uint8'])}"
             if summary["transfer"] == "jpeg"
             else ""
         )
@@ -185,7 +178,7 @@ def _run_info(args: argparse.Namespace) -> dict:
     stored = (
         "uint8"
         if tr["encoding"] == "raw"
-        else f"{tr['encoding']} ({_human_bytes(tr['image_bytes'])}, decoded by {info['decoder']})"
+        else f"{tr['encoding']} ({human_bytes(tr['image_bytes'])}, decoded by {info['decoder']})"
     )
     print(
         f"{args.dataset}: train {tr['samples']} x {tuple(tr['image_shape'])} {stored}, "
@@ -194,7 +187,7 @@ def _run_info(args: argparse.Namespace) -> dict:
     )
     print(f"{'strategy':<10} {'host->device per epoch':>24} {'once':>12}")
     for name, b in tr["epoch_bytes"].items():
-        print(f"{name:<10} {_human_bytes(b['per_epoch']):>24} {_human_bytes(b['once']):>12}")
+        print(f"{name:<10} {human_bytes(b['per_epoch']):>24} {human_bytes(b['once']):>12}")
     for split, hashed in verified.items():
         print(
             f"verified {split}: every image read"
@@ -261,7 +254,7 @@ def _run_convert(args: argparse.Namespace) -> dict:
     encoding = getattr(ds, "encoding", "raw")
     print(
         f"{out}: {', '.join(f'{s} {len(d)}' for s, d in splits.items())} images "
-        f"{ds.image_shape} {encoding} ({_human_bytes(ds.image_bytes)} train), "
+        f"{ds.image_shape} {encoding} ({human_bytes(ds.image_bytes)} train), "
         f"{ds.num_classes} classes; {seconds:.1f} s, {n / seconds:,.0f} images/s"
         + (f"; skipped {len(skipped)} (listed in {out}/skipped.txt)" if skipped else "")
     )
@@ -277,6 +270,27 @@ def _run_convert(args: argparse.Namespace) -> dict:
         "seconds": seconds,
         "images_per_second": n / seconds,
     }
+
+
+# -- doctor ------------------------------------------------------------------------------
+
+
+def _add_doctor(p: argparse.ArgumentParser) -> None:
+    _options("tools.doctor", "DoctorConfig")(p)
+    p.add_argument(
+        "script",
+        nargs=argparse.REMAINDER,
+        metavar="-- SCRIPT [ARGS...]",
+        help="the training script and its arguments (python train.py ..., python -m pkg.train)",
+    )
+
+
+def _run_doctor(args: argparse.Namespace) -> dict:
+    from .doctor import DoctorConfig, doctor
+
+    rank0 = os.environ.get("RANK", "0") == "0"  # under torchrun only rank 0 reports
+    args.json &= rank0
+    return doctor(_config(DoctorConfig, args), args.script, show=rank0, debug=args.debug)
 
 
 COMMANDS = {
@@ -302,8 +316,8 @@ COMMANDS = {
         "an image folder into a compact store (uint8 pixels or JPEG bytes)",
     ),
     "doctor": (
-        lambda p: importlib.import_module("latecast.tools.doctor").add_arguments(p),
-        lambda args: importlib.import_module("latecast.tools.doctor").run(args),
+        _add_doctor,
+        _run_doctor,
         "run your training script: what crosses host->device, and what could",
     ),
 }
@@ -314,7 +328,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with the options of ``command`` alone: declaring a command's options
+    imports its module (torch, for most), so ``latecast --help`` imports none of them."""
     parser = _Parser(
         prog="latecast",
         description=("Move bytes, not floats: uint8 batches to the device, normalized there."),
@@ -322,8 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (add, _, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)
-        add(p)
-        _common(p)
+        if name == command:
+            add(p)
+            _common(p)
     return parser
 
 
@@ -350,7 +367,8 @@ def _strict(value):
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit code. Ctrl-C at any point, even while torch is still
-    importing (``build_parser`` imports it), is one line and exit code 130 (row 79)."""
+    importing (``build_parser`` imports the command's module), is one line and exit code
+    130 (row 79)."""
     if "torch" not in sys.modules and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):
         os.environ["GOMP_SPINCOUNT"] = "2000"  # read once, as torch loads: see threads.py
     try:
@@ -371,7 +389,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)  # -h is all before it
+    args = build_parser(command).parse_args(argv)
     if not args.debug:  # warnings as one line each, without the source line under them
         warnings.formatwarning = _one_line_warning
     code = 0
@@ -380,7 +400,9 @@ def _main(argv: list[str] | None) -> int:
     except Exception as err:
         if args.debug:
             raise
-        code, result = 1, {"error": _one_line(_message(err)), "exit_code": 1}
+        # what the command had done before it failed (doctor's report of a failing script)
+        done = getattr(err, "result", None) or {}
+        code, result = 1, {**done, "error": _one_line(_message(err)), "exit_code": 1}
         print(f"latecast: error: {result['error']}", file=sys.stderr)
     if args.json:  # the last stdout line, also on an error (docs/RELIABILITY.md row 97)
         print(json.dumps(_strict(result), default=str, allow_nan=False))

@@ -24,9 +24,7 @@ recorded all the same, as what would cross the bus on a GPU, and the report says
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import os
 import re
 import runpy
@@ -49,7 +47,7 @@ from ..errors import ConfigError, LatecastError
 from ..storage.fileio import atomic_write
 from ..trainer.rundir import check_path
 from ..wrapper import NARROW, fits
-from .cli import _config, _human_bytes, _options, _strict
+from .text import human_bytes
 
 TENSORS, SAMPLES, VALUES = 8, 8, 8192  # sampled per site; per tensor: samples, values a channel
 CHANNELS = (1, 3, 4)  # a 4-dim tensor whose dim 1 (or 3) is one of these holds images
@@ -70,7 +68,12 @@ class DoctorConfig:
 
 
 class ScriptError(LatecastError):
-    """The doctored script raised or exited with a non-zero status: its own error."""
+    """The doctored script raised or exited with a non-zero status: its own error, and
+    doctor's ``result`` (what it moved until then: ``--json`` prints it with the error)."""
+
+    def __init__(self, message: str, result: dict) -> None:
+        super().__init__(message)
+        self.result = result
 
 
 class _Stop(BaseException):
@@ -476,13 +479,13 @@ def report(r: dict, cfg: DoctorConfig) -> str:
                 f"{s['calls_per_step']:.3g}",
                 f"{s['dtype']} {tuple(s['shape'])}" + (" pinned" if s["pinned"] else ""),
                 s["could_cross"],
-                f"{_human_bytes(s['bytes_per_step'])} -> {_human_bytes(s['bytes_per_step_then'])}",
+                f"{human_bytes(s['bytes_per_step'])} -> {human_bytes(s['bytes_per_step_then'])}",
                 f"{s['factor']:.1f}x",
             ]
             for s in r["sites"]
         ]
         t = r["total"]
-        total = f"{_human_bytes(t['bytes_per_step'])} -> {_human_bytes(t['bytes_per_step_then'])}"
+        total = f"{human_bytes(t['bytes_per_step'])} -> {human_bytes(t['bytes_per_step_then'])}"
         lines += ["", *_table([head, *rows, ["total", "", "", "", total, f"{t['factor']:.1f}x"]])]
         lines += ["", "what to change:"]
         lines += [
@@ -492,7 +495,7 @@ def report(r: dict, cfg: DoctorConfig) -> str:
         by_site = {}
         for s in r["setup"]:
             by_site[s["site"]] = by_site.get(s["site"], 0) + s["bytes"]
-        once = ", ".join(f"{site} ({_human_bytes(b)})" for site, b in by_site.items())
+        once = ", ".join(f"{site} ({human_bytes(b)})" for site, b in by_site.items())
         lines += ["", f"moved once before the first step, not counted per step: {once}"]
     if cfg.profile:
         p = r["profile"]
@@ -505,30 +508,21 @@ def report(r: dict, cfg: DoctorConfig) -> str:
     return "\n".join(lines)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    _options("tools.doctor", "DoctorConfig")(p)
-    p.add_argument(
-        "script",
-        nargs=argparse.REMAINDER,
-        metavar="-- SCRIPT [ARGS...]",
-        help="the training script and its arguments (python train.py ..., python -m pkg.train)",
-    )
-
-
-def run(args: argparse.Namespace) -> dict:
-    """``latecast doctor``: check the options, run the script, print (rank 0) the report."""
-    cfg = _config(DoctorConfig, args)
+def doctor(
+    cfg: DoctorConfig, command: list[str], *, show: bool = True, debug: bool = False
+) -> dict:
+    """``latecast doctor``: check the options, run the script, and where ``show`` (rank 0)
+    print the report (and write ``doctor.md``); the result. A script that fails is one
+    ``ScriptError`` that carries the result."""
     if cfg.profile and not torch.cuda.is_available():
         raise ConfigError("--profile needs CUDA (it times Memcpy HtoD on the GPU): none here")
     if cfg.profile and cfg.steps < WARMUP + PROFILED:
         raise ConfigError(f"--profile needs --steps >= {WARMUP + PROFILED}, got {cfg.steps}")
     out = check_path(cfg.output_dir) if cfg.output_dir else None
-    kind, name, argv = target(cfg, args.script)
+    kind, name, argv = target(cfg, command)
     obs = Observer()
-    r = diagnose(name, obs, run_script(kind, name, argv, obs, cfg, args.debug))
-    if os.environ.get("RANK", "0") != "0":  # under torchrun only rank 0 reports
-        args.json = False
-    else:
+    r = diagnose(name, obs, run_script(kind, name, argv, obs, cfg, debug))
+    if show:
         text = report(r, cfg)
         print(text)
         if out is not None:
@@ -536,8 +530,5 @@ def run(args: argparse.Namespace) -> dict:
                 f.write(f"# latecast doctor\n\n{text}\n".encode())
             print(f"wrote {out / 'doctor.md'}")
     if r["error"]:
-        if args.json:  # the report's JSON still ends stdout; the error line goes to stderr
-            print(json.dumps(_strict(r), allow_nan=False))
-            args.json = False
-        raise ScriptError(f"{name} {r['error']}")
+        raise ScriptError(f"{name} {r['error']}", result=r)
     return r
