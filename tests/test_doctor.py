@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 
+import latecast
 from latecast.tools.doctor import grid
 
 MNIST = """
@@ -180,12 +181,15 @@ for x, y in DataLoader(TensorDataset(features, targets), batch_size=16, shuffle=
 """
 
 
-def write(tmp_path: Path, name: str, text: str) -> tuple[Path, str]:
-    """The script at ``tmp_path/name`` and the ``file:line`` of its line marked ``# MOVE``."""
+def line_of(text: str, mark: str) -> int:
+    return next(i for i, s in enumerate(text.splitlines(), 1) if mark in s)
+
+
+def write(tmp_path: Path, name: str, text: str, mark: str = "# MOVE") -> tuple[Path, str]:
+    """The script at ``tmp_path/name`` and the ``file:line`` of its line marked ``mark``."""
     path = tmp_path / name
     path.write_text(text)
-    line = next(i for i, s in enumerate(text.splitlines(), 1) if "# MOVE" in s)
-    return path, f"{path}:{line}"
+    return path, f"{path}:{line_of(text, mark)}"
 
 
 def sites(result: dict, where: str) -> dict[str, dict]:
@@ -341,7 +345,8 @@ def test_a_script_that_raises_before_any_step(tmp_path, run_cli):
     res = run_cli("doctor", "--json", "--", script)
     line = one_error_line(res)
     assert "raised ValueError: no data" in line and f"{script}:3" in line
-    assert res.json["steps"] == 0 and res.json["exit_status"] == 1
+    assert res.json["steps"] == 0 and res.json["exit_status"] == 1 and res.json["exit_code"] == 1
+    assert res.json["error"] == line.removeprefix("latecast: error: ")  # row 97's contract
     assert res.json["sites"][0]["site"] == f"{script}:2"
 
 
@@ -365,6 +370,77 @@ def test_a_script_that_never_moves_a_tensor(tmp_path, run_cli):
     script.write_text("import torch\nprint(torch.ones(2).sum().item())\n")
     res = run_cli("doctor", "--json", "--", script)
     assert res.rc == 0 and res.json["sites"] == [] and "no tensor was moved" in res.out
+
+
+EDGES = """
+import os
+import sys
+import warnings
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Broken(Dataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        if i == 3:
+            raise ValueError(f"sample {i} is broken")  # RAISE
+        return torch.zeros(2)
+
+
+os.makedirs("elsewhere", exist_ok=True)
+os.chdir("elsewhere")
+warnings.warn("ignored by -W", UserWarning)
+warnings.warn("the script's own warning", FutureWarning)  # WARN
+print("-u", sys.stdout.line_buffering, "-B", sys.dont_write_bytecode)
+torch.ones(3).to("cpu")
+for batch in DataLoader(Broken(), batch_size=2, num_workers=1, multiprocessing_context="fork"):
+    batch.to("cpu")
+"""
+
+
+def test_python_options_a_relative_output_dir_a_workers_error_and_warnings(
+    tmp_path, run_cli, monkeypatch
+):
+    """``latecast doctor -- python -u -W ... -B script``, as a user types it (a real process:
+    stderr and the exit code as a shell sees them): the options apply to the script; its
+    warning is shown as Python shows it; the error in its DataLoader worker keeps its own
+    message and line; a relative --output-dir lands where doctor started although the script
+    changed directory; the --json line carries the report, the error and the exit code."""
+    monkeypatch.chdir(tmp_path)
+    script, _ = write(tmp_path, "edges.py", EDGES, "# RAISE")
+    raise_at, warn_at = line_of(EDGES, "# RAISE"), line_of(EDGES, "# WARN")
+    argv = ["--json", "--output-dir", "out", "--", "python", "-u", "-W", "ignore::UserWarning"]
+    src = str(Path(latecast.__file__).parents[1])  # this latecast, from any directory
+    res = run_cli("doctor", *argv, "-B", "edges.py", process=True, env={"PYTHONPATH": src})
+    line = res.err.strip().splitlines()[-1]
+    assert res.rc == 1 and line == (
+        "latecast: error: edges.py raised ValueError in DataLoader worker process 0: "
+        f"sample 3 is broken (edges.py:{raise_at})"
+    ), res.err
+    assert f"{script}:{warn_at}: FutureWarning: the script's own warning\n" in res.err
+    assert "ignored by -W" not in res.err and "-u True -B True" in res.out
+    assert res.json["error"] == line.removeprefix("latecast: error: ")
+    assert res.json["exit_code"] == 1 and res.json["sites"][0]["site"] == f"edges.py:{warn_at + 2}"
+    assert (tmp_path / "out" / "doctor.md").is_file() and not (
+        tmp_path / "elsewhere" / "out"
+    ).exists()
+
+
+def test_options_that_shape_the_interpreter_say_how_to_start_doctor(tmp_path, run_cli):
+    script = tmp_path / "away.py"
+    script.write_text("import os, torch\nos.chdir('/')\ntorch.zeros(2).to('cpu')\n")
+    for given in (["-O"], ["-X", "dev"], ["-uE"]):
+        line = one_error_line(run_cli("doctor", "--", "python", *given, script))
+        shown = " ".join(given) if given != ["-uE"] else "-E"
+        assert f"start doctor under it, python {shown} -m latecast doctor -- SCRIPT" in line
+    assert "not python -c code" in one_error_line(run_cli("doctor", "--", "python", "-c", "1"))
+    here = os.getcwd()
+    res = run_cli("doctor", "--json", "--", "python", "-Walways", script)
+    assert res.rc == 0 and os.getcwd() == here and res.json["sites"][0]["site"] == f"{script}:3"
 
 
 def test_sys_exit_is_reported_with_its_status(tmp_path, run_cli):

@@ -24,7 +24,9 @@ recorded all the same, as what would cross the bus on a GPU, and the report says
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import linecache
 import os
 import re
 import runpy
@@ -32,9 +34,11 @@ import sys
 import sysconfig
 import tempfile
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -54,6 +58,7 @@ CHANNELS = (1, 3, 4)  # a 4-dim tensor whose dim 1 (or 3) is one of these holds 
 WARMUP, PROFILED = 2, 3  # --profile: steps before the profiler starts, steps it records
 _SKIP = re.compile(r"(torch\w*|latecast)(\.|$)")  # modules whose frames are not the script's
 _LIBRARY = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}) + ("<",)
+_PACKAGE = str(Path(__file__).parents[1])  # latecast's own files (an editable install too)
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,7 @@ class Observer(TorchFunctionMode):
         super().__init__()
         self.sites: dict[tuple, Site] = {}
         self.steps = 0
+        self.start = Path.cwd()  # sites are named relative to it
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -116,7 +122,7 @@ class Observer(TorchFunctionMode):
     def _record(self, t: torch.Tensor, dtype: torch.dtype, target: str) -> None:
         axis = 1 if t.dim() == 4 and t.shape[1] in CHANNELS else None
         axis = 3 if t.dim() == 4 and axis is None and t.shape[3] in CHANNELS else axis
-        where, at = _where(sys._getframe(2))
+        where, at = _where(sys._getframe(2), self.start)
         key = (where, at, dtype, t.dim(), axis and t.shape[axis])
         s = self.sites.setdefault(key, Site(where, dtype, tuple(t.shape), axis))
         s.shape, s.calls, s.last_step = tuple(t.shape), s.calls + 1, self.steps
@@ -155,24 +161,29 @@ def _moved(func, args, kwargs, out) -> tuple[torch.Tensor, torch.dtype, str] | N
 
 def _mine(frame) -> bool:
     name = frame.f_globals.get("__name__", "")
-    return name == "__main__" or not (
-        _SKIP.match(name) or frame.f_code.co_filename.startswith(_LIBRARY)
-    )
+    return name == "__main__" or not (_SKIP.match(name) or _library(frame.f_code.co_filename))
 
 
-def _where(frame) -> tuple[str, int]:
+def _library(path: str) -> bool:
+    """Installed code, the standard library or latecast: not the script's."""
+    return path.startswith(_LIBRARY) or path.startswith(_PACKAGE)
+
+
+def _where(frame, start: Path) -> tuple[str, int]:
     """``file:line`` of the innermost frame of the script at or above ``frame``, and the
     offset of its instruction there (``x.to(d), y.to(d)`` on one line are two sites)."""
     while frame is not None and not _mine(frame):
         frame = frame.f_back
     if frame is None:
         return "?", 0
-    return f"{_short(frame.f_code.co_filename)}:{frame.f_lineno}", frame.f_lasti
+    return f"{_short(frame.f_code.co_filename, start)}:{frame.f_lineno}", frame.f_lasti
 
 
-def _short(path: str) -> str:
-    p = Path(path).absolute()
-    return str(p.relative_to(Path.cwd())) if p.is_relative_to(Path.cwd()) else path
+def _short(path: str, start: Path) -> str:
+    """``path`` relative to ``start``, where doctor was started (the script may change
+    directory), or whole where it lies outside."""
+    p = Path(path)
+    return str(p.relative_to(start)) if p.is_absolute() and p.is_relative_to(start) else path
 
 
 def _sample(t: torch.Tensor, dtype: torch.dtype, axis: int | None) -> np.ndarray:
@@ -279,12 +290,24 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
 # -- running the script --------------------------------------------------------------------
 
 
-def target(cfg: DoctorConfig, command: list[str]) -> tuple[str, str, list[str]]:
-    """``("path" | "module", name, its arguments)`` from what follows ``--``; one line for
-    a script or module that is not there, or a launcher doctor cannot look inside."""
+@dataclass(frozen=True)
+class Script:
+    """What follows ``--``: a script's path or a module's name, its arguments, and the
+    interpreter's own options given before it (``python -u -W ignore train.py``)."""
+
+    kind: str  # "path" | "module"
+    name: str
+    argv: list[str]
+    flags: list[tuple[str, str | None]]  # ("u", None), ("W", "ignore"), ...
+
+
+def target(cfg: DoctorConfig, command: list[str]) -> Script:
+    """The script from what follows ``--``; one line for a script or module that is not
+    there, a launcher doctor cannot look inside, or an interpreter option it cannot apply."""
     cmd = command[1:] if command[:1] == ["--"] else list(command)
+    flags: list[tuple[str, str | None]] = []
     if not cfg.module and cmd and re.fullmatch(r"python[\d.]*", Path(cmd[0]).name):
-        cmd = cmd[1:]
+        flags, cmd = python_options(cmd[1:])
     module = cfg.module
     if not module and cmd[:1] == ["-m"] and len(cmd) > 1:
         module, cmd = cmd[1], cmd[2:]
@@ -306,15 +329,99 @@ def target(cfg: DoctorConfig, command: list[str]) -> tuple[str, str, list[str]]:
             sys.path.pop(0)
         if not found:
             raise ConfigError(f"no module named {module!r} to run")
-        return "module", module, cmd
+        return Script("module", module, cmd, flags)
     if not Path(name).is_file():
         raise ConfigError(f"script {name} not found (or not a file)")
-    return "path", name, cmd
+    return Script("path", name, cmd, flags)
 
 
-def run_script(kind: str, name: str, argv: list[str], obs: Observer, cfg, debug: bool) -> dict:
+# python's options that doctor applies for the script's run (-u: its output flushed at each
+# line; -W, -B), and those that shape the interpreter as it starts, which hold only where
+# doctor itself was started under them (their names in sys.flags)
+APPLIED = "uWB"
+AT_START = {"O": "optimize", "E": "ignore_environment", "s": "no_user_site", "S": "no_site"}
+AT_START |= {"I": "isolated", "P": "safe_path", "b": "bytes_warning", "d": "debug"}
+AT_START |= {"v": "verbose", "q": "quiet", "i": "inspect", "R": "hash_randomization"}
+
+
+def python_options(cmd: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """The interpreter's options before the script in ``python -u -Wignore -X dev train.py``
+    (letters may be joined, ``-uB``; ``-W``/``-X`` take the rest of the word or the next),
+    and what follows them; ``-m MODULE`` is left at the front."""
+    cmd, flags = list(cmd), []
+    while cmd and cmd[0].startswith("-") and cmd[0] not in ("-", "-m"):
+        word = cmd.pop(0)
+        if word.startswith("--"):
+            raise ConfigError(f"python option {word}: doctor takes python's one-letter options")
+        for i, letter in enumerate(word[1:], 1):
+            if letter in "WXm":  # takes a value: the rest of the word, else the next word
+                value = word[i + 1 :] or (cmd.pop(0) if cmd else "")
+                if not value:
+                    raise ConfigError(f"python -{letter} needs a value")
+                if letter == "m":
+                    cmd[:0] = ["-m", value]
+                else:
+                    flags.append((letter, value))
+                break
+            if letter == "c":
+                raise ConfigError("doctor runs a script or a module (-m), not python -c code")
+            flags.append((letter, None))
+    for letter, value in flags:
+        if letter in APPLIED or _in_effect(letter, value):
+            continue
+        given = f"-{letter}" + (f" {value}" if value else "")
+        raise ConfigError(
+            f"python {given} shapes the interpreter as it starts, and doctor runs the script in "
+            f"its own: start doctor under it, python {given} -m latecast doctor -- SCRIPT"
+        )
+    return flags, cmd
+
+
+def _in_effect(letter: str, value: str | None) -> bool:
+    """Whether this interpreter was started with ``-LETTER [VALUE]``."""
+    if letter == "X":  # -X dev: {"dev": True}; -X int_max_str_digits=9: {"...": "9"}
+        key, eq, val = (value or "").partition("=")
+        return key in sys._xoptions and sys._xoptions[key] == (val if eq else True)
+    return bool(getattr(sys.flags, AT_START.get(letter, ""), False))
+
+
+@contextlib.contextmanager
+def as_python_would(flags: list[tuple[str, str | None]]) -> Iterator[None]:
+    """The script's run as ``python FLAGS script`` runs it: ``-u``, ``-W``, ``-B`` applied,
+    and its warnings shown as Python shows them (``file:line: Category: message``), not as
+    the command line shows latecast's own; all put back after."""
+    streams = [s for s in (sys.stdout, sys.stderr) if hasattr(s, "reconfigure")]
+    saved = sys.dont_write_bytecode, warnings.formatwarning
+    buffering = [(s.line_buffering, s.write_through) for s in streams]
+    with warnings.catch_warnings():  # the filters -W adds go with it
+        warnings.formatwarning = python_formatwarning
+        try:
+            # what python does with -W at its start (a bad value: one line, then ignored)
+            warnings._processoptions([value for letter, value in flags if letter == "W"])
+            if ("u", None) in flags:  # unbuffered; here written through at each line
+                for s in streams:
+                    s.reconfigure(line_buffering=True, write_through=True)
+            if ("B", None) in flags:
+                sys.dont_write_bytecode = True
+            yield
+        finally:
+            sys.dont_write_bytecode, warnings.formatwarning = saved
+            for s, (line, through) in zip(streams, buffering):
+                s.reconfigure(line_buffering=line, write_through=through)
+
+
+def python_formatwarning(message, category, filename, lineno, line=None) -> str:
+    """A warning as Python's own ``warnings.formatwarning`` shows it (the command line
+    replaces that function with one line of its own for latecast's warnings)."""
+    line = linecache.getline(filename, lineno) if line is None else line
+    source = f"  {line.strip()}\n" if line and line.strip() else ""
+    return f"{filename}:{lineno}: {category.__name__}: {message}\n{source}"
+
+
+def run_script(script: Script, obs: Observer, cfg, debug: bool) -> dict:
     """Run the script as ``__main__`` under ``obs`` until it ends or ``cfg.steps`` optimizer
-    steps are done: how it ended, its exit status and its error (reported, never swallowed)."""
+    steps are done: how it ended, its exit status and its error (reported, never swallowed).
+    The working directory, ``sys.argv`` and ``sys.path`` are put back after."""
     profiler = Profiler() if cfg.profile else None
 
     def step(optimizer, args, kwargs) -> None:
@@ -324,15 +431,16 @@ def run_script(kind: str, name: str, argv: list[str], obs: Observer, cfg, debug:
         if obs.steps >= cfg.steps:
             raise _Stop
 
-    saved = sys.argv, sys.path[:]
-    sys.argv = [name, *argv]
-    sys.path.insert(0, str(Path(name).resolve().parent) if kind == "path" else os.getcwd())
+    name, saved = script.name, (sys.argv, sys.path[:], os.getcwd())
+    sys.argv = [name, *script.argv]
+    here = str(Path(name).resolve().parent) if script.kind == "path" else os.getcwd()
+    sys.path.insert(0, here)
     hook = register_optimizer_step_post_hook(step)
     ended, status, error = "end", 0, None
     try:
-        with obs:
-            if kind == "path":
-                runpy.run_path(name, run_name="__main__")
+        with as_python_would(script.flags), obs:
+            if script.kind == "path":  # python's __file__ is absolute since 3.9
+                runpy.run_path(str(Path(name).absolute()), run_name="__main__")
             else:
                 runpy.run_module(name, run_name="__main__", alter_sys=True)
     except _Stop:
@@ -346,16 +454,11 @@ def run_script(kind: str, name: str, argv: list[str], obs: Observer, cfg, debug:
     except Exception as err:  # the script's own: reported, and doctor exits 1
         if debug:
             traceback.print_exc()
-        at, tb = "?", err.__traceback__
-        while tb is not None:
-            if _mine(tb.tb_frame):
-                at = f"{_short(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
-            tb = tb.tb_next
-        first = (str(err).strip().splitlines() or [""])[0]
-        ended, status, error = "error", 1, f"raised {type(err).__name__}: {first} ({at})"
+        ended, status, error = "error", 1, _raised(err, obs.start)
     finally:
         hook.remove()
-        sys.argv, sys.path[:] = saved
+        sys.argv, sys.path[:] = saved[:2]
+        os.chdir(saved[2])
         if profiler:
             profiler.close()
         _release_group()
@@ -365,6 +468,32 @@ def run_script(kind: str, name: str, argv: list[str], obs: Observer, cfg, debug:
         "error": error,
         "profile": profiler and profiler.result,
     }
+
+
+# torch re-raises an exception of a DataLoader worker (or its pin-memory thread) in the main
+# process as "Caught E in DataLoader worker process 0.\nOriginal Traceback ...\nE: message"
+_WORKER = re.compile(r"Caught \w+ (in .+?)\.?\nOriginal Traceback", re.S)
+_FRAME = re.compile(r'^\s*File "(.+)", line (\d+)', re.M)
+
+
+def _raised(err: Exception, start: Path) -> str:
+    """``raised E: message (file:line)``: the script's own message and its innermost line
+    of the script; for an error in a DataLoader worker, the worker's, as torch kept them."""
+    text, name = str(err).strip(), type(err).__name__
+    worker = _WORKER.match(text)
+    if worker:
+        last = text.splitlines()[-1]
+        first = last.split(": ", 1)[1] if last.startswith(f"{name}: ") else last
+        lines = [(f, n) for f, n in _FRAME.findall(text) if not _library(f)]
+        at = f"{_short(lines[-1][0], start)}:{lines[-1][1]}" if lines else "?"
+        return f"raised {name} {worker.group(1)}: {first} ({at})"
+    at, tb = "?", err.__traceback__
+    while tb is not None:
+        if _mine(tb.tb_frame):
+            at = f"{_short(tb.tb_frame.f_code.co_filename, start)}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    first = (text.splitlines() or [""])[0]
+    return f"raised {name}: {first} ({at})"
 
 
 def _release_group() -> None:
@@ -518,10 +647,11 @@ def doctor(
         raise ConfigError("--profile needs CUDA (it times Memcpy HtoD on the GPU): none here")
     if cfg.profile and cfg.steps < WARMUP + PROFILED:
         raise ConfigError(f"--profile needs --steps >= {WARMUP + PROFILED}, got {cfg.steps}")
-    out = check_path(cfg.output_dir) if cfg.output_dir else None
-    kind, name, argv = target(cfg, command)
+    # relative to where doctor started, wherever the script changes directory to
+    out = check_path(cfg.output_dir).absolute() if cfg.output_dir else None
+    script = target(cfg, command)
     obs = Observer()
-    r = diagnose(name, obs, run_script(kind, name, argv, obs, cfg, debug))
+    r = diagnose(script.name, obs, run_script(script, obs, cfg, debug))
     if show:
         text = report(r, cfg)
         print(text)
@@ -530,5 +660,5 @@ def doctor(
                 f.write(f"# latecast doctor\n\n{text}\n".encode())
             print(f"wrote {out / 'doctor.md'}")
     if r["error"]:
-        raise ScriptError(f"{name} {r['error']}", result=r)
+        raise ScriptError(f"{script.name} {r['error']}", result=r)
     return r
