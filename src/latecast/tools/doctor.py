@@ -35,6 +35,7 @@ import sysconfig
 import tempfile
 import traceback
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
@@ -100,31 +101,59 @@ class Site:
     nbytes: int = 0
     last_step: int = 0  # optimizer steps done before its latest call
     samples: list = field(default_factory=list)  # float64 (channels, values) arrays
+    latecast: bool = False  # latecast's own copy (the script already moves through it)
+
+
+class Marks:
+    """Tensors marked while they live, each with a value: by identity (a tensor's ``==``
+    compares its elements), forgotten as each is freed."""
+
+    def __init__(self) -> None:
+        self.marked: dict[int, tuple[weakref.ref, object]] = {}
+
+    def add(self, t: torch.Tensor, value: object = True) -> None:
+        key = id(t)
+        self.marked[key] = (weakref.ref(t, lambda _: self.marked.pop(key, None)), value)
+
+    def get(self, t: torch.Tensor) -> object:
+        ref, value = self.marked.get(id(t), (None, None))
+        return value if ref is not None and ref() is t else None
 
 
 class Observer(TorchFunctionMode):
-    """Records every host->device move made under it, per site (see the module docstring)."""
+    """Records every host->device move made under it, per site (see the module docstring).
+    torch's own moves (``clip_grad_norm_`` gathering its norms) are not the script's; a move
+    inside latecast is latecast's own copy, and what latecast hands out is on the device
+    already (on a CPU, the script's ``.to(device)`` of it moves nothing on a GPU either)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.sites: dict[tuple, Site] = {}
         self.steps = 0
         self.start = Path.cwd()  # sites are named relative to it
+        self.latecasts = Marks()  # tensors latecast made
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)  # the mode is off in here: nothing below is recorded
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller == "torch" or caller.startswith("torch."):
+            return out
+        ours = caller == "latecast" or caller.startswith("latecast.")
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if ours and isinstance(t, torch.Tensor):
+                self.latecasts.add(t)
         moved = _moved(func, args, kwargs, out)
-        if moved is not None:
-            self._record(*moved)
+        if moved is not None and (ours or not self.latecasts.get(moved[0])):
+            self._record(*moved, latecast=ours)
         return out
 
-    def _record(self, t: torch.Tensor, dtype: torch.dtype, target: str) -> None:
+    def _record(self, t: torch.Tensor, dtype: torch.dtype, target: str, latecast: bool) -> None:
         axis = 1 if t.dim() == 4 and t.shape[1] in CHANNELS else None
         axis = 3 if t.dim() == 4 and axis is None and t.shape[3] in CHANNELS else axis
         where, at = _where(sys._getframe(2), self.start)
-        key = (where, at, dtype, t.dim(), axis and t.shape[axis])
-        s = self.sites.setdefault(key, Site(where, dtype, tuple(t.shape), axis))
+        key = (where, at, dtype, t.dim(), axis and t.shape[axis], latecast)
+        s = self.sites.setdefault(key, Site(where, dtype, tuple(t.shape), axis, latecast=latecast))
         s.shape, s.calls, s.last_step = tuple(t.shape), s.calls + 1, self.steps
         s.nbytes += t.numel() * dtype.itemsize
         s.targets.add(target)
@@ -233,7 +262,9 @@ def verdict(s: Site) -> dict:
     u = np.concatenate(s.samples, axis=1) if s.samples else np.zeros((1, 0))
     now, then, stats, lo, hi = s.dtype, s.dtype, None, None, None
     finite = bool(np.isfinite(u).all())
-    if now.itemsize == 1 or u.size == 0:
+    if s.latecast:
+        kind = "latecast"
+    elif now.itemsize == 1 or u.size == 0:
         kind = "narrow"
     elif finite and (u == np.rint(u)).all():
         lo, hi = int(u.min()), int(u.max())
@@ -281,6 +312,8 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
             f"{now} in {lo}..{hi}: they cross as {_name(then)} through `latecast.wrap` "
             f"(int64 again on the device), {factor}x"
         )
+    if kind == "latecast":
+        return f"{now} bytes of latecast's own copy: nothing to change"
     why = {"narrow": "already narrow", "float": "not on an 8-bit grid"}.get(
         kind, f"in {lo}..{hi}: no narrower dtype holds them"
     )
@@ -552,9 +585,10 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
     steps, sites, setup = obs.steps, [], []
     for s in obs.sites.values():
         row = {"site": s.where, "dtype": _name(s.dtype), "shape": list(s.shape)}
+        row["latecast"] = s.latecast
         row.update(pinned=s.pinned, devices=sorted(s.targets), calls=s.calls)
-        if steps >= 2 and s.last_step == 0:
-            setup.append({**row, "bytes": s.nbytes})
+        if steps >= 2 and s.last_step == 0:  # latecast's own constants (its mean) left out
+            setup += [] if s.latecast else [{**row, "bytes": s.nbytes}]
             continue
         row.update(verdict(s))
         per = max(steps, 1)
@@ -589,6 +623,12 @@ def _table(rows: list[list[str]]) -> list[str]:
     ]
 
 
+def _nothing(r: dict) -> str:
+    if all(s["latecast"] for s in r["sites"]):
+        return "latecast moves every batch"
+    return "every tensor crosses as narrow as its values allow"
+
+
 def report(r: dict, cfg: DoctorConfig) -> str:
     ended = {"steps": f"stopped at --steps {cfg.steps}", "end": "the script ended"}
     how = ended.get(r["ended"], f"the script {r['error'] or 'exited with status 0'}")
@@ -604,7 +644,7 @@ def report(r: dict, cfg: DoctorConfig) -> str:
         head = "site|per step|crosses now|could cross|bytes/step now -> then|factor".split("|")
         rows = [
             [
-                s["site"],
+                s["site"] + (" (latecast)" if s["latecast"] else ""),
                 f"{s['calls_per_step']:.3g}",
                 f"{s['dtype']} {tuple(s['shape'])}" + (" pinned" if s["pinned"] else ""),
                 s["could_cross"],
@@ -616,10 +656,9 @@ def report(r: dict, cfg: DoctorConfig) -> str:
         t = r["total"]
         total = f"{human_bytes(t['bytes_per_step'])} -> {human_bytes(t['bytes_per_step_then'])}"
         lines += ["", *_table([head, *rows, ["total", "", "", "", total, f"{t['factor']:.1f}x"]])]
-        lines += ["", "what to change:"]
-        lines += [
-            f"- {s['site']} {s['dtype']} {tuple(s['shape'])}: {s['change']}" for s in r["sites"]
-        ]
+        changes = [s for s in r["sites"] if s["factor"] > 1]
+        lines += ["", "what to change:" if changes else "nothing to change: " + _nothing(r)]
+        lines += [f"- {s['site']} {s['dtype']} {tuple(s['shape'])}: {s['change']}" for s in changes]
     if r["setup"]:
         by_site = {}
         for s in r["setup"]:
