@@ -222,22 +222,28 @@ def test_mnist_loop_uint8_pixels_mean_std_and_labels(tmp_path, run_cli):
     assert where in text and "PILToTensor()" in text and "mean=(0.1307,), std=(0.3081,)" in text
     assert "would cross the bus on a GPU" in text
     md = (out / "doctor.md").read_text()
-    assert "| total" in md and "latecast.wrap(loader, mean=(0.1307,), std=(0.3081,))" in md
+    assert "| total" in md and "+    tf = transforms.Compose([transforms.PILToTensor()])" in md
+    assert "multiprocessing_context=context), mean=(0.1307,), std=(0.3081,))" in md
+
+
+def run_alone(script: Path, *argv) -> str:
+    """What ``python script argv`` prints, run in this process (as doctor runs it)."""
+    out, saved = io.StringIO(), sys.argv
+    try:
+        sys.argv = [str(script), *map(str, argv)]
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = saved
+    return out.getvalue()
 
 
 def test_a_doctored_run_computes_exactly_what_an_undoctored_one_does(tmp_path, run_cli):
     script, _ = write(tmp_path, "train.py", MNIST)
-    alone = io.StringIO()
-    argv = sys.argv
-    try:
-        sys.argv = [str(script), "--batch-size", "32"]
-        with contextlib.redirect_stdout(alone):
-            runpy.run_path(str(script), run_name="__main__")
-    finally:
-        sys.argv = argv
+    alone = run_alone(script, "--batch-size", "32")
     doctored = run_cli("doctor", "--steps", "100", "--", script, "--batch-size", "32")
     assert doctored.rc == 0, doctored.err
-    losses = [line for line in alone.getvalue().splitlines() if line.startswith("loss")]
+    losses = [line for line in alone.splitlines() if line.startswith("loss")]
     assert len(losses) == 6
     assert [x for x in doctored.out.splitlines() if x.startswith("loss")] == losses
     assert "the script ended" in doctored.out and "(32, 1, 28, 28)" in doctored.out
@@ -327,6 +333,325 @@ def test_grid_recovers_mean_and_std_as_torchvision_makes_the_values(channels):
     assert grid(torch.randn(4096, generator=g).double().numpy(), 1e-7) is None
     half = x.half()[:, 0].double().numpy().ravel()
     assert grid(half, torch.finfo(torch.float16).eps) is not None
+
+
+# -- the advice, applied as written (issue 26) ------------------------------------------------
+
+# pytorch/examples' mnist/main.py in its shape: one transform shared by the train and the test
+# loader, train() and test() (under no_grad) per epoch, dropout drawing from the global RNG
+MNIST_EXAMPLE = """
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import torch.optim as optim
+from torch.optim.lr_scheduler import StepLR
+from torchvision import datasets, transforms
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 8, 3, 1)
+        self.dropout1 = nn.Dropout(0.25)
+        self.fc1 = nn.Linear(8 * 13 * 13, 10)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = torch.flatten(self.dropout1(x), 1)
+        return F.log_softmax(self.fc1(x), dim=1)
+
+
+def train(args, model, device, train_loader, optimizer, epoch):
+    model.train()
+    for batch_idx, (data, target) in enumerate(train_loader):
+        data, target = data.to(device), target.to(device)  # MOVE
+        optimizer.zero_grad()
+        output = model(data)
+        loss = F.nll_loss(output, target)
+        loss.backward()
+        optimizer.step()
+        print(f"train {epoch} {batch_idx} {loss.item()!r}")
+
+
+def test(model, device, test_loader):
+    model.eval()
+    test_loss, correct = 0, 0
+    with torch.no_grad():
+        for data, target in test_loader:
+            data, target = data.to(device), target.to(device)  # EVAL
+            output = model(data)
+            test_loss += F.nll_loss(output, target, reduction="sum").item()
+            pred = output.argmax(dim=1, keepdim=True)
+            correct += pred.eq(target.view_as(pred)).sum().item()
+    print(f"test {test_loss!r} {correct}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description="PyTorch MNIST Example")
+    parser.add_argument("--data", default="../data")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--test-batch-size", type=int, default=1000)
+    parser.add_argument("--epochs", type=int, default=14)
+    parser.add_argument("--lr", type=float, default=1.0)
+    parser.add_argument("--gamma", type=float, default=0.7)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--limit", type=int, default=0, help="the first N samples of each")
+    args = parser.parse_args()
+    use_cuda = torch.cuda.is_available()
+    torch.manual_seed(args.seed)
+    device = torch.device("cuda" if use_cuda else "cpu")
+    train_kwargs = {"batch_size": args.batch_size}
+    test_kwargs = {"batch_size": args.test_batch_size}
+    if use_cuda:
+        cuda_kwargs = {"num_workers": 1, "pin_memory": True, "shuffle": True}
+        train_kwargs.update(cuda_kwargs)
+        test_kwargs.update(cuda_kwargs)
+    transform = transforms.Compose([
+        transforms.ToTensor(),
+        transforms.Normalize((0.1307,), (0.3081,))
+        ])
+    dataset1 = datasets.MNIST(args.data, train=True, download=False, transform=transform)
+    dataset2 = datasets.MNIST(args.data, train=False, transform=transform)
+    if args.limit:
+        dataset1 = torch.utils.data.Subset(dataset1, range(args.limit))
+        dataset2 = torch.utils.data.Subset(dataset2, range(args.limit))
+    train_loader = torch.utils.data.DataLoader(dataset1, **train_kwargs)
+    test_loader = torch.utils.data.DataLoader(dataset2, **test_kwargs)
+    model = Net().to(device)
+    optimizer = optim.Adadelta(model.parameters(), lr=args.lr)
+    scheduler = StepLR(optimizer, step_size=1, gamma=args.gamma)
+    for epoch in range(1, args.epochs + 1):
+        train(args, model, device, train_loader, optimizer, epoch)
+        test(model, device, test_loader)
+        scheduler.step()
+    print(f"weights {sum(p.double().sum() for p in model.parameters()).item()!r}")
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+# the README's conversion, by hand: PILToTensor, and each loader wrapped where it is made
+MNIST_BY_HAND = (
+    MNIST_EXAMPLE.replace("import argparse\n", "import argparse\n\nimport latecast\n")
+    .replace(
+        "transforms.ToTensor(),\n        transforms.Normalize((0.1307,), (0.3081,))",
+        "transforms.PILToTensor()",
+    )
+    .replace(
+        "    model = Net().to(device)\n",
+        "    train_loader = latecast.wrap(train_loader, mean=(0.1307,), std=(0.3081,))\n"
+        "    test_loader = latecast.wrap(test_loader, mean=(0.1307,), std=(0.3081,))\n"
+        "    model = Net().to(device)\n",
+    )
+)
+
+
+@pytest.fixture(scope="session")
+def torchvision_mnist(tmp_path_factory) -> Path:
+    """A root for ``torchvision.datasets.MNIST``: latecast's bundled files, unpacked."""
+    import gzip
+    import shutil
+
+    root = tmp_path_factory.mktemp("mnist-root")
+    (root / "MNIST" / "raw").mkdir(parents=True)
+    for packed in (Path(latecast.__file__).parent / "bundled").glob("*.gz"):
+        with gzip.open(packed) as f, open(root / "MNIST" / "raw" / packed.stem, "wb") as out:
+            shutil.copyfileobj(f, out)
+    return root
+
+
+def applied(text: str, edits: list[dict]) -> str:
+    """``text`` with doctor's edits made as written: each hunk's old lines must be there."""
+    lines = text.split("\n")
+    for e in sorted(edits, key=lambda e: -e["line"]):
+        at = slice(e["line"] - 1, e["line"] - 1 + len(e["old"]))
+        assert lines[at] == e["old"], e
+        lines[at] = e["new"]
+    return "\n".join(lines)
+
+
+def test_the_mnist_examples_advice_applied_as_written_trains_as_converted_by_hand(
+    tmp_path, run_cli, torchvision_mnist, monkeypatch
+):
+    """Doctor stops in the first epoch, before the test loader has moved a batch, yet names
+    it: it shares the transform. Its edits, made as written, train and test exactly as the
+    README's hand conversion (and as the original within float32 rounding: the normalize
+    on the device), where wrapping the train loader alone crashes the first test pass; the
+    converted script gets "nothing to change", and --eval-steps reaches its test pass."""
+    monkeypatch.chdir(tmp_path)
+    script, _ = write(tmp_path, "train.py", MNIST_EXAMPLE)
+    argv = ["--data", torchvision_mnist, "--limit", 192, "--epochs", 1]
+    r = run_cli("doctor", "--steps", "2", "--json", "--", "python", "train.py", *argv).json
+    assert r["ended"] == "steps" and r["evaluation"] == [] and len(r["loaders"]) == 2
+    image = sites(r, f"train.py:{line_of(MNIST_EXAMPLE, '# MOVE')}")["float32"]
+    made = [
+        f"train.py:{line_of(MNIST_EXAMPLE, f'    {x} = ')} (`{x}`)"
+        for x in ("train_loader", "test_loader")
+    ]
+    assert image["change"].endswith(", ".join(made)), image["change"]
+    write(tmp_path, "advised.py", applied(MNIST_EXAMPLE, r["edits"]), "# MOVE")
+    write(tmp_path, "by_hand.py", MNIST_BY_HAND, "# MOVE")
+    alone, advised = run_alone(script, *argv), run_alone(tmp_path / "advised.py", *argv)
+    assert advised == run_alone(tmp_path / "by_hand.py", *argv)
+    assert len(advised.split()) == len(alone.split())
+    for a, b in zip(advised.split(), alone.split()):  # train/test losses, correct, weights
+        assert a == b or abs(float(a) - float(b)) <= 1e-5 * abs(float(b)), (a, b)
+    assert advised.count("test ") == 1
+    half = MNIST_BY_HAND.replace("test_loader = latecast.wrap(test_loader, ", "dict(")
+    write(tmp_path, "half.py", half, "# MOVE")  # the advice as it was: the train loader alone
+    with pytest.raises(RuntimeError, match="Input type .* and bias type .* should be the same"):
+        run_alone(tmp_path / "half.py", *argv)
+    again = run_cli(
+        "doctor", "--steps", "2", "--eval-steps", "1", "--json", "--", "advised.py", *argv
+    )
+    assert "nothing to change: latecast moves every batch" in again.out and not again.json["edits"]
+    assert again.json["ended"] == "eval" and again.json["eval_batches"] == 1
+    (moved,) = again.json["evaluation"]  # the test loader's one batch, through latecast
+    assert moved["latecast"] and moved["calls"] == 1 and moved["dtype"] == "uint8"
+
+
+# nanoGPT's train.py in its shape: configuration as globals, get_batch reading a memmap per
+# call, estimate_loss under no_grad before training, dropout, clip_grad_norm_
+NANOGPT = """
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.nn import functional as F
+
+data_dir = "."
+eval_interval = 4
+eval_iters = 2
+batch_size = 4
+block_size = 16
+max_iters = 6
+grad_clip = 1.0
+device = "cuda" if torch.cuda.is_available() else "cpu"
+for arg in sys.argv[1:]:  # the configurator's --key=value
+    key, value = arg.removeprefix("--").split("=")
+    globals()[key] = type(globals()[key])(value)
+torch.manual_seed(1337)
+device_type = "cuda" if "cuda" in device else "cpu"
+
+
+# poor man's data loader
+def get_batch(split):
+    # We recreate np.memmap every batch to avoid a memory leak
+    if split == "train":
+        data = np.memmap(os.path.join(data_dir, "train.bin"), dtype=np.uint16, mode="r")
+    else:
+        data = np.memmap(os.path.join(data_dir, "val.bin"), dtype=np.uint16, mode="r")
+    ix = torch.randint(len(data) - block_size, (batch_size,))
+    x = torch.stack([torch.from_numpy((data[i : i + block_size]).astype(np.int64)) for i in ix])
+    y = torch.stack(
+        [torch.from_numpy((data[i + 1 : i + 1 + block_size]).astype(np.int64)) for i in ix]
+    )
+    if device_type == "cuda":
+        # pin arrays x,y, which allows us to move them to GPU asynchronously
+        x, y = (
+            x.pin_memory().to(device, non_blocking=True),
+            y.pin_memory().to(device, non_blocking=True),
+        )
+    else:
+        x, y = x.to(device), y.to(device)  # MOVE
+    return x, y
+
+
+class GPT(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wte = nn.Embedding(50304, 16)
+        self.drop = nn.Dropout(0.2)
+        self.lm_head = nn.Linear(16, 50304)
+
+    def forward(self, idx, targets):
+        logits = self.lm_head(self.drop(self.wte(idx)))
+        return logits, F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+model = GPT().to(device)
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+@torch.no_grad()
+def estimate_loss():
+    out = {}
+    model.eval()
+    for split in ["train", "val"]:
+        losses = torch.zeros(eval_iters)
+        for k in range(eval_iters):
+            X, Y = get_batch(split)
+            logits, loss = model(X, Y)
+            losses[k] = loss.item()
+        out[split] = losses.mean()
+    model.train()
+    return out
+
+
+X, Y = get_batch("train")  # fetch the very first batch
+iter_num = 0
+while True:
+    if iter_num % eval_interval == 0:
+        losses = estimate_loss()
+        print(f"step {iter_num}: train loss {losses['train']!r}, val loss {losses['val']!r}")
+    logits, loss = model(X, Y)
+    X, Y = get_batch("train")  # async prefetch the next batch while the model runs
+    loss.backward()
+    if grad_clip != 0.0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    print(f"iter {iter_num}: loss {loss.item()!r}")
+    iter_num += 1
+    if iter_num > max_iters:
+        break
+print(f"weights {sum(p.double().sum() for p in model.parameters()).item()!r}")
+"""
+
+# the README's conversion, by hand (examples/nanogpt_tokens.py): the Mover returns the batch
+_BRANCHES = slice(
+    NANOGPT.index('    if device_type == "cuda":\n'), NANOGPT.index("    return x, y\n")
+)
+NANOGPT_BY_HAND = (
+    NANOGPT[: _BRANCHES.start].replace("import torch\n", "import torch\n\nimport latecast\n")
+    + "    return mover((x, y))  # MOVE\n"
+    + NANOGPT[_BRANCHES.stop + len("    return x, y\n") :]
+).replace("# poor man's data loader\n", "mover = latecast.Mover(device=device)\n")
+
+
+def test_nanogpts_advice_is_the_mover_applied_as_written_the_same_run(
+    tmp_path, run_cli, monkeypatch
+):
+    """Batches made per call (``get_batch``) get ``latecast.Mover`` at the move, both branches
+    of its device test: applied as written, the run equals the original and the hand
+    conversion exactly (the Mover reads nothing ahead, so the global-RNG draws of
+    get_batch and dropout stay in order), its tokens crossing as uint16. estimate_loss's
+    batches (gradients off) are evaluation rows; clip_grad_norm_'s norms are no row."""
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 4096), ("val", 1024)):
+        rng.integers(0, 50257, n, dtype=np.uint16).tofile(tmp_path / f"{split}.bin")
+    monkeypatch.chdir(tmp_path)
+    script, where = write(tmp_path, "train.py", NANOGPT)
+    r = run_cli("doctor", "--steps", "3", "--json", "--", "python", "train.py").json
+    move = f"train.py:{where.rsplit(':')[1]}"
+    assert {s["site"] for s in r["sites"] + r["evaluation"]} == {move}  # no clip_grad_norm_ row
+    assert len(r["sites"]) == len(r["evaluation"]) == 2 and r["evaluation"][0]["calls"] == 4
+    assert all("through a `latecast.Mover`" in s["change"] for s in r["sites"])
+    advised = applied(NANOGPT, r["edits"])
+    assert advised.count("x, y = mover((x, y))") == 2 and "pin_memory" not in advised
+    write(tmp_path, "advised.py", advised)
+    write(tmp_path, "by_hand.py", NANOGPT_BY_HAND)
+    runs = [run_alone(tmp_path / name) for name in ("train.py", "advised.py", "by_hand.py")]
+    assert runs[0] == runs[1] == runs[2] and runs[0].count("iter ") == 7
+    again = run_cli("doctor", "--steps", "3", "--eval-steps", "1", "--json", "--", "advised.py")
+    assert again.json["edits"] == [] and "nothing to change" in again.out
+    assert again.json["ended"] == "training"  # no DataLoader pass to end: it trained on
+    assert {s["dtype"] for s in again.json["sites"]} == {"uint8"}  # 2 bytes a token, packed
 
 
 # -- bad input (docs/RELIABILITY.md rows 82-90) ----------------------------------------------

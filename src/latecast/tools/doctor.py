@@ -25,7 +25,9 @@ recorded all the same, as what would cross the bus on a GPU, and the report says
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import importlib.abc
 import linecache
 import os
 import re
@@ -36,10 +38,10 @@ import tempfile
 import traceback
 import warnings
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -52,6 +54,7 @@ from ..errors import ConfigError, LatecastError
 from ..storage.fileio import atomic_write
 from ..trainer.rundir import check_path
 from ..wrapper import NARROW, fits
+from .advice import Advice, Edit
 from .text import human_bytes
 
 TENSORS, SAMPLES, VALUES = 8, 8, 8192  # sampled per site; per tensor: samples, values a channel
@@ -66,6 +69,12 @@ _PACKAGE = str(Path(__file__).parents[1])  # latecast's own files (an editable i
 class DoctorConfig:
     module: str | None = option(None, "run a module, as python -m MODULE", short="-m")
     steps: int = option(50, "stop the script after this many optimizer steps", low=1)
+    eval_steps: int = option(
+        0,
+        "after --steps, end the training pass and watch up to this many batches of the "
+        "evaluation that follows (0: stop at --steps)",
+        low=0,
+    )
     output_dir: str | None = option(None, "also write doctor.md there")
     profile: bool = option(False, "CUDA: torch.profiler over a few steps, Memcpy HtoD vs kernels")
 
@@ -102,29 +111,46 @@ class Site:
     last_step: int = 0  # optimizer steps done before its latest call
     samples: list = field(default_factory=list)  # float64 (channels, values) arrays
     latecast: bool = False  # latecast's own copy (the script already moves through it)
+    evaluation: bool = False  # moved with gradients off (torch.no_grad, inference_mode)
+    loaders: set = field(default_factory=set)  # the Loaders whose batches it moved
+    file: str = ""  # the script's file (absolute) and line: where the advice edits
+    line: int = 0
+
+
+@dataclass
+class Loader:
+    """A DataLoader the script made: where, and what its dataset's transform is made of."""
+
+    file: str  # the script's file that made it (absolute), and the line
+    line: int
+    cls: str  # its class's name
+    transform: list[tuple[str, tuple | None]]  # (class name, (file, line) it was made at)
+    normalize: tuple | None  # (mean, std) of its transform's Normalize
+    workers: int
 
 
 class Marks:
-    """Tensors marked while they live, each with a value: by identity (a tensor's ``==``
-    compares its elements), forgotten as each is freed."""
+    """Objects of the script (tensors, loaders, transforms) marked while they live, each with
+    a value: by identity (a tensor's ``==`` compares its elements), forgotten as each is
+    freed; the objects themselves are never written to."""
 
     def __init__(self) -> None:
         self.marked: dict[int, tuple[weakref.ref, object]] = {}
 
-    def add(self, t: torch.Tensor, value: object = True) -> None:
-        key = id(t)
-        self.marked[key] = (weakref.ref(t, lambda _: self.marked.pop(key, None)), value)
+    def add(self, obj: object, value: object = True) -> None:
+        key = id(obj)
+        self.marked[key] = (weakref.ref(obj, lambda _: self.marked.pop(key, None)), value)
 
-    def get(self, t: torch.Tensor) -> object:
-        ref, value = self.marked.get(id(t), (None, None))
-        return value if ref is not None and ref() is t else None
+    def get(self, obj: object) -> object:
+        ref, value = self.marked.get(id(obj), (None, None))
+        return value if ref is not None and ref() is obj else None
 
 
 class Observer(TorchFunctionMode):
     """Records every host->device move made under it, per site (see the module docstring).
-    torch's own moves (``clip_grad_norm_`` gathering its norms) are not the script's; a move
-    inside latecast is latecast's own copy, and what latecast hands out is on the device
-    already (on a CPU, the script's ``.to(device)`` of it moves nothing on a GPU either)."""
+    torch's own moves (``_torchs_own``) are not the script's; a move inside latecast is
+    latecast's own copy, and what latecast hands out is on the device already (on a CPU,
+    the script's ``.to(device)`` of it moves nothing on a GPU either)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -132,12 +158,17 @@ class Observer(TorchFunctionMode):
         self.steps = 0
         self.start = Path.cwd()  # sites are named relative to it
         self.latecasts = Marks()  # tensors latecast made
+        self.loaders: list[Loader] = []  # every DataLoader the script made
+        self.loader_of = Marks()  # a DataLoader -> its index in loaders
+        self.batches = Marks()  # tensors a DataLoader handed out -> its Loader's index
+        # --eval-steps: the training pass ended after --steps, the evaluation watched
+        self.ending, self.late_steps, self.eval_batches, self.stopped = False, 0, 0, ""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)  # the mode is off in here: nothing below is recorded
         caller = sys._getframe(1).f_globals.get("__name__", "")
-        if caller == "torch" or caller.startswith("torch."):
+        if _torchs_own(caller):
             return out
         ours = caller == "latecast" or caller.startswith("latecast.")
         for t in out if isinstance(out, (tuple, list)) else (out,):
@@ -145,21 +176,44 @@ class Observer(TorchFunctionMode):
                 self.latecasts.add(t)
         moved = _moved(func, args, kwargs, out)
         if moved is not None and (ours or not self.latecasts.get(moved[0])):
-            self._record(*moved, latecast=ours)
+            # with gradients off: evaluation (Module.to moves its parameters so too)
+            evaluation = not torch.is_grad_enabled() and not caller.startswith("torch.nn.")
+            self._record(*moved, latecast=ours, evaluation=evaluation)
         return out
 
-    def _record(self, t: torch.Tensor, dtype: torch.dtype, target: str, latecast: bool) -> None:
+    def _record(
+        self, t: torch.Tensor, dtype: torch.dtype, target: str, latecast: bool, evaluation: bool
+    ) -> None:
         axis = 1 if t.dim() == 4 and t.shape[1] in CHANNELS else None
         axis = 3 if t.dim() == 4 and axis is None and t.shape[3] in CHANNELS else axis
-        where, at = _where(sys._getframe(2), self.start)
-        key = (where, at, dtype, t.dim(), axis and t.shape[axis], latecast)
-        s = self.sites.setdefault(key, Site(where, dtype, tuple(t.shape), axis, latecast=latecast))
+        # the script's own line (x.to(d), y.to(d) on one line: two sites, by instruction)
+        frame = _script_frame(sys._getframe(2))
+        file, line, at = (
+            (frame.f_code.co_filename, frame.f_lineno, frame.f_lasti) if frame else ("?", 0, 0)
+        )
+        where = f"{_short(file, self.start)}:{line}"
+        key = (where, at, dtype, t.dim(), axis and t.shape[axis], latecast, evaluation)
+        s = self.sites.get(key) or Site(where, dtype, tuple(t.shape), axis)
+        s.latecast, s.evaluation, s.file, s.line = latecast, evaluation, file, line
+        self.sites[key] = s
+        loader = self.batches.get(t)
+        s.loaders |= set() if loader is None else {loader}
         s.shape, s.calls, s.last_step = tuple(t.shape), s.calls + 1, self.steps
         s.nbytes += t.numel() * dtype.itemsize
         s.targets.add(target)
         s.pinned |= t.device.type == "cpu" and t.is_pinned()
         if len(s.samples) < TENSORS and t.numel():
             s.samples.append(_sample(t, dtype, axis))
+
+
+def _torchs_own(module: str) -> bool:
+    """A move torch makes of a tensor it keeps on the device (``clip_grad_norm_`` gathering
+    its norms, an optimizer's state): on a CPU it looks like one of the script's. What a
+    module's ``.to()`` moves, and what DDP and DataParallel move to their devices, is the
+    script's."""
+    return (module == "torch" or module.startswith("torch.")) and not module.startswith(
+        ("torch.nn.modules.", "torch.nn.parallel.")
+    )
 
 
 def _moved(func, args, kwargs, out) -> tuple[torch.Tensor, torch.dtype, str] | None:
@@ -196,16 +250,6 @@ def _mine(frame) -> bool:
 def _library(path: str) -> bool:
     """Installed code, the standard library or latecast: not the script's."""
     return path.startswith(_LIBRARY) or path.startswith(_PACKAGE)
-
-
-def _where(frame, start: Path) -> tuple[str, int]:
-    """``file:line`` of the innermost frame of the script at or above ``frame``, and the
-    offset of its instruction there (``x.to(d), y.to(d)`` on one line are two sites)."""
-    while frame is not None and not _mine(frame):
-        frame = frame.f_back
-    if frame is None:
-        return "?", 0
-    return f"{_short(frame.f_code.co_filename, start)}:{frame.f_lineno}", frame.f_lasti
 
 
 def _short(path: str, start: Path) -> str:
@@ -297,13 +341,13 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
         norm = f"mean={m}, std={sd}" if any(m) or any(x != 1 for x in sd) else ""
         if s.axis is None:  # not an image batch latecast.wrap would recognise
             return f"move it as uint8 and normalize on the device ({norm or 'k/255'}), {factor}x"
-        given = f" + `transforms.Normalize({norm})`" if norm else ""
+        given = f" + `Normalize({norm})`" if norm else ""
         wrap = f"latecast.wrap(loader{', ' + norm if norm else ''})"
         return (
-            f"8-bit pixels{' normalized with ' + norm if norm else ''}: they cross as uint8, "
-            f"normalized on the device, {factor}x fewer bytes, with two lines changed:\n"
-            f"    `transforms.ToTensor()`{given} -> `transforms.PILToTensor()`\n"
-            f"    `loader = {wrap}`"
+            f"8-bit pixels{' normalized with ' + norm if norm else ''}: they could cross as "
+            f"uint8, normalized on the device, {factor}x fewer bytes: make the dataset yield "
+            f"uint8 (`PILToTensor()` for `ToTensor()`{given}) and pass every DataLoader that "
+            f"uses it through `{wrap}`"
         )
     if kind == "integers" and factor > 1:
         if s.dtype.is_floating_point:
@@ -458,10 +502,18 @@ def run_script(script: Script, obs: Observer, cfg, debug: bool) -> dict:
     profiler = Profiler() if cfg.profile else None
 
     def step(optimizer, args, kwargs) -> None:
+        if obs.ending:  # after --steps: one more step may train on a batch read ahead
+            obs.late_steps += 1
+            if obs.eval_batches or obs.late_steps > 1:
+                obs.stopped = "training"  # the script trained on, with no evaluation between
+                raise _Stop
+            return
         obs.steps += 1
         if profiler:
             profiler.step(obs.steps)
-        if obs.steps >= cfg.steps:
+        if obs.steps >= cfg.steps and cfg.eval_steps:
+            obs.ending = True
+        elif obs.steps >= cfg.steps:
             raise _Stop
 
     name, saved = script.name, (sys.argv, sys.path[:], os.getcwd())
@@ -471,13 +523,13 @@ def run_script(script: Script, obs: Observer, cfg, debug: bool) -> dict:
     hook = register_optimizer_step_post_hook(step)
     ended, status, error = "end", 0, None
     try:
-        with as_python_would(script.flags), obs:
+        with as_python_would(script.flags), watching(obs, cfg), obs:
             if script.kind == "path":  # python's __file__ is absolute since 3.9
                 runpy.run_path(str(Path(name).absolute()), run_name="__main__")
             else:
                 runpy.run_module(name, run_name="__main__", alter_sys=True)
     except _Stop:
-        ended = "steps"
+        ended = obs.stopped or "steps"
     except SystemExit as stop:
         code = stop.code
         ended, status = "exit", code if isinstance(code, int) else int(code is not None)
@@ -501,6 +553,163 @@ def run_script(script: Script, obs: Observer, cfg, debug: bool) -> dict:
         "error": error,
         "profile": profiler and profiler.result,
     }
+
+
+# -- the script's DataLoaders and transforms -------------------------------------------------
+
+TRANSFORMS = "torchvision.transforms.transforms"  # where ToTensor and Normalize are defined
+MADE_AT = ("ToTensor", "Normalize")  # the transforms whose line doctor's advice edits
+
+
+@contextlib.contextmanager
+def watching(obs: Observer, cfg) -> Iterator[None]:
+    """While the script runs: each DataLoader it makes (where, and its dataset's transform),
+    the batches each hands out, the line each ``ToTensor``/``Normalize`` is made at (once
+    torchvision's transforms are imported, by whoever imports them); and with
+    ``--eval-steps``, the training pass ended after ``--steps`` and the evaluation that
+    follows watched. Read-only: every method is the original, called as it was, and put back
+    after."""
+    from torch.utils.data import DataLoader
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    made, iterators, undo = Marks(), Marks(), []
+
+    def patch(owner: type, name: str, wrapper: Callable) -> None:
+        original = owner.__dict__[name]
+        undo.append((owner, name, original))
+        setattr(owner, name, functools.wraps(original)(wrapper(original)))
+
+    def made_at(original: Callable) -> Callable:
+        def init(self, *args, **kwargs) -> None:
+            original(self, *args, **kwargs)
+            frame = _script_frame(sys._getframe(1))
+            made.add(self, frame and (frame.f_code.co_filename, frame.f_lineno))
+
+        return init
+
+    def transforms(module) -> None:
+        for name in MADE_AT:
+            patch(getattr(module, name), "__init__", made_at)
+
+    def loader_init(original: Callable) -> Callable:
+        def init(self, *args, **kwargs) -> None:
+            original(self, *args, **kwargs)
+            frame = _script_frame(sys._getframe(1))
+            if frame is not None:
+                obs.loaders.append(_loader(self, frame, made))
+                obs.loader_of.add(self, len(obs.loaders) - 1)
+
+        return init
+
+    def loader_iter(original: Callable) -> Callable:
+        def it(self):
+            iterator = original(self)
+            iterators.add(iterator, (obs.loader_of.get(self), obs.ending))
+            return iterator
+
+        return it
+
+    def loader_next(original: Callable) -> Callable:
+        def next_(self):
+            loader, late = iterators.get(self) or (None, False)
+            if obs.ending and not late:  # the training pass, ended after --steps
+                raise StopIteration
+            if obs.ending and obs.eval_batches >= cfg.eval_steps:
+                obs.stopped = "eval"
+                raise _Stop
+            try:
+                batch = original(self)
+            except StopIteration:
+                if obs.ending:  # the evaluation's loader is done: stop before what follows
+                    obs.stopped = "eval"
+                    raise _Stop from None
+                raise
+            obs.eval_batches += obs.ending
+            if loader is not None:
+                for t in _tensors(batch):
+                    obs.batches.add(t, loader)
+            return batch
+
+        return next_
+
+    patch(DataLoader, "__init__", loader_init)
+    patch(DataLoader, "__iter__", loader_iter)
+    patch(_BaseDataLoaderIter, "__next__", loader_next)
+    finder = None
+    if TRANSFORMS in sys.modules:
+        transforms(sys.modules[TRANSFORMS])
+    else:
+        finder = AfterImport(TRANSFORMS, transforms)
+        sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+        for owner, name, original in reversed(undo):
+            setattr(owner, name, original)
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` once the module ``name`` is imported, by whoever imports it
+    (doctor imports none of torchvision itself: 3-4 s for a script that may not use it)."""
+
+    def __init__(self, name: str, then: Callable) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname != self.name or self not in sys.meta_path:
+            return None
+        sys.meta_path.remove(self)  # the finders after it find the module
+        spec = find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            load = spec.loader.exec_module
+
+            def exec_module(module) -> None:
+                load(module)
+                self.then(module)
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+def _script_frame(frame):
+    """The innermost frame of the script at or above ``frame``, or None."""
+    while frame is not None and not _mine(frame):
+        frame = frame.f_back
+    return frame
+
+
+def _loader(loader, frame, made: Marks) -> Loader:
+    """What doctor keeps of a DataLoader the script made at ``frame``: its dataset's
+    transform's parts and the lines they were made at, read from instance dictionaries only
+    (no property of the script's runs), through Subset and ConcatDataset."""
+    todo, transform = [vars(loader).get("dataset")], None
+    for _ in range(8):
+        if not todo or transform is not None:
+            break
+        d = getattr(todo.pop(0), "__dict__", {})
+        transform = d.get("transform")
+        todo += [d["dataset"]] if "dataset" in d else list(d.get("datasets", ()))[:8]
+    parts = getattr(transform, "__dict__", {}).get("transforms", [transform])
+    parts = [p for p in parts if p is not None] if isinstance(parts, list) else [transform]
+    normalize = next((p for p in parts if type(p).__name__ == "Normalize"), None)
+    stats = normalize and tuple(tuple(float(x) for x in v) for v in (normalize.mean, normalize.std))
+    return Loader(
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        type(loader).__name__,
+        [(type(p).__name__, made.get(p)) for p in parts],
+        stats,
+        int(vars(loader).get("num_workers", 0)),
+    )
+
+
+def _tensors(batch) -> list[torch.Tensor]:
+    """The tensors of a batch: itself, or the fields of a tuple, list or dict."""
+    fields = batch.values() if isinstance(batch, dict) else batch
+    fields = fields if isinstance(batch, (tuple, list, dict)) else [batch]
+    return [t for t in fields if isinstance(t, torch.Tensor)]
 
 
 # torch re-raises an exception of a DataLoader worker (or its pin-memory thread) in the main
@@ -580,35 +789,58 @@ class Profiler:
 
 
 def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
-    """The result: per-step sites with their verdicts, the total, and the moves made only
-    before the first step (the model's ``.to(device)``: once, not per step)."""
-    steps, sites, setup = obs.steps, [], []
+    """The result: the sites of the training steps (per step) and of evaluation (moved with
+    gradients off, per batch) with their verdicts, the total per training step, the moves
+    made only before the first step (the model's ``.to(device)``: once, not per step), and
+    the DataLoaders the script made."""
+    steps, sites, evaluation, setup, advised = obs.steps, [], [], [], []
     for s in obs.sites.values():
         row = {"site": s.where, "dtype": _name(s.dtype), "shape": list(s.shape)}
-        row["latecast"] = s.latecast
+        row.update(latecast=s.latecast, loaders=sorted(s.loaders))
         row.update(pinned=s.pinned, devices=sorted(s.targets), calls=s.calls)
-        if steps >= 2 and s.last_step == 0:  # latecast's own constants (its mean) left out
-            setup += [] if s.latecast else [{**row, "bytes": s.nbytes}]
+        if steps >= 2 and s.last_step == 0 and not s.evaluation:
+            setup += [] if s.latecast else [{**row, "bytes": s.nbytes}]  # not its constants
             continue
         row.update(verdict(s))
-        per = max(steps, 1)
+        advised += [(s, row)] if row["factor"] > 1 and not s.latecast else []
+        if s.evaluation:
+            row.update(bytes_per_batch=s.nbytes / s.calls)
+            row["bytes_per_batch_then"] = row["bytes_per_batch"] / row["factor"]
+            evaluation.append(row)
+            continue
+        per = max(steps + obs.late_steps, 1)  # a step after --steps trains on a batch too
         row.update(calls_per_step=s.calls / per, bytes_per_step=s.nbytes / per)
         row["bytes_per_step_then"] = row["bytes_per_step"] / row["factor"]
         sites.append(row)
+    advice = Advice(obs.loaders, lambda path: _short(path, obs.start), torch.cuda.is_available())
+    for s, row in sorted(advised, key=lambda sr: sr[1]["kind"] != "8-bit image"):  # first
+        advice.site(s, row)
     now = sum(r["bytes_per_step"] for r in sites)
     then = sum(r["bytes_per_step_then"] for r in sites)
     return {
         "script": script,
         "steps": steps,
         **outcome,
-        "on_cpu": any("cpu" in r["devices"] for r in sites + setup),
+        "eval_batches": obs.eval_batches,
+        "on_cpu": any("cpu" in r["devices"] for r in sites + evaluation + setup),
         "sites": sites,
+        "evaluation": evaluation,
         "setup": setup,
         "total": {
             "bytes_per_step": now,
             "bytes_per_step_then": then,
             "factor": now / then if then else 1.0,
         },
+        "edits": [asdict(e) for e in advice.edits()],
+        "loaders": [
+            {
+                "made_at": f"{_short(x.file, obs.start)}:{x.line}",
+                "class": x.cls,
+                "transform": [name for name, _ in x.transform],
+                "workers": x.workers,
+            }
+            for x in obs.loaders
+        ],
     }
 
 
@@ -624,13 +856,35 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def _nothing(r: dict) -> str:
-    if all(s["latecast"] for s in r["sites"]):
+    if all(s["latecast"] for s in r["sites"] + r["evaluation"]):
         return "latecast moves every batch"
     return "every tensor crosses as narrow as its values allow"
 
 
+def _rows(sites: list[dict], per: str) -> list[list[str]]:
+    """The table's rows for sites counted ``per`` ``step`` or ``batch``."""
+    return [
+        [
+            s["site"] + (" (latecast)" if s["latecast"] else ""),
+            f"{s['calls_per_step']:.3g}" if per == "step" else str(s["calls"]),
+            f"{s['dtype']} {tuple(s['shape'])}" + (" pinned" if s["pinned"] else ""),
+            s["could_cross"],
+            f"{human_bytes(s[f'bytes_per_{per}'])} -> {human_bytes(s[f'bytes_per_{per}_then'])}",
+            f"{s['factor']:.1f}x",
+        ]
+        for s in sites
+    ]
+
+
 def report(r: dict, cfg: DoctorConfig) -> str:
-    ended = {"steps": f"stopped at --steps {cfg.steps}", "end": "the script ended"}
+    n, k = cfg.steps, r["eval_batches"]
+    ended = {
+        "steps": f"stopped at --steps {n}",
+        "eval": f"stopped at the end of the evaluation after --steps {n}, "
+        f"{k} batch{'es' * (k != 1)} watched",
+        "training": f"stopped after --steps {n}: it trained on, no evaluation in between",
+        "end": "the script ended",
+    }
     how = ended.get(r["ended"], f"the script {r['error'] or 'exited with status 0'}")
     lines = [f"latecast doctor: {r['script']}, {r['steps']} optimizer steps ({how})"]
     if r["on_cpu"]:
@@ -638,27 +892,25 @@ def report(r: dict, cfg: DoctorConfig) -> str:
             "no accelerator here: the script's .to(device) targets the CPU and moves nothing;\n"
             "each such call is counted as what would cross the bus on a GPU"
         )
-    if not r["sites"] and not r["setup"]:
+    if not r["sites"] and not r["evaluation"] and not r["setup"]:
         lines.append("no tensor was moved to a device: nothing crosses the bus in what ran")
     if r["sites"]:
         head = "site|per step|crosses now|could cross|bytes/step now -> then|factor".split("|")
-        rows = [
-            [
-                s["site"] + (" (latecast)" if s["latecast"] else ""),
-                f"{s['calls_per_step']:.3g}",
-                f"{s['dtype']} {tuple(s['shape'])}" + (" pinned" if s["pinned"] else ""),
-                s["could_cross"],
-                f"{human_bytes(s['bytes_per_step'])} -> {human_bytes(s['bytes_per_step_then'])}",
-                f"{s['factor']:.1f}x",
-            ]
-            for s in r["sites"]
-        ]
         t = r["total"]
         total = f"{human_bytes(t['bytes_per_step'])} -> {human_bytes(t['bytes_per_step_then'])}"
-        lines += ["", *_table([head, *rows, ["total", "", "", "", total, f"{t['factor']:.1f}x"]])]
-        changes = [s for s in r["sites"] if s["factor"] > 1]
+        total_row = ["total", "", "", "", total, f"{t['factor']:.1f}x"]
+        lines += ["", *_table([head, *_rows(r["sites"], "step"), total_row])]
+    if r["evaluation"]:
+        head = "site|batches|crosses now|could cross|bytes/batch now -> then|factor".split("|")
+        lines += ["", "evaluation (moved with gradients off):"]
+        lines += _table([head, *_rows(r["evaluation"], "batch")])
+    changes = [s for s in r["sites"] + r["evaluation"] if s["factor"] > 1]
+    if r["sites"] or r["evaluation"]:
         lines += ["", "what to change:" if changes else "nothing to change: " + _nothing(r)]
         lines += [f"- {s['site']} {s['dtype']} {tuple(s['shape'])}: {s['change']}" for s in changes]
+    if r["edits"]:
+        lines += ["", "the edits, to apply as written (--json lists them too):"]
+        lines += [x for e in r["edits"] for x in Edit(**e).shown()]
     if r["setup"]:
         by_site = {}
         for s in r["setup"]:

@@ -1,0 +1,420 @@
+"""The edits ``latecast doctor`` proposes, found in the script's own source with ``ast``:
+each is a hunk of whole lines, before and after, that a person applies by hand and a test
+applies as written (tests/test_doctor.py runs the result against the hand conversion).
+
+- **a DataLoader's 8-bit images**: its transform's ``ToTensor()`` and the ``Normalize`` right
+  after it become ``PILToTensor()`` (the line each was made at is recorded as the script
+  runs), and *every* DataLoader whose transform holds that ``ToTensor`` (the test loader that
+  shares it too, made or not yet iterated) is passed through ``latecast.wrap`` with that
+  loader's own mean and std: wrapping only the loader that was seen moving would hand the
+  others uint8 images their model cannot take.
+- **batches made per call** (nanoGPT's ``get_batch``): the statement that moves them, and
+  each statement beside it that moves the same tensors into the same names (the other
+  branch of ``if device_type == 'cuda'``), becomes ``mover((x, y))``; the ``latecast.Mover``
+  is made once, before the top-level statement that holds them. ``wrap`` would read one
+  batch ahead and move the script's global-RNG draws; the Mover draws nothing.
+
+Where the source is not of these shapes the advice stays in words, and says so.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Lines ``old`` of ``file`` from ``line`` on (1-based) become ``new``."""
+
+    file: str
+    line: int
+    old: list[str]
+    new: list[str]
+
+    def shown(self) -> list[str]:
+        end = self.line + len(self.old) - 1
+        at = f"{self.file}:{self.line}" + (f"-{end}" if end > self.line else "")
+        return [f"--- {at}", *(f"-{x}" for x in self.old), *(f"+{x}" for x in self.new)]
+
+
+class Source:
+    """One file of the script: its lines, its tree, and the replacements gathered for it,
+    at ``ast``'s positions (lines from 1, columns in UTF-8 bytes)."""
+
+    def __init__(self, path: str) -> None:
+        text = Path(path).read_text()
+        self.path, self.lines, self.tree = path, text.splitlines(), ast.parse(text)
+        self.parent = {c: p for p in ast.walk(self.tree) for c in ast.iter_child_nodes(p)}
+        self.spans: list[tuple[int, int, int, int, str]] = []
+        self.text = text
+
+    def segment(self, node: ast.AST) -> str:
+        return ast.get_source_segment(self.text, node)
+
+    def replace(self, node: ast.AST, text: str, end: ast.AST | None = None) -> None:
+        """``node`` (through ``end``) replaced by ``text``."""
+        end = end or node
+        self.spans.append((node.lineno, node.col_offset, end.end_lineno, end.end_col_offset, text))
+
+    def insert(self, line: int, text: str) -> None:
+        """A line ``text`` before line ``line`` (after the last, past the end)."""
+        if line <= len(self.lines):
+            self.spans.append((line, 0, line, 0, text + "\n"))
+        else:
+            end = len(self.lines[-1].encode())
+            self.spans.append((len(self.lines), end, len(self.lines), end, "\n" + text))
+
+    def calls(self, line: int, names: tuple[str, ...]) -> list[ast.Call]:
+        """The calls of a function or class named one of ``names`` that span ``line``."""
+        return [
+            c
+            for c in ast.walk(self.tree)
+            if isinstance(c, ast.Call)
+            and _name(c.func) in names
+            and c.lineno <= line <= c.end_lineno
+        ]
+
+    def top(self, node: ast.AST) -> ast.stmt:
+        """The statement at the top of the module that holds ``node``."""
+        while self.parent.get(node) is not self.tree:
+            node = self.parent[node]
+        return node
+
+    def imported(self, module: str) -> str | None:
+        """The name the module is imported under at its top (``import latecast as lc``)."""
+        for stmt in self.tree.body:
+            for alias in stmt.names if isinstance(stmt, ast.Import) else ():
+                if alias.name == module:
+                    return alias.asname or module
+        return None
+
+    def import_line(self, module: str) -> str:
+        """The name of ``module`` here, its ``import`` added after the last one at the top
+        where it has none."""
+        name = self.imported(module)
+        if name is None:
+            last = [s for s in self.tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
+            self.insert(last[-1].end_lineno + 1 if last else 1, f"import {module}")
+            name = module
+        return name
+
+    def edits(self, shown: str) -> list[Edit]:
+        """The replacements as hunks of whole lines, overlapping ones merged, in order."""
+        hunks: list[list] = []
+        for span in sorted(set(self.spans)):
+            if hunks and span[0] <= hunks[-1][1]:
+                hunks[-1][1] = max(hunks[-1][1], span[2])
+                hunks[-1][2].append(span)
+            else:
+                hunks.append([span[0], span[2], [span]])
+        return [
+            Edit(shown, first, self.lines[first - 1 : last], self._applied(first, last, spans))
+            for first, last, spans in hunks
+        ]
+
+    def _applied(self, first: int, last: int, spans: list) -> list[str]:
+        """Lines ``first..last`` with ``spans`` replaced (from the last, so that the offsets
+        of those before still hold)."""
+        rows = [x.encode() for x in self.lines[first - 1 : last]]
+        starts = [sum(len(r) + 1 for r in rows[:i]) for i in range(len(rows))]
+        text = b"\n".join(rows)
+        for l0, c0, l1, c1, new in sorted(spans, reverse=True):
+            a, b = starts[l0 - first] + c0, starts[l1 - first] + c1
+            text = text[:a] + new.encode() + text[b:]
+        return text.decode().split("\n")
+
+
+def _name(func: ast.AST) -> str:
+    """``DataLoader`` for ``DataLoader``, ``torch.utils.data.DataLoader`` and the like."""
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def to_uint8(src: Source, to_tensor: int, normalize: int | None) -> str | None:
+    """The ``ToTensor()`` made at line ``to_tensor`` (and the ``Normalize`` made at line
+    ``normalize``, the element right after it, or a name assigned from it there) replaced
+    by ``PILToTensor()``; else why not."""
+    found = src.calls(to_tensor, ("ToTensor",))
+    if len(found) != 1:
+        return f"no one ToTensor() at {src.path}:{to_tensor}"
+    tt = found[0]
+    parts = src.parent.get(tt)
+    elements = parts.elts if isinstance(parts, (ast.List, ast.Tuple)) else [tt]
+    after = elements[elements.index(tt) + 1 :]
+    end = tt
+    if normalize is not None:
+        if not after or not _is_normalize(src, after[0], normalize):
+            return "its Normalize is not the transform right after ToTensor()"
+        end, after = after[0], after[1:]
+    if after:
+        names = ", ".join(src.segment(a) for a in after)
+        return f"transforms after ToTensor() ({names}) take floats; latecast's run on uint8"
+    prefix = src.segment(tt.func)[: -len("ToTensor")]
+    if isinstance(tt.func, ast.Name):  # from torchvision.transforms import ToTensor
+        importer = next(
+            (s for s in src.tree.body if isinstance(s, ast.ImportFrom) and "ToTensor" in _names(s)),
+            None,
+        )
+        if importer is None:
+            return "ToTensor is not imported by name at the top of its file"
+        if "PILToTensor" not in _names(importer):
+            src.insert(importer.lineno, f"from {importer.module} import PILToTensor")
+    src.replace(tt, f"{prefix}PILToTensor()", end)
+    return None
+
+
+def _names(stmt: ast.ImportFrom) -> list[str]:
+    return [a.asname or a.name for a in stmt.names]
+
+
+def _is_normalize(src: Source, node: ast.AST, line: int) -> bool:
+    """Whether ``node`` is the ``Normalize(...)`` made at ``line``, or a name assigned it
+    there (pytorch/examples' ImageNet script: ``normalize = transforms.Normalize(...)``)."""
+    if isinstance(node, ast.Call):
+        return _name(node.func) == "Normalize" and node.lineno <= line <= node.end_lineno
+    made = src.calls(line, ("Normalize",))
+    return (
+        isinstance(node, ast.Name)
+        and len(made) == 1
+        and isinstance(src.parent.get(made[0]), ast.Assign)
+        and any(getattr(t, "id", None) == node.id for t in src.parent[made[0]].targets)
+    )
+
+
+def wrap(src: Source, line: int, cls: str, options: str) -> str | None:
+    """The DataLoader made at ``line`` passed through ``latecast.wrap(..., options)``
+    (nothing where it is already): the name it is assigned to, or ``""``; None where there
+    is no one call of it at that line."""
+    found = src.calls(line, (cls, "DataLoader"))
+    if len(found) != 1:
+        return None
+    call = found[0]
+    outer = src.parent.get(call)
+    if isinstance(outer, ast.Call) and _name(outer.func) == "wrap":
+        return _assigned(src, outer)
+    latecast = src.import_line("latecast")
+    src.replace(call, f"{latecast}.wrap({src.segment(call)}{', ' if options else ''}{options})")
+    return _assigned(src, call)
+
+
+def _assigned(src: Source, node: ast.AST) -> str:
+    stmt = src.parent.get(node)
+    targets = stmt.targets if isinstance(stmt, ast.Assign) else []
+    return src.segment(targets[0]) if len(targets) == 1 else ""
+
+
+def mover(src: Source, line: int, device: str) -> str | None:
+    """The statement at ``line`` that moves tensors made per call (``x, y = x.to(d),
+    y.to(d)``, ``return x.to(d)``), and each beside it that moves the same tensors into the
+    same names, made ``mover((x, y))``; the Mover made once before the top-level statement
+    that holds them, on the moves' own device where it is a module's name, else on
+    ``device``. Else why not."""
+    stmts = [
+        s
+        for s in ast.walk(src.tree)
+        if isinstance(s, (ast.Assign, ast.Return))
+        and s.lineno <= line <= s.end_lineno
+        and s.value is not None
+    ]
+    moved = _moves(stmts[-1].value) if stmts else None
+    if not moved:
+        return f"the move at line {line} is not `x = x.to(device)`, `return x.to(device)`"
+    stmt, (receivers, where) = stmts[-1], moved
+    function = next(
+        (
+            p
+            for p in _ancestors(src, stmt)
+            if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ),
+        None,
+    )
+    same = [stmt] + [
+        s
+        for s in ast.walk(function or src.tree)
+        if isinstance(s, ast.Assign)
+        and isinstance(stmt, ast.Assign)
+        and s is not stmt
+        and [src.segment(t) for t in s.targets] == [src.segment(t) for t in stmt.targets]
+        and (_moves(s.value) or ([], None))[0] == receivers
+    ]
+    name = "mover" if "mover" not in _all_names(src.tree) else "latecast_mover"
+    args = receivers[0] if len(receivers) == 1 else f"({', '.join(receivers)})"
+    for s in same:
+        src.replace(s.value, f"{name}({args})")
+    top = src.top(stmt)
+    first = min([top.lineno, *(d.lineno for d in getattr(top, "decorator_list", []))])
+    if where is not None and _global(src, where, function, first):
+        device = src.segment(where)
+    src.insert(first, f"{name} = {src.import_line('latecast')}.Mover(device={device})")
+    return None
+
+
+def _moves(value: ast.AST) -> tuple[list[str], ast.AST | None] | None:
+    """The tensors a value moves (``x.to(d), y.pin_memory().to(d, non_blocking=True)``:
+    ``["x", "y"]``) and the device expression of the first, or None where it does more."""
+    elements = value.elts if isinstance(value, ast.Tuple) else [value]
+    receivers, device = [], None
+    for e in elements:
+        if not (isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute)):
+            return None
+        kwargs = {k.arg: k.value for k in e.keywords}
+        if e.func.attr == "to" and len(e.args) + ("device" in kwargs) == 1:
+            if set(kwargs) - {"device", "non_blocking"}:
+                return None
+            device = device or (e.args[0] if e.args else kwargs["device"])
+        elif e.func.attr != "cuda" or e.args:
+            return None
+        tensor = e.func.value
+        while isinstance(tensor, ast.Call) and _name(tensor.func) == "pin_memory":
+            tensor = tensor.func.value
+        receivers.append(ast.unparse(tensor))
+    return receivers, device
+
+
+def _ancestors(src: Source, node: ast.AST):
+    while node in src.parent:
+        node = src.parent[node]
+        yield node
+
+
+def _all_names(tree: ast.AST) -> set[str]:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+
+
+def _global(src: Source, expr: ast.AST, function: ast.AST | None, before: int) -> bool:
+    """Whether every name ``expr`` reads is a module's, assigned at its top (outside any
+    function or class) before line ``before``, and none is the function's own."""
+    names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+    own: set[str] = set()
+    if function is not None:
+        own = {a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)}
+        own |= {
+            n.id
+            for n in ast.walk(function)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+        }
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
+    module = {
+        n.id
+        for n in ast.walk(src.tree)
+        if isinstance(n, ast.Name)
+        and isinstance(n.ctx, ast.Store)
+        and n.lineno < before
+        and not any(isinstance(p, scopes) for p in _ancestors(src, n))
+    }
+    return bool(names) and names <= module and not names & own
+
+
+class Advice:
+    """The edits for the sites that could cross narrower, gathered file by file; each
+    site's ``change`` said with them, or why doctor cannot write them. ``loaders`` are every
+    DataLoader the script made (``doctor.Loader``), ``short`` names a file as the report does,
+    ``cuda``: whether this machine has one (a script that chose the CPU keeps it)."""
+
+    def __init__(self, loaders: list, short: Callable[[str], str], cuda: bool) -> None:
+        self.loaders, self.short, self.cuda = loaders, short, cuda
+        self.sources: dict[str, Source] = {}
+        self.wrapped: dict[int, str] = {}  # a loader's index -> the name it is assigned to
+        self.converted: dict[tuple, str | None] = {}  # a ToTensor's (file, line) -> why not
+        self.users: dict[tuple, list[int]] = {}  # a ToTensor's (file, line) -> its loaders
+
+    def edits(self) -> list[Edit]:
+        return [e for path, src in self.sources.items() for e in src.edits(self.short(path))]
+
+    def site(self, site, row: dict) -> None:
+        """``row["change"]`` for ``site``, with the edits that make it where doctor can."""
+        try:
+            if site.loaders:
+                why = self.through_wrap(site, row)
+            elif row["kind"] == "integers" and not site.dtype.is_floating_point:
+                why = mover(self.source(site.file), site.line, self.device(site))
+            else:
+                why = "its tensors come from no DataLoader and hold no integers"
+        except (OSError, SyntaxError, UnicodeDecodeError) as err:  # a source it cannot read
+            why = f"its source cannot be read ({type(err).__name__})"
+        if why is not None:
+            row["change"] += f" (doctor cannot write this change for you: {why})"
+        elif row["kind"] == "8-bit image":
+            group = next(g for g in self.users.values() if set(g) & site.loaders)
+            row["change"] = (
+                f"{row['change'].split(':')[0]}: they cross as uint8, normalized on the device, "
+                f"{row['factor']:.0f}x fewer bytes: with the edits below its transform yields "
+                f"uint8 (PILToTensor) and every DataLoader that uses it goes through "
+                f"`latecast.wrap`: {', '.join(map(self.named, group))}"
+            )
+        else:
+            through = "`latecast.wrap`" if site.loaders else "a `latecast.Mover` (made per call)"
+            row["change"] = (
+                f"{row['dtype']} in {row['range'][0]}..{row['range'][1]}: they cross as "
+                f"{row['could_cross']} through {through}, {row['dtype']} again on the device, "
+                f"{row['factor']:.0f}x (the edits below)"
+            )
+
+    def through_wrap(self, site, row: dict) -> str | None:
+        if row["kind"] == "8-bit image":
+            return next(filter(None, map(self.convert, sorted(site.loaders))), None)
+        if row["kind"] != "integers" or site.dtype.is_floating_point:
+            return "floats that hold integers: move them as integers, cast on the device"
+        kept = self.kept()
+        for i in sorted(site.loaders - set(self.wrapped)):
+            why = self.wrap(i, site)
+            if why is not None:
+                self.undo(kept)
+                return why
+        return None
+
+    def convert(self, i: int) -> str | None:
+        """Loader ``i``'s transform made to yield uint8, and every loader that uses it (by
+        the line its ``ToTensor`` was made at) wrapped with its own mean and std."""
+        parts = self.loaders[i].transform
+        made = next((at for name, at in parts if name == "ToTensor"), None)
+        normalize = next((at for name, at in parts if name == "Normalize"), None)
+        if made is None:
+            return "no ToTensor() seen made in its transform"
+        if made not in self.converted:
+            if normalize is not None and normalize[0] != made[0]:
+                self.converted[made] = "its Normalize is made in another file than ToTensor()"
+                return self.converted[made]
+            group = [j for j, x in enumerate(self.loaders) if ("ToTensor", made) in x.transform]
+            kept = self.kept()
+            why = to_uint8(self.source(made[0]), made[1], normalize and normalize[1])
+            for j in group:
+                why = why or self.wrap(j)
+            if why is not None:
+                self.undo(kept)
+            self.converted[made], self.users[made] = why, group
+        return self.converted[made]
+
+    def wrap(self, i: int, site=None) -> str | None:
+        x = self.loaders[i]
+        options = [f"mean={x.normalize[0]!r}, std={x.normalize[1]!r}"] if site is None else []
+        options += [f"device={self.device(site)}"] if site and self.device(site) else []
+        name = wrap(self.source(x.file), x.line, x.cls, ", ".join(options))
+        if name is None:
+            return f"no one {x.cls}(...) call at {self.short(x.file)}:{x.line}"
+        self.wrapped[i] = name
+        return None
+
+    def device(self, site) -> str:
+        """``device=`` for latecast: the CPU where the script moved to it on a machine with
+        CUDA, else ``"auto"`` (``cuda:LOCAL_RANK``, or the CPU where there is no CUDA)."""
+        return '"cpu"' if self.cuda and site.targets == {"cpu"} else '"auto"'
+
+    def named(self, i: int) -> str:
+        x, name = self.loaders[i], self.wrapped.get(i)
+        return f"{self.short(x.file)}:{x.line}" + (f" (`{name}`)" if name else "")
+
+    def source(self, path: str) -> Source:
+        if path not in self.sources:
+            self.sources[path] = Source(path)
+        return self.sources[path]
+
+    def kept(self) -> dict[str, int]:
+        return {p: len(src.spans) for p, src in self.sources.items()}
+
+    def undo(self, kept: dict[str, int]) -> None:
+        """Drop the replacements made since ``kept``: a change is written whole or not."""
+        for p, src in self.sources.items():
+            del src.spans[kept.get(p, 0) :]
