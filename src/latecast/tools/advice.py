@@ -20,8 +20,8 @@ Where the source is not of these shapes the advice stays in words, and says so.
 from __future__ import annotations
 
 import ast
+import tokenize
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 
@@ -45,7 +45,8 @@ class Source:
     at ``ast``'s positions (lines from 1, columns in UTF-8 bytes)."""
 
     def __init__(self, path: str) -> None:
-        text = Path(path).read_text()
+        with tokenize.open(path) as f:  # as Python reads it: its coding line, else UTF-8
+            text = f.read()
         self.path, self.lines, self.tree = path, text.splitlines(), ast.parse(text)
         self.parent = {c: p for p in ast.walk(self.tree) for c in ast.iter_child_nodes(p)}
         self.spans: list[tuple[int, int, int, int, str]] = []
@@ -354,18 +355,18 @@ class Advice:
 
     def through_wrap(self, site, row: dict) -> str | None:
         if row["kind"] == "8-bit image":
-            return next(filter(None, map(self.convert, sorted(site.loaders))), None)
+            return next(filter(None, (self.convert(i, site) for i in sorted(site.loaders))), None)
         if row["kind"] != "integers" or site.dtype.is_floating_point:
             return "floats that hold integers: move them as integers, cast on the device"
         kept = self.kept()
         for i in sorted(site.loaders - set(self.wrapped)):
-            why = self.wrap(i, site)
+            why = self.wrap(i, site, normalize=False)
             if why is not None:
                 self.undo(kept)
                 return why
         return None
 
-    def convert(self, i: int) -> str | None:
+    def convert(self, i: int, site) -> str | None:
         """Loader ``i``'s transform made to yield uint8, and every loader that uses it (by
         the line its ``ToTensor`` was made at) wrapped with its own mean and std."""
         parts = self.loaders[i].transform
@@ -381,16 +382,19 @@ class Advice:
             kept = self.kept()
             why = to_uint8(self.source(made[0]), made[1], normalize and normalize[1])
             for j in group:
-                why = why or self.wrap(j)
+                why = why or self.wrap(j, site, normalize=True)
             if why is not None:
                 self.undo(kept)
             self.converted[made], self.users[made] = why, group
         return self.converted[made]
 
-    def wrap(self, i: int, site=None) -> str | None:
+    def wrap(self, i: int, site, normalize: bool) -> str | None:
+        """Loader ``i`` through ``latecast.wrap``, with its transform's mean and std where
+        latecast now normalizes, and the script's device where it is not latecast's own."""
         x = self.loaders[i]
-        options = [f"mean={x.normalize[0]!r}, std={x.normalize[1]!r}"] if site is None else []
-        options += [f"device={self.device(site)}"] if site and self.device(site) else []
+        stats = normalize and x.normalize  # (ToTensor() alone: scaled to [0, 1], as wrap does)
+        options = [f"mean={stats[0]!r}, std={stats[1]!r}"] if stats else []
+        options += [f"device={self.device(site)}"] * (self.device(site) != '"auto"')
         name = wrap(self.source(x.file), x.line, x.cls, ", ".join(options))
         if name is None:
             return f"no one {x.cls}(...) call at {self.short(x.file)}:{x.line}"

@@ -19,7 +19,16 @@ or at its end) each site's samples are classified:
 - bool and 1-byte dtypes: already narrow; other floats: nothing to gain.
 
 Without an accelerator ``.to(device)`` targets the CPU and moves nothing: those calls are
-recorded all the same, as what would cross the bus on a GPU, and the report says so.
+recorded all the same, as what would cross the bus on a GPU, and the report says so. Moves
+torch makes itself, and latecast's own copies, are not the script's to change.
+
+The advice is edits (``advice.py``), so the script's own source is read with what the run
+showed (``watching``): every DataLoader it makes, the line each ``ToTensor``/``Normalize`` of
+their transforms is made at, and which loader handed out each tensor that moves. A transform
+made to yield uint8 means every loader that shares it is wrapped, moved or not; tensors no
+DataLoader handed out are batches made per call, for ``latecast.Mover``. Moves with gradients
+off are evaluation's (``torch.no_grad``); ``--eval-steps`` ends the training pass after
+``--steps`` (its DataLoader runs out, as at an epoch's end) to watch the evaluation after it.
 """
 
 from __future__ import annotations
@@ -112,13 +121,13 @@ class Site:
     samples: list = field(default_factory=list)  # float64 (channels, values) arrays
     latecast: bool = False  # latecast's own copy (the script already moves through it)
     evaluation: bool = False  # moved with gradients off (torch.no_grad, inference_mode)
-    loaders: set = field(default_factory=set)  # the Loaders whose batches it moved
+    loaders: set = field(default_factory=set)  # indices of the DataLoaders whose batches it moved
     file: str = ""  # the script's file (absolute) and line: where the advice edits
     line: int = 0
 
 
 @dataclass
-class Loader:
+class LoaderSeen:
     """A DataLoader the script made: where, and what its dataset's transform is made of."""
 
     file: str  # the script's file that made it (absolute), and the line
@@ -158,9 +167,9 @@ class Observer(TorchFunctionMode):
         self.steps = 0
         self.start = Path.cwd()  # sites are named relative to it
         self.latecasts = Marks()  # tensors latecast made
-        self.loaders: list[Loader] = []  # every DataLoader the script made
+        self.loaders: list[LoaderSeen] = []  # every DataLoader the script made
         self.loader_of = Marks()  # a DataLoader -> its index in loaders
-        self.batches = Marks()  # tensors a DataLoader handed out -> its Loader's index
+        self.batches = Marks()  # tensors a DataLoader handed out -> its index in loaders
         # --eval-steps: the training pass ended after --steps, the evaluation watched
         self.ending, self.late_steps, self.eval_batches, self.stopped = False, 0, 0, ""
 
@@ -575,9 +584,10 @@ def watching(obs: Observer, cfg) -> Iterator[None]:
     made, iterators, undo = Marks(), Marks(), []
 
     def patch(owner: type, name: str, wrapper: Callable) -> None:
-        original = owner.__dict__[name]
-        undo.append((owner, name, original))
-        setattr(owner, name, functools.wraps(original)(wrapper(original)))
+        original = owner.__dict__.get(name)
+        if original is not None:  # (a torchvision without its own ToTensor.__init__: none)
+            undo.append((owner, name, original))
+            setattr(owner, name, functools.wraps(original)(wrapper(original)))
 
     def made_at(original: Callable) -> Callable:
         def init(self, *args, **kwargs) -> None:
@@ -680,7 +690,7 @@ def _script_frame(frame):
     return frame
 
 
-def _loader(loader, frame, made: Marks) -> Loader:
+def _loader(loader, frame, made: Marks) -> LoaderSeen:
     """What doctor keeps of a DataLoader the script made at ``frame``: its dataset's
     transform's parts and the lines they were made at, read from instance dictionaries only
     (no property of the script's runs), through Subset and ConcatDataset."""
@@ -695,7 +705,7 @@ def _loader(loader, frame, made: Marks) -> Loader:
     parts = [p for p in parts if p is not None] if isinstance(parts, list) else [transform]
     normalize = next((p for p in parts if type(p).__name__ == "Normalize"), None)
     stats = normalize and tuple(tuple(float(x) for x in v) for v in (normalize.mean, normalize.std))
-    return Loader(
+    return LoaderSeen(
         frame.f_code.co_filename,
         frame.f_lineno,
         type(loader).__name__,
