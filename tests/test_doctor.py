@@ -397,9 +397,10 @@ def main():
     parser.add_argument("--lr", type=float, default=1.0)
     parser.add_argument("--gamma", type=float, default=0.7)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-cuda", action="store_true", default=False)
     parser.add_argument("--limit", type=int, default=0, help="the first N samples of each")
     args = parser.parse_args()
-    use_cuda = torch.cuda.is_available()
+    use_cuda = not args.no_cuda and torch.cuda.is_available()
     torch.manual_seed(args.seed)
     device = torch.device("cuda" if use_cuda else "cpu")
     train_kwargs = {"batch_size": args.batch_size}
@@ -442,8 +443,9 @@ MNIST_BY_HAND = (
     )
     .replace(
         "    model = Net().to(device)\n",
-        "    train_loader = latecast.wrap(train_loader, mean=(0.1307,), std=(0.3081,))\n"
-        "    test_loader = latecast.wrap(test_loader, mean=(0.1307,), std=(0.3081,))\n"
+        "    stats = dict(mean=(0.1307,), std=(0.3081,), device=device)\n"
+        "    train_loader = latecast.wrap(train_loader, **stats)\n"
+        "    test_loader = latecast.wrap(test_loader, **stats)\n"
         "    model = Net().to(device)\n",
     )
 )
@@ -483,7 +485,8 @@ def test_the_mnist_examples_advice_applied_as_written_trains_as_converted_by_han
     converted script gets "nothing to change", and --eval-steps reaches its test pass."""
     monkeypatch.chdir(tmp_path)
     script, _ = write(tmp_path, "train.py", MNIST_EXAMPLE)
-    argv = ["--data", torchvision_mnist, "--limit", 192, "--epochs", 1]
+    # on the CPU also where there is CUDA: GPU kernels are not bitwise deterministic
+    argv = ["--data", torchvision_mnist, "--limit", 192, "--epochs", 1, "--no-cuda"]
     r = run_cli("doctor", "--steps", "2", "--json", "--", "python", "train.py", *argv).json
     assert r["ended"] == "steps" and r["evaluation"] == [] and len(r["loaders"]) == 2
     image = sites(r, f"train.py:{line_of(MNIST_EXAMPLE, '# MOVE')}")["float32"]
@@ -500,7 +503,8 @@ def test_the_mnist_examples_advice_applied_as_written_trains_as_converted_by_han
     for a, b in zip(advised.split(), alone.split()):  # train/test losses, correct, weights
         assert a == b or abs(float(a) - float(b)) <= 1e-5 * abs(float(b)), (a, b)
     assert advised.count("test ") == 1
-    half = MNIST_BY_HAND.replace("test_loader = latecast.wrap(test_loader, ", "dict(")
+    half = MNIST_BY_HAND.replace("    test_loader = latecast.wrap(test_loader, **stats)\n", "")
+    assert half.count("latecast.wrap(") == 1
     write(tmp_path, "half.py", half, "# MOVE")  # the advice as it was: the train loader alone
     with pytest.raises(RuntimeError, match="Input type .* and bias type .* should be the same"):
         run_alone(tmp_path / "half.py", *argv)
@@ -637,7 +641,8 @@ def test_nanogpts_advice_is_the_mover_applied_as_written_the_same_run(
         rng.integers(0, 50257, n, dtype=np.uint16).tofile(tmp_path / f"{split}.bin")
     monkeypatch.chdir(tmp_path)
     script, where = write(tmp_path, "train.py", NANOGPT)
-    r = run_cli("doctor", "--steps", "3", "--json", "--", "python", "train.py").json
+    cpu = "--device=cpu"  # also where there is CUDA: its kernels are not bitwise deterministic
+    r = run_cli("doctor", "--steps", "3", "--json", "--", "python", "train.py", cpu).json
     move = f"train.py:{where.rsplit(':')[1]}"
     assert {s["site"] for s in r["sites"] + r["evaluation"]} == {move}  # no clip_grad_norm_ row
     assert len(r["sites"]) == len(r["evaluation"]) == 2 and r["evaluation"][0]["calls"] == 4
@@ -646,9 +651,11 @@ def test_nanogpts_advice_is_the_mover_applied_as_written_the_same_run(
     assert advised.count("x, y = mover((x, y))") == 2 and "pin_memory" not in advised
     write(tmp_path, "advised.py", advised)
     write(tmp_path, "by_hand.py", NANOGPT_BY_HAND)
-    runs = [run_alone(tmp_path / name) for name in ("train.py", "advised.py", "by_hand.py")]
+    runs = [run_alone(tmp_path / name, cpu) for name in ("train.py", "advised.py", "by_hand.py")]
     assert runs[0] == runs[1] == runs[2] and runs[0].count("iter ") == 7
-    again = run_cli("doctor", "--steps", "3", "--eval-steps", "1", "--json", "--", "advised.py")
+    again = run_cli(
+        "doctor", "--steps", "3", "--eval-steps", "1", "--json", "--", "advised.py", cpu
+    )
     assert again.json["edits"] == [] and "nothing to change" in again.out
     assert again.json["ended"] == "training"  # no DataLoader pass to end: it trained on
     assert {s["dtype"] for s in again.json["sites"]} == {"uint8"}  # 2 bytes a token, packed
