@@ -740,6 +740,7 @@ for batch in DataLoader(Broken(), batch_size=2, num_workers=1, multiprocessing_c
 """
 
 
+@pytest.mark.slow  # a real python -m latecast, and a DataLoader worker
 def test_python_options_a_relative_output_dir_a_workers_error_and_warnings(
     tmp_path, run_cli, monkeypatch
 ):
@@ -791,17 +792,17 @@ def test_sys_exit_is_reported_with_its_status(tmp_path, run_cli):
             assert "exited with status" in one_error_line(res)
 
 
-@pytest.mark.slow  # two spawned workers each import torch and torchvision
+@pytest.mark.slow  # a spawned worker imports torch and torchvision
 def test_own_argparse_and_dataloader_workers_under_main_guard(tmp_path, run_cli):
-    """Two spawned workers re-import the script (as ``__mp_main__``): the guard keeps them
-    from training; the moves are the main process's own."""
+    """A spawned worker re-imports the script (as ``__mp_main__``): the guard keeps it from
+    training; the moves are the main process's own."""
     script, where = write(tmp_path, "train.py", MNIST)
     res = run_cli("doctor", "--", script, "--no-such-flag")
     *script_says, last = res.err.strip().splitlines()  # the script's argparse, then doctor
     assert res.rc == 1 and "unrecognized arguments: --no-such-flag" in script_says[-1]
     assert last.startswith("latecast: error: ") and "exited with status 2" in last
     res = run_cli(
-        "doctor", "--steps", "2", "--json", "--", script, "--workers", "2", "--batch-size", "16"
+        "doctor", "--steps", "2", "--json", "--", script, "--workers", "1", "--batch-size", "16"
     )
     assert res.rc == 0, res.err
     assert sites(res.json, where)["float32"]["shape"] == [16, 1, 28, 28]

@@ -1,0 +1,363 @@
+"""What ``latecast doctor`` sees of a script as it runs: every host->device move, charged
+to the script's own line (``Observer``, a ``TorchFunctionMode``), and the DataLoaders it
+makes, the batches each hands out and the lines their transforms' parts are made at
+(``watching``). Read-only: a bounded, evenly strided sample of the first tensors of each
+site, no random draw; the methods doctor watches through are the originals, called as they
+were, and put back after. See ``doctor.py`` for what is made of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.abc
+import re
+import sys
+import sysconfig
+import weakref
+from dataclasses import dataclass, field
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+
+TENSORS, SAMPLES, VALUES = 8, 8, 8192  # sampled per site; per tensor: samples, values a channel
+CHANNELS = (1, 3, 4)  # a 4-dim tensor whose dim 1 (or 3) is one of these holds images
+_SKIP = re.compile(r"(torch\w*|latecast)(\.|$)")  # modules whose frames are not the script's
+_LIBRARY = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "purelib", "platlib")}) + ("<",)
+_PACKAGE = str(Path(__file__).parents[1])  # latecast's own files (an editable install too)
+
+
+class Stop(BaseException):
+    """Stops the script (after ``--steps`` steps, or the evaluation ``--eval-steps``
+    watches): not an ``Exception``, so the script's own ``except Exception`` lets it
+    through."""
+
+
+@dataclass
+class Site:
+    """The tensors moved from one line of the script, of one dtype and kind."""
+
+    where: str  # file:line
+    dtype: torch.dtype  # as it crosses
+    shape: tuple[int, ...]  # the latest one's
+    axis: int | None  # its channel axis (images), else None
+    targets: set = field(default_factory=set)  # device types moved to
+    pinned: bool = False  # any came from pinned memory (DataLoader pin_memory=True)
+    calls: int = 0
+    nbytes: int = 0
+    last_step: int = 0  # optimizer steps done before its latest call
+    samples: list = field(default_factory=list)  # float64 (channels, values) arrays
+    latecast: bool = False  # latecast's own copy (the script already moves through it)
+    evaluation: bool = False  # moved with gradients off (torch.no_grad, inference_mode)
+    loaders: set = field(default_factory=set)  # indices of the DataLoaders whose batches it moved
+    file: str = ""  # the script's file (absolute) and line: where the advice edits
+    line: int = 0
+
+
+@dataclass
+class LoaderSeen:
+    """A DataLoader the script made: where, and what its dataset's transform is made of."""
+
+    file: str  # the script's file that made it (absolute), and the line
+    line: int
+    cls: str  # its class's name
+    transform: list[tuple[str, tuple | None]]  # (class name, (file, line) it was made at)
+    normalize: tuple | None  # (mean, std) of its transform's Normalize
+    workers: int
+
+
+class Marks:
+    """Objects of the script (tensors, loaders, transforms) marked while they live, each with
+    a value: by identity (a tensor's ``==`` compares its elements), forgotten as each is
+    freed; the objects themselves are never written to."""
+
+    def __init__(self) -> None:
+        self.marked: dict[int, tuple[weakref.ref, object]] = {}
+
+    def add(self, obj: object, value: object = True) -> None:
+        key = id(obj)
+        self.marked[key] = (weakref.ref(obj, lambda _: self.marked.pop(key, None)), value)
+
+    def get(self, obj: object) -> object:
+        ref, value = self.marked.get(id(obj), (None, None))
+        return value if ref is not None and ref() is obj else None
+
+
+class Observer(TorchFunctionMode):
+    """Records every host->device move made under it, per site (doctor.py's docstring).
+    torch's own moves (``_torchs_own``) are not the script's; a move inside latecast is
+    latecast's own copy, and what latecast hands out is on the device already (on a CPU,
+    the script's ``.to(device)`` of it moves nothing on a GPU either)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sites: dict[tuple, Site] = {}
+        self.steps = 0
+        self.start = Path.cwd()  # sites are named relative to it
+        self.latecasts = Marks()  # tensors latecast made
+        self.loaders: list[LoaderSeen] = []  # every DataLoader the script made
+        self.loader_of = Marks()  # a DataLoader -> its index in loaders
+        self.batches = Marks()  # tensors a DataLoader handed out -> its index in loaders
+        # --eval-steps: the training pass ended after --steps, the evaluation watched
+        self.ending, self.late_steps, self.eval_batches, self.stopped = False, 0, 0, ""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)  # the mode is off in here: nothing below is recorded
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if _torchs_own(caller):
+            return out
+        ours = caller == "latecast" or caller.startswith("latecast.")
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if ours and isinstance(t, torch.Tensor):
+                self.latecasts.add(t)
+        moved = _moved(func, args, kwargs, out)
+        if moved is not None and (ours or not self.latecasts.get(moved[0])):
+            # with gradients off: evaluation (Module.to moves its parameters so too)
+            evaluation = not torch.is_grad_enabled() and not caller.startswith("torch.nn.")
+            self._record(*moved, latecast=ours, evaluation=evaluation)
+        return out
+
+    def _record(
+        self, t: torch.Tensor, dtype: torch.dtype, target: str, latecast: bool, evaluation: bool
+    ) -> None:
+        axis = 1 if t.dim() == 4 and t.shape[1] in CHANNELS else None
+        axis = 3 if t.dim() == 4 and axis is None and t.shape[3] in CHANNELS else axis
+        # the script's own line (x.to(d), y.to(d) on one line: two sites, by instruction)
+        frame = script_frame(sys._getframe(2))
+        file, line, at = (
+            (frame.f_code.co_filename, frame.f_lineno, frame.f_lasti) if frame else ("?", 0, 0)
+        )
+        where = f"{short_path(file, self.start)}:{line}"
+        key = (where, at, dtype, t.dim(), axis and t.shape[axis], latecast, evaluation)
+        s = self.sites.get(key) or Site(where, dtype, tuple(t.shape), axis)
+        s.latecast, s.evaluation, s.file, s.line = latecast, evaluation, file, line
+        self.sites[key] = s
+        loader = self.batches.get(t)
+        s.loaders |= set() if loader is None else {loader}
+        s.shape, s.calls, s.last_step = tuple(t.shape), s.calls + 1, self.steps
+        s.nbytes += t.numel() * dtype.itemsize
+        s.targets.add(target)
+        s.pinned |= t.device.type == "cpu" and t.is_pinned()
+        if len(s.samples) < TENSORS and t.numel():
+            s.samples.append(_sample(t, dtype, axis))
+
+
+def _torchs_own(module: str) -> bool:
+    """A move torch makes of a tensor it keeps on the device (``clip_grad_norm_`` gathering
+    its norms, an optimizer's state): on a CPU it looks like one of the script's. What a
+    module's ``.to()`` moves, and what DDP and DataParallel move to their devices, is the
+    script's."""
+    return (module == "torch" or module.startswith("torch.")) and not module.startswith(
+        ("torch.nn.modules.", "torch.nn.parallel.")
+    )
+
+
+def _moved(func, args, kwargs, out) -> tuple[torch.Tensor, torch.dtype, str] | None:
+    """(host tensor, dtype it crosses in, target device type) of a move, else None. A
+    blocking copy that also converts converts on the host: the new dtype crosses (ATen's
+    ``copy_kernel_cuda``); a non-blocking one converts on the device."""
+    if func is torch.Tensor.to:
+        device, dtype, non_blocking, _ = torch._C._nn._parse_to(*args[1:], **kwargs)
+        src = args[0]
+    elif func is torch.Tensor.cuda:
+        src, device, dtype, non_blocking = args[0], torch.device("cuda"), None, False
+    elif func is torch.Tensor.copy_:
+        (dst, src), non_blocking = args[:2], kwargs.get("non_blocking", args[2:3] == (True,))
+        device, dtype = (dst.device, dst.dtype) if dst.device.type != "cpu" else (None, None)
+    elif func in (torch.tensor, torch.as_tensor) and kwargs.get("device") is not None:
+        data = args[0] if args else kwargs.get("data")
+        if isinstance(data, torch.Tensor) and data.device.type != "cpu":
+            return None
+        if out.device.type == "cpu" and not is_script(sys._getframe(2)):
+            return None  # a library's constant on the host (Normalize's mean), not a move
+        return out, out.dtype, out.device.type
+    else:
+        return None
+    if device is None or not isinstance(src, torch.Tensor) or src.device.type != "cpu":
+        return None
+    return src, dtype if dtype is not None and not non_blocking else src.dtype, device.type
+
+
+def is_script(frame) -> bool:
+    name = frame.f_globals.get("__name__", "")
+    return name == "__main__" or not (_SKIP.match(name) or is_library(frame.f_code.co_filename))
+
+
+def is_library(path: str) -> bool:
+    """Installed code, the standard library or latecast: not the script's."""
+    return path.startswith(_LIBRARY) or path.startswith(_PACKAGE)
+
+
+def short_path(path: str, start: Path) -> str:
+    """``path`` relative to ``start``, where doctor was started (the script may change
+    directory), or whole where it lies outside."""
+    p = Path(path)
+    return str(p.relative_to(start)) if p.is_absolute() and p.is_relative_to(start) else path
+
+
+def _sample(t: torch.Tensor, dtype: torch.dtype, axis: int | None) -> np.ndarray:
+    x = t.detach()[:SAMPLES] if t.dim() > 1 else t.detach().reshape(-1)
+    x = x.movedim(axis, 0).reshape(x.shape[axis], -1) if axis else x.reshape(1, -1)
+    x = x[:, :: -(-x.shape[1] // VALUES)].to("cpu", dtype)  # (channels, <= VALUES)
+    return x.double().numpy() if dtype.is_floating_point else x.numpy().astype(np.float64)
+
+
+TRANSFORMS = "torchvision.transforms.transforms"  # where ToTensor and Normalize are defined
+MADE_AT = ("ToTensor", "Normalize")  # the transforms whose line doctor's advice edits
+
+
+@contextlib.contextmanager
+def watching(obs: Observer, cfg) -> Iterator[None]:
+    """While the script runs: each DataLoader it makes (where, and its dataset's transform),
+    the batches each hands out, the line each ``ToTensor``/``Normalize`` is made at (once
+    torchvision's transforms are imported, by whoever imports them); and with
+    ``--eval-steps``, the training pass ended after ``--steps`` and the evaluation that
+    follows watched. Read-only: every method is the original, called as it was, and put back
+    after."""
+    from torch.utils.data import DataLoader
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    made, iterators, undo = Marks(), Marks(), []
+
+    def patch(owner: type, name: str, wrapper: Callable) -> None:
+        original = owner.__dict__.get(name)
+        if original is not None:  # (a torchvision without its own ToTensor.__init__: none)
+            undo.append((owner, name, original))
+            setattr(owner, name, functools.wraps(original)(wrapper(original)))
+
+    def made_at(original: Callable) -> Callable:
+        def init(self, *args, **kwargs) -> None:
+            original(self, *args, **kwargs)
+            frame = script_frame(sys._getframe(1))
+            made.add(self, frame and (frame.f_code.co_filename, frame.f_lineno))
+
+        return init
+
+    def transforms(module) -> None:
+        for name in MADE_AT:
+            patch(getattr(module, name), "__init__", made_at)
+
+    def loader_init(original: Callable) -> Callable:
+        def init(self, *args, **kwargs) -> None:
+            original(self, *args, **kwargs)
+            frame = script_frame(sys._getframe(1))
+            if frame is not None:
+                obs.loaders.append(_loader(self, frame, made))
+                obs.loader_of.add(self, len(obs.loaders) - 1)
+
+        return init
+
+    def loader_iter(original: Callable) -> Callable:
+        def it(self):
+            iterator = original(self)
+            iterators.add(iterator, (obs.loader_of.get(self), obs.ending))
+            return iterator
+
+        return it
+
+    def loader_next(original: Callable) -> Callable:
+        def next_(self):
+            loader, late = iterators.get(self) or (None, False)
+            if obs.ending and not late:  # the training pass, ended after --steps
+                raise StopIteration
+            if obs.ending and obs.eval_batches >= cfg.eval_steps:
+                obs.stopped = "eval"
+                raise Stop
+            try:
+                batch = original(self)
+            except StopIteration:
+                if obs.ending:  # the evaluation's loader is done: stop before what follows
+                    obs.stopped = "eval"
+                    raise Stop from None
+                raise
+            obs.eval_batches += obs.ending
+            if loader is not None:
+                for t in _tensors(batch):
+                    obs.batches.add(t, loader)
+            return batch
+
+        return next_
+
+    patch(DataLoader, "__init__", loader_init)
+    patch(DataLoader, "__iter__", loader_iter)
+    patch(_BaseDataLoaderIter, "__next__", loader_next)
+    finder = None
+    if TRANSFORMS in sys.modules:
+        transforms(sys.modules[TRANSFORMS])
+    else:
+        finder = AfterImport(TRANSFORMS, transforms)
+        sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+        for owner, name, original in reversed(undo):
+            setattr(owner, name, original)
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Calls ``then(module)`` once the module ``name`` is imported, by whoever imports it
+    (doctor imports none of torchvision itself: 3-4 s for a script that may not use it)."""
+
+    def __init__(self, name: str, then: Callable) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path=None, target=None):
+        if fullname != self.name or self not in sys.meta_path:
+            return None
+        sys.meta_path.remove(self)  # the finders after it find the module
+        spec = find_spec(fullname)
+        if spec is not None and spec.loader is not None:
+            load = spec.loader.exec_module
+
+            def exec_module(module) -> None:
+                load(module)
+                self.then(module)
+
+            spec.loader.exec_module = exec_module
+        return spec
+
+
+def script_frame(frame):
+    """The innermost frame of the script at or above ``frame``, or None."""
+    while frame is not None and not is_script(frame):
+        frame = frame.f_back
+    return frame
+
+
+def _loader(loader, frame, made: Marks) -> LoaderSeen:
+    """What doctor keeps of a DataLoader the script made at ``frame``: its dataset's
+    transform's parts and the lines they were made at, read from instance dictionaries only
+    (no property of the script's runs), through Subset and ConcatDataset."""
+    todo, transform = [vars(loader).get("dataset")], None
+    for _ in range(8):
+        if not todo or transform is not None:
+            break
+        d = getattr(todo.pop(0), "__dict__", {})
+        transform = d.get("transform")
+        todo += [d["dataset"]] if "dataset" in d else list(d.get("datasets", ()))[:8]
+    parts = getattr(transform, "__dict__", {}).get("transforms", [transform])
+    parts = [p for p in parts if p is not None] if isinstance(parts, list) else [transform]
+    normalize = next((p for p in parts if type(p).__name__ == "Normalize"), None)
+    stats = normalize and tuple(tuple(float(x) for x in v) for v in (normalize.mean, normalize.std))
+    return LoaderSeen(
+        frame.f_code.co_filename,
+        frame.f_lineno,
+        type(loader).__name__,
+        [(type(p).__name__, made.get(p)) for p in parts],
+        stats,
+        int(vars(loader).get("num_workers", 0)),
+    )
+
+
+def _tensors(batch) -> list[torch.Tensor]:
+    """The tensors of a batch: itself, or the fields of a tuple, list or dict."""
+    fields = batch.values() if isinstance(batch, dict) else batch
+    fields = fields if isinstance(batch, (tuple, list, dict)) else [batch]
+    return [t for t in fields if isinstance(t, torch.Tensor)]
