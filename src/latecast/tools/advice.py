@@ -151,7 +151,7 @@ def to_uint8(src: Source, to_tensor: int, normalize: int | None) -> str | None:
         end, after = after[0], after[1:]
     if after:
         names = ", ".join(src.segment(a) for a in after)
-        return f"transforms after ToTensor() ({names}) take floats; latecast's run on uint8"
+        return f"the transforms after ToTensor() ({names}) work on its floats"
     prefix = src.segment(tt.func)[: -len("ToTensor")]
     if isinstance(tt.func, ast.Name):  # from torchvision.transforms import ToTensor
         importer = next(
@@ -311,7 +311,7 @@ def _global(src: Source, expr: ast.AST, function: ast.AST | None, before: int) -
 class Advice:
     """The edits for the sites that could cross narrower, gathered file by file; each
     site's ``change`` said with them, or why doctor cannot write them. ``loaders`` are every
-    DataLoader the script made (``doctor.Loader``), ``short`` names a file as the report does,
+    DataLoader the script made (``observe.LoaderSeen``), ``short`` names a file as the report does,
     ``cuda``: whether this machine has one (a script that chose the CPU keeps it)."""
 
     def __init__(self, loaders: list, short: Callable[[str], str], cuda: bool) -> None:
