@@ -80,7 +80,11 @@ class Marks:
 
     def add(self, obj: object, value: object = True) -> None:
         key = id(obj)
-        self.marked[key] = (weakref.ref(obj, lambda _: self.marked.pop(key, None)), value)
+        try:
+            ref = weakref.ref(obj, lambda _: self.marked.pop(key, None))
+        except TypeError:  # a class of the script's own with __slots__ and no __weakref__
+            return
+        self.marked[key] = (ref, value)
 
     def get(self, obj: object) -> object:
         ref, value = self.marked.get(id(obj), (None, None))
@@ -112,8 +116,8 @@ class Observer(TorchFunctionMode):
         if _torchs_own(caller):
             return out
         ours = caller == "latecast" or caller.startswith("latecast.")
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if ours and isinstance(t, torch.Tensor):
+        for t in (out if isinstance(out, (tuple, list)) else (out,)) if ours else ():
+            if isinstance(t, torch.Tensor):
                 self.latecasts.add(t)
         moved = _moved(func, args, kwargs, out)
         if moved is not None and (ours or not self.latecasts.get(moved[0])):
