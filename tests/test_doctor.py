@@ -221,6 +221,7 @@ def test_mnist_loop_uint8_pixels_mean_std_and_labels(tmp_path, run_cli):
     text = res.out
     assert where in text and "PILToTensor()" in text and "mean=(0.1307,), std=(0.3081,)" in text
     assert "would cross the bus on a GPU" in text
+    assert "wants torchvision.transforms.v2.ToImage() there instead" in text  # its own dataset
     md = (out / "doctor.md").read_text()
     assert "| total" in md and "+    tf = transforms.Compose([transforms.PILToTensor()])" in md
     assert "multiprocessing_context=context), mean=(0.1307,), std=(0.3081,))" in md
@@ -489,12 +490,13 @@ def test_the_mnist_examples_advice_applied_as_written_trains_as_converted_by_han
     argv = ["--data", torchvision_mnist, "--limit", 192, "--epochs", 1, "--no-cuda"]
     r = run_cli("doctor", "--steps", "2", "--json", "--", "python", "train.py", *argv).json
     assert r["ended"] == "steps" and r["evaluation"] == [] and len(r["loaders"]) == 2
+    assert {x["dataset"] for x in r["loaders"]} == {"torchvision.datasets.mnist.MNIST"}
     image = sites(r, f"train.py:{line_of(MNIST_EXAMPLE, '# MOVE')}")["float32"]
     made = [
         f"train.py:{line_of(MNIST_EXAMPLE, f'    {x} = ')} (`{x}`)"
         for x in ("train_loader", "test_loader")
     ]
-    assert image["change"].endswith(", ".join(made)), image["change"]
+    assert image["change"].endswith(", ".join(made)), image["change"]  # no word on numpy
     write(tmp_path, "advised.py", applied(MNIST_EXAMPLE, r["edits"]), "# MOVE")
     write(tmp_path, "by_hand.py", MNIST_BY_HAND, "# MOVE")
     alone, advised = run_alone(script, *argv), run_alone(tmp_path / "advised.py", *argv)

@@ -229,6 +229,7 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
             {
                 "made_at": f"{short_path(x.file, obs.start)}:{x.line}",
                 "class": x.cls,
+                "dataset": x.dataset,
                 "transform": [name for name, _ in x.transform],
                 "workers": x.workers,
             }

@@ -68,6 +68,7 @@ class LoaderSeen:
     transform: list[tuple[str, tuple | None]]  # (class name, (file, line) it was made at)
     normalize: tuple | None  # (mean, std) of its transform's Normalize
     workers: int
+    dataset: str  # the class (module.name) of the dataset that applies the transform
 
 
 class Marks:
@@ -339,11 +340,12 @@ def _loader(loader, frame, made: Marks) -> LoaderSeen:
     """What doctor keeps of a DataLoader the script made at ``frame``: its dataset's
     transform's parts and the lines they were made at, read from instance dictionaries only
     (no property of the script's runs), through Subset and ConcatDataset."""
-    todo, transform = [vars(loader).get("dataset")], None
+    todo, transform, holder = [vars(loader).get("dataset")], None, None
     for _ in range(8):
         if not todo or transform is not None:
             break
-        d = getattr(todo.pop(0), "__dict__", {})
+        holder = todo.pop(0)
+        d = getattr(holder, "__dict__", {})
         transform = d.get("transform")
         todo += [d["dataset"]] if "dataset" in d else list(d.get("datasets", ()))[:8]
     parts = getattr(transform, "__dict__", {}).get("transforms", [transform])
@@ -357,6 +359,7 @@ def _loader(loader, frame, made: Marks) -> LoaderSeen:
         [(type(p).__name__, made.get(p)) for p in parts],
         stats,
         int(vars(loader).get("num_workers", 0)),
+        f"{type(holder).__module__}.{type(holder).__name__}",
     )
 
 
