@@ -411,9 +411,10 @@ def index_path(urls: list[str], spec: str) -> str:
     return posixpath.join(folders.pop(), INDEX)
 
 
-def write_index(spec: str, output: str | None = None) -> tuple[str, dict]:
+def write_index(spec: str, output: str | None = None) -> tuple[str, list[dict]]:
     """Index the shards of ``spec`` (each read whole): ``index.json`` beside them (or at
-    ``output``), written atomically; entries of other shards already in it are kept."""
+    ``output``), written atomically; entries of other shards already in it are kept. Returns
+    where it went and the entries of ``spec``'s shards."""
     urls = expand(spec)
     if not urls:
         raise ConfigError(f"{spec}: no shards match it")
@@ -427,6 +428,7 @@ def write_index(spec: str, output: str | None = None) -> tuple[str, dict]:
     entries.update((e["url"], e) for e in map(index_entry, urls))
     index = {"__kind__": KIND, "wids_version": 1, "latecast_index": VERSION, "name": spec}
     index["shardlist"] = [entries[name] for name in sorted(entries)]
+    mine = [entries[posixpath.basename(u)] for u in urls]
     text = json.dumps(index, separators=(",", ":")).encode()
     if "://" in path:
         fs, where = filesystem(path)
@@ -434,7 +436,7 @@ def write_index(spec: str, output: str | None = None) -> tuple[str, dict]:
     else:
         with atomic_write(path) as f:
             f.write(text)
-    return path, index
+    return path, mine
 
 
 def _read_json(path: str, missing_ok: bool = False) -> dict:

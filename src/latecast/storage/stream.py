@@ -35,6 +35,7 @@ import numpy as np
 from ..data import EncodedDataset, StreamedDataset, mean_std
 from ..errors import ConfigError, FormatError
 from .shards import Shard, read_index
+from .store import jpeg_problem
 
 STAT_FILES = 512  # train samples the training size and mean/std are measured on
 BUFFER = 1024  # samples shuffled together: at most this many JPEG files held per rank
@@ -260,3 +261,16 @@ def _measured(train: list[Shard], spec: str) -> tuple:
         sums = torch.stack([flat.sum(0), (flat * flat).sum(0)]).numpy()
         _stats[key] = (tuple(size), *mean_std(sums, len(flat)))
     return _stats[key]
+
+
+def verify(ds: ShardStream) -> str:
+    """Read every shard of ``ds`` whole against its index; what was checked, in words."""
+    for shard in ds.shards:
+        for k, jpg, _, _ in shard.read(np.arange(len(shard))):
+            if why := jpeg_problem(jpg):
+                raise FormatError(f"{shard.url}: sample {shard.keys[k]!r}: {why}")
+    return (
+        f"{len(ds.shards)} shard(s) of {len(ds)} samples read whole against the index: each "
+        f"shard's length and SHA-256, each sample's key, byte offset and label, each JPEG's "
+        f"markers and frame header"
+    )
