@@ -1,6 +1,12 @@
 """Photos from real streaming components (issue 16): WebDataset shards read over a real
 ``http.server`` on 127.0.0.1 by 2 ``torchrun`` ranks, and a Hugging Face ``datasets``
-parquet with ``Image(decode=False)``, both through ``latecast.wrap`` as the examples do."""
+parquet with ``Image(decode=False)``, both through ``latecast.wrap`` as the examples do.
+
+Shards streamed by latecast itself (issue 25): ``latecast index``, then ``train`` over a real
+``http.server`` (one killed by its PID mid-shard, one that closes the connection before its
+Content-Length), a real S3 endpoint (moto's server on 127.0.0.1, through s3fs) and local
+files; every sample once an epoch under ``torchrun``, across a kill and a resume on another
+number of ranks, counted by key."""
 
 from __future__ import annotations
 
@@ -9,9 +15,11 @@ import http.server
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -94,37 +102,78 @@ def test_hugging_face_datasets_parquet_with_undecoded_images(tmp_path):
     assert "40 photos in 1 epochs of 40" in out and f"host->device {jpeg_bytes} JPEG" in out
 
 
-def write_shard(path: Path, first: int, n: int) -> None:
-    """A WebDataset shard (plain tar: KEY.jpg, KEY.cls) of n generated 24x32 photos."""
+
+def write_shard(path: Path, first: int, n: int, prefix: str = "", gz: bool = False) -> None:
+    """A WebDataset shard (a tar: KEY.jpg, KEY.cls) of n generated 24x32 photos, keys
+    ``first``..; ``prefix="./"`` writes members as ``tar -C dir .`` does (and its ``./``)."""
     import tarfile
 
-    with tarfile.open(path, "w") as tar:
+    with tarfile.open(path, "w:gz" if gz else "w") as tar:
+        if prefix:
+            folder = tarfile.TarInfo("./")
+            folder.type = tarfile.DIRTYPE
+            tar.addfile(folder)
         for i in range(first, first + n):
             img = np.full((24, 32, 3), 40 + 20 * (i % 4), np.uint8)
             img[(i % 4) * 5 : (i % 4) * 5 + 6, 4:20] = 240
             buf = io.BytesIO()
             Image.fromarray(img).save(buf, "JPEG", quality=90)
             for ext, data in (("jpg", buf.getvalue()), ("cls", str(i % 4).encode())):
-                info = tarfile.TarInfo(f"{i:06d}.{ext}")
+                info = tarfile.TarInfo(f"{prefix}{i:06d}.{ext}")
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
 
 
-def test_latecast_train_on_shards_over_http_and_a_resume_with_other_shards_is_refused(
-    served, run_cli
-):
-    """``latecast train URL`` reads the shards over HTTP (the last is the test split) and
-    decodes the JPEG files on the device; a resume whose shards changed by one byte is one
-    line naming the data fingerprint."""
+COUNTS = (13, 16, 7, 10)  # samples per shard, the last the test split: 36 train, uneven
+
+
+def make_shards(folder: Path, counts=COUNTS) -> list[str]:
+    """Shards ``shard-000.tar``.. of ``counts`` samples; every train key, in order."""
+    folder.mkdir(exist_ok=True)
+    for s, n in enumerate(counts):
+        write_shard(folder / f"shard-{s:03d}.tar", 100 * s, n)
+    return [f"{100 * s + i:06d}" for s, n in enumerate(counts[:-1]) for i in range(n)]
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    """The reader's retry waits cut to 10 ms (a failed read still gives up after 4 retries)."""
+    from latecast.storage import shards
+
+    monkeypatch.setattr(shards, "RETRY_WAITS", (0.01,) * 4)
+
+
+def one_line(proc, *words) -> str:
+    line = proc.err.strip()
+    assert proc.rc == 1 and len(line.splitlines()) == 1, proc.err[-2000:]
+    assert all(w in line for w in words), line
+    return line
+
+
+def test_train_over_http_resumes_on_another_port_and_refuses_changed_shards(served, run_cli):
+    """``latecast train URL`` without an index refuses with the command to run; with one it
+    streams the shards (the last is the test split) and decodes on the device; the same
+    shards on another port resume (identity by content); a shard changed by one bit is one
+    line when read (its SHA-256) and a resume after ``index`` again is one line naming the
+    data fingerprint."""
     folder, base = served
-    for s in range(3):
-        write_shard(folder / f"shard-{s:03d}.tar", 16 * s, 16)
-    url, out = f"{base}/shard-{{000..002}}.tar", folder.parent / "run"
+    make_shards(folder)
+    url, out = f"{base}/shard-{{000..003}}.tar", folder.parent / "run"
     argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--no-progress"]
+    one_line(run_cli(*argv, "--check"), f"latecast index '{url}'", "no index")
+    rc, made = run_cli("index", url, "--output", folder / "index.json", "--json")
+    assert rc == 0 and made["shards"] == 4 and made["samples"] == sum(COUNTS)
     rc, summary = run_cli(*argv, "--epochs", "1", "--output-dir", out, "--json")
     assert rc == 0 and summary["transfer"] == "jpeg" and summary["dataset"] == url
-    assert summary["decoder"].split()[0] in ("torchcodec", "torchvision")
-    assert summary["step"] == 4  # 32 train samples (two shards), batches of 8
+    assert summary["step"] == 5  # 36 train samples in batches of 8: the last one of 4
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
+    again = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)  # the same, elsewhere
+    threading.Thread(target=again.serve_forever, daemon=True).start()
+    other = url.replace(base, f"http://127.0.0.1:{again.server_address[1]}")
+    proc = run_cli(*argv[:1], other, *argv[2:], "--epochs", "1", "--output-dir", out,
+                   "--resume", "auto")  # fmt: skip
+    again.shutdown()
+    assert proc.rc == 0, proc.err
     import tarfile
 
     with tarfile.open(folder / "shard-001.tar") as tar:
@@ -132,21 +181,106 @@ def test_latecast_train_on_shards_over_http_and_a_resume_with_other_shards_is_re
     data = bytearray((folder / "shard-001.tar").read_bytes())
     data[last.offset_data + last.size // 2] ^= 1  # inside the last file's scan data
     (folder / "shard-001.tar").write_bytes(bytes(data))
-    proc = run_cli(*argv, "--epochs", "1", "--output-dir", out, "--resume", "auto")
-    assert proc.rc == 1 and "data_fingerprint" in proc.err, proc.err[-2000:]
+    one_line(run_cli("info", url, "--verify"), "shard-001.tar", "SHA-256", "run latecast index")
+    assert run_cli("index", url, "--output", folder / "index.json").rc == 0
+    one_line(run_cli(*argv, "--epochs", "1", "--output-dir", out, "--resume", "auto"),
+             "data_fingerprint")  # fmt: skip
 
 
-def test_shards_that_cannot_train_are_one_line(tmp_path, run_cli):
-    import tarfile
+def test_store_folders_spelled_three_ways_are_one_store_to_resume(tmp_path, run_cli, monkeypatch):
+    import latecast
+    from latecast.storage.store import write_store
 
-    write_shard(tmp_path / "a-000.tar", 0, 4)
-    with tarfile.open(tmp_path / "a-001.tar", "w") as tar:  # a sample without its label
-        info = tarfile.TarInfo("000009.jpg")
-        tar.addfile(info, io.BytesIO(b""))
-    for spec, why in [
-        (f"{tmp_path}/a-000.tar", "1 shard(s); give two or more"),
-        (f"{tmp_path}/a-*.tar", "sample '000009' has no .jpg and .cls"),
-        (f"{tmp_path}/none-*.tar", "0 shard(s)"),
-    ]:
-        proc = run_cli("train", spec, "--check", "--output-dir", tmp_path / "run")
-        assert proc.rc == 1 and why in proc.err and len(proc.err.strip().splitlines()) == 1
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (40, 8, 8, 1), np.uint8), np.arange(40) % 4
+    for split in ("train", "test"):
+        ds = latecast.from_arrays(images, labels, name="st", split=split)
+        write_store(ds, tmp_path / "st" / split)
+    monkeypatch.chdir(tmp_path)
+    argv = ["--model", "mlp", "--epochs", "1", "-b", "8", "--device", "cpu", "--no-progress"]
+    assert run_cli("train", "st/", *argv, "--output-dir", "run").rc == 0
+    for spelling in ("./st", str(tmp_path / "st")):
+        proc = run_cli("train", spelling, *argv, "--output-dir", "run", "--resume", "auto")
+        assert proc.rc == 0, proc.err
+
+
+class Throttled(http.server.SimpleHTTPRequestHandler):
+    """Serves ``shard-001.tar`` in two halves: after the first, ``cut`` decides: ``"close"``
+    closes the connection short of the Content-Length it sent; ``"hang"`` writes a file
+    ``sent`` and waits (for the test to kill the process)."""
+
+    cut = "close"
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def copyfile(self, source, outputfile) -> None:
+        if not self.path.endswith("shard-001.tar") or not self.cut:
+            return super().copyfile(source, outputfile)
+        data = source.read()
+        outputfile.write(data[: len(data) // 2])
+        outputfile.flush()
+        if self.cut == "hang":
+            Path(self.directory, "..", "sent").write_text("half")
+            time.sleep(300)  # killed before
+        self.close_connection = True
+
+
+SERVER = """
+import functools, http.server, sys
+sys.path.insert(0, sys.argv[2])
+from test_streams import Throttled
+Throttled.cut = "hang"
+handler = functools.partial(Throttled, directory=sys.argv[1])
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
+
+
+def test_a_server_killed_mid_shard_and_one_that_closes_early_are_errors_not_early_ends(
+    tmp_path, run_cli, quick_retries
+):
+    """Without an index (``latecast index``) and with one (``train``), a read cut short is one
+    line naming the shard and the byte, after retries said once; never a shorter split."""
+    folder = tmp_path / "shards"
+    make_shards(folder)
+    handler = functools.partial(Throttled, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/shard-{{000..003}}.tar"
+    try:
+        with pytest.warns(UserWarning, match="retrying from there"):
+            proc = run_cli("index", url, "--output", tmp_path / "i.json")
+        one_line(proc, "shard-001.tar", "read failed at byte", "4 retries")
+        Throttled.cut = None  # a good server: indexed, copied where train looks
+        assert run_cli("index", url, "--output", folder / "index.json").rc == 0
+        Throttled.cut = "close"
+        argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", "1"]
+        with pytest.warns(UserWarning, match="retrying from there") as said:
+            proc = run_cli(*argv, "--output-dir", tmp_path / "run", "--no-progress")
+        one_line(proc, "shard-001.tar", "read failed at byte")
+        assert len([w for w in said if "retrying" in str(w.message)]) == 1  # said once
+    finally:
+        server.shutdown()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(folder), str(ROOT / "tests")],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        port = int(proc.stdout.readline())
+        url = url.replace(str(server.server_address[1]), str(port))
+
+        def kill_when_half_sent() -> None:
+            while not (tmp_path / "sent").exists():
+                time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGKILL)  # the server goes away mid-shard
+
+        threading.Thread(target=kill_when_half_sent, daemon=True).start()
+        with pytest.warns(UserWarning, match="retrying from there") as said:
+            proc_ = run_cli("index", url, "--output", tmp_path / "i.json")
+        assert len([w for w in said if "retrying" in str(w.message)]) == 1
+        one_line(proc_, "shard-001.tar", "read failed at byte", "4 retries")
+    finally:
+        proc.kill()
+        proc.wait(timeout=TIMEOUT)

@@ -110,7 +110,10 @@ class Source:
 
     def _open(self) -> None:
         http = self.url.startswith(("http://", "https://"))
-        f = self.fs.open(self.path, "rb", **({"block_size": 0} if http else {}))
+        # over HTTP with the size given: fsspec asks no HEAD, whose failure (a server gone)
+        # it would report as a missing file
+        sized = {"block_size": 0, "size": self.size} if http else {}
+        f = self.fs.open(self.path, "rb", **sized)
         if http:
             for left in range(self.pos, 0, -CHUNK):
                 if not f.read(min(left, CHUNK)):

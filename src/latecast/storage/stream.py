@@ -96,7 +96,7 @@ class Plan:
                 f"fewer processes or a larger batch"
             )
         mine = self.ks[self.bounds[rank] : self.bounds[rank + 1]]
-        self.stream, self.S, self.source = order[mine], S, stream
+        self.stream, self.S, self.source, self.epoch = order[mine], S, stream, epoch
         self.ids = S[self.stream]
         self.sizes = batch_sizes(len(mine), self.steps, batch)
 
