@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -100,7 +101,6 @@ def test_hugging_face_datasets_parquet_with_undecoded_images(tmp_path):
     out = run(ROOT / "examples" / "hf_photos.py", "--parquet", "photos.parquet", cwd=tmp_path)
     jpeg_bytes = sum(len(r["bytes"]) for r in rows)
     assert "40 photos in 1 epochs of 40" in out and f"host->device {jpeg_bytes} JPEG" in out
-
 
 
 def write_shard(path: Path, first: int, n: int, prefix: str = "", gz: bool = False) -> None:
@@ -284,3 +284,106 @@ def test_a_server_killed_mid_shard_and_one_that_closes_early_are_errors_not_earl
     finally:
         proc.kill()
         proc.wait(timeout=TIMEOUT)
+
+
+def test_bad_shards_are_one_line_each_and_odd_good_ones_read(tmp_path, run_cli):
+    """``./`` members (``tar -C dir .``) and a ``.tar.gz`` shard are read as any; an empty
+    shard is skipped and said; a sample without ``.cls``, an empty test shard, a shard cut
+    short (with an index and without) and a damaged JPEG are one line naming shard and key."""
+    import tarfile
+
+    from _helpers import damage_scan, noise_jpeg
+
+    d = tmp_path / "ok"
+    d.mkdir()
+    write_shard(d / "a-000.tar", 0, 5, prefix="./")
+    write_shard(d / "a-001.tar.gz", 10, 4, gz=True)
+    write_shard(d / "a-002.tar", 20, 0)  # a valid tar without members
+    write_shard(d / "a-003.tar", 30, 3)
+    spec = f"{d}/a-00?.tar*"
+    with pytest.warns(UserWarning, match="a-002.tar: no samples"):
+        rc, made = run_cli("index", spec, "--json")
+    assert rc == 0 and made["samples"] == 12 and made["empty"] == ["a-002.tar"]
+    keys = json.loads((d / "index.json").read_text())["shardlist"][0]["keys"]
+    assert keys == [f"{i:06d}" for i in range(5)]  # ./000000.jpg is key 000000
+    with pytest.warns(UserWarning, match="a-002.tar: no samples"):
+        rc, found = run_cli("train", spec, "--check", "--json", "--output-dir", tmp_path / "r")
+    assert rc == 0 and (found["train_samples"], found["test_samples"]) == (9, 3)
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    write_shard(bad / "b-000.tar", 0, 4)
+    write_shard(bad / "b-001.tar", 10, 0)
+    with pytest.warns(UserWarning, match="b-001.tar: no samples"):
+        assert run_cli("index", f"{bad}/b-*.tar").rc == 0
+        proc = run_cli("train", f"{bad}/b-*.tar", "--check")
+    one_line(proc, "test shard", "b-001.tar", "no samples")
+    with tarfile.open(bad / "b-002.tar", "w") as tar:  # a sample without its label
+        tar.addfile(tarfile.TarInfo("000009.jpg"), io.BytesIO(b""))
+    one_line(run_cli("index", f"{bad}/b-002.tar"), "b-002.tar", "'000009' has no .jpg and .cls")
+
+    cut = tmp_path / "cut"
+    make_shards(cut)
+    url = f"{cut}/shard-{{000..003}}.tar"
+    assert run_cli("index", url).rc == 0
+    whole = (cut / "shard-001.tar").read_bytes()
+    with tarfile.open(cut / "shard-001.tar") as tar:
+        members = tar.getmembers()
+    (cut / "shard-001.tar").write_bytes(whole[: members[9].offset])  # an interrupted copy
+    one_line(run_cli("train", url, "--check"), "shard-001.tar", "the index says 51,200")
+    one_line(run_cli("index", url), "shard-001.tar", "ends inside a tar header")
+    (cut / "shard-001.tar").write_bytes(whole[: members[9].offset_data + 10])
+    one_line(run_cli("index", url), "shard-001.tar", "ends inside a member")
+
+    (cut / "shard-001.tar").write_bytes(whole)
+    with tarfile.open(cut / "shard-001.tar") as tar, tarfile.open(cut / "x.tar", "w") as out:
+        for m in tar.getmembers():  # 000102.jpg: a photo with damaged scan data
+            damaged = damage_scan(noise_jpeg(np.random.default_rng(0)))
+            data = damaged if m.name == "000102.jpg" else tar.extractfile(m).read()
+            m.size = len(data)
+            out.addfile(m, io.BytesIO(data))
+    os.replace(cut / "x.tar", cut / "shard-001.tar")
+    assert run_cli("index", url).rc == 0  # its structure is whole: only decoding sees it
+    argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", "1"]
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        proc = run_cli(*argv, "--no-progress", "--output-dir", tmp_path / "run")
+    named = "shard-001.tar: sample '000102': damaged JPEG data"
+    assert named in proc.err or any(named in str(w.message) for w in said), proc.err
+
+
+def test_shards_on_a_real_s3_endpoint_through_s3fs(tmp_path, run_cli, monkeypatch):
+    """moto's S3 server on 127.0.0.1: index written to the bucket beside the shards, train
+    streams them through s3fs."""
+    import socket
+
+    server_mod = pytest.importorskip("moto.server")
+    s3fs = pytest.importorskip("s3fs")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    for key, value in [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                       ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_ENDPOINT_URL", endpoint),
+                       ("FSSPEC_S3_ENDPOINT_URL", endpoint)]:  # fmt: skip
+        monkeypatch.setenv(key, value)
+    try:
+        s3fs.S3FileSystem.clear_instance_cache()
+        fs = s3fs.S3FileSystem(endpoint_url=endpoint)
+        fs.mkdir("shards")
+        make_shards(tmp_path / "local")
+        for f in sorted((tmp_path / "local").iterdir()):
+            fs.put(str(f), f"shards/{f.name}")
+        url = "s3://shards/shard-{000..003}.tar"
+        rc, made = run_cli("index", url, "--json")
+        assert (
+            rc == 0 and made["index"] == "s3://shards/index.json" and fs.exists("shards/index.json")
+        )
+        argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", "1"]
+        rc, summary = run_cli(*argv, "--no-progress", "--json", "--output-dir", tmp_path / "r")
+        assert rc == 0 and summary["step"] == 5 and summary["dataset"] == url
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()
+        server.stop()

@@ -49,7 +49,8 @@ _ZERO = bytes(512)
 
 
 def is_shards(name: str) -> bool:
-    return name.startswith(_REMOTE) or name.endswith((".tar", ".tar.gz", ".tgz"))
+    tars = name.endswith((".tar", ".tar.gz", ".tgz")) or glob.has_magic(name) and ".tar" in name
+    return name.startswith(_REMOTE) or tars
 
 
 def filesystem(url: str):
