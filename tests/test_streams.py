@@ -387,3 +387,77 @@ def test_shards_on_a_real_s3_endpoint_through_s3fs(tmp_path, run_cli, monkeypatc
     finally:
         s3fs.S3FileSystem.clear_instance_cache()
         server.stop()
+
+
+WORKER = """
+import json, os, signal, sys
+from latecast.storage import stream
+from latecast.tools.cli import main
+from latecast.trainer import loop
+
+report, kill_at = sys.argv[1], int(os.environ.get("KILL_AT_STEP", 0))
+rank = os.environ.get("RANK", "0")
+read = stream.Plan.read
+
+
+def logged(plan, start):  # each training batch this rank reads: its epoch, number and keys
+    if plan.source.split != "train":
+        yield from read(plan, start)
+        return
+    with open(f"{report}-rank{rank}.jsonl", "a") as log:
+        for k, (batch, ids, names) in enumerate(read(plan, start), start):
+            keys = [n.rsplit("'", 2)[1] for n in names]
+            log.write(json.dumps([plan.epoch, k, keys]) + "\\n")
+            log.flush()
+            yield batch, ids, names
+
+
+stream.Plan.read = logged
+save = loop.Run.save
+
+
+def save_then_die(run, name):  # killed mid-epoch, right after that checkpoint is written
+    save(run, name)
+    if run.progress.step == kill_at and rank == "0":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+loop.Run.save = save_then_die
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_every_sample_once_an_epoch_across_ranks_kills_and_resumes_on_other_counts(tmp_path):
+    """36 train samples in shards of 13, 16 and 7, batch 4, 3 epochs: 2 ranks (epoch 1 whole)
+    killed after step 7 (mid epoch 2); resumed on 1 rank (the rest of epoch 2), killed after
+    step 15 (mid epoch 3); resumed on 2 ranks. Each epoch: every train key exactly once,
+    counted over the batches each launch trained before its checkpoint."""
+    import torch
+
+    keys = make_shards(tmp_path / "shards")
+    spec = f"{tmp_path}/shards/shard-{{000..003}}.tar"
+    from latecast.storage.shards import write_index
+
+    write_index(spec)
+    (tmp_path / "worker.py").write_text(WORKER)
+    out, trained = tmp_path / "run", {}
+    argv = ["train", spec, "--model", "cnn", "-b", 4, "--device", "cpu", "--epochs", 3,
+            "--checkpoint-every", 1, "--no-progress", "--output-dir", out, "--resume", "auto"]  # fmt: skip
+    for launch, (world, kill) in enumerate([(2, 7), (1, 15), (2, 0)]):
+        report = tmp_path / f"launch{launch}"
+        torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
+        cmd = [sys.executable, *torchrun, tmp_path / "worker.py", report, *argv]
+        env = {**os.environ, "KILL_AT_STEP": str(kill), "PYTHONPATH": str(ROOT / "src")}
+        proc = subprocess.run(list(map(str, cmd)), capture_output=True, text=True, cwd=tmp_path,
+                              timeout=TIMEOUT, env=env)  # fmt: skip
+        assert (proc.returncode != 0) == bool(kill), proc.stderr[-3000:]
+        state = torch.load(out / "checkpoint.pt", weights_only=True)
+        stop = (state["loader"]["epoch"], state["loader"]["position"]) if kill else (3, 0)
+        for r in range(world):
+            for line in Path(f"{report}-rank{r}.jsonl").read_text().splitlines():
+                epoch, k, names = json.loads(line)
+                if (epoch, k) < stop:  # what this launch trained before its checkpoint
+                    trained.setdefault(epoch, []).extend(names)
+    assert sorted(trained) == [0, 1, 2]
+    for epoch, seen in trained.items():
+        assert sorted(seen) == keys, epoch  # every key once: none repeated, none dropped
