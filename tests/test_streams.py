@@ -442,7 +442,8 @@ def test_every_sample_once_an_epoch_across_ranks_kills_and_resumes_on_other_coun
     (tmp_path / "worker.py").write_text(WORKER)
     out, trained = tmp_path / "run", {}
     argv = ["train", spec, "--model", "cnn", "-b", 4, "--device", "cpu", "--epochs", 3,
-            "--checkpoint-every", 1, "--no-progress", "--output-dir", out, "--resume", "auto"]  # fmt: skip
+            "--checkpoint-every", 1, "--no-progress", "--output-dir", out,
+            "--resume", "auto"]  # fmt: skip
     for launch, (world, kill) in enumerate([(2, 7), (1, 15), (2, 0)]):
         report = tmp_path / f"launch{launch}"
         torchrun = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
