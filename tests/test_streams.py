@@ -332,7 +332,9 @@ def test_bad_shards_are_one_line_each_and_odd_good_ones_read(tmp_path, run_cli):
     with tarfile.open(cut / "shard-001.tar") as tar:
         members = tar.getmembers()
     (cut / "shard-001.tar").write_bytes(whole[: members[9].offset])  # an interrupted copy
-    one_line(run_cli("train", url, "--check"), "shard-001.tar", "the index says 51,200")
+    argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", "1"]
+    proc = run_cli(*argv, "--no-progress", "--output-dir", tmp_path / "run")  # refused when read
+    one_line(proc, "shard-001.tar", "the index says 51,200")
     one_line(run_cli("index", url), "shard-001.tar", "ends inside a tar header")
     (cut / "shard-001.tar").write_bytes(whole[: members[9].offset_data + 10])
     one_line(run_cli("index", url), "shard-001.tar", "ends inside a member")
@@ -346,10 +348,9 @@ def test_bad_shards_are_one_line_each_and_odd_good_ones_read(tmp_path, run_cli):
             out.addfile(m, io.BytesIO(data))
     os.replace(cut / "x.tar", cut / "shard-001.tar")
     assert run_cli("index", url).rc == 0  # its structure is whole: only decoding sees it
-    argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", "1"]
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        proc = run_cli(*argv, "--no-progress", "--output-dir", tmp_path / "run")
+        proc = run_cli(*argv, "--no-progress", "--overwrite", "--output-dir", tmp_path / "run")
     named = "shard-001.tar: sample '000102': damaged JPEG data"
     assert named in proc.err or any(named in str(w.message) for w in said), proc.err
 

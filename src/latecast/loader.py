@@ -324,11 +324,9 @@ class Loader(Epochs):
 
     def plan(self):
         """A stream's plan of this epoch for this rank (``StreamedDataset.plan``)."""
-        resume = self._resume if self._resume and self._resume[0] == self.epoch else None
-        asked = (self.epoch, self.rank, self.world_size, resume)
+        asked = (self.epoch, self.rank, self.world_size, self._remaining())
         if self._planned[1] != asked:
-            remaining = resume[1] if resume else None
-            args = dict(shuffle=self.shuffle, seed=self.seed, remaining=remaining)
+            args = dict(shuffle=self.shuffle, seed=self.seed, remaining=asked[3])
             plan = self.dataset.plan(*asked[:3], self.batch_size, **args)
             self._planned = (plan, asked)
         return self._planned[0]
@@ -361,7 +359,8 @@ class Loader(Epochs):
         }
 
     def _remaining(self) -> list | None:
-        """A stream's O-position intervals the epoch's plan was made from (None: all)."""
+        """What a stream's plan of this epoch was made from: intervals of positions in the
+        epoch's order (None: all of it)."""
         resume = self._resume
         return resume[1] if resume and resume[0] == self.epoch else None
 
