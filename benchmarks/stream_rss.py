@@ -10,7 +10,8 @@ over the stream on the CPU (read, JPEG decode, crop, normalize) with the process
 segment capped (``RLIMIT_DATA``) at what it used once set up plus ``--cap-mb``: a process
 whose memory grew with the shards would fail with MemoryError there. It prints the peak RSS
 (VmHWM), the largest RssAnon seen after a batch and images/s; ``--http`` adds the first size
-read from a ``http.server`` on 127.0.0.1. One JSON line last. Linux only.
+read from a ``http.server`` on 127.0.0.1 (``--rounds``: local and HTTP by turns, medians).
+One JSON line last. Linux only.
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ def main() -> None:
     p.add_argument("--photo", type=int, default=PHOTO, help="side of the noise JPEGs")
     p.add_argument("-b", "--batch-size", type=int, default=64)
     p.add_argument("--http", action="store_true", help="also the first size over HTTP")
+    p.add_argument("--rounds", type=int, default=1, help="--http: local and HTTP runs, by turns")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -134,15 +136,20 @@ def main() -> None:
     for gb in map(float, args.sizes.split(",")):
         folder = args.work / f"{gb:g}gb-{args.photo}"
         spec = write_shards(folder, gb, args.photo)
-        rows[f"{gb:g} GB local"] = run_child(spec, args)
-        if args.http and len(rows) == 1:
-            server, port = served(folder)
-            try:
-                url = spec.replace(str(folder), f"http://127.0.0.1:{port}")
-                rows[f"{gb:g} GB http"] = run_child(url, args)
-            finally:
-                server.kill()
-                server.wait()
+        if not (args.http and not rows):
+            rows[f"{gb:g} GB local"] = run_child(spec, args)
+            continue
+        server, port = served(folder)
+        url = spec.replace(str(folder), f"http://127.0.0.1:{port}")
+        try:  # interleaved, so that a load that comes and goes meets both alike
+            runs = [[run_child(where, args) for where in (spec, url)] for _ in range(args.rounds)]
+        finally:
+            server.kill()
+            server.wait()
+        for name, each in zip(("local", "http"), zip(*runs)):
+            rate = sorted(r["images_per_s"] for r in each)
+            rows[f"{gb:g} GB {name}"] = {**each[0], "images_per_s": rate[len(rate) // 2],
+                                         "images_per_s_runs": rate}  # fmt: skip
     print("| shards | shard MB | images | peak RSS MB | peak RssAnon MB | images/s |")
     print("|---|---|---|---|---|---|")
     for name, r in rows.items():
