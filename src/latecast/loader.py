@@ -171,7 +171,9 @@ class Loader(Epochs):
 
     Args:
         dataset: a ``Dataset`` (uint8 images, narrow labels) or an ``EncodedDataset`` (JPEG
-            files, decoded to ``dataset.size`` by the prepare stage).
+            files, decoded to ``dataset.size`` by the prepare stage), or a
+            ``StreamedDataset`` (JPEG files its source reads batch by batch: its own order
+            and shares, every sample once an epoch, the last batches shorter).
         batch_size: samples per batch, per rank.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
         transfer: ``"float32"``, ``"uint8"``, ``"prefetch"``, ``"resident"``, ``"jpeg"`` (the
@@ -236,8 +238,9 @@ class Loader(Epochs):
         sizes = parse_order(order)
         self.order = "random" if sizes is None else "block:{}:{}".format(*sizes)  # as saved
         self.streamed = isinstance(dataset, StreamedDataset)  # its source plans the epochs
-        if self.streamed:
-            refuse([(order == "random", "order", order, "random for a stream (its own)")])
+        if self.streamed:  # its own order; no sample dropped
+            refuse([(order == "random", "order", order, "random for a stream (its own)"),
+                    (not drop_last, "drop_last", drop_last, "False for a stream")])  # fmt: skip
             self.order = dataset.order
         self.dataset, self.batch_size, self.static = dataset, batch_size, static
         self.drop_last = drop_last or (static and pad and not self.streamed)  # streams: none
