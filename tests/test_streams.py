@@ -465,3 +465,17 @@ def test_every_sample_once_an_epoch_across_ranks_kills_and_resumes_on_other_coun
     assert sorted(trained) == [0, 1, 2]
     for epoch, seen in trained.items():
         assert sorted(seen) == keys, epoch  # every key once: none repeated, none dropped
+
+
+def test_the_index_is_a_wids_shard_index(tmp_path):
+    """wids (WebDataset's indexed reader) reads ``index.json`` as its own shard index."""
+    wids = pytest.importorskip("wids")
+    from latecast.storage.shards import write_index
+
+    keys = make_shards(tmp_path / "shards", (3, 5, 2))
+    write_index(f"{tmp_path}/shards/shard-*.tar")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # its own deprecation of string specs
+        ds = wids.ShardListDataset(str(tmp_path / "shards" / "index.json"))
+        found = [ds[i]["__key__"] for i in range(len(ds))]
+    assert found == [*keys, "000200", "000201"]  # the last shard too (not a split to wids)
