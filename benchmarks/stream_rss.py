@@ -1,7 +1,8 @@
 """Peak memory while streaming WebDataset shards far larger than a memory cap (issue 25), and
 the same shards over HTTP from localhost against local files.
 
-    python benchmarks/stream_rss.py --work /tmp/latecast-stream --sizes 0.5,2 --cap-mb 256 --http
+    python benchmarks/stream_rss.py --work /tmp/latecast-stream --sizes 0.5,2 --cap-mb 256 \
+        --http --rounds 3
 
 For each size (GB of train shards) it writes shards of 256x256 noise JPEGs (80 KB each, a
 few dozen distinct files repeated under their own keys; written once, kept in ``--work``),
@@ -86,15 +87,17 @@ def child(spec: str, cap_mb: int, batch: int) -> None:
     base = rss()
     cap = base["VmData"] + cap_mb * 2**20
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
-    peak, n, t0 = 0, 0, time.perf_counter()
+    peak, data, n, t0 = 0, 0, 0, time.perf_counter()
     for images, _ in loader:
         n += len(images)
-        peak = max(peak, rss()["RssAnon"])
+        now = rss()
+        peak, data = max(peak, now["RssAnon"]), max(data, now["VmData"])
     seconds = time.perf_counter() - t0
     print(json.dumps({
         "shard_bytes": ds.file_bytes, "images": n, "seconds": round(seconds, 2),
         "images_per_s": round(n / seconds, 1), "rss_anon_set_up": base["RssAnon"],
         "peak_rss_anon": peak, "vm_hwm": rss()["VmHWM"], "cap_bytes_over_set_up": cap_mb * 2**20,
+        "peak_vm_data_over_set_up": data - base["VmData"],
     }))  # fmt: skip
 
 
@@ -125,7 +128,7 @@ def main() -> None:
     p.add_argument("--sizes", default="0.5,2", help="GB of train shards, comma-separated")
     p.add_argument("--cap-mb", type=int, default=256, help="data segment allowed past set-up")
     p.add_argument("--photo", type=int, default=PHOTO, help="side of the noise JPEGs")
-    p.add_argument("-b", "--batch-size", type=int, default=64)
+    p.add_argument("-b", "--batch-size", type=int, default=32)
     p.add_argument("--http", action="store_true", help="also the first size over HTTP")
     p.add_argument("--rounds", type=int, default=1, help="--http: local and HTTP runs, by turns")
     p.add_argument("--child", help=argparse.SUPPRESS)
