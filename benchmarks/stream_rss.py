@@ -1,7 +1,7 @@
 """Peak memory while streaming WebDataset shards far larger than a memory cap (issue 25), and
 the same shards over HTTP from localhost against local files.
 
-    python benchmarks/stream_rss.py --work /tmp/latecast-stream --sizes 0.5,2 --cap-mb 256 \
+    python benchmarks/stream_rss.py --work /tmp/latecast-stream --sizes 0.5,4 --cap-mb 512 \
         --http --rounds 3
 
 For each size (GB of train shards) it writes shards of 256x256 noise JPEGs (80 KB each, a
@@ -24,6 +24,7 @@ import resource
 import subprocess
 import sys
 import tarfile
+import threading
 import time
 from pathlib import Path
 
@@ -87,12 +88,21 @@ def child(spec: str, cap_mb: int, batch: int) -> None:
     base = rss()
     cap = base["VmData"] + cap_mb * 2**20
     resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
-    peak, data, n, t0 = 0, 0, 0, time.perf_counter()
+    peaks, done = {"RssAnon": 0, "VmData": 0}, threading.Event()
+
+    def sample() -> None:  # every 5 ms: the peaks between batches too
+        while not done.wait(0.005):
+            now = rss()
+            for k in peaks:
+                peaks[k] = max(peaks[k], now[k])
+
+    threading.Thread(target=sample, daemon=True).start()
+    n, t0 = 0, time.perf_counter()
     for images, _ in loader:
         n += len(images)
-        now = rss()
-        peak, data = max(peak, now["RssAnon"]), max(data, now["VmData"])
     seconds = time.perf_counter() - t0
+    done.set()
+    peak, data = peaks["RssAnon"], peaks["VmData"]
     print(json.dumps({
         "shard_bytes": ds.file_bytes, "images": n, "seconds": round(seconds, 2),
         "images_per_s": round(n / seconds, 1), "rss_anon_set_up": base["RssAnon"],
@@ -125,8 +135,8 @@ def run_child(spec: str, args) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, default=Path("/tmp/latecast-stream"))
-    p.add_argument("--sizes", default="0.5,2", help="GB of train shards, comma-separated")
-    p.add_argument("--cap-mb", type=int, default=256, help="data segment allowed past set-up")
+    p.add_argument("--sizes", default="0.5,4", help="GB of train shards, comma-separated")
+    p.add_argument("--cap-mb", type=int, default=512, help="data segment allowed past set-up")
     p.add_argument("--photo", type=int, default=PHOTO, help="side of the noise JPEGs")
     p.add_argument("-b", "--batch-size", type=int, default=32)
     p.add_argument("--http", action="store_true", help="also the first size over HTTP")
