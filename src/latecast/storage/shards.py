@@ -113,7 +113,8 @@ class Source:
         http = self.url.startswith(("http://", "https://"))
         # over HTTP with the size given: fsspec asks no HEAD, whose failure (a server gone)
         # it would report as a missing file
-        sized = {"block_size": 0, "size": self.size} if http else {}
+        # elsewhere (s3fs, gcsfs) 8 MiB a request: s3fs's default block is 50 MiB
+        sized = {"block_size": 0, "size": self.size} if http else {"block_size": 8 * CHUNK}
         f = self.fs.open(self.path, "rb", **sized)
         if http:
             for left in range(self.pos, 0, -CHUNK):
@@ -140,7 +141,7 @@ class Source:
                 break
             except Exception as err:
                 self.close()
-                why = f"{type(err).__name__}: {str(err).strip().splitlines()[0][:200]}"
+                why = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
                 if not _transient(err):
                     raise FormatError(f"{self.url}: cannot read it ({why})") from None
                 if attempt == len(RETRY_WAITS):
