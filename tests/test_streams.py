@@ -479,3 +479,32 @@ def test_the_index_is_a_wids_shard_index(tmp_path):
         ds = wids.ShardListDataset(str(tmp_path / "shards" / "index.json"))
         found = [ds[i]["__key__"] for i in range(len(ds))]
     assert found == [*keys, "000200", "000201"]  # the last shard too (not a split to wids)
+
+
+def test_the_epochs_order_is_one_for_any_world_size_and_a_resume_leaves_what_was_not_taken():
+    """The plans alone (no shard read): for any world size the ranks' spans, in rank order,
+    are the 1-rank order; every rank takes the same number of steps; after every rank took
+    ``p`` batches, what ``left`` gives plus what was taken is every sample once."""
+    from types import SimpleNamespace
+
+    from latecast.storage.stream import Plan
+
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        counts = rng.integers(0, 30, rng.integers(1, 6)).tolist()
+        stream = SimpleNamespace(counts=counts, buffer=int(rng.integers(1, 20)), name="s")
+        total, batch, epoch = sum(counts), int(rng.integers(1, 6)), int(rng.integers(0, 3))
+        args = dict(shuffle=True, seed=3, remaining=None)
+        one = Plan(stream, epoch, 0, 1, batch, **args).ids
+        assert sorted(one) == list(range(total))
+        for world in range(2, 5):
+            if total // world < -(-total // (world * batch)):  # refused: too few samples
+                continue
+            plans = [Plan(stream, epoch, r, world, batch, **args) for r in range(world)]
+            assert np.array_equal(np.concatenate([p.ids for p in plans]), one)
+            assert len({len(pl.sizes) for pl in plans}) == 1  # the same number of steps
+            assert all(n > 0 for pl in plans for n in pl.sizes)  # none without a sample
+            p = int(rng.integers(0, len(plans[0].sizes) + 1))
+            taken = np.concatenate([pl.ids[: sum(pl.sizes[:p])] for pl in plans])
+            left = Plan(stream, epoch, 0, 1, batch, **{**args, "remaining": plans[0].left(p)})
+            assert sorted([*taken, *left.ids]) == list(range(total))
