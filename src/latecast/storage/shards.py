@@ -98,6 +98,20 @@ def _transient(err: BaseException) -> bool:
     return library in ("aiohttp", "botocore", "aiobotocore") and getattr(err, "status", 500) >= 500
 
 
+def shard_size(url: str) -> int | None:
+    """The shard's length as its source announces it (None: unknown); a shard that is not
+    there, or a server that does not answer, is one line naming it."""
+    fs, path = filesystem(url)
+    try:
+        return fs.size(path)
+    except (FileNotFoundError, PermissionError) as err:  # fsspec's HTTP: a failed HEAD too
+        cause = err.__cause__ or err
+        why = (str(cause).strip().splitlines() or [""])[0][:200]
+        gone = err.__cause__ is None and isinstance(err, FileNotFoundError)
+        what = "no such shard" if gone else f"cannot open it ({why})"
+        raise ConfigError(f"{url}: {what}") from None
+
+
 class Source:
     """One shard's bytes from byte ``start`` (to ``size`` when known), read through fsspec;
     hashed (SHA-256) when read from byte 0. A read that fails is retried from the byte it
@@ -318,8 +332,7 @@ class Shard:
     def read(self, wanted: np.ndarray) -> Iterator[tuple[int, bytes, int, tuple]]:
         """``(sample, jpeg, label, header)`` of the samples ``wanted`` (sorted), checked
         against the index as they come; a shard read whole is checked by its SHA-256 too."""
-        fs, path = filesystem(self.url)
-        size = fs.size(path)
+        size = shard_size(self.url)
         if size is not None and size != self.size:
             raise FormatError(
                 f"{self.url}: {size:,} bytes, the index says {self.size:,} (changed or cut "
@@ -373,11 +386,7 @@ class Shard:
 
 def index_entry(url: str) -> dict:
     """Read a shard whole (no index yet): its index entry. Empty shards are said, once."""
-    fs, path = filesystem(url)
-    try:
-        size = fs.size(path)
-    except FileNotFoundError:
-        raise ConfigError(f"{url}: no such shard") from None
+    size = shard_size(url)
     src = Source(url, size)
     keys, offsets, labels, channels = [], [], [], 1
     try:
