@@ -152,3 +152,17 @@ def test_jpeg_cpu_times_the_floor_the_decode_step_and_the_loader(tmp_path, photo
     rows = json.loads(proc.stdout.splitlines()[-1])["rows"]
     assert list(rows) == [f"photos {step} | HEAD" for step in ("floor", "decode", "loader")]
     assert all(r["cpu_us"] > 0 and r["images_per_s"] > 0 for runs in rows.values() for r in runs)
+
+
+@pytest.mark.slow
+def test_stream_rss_walks_an_epoch_under_its_cap_locally_and_over_http(tmp_path):
+    proc = script(
+        "stream_rss.py", "--work", tmp_path, "--sizes", "0.001", "--photo", "32", "--http",
+        "-b", "8", cwd=tmp_path,
+    )  # fmt: skip
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    local, http = result["rows"].values()
+    assert list(result["rows"]) == ["0.001 GB local", "0.001 GB http"]
+    assert local["images"] == http["images"] > 0 and local["shard_bytes"] >= 2**20
+    assert all(0 < r["peak_rss_anon"] <= r["vm_hwm"] for r in (local, http))
+    assert "| 0.001 GB http |" in proc.stdout

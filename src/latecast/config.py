@@ -19,8 +19,8 @@ if TYPE_CHECKING:
 
 DATASET_HELP = (
     "dataset name (mnist, fashion-mnist, kmnist, cifar10, cifar100), a store folder, or "
-    "WebDataset tar shards (http://.../shard-{000..009}.tar or path/shard-*.tar; the last is "
-    "the test split)"
+    "WebDataset tar shards, streamed once indexed by latecast index (http://.../shard-{000..009}"
+    ".tar, s3://..., path/shard-*.tar; the last is the test split)"
 )
 _TYPES = {  # kind -> (accepted type, its name, the type it is stored as)
     "int": (numbers.Integral, "an integer", int),

@@ -155,6 +155,42 @@ class EncodedDataset(_Split):
         return int(self.data.nbytes)
 
 
+@dataclass(frozen=True, eq=False)
+class StreamedDataset(_Split):
+    """JPEG files that their source reads as the batches are taken, never all held at once
+    (WebDataset shards: ``storage/stream.py``); moved and prepared as a JPEG store's. The
+    source decides each rank's share of an epoch: ``plan`` gives it, as a pure function of
+    the seed, the epoch and what remains of it (never of the number of ranks, so a resume
+    may change that), with the plan's batch ``sizes`` and ``ids`` (the samples' indices),
+    ``read(start)`` (its batches from batch ``start`` on, as ``(EncodedDataset, ids, names)``)
+    and ``left(batches)`` (what remains once every rank took that many).
+
+    Args:
+        name, split, labels, classes, mean, std: as for ``Dataset`` (every sample's labels).
+        size, channels: as for ``EncodedDataset``.
+        file_bytes: the JPEG files' bytes, all together.
+        digest: what identifies the content (its source's hashes).
+    """
+
+    size: tuple[int, int]
+    channels: int
+    file_bytes: int
+    digest: str = ""
+    encoding = "jpeg"
+    order = "stream"  # the Loader's order: the source's own, saved in its state
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (*self.size, self.channels)
+
+    @property
+    def image_bytes(self) -> int:
+        return self.file_bytes
+
+    def plan(self, epoch, rank, world, batch_size, *, shuffle, seed, remaining=None):
+        raise NotImplementedError
+
+
 def channel_stats(
     images: np.ndarray, chunk: int = 8192
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -301,9 +337,14 @@ class Encoded:
     device: torch.device  # where the pixels are wanted
     source: str = ""  # the dataset, "name/split", for messages
     decoded: dict = field(default_factory=dict)  # wrap: position -> CHW of a non-JPEG file
+    names: list | None = None  # a stream's: each file's shard and key, for messages
 
     def __len__(self) -> int:
         return len(self.sizes)
+
+    def sample(self, i: int) -> str:
+        """File ``i`` in a message: its shard and key, else its sample index in ``source``."""
+        return self.names[i] if self.names else f"{self.source}: sample {int(self.indices[i])}"
 
     def files(self) -> list[torch.Tensor]:
         """One 1-D uint8 view per file (what the decoders take)."""

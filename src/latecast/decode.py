@@ -211,9 +211,7 @@ def _decode_cpu(batch: Encoded, size: tuple[int, int], boxes: list) -> torch.Ten
 
 
 def _undecodable(batch: Encoded, i: int, err: Exception) -> FormatError:
-    return FormatError(
-        f"{batch.source}: sample {int(batch.indices[i])}: not a decodable JPEG ({err})"
-    )
+    return FormatError(f"{batch.sample(i)}: not a decodable JPEG ({err})")
 
 
 def _check_size(image: torch.Tensor, size: list[int], batch: Encoded, i: int) -> None:
@@ -221,7 +219,7 @@ def _check_size(image: torch.Tensor, size: list[int], batch: Encoded, i: int) ->
     boxes are drawn from those (too large: out of the image; too small: the wrong crop)."""
     if list(image.shape[1:]) != size:
         raise FormatError(
-            f"{batch.source}: sample {int(batch.indices[i])}: the file is "
+            f"{batch.sample(i)}: the file is "
             f"{image.shape[1]}x{image.shape[2]}, sizes.npy says {size[0]}x{size[1]} "
             f"(an edited store, or one written when convert ignored EXIF orientation: "
             f"convert it again)"
@@ -236,7 +234,7 @@ def _named(said: str, batch: Encoded, out: torch.Tensor) -> torch.Tensor:
     damaged = [i for i, text in enumerate(libjpeg_says(batch.files(), batch.channels)) if text]
     for i in damaged:
         warnings.warn(
-            f"{batch.source}: sample {int(batch.indices[i])}: damaged JPEG data (libjpeg decodes "
+            f"{batch.sample(i)}: damaged JPEG data (libjpeg decodes "
             f"it with a warning, part of the image is wrong); `latecast info --verify` checks "
             f"a store",
             stacklevel=4,

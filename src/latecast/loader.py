@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .config import refuse
-from .data import Batch, Dataset, EncodedDataset
+from .data import Batch, Dataset, EncodedDataset, StreamedDataset
 from .decode import decoder
 from .distributed import placement
 from .errors import ConfigError
@@ -140,7 +140,8 @@ class Epochs:
 def check_arguments(dataset, transfer, dtype, augment, mix, flags: dict[str, Any]) -> None:
     """What the Loader's first pass would otherwise fail on, checked when it is built."""
     kinds = "a latecast Dataset (load_dataset, open_store, from_arrays)"
-    refuse([(isinstance(dataset, (Dataset, EncodedDataset)), "dataset", dataset, kinds)])
+    ok = isinstance(dataset, (Dataset, EncodedDataset, StreamedDataset))
+    refuse([(ok, "dataset", dataset, kinds)])
     classes = dataset.num_classes
     refuse(
         [
@@ -170,7 +171,9 @@ class Loader(Epochs):
 
     Args:
         dataset: a ``Dataset`` (uint8 images, narrow labels) or an ``EncodedDataset`` (JPEG
-            files, decoded to ``dataset.size`` by the prepare stage).
+            files, decoded to ``dataset.size`` by the prepare stage), or a
+            ``StreamedDataset`` (JPEG files its source reads batch by batch: its own order
+            and shares, every sample once an epoch, the last batches shorter).
         batch_size: samples per batch, per rank.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
         transfer: ``"float32"``, ``"uint8"``, ``"prefetch"``, ``"resident"``, ``"jpeg"`` (the
@@ -234,8 +237,13 @@ class Loader(Epochs):
             resolve(transfer, dataset, torch.device("cpu"))  # raises, listing valid names
         sizes = parse_order(order)
         self.order = "random" if sizes is None else "block:{}:{}".format(*sizes)  # as saved
+        self.streamed = isinstance(dataset, StreamedDataset)  # its source plans the epochs
+        if self.streamed:  # its own order; no sample dropped
+            refuse([(order == "random", "order", order, "random for a stream (its own)"),
+                    (not drop_last, "drop_last", drop_last, "False for a stream")])  # fmt: skip
+            self.order = dataset.order
         self.dataset, self.batch_size, self.static = dataset, batch_size, static
-        self.drop_last = drop_last or (static and pad)
+        self.drop_last = drop_last or (static and pad and not self.streamed)  # streams: none
         self.shuffle, self.seed, self.pad, self.augment = shuffle, seed, pad, augment
         self.dtype, self.channels_last = dtype, channels_last
         self._asked = (device, transfer, rank, world_size)
@@ -256,6 +264,8 @@ class Loader(Epochs):
         self._buffers: Batch | None = None  # static: (images, labels), allocated once
         self._index: torch.Tensor | None = None  # static resident: this step's samples
         self._indices: torch.Tensor | None = None  # ... and their CPU indices (altflip)
+        self._resume: tuple | None = None  # a stream's (epoch, what remains of it) on resume
+        self._planned: tuple = (None, None)  # a stream's last plan and what it was made for
 
     # -- where: resolved at the first pass; before it, what the environment says now -----
 
@@ -315,13 +325,26 @@ class Loader(Epochs):
 
     # -- which samples, in what order -----------------------------------------------------
 
+    def plan(self):
+        """A stream's plan of this epoch for this rank (``StreamedDataset.plan``)."""
+        asked = (self.epoch, self.rank, self.world_size, self._remaining())
+        if self._planned[1] != asked:
+            args = dict(shuffle=self.shuffle, seed=self.seed, remaining=asked[3])
+            plan = self.dataset.plan(*asked[:3], self.batch_size, **args)
+            self._planned = (plan, asked)
+        return self._planned[0]
+
     @property
     def num_samples(self) -> int:
         """Samples this rank visits per epoch."""
+        if self.streamed:
+            return sum(self.plan().sizes)
         n, rank, w = len(self.dataset), self.rank, self.world_size
         return math.ceil(n / w) if self.pad else len(range(rank, n, w))
 
     def __len__(self) -> int:
+        if self.streamed:
+            return len(self.plan().sizes)
         m, b = self.num_samples, self.batch_size
         return m // b if self.drop_last else math.ceil(m / b)
 
@@ -335,7 +358,14 @@ class Loader(Epochs):
             "world_size": self.world_size,
             "num_samples": len(self.dataset),
             "order": self.order,
+            **({"remaining": self._remaining()} if self.streamed else {}),
         }
+
+    def _remaining(self) -> list | None:
+        """What a stream's plan of this epoch was made from: intervals of positions in the
+        epoch's order (None: all of it)."""
+        resume = self._resume
+        return resume[1] if resume and resume[0] == self.epoch else None
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next pass starts at its epoch and position."""
@@ -343,7 +373,8 @@ class Loader(Epochs):
         differ = [
             k
             for k in ("seed", "batch_size", "world_size", "num_samples", "order")
-            if state.get(k, "random" if k == "order" else None) != mine[k]  # older: random
+            if not (k == "world_size" and self.streamed)  # a stream re-splits what is left
+            and state.get(k, "random" if k == "order" else None) != mine[k]  # older: random
         ]
         if differ:
             raise ConfigError(
@@ -351,9 +382,18 @@ class Loader(Epochs):
                 + ", ".join(f"{k} {state.get(k)!r} != {mine[k]!r}" for k in differ)
             )
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        if self.streamed:
+            remaining, world = state.get("remaining"), int(state["world_size"])
+            if world != self.world_size:  # what every rank of the saved run had left
+                args = dict(shuffle=self.shuffle, seed=self.seed, remaining=remaining)
+                saved = self.dataset.plan(self.epoch, 0, world, self.batch_size, **args)
+                remaining, self.position = saved.left(self.position), 0
+            self._resume = (self.epoch, remaining)
 
     def index_batches(self) -> list[torch.Tensor]:
         """This epoch's index batches for this rank (CPU int64), from ``position`` on."""
+        if self.streamed:
+            return self.plan().batches()[self.position :]
         order = epoch_order(
             len(self.dataset),
             seed=self.seed,
@@ -417,6 +457,8 @@ class Loader(Epochs):
         batches gathered and prepared on the host. Static: written into the buffers."""
         host = mover.takes_prepared
         fed = (self.prepare(*gather(self.dataset, i), i) for i in batches) if host else batches
+        if self.streamed:  # the source reads each batch's files
+            fed = self.plan().read(self.position)
         for idx, (x, y) in zip(batches, mover.batches(fed)):
             n = len(idx)
             if not self.static:
@@ -443,8 +485,9 @@ class Loader(Epochs):
             yield (*self._masked(n), n)
 
     def _masked(self, n: int) -> Batch:
-        """The buffers, labels past ``n`` (a last evaluation batch's padding) set to IGNORE."""
+        """The buffers, labels past ``n`` (a last evaluation batch's padding) set to IGNORE
+        (mixed labels, class probabilities: to 0, no class)."""
         images, labels = self._buffers
         if n < len(labels):
-            labels[n:].fill_(IGNORE)
+            labels[n:].fill_(IGNORE if labels.ndim == 1 else 0)
         return images, labels

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
-from .data import Batch, Dataset, Encoded, EncodedDataset
+from .data import Batch, Dataset, Encoded, EncodedDataset, StreamedDataset
 from .errors import ConfigError, DeviceError
 
 
@@ -350,9 +350,11 @@ class Jpeg(Mover):
         return {"per_epoch": dataset.image_bytes + dataset.label_bytes, "once": 0}
 
     def batches(self, index_batches):
-        ds = self.dataset
-        for idx in index_batches:
-            idx_np = idx.numpy()
+        """Index batches of a store; for a stream, the ``(EncodedDataset, ids, names)`` of
+        each batch its source read (``StreamedDataset``)."""
+        for item in index_batches:
+            ds, idx, names = (self.dataset, item, None) if torch.is_tensor(item) else item
+            idx_np = idx.numpy() if names is None else np.arange(len(idx))
             starts, ends = ds.offsets[idx_np].tolist(), ds.offsets[idx_np + 1].tolist()
             lab_end = len(idx_np) * ds.labels.itemsize
             offsets = np.cumsum([lab_end] + [b - a for a, b in zip(starts, ends)]).tolist()
@@ -368,7 +370,10 @@ class Jpeg(Mover):
             self.stats.copies += 1
             sizes = torch.from_numpy(ds.sizes[idx_np].astype(np.int64))
             where = f"{ds.name}/{ds.split}"
-            yield Encoded(host, offsets, sizes, idx, ds.channels, self.device, where), labels
+            yield (
+                Encoded(host, offsets, sizes, idx, ds.channels, self.device, where, names=names),
+                labels,
+            )
 
 
 # A dataset is "resident" only if it takes at most this share of free device memory.
@@ -379,7 +384,7 @@ MOVERS: dict[str, type[Mover]] = {m.name: m for m in (Float32, Uint8, Prefetch, 
 
 def movers_for(dataset: Dataset | EncodedDataset) -> list[str]:
     """The movers that move this kind of dataset (``jpeg`` alone for an encoded store)."""
-    encoded = isinstance(dataset, EncodedDataset)
+    encoded = isinstance(dataset, (EncodedDataset, StreamedDataset))
     return [name for name, m in MOVERS.items() if m.encoded == encoded]
 
 
@@ -388,7 +393,7 @@ def resolve(name: str, dataset: Dataset | EncodedDataset, device: torch.device) 
     comfortably in the device's free memory (host RAM for a CPU device), else ``prefetch``.
     Other names are checked, also against the kind of dataset."""
     if name == "auto":
-        if isinstance(dataset, EncodedDataset):
+        if isinstance(dataset, (EncodedDataset, StreamedDataset)):
             return "jpeg"
         return "resident" if Resident.fits(dataset, device)[0] else "prefetch"
     if name not in MOVERS:

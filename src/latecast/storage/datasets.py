@@ -28,8 +28,9 @@ from ..data import Dataset, EncodedDataset, check_labels, from_arrays
 from ..errors import ConfigError, FormatError, LatecastError
 from .download import download, extract_tar
 from .idxfile import check_role, read_idx
-from .shards import is_shards, open_shards
+from .shards import is_shards
 from .store import IMAGES, LABELS, META, open_store, read_meta, write_store
+from .stream import open_shards
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ def load_dataset(
         >>> test = load_dataset("cifar10", "test", root="~/data")
     """
     spec = DATASETS.get(name)
-    if spec is None and is_shards(name):  # WebDataset tar shards, read into memory
+    if spec is None and is_shards(name):  # WebDataset tar shards, streamed
         return open_shards(name, split)
     if spec is None and Path(name).expanduser().is_dir():  # a store from `latecast convert`
         return open_store(Path(name).expanduser(), split)

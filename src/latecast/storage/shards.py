@@ -1,47 +1,77 @@
-"""WebDataset tar shards as a JPEG dataset, without a store: ``latecast train
-'http://host/shard-{000..009}.tar'`` (or ``'path/shard-*.tar'``).
+"""WebDataset tar shards read through fsspec (local paths, ``http(s)://``, ``s3://`` through
+s3fs, ``gs://`` where gcsfs is installed), and their index.
 
-Each shard is read once, in order, over HTTP (a plain GET) or from disk, into host memory
-as a JPEG store holds it (the files back to back, their upright sizes from the headers,
-their labels from ``.cls``); the JPEG files are then decoded on the device as any jpeg
-store's. The last shard is the test split, the others the train split (WebDataset's own
-layout keeps test shards apart too). Training size: the most common upright size of the
-train files; mean/std: of the first ``STAT_FILES`` train images at that size.
+A shard is read as a stream of 512-byte tar records by ``Tar`` (members named ``./x.jpg`` are
+``x.jpg``; a gzipped shard, ``.tar.gz``, is unpacked as it streams), and members are grouped
+into samples by WebDataset's key rule: the path up to the first dot of the file name. Nothing
+ends early without a word: a shard that ends inside a header or a member, or before its tar
+end-of-archive blocks, or before the length its source announced (Content-Length, the file
+size, the index), is a ``FormatError`` naming the shard and the byte. A read that fails on
+the way (a dropped connection, a server gone, a timeout) is retried from the byte it reached,
+``len(RETRY_WAITS)`` times with backoff, said once in a warning; then it is an error.
 
-Resume is exact: the shards are held whole, so a checkpoint's position is a sample's, and
-the resume identity includes the SHA-256 of every train file's bytes: other or changed
-shards are refused with one line (the fingerprint check of ``--resume``). The cost of that
-is memory: the shards must fit in host RAM (convert larger data into a store).
+The index (``latecast index SPEC``: ``index.json`` beside the shards, in wids' shard-index
+layout, ``__kind__`` and a ``shardlist`` of ``url``, ``nsamples``, ``filesize``) adds per shard
+its SHA-256, the channels of its JPEG files and per sample its key, label (``.cls``) and the
+byte offset of its first tar header, so a reader can start at any sample. Training, ``info``
+and resume trust it: a shard of another length than its index says is refused when opened,
+a sample whose key or label differs from it when read, and a shard read whole whose SHA-256
+differs, at its end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import hashlib
+import json
+import posixpath
 import re
-import tarfile
-import urllib.request
-from collections import Counter
-from dataclasses import replace
+import time
+import warnings
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 
-from ..data import EncodedDataset, mean_std
 from ..errors import ConfigError, FormatError
 from ..jpegheader import jpeg_header
+from .fileio import atomic_write
 
-STAT_FILES = 512  # images the mean/std are measured on (a few seconds of CPU decoding)
+INDEX, KIND, VERSION = "index.json", "wids-shard-index-v1", 1
+RETRY_WAITS = (0.5, 1.0, 2.0, 4.0)  # seconds before each retry of a failed read: 7.5 s in all
+CHUNK = 1 << 20  # bytes asked of the source per read
 _BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
-_train_of: dict = {}  # spec -> the train split just read: its test split's statistics, once
+_KEY = re.compile(r"^((?:.*/|)[^./][^.]*)\.([^/]*)$")  # WebDataset's: key, then extension
+_REMOTE = ("http://", "https://", "s3://", "gs://", "gcs://")
+_ZERO = bytes(512)
 
 
 def is_shards(name: str) -> bool:
-    return name.startswith(("http://", "https://")) or name.endswith(".tar")
+    tars = name.endswith((".tar", ".tar.gz", ".tgz")) or glob.has_magic(name) and ".tar" in name
+    return name.startswith(_REMOTE) or tars
+
+
+def filesystem(url: str):
+    """``(fs, path)`` of ``url`` through fsspec; a missing package is one line naming it."""
+    try:
+        import fsspec
+    except ImportError:
+        raise ConfigError(
+            f"{url}: streaming shards needs fsspec: pip install 'latecast[streams]'"
+        ) from None
+    try:
+        return fsspec.core.url_to_fs(url)
+    except (ImportError, ValueError) as err:  # aiohttp for http(s), s3fs, gcsfs
+        raise ConfigError(
+            f"{url}: cannot read it here ({err}); pip install 'latecast[streams]'"
+        ) from None
 
 
 def expand(spec: str) -> list[str]:
-    """``shard-{000..009}.tar`` -> the ten names (zero-padded as written); a local pattern's
-    ``*`` and ``?`` -> the files matching it, sorted."""
+    """``shard-{000..009}.tar`` -> the ten names (zero-padded as written); a pattern's ``*`` and
+    ``?`` -> the files matching it, sorted (local, or through fsspec for ``s3://``...)."""
     m = _BRACES.search(spec)
     if m:
         a, b = m.groups()
@@ -50,90 +80,429 @@ def expand(spec: str) -> list[str]:
             for k in range(int(a), int(b) + 1)
             for name in expand(spec[: m.start()] + str(k).zfill(len(a)) + spec[m.end() :])
         ]
-    if spec.startswith(("http://", "https://")) or not glob.has_magic(spec):
+    if not glob.has_magic(spec) or spec.startswith(("http://", "https://")):
         return [spec]
-    return sorted(glob.glob(spec))
+    if "://" not in spec:
+        return sorted(glob.glob(spec))
+    fs, path = filesystem(spec)
+    return sorted(fs.unstrip_protocol(p) for p in fs.glob(path))
 
 
-def _samples(url: str):
-    """``(key, jpeg bytes, label)`` of each sample in the shard, in its order."""
+def _transient(err: BaseException) -> bool:
+    """A failure worth a retry: the network's, not a missing or forbidden file."""
+    if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    if isinstance(err, (OSError, EOFError, asyncio.TimeoutError)):
+        return True
+    library = type(err).__module__.split(".")[0]
+    return library in ("aiohttp", "botocore", "aiobotocore") and getattr(err, "status", 500) >= 500
+
+
+def shard_size(url: str) -> int | None:
+    """The shard's length as its source announces it (None: unknown); a shard that is not
+    there, or a server that does not answer, is one line naming it."""
+    fs, path = filesystem(url)
     try:
-        src = urllib.request.urlopen(url, timeout=60) if "://" in url else open(url, "rb")
-    except OSError as err:
-        raise ConfigError(f"{url}: cannot read the shard ({err})") from None
-    parts: dict[str, dict[str, bytes]] = {}
+        return fs.size(path)
+    except (FileNotFoundError, PermissionError) as err:  # fsspec's HTTP: a failed HEAD too
+        cause = err.__cause__ or err
+        why = (str(cause).strip().splitlines() or [""])[0][:200]
+        gone = err.__cause__ is None and isinstance(err, FileNotFoundError)
+        what = "no such shard" if gone else f"cannot open it ({why})"
+        raise ConfigError(f"{url}: {what}") from None
+
+
+class Source:
+    """One shard's bytes from byte ``start`` (to ``size`` when known), read through fsspec;
+    hashed (SHA-256) when read from byte 0. A read that fails is retried from the byte it
+    reached (``RETRY_WAITS``), said once; over HTTP a shard is read from its start, the bytes
+    before ``start`` dropped (fsspec's HTTP stream cannot seek)."""
+
+    def __init__(self, url: str, size: int | None, start: int = 0) -> None:
+        self.url, self.size, self.pos, self.f, self.said = url, size, start, None, False
+        self.fs, self.path = filesystem(url)
+        self.hash = hashlib.sha256() if start == 0 else None
+
+    def _open(self) -> None:
+        http = self.url.startswith(("http://", "https://"))
+        # over HTTP with the size given: fsspec asks no HEAD, whose failure (a server gone)
+        # it would report as a missing file
+        # elsewhere (s3fs, gcsfs) 8 MiB a request: s3fs's default block is 50 MiB
+        sized = {"block_size": 0, "size": self.size} if http else {"block_size": 8 * CHUNK}
+        f = self.fs.open(self.path, "rb", **sized)
+        if http:
+            for left in range(self.pos, 0, -CHUNK):
+                if not f.read(min(left, CHUNK)):
+                    raise EOFError(f"it ended before byte {self.pos:,}")
+        elif self.pos:
+            f.seek(self.pos)
+        self.f = f
+
+    def read(self, n: int = CHUNK) -> bytes:
+        """Up to ``n`` bytes; ``b""`` only at the end (``size`` reached, or the source's end
+        when its size is unknown)."""
+        if self.size is not None:
+            n = min(n, self.size - self.pos)
+            if n <= 0:
+                return b""
+        for attempt in range(len(RETRY_WAITS) + 1):
+            try:
+                if self.f is None:
+                    self._open()
+                data = self.f.read(n)
+                if not data and self.size is not None:
+                    raise EOFError(f"it ended at byte {self.pos:,} of {self.size:,}")
+                break
+            except Exception as err:
+                self.close()
+                why = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
+                if not _transient(err):
+                    raise FormatError(f"{self.url}: cannot read it ({why})") from None
+                if attempt == len(RETRY_WAITS):
+                    raise FormatError(
+                        f"{self.url}: read failed at byte {self.pos:,} ({why}), also after "
+                        f"{len(RETRY_WAITS)} retries"
+                    ) from None
+                if not self.said:
+                    warnings.warn(
+                        f"{self.url}: read failed at byte {self.pos:,} ({why}); retrying "
+                        f"from there (up to {len(RETRY_WAITS)} times)",
+                        stacklevel=2,
+                    )
+                    self.said = True
+                time.sleep(RETRY_WAITS[attempt])
+        self.pos += len(data)
+        if self.hash is not None:
+            self.hash.update(data)
+        return data
+
+    def close(self) -> None:
+        if self.f is not None:
+            try:
+                self.f.close()
+            except Exception:  # a connection already gone: nothing left to close
+                pass
+            self.f = None
+
+
+class Tar:
+    """The members of a tar stream read from ``source`` (gzip unpacked as it streams):
+    ``(offset of the member's first header, name, data)`` for each regular file, offsets in
+    the tar's own bytes; ``start``: the offset the source starts at (a sample's header)."""
+
+    def __init__(self, source: Source, start: int = 0) -> None:
+        self.src, self.at, self.buf, self.i, self.gz = source, start, b"", 0, None
+
+    def _more(self) -> bytes:
+        raw = self.src.read()
+        if self.gz is None:
+            gz = raw[:2] == b"\x1f\x8b" and self.src.pos == len(raw)
+            self.gz = zlib.decompressobj(wbits=31) if gz else False
+        if not self.gz:
+            return raw
+        out = self.gz.decompress(raw)
+        while not out and raw:  # a gzip header alone unpacks to nothing
+            raw = self.src.read()
+            out = self.gz.decompress(raw)
+        if not raw and not self.gz.eof:
+            raise FormatError(f"{self.src.url}: the gzip stream is cut short")
+        return out
+
+    def _take(self, n: int, what: str) -> bytes:
+        while len(self.buf) - self.i < n:
+            more = self._more()
+            if not more:
+                have = len(self.buf) - self.i
+                raise FormatError(
+                    f"{self.src.url}: ends inside {what} at byte {self.at + have:,} (cut short?)"
+                )
+            self.buf = self.buf[self.i :] + more
+            self.i = 0
+        out = self.buf[self.i : self.i + n]
+        self.i += n
+        self.at += n
+        return out
+
+    def members(self) -> Iterator[tuple[int, str, bytes]]:
+        first, long_name = None, None
+        while True:
+            at = self.at
+            head = self._take(512, "a tar header (no end-of-archive blocks)")
+            if head == _ZERO:
+                return
+            if sum(head[:148]) + 256 + sum(head[156:]) != _number(head[148:156], self.src.url):
+                raise FormatError(f"{self.src.url}: not a tar header at byte {at:,}")
+            size, kind = _number(head[124:136], self.src.url), head[156:157]
+            data = self._take(size + -size % 512, f"a member at byte {at:,}")[:size]
+            first = at if first is None else first
+            if kind in (b"L", b"x"):  # GNU long name, pax header: for the member after them
+                long_name = _long_name(kind, data) or long_name
+                continue
+            if kind in (b"0", b"\0", b"7"):
+                name = long_name or _ustar_name(head)
+                while name.startswith("./"):  # `tar -C dir .` writes ./000000.jpg
+                    name = name[2:]
+                yield first, name, data
+            first, long_name = None, None
+
+    def finish(self) -> None:
+        """Read the rest of the source (what follows the end-of-archive blocks)."""
+        while self._more():
+            pass
+
+
+def _number(field: bytes, url: str) -> int:
+    if field[:1] == b"\x80":  # GNU base-256, for members of 8 GiB and more
+        return int.from_bytes(field[1:], "big")
     try:
-        with src, tarfile.open(fileobj=src, mode="r|*") as tar:
-            for m in tar:
-                if m.isfile():
-                    key, _, ext = m.name.partition(".")
-                    parts.setdefault(key, {})[ext.lower()] = tar.extractfile(m).read()
-    except (tarfile.TarError, OSError) as err:
-        raise FormatError(f"{url}: not a readable tar shard ({err})") from None
-    for key, p in parts.items():
-        jpg = p.get("jpg", p.get("jpeg"))
-        if jpg is None or "cls" not in p:
-            raise FormatError(f"{url}: sample {key!r} has no .jpg and .cls ({', '.join(p)})")
+        return int(field.strip(b" \0") or b"0", 8)
+    except ValueError:
+        raise FormatError(f"{url}: not a tar file (a header field reads {field!r})") from None
+
+
+def _ustar_name(head: bytes) -> str:
+    name = head[:100].split(b"\0")[0].decode("utf-8", "replace")
+    prefix = head[345:500].split(b"\0")[0].decode("utf-8", "replace")
+    return f"{prefix}/{name}" if head[257:262] == b"ustar" and prefix else name
+
+
+def _long_name(kind: bytes, data: bytes) -> str | None:
+    if kind == b"L":
+        return data.split(b"\0")[0].decode("utf-8", "replace")
+    for record in data.decode("utf-8", "replace").splitlines():
+        key, _, value = record.partition(" ")[2].partition("=")
+        if key == "path":
+            return value
+    return None
+
+
+def samples(tar: Tar) -> Iterator[tuple[int, str, dict[str, bytes]]]:
+    """``(offset, key, {extension: data})`` of each sample: consecutive members sharing
+    WebDataset's key."""
+    offset, key, fields = 0, None, {}
+    for at, name, data in tar.members():
+        found = _KEY.match(name)
+        if not found:  # no extension (a README): WebDataset skips it too
+            continue
+        if found[1] != key:
+            if key is not None:
+                yield offset, key, fields
+            offset, key, fields = at, found[1], {}
+        fields[found[2].lower()] = data
+    if key is not None:
+        yield offset, key, fields
+
+
+def jpeg_and_label(url: str, key: str, fields: dict[str, bytes]):
+    """A sample's ``(jpeg bytes, label, header)``; what latecast cannot train on is one line."""
+    jpg, cls = fields.get("jpg", fields.get("jpeg")), fields.get("cls")
+    if jpg is None or cls is None:
+        has = ", ".join(f".{e}" for e in sorted(fields))
+        raise FormatError(f"{url}: sample {key!r} has no .jpg and .cls (it has {has})")
+    try:
+        label = int(cls.decode().strip())
+    except (UnicodeDecodeError, ValueError):
+        raise FormatError(f"{url}: sample {key!r}: .cls {cls[:20]!r} is not an integer") from None
+    head = jpeg_header(jpg)
+    if head is None or not 0 <= label < 2**16:
+        what = "its .jpg is not a JPEG file" if head is None else f"label {label} (0..65535)"
+        raise FormatError(f"{url}: sample {key!r}: {what}")
+    return jpg, label, head
+
+
+# -- the index -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class Shard:
+    """One shard as its index entry gives it."""
+
+    url: str
+    size: int  # bytes
+    sha256: str
+    channels: int  # 1 when every JPEG file is grey
+    keys: list[str]
+    offsets: np.ndarray  # (n,) int64: each sample's first tar header
+    labels: np.ndarray  # (n,) int64
+    gzip: bool = False  # a .tar.gz: read from its start, offsets count unpacked bytes
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def read(self, wanted: np.ndarray) -> Iterator[tuple[int, bytes, int, tuple]]:
+        """``(sample, jpeg, label, header)`` of the samples ``wanted`` (sorted), checked
+        against the index as they come; a shard read whole is checked by its SHA-256 too."""
+        size = shard_size(self.url)
+        if size is not None and size != self.size:
+            raise FormatError(
+                f"{self.url}: {size:,} bytes, the index says {self.size:,} (changed or cut "
+                f"short since it was indexed)"
+            )
+        first, last = (0 if self.gzip else int(wanted[0])), int(wanted[-1])
+        start = int(self.offsets[first]) if first else 0  # offsets count unpacked bytes
+        src = Source(self.url, self.size, start)
+        tar = Tar(src, start)
         try:
-            yield key, jpg, int(p["cls"])
-        except ValueError:
-            raise FormatError(f"{url}: sample {key!r}: .cls is not an integer") from None
+            k, want = first, iter(wanted.tolist())
+            goal = next(want)
+            for offset, key, fields in samples(tar):
+                self._check(k, key, offset)
+                if k == goal:
+                    jpg, label, h = jpeg_and_label(self.url, key, fields)
+                    if label != self.labels[k]:
+                        raise FormatError(
+                            f"{self.url}: sample {key!r}: label {label}, the index says "
+                            f"{self.labels[k]} (changed since it was indexed)"
+                        )
+                    yield k, jpg, label, h
+                    goal = next(want, None)
+                k += 1
+                if goal is None and (src.hash is None or last < len(self) - 1):
+                    return
+            tar.finish()
+            self._whole(src, k)
+        finally:
+            src.close()
+
+    def _check(self, k: int, key: str, offset: int) -> None:
+        if k >= len(self) or key != self.keys[k] or offset != self.offsets[k]:
+            said = f"{self.keys[k]!r} at byte {self.offsets[k]:,}" if k < len(self) else "none"
+            raise FormatError(
+                f"{self.url}: sample {k} is {key!r} at byte {offset:,}, the index says {said} "
+                f"(changed since it was indexed: run latecast index again)"
+            )
+
+    def _whole(self, src: Source, count: int) -> None:
+        """After the end-of-archive blocks of a shard read from byte 0: its count, length and
+        SHA-256 against the index."""
+        found = src.hash.hexdigest()
+        if count != len(self) or src.pos != self.size or found != self.sha256:
+            raise FormatError(
+                f"{self.url}: {count} samples, {src.pos:,} bytes, SHA-256 {found[:16]}..., the "
+                f"index says {len(self)}, {self.size:,}, {self.sha256[:16]}... (changed since "
+                f"it was indexed: run latecast index again)"
+            )
 
 
-def open_shards(spec: str, split: str = "train") -> EncodedDataset:
-    """The ``split`` of the shards named by ``spec`` as an ``EncodedDataset`` in memory; the
-    test split has the train split's training size, channels and mean/std."""
+def index_entry(url: str) -> dict:
+    """Read a shard whole (no index yet): its index entry. Empty shards are said, once."""
+    size = shard_size(url)
+    src = Source(url, size)
+    keys, offsets, labels, channels = [], [], [], 1
+    try:
+        tar = Tar(src)
+        for offset, key, fields in samples(tar):
+            _, label, head = jpeg_and_label(url, key, fields)
+            keys.append(key)
+            offsets.append(offset)
+            labels.append(label)
+            channels = max(channels, head[2])
+        tar.finish()
+    finally:
+        src.close()
+    if size is not None and src.pos != size:
+        raise FormatError(f"{url}: read {src.pos:,} bytes of the {size:,} announced")
+    if not keys:
+        warnings.warn(f"{url}: no samples (an empty tar); skipped", stacklevel=2)
+    return {
+        "url": posixpath.basename(url),
+        "nsamples": len(keys),
+        "filesize": src.pos,
+        "sha256": src.hash.hexdigest(),
+        "channels": 3 if channels > 1 else 1,
+        "keys": keys,
+        "offsets": offsets,
+        "labels": labels,
+        "gzip": bool(tar.gz),
+    }
+
+
+def index_path(urls: list[str], spec: str) -> str:
+    """Where the index of ``urls`` lives: ``index.json`` in their folder (one for all)."""
+    folders = {posixpath.dirname(u) for u in urls}
+    if len(folders) != 1:
+        raise ConfigError(f"{spec}: the shards must share one folder, they are in {len(folders)}")
+    return posixpath.join(folders.pop(), INDEX)
+
+
+def write_index(spec: str, output: str | None = None) -> tuple[str, list[dict]]:
+    """Index the shards of ``spec`` (each read whole): ``index.json`` beside them (or at
+    ``output``), written atomically; entries of other shards already in it are kept. Returns
+    where it went and the entries of ``spec``'s shards."""
     urls = expand(spec)
-    if len(urls) < 2:
+    if not urls:
+        raise ConfigError(f"{spec}: no shards match it")
+    path = output or index_path(urls, spec)
+    if output is None and path.startswith(("http://", "https://")):
         raise ConfigError(
-            f"{spec}: {len(urls)} shard(s); give two or more (the last is the test split)"
+            f"{spec}: an index cannot be written over HTTP: give --output FILE and upload it "
+            f"as {path}"
         )
-    if split == "train":
-        ds = _train_of[spec] = _with_stats(
-            _dataset(spec, split, [s for u in urls[:-1] for s in _samples(u)])
-        )
-        return ds
-    train = _train_of.pop(spec, None) or open_shards(spec)
-    _train_of.pop(spec, None)
-    ds = _dataset(spec, split, list(_samples(urls[-1])))
-    return replace(ds, mean=train.mean, std=train.std, size=train.size, channels=train.channels)
+    entries = {e["url"]: e for e in _read_json(path, missing_ok=True).get("shardlist", [])}
+    entries.update((e["url"], e) for e in map(index_entry, urls))
+    index = {"__kind__": KIND, "wids_version": 1, "latecast_index": VERSION, "name": spec}
+    index["shardlist"] = [entries[name] for name in sorted(entries)]
+    mine = [entries[posixpath.basename(u)] for u in urls]
+    text = json.dumps(index, separators=(",", ":")).encode()
+    if "://" in path:
+        fs, where = filesystem(path)
+        fs.pipe_file(where, text)  # one PUT: an object store shows it whole or not at all
+    else:
+        with atomic_write(path) as f:
+            f.write(text)
+    return path, mine
 
 
-def _dataset(spec: str, split: str, samples: list) -> EncodedDataset:
-    heads = [jpeg_header(jpg) for _, jpg, _ in samples]
-    for (key, _, _), h in zip(samples, heads):
-        if h is None:
-            raise FormatError(f"{spec}: sample {key!r}: its .jpg is not a JPEG file")
-    labels, files = np.array([c for _, _, c in samples]), [jpg for _, jpg, _ in samples]
-    if labels.min() < 0 or labels.max() >= 2**16:
-        raise FormatError(f"{spec}: .cls values {labels.min()}..{labels.max()} (0..65535)")
-    channels = 1 if all(h[2] == 1 for h in heads) else 3
-    data = b"".join(files)
-    return EncodedDataset(
-        name=spec, split=split, data=np.frombuffer(data, np.uint8),
-        offsets=np.cumsum([0] + [len(f) for f in files]).astype(np.int64),
-        sizes=np.array([h[:2] for h in heads], np.int32),
-        labels=labels.astype(np.uint8 if labels.max() < 256 else np.uint16),
-        classes=tuple(str(c) for c in range(int(labels.max()) + 1)),
-        mean=(0.5,) * channels, std=(0.25,) * channels, channels=channels,
-        size=Counter(h[:2] for h in heads).most_common(1)[0][0],
-        digest=hashlib.sha256(data).hexdigest(),  # the resume identity: every byte
-    )  # fmt: skip
+def _read_json(path: str, missing_ok: bool = False) -> dict:
+    fs, where = filesystem(path)
+    try:
+        return json.loads(fs.cat_file(where))
+    except FileNotFoundError:
+        if missing_ok:
+            return {}
+        raise
+    except (ValueError, UnicodeDecodeError) as err:
+        raise FormatError(f"{path}: not an index (not JSON: {err})") from None
 
 
-def _with_stats(ds: EncodedDataset) -> EncodedDataset:
-    """``ds`` with the mean/std of its first ``STAT_FILES`` images at the training size."""
-    import torch
+def read_index(spec: str) -> list[Shard]:
+    """The shards of ``spec`` as the index beside them gives them, in ``spec``'s order."""
+    urls = expand(spec)
+    if not urls:
+        raise ConfigError(f"{spec}: no shards match it")
+    path = index_path(urls, spec)
+    try:
+        index = _read_json(path)
+    except FileNotFoundError:
+        raise ConfigError(
+            f"{spec}: no index of these shards ({path}); make it with: latecast index '{spec}'"
+        ) from None
+    if not isinstance(index, dict) or index.get("latecast_index") != VERSION:
+        raise FormatError(f"{path}: not a latecast shard index (version {VERSION})")
+    try:
+        entries = {e["url"]: e for e in index["shardlist"]}
+    except (KeyError, TypeError):
+        raise FormatError(f"{path}: its shardlist is not a list of entries with a url") from None
+    shards = []
+    for url in urls:
+        e = entries.get(posixpath.basename(url))
+        if e is None:
+            raise ConfigError(f"{path} has no entry for {url}: run latecast index '{spec}' again")
+        shards.append(_shard(url, e, path))
+    return shards
 
-    from ..data import Encoded
-    from ..decode import decode
 
-    n = min(len(ds), STAT_FILES)
-    batch = Encoded(
-        torch.from_numpy(ds.data[: ds.offsets[n]].copy()), ds.offsets[: n + 1].tolist(),
-        torch.from_numpy(ds.sizes[:n].astype(np.int64)), torch.arange(n), ds.channels,
-        torch.device("cpu"), ds.name,
-    )  # fmt: skip
-    flat = decode(batch, ds.size).reshape(-1, ds.channels).long()  # (n * H * W, C)
-    mean, std = mean_std(torch.stack([flat.sum(0), (flat * flat).sum(0)]).numpy(), len(flat))
-    return replace(ds, mean=mean, std=std)
+def _shard(url: str, e: dict, path: str) -> Shard:
+    try:
+        n = e["nsamples"]
+        shard = Shard(
+            url, int(e["filesize"]), str(e["sha256"]), int(e["channels"]),
+            list(map(str, e["keys"])), np.array(e["offsets"], np.int64),
+            np.array(e["labels"], np.int64), bool(e["gzip"]),
+        )  # fmt: skip
+        ok = len(shard.keys) == len(shard.offsets) == len(shard.labels) == n
+    except (KeyError, TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise FormatError(f"{path}: the entry of {url} is damaged (run latecast index again)")
+    return shard

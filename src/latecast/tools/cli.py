@@ -145,11 +145,13 @@ def _add_info(p: argparse.ArgumentParser) -> None:
         "--verify",
         action="store_true",
         help="read every image byte: each JPEG file's structure, and the SHA-256 kept when "
-        "the store was written",
+        "the store was written (shards: every shard whole against its index)",
     )
 
 
 def _run_info(args: argparse.Namespace) -> dict:
+    from ..data import StreamedDataset
+    from ..storage import stream
     from ..storage.datasets import load_dataset
     from ..storage.store import verify
     from ..transfer import MOVERS, movers_for
@@ -157,7 +159,9 @@ def _run_info(args: argparse.Namespace) -> dict:
     info, verified = {}, {}
     for split in ("train", "test"):
         ds = load_dataset(args.dataset, split, root=args.data_root)
-        if args.verify:
+        if args.verify and isinstance(ds, StreamedDataset):  # shards: against their index
+            verified[split] = stream.verify(ds)
+        elif args.verify:
             verified[split] = verify(ds, f"{args.dataset} ({split} split)")
         info[split] = {
             "samples": len(ds),
@@ -189,11 +193,36 @@ def _run_info(args: argparse.Namespace) -> dict:
     for name, b in tr["epoch_bytes"].items():
         print(f"{name:<10} {human_bytes(b['per_epoch']):>24} {human_bytes(b['once']):>12}")
     for split, hashed in verified.items():
+        said = ", SHA-256 as written" if hashed else "; no SHA-256 to compare (an older store)"
         print(
-            f"verified {split}: every image read"
-            + (", SHA-256 as written" if hashed else "; no SHA-256 to compare (an older store)")
+            f"verified {split}: "
+            + (hashed if isinstance(hashed, str) else "every image read" + said)
         )
     return {"dataset": args.dataset, **info, **({"verified": verified} if args.verify else {})}
+
+
+# -- index -------------------------------------------------------------------------------
+
+
+def _add_index(p: argparse.ArgumentParser) -> None:
+    shards = "WebDataset tar shards: path/shard-*.tar, http://.../shard-{000..009}.tar, s3://..."
+    output = "default: index.json beside the shards; over HTTP give it, then upload it there"
+    p.add_argument("shards", help=shards)
+    p.add_argument("--output", default=None, help=f"where to write the index ({output})")
+
+
+def _run_index(args: argparse.Namespace) -> dict:
+    from ..storage.shards import write_index
+
+    path, entries = write_index(args.shards, args.output)
+    samples, size = sum(e["nsamples"] for e in entries), sum(e["filesize"] for e in entries)
+    empty = [e["url"] for e in entries if not e["nsamples"]]
+    print(
+        f"{path}: {len(entries)} shards, {samples} samples, {human_bytes(size)} read and hashed"
+        + (f"; empty (skipped when training): {', '.join(empty)}" if empty else "")
+    )
+    return {"index": path, "shards": len(entries), "samples": samples, "bytes": size,
+            "empty": empty}  # fmt: skip
 
 
 # -- profile -----------------------------------------------------------------------------
@@ -300,6 +329,7 @@ COMMANDS = {
         "train a reference model (default: bundled MNIST)",
     ),
     "info": (_add_info, _run_info, "dataset shapes and bytes per epoch per strategy"),
+    "index": (_add_index, _run_index, "index WebDataset shards for streaming (index.json)"),
     "profile": (
         _options("tools.profiling", "ProfileConfig"),
         _run_profile,

@@ -46,12 +46,13 @@ RUN_FIELDS = (
     "amp",
     "channels_last",
     "seed",
+    "shuffle_buffer",
     "world_size",
     "data_fingerprint",  # data.fingerprint of the training split: other data, another run (row 77)
 )
 # Run fields added since checkpoints were first written, with the value every older
 # checkpoint's run had: an older checkpoint lacking one is compared as having it.
-ADDED = {"mix": ""}
+ADDED = {"mix": "", "shuffle_buffer": 1024}
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
@@ -175,6 +176,10 @@ def restore(path: Path, run: dict, parts: dict) -> Progress:
     sampled = saved["data_fingerprint"] == run.get("sampled_fingerprint")  # before digests
     if unprinted or sampled:
         saved["data_fingerprint"] = run["data_fingerprint"]
+    if not unprinted:  # the data is compared by content, not by how its name is spelled
+        saved["dataset"] = run["dataset"]
+    if run.get("elastic"):  # a stream: what is left of the epoch is split again
+        saved["world_size"] = run["world_size"]
     check_same_run(path, saved, run)  # a refused resume is one line, with no warning first
     if unprinted or (sampled and saved["data_fingerprint"] != state["data_fingerprint"]):
         warnings.warn(

@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .. import distributed
 from ..config import DATASET_HELP, option, parse_augment, parse_mix, validate
-from ..data import Dataset, EncodedDataset, fingerprint
+from ..data import Dataset, EncodedDataset, StreamedDataset, fingerprint
 from ..errors import CheckpointError, ConfigError, TrainingError
 from ..loader import IGNORE, Loader, parse_order
 from ..storage.datasets import load_dataset
@@ -112,6 +112,9 @@ class TrainConfig:
     order: str = option(
         "random", "random, or block[:BLOCK:WINDOW] (sizes 32:256 if not given): reads in sequence"
     )
+    shuffle_buffer: int = option(
+        1024, "shards: samples shuffled together (JPEG files a process holds)", low=1
+    )
     amp: bool | None = option(None, f"bf16 autocast, CUDA only{_PRESET}")
     channels_last: bool | None = option(None, f"NHWC images and model{_PRESET}")
     momentum: float = option(0.9, "Nesterov momentum (0: plain SGD)", low=0)
@@ -164,6 +167,8 @@ def load_splits(config: TrainConfig) -> tuple[Dataset, Dataset]:
     """The train and test splits named by ``config.dataset``, cut to the ``limit_*`` fields."""
     train_set = load_dataset(config.dataset, "train", root=config.data_root)
     test_set = load_dataset(config.dataset, "test", root=config.data_root)
+    if isinstance(train_set, StreamedDataset):
+        train_set = replace(train_set, buffer=config.shuffle_buffer)
     return _first(train_set, config.limit_train), _first(test_set, config.limit_test)
 
 
@@ -171,6 +176,8 @@ def _first(ds: Dataset | EncodedDataset, n: int | None) -> Dataset | EncodedData
     """The first ``n`` samples; mean/std stay those of the full train split."""
     if n is None or n >= len(ds):
         return ds
+    if isinstance(ds, StreamedDataset):
+        return ds.first(n)
     if isinstance(ds, EncodedDataset):
         data, offsets = ds.data[: ds.offsets[n]], ds.offsets[: n + 1]
         return replace(ds, data=data, offsets=offsets, sizes=ds.sizes[:n], labels=ds.labels[:n])
@@ -395,9 +402,11 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
         c = config = replace(config, batch_size=share)
     _check_fits(config, train_set, test_set, world)
     dtype = torch.bfloat16 if c.amp else torch.float32
+    streamed = isinstance(train_set, StreamedDataset)  # short last batches, no static ones
     shared = dict(
-        device=device, transfer=c.transfer, dtype=dtype, channels_last=c.channels_last, static=True
-    )
+        device=device, transfer=c.transfer, dtype=dtype, channels_last=c.channels_last,
+        static=not streamed,
+    )  # fmt: skip
     aug = parse_augment(c.augment)
     loader = Loader(
         train_set,
@@ -420,7 +429,9 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     run = Run(config, distributed_, loader, test_loader, model, opt, sched, resumed_from, data)
     if resumed_from:
         identity = {**asdict(config), "world_size": world, "data_fingerprint": data}
-        identity["sampled_fingerprint"] = fingerprint(train_set, sampled=True)  # older runs
+        identity["elastic"] = streamed  # a stream's plan re-splits what is left of an epoch
+        if not streamed:
+            identity["sampled_fingerprint"] = fingerprint(train_set, sampled=True)  # older runs
         run.progress = checkpoint.restore(resumed_from, identity, run.parts)
         run.last_good = f"last good checkpoint: {resumed_from} (step {run.progress.step})"
     if distributed_:

@@ -1,0 +1,327 @@
+"""A split of WebDataset shards, streamed: ``latecast train 'http://host/shard-{000..009}.tar'``
+(or ``s3://...``, ``path/shard-*.tar``) once ``latecast index`` has indexed them. The last
+shard is the test split, the others the train split.
+
+Memory is bounded: samples are read shard by shard, and a process holds at most ``buffer``
+JPEG files of the epoch at a time (the shuffle buffer), never the split.
+
+The order of an epoch is a pure function of (the index, seed, epoch), never of the number of
+processes: the shards permuted, their samples in that sequence (stream positions), then the
+samples permuted within consecutive blocks of ``buffer`` (as ``loader.block_order`` shuffles a
+store). Each rank takes a contiguous span of that order, so it reads a contiguous run of
+shards (every shard read once an epoch, in all). Every sample is trained on once an epoch: no
+padding, no dropped tail. Every rank takes the same number of steps, ``ceil(M / (world *
+batch))`` for the ``M`` samples left: the spans differ by one sample at most, each rank's
+batches are full and its last ones shorter. A checkpoint keeps the epoch and what remains of
+its order (a few intervals); a resume on any number of ranks splits that again
+(``Plan.left``), on the same number it continues where it stopped, exactly.
+
+The training size, channels and mean/std come from the first ``STAT_FILES`` train samples
+(the most common upright size among them), the same on every rank; the resume identity is
+the index's SHA-256 of every shard of the split, whatever URL or path names them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import queue
+import threading
+import warnings
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Iterator
+
+import numpy as np
+
+from ..data import EncodedDataset, StreamedDataset, mean_std
+from ..errors import ConfigError, FormatError
+from .shards import Shard, read_index
+from .store import jpeg_problem
+
+STAT_FILES = 512  # train samples the training size and mean/std are measured on
+STAT_CHUNK = 64  # of them decoded at a time (all 512 at once held 1.7 GB of int64 pixels)
+BUFFER = 1024  # samples shuffled together: at most this many JPEG files held per rank
+AHEAD = 2  # batches read ahead of the steps, by a thread (network reads overlap the step)
+_stats: dict = {}  # digest of the train shards -> (size, mean, std): measured once
+
+
+def epoch_order(counts, *, seed: int, epoch: int, buffer: int, shuffle: bool):
+    """``(S, order)`` of an epoch over shards of ``counts`` samples (ids in index order): ``S[p]``
+    is the sample at stream position ``p`` (the shards permuted, each in its own order),
+    ``order[k]`` the stream position of the epoch's ``k``-th sample (``S`` permuted within
+    consecutive blocks of ``buffer``). Without ``shuffle`` both are the identity."""
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    total = int(starts[-1])
+    shards = np.random.default_rng([seed, epoch]).permutation(len(counts))
+    S = np.concatenate([np.arange(starts[i], starts[i + 1]) for i in shards])
+    order = np.arange(total)
+    if not shuffle:
+        return order.copy(), order
+    g = np.random.default_rng([seed, epoch, 1])
+    for a in range(0, total, buffer):
+        order[a : a + buffer] = a + g.permutation(min(buffer, total - a))
+    return S, order
+
+
+def batch_sizes(n: int, steps: int, batch: int) -> list[int]:
+    """``n`` samples in ``steps`` batches of at most ``batch``: full ones, then the rest as
+    even as it divides (each at least 1; needs ``steps <= n <= steps * batch``)."""
+    full = steps if batch == 1 else min(steps, (n - steps) // (batch - 1))
+    q, r = divmod(n - full * batch, max(steps - full, 1))
+    return [batch] * full + [q + 1] * r + [q] * (steps - full - r)
+
+
+def _intervals(ks: np.ndarray) -> list[list[int]]:
+    """Sorted positions -> ``[[start, end), ...]`` of their runs."""
+    if not len(ks):
+        return []
+    cut = np.flatnonzero(np.diff(ks) != 1) + 1
+    return [[int(run[0]), int(run[-1]) + 1] for run in np.split(ks, cut)]
+
+
+class Plan:
+    """One rank's share of an epoch of ``stream``: ``sizes`` (its batches), ``ids`` (its
+    samples in order); ``read`` its batches, ``left`` what remains of the epoch."""
+
+    def __init__(self, stream, epoch, rank, world, batch, *, shuffle, seed, remaining) -> None:
+        S, order = epoch_order(
+            stream.counts, seed=seed, epoch=epoch, buffer=stream.buffer, shuffle=shuffle
+        )
+        spans = [(0, len(order))] if remaining is None else remaining
+        self.ks = np.concatenate([np.arange(a, b) for a, b in spans] or [np.arange(0)])
+        m, self.batch = len(self.ks), batch
+        self.bounds = [r * m // world for r in range(world + 1)]  # spans differ by one at most
+        self.steps = -(-m // (world * batch))
+        if m // world < self.steps:  # some rank would have a step without a sample
+            raise ConfigError(
+                f"{stream.name}: {m} samples left in epoch {epoch + 1} for {world} processes "
+                f"at batch {batch}: every process needs one sample a step at least; use "
+                f"fewer processes or a larger batch"
+            )
+        mine = self.ks[self.bounds[rank] : self.bounds[rank + 1]]
+        self.stream, self.S, self.source, self.epoch = order[mine], S, stream, epoch
+        self.ids = S[self.stream]
+        self.sizes = batch_sizes(len(mine), self.steps, batch)
+
+    def batches(self) -> list:
+        import torch
+
+        return list(torch.from_numpy(self.ids).split(self.sizes))
+
+    def left(self, position: int) -> list[list[int]]:
+        """The epoch's positions left once every rank took ``position`` batches."""
+        ends = zip(self.bounds, self.bounds[1:])
+        rest = [
+            self.ks[a + sum(batch_sizes(b - a, self.steps, self.batch)[:position]) : b]
+            for a, b in ends
+        ]
+        return _intervals(np.concatenate(rest))
+
+    def read(self, start: int) -> Iterator[tuple]:
+        """``(EncodedDataset, ids, names)`` of each batch from ``start`` on, read by a thread
+        ``AHEAD`` batches ahead of the steps (its reads and hashing release the GIL)."""
+        return ahead_by_thread(self._batches(start), AHEAD)
+
+    def _batches(self, start: int) -> Iterator[tuple]:
+        """The batches, read in stream order; files read but not yet batched are held (a
+        block's at most)."""
+        import torch
+
+        at = sum(self.sizes[:start])
+        wanted, held = self.source.files(self.S, np.sort(self.stream[at:])), {}
+        for n in self.sizes[start:]:
+            files = []
+            for p in self.stream[at : at + n].tolist():
+                while p not in held:
+                    q, file = next(wanted)
+                    held[q] = file
+                files.append(held.pop(p))
+            batch, names = self.source.batch(files)
+            yield batch, torch.from_numpy(self.ids[at : at + n]), names
+            at += n
+
+
+def ahead_by_thread(items: Iterator, depth: int) -> Iterator:
+    """``items``, taken by a thread up to ``depth`` ahead of the consumer; its exception is
+    raised where its item would have come. A consumer that stops early stops the thread."""
+    out, stop, end = queue.Queue(depth), threading.Event(), object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                out.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def work() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((end, None))
+        except BaseException as err:  # raised in the consumer instead
+            put((end, err))
+
+    threading.Thread(target=work, daemon=True, name="latecast-shards").start()
+    try:
+        while True:
+            item, err = out.get()
+            if err is not None:
+                raise err
+            if item is end:
+                return
+            yield item
+    finally:
+        stop.set()
+
+
+@dataclass(frozen=True, eq=False)
+class ShardStream(StreamedDataset):
+    """A split of indexed WebDataset shards (``open_shards``).
+
+    Args:
+        shards: the split's shards, as the index gives them.
+        buffer: samples shuffled together (JPEG files a rank holds at most).
+        limit: train on the first ``limit`` samples only (``--limit-train``).
+    """
+
+    shards: tuple = ()
+    buffer: int = BUFFER
+    limit: int | None = None
+
+    @property
+    def order(self) -> str:
+        return f"shards,buffer:{self.buffer}"
+
+    @property
+    def counts(self) -> list[int]:
+        counts, left = [], self.limit if self.limit is not None else sum(map(len, self.shards))
+        for s in self.shards:
+            counts.append(min(len(s), left))
+            left -= counts[-1]
+        return counts
+
+    def plan(self, epoch, rank, world, batch_size, *, shuffle, seed, remaining=None) -> Plan:
+        return Plan(self, epoch, rank, world, batch_size, shuffle=shuffle, seed=seed,
+                    remaining=remaining)  # fmt: skip
+
+    def first(self, n: int) -> ShardStream:
+        return replace(self, limit=n, labels=self.labels[:n])
+
+    def files(self, S: np.ndarray, positions: np.ndarray) -> Iterator[tuple[int, tuple]]:
+        """``(stream position, (jpeg, label, header, name))`` for ``positions`` (sorted), each
+        shard of them read once, from its first sample wanted on."""
+        starts = np.concatenate([[0], np.cumsum([len(s) for s in self.shards])])
+        ids = S[positions]
+        shard_of = np.searchsorted(starts, ids, side="right") - 1
+        runs = np.split(np.arange(len(ids)), np.flatnonzero(np.diff(shard_of)) + 1)
+        for run in runs if len(ids) else []:
+            shard, wanted = self.shards[shard_of[run[0]]], ids[run] - starts[shard_of[run[0]]]
+            # the shard's reader first: after its last file it checks a shard read whole
+            for (k, jpg, label, head), p in zip(shard.read(wanted), positions[run].tolist()):
+                yield p, (jpg, label, head, f"{shard.url}: sample {shard.keys[k]!r}")
+
+    def batch(self, files: list[tuple]) -> tuple[EncodedDataset, list[str]]:
+        """The files of one batch as an ``EncodedDataset``, what the ``jpeg`` mover gathers
+        from; its name per file for messages."""
+        sizes = [len(f[0]) for f in files]
+        ds = EncodedDataset(
+            name=self.name, split=self.split, labels=np.array([f[1] for f in files],
+            self.labels.dtype), classes=self.classes, mean=self.mean, std=self.std,
+            data=np.frombuffer(b"".join(f[0] for f in files), np.uint8),
+            offsets=np.cumsum([0] + sizes).astype(np.int64),
+            sizes=np.array([f[2][:2] for f in files], np.int32), channels=self.channels,
+            size=self.size,
+        )  # fmt: skip
+        return ds, [f[3] for f in files]
+
+
+def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> ShardStream:
+    """The ``split`` of the indexed shards named by ``spec``, streamed: ``train`` (every shard
+    but the last) or ``test`` (the last). Empty shards are skipped, each said once.
+
+    Example:
+        >>> train = open_shards("http://host/shards/shard-{000..009}.tar")
+        >>> loader = latecast.Loader(train, 256, device="cuda")  # reads as it goes
+    """
+    if split not in ("train", "test"):
+        raise ConfigError(f"unknown split {split!r} for {spec}; valid: train, test")
+    shards = read_index(spec)
+    if len(shards) < 2:
+        raise ConfigError(
+            f"{spec}: {len(shards)} shard(s); give two or more (the last is the test split)"
+        )
+    for s in shards:
+        if not len(s) and split == "train":
+            warnings.warn(f"{s.url}: no samples (an empty tar); skipped", stacklevel=2)
+    train = [s for s in shards[:-1] if len(s)]
+    if not train or not len(shards[-1]):
+        empty = "the train shards" if not train else f"the test shard {shards[-1].url}"
+        raise FormatError(f"{spec}: {empty} hold no samples")
+    size, mean, std = _measured(train, spec)
+    part = train if split == "train" else shards[-1:]
+    labels = np.concatenate([s.labels for s in part])
+    classes = int(max(s.labels.max() for s in shards if len(s))) + 1
+    channels = 1 if all(s.channels == 1 for s in train) else 3
+    return ShardStream(
+        name=spec, split=split, labels=labels.astype(np.uint8 if classes <= 256 else np.uint16),
+        classes=tuple(map(str, range(classes))), mean=mean, std=std, size=size,
+        channels=channels, file_bytes=sum(s.size for s in part), digest=_digest(part),
+        shards=tuple(part), buffer=buffer,
+    )  # fmt: skip
+
+
+def _digest(shards: list[Shard]) -> str:
+    """The split's identity: every shard's SHA-256 and count, not its URL."""
+    return hashlib.sha256(json.dumps([[s.sha256, len(s)] for s in shards]).encode()).hexdigest()
+
+
+def _measured(train: list[Shard], spec: str) -> tuple:
+    """``(size, mean, std)`` of the first ``STAT_FILES`` train samples, measured once."""
+    key = _digest(train)
+    if key not in _stats:
+        import torch
+
+        from ..data import Encoded
+        from ..decode import decode
+
+        files, n = [], STAT_FILES
+        for shard in train:
+            got = list(shard.read(np.arange(min(n - len(files), len(shard)))))
+            files += [
+                (jpg, head, f"{shard.url}: sample {shard.keys[k]!r}") for k, jpg, _, head in got
+            ]
+            if len(files) == n:
+                break
+        size = Counter(h[:2] for _, h, _ in files).most_common(1)[0][0]
+        channels = 1 if all(s.channels == 1 for s in train) else 3
+        sums = torch.zeros(2, channels, dtype=torch.int64)
+        for at in range(0, len(files), STAT_CHUNK):  # 64 photos of 500x375: 36 MB of pixels
+            part = files[at : at + STAT_CHUNK]
+            offsets = np.cumsum([0] + [len(f) for f, _, _ in part]).tolist()
+            batch = Encoded(
+                torch.frombuffer(bytearray(b"".join(f for f, _, _ in part)), dtype=torch.uint8),
+                offsets, torch.tensor([h[:2] for _, h, _ in part]), torch.arange(len(part)),
+                channels, torch.device("cpu"), spec, names=[name for _, _, name in part],
+            )  # fmt: skip
+            pixels = decode(batch, size).reshape(-1, channels).int()  # (n * H * W, C)
+            sums += torch.stack([pixels.sum(0), (pixels * pixels).sum(0)])  # int32 squares fit
+        count = len(files) * size[0] * size[1]
+        _stats[key] = (tuple(size), *mean_std(sums.numpy(), count))
+    return _stats[key]
+
+
+def verify(ds: ShardStream) -> str:
+    """Read every shard of ``ds`` whole against its index; what was checked, in words."""
+    for shard in ds.shards:
+        for k, jpg, _, _ in shard.read(np.arange(len(shard))):
+            if why := jpeg_problem(jpg):
+                raise FormatError(f"{shard.url}: sample {shard.keys[k]!r}: {why}")
+    return (
+        f"{len(ds.shards)} shard(s) of {len(ds)} samples read whole against the index: each "
+        f"shard's length and SHA-256, each sample's key, byte offset and label, each JPEG's "
+        f"markers and frame header"
+    )
