@@ -440,7 +440,8 @@ def test_the_lightning_mixin_counts_the_bytes_lightning_moved(tmp_path):
 def test_lightning_ddp_injects_its_sampler_into_a_wrapped_dataloader(tmp_path):
     """``trainer.fit(model, latecast.wrap(dl))`` under Lightning's DDP launcher: each rank its
     own half, every sample once an epoch, normalized on the device (regression: every rank
-    trained on all 64 samples)."""
+    trained on all 64 samples). ``trainer.validate`` and ``trainer.predict`` of a wrapped
+    loader with a partial last batch count and score what the original loader does."""
     pytest.importorskip("lightning")
     for how in ("fit", "datamodule"):  # fit(model, wrap(dl)); a DataModule's train_dataloader
         out = tmp_path / how
@@ -451,19 +452,91 @@ def test_lightning_ddp_injects_its_sampler_into_a_wrapped_dataloader(tmp_path):
         assert shares(runs, 0) != shares(runs, 1)  # Lightning's set_epoch reached its sampler
         for r in runs:
             assert r["sampler"] == "DistributedSampler" and r["max_error"] <= 1e-6, how
+            e = r["evaluated"]
+            metrics, usual = e["wrapped", "validate"], e["plain", "validate"]
+            assert metrics["count"] == usual["count"] == 28  # 27 and the sampler's padding
+            assert metrics["loss"] == pytest.approx(usual["loss"], abs=1e-5), how
+            assert e["wrapped", "predict"] == e["plain", "predict"], how
+        predicted = [
+            i for r in runs for ids, _ in r["evaluated"]["wrapped", "predict"] for i in ids
+        ]
+        assert sorted(predicted) == list(range(27))  # predict's sampler pads nothing
 
 
 @pytest.mark.slow
 def test_accelerate_prepares_the_dataloader_that_wrap_then_moves(tmp_path):
     """Under ``accelerate launch``: ``wrap(accelerator.prepare(dl, device_placement=[False]))``
     is still accelerate's ``DataLoaderShard`` (its own tools recognise it), each rank gets its
-    own half, prepared on the device."""
+    own half, prepared on the device; ``gather_for_metrics`` over both ranks keeps every
+    sample once, as from the plain loader, with a last batch padded (27 samples in batches of
+    8 a rank) or not (32) (regression: 128 of 100 counted); ``prepare(wrap(dl))`` refused."""
     pytest.importorskip("accelerate")
     accelerate(__file__, "accelerate", tmp_path, cwd=tmp_path)
     runs = [torch.load(tmp_path / f"acc{r}.pt") for r in range(2)]
     assert_two_halves(runs, N)
     for r in runs:
         assert r["kind"] == "DataLoaderShard" and r["max_error"] <= 1e-6
+        assert "latecast.wrap(accelerator.prepare(dl, device_placement=[False])" in r["refused"]
+        for n in (27, 32):
+            (signals, metric), (want, usual) = (
+                r["evaluated"][n, "wrapped"],
+                r["evaluated"][n, "plain"],
+            )
+            assert signals == want and metric == pytest.approx(usual, abs=1e-6), n
+            assert sorted(sum((ids for *_, ids in signals), [])) == list(range(n))
+
+
+def uneven_data(n: int) -> TensorDataset:
+    """``n`` uint8 NCHW images, sample ``i`` labelled ``i``: what a batch held is read off it."""
+    rng = np.random.default_rng(n)
+    return TensorDataset(
+        torch.from_numpy(rng.integers(0, 256, (n, 3, 5, 6), dtype=np.uint8)), torch.arange(n)
+    )
+
+
+def end_signals(acc, loader, prepare=None) -> tuple[list[tuple], float]:
+    """Per batch, what accelerate's ``gather_for_metrics`` decides by (end of data, remainder)
+    and the ids it keeps; and a metric over what it keeps (the mean normalized pixel)."""
+    out, values = [], []
+    for x, ids in loader:
+        gs = acc.gradient_state
+        x = x if prepare is None else prepare(x)
+        kept, means = acc.gather_for_metrics((ids, x.flatten(1).mean(1)))
+        out.append((gs.end_of_dataloader, gs.remainder, kept.tolist()))
+        values.append(means)
+    return out, torch.cat(values).mean().item()
+
+
+@pytest.fixture
+def accelerator():
+    """One process's ``Accelerator`` on the CPU; its singletons reset after the test."""
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState, GradientState
+
+    yield accelerate.Accelerator(cpu=True)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def test_accelerate_end_of_data_is_the_batch_in_use_through_wrap(accelerator):
+    """``gather_for_metrics`` cuts a loader's padding off its last batch by the
+    ``DataLoaderShard``'s ``end_of_dataloader`` and ``remainder`` (regression: wrap's read-ahead
+    set them a batch early, 72 of 100 counted, batches [36, 36]). Through wrap every batch
+    sees what the plain loader's sees; ``prepare`` of a wrapped loader it has not sharded is
+    one error naming the order that works; one it has is returned as it is."""
+    for n in (100, 128):  # a partial last batch, and none
+        data = uneven_data(n)
+        plain = accelerator.prepare(DataLoader(data, batch_size=64), device_placement=[False])
+        w = latecast.wrap(plain, mean=MEAN, std=STD, device="cpu")
+        (signals, metric), (want, usual) = (
+            end_signals(accelerator, w),
+            end_signals(accelerator, plain, reference),
+        )
+        assert signals == want and metric == pytest.approx(usual, abs=1e-6), n
+        assert sum((ids for *_, ids in signals), []) == list(range(n))
+        assert signals[-1][:2] == (True, n % 64) and accelerator.prepare(w) is w
+    with pytest.raises(latecast.LatecastError, match=r"wrap\(accelerator.prepare\(dl, dev"):
+        accelerator.prepare(latecast.wrap(DataLoader(data, batch_size=64), device="cpu"))
 
 
 # -- the examples in the real shapes -----------------------------------------------------
@@ -511,6 +584,15 @@ def _lightning(out: Path, how: str) -> None:
             self.error = max(self.error, (x - want).abs().max().item())
             return F.cross_entropy(self.net(x.flatten(1)), ids)
 
+        def validation_step(self, batch, batch_idx):
+            x, ids = batch
+            self.log("loss", F.cross_entropy(self.net(x.flatten(1)), ids), sync_dist=True)
+            self.log("count", float(len(ids)), reduce_fx="sum", sync_dist=True)
+
+        def predict_step(self, batch, batch_idx):
+            x, ids = batch
+            return ids, self.net(x.flatten(1)).argmax(1)
+
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -518,9 +600,17 @@ def _lightning(out: Path, how: str) -> None:
         dl = DataLoader(data, batch_size=BATCH, shuffle=True)
         return latecast.wrap(dl, mean=MEAN, std=STD)
 
+    val = uneven_data(27)  # 2 ranks: 14 each, one padded by the sampler, in batches [8, 6]
+    floats = TensorDataset(reference(val.tensors[0]), val.tensors[1])  # ToTensor + Normalize
+
     class Data(L.LightningDataModule):  # as LightningCLI's examples give their data
         def train_dataloader(self):
             return train()  # made inside Lightning's hook: it records the arguments itself
+
+        def val_dataloader(self):
+            return latecast.wrap(DataLoader(val, batch_size=BATCH), mean=MEAN, std=STD)
+
+        predict_dataloader = val_dataloader
 
     model, trainer = (
         Net(),
@@ -531,11 +621,22 @@ def _lightning(out: Path, how: str) -> None:
     else:
         trainer.fit(model, datamodule=Data())
     used = trainer.train_dataloader  # the loader Lightning re-made: still wrap's
+    evaluated = {}  # the same weights, evaluated through wrap and as the original would
+    for kind, loaders in (("wrapped", {"datamodule": Data()}), ("plain", None)):
+        for run in (trainer.validate, trainer.predict):
+            loaders = loaders or {"dataloaders": DataLoader(floats, batch_size=BATCH)}
+            if how == "fit" and kind == "wrapped":  # the loader given to the call itself
+                loaders = {"dataloaders": Data().val_dataloader()}
+            got = run(model, **loaders)
+            evaluated[kind, run.__name__] = (
+                got[0] if run == trainer.validate else [(i.tolist(), p.tolist()) for i, p in got]
+            )
     torch.save(
         {
             "seen": model.seen,
             "max_error": model.error,
             "sampler": type(used.sampler).__name__,
+            "evaluated": evaluated,
         },
         out / f"rank{trainer.global_rank}.pt",
     )
@@ -556,7 +657,27 @@ def _accelerate(out: Path) -> None:
             want = reference(images[ids])
             error = max(error, (x - want).abs().max().item())
     kind = next(c.__name__ for c in type(train).__mro__ if c.__module__.startswith("accel"))
-    torch.save({"seen": seen, "max_error": error, "kind": kind}, out / f"acc{acc.process_index}.pt")
+    evaluated = {}  # gather_for_metrics over 2 ranks: an uneven last batch, and an even one
+    for n in (27, 32):
+        for how in ("wrapped", "plain"):
+            dl = acc.prepare(DataLoader(uneven_data(n), batch_size=8), device_placement=[False])
+            loader = latecast.wrap(dl, mean=MEAN, std=STD) if how == "wrapped" else dl
+            evaluated[n, how] = end_signals(acc, loader, reference if how == "plain" else None)
+    try:
+        acc.prepare(latecast.wrap(DataLoader(data, batch_size=BATCH)))
+        refused = ""
+    except latecast.LatecastError as e:
+        refused = str(e)
+    torch.save(
+        {
+            "seen": seen,
+            "max_error": error,
+            "kind": kind,
+            "evaluated": evaluated,
+            "refused": refused,
+        },
+        out / f"acc{acc.process_index}.pt",
+    )
     acc.end_training()  # exiting with the gloo group alive aborted a rank now and then
 
 

@@ -31,7 +31,7 @@ import os
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -159,6 +159,106 @@ def ahead(items: Iterable) -> Iterator[tuple[Any, bool]]:
             raise
         yield item, after is end
         item = after
+
+
+END = object()  # the source has no more batches
+
+
+class Behind:
+    """A read-ahead's source (``ahead``: batch k + 1 taken before batch k is handed out),
+    seen from outside as if it were not read ahead, so that what a loader signals as it
+    yields stays true of the batch in use. accelerate's ``DataLoaderShard`` sets
+    ``end_of_dataloader`` as it yields its last batch and leaves accelerate's
+    ``GradientState`` once it is exhausted: read ahead, ``gather_for_metrics`` cut the
+    remainder off the wrong batch and kept the padding on the last (72 of 100 counted).
+
+    - The attributes the source sets while batch k + 1 is taken are put back (``hide``)
+      while batch k is out, and set again before the source runs on.
+    - Where ``len(source)`` is known, the source is not run past its last batch until the
+      batch after it is asked for (``rest``) or the wrapper's state is saved (``finish``):
+      its end-of-pass code runs then, as it would without the read-ahead. What it yields
+      past its ``len()`` comes out then, read ahead again. Without a ``len()`` the end is
+      found by reading past it, and its end-of-pass code runs before the last batch is out.
+    """
+
+    def __init__(self, source: Iterable) -> None:
+        self.it, self.attrs = iter(source), getattr(source, "__dict__", None)
+        self.length, self.taken = known_length(source), 0
+        self.changed: dict[str, tuple[Any, Any]] = {}  # by the last take: (before, after)
+        self.held: list = []  # taken by `finish` or `rest` before it was asked for
+
+    def __iter__(self) -> Iterator[Any]:
+        while self.taken != self.length:
+            batch = self.take()
+            if batch is END:
+                return
+            yield batch
+        self.settle()  # the last batch goes out as the source left it
+
+    def take(self) -> Any:
+        """The source's next batch (or END); what it changed in taking one is recorded."""
+        self.settle()
+        if self.held:
+            return self.held.pop()
+        before = dict(self.attrs) if self.attrs is not None else {}
+        batch = next(self.it, END)
+        if batch is not END:  # its end-of-pass changes are never hidden: nothing comes after
+            self.taken += 1
+            after = self.attrs or {}
+            keys = before.keys() | after.keys()
+            pairs = {k: (before.get(k, END), after.get(k, END)) for k in keys}
+            self.changed = {k: pair for k, pair in pairs.items() if pair[0] is not pair[1]}
+        return batch
+
+    def hide(self) -> None:
+        """The source's attributes as they were before its last batch was taken."""
+        self._set(0)
+
+    def settle(self) -> None:
+        """The source's attributes as its last batch left them."""
+        self._set(1)
+        self.changed = {}
+
+    def _set(self, which: int) -> None:
+        for k, values in self.changed.items():
+            if values[which] is END:
+                self.attrs.pop(k, None)
+            else:
+                self.attrs[k] = values[which]
+
+    def finish(self, state: Callable[[], Any]) -> Any:
+        """``state()`` after the last batch by ``len()``: the source run to its end first, so
+        that its state is the next pass's (torchdata's ``StatefulDataLoader`` resumed from
+        before its end gives an empty pass); where it yields more, its state before that."""
+        if self.taken != self.length or self.held:
+            return state()
+        before = state()
+        self.held.append(self.take())
+        if self.held[0] is END:
+            return state()
+        self.hide()  # the batch taken is not out yet
+        return before
+
+    def rest(self) -> Iterator[Any] | None:
+        """What the source yields past its ``len()``, None where it ended (as ``len()`` said:
+        taking its end runs its end-of-pass code now, as the consumer asks past the last)."""
+        if self.taken == self.length and not self.held:
+            self.held.append(self.take())
+        if not self.held or self.held[0] is END:
+            return None
+        self.length = None
+        return iter(self)
+
+
+def known_length(source: Iterable) -> int | None:
+    """``len(source)``; None where it has none, or for a DataLoader over an
+    ``IterableDataset`` (a guess there, and asking arms torch's length warning)."""
+    if isinstance(getattr(source, "dataset", None), torch.utils.data.IterableDataset):
+        return None
+    try:
+        return len(source)
+    except TypeError:
+        return None
 
 
 class Mover:

@@ -43,7 +43,7 @@ from .errors import BatchError, ConfigError
 from .loader import Epochs
 from .prepare import Augmentation, Prepare
 from .threads import one_thread
-from .transfer import Ring, TransferStats, ahead, widen
+from .transfer import Behind, Ring, TransferStats, ahead, widen
 from .transforms import FLOATS, Augment, Erasing
 
 Name = Union[str, int]
@@ -509,7 +509,7 @@ class Wrapped(Epochs):
     written there (timm sets ``loader.mixup_enabled``, Lightning ``worker_init_fn``)."""
 
     __slots__ = ("batches", "fields", "_device", "epoch", "position", "_stats", "_ring")
-    __slots__ += ("_where", "_state")
+    __slots__ += ("_where", "_state", "_behind")
     slots = 3  # one read by the copy in flight, one handed out, one being filled
 
     def __init__(self, batches: Iterable, fields: Fields, device: str | torch.device) -> None:
@@ -518,6 +518,7 @@ class Wrapped(Epochs):
         self.epoch, self.position = 0, 0  # position: batches of `epoch` already yielded
         self._stats, self._ring, self._where = TransferStats(), None, None
         self._state: Any = None  # the source's state after the last batch handed out
+        self._behind: Behind | None = None  # this pass's source, read ahead
 
     def __getattr__(self, name: str) -> Any:
         """The source's attribute; ``state_dict`` and ``load_state_dict`` are latecast's
@@ -571,7 +572,10 @@ class Wrapped(Epochs):
                 obj.set_epoch(epoch)
 
     def _state_dict(self) -> dict:
-        source = self._state if self._state is not None else self.batches.state_dict()
+        source = self._state
+        if source is None:  # after the last batch (the source run to its end), or before any
+            behind = self._behind
+            source = behind.finish(self.batches.state_dict) if behind else self.batches.state_dict()
         return {"epoch": self.epoch, "position": self.position, "source": source}
 
     def _source_state(self) -> Any:
@@ -585,6 +589,7 @@ class Wrapped(Epochs):
     def _load_state_dict(self, state: dict) -> None:
         self.batches.load_state_dict(state["source"])
         self.epoch, self.position, self._state = int(state["epoch"]), int(state["position"]), None
+        self._behind = None
 
     def __iter__(self) -> Iterator[Any]:
         self._start()
@@ -597,14 +602,24 @@ class Wrapped(Epochs):
 
     def _finished(self) -> Iterator[tuple[Any, bool]]:
         """Each batch finished on the device and whether it is the last; the next one's copy
-        is started before (``ahead``), so it overlaps the use of this one."""
-        stateful = self._source_state() is not None
-        sent = (self._send(batch, stateful) for batch in self.batches)
+        is started before (``ahead``), so it overlaps the use of this one, from a source that
+        looks as if it were not read ahead (``Behind``)."""
+        source, stateful = Behind(self.batches), self._source_state() is not None
+        self._behind = source
+        yield from self._ahead(source, stateful)
+        rest = source.rest()  # past the last by len(): nothing, unless len() fell short
+        if rest is not None:  # then the epoch counted as ended at the last by len() goes on
+            self.epoch, self.position = self.epoch - 1, source.taken - 1
+            yield from self._ahead(rest, stateful)
+
+    def _ahead(self, batches: Iterable, stateful: bool) -> Iterator[tuple[Any, bool]]:
+        sent = (self._send(batch, stateful) for batch in batches)
         t0 = time.perf_counter()
         for s, last in ahead(sent):
             batch = self._finish(s)
             self._stats.wait_seconds += time.perf_counter() - t0
             self._state = None if last else s.state  # the last: the next epoch's, from the source
+            self._behind.hide()  # the next batch taken: the source as it was before
             yield batch, last
             t0 = time.perf_counter()
 
@@ -693,14 +708,29 @@ class WrappedLoader(Wrapped, DataLoader):
     attributes (one ``__dict__``) and moves its batches. So frameworks that look for a
     DataLoader find one: Lightning injects its ``DistributedSampler`` by re-making it as
     ``type(w)(**arguments read off it)``, which makes a loader of the source's class from those
-    arguments and wraps it the same way; accelerate's ``prepare`` re-makes it as its own class
-    (wrap what ``prepare`` returns instead; README, "Your own data")."""
+    arguments and wraps it the same way. accelerate's ``prepare`` would re-make it as its own
+    class: that is refused (wrap what ``prepare`` returns instead; README, "Your own data")."""
 
     source: type  # set on each wrap's own class, with `options`: what __init__ re-makes
     options: tuple  # (Fields, device)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._adopt(self.source(*args, **kwargs))
+
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """What accelerate's ``prepare`` asks a DataLoader first: True returns it as it is.
+        A source accelerate has not sharded would be re-made as accelerate's own
+        ``DataLoaderShard`` from its arguments, without the wrap (uint8 to the loop)."""
+        if vars(self).get("_is_accelerate_prepared") or type(self.batches).__module__.startswith(
+            "accelerate."
+        ):
+            return True
+        raise ConfigError(
+            "accelerator.prepare(latecast.wrap(dl)) would re-make the loader as accelerate's "
+            "DataLoaderShard without latecast (uint8 batches); wrap what prepare returns: "
+            "latecast.wrap(accelerator.prepare(dl, device_placement=[False]), mean=..., std=...)"
+        )
 
     def _adopt(self, loader: DataLoader) -> WrappedLoader:
         object.__setattr__(self, "__dict__", loader.__dict__)
