@@ -10,6 +10,7 @@ Launched runs start this very file as their script (see ``_worker`` at the botto
 from __future__ import annotations
 
 import importlib.util
+import random
 import sys
 from pathlib import Path
 
@@ -56,14 +57,14 @@ def test_wrap_of_a_dataloader_is_one_of_its_class_sharing_every_attribute():
     w = latecast.wrap(dl, mean=MEAN, std=STD, device="cpu")
     assert isinstance(w, Custom) and isinstance(w, DataLoader)
     assert (w.dataset, w.tag, w.num_workers, w.collate_fn) == (data, "train", 0, dl.collate_fn)
-    w.mixup_enabled = False  # what timm's --mixup-off-epoch does to its loader
+    w.log_every = 10  # a program's own attribute on its loader
     dl.custom = 7
-    assert dl.mixup_enabled is False and w.custom == 7
+    assert dl.log_every == 10 and w.custom == 7
     with pytest.raises(ValueError, match="batch_size attribute should not be set"):
         w.batch_size = 4  # as on the DataLoader itself
     x, y = next(iter(w))
     assert x.dtype == torch.float32 and torch.equal(x, reference(images[y]))
-    assert set(vars(dl)) - before == {"mixup_enabled", "custom"}  # latecast's own stay its own
+    assert set(vars(dl)) - before == {"log_every", "custom"}  # latecast's own stay its own
     assert w.epoch == 0 and not hasattr(dl, "epoch")
 
 
@@ -382,6 +383,143 @@ def test_images_come_out_in_the_models_dtype():
     assert x.dtype == torch.bfloat16 and model(x).dtype == torch.bfloat16
     with pytest.raises(RuntimeError):
         model(next(iter(latecast.wrap(DataLoader(data, BATCH), mean=MEAN, std=STD)))[0])
+
+
+# -- mixing: in a collate_fn (torchvision's reference, timm), in wrap, and timm's switch -----
+
+
+def train_steps(loader, loss_fn, features: int, mixup_fn=None) -> tuple[list, torch.Tensor]:
+    """A reference script's epoch, shortened: every batch (through ``mixup_fn``, as timm's
+    train.py without its prefetcher) into a linear model and SGD, which draw nothing from the
+    global RNG in the loop (the loader's transforms do). The batches it saw, its weights."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(features, 5))
+    seen, opt = [], torch.optim.SGD(model.parameters(), lr=0.1)
+    for image, target in loader:
+        if mixup_fn is not None:
+            image, target = mixup_fn(image, target)
+        loss = loss_fn(model(image), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seen.append((image, target))
+    return seen, model[1].weight.detach()
+
+
+def assert_same_run(run, usual, atol=1e-5) -> None:
+    (seen, weight), (want, want_weight) = run, usual
+    assert len(seen) == len(want)
+    for (x, y), (wx, wy) in zip(seen, want):
+        torch.testing.assert_close(x, wx, atol=atol, rtol=0)
+        torch.testing.assert_close(y, wy, atol=1e-6, rtol=0)
+    torch.testing.assert_close(weight, want_weight, atol=atol, rtol=0)
+
+
+def test_torchvision_references_collate_mixing_moves_to_wrap_and_trains_the_same():
+    """torchvision's references/classification/train.py mixes in its ``collate_fn``
+    (``mixup_cutmix(*default_collate(batch))``, v2 ``MixUp``/``CutMix`` with ``--use-v2``), on
+    float images; on uint8 it fails. Converted as the README says (``PILToTensor()``, the same
+    transform given to wrap as ``mix=``, after the device normalize), an epoch trains as the
+    original's: the same mixed batches within rounding (the same global-RNG draws, in the same
+    order), the same weights."""
+    v2 = pytest.importorskip("torchvision.transforms.v2")
+    from torch.utils.data import default_collate
+    from torchvision.datasets import FakeData
+
+    def mixup_cutmix():  # the reference's get_mixup_cutmix(..., use_v2=True)
+        return v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=5), v2.CutMix(num_classes=5)])
+
+    def data(*tf) -> FakeData:
+        return FakeData(
+            40, (3, 12, 10), num_classes=5, transform=v2.Compose([v2.PILToTensor(), *tf])
+        )
+
+    mixup = v2.MixUp(alpha=0.2, num_classes=5)
+    with pytest.raises(RuntimeError, match="can't be cast"):  # the reference's collate on uint8
+        next(iter(DataLoader(data(), 8, collate_fn=lambda b: mixup(*default_collate(b)))))
+    loss = torch.nn.CrossEntropyLoss(label_smoothing=0.1)  # takes the mixed probabilities
+    torch.manual_seed(0)
+    mix = mixup_cutmix()
+    tf = (v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD))
+    dl = DataLoader(data(*tf), 8, shuffle=True, collate_fn=lambda b: mix(*default_collate(b)))
+    usual = train_steps(dl, loss, 360)
+    torch.manual_seed(0)
+    mix = mixup_cutmix()
+    dl = DataLoader(data(), 8, shuffle=True)  # default_collate: the mixing moved to wrap
+    w = latecast.wrap(dl, mean=MEAN, std=STD, device="cpu", mix=lambda x, y, g: mix(x, y))
+    assert_same_run(train_steps(w, loss, 360), usual)
+
+
+def test_timms_mixing_and_its_switch_at_mixup_off_epoch_through_wrap():
+    """timm's train.py with ``--mixup 0.2 --mixup-off-epoch 1``. With its prefetcher the
+    loader's ``collate_fn`` (``FastCollateMixup``) mixes uint8, the prefetch loader normalizes,
+    and train.py turns mixing off at epoch 1 with ``loader.mixup_enabled = False``
+    (regression: through wrap an AttributeError, or a set that changed nothing). Without
+    it, train.py applies ``Mixup`` to each batch and switches that off itself. Converted as
+    the README says (wrap of ``create_loader``'s DataLoader, or a uint8 loader wrapped), both
+    train as timm's own loaders do: the same batches within rounding, mixing off at epoch 1."""
+    pytest.importorskip("timm")
+    from timm.data import FastCollateMixup, Mixup, create_loader
+    from timm.loss import SoftTargetCrossEntropy
+    from torchvision.datasets import FakeData
+
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # timm's IMAGENET_DEFAULT_*
+    mixup_args = dict(mixup_alpha=0.2, label_smoothing=0.1, num_classes=5)
+
+    def timm_loader(prefetcher: bool, collate_fn=None):
+        data = FakeData(24, (3, 20, 18), num_classes=5)
+        return create_loader(
+            data,
+            (3, 16, 16),
+            8,
+            is_training=True,
+            num_workers=0,
+            collate_fn=collate_fn,
+            device=torch.device("cpu"),
+            use_prefetcher=prefetcher,
+            persistent_workers=False,
+        )
+
+    def epochs(loader, mixup_fn=None) -> tuple[list, torch.Tensor]:  # train.py's, two
+        np.random.seed(0)  # timm's mixing draws from numpy's, its crops from Python's
+        random.seed(0)
+        runs, switch = [], []
+        for epoch in range(2):
+            if epoch >= 1:  # --mixup-off-epoch 1
+                if mixup_fn is None and loader.mixup_enabled:
+                    loader.mixup_enabled = False
+                elif mixup_fn is not None:
+                    mixup_fn.mixup_enabled = False
+            switch.append((mixup_fn or loader).mixup_enabled)
+            runs.append(train_steps(loader, SoftTargetCrossEntropy(), 3 * 16 * 16, mixup_fn))
+        assert switch == [True, False]
+        seen = runs[0][0] + runs[1][0]
+        on_value = 1 - 0.1 + 0.1 / 5  # epoch 1: labels only smoothed, never mixed
+        assert all(torch.allclose(y.max(1).values, torch.tensor(on_value)) for _, y in runs[1][0])
+        return seen, runs[1][1]
+
+    usual = epochs(timm_loader(True, FastCollateMixup(**mixup_args)))  # its PrefetchLoader
+    w = latecast.wrap(timm_loader(True, FastCollateMixup(**mixup_args)).loader, mean=mean, std=std)
+    assert_same_run(epochs(w), usual)
+
+    usual = epochs(timm_loader(False), Mixup(**mixup_args))  # --no-prefetcher: float batches
+    w = latecast.wrap(timm_loader(True).loader, mean=mean, std=std)  # uint8, fast_collate
+    assert_same_run(epochs(w, Mixup(**mixup_args)), usual)
+
+
+def test_a_mix_needs_one_image_field_and_one_label_field():
+    images, data = ids_data()
+    batches = [(images[:4], torch.arange(4), torch.arange(4))]
+    mix = latecast.transforms.Mix(classes=N, mixup=0.2)
+    with pytest.raises(latecast.LatecastError, match="one image field with one label field"):
+        next(iter(latecast.wrap(batches, device="cpu", mix=mix)))
+    with pytest.raises(latecast.LatecastError, match=r"mix must be f\(images, labels, g\), got 5"):
+        latecast.wrap(batches, device="cpu", mix=5)
+    with pytest.raises(latecast.LatecastError, match="nothing mixes here"):
+        latecast.wrap(DataLoader(data), device="cpu").mixup_enabled = True
+    w = latecast.wrap(DataLoader(data), device="cpu")
+    w.mixup_enabled = False  # as timm's loader without mixing: nothing to switch off
+    assert w.mixup_enabled is False and "mixup_enabled" not in vars(w.batches)
 
 
 # -- the Lightning mixin -----------------------------------------------------------------

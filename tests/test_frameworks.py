@@ -69,7 +69,8 @@ def test_the_last_batch_moves_the_loader_to_the_next_epoch():
 @pytest.mark.slow
 def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
     """Lightning moves uint8 batches; the mixin augments them in training (seeded from seed,
-    epoch, rank and Lightning's batch index) and only normalizes them in validation."""
+    epoch, rank and Lightning's batch index), mixes them there with ``mix=``, and only
+    normalizes them in validation."""
     L = pytest.importorskip("lightning")
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, TensorDataset
@@ -81,9 +82,9 @@ def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
     mean, std, aug = (0.4, 0.5, 0.6), (0.2, 0.3, 0.25), latecast.Augment(crop=1, flip=0.5)
 
     class Net(PrepareOnDevice, L.LightningModule):
-        def __init__(self):
+        def __init__(self, mix=None):
             super().__init__()
-            self.prepare_on_device(mean=mean, std=std, augment=aug, seed=3)
+            self.prepare_on_device(mean=mean, std=std, augment=aug, seed=3, mix=mix)
             self.lin, self.trained, self.validated = torch.nn.Linear(90, N), [], []
 
         def training_step(self, batch, batch_idx):
@@ -110,6 +111,19 @@ def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
         assert torch.equal(x, want(images[y], y)[0]), (epoch, batch_idx)
     for x, y in net.validated:
         assert torch.equal(x, latecast.normalize(images[y], mean, std))
+
+    mix = latecast.transforms.Mix(classes=N, mixup=0.4, cutmix=1.0)
+    net = Net(mix)  # in order: batch k holds samples 16k..16k+15
+    lightning_trainer(max_epochs=1, enable_checkpointing=False, limit_val_batches=1).fit(
+        net, DataLoader(data, batch_size=16), DataLoader(data, batch_size=16)
+    )
+    for _, batch_idx, x, y in net.trained:
+        ids = torch.arange(16 * batch_idx, 16 * batch_idx + 16)
+        want = Prepare(mean, std, augment=aug, seed=3, mix=mix)
+        want.seek(0, 0, batch_idx)
+        wx, wy = want(images[ids], ids)
+        assert y.shape == (16, N) and torch.equal(x, wx) and torch.equal(y, wy)
+    assert {tuple(y.tolist()) for _, y in net.validated} == {tuple(range(16))}  # never mixed
 
 
 def test_the_readme_snippets_are_cut_from_the_examples():

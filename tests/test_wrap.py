@@ -63,29 +63,38 @@ def test_imagefolder_with_pil_to_tensor_equals_to_tensor_normalize(image_folder)
     assert s.h2d_bytes == 14 * 361 and s.copies == s.batches == 4
 
 
-def test_values_and_augmentation_equal_the_loaders():
+def test_values_augmentation_and_mixing_equal_the_loaders():
     """Fed the Loader's own uint8 batches in its order, wrap gives bitwise what the Loader
-    gives, augmentation included, over two epochs (same seeds: seed, epoch, rank, batch)."""
+    gives, augmentation and MixUp/CutMix (``mix=``) included, over two epochs (same seeds:
+    seed, epoch, rank, batch); ``mixup_enabled = False`` (timm's switch) turns its mix off."""
     rng = np.random.default_rng(1)
     ds = latecast.from_arrays(
         rng.integers(0, 256, (70, 9, 9, 3), dtype=np.uint8), rng.integers(0, 5, 70)
     )
     aug = latecast.Augment(crop=2, flip=0.5, cutout=3)
-    loader = Loader(ds, 16, device="cpu", transfer="uint8", seed=4, augment=aug)
+    mix = latecast.transforms.Mix(classes=5, mixup=0.4, cutmix=1.0)
+    loader = Loader(ds, 16, device="cpu", transfer="uint8", seed=4, augment=aug, mix=mix)
     source = Loader(ds, 16, device="cpu", seed=4)  # only for its order
     wrapped = latecast.wrap(
-        [], mean=ds.mean, std=ds.std, device="cpu", augment=aug, seed=4, layout="NHWC"
+        [], mean=ds.mean, std=ds.std, device="cpu", augment=aug, seed=4, layout="NHWC", mix=mix
     )
-    for epoch in range(2):
+    for epoch in range(3):
         source.set_epoch(epoch)
         wrapped.batches = [
             (ds.images[i.numpy()], ds.labels[i.numpy()]) for i in source.index_batches()
         ]
+        assert wrapped.mixup_enabled is (epoch < 2)
+        if epoch == 2:  # mixing off: what a Loader without it gives
+            loader = Loader(ds, 16, device="cpu", transfer="uint8", seed=4, augment=aug)
+            loader.set_epoch(2)
         got = list(wrapped)
         want = list(loader)
         assert len(got) == len(want) == 5 and wrapped.epoch == epoch + 1
         for (x, y), (wx, wy) in zip(got, want):
             assert torch.equal(x, wx) and torch.equal(y, wy)
+            assert y.shape == ((len(x), 5) if epoch < 2 else (len(x),))
+        if epoch == 1:
+            wrapped.mixup_enabled = False
 
 
 def test_nchw_nhwc_and_one_channel_give_the_same_images():

@@ -41,7 +41,7 @@ from .config import numbers_of, refuse
 from .distributed import placement
 from .errors import BatchError, ConfigError
 from .loader import Epochs
-from .prepare import Augmentation, Prepare
+from .prepare import Augmentation, Mixing, Prepare
 from .threads import one_thread
 from .transfer import Behind, Ring, TransferStats, ahead, widen
 from .transforms import FLOATS, Augment, Erasing
@@ -217,6 +217,7 @@ class Fields:
     fields: dict | None = None  # {name: "image" | "mask" | jpeg() | dtype | (dtype, out dtype)}
     seed: int = 0  # mixed into the augmentation's seeds
     erase: Erasing | None = None  # random erasing after the normalize (timm's --reprob)
+    mix: Mixing | None = None  # f(images, labels, generator) after the normalize, e.g. a Mix
 
     def __post_init__(self) -> None:
         """Every option checked where it is given, so that none fails later at a batch: one
@@ -251,10 +252,12 @@ class Fields:
                 (isinstance(lay, str) and lay in LAYOUTS, "layout", lay, "one of " + layouts),
                 (integer and 0 <= seed < 2**63, "seed", seed, "an integer in 0..2**63-1"),
                 (erase is None or callable(erase), "erase", erase, "a latecast.Erasing or None"),
+                (self.mix is None or callable(self.mix), "mix", self.mix, "f(images, labels, g)"),
             ]
         )
         self.normalizes = mean is not None
         self.looked = False  # at the first batch: fields that look like images but are not
+        self.mixing = True  # `mix` on; timm's loader.mixup_enabled switches it (Wrapped)
         self.prepare = Prepare(
             (0.0,) if mean is None else mean,  # no mean/std: ToTensor() alone, x / 255
             (1.0,) if std is None else std,
@@ -466,6 +469,27 @@ class Fields:
                 out[i] = x[..., 0] if f.layout == "NHW" else x.permute(0, 3, 1, 2).contiguous()
         return out
 
+    def mixed(self, plans: list[Field | None], values: list) -> list:
+        """``values`` (the batch's fields, finished) with its images and labels mixed by
+        ``mix``: its one image field and its one integer field of one value per sample, the
+        labels becoming class probabilities; drawn from the batch's host generator, so a
+        resumed run mixes the same."""
+        if self.mix is None or not self.mixing:
+            return values
+        kinds = (IMAGE, encoded.ENCODED)
+        images = [i for i, f in enumerate(plans) if f is not None and f.kind in kinds]
+        labels = [i for i, f in enumerate(plans) if f and f.kind == INT and len(f.shape) == 1]
+        if len(images) != 1 or len(labels) != 1:
+            named = ", ".join(f"{f.name!r}: {f.kind} {f.shape}" for f in plans if f is not None)
+            raise BatchError(
+                "mix= mixes one image field with one label field (integers, one per sample); "
+                f"this batch has {named}"
+            )
+        (i,), (j,) = images, labels
+        host = self.prepare.generator(torch.device("cpu"))
+        values[i], values[j] = self.mix(values[i], values[j], host)
+        return values
+
     def _view(self, f: Field, raw: torch.Tensor) -> torch.Tensor:
         """The field's bytes as its values; images and masks as ``(N, H, W, C)``."""
         x = (widen(raw, numpy_dtype(f.dtype)) if f.integer else raw.view(f.dtype)).view(f.shape)
@@ -506,7 +530,8 @@ class Sent:
 class Wrapped(Epochs):
     """An iterable of batches moved and prepared on the device; see ``wrap``. Every attribute
     it does not own (``__slots__``, its methods and properties) is the source's: read there,
-    written there (timm sets ``loader.mixup_enabled``, Lightning ``worker_init_fn``)."""
+    written there (Lightning sets ``worker_init_fn``); timm's ``mixup_enabled`` reaches the
+    mix wherever it lives."""
 
     __slots__ = ("batches", "fields", "_device", "epoch", "position", "_stats", "_ring")
     __slots__ += ("_where", "_state", "_behind")
@@ -530,7 +555,7 @@ class Wrapped(Epochs):
         return getattr(self.batches, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in Wrapped.__slots__:
+        if name in Wrapped.__slots__ or isinstance(getattr(Wrapped, name, None), property):
             object.__setattr__(self, name, value)
         else:
             setattr(self.batches, name, value)
@@ -551,6 +576,34 @@ class Wrapped(Epochs):
     @property
     def std(self) -> tuple[float, ...] | None:
         return self.fields.std
+
+    @property
+    def mixup_enabled(self) -> bool:
+        """timm's switch of its loader's mixing (its train.py turns it off at
+        ``--mixup-off-epoch``), for the mix wherever it lives: wrap's own ``mix=``, else the
+        source's own switch or its ``collate_fn``'s (timm's ``FastCollateMixup``). False
+        where nothing mixes, as timm's loader says; switching that on is an error."""
+        owner, name = self._mixer()
+        return owner is not None and bool(getattr(owner, name))
+
+    @mixup_enabled.setter
+    def mixup_enabled(self, on: bool) -> None:
+        owner, name = self._mixer()
+        if owner is not None:
+            setattr(owner, name, on)
+        elif on:
+            raise ConfigError(
+                "mixup_enabled = True: nothing mixes here; give wrap mix=..., or a loader "
+                "whose collate_fn mixes and has mixup_enabled (timm's FastCollateMixup)"
+            )
+
+    def _mixer(self) -> tuple[Any, str]:
+        if self.fields.mix is not None:
+            return self.fields, "mixing"
+        for owner in (self.batches, getattr(self.batches, "collate_fn", None)):
+            if owner is not None and hasattr(owner, "mixup_enabled"):
+                return owner, "mixup_enabled"
+        return None, ""
 
     @property
     def stats(self) -> TransferStats:
@@ -632,12 +685,11 @@ class Wrapped(Epochs):
         plans = [None if f is None or f.kind == encoded.ENCODED else f for f in s.plans]
         raws = [f and dev[o : o + f.nbytes] for f, o in zip(plans, s.offsets)]
         done = self.fields.finish(plans, raws, where)  # JPEG fields (None here): _jpeg
-        return s.rebuild(
-            [
-                value if f is None else self._jpeg(s, f, o, where) if d is None else d
-                for (_, value), f, o, d in zip(s.leaves, s.plans, s.offsets, done)
-            ]
-        )
+        values = [
+            value if f is None else self._jpeg(s, f, o, where) if d is None else d
+            for (_, value), f, o, d in zip(s.leaves, s.plans, s.offsets, done)
+        ]
+        return s.rebuild(self.fields.mixed(s.plans, values))
 
     def _jpeg(self, s: Sent, f, offset: int, where) -> Any:
         """A JPEG field's files decoded from the pinned slot, where the decoder reads them."""
@@ -776,6 +828,10 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
         seed: mixed into the augmentation's seeds.
         erase: ``latecast.Erasing(p=...)``, torchvision's ``RandomErasing`` per image on the
             normalized batch (drawn from the augmentation's generator).
+        mix: ``f(images, labels, generator)`` on the normalized images and the batch's one
+            integer field of one value per sample, e.g. ``latecast.transforms.Mix`` or
+            torchvision's ``lambda x, y, g: MixUp(num_classes=10)(x, y)``; the labels come out
+            as it makes them (class probabilities). ``mixup_enabled`` switches it.
 
     Example:
         >>> tf = torchvision.transforms.PILToTensor()   # uint8 (C, H, W), not ToTensor()
