@@ -131,7 +131,7 @@ def test_the_readme_snippets_are_cut_from_the_examples():
     names (comments aside), so what the README shows is what the tests run."""
     section = (ROOT / "README.md").read_text().split("## Your own data")[1].split("\n## ")[0]
     blocks = section.split("```python\n")[1:]
-    assert len(blocks) == 6
+    assert len(blocks) == 7
     for block in blocks:
         lines = block.split("```")[0].splitlines()
         example = (ROOT / lines[0].split()[1].rstrip(":")).read_text()
@@ -225,6 +225,7 @@ def test_accelerate_two_processes_loader_checkpoint_and_wrap(tmp_path):
 EXAMPLES = {  # file: (the module it needs, its command line at tiny sizes)
     "lightning_hook.py": ("lightning", ["--devices=2", "--limit=512", "--epochs=1"]),
     "accelerate_loop.py": ("accelerate", ["--limit=512", "--epochs=2", "--state=state"]),
+    "fabric_loop.py": ("lightning", ["--devices=2", "--limit=512", "--epochs=1"]),
     "plain_loop.py": ("torchvision", ["--limit=600", "--epochs=1", "--min-accuracy=0"]),
 }
 
@@ -232,7 +233,9 @@ EXAMPLES = {  # file: (the module it needs, its command line at tiny sizes)
 @pytest.mark.slow
 @pytest.mark.parametrize("example", list(EXAMPLES))
 def test_examples_run(example, tmp_path):
-    """The README's snippets are these files: they run as users run them, at tiny sizes."""
+    """The README's snippets are these files: they run as users run them, at tiny sizes (the
+    Fabric example evaluates every test sample once over its 2 ranks, and checks its own
+    batch count from ``train.stats``)."""
     module, args = EXAMPLES[example]
     pytest.importorskip(module)
     path = ROOT / "examples" / example
@@ -241,6 +244,7 @@ def test_examples_run(example, tmp_path):
     else:
         out = launch(path, *args, cwd=tmp_path).stdout
     lines = ["test accuracy"] if module == "torchvision" else ["rank 0 of 2", "rank 1 of 2"]
+    lines += ["test accuracy 0.", "over 512 samples"] if example == "fabric_loop.py" else []
     assert all(line in out for line in lines), out[-2000:]
 
 
