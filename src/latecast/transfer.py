@@ -169,23 +169,22 @@ class Behind:
     seen from outside as if it were not read ahead, so that what a loader signals as it
     yields stays true of the batch in use. accelerate's ``DataLoaderShard`` sets
     ``end_of_dataloader`` as it yields its last batch and leaves accelerate's
-    ``GradientState`` once it is exhausted: read ahead, ``gather_for_metrics`` cut the
-    remainder off the wrong batch and kept the padding on the last (72 of 100 counted).
+    ``GradientState`` once exhausted: read ahead, ``gather_for_metrics`` cut the wrong batch
+    and kept the padding of the last (72 of 100 predictions counted).
 
-    - The attributes the source sets while batch k + 1 is taken are put back (``hide``)
-      while batch k is out, and set again before the source runs on.
-    - Where ``len(source)`` is known, the source is not run past its last batch until the
-      batch after it is asked for (``rest``) or the wrapper's state is saved (``finish``):
-      its end-of-pass code runs then, as it would without the read-ahead. What it yields
-      past its ``len()`` comes out then, read ahead again. Without a ``len()`` the end is
-      found by reading past it, and its end-of-pass code runs before the last batch is out.
+    - The attributes the source sets while batch k + 1 is taken are put back while batch k
+      is out (``show(0)``), and set again before it runs on.
+    - Where ``len(source)`` is known, the source is not run past its last batch until the one
+      after it is asked for (``rest``) or the wrapper's state is saved (``finish``): its
+      end-of-pass code runs then, as without the read-ahead. Without a ``len()`` the end is
+      found by reading past it, before the last batch is out.
     """
 
     def __init__(self, source: Iterable) -> None:
         self.it, self.attrs = iter(source), getattr(source, "__dict__", None)
         self.length, self.taken = known_length(source), 0
         self.changed: dict[str, tuple[Any, Any]] = {}  # by the last take: (before, after)
-        self.held: list = []  # taken by `finish` or `rest` before it was asked for
+        self.held: list = []  # taken before it was asked for (END: the source has ended)
 
     def __iter__(self) -> Iterator[Any]:
         while self.taken != self.length:
@@ -193,58 +192,51 @@ class Behind:
             if batch is END:
                 return
             yield batch
-        self.settle()  # the last batch goes out as the source left it
+        self.show(1)  # the last batch goes out as the source left it
 
     def take(self) -> Any:
-        """The source's next batch (or END); what it changed in taking one is recorded."""
-        self.settle()
+        """The source's next batch (or END); what it changed in taking it is recorded (its
+        end-of-pass changes are not: nothing comes after them to hide them for)."""
+        self.show(1)
         if self.held:
             return self.held.pop()
-        before = dict(self.attrs) if self.attrs is not None else {}
+        before = dict(self.attrs or {})
         batch = next(self.it, END)
-        if batch is not END:  # its end-of-pass changes are never hidden: nothing comes after
-            self.taken += 1
-            after = self.attrs or {}
-            keys = before.keys() | after.keys()
-            pairs = {k: (before.get(k, END), after.get(k, END)) for k in keys}
-            self.changed = {k: pair for k, pair in pairs.items() if pair[0] is not pair[1]}
+        after = before if batch is END else self.attrs or {}
+        self.taken += batch is not END
+        pairs = {k: (before.get(k, END), after.get(k, END)) for k in before.keys() | after.keys()}
+        self.changed = {k: pair for k, pair in pairs.items() if pair[0] is not pair[1]}
         return batch
 
-    def hide(self) -> None:
-        """The source's attributes as they were before its last batch was taken."""
-        self._set(0)
-
-    def settle(self) -> None:
-        """The source's attributes as its last batch left them."""
-        self._set(1)
-        self.changed = {}
-
-    def _set(self, which: int) -> None:
+    def show(self, which: int) -> None:
+        """The source's attributes as before (0) or after (1) its last batch was taken; after
+        is for good (nothing left to hide)."""
         for k, values in self.changed.items():
             if values[which] is END:
                 self.attrs.pop(k, None)
             else:
                 self.attrs[k] = values[which]
+        self.changed = self.changed if which == 0 else {}
+
+    def ended(self) -> bool:
+        """Whether the source has no batch past its ``len()``; finding out runs its end."""
+        if self.taken == self.length and not self.held:
+            self.held.append(self.take())
+        return not self.held or self.held[0] is END
 
     def finish(self, state: Callable[[], Any]) -> Any:
-        """``state()`` after the last batch by ``len()``: the source run to its end first, so
-        that its state is the next pass's (torchdata's ``StatefulDataLoader`` resumed from
-        before its end gives an empty pass); where it yields more, its state before that."""
-        if self.taken != self.length or self.held:
-            return state()
+        """``state()`` once the source has run to its end: the next pass's (torchdata's
+        ``StatefulDataLoader`` resumed from before its end gives an empty pass); where it
+        yields past its ``len()``, its state before that batch."""
         before = state()
-        self.held.append(self.take())
-        if self.held[0] is END:
+        if self.ended():
             return state()
-        self.hide()  # the batch taken is not out yet
+        self.show(0)  # the batch taken is not out yet
         return before
 
     def rest(self) -> Iterator[Any] | None:
-        """What the source yields past its ``len()``, None where it ended (as ``len()`` said:
-        taking its end runs its end-of-pass code now, as the consumer asks past the last)."""
-        if self.taken == self.length and not self.held:
-            self.held.append(self.take())
-        if not self.held or self.held[0] is END:
+        """What the source yields past its ``len()``; None where it ended there."""
+        if self.ended():
             return None
         self.length = None
         return iter(self)

@@ -672,7 +672,7 @@ class Wrapped(Epochs):
             batch = self._finish(s)
             self._stats.wait_seconds += time.perf_counter() - t0
             self._state = None if last else s.state  # the last: the next epoch's, from the source
-            self._behind.hide()  # the next batch taken: the source as it was before
+            self._behind.show(0)  # the next batch is taken: the source as before it
             yield batch, last
             t0 = time.perf_counter()
 
