@@ -204,8 +204,10 @@ class Behind:
         batch = next(self.it, END)
         after = before if batch is END else self.attrs or {}
         self.taken += batch is not END
-        pairs = {k: (before.get(k, END), after.get(k, END)) for k in before.keys() | after.keys()}
-        self.changed = {k: pair for k, pair in pairs.items() if pair[0] is not pair[1]}
+        self.changed = {
+            k: (before.get(k, END), v) for k, v in after.items() if before.get(k, END) is not v
+        }
+        self.changed.update((k, (v, END)) for k, v in before.items() if k not in after)
         return batch
 
     def show(self, which: int) -> None:
