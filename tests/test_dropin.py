@@ -10,6 +10,7 @@ Launched runs start this very file as their script (see ``_worker`` at the botto
 from __future__ import annotations
 
 import importlib.util
+import random
 import sys
 from pathlib import Path
 
@@ -56,14 +57,14 @@ def test_wrap_of_a_dataloader_is_one_of_its_class_sharing_every_attribute():
     w = latecast.wrap(dl, mean=MEAN, std=STD, device="cpu")
     assert isinstance(w, Custom) and isinstance(w, DataLoader)
     assert (w.dataset, w.tag, w.num_workers, w.collate_fn) == (data, "train", 0, dl.collate_fn)
-    w.mixup_enabled = False  # what timm's --mixup-off-epoch does to its loader
+    w.log_every = 10  # a program's own attribute on its loader
     dl.custom = 7
-    assert dl.mixup_enabled is False and w.custom == 7
+    assert dl.log_every == 10 and w.custom == 7
     with pytest.raises(ValueError, match="batch_size attribute should not be set"):
         w.batch_size = 4  # as on the DataLoader itself
     x, y = next(iter(w))
     assert x.dtype == torch.float32 and torch.equal(x, reference(images[y]))
-    assert set(vars(dl)) - before == {"mixup_enabled", "custom"}  # latecast's own stay its own
+    assert set(vars(dl)) - before == {"log_every", "custom"}  # latecast's own stay its own
     assert w.epoch == 0 and not hasattr(dl, "epoch")
 
 
@@ -384,6 +385,143 @@ def test_images_come_out_in_the_models_dtype():
         model(next(iter(latecast.wrap(DataLoader(data, BATCH), mean=MEAN, std=STD)))[0])
 
 
+# -- mixing: in a collate_fn (torchvision's reference, timm), in wrap, and timm's switch -----
+
+
+def train_steps(loader, loss_fn, features: int, mixup_fn=None) -> tuple[list, torch.Tensor]:
+    """A reference script's epoch, shortened: every batch (through ``mixup_fn``, as timm's
+    train.py without its prefetcher) into a linear model and SGD, which draw nothing from the
+    global RNG in the loop (the loader's transforms do). The batches it saw, its weights."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(features, 5))
+    seen, opt = [], torch.optim.SGD(model.parameters(), lr=0.1)
+    for image, target in loader:
+        if mixup_fn is not None:
+            image, target = mixup_fn(image, target)
+        loss = loss_fn(model(image), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        seen.append((image, target))
+    return seen, model[1].weight.detach()
+
+
+def assert_same_run(run, usual, atol=1e-5) -> None:
+    (seen, weight), (want, want_weight) = run, usual
+    assert len(seen) == len(want)
+    for (x, y), (wx, wy) in zip(seen, want):
+        torch.testing.assert_close(x, wx, atol=atol, rtol=0)
+        torch.testing.assert_close(y, wy, atol=1e-6, rtol=0)
+    torch.testing.assert_close(weight, want_weight, atol=atol, rtol=0)
+
+
+def test_torchvision_references_collate_mixing_moves_to_wrap_and_trains_the_same():
+    """torchvision's references/classification/train.py mixes in its ``collate_fn``
+    (``mixup_cutmix(*default_collate(batch))``, v2 ``MixUp``/``CutMix`` with ``--use-v2``), on
+    float images; on uint8 it fails. Converted as the README says (``PILToTensor()``, the same
+    transform given to wrap as ``mix=``, after the device normalize), an epoch trains as the
+    original's: the same mixed batches within rounding (the same global-RNG draws, in the same
+    order), the same weights."""
+    v2 = pytest.importorskip("torchvision.transforms.v2")
+    from torch.utils.data import default_collate
+    from torchvision.datasets import FakeData
+
+    def mixup_cutmix():  # the reference's get_mixup_cutmix(..., use_v2=True)
+        return v2.RandomChoice([v2.MixUp(alpha=0.2, num_classes=5), v2.CutMix(num_classes=5)])
+
+    def data(*tf) -> FakeData:
+        return FakeData(
+            40, (3, 12, 10), num_classes=5, transform=v2.Compose([v2.PILToTensor(), *tf])
+        )
+
+    mixup = v2.MixUp(alpha=0.2, num_classes=5)
+    with pytest.raises(RuntimeError, match="can't be cast"):  # the reference's collate on uint8
+        next(iter(DataLoader(data(), 8, collate_fn=lambda b: mixup(*default_collate(b)))))
+    loss = torch.nn.CrossEntropyLoss(label_smoothing=0.1)  # takes the mixed probabilities
+    torch.manual_seed(0)
+    mix = mixup_cutmix()
+    tf = (v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD))
+    dl = DataLoader(data(*tf), 8, shuffle=True, collate_fn=lambda b: mix(*default_collate(b)))
+    usual = train_steps(dl, loss, 360)
+    torch.manual_seed(0)
+    mix = mixup_cutmix()
+    dl = DataLoader(data(), 8, shuffle=True)  # default_collate: the mixing moved to wrap
+    w = latecast.wrap(dl, mean=MEAN, std=STD, device="cpu", mix=lambda x, y, g: mix(x, y))
+    assert_same_run(train_steps(w, loss, 360), usual)
+
+
+def test_timms_mixing_and_its_switch_at_mixup_off_epoch_through_wrap():
+    """timm's train.py with ``--mixup 0.2 --mixup-off-epoch 1``. With its prefetcher the
+    loader's ``collate_fn`` (``FastCollateMixup``) mixes uint8, the prefetch loader normalizes,
+    and train.py turns mixing off at epoch 1 with ``loader.mixup_enabled = False``
+    (regression: through wrap an AttributeError, or a set that changed nothing). Without
+    it, train.py applies ``Mixup`` to each batch and switches that off itself. Converted as
+    the README says (wrap of ``create_loader``'s DataLoader, or a uint8 loader wrapped), both
+    train as timm's own loaders do: the same batches within rounding, mixing off at epoch 1."""
+    pytest.importorskip("timm")
+    from timm.data import FastCollateMixup, Mixup, create_loader
+    from timm.loss import SoftTargetCrossEntropy
+    from torchvision.datasets import FakeData
+
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # timm's IMAGENET_DEFAULT_*
+    mixup_args = dict(mixup_alpha=0.2, label_smoothing=0.1, num_classes=5)
+
+    def timm_loader(prefetcher: bool, collate_fn=None):
+        data = FakeData(24, (3, 20, 18), num_classes=5)
+        return create_loader(
+            data,
+            (3, 16, 16),
+            8,
+            is_training=True,
+            num_workers=0,
+            collate_fn=collate_fn,
+            device=torch.device("cpu"),
+            use_prefetcher=prefetcher,
+            persistent_workers=False,
+        )
+
+    def epochs(loader, mixup_fn=None) -> tuple[list, torch.Tensor]:  # train.py's, two
+        np.random.seed(0)  # timm's mixing draws from numpy's, its crops from Python's
+        random.seed(0)
+        runs, switch = [], []
+        for epoch in range(2):
+            if epoch >= 1:  # --mixup-off-epoch 1
+                if mixup_fn is None and loader.mixup_enabled:
+                    loader.mixup_enabled = False
+                elif mixup_fn is not None:
+                    mixup_fn.mixup_enabled = False
+            switch.append((mixup_fn or loader).mixup_enabled)
+            runs.append(train_steps(loader, SoftTargetCrossEntropy(), 3 * 16 * 16, mixup_fn))
+        assert switch == [True, False]
+        seen = runs[0][0] + runs[1][0]
+        on_value = 1 - 0.1 + 0.1 / 5  # epoch 1: labels only smoothed, never mixed
+        assert all(torch.allclose(y.max(1).values, torch.tensor(on_value)) for _, y in runs[1][0])
+        return seen, runs[1][1]
+
+    usual = epochs(timm_loader(True, FastCollateMixup(**mixup_args)))  # its PrefetchLoader
+    w = latecast.wrap(timm_loader(True, FastCollateMixup(**mixup_args)).loader, mean=mean, std=std)
+    assert_same_run(epochs(w), usual)
+
+    usual = epochs(timm_loader(False), Mixup(**mixup_args))  # --no-prefetcher: float batches
+    w = latecast.wrap(timm_loader(True).loader, mean=mean, std=std)  # uint8, fast_collate
+    assert_same_run(epochs(w, Mixup(**mixup_args)), usual)
+
+
+def test_a_mix_needs_one_image_field_and_one_label_field():
+    images, data = ids_data()
+    batches = [(images[:4], torch.arange(4), torch.arange(4))]
+    mix = latecast.transforms.Mix(classes=N, mixup=0.2)
+    with pytest.raises(latecast.LatecastError, match="one image field with one label field"):
+        next(iter(latecast.wrap(batches, device="cpu", mix=mix)))
+    with pytest.raises(latecast.LatecastError, match=r"mix must be f\(images, labels, g\), got 5"):
+        latecast.wrap(batches, device="cpu", mix=5)
+    with pytest.raises(latecast.LatecastError, match="nothing mixes here"):
+        latecast.wrap(DataLoader(data), device="cpu").mixup_enabled = True
+    w = latecast.wrap(DataLoader(data), device="cpu")
+    w.mixup_enabled = False  # as timm's loader without mixing: nothing to switch off
+    assert w.mixup_enabled is False and "mixup_enabled" not in vars(w.batches)
+
+
 # -- the Lightning mixin -----------------------------------------------------------------
 
 
@@ -440,7 +578,8 @@ def test_the_lightning_mixin_counts_the_bytes_lightning_moved(tmp_path):
 def test_lightning_ddp_injects_its_sampler_into_a_wrapped_dataloader(tmp_path):
     """``trainer.fit(model, latecast.wrap(dl))`` under Lightning's DDP launcher: each rank its
     own half, every sample once an epoch, normalized on the device (regression: every rank
-    trained on all 64 samples)."""
+    trained on all 64 samples). ``trainer.validate`` and ``trainer.predict`` of a wrapped
+    loader with a partial last batch count and score what the original loader does."""
     pytest.importorskip("lightning")
     for how in ("fit", "datamodule"):  # fit(model, wrap(dl)); a DataModule's train_dataloader
         out = tmp_path / how
@@ -451,19 +590,91 @@ def test_lightning_ddp_injects_its_sampler_into_a_wrapped_dataloader(tmp_path):
         assert shares(runs, 0) != shares(runs, 1)  # Lightning's set_epoch reached its sampler
         for r in runs:
             assert r["sampler"] == "DistributedSampler" and r["max_error"] <= 1e-6, how
+            e = r["evaluated"]
+            metrics, usual = e["wrapped", "validate"], e["plain", "validate"]
+            assert metrics["count"] == usual["count"] == 28  # 27 and the sampler's padding
+            assert metrics["loss"] == pytest.approx(usual["loss"], abs=1e-5), how
+            assert e["wrapped", "predict"] == e["plain", "predict"], how
+        predicted = [
+            i for r in runs for ids, _ in r["evaluated"]["wrapped", "predict"] for i in ids
+        ]
+        assert sorted(predicted) == list(range(27))  # predict's sampler pads nothing
 
 
 @pytest.mark.slow
 def test_accelerate_prepares_the_dataloader_that_wrap_then_moves(tmp_path):
     """Under ``accelerate launch``: ``wrap(accelerator.prepare(dl, device_placement=[False]))``
     is still accelerate's ``DataLoaderShard`` (its own tools recognise it), each rank gets its
-    own half, prepared on the device."""
+    own half, prepared on the device; ``gather_for_metrics`` over both ranks keeps every
+    sample once, as from the plain loader, with a last batch padded (27 samples in batches of
+    8 a rank) or not (32) (regression: 128 of 100 counted); ``prepare(wrap(dl))`` refused."""
     pytest.importorskip("accelerate")
     accelerate(__file__, "accelerate", tmp_path, cwd=tmp_path)
     runs = [torch.load(tmp_path / f"acc{r}.pt") for r in range(2)]
     assert_two_halves(runs, N)
     for r in runs:
         assert r["kind"] == "DataLoaderShard" and r["max_error"] <= 1e-6
+        assert "latecast.wrap(accelerator.prepare(dl, device_placement=[False])" in r["refused"]
+        for n in (27, 32):
+            (signals, metric), (want, usual) = (
+                r["evaluated"][n, "wrapped"],
+                r["evaluated"][n, "plain"],
+            )
+            assert signals == want and metric == pytest.approx(usual, abs=1e-6), n
+            assert sorted(sum((ids for *_, ids in signals), [])) == list(range(n))
+
+
+def uneven_data(n: int) -> TensorDataset:
+    """``n`` uint8 NCHW images, sample ``i`` labelled ``i``: what a batch held is read off it."""
+    rng = np.random.default_rng(n)
+    return TensorDataset(
+        torch.from_numpy(rng.integers(0, 256, (n, 3, 5, 6), dtype=np.uint8)), torch.arange(n)
+    )
+
+
+def end_signals(acc, loader, prepare=None) -> tuple[list[tuple], float]:
+    """Per batch, what accelerate's ``gather_for_metrics`` decides by (end of data, remainder)
+    and the ids it keeps; and a metric over what it keeps (the mean normalized pixel)."""
+    out, values = [], []
+    for x, ids in loader:
+        gs = acc.gradient_state
+        x = x if prepare is None else prepare(x)
+        kept, means = acc.gather_for_metrics((ids, x.flatten(1).mean(1)))
+        out.append((gs.end_of_dataloader, gs.remainder, kept.tolist()))
+        values.append(means)
+    return out, torch.cat(values).mean().item()
+
+
+@pytest.fixture
+def accelerator():
+    """One process's ``Accelerator`` on the CPU; its singletons reset after the test."""
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.state import AcceleratorState, GradientState
+
+    yield accelerate.Accelerator(cpu=True)
+    AcceleratorState._reset_state(True)
+    GradientState._reset_state()
+
+
+def test_accelerate_end_of_data_is_the_batch_in_use_through_wrap(accelerator):
+    """``gather_for_metrics`` cuts a loader's padding off its last batch by the
+    ``DataLoaderShard``'s ``end_of_dataloader`` and ``remainder`` (regression: wrap's read-ahead
+    set them a batch early, 72 of 100 counted, batches [36, 36]). Through wrap every batch
+    sees what the plain loader's sees; ``prepare`` of a wrapped loader it has not sharded is
+    one error naming the order that works; one it has is returned as it is."""
+    for n in (100, 128):  # a partial last batch, and none
+        data = uneven_data(n)
+        plain = accelerator.prepare(DataLoader(data, batch_size=64), device_placement=[False])
+        w = latecast.wrap(plain, mean=MEAN, std=STD, device="cpu")
+        (signals, metric), (want, usual) = (
+            end_signals(accelerator, w),
+            end_signals(accelerator, plain, reference),
+        )
+        assert signals == want and metric == pytest.approx(usual, abs=1e-6), n
+        assert sum((ids for *_, ids in signals), []) == list(range(n))
+        assert signals[-1][:2] == (True, n % 64) and accelerator.prepare(w) is w
+    with pytest.raises(latecast.LatecastError, match=r"wrap\(accelerator.prepare\(dl, dev"):
+        accelerator.prepare(latecast.wrap(DataLoader(data, batch_size=64), device="cpu"))
 
 
 # -- the examples in the real shapes -----------------------------------------------------
@@ -511,6 +722,15 @@ def _lightning(out: Path, how: str) -> None:
             self.error = max(self.error, (x - want).abs().max().item())
             return F.cross_entropy(self.net(x.flatten(1)), ids)
 
+        def validation_step(self, batch, batch_idx):
+            x, ids = batch
+            self.log("loss", F.cross_entropy(self.net(x.flatten(1)), ids), sync_dist=True)
+            self.log("count", float(len(ids)), reduce_fx="sum", sync_dist=True)
+
+        def predict_step(self, batch, batch_idx):
+            x, ids = batch
+            return ids, self.net(x.flatten(1)).argmax(1)
+
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
@@ -518,9 +738,17 @@ def _lightning(out: Path, how: str) -> None:
         dl = DataLoader(data, batch_size=BATCH, shuffle=True)
         return latecast.wrap(dl, mean=MEAN, std=STD)
 
+    val = uneven_data(27)  # 2 ranks: 14 each, one padded by the sampler, in batches [8, 6]
+    floats = TensorDataset(reference(val.tensors[0]), val.tensors[1])  # ToTensor + Normalize
+
     class Data(L.LightningDataModule):  # as LightningCLI's examples give their data
         def train_dataloader(self):
             return train()  # made inside Lightning's hook: it records the arguments itself
+
+        def val_dataloader(self):
+            return latecast.wrap(DataLoader(val, batch_size=BATCH), mean=MEAN, std=STD)
+
+        predict_dataloader = val_dataloader
 
     model, trainer = (
         Net(),
@@ -531,11 +759,22 @@ def _lightning(out: Path, how: str) -> None:
     else:
         trainer.fit(model, datamodule=Data())
     used = trainer.train_dataloader  # the loader Lightning re-made: still wrap's
+    evaluated = {}  # the same weights, evaluated through wrap and as the original would
+    for kind, loaders in (("wrapped", {"datamodule": Data()}), ("plain", None)):
+        for run in (trainer.validate, trainer.predict):
+            loaders = loaders or {"dataloaders": DataLoader(floats, batch_size=BATCH)}
+            if how == "fit" and kind == "wrapped":  # the loader given to the call itself
+                loaders = {"dataloaders": Data().val_dataloader()}
+            got = run(model, **loaders)
+            evaluated[kind, run.__name__] = (
+                got[0] if run == trainer.validate else [(i.tolist(), p.tolist()) for i, p in got]
+            )
     torch.save(
         {
             "seen": model.seen,
             "max_error": model.error,
             "sampler": type(used.sampler).__name__,
+            "evaluated": evaluated,
         },
         out / f"rank{trainer.global_rank}.pt",
     )
@@ -556,7 +795,27 @@ def _accelerate(out: Path) -> None:
             want = reference(images[ids])
             error = max(error, (x - want).abs().max().item())
     kind = next(c.__name__ for c in type(train).__mro__ if c.__module__.startswith("accel"))
-    torch.save({"seen": seen, "max_error": error, "kind": kind}, out / f"acc{acc.process_index}.pt")
+    evaluated = {}  # gather_for_metrics over 2 ranks: an uneven last batch, and an even one
+    for n in (27, 32):
+        for how in ("wrapped", "plain"):
+            dl = acc.prepare(DataLoader(uneven_data(n), batch_size=8), device_placement=[False])
+            loader = latecast.wrap(dl, mean=MEAN, std=STD) if how == "wrapped" else dl
+            evaluated[n, how] = end_signals(acc, loader, reference if how == "plain" else None)
+    try:
+        acc.prepare(latecast.wrap(DataLoader(data, batch_size=BATCH)))
+        refused = ""
+    except latecast.LatecastError as e:
+        refused = str(e)
+    torch.save(
+        {
+            "seen": seen,
+            "max_error": error,
+            "kind": kind,
+            "evaluated": evaluated,
+            "refused": refused,
+        },
+        out / f"acc{acc.process_index}.pt",
+    )
     acc.end_training()  # exiting with the gloo group alive aborted a rank now and then
 
 

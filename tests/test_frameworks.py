@@ -69,7 +69,8 @@ def test_the_last_batch_moves_the_loader_to_the_next_epoch():
 @pytest.mark.slow
 def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
     """Lightning moves uint8 batches; the mixin augments them in training (seeded from seed,
-    epoch, rank and Lightning's batch index) and only normalizes them in validation."""
+    epoch, rank and Lightning's batch index), mixes them there with ``mix=``, and only
+    normalizes them in validation."""
     L = pytest.importorskip("lightning")
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, TensorDataset
@@ -81,9 +82,9 @@ def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
     mean, std, aug = (0.4, 0.5, 0.6), (0.2, 0.3, 0.25), latecast.Augment(crop=1, flip=0.5)
 
     class Net(PrepareOnDevice, L.LightningModule):
-        def __init__(self):
+        def __init__(self, mix=None):
             super().__init__()
-            self.prepare_on_device(mean=mean, std=std, augment=aug, seed=3)
+            self.prepare_on_device(mean=mean, std=std, augment=aug, seed=3, mix=mix)
             self.lin, self.trained, self.validated = torch.nn.Linear(90, N), [], []
 
         def training_step(self, batch, batch_idx):
@@ -111,13 +112,26 @@ def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
     for x, y in net.validated:
         assert torch.equal(x, latecast.normalize(images[y], mean, std))
 
+    mix = latecast.transforms.Mix(classes=N, mixup=0.4, cutmix=1.0)
+    net = Net(mix)  # in order: batch k holds samples 16k..16k+15
+    lightning_trainer(max_epochs=1, enable_checkpointing=False, limit_val_batches=1).fit(
+        net, DataLoader(data, batch_size=16), DataLoader(data, batch_size=16)
+    )
+    for _, batch_idx, x, y in net.trained:
+        ids = torch.arange(16 * batch_idx, 16 * batch_idx + 16)
+        want = Prepare(mean, std, augment=aug, seed=3, mix=mix)
+        want.seek(0, 0, batch_idx)
+        wx, wy = want(images[ids], ids)
+        assert y.shape == (16, N) and torch.equal(x, wx) and torch.equal(y, wy)
+    assert {tuple(y.tolist()) for _, y in net.validated} == {tuple(range(16))}  # never mixed
+
 
 def test_the_readme_snippets_are_cut_from_the_examples():
     """Every code line of the README's "Your own data" snippets is a line of the example it
     names (comments aside), so what the README shows is what the tests run."""
     section = (ROOT / "README.md").read_text().split("## Your own data")[1].split("\n## ")[0]
     blocks = section.split("```python\n")[1:]
-    assert len(blocks) == 6
+    assert len(blocks) == 7
     for block in blocks:
         lines = block.split("```")[0].splitlines()
         example = (ROOT / lines[0].split()[1].rstrip(":")).read_text()
@@ -211,6 +225,7 @@ def test_accelerate_two_processes_loader_checkpoint_and_wrap(tmp_path):
 EXAMPLES = {  # file: (the module it needs, its command line at tiny sizes)
     "lightning_hook.py": ("lightning", ["--devices=2", "--limit=512", "--epochs=1"]),
     "accelerate_loop.py": ("accelerate", ["--limit=512", "--epochs=2", "--state=state"]),
+    "fabric_loop.py": ("lightning", ["--devices=2", "--limit=512", "--epochs=1"]),
     "plain_loop.py": ("torchvision", ["--limit=600", "--epochs=1", "--min-accuracy=0"]),
 }
 
@@ -218,7 +233,9 @@ EXAMPLES = {  # file: (the module it needs, its command line at tiny sizes)
 @pytest.mark.slow
 @pytest.mark.parametrize("example", list(EXAMPLES))
 def test_examples_run(example, tmp_path):
-    """The README's snippets are these files: they run as users run them, at tiny sizes."""
+    """The README's snippets are these files: they run as users run them, at tiny sizes (the
+    Fabric example evaluates every test sample once over its 2 ranks, and checks its own
+    batch count from ``train.stats``)."""
     module, args = EXAMPLES[example]
     pytest.importorskip(module)
     path = ROOT / "examples" / example
@@ -227,6 +244,7 @@ def test_examples_run(example, tmp_path):
     else:
         out = launch(path, *args, cwd=tmp_path).stdout
     lines = ["test accuracy"] if module == "torchvision" else ["rank 0 of 2", "rank 1 of 2"]
+    lines += ["test accuracy 0.", "over 512 samples"] if example == "fabric_loop.py" else []
     assert all(line in out for line in lines), out[-2000:]
 
 

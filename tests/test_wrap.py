@@ -63,29 +63,38 @@ def test_imagefolder_with_pil_to_tensor_equals_to_tensor_normalize(image_folder)
     assert s.h2d_bytes == 14 * 361 and s.copies == s.batches == 4
 
 
-def test_values_and_augmentation_equal_the_loaders():
+def test_values_augmentation_and_mixing_equal_the_loaders():
     """Fed the Loader's own uint8 batches in its order, wrap gives bitwise what the Loader
-    gives, augmentation included, over two epochs (same seeds: seed, epoch, rank, batch)."""
+    gives, augmentation and MixUp/CutMix (``mix=``) included, over two epochs (same seeds:
+    seed, epoch, rank, batch); ``mixup_enabled = False`` (timm's switch) turns its mix off."""
     rng = np.random.default_rng(1)
     ds = latecast.from_arrays(
         rng.integers(0, 256, (70, 9, 9, 3), dtype=np.uint8), rng.integers(0, 5, 70)
     )
     aug = latecast.Augment(crop=2, flip=0.5, cutout=3)
-    loader = Loader(ds, 16, device="cpu", transfer="uint8", seed=4, augment=aug)
+    mix = latecast.transforms.Mix(classes=5, mixup=0.4, cutmix=1.0)
+    loader = Loader(ds, 16, device="cpu", transfer="uint8", seed=4, augment=aug, mix=mix)
     source = Loader(ds, 16, device="cpu", seed=4)  # only for its order
     wrapped = latecast.wrap(
-        [], mean=ds.mean, std=ds.std, device="cpu", augment=aug, seed=4, layout="NHWC"
+        [], mean=ds.mean, std=ds.std, device="cpu", augment=aug, seed=4, layout="NHWC", mix=mix
     )
-    for epoch in range(2):
+    for epoch in range(3):
         source.set_epoch(epoch)
         wrapped.batches = [
             (ds.images[i.numpy()], ds.labels[i.numpy()]) for i in source.index_batches()
         ]
+        assert wrapped.mixup_enabled is (epoch < 2)
+        if epoch == 2:  # mixing off: what a Loader without it gives
+            loader = Loader(ds, 16, device="cpu", transfer="uint8", seed=4, augment=aug)
+            loader.set_epoch(2)
         got = list(wrapped)
         want = list(loader)
         assert len(got) == len(want) == 5 and wrapped.epoch == epoch + 1
         for (x, y), (wx, wy) in zip(got, want):
             assert torch.equal(x, wx) and torch.equal(y, wy)
+            assert y.shape == ((len(x), 5) if epoch < 2 else (len(x),))
+        if epoch == 1:
+            wrapped.mixup_enabled = False
 
 
 def test_nchw_nhwc_and_one_channel_give_the_same_images():
@@ -238,6 +247,92 @@ def test_stateful_dataloader_resumes_exactly_through_wrap():
     assert len(head) + len(tail) == 10 and resumed.epoch == 1
     second = torch.cat([y for _, y in resumed])  # then a whole new epoch
     assert sorted(second.tolist()) == list(range(40)) and resumed.epoch == 2
+
+
+def test_a_state_saved_at_the_last_batch_resumes_into_a_whole_new_epoch():
+    """wrap runs a source of known length to its end only when asked past the last batch
+    (its end-of-pass code runs then, as without a read-ahead); a state saved at the last
+    batch, as Lightning saves at an epoch's end, runs it to its end first (regression risk:
+    torchdata resumes a state taken before its end into an empty pass)."""
+    tdl = pytest.importorskip("torchdata.stateful_dataloader")
+    data = TensorDataset(torch.arange(10))
+
+    def make():
+        dl = tdl.StatefulDataLoader(
+            data, 4, shuffle=True, generator=torch.Generator().manual_seed(0)
+        )
+        return latecast.wrap(dl, device="cpu")
+
+    first = make()
+    list(itertools.islice(first, len(first)))  # Lightning knows len() and stops there
+    state = first.state_dict()
+    assert (state["epoch"], state["position"]) == (1, 0)
+    resumed = make()
+    resumed.load_state_dict(state)
+    again = torch.cat([b[0] for b in resumed])
+    plain = make().batches  # torchdata's own, run to its end and resumed
+    list(plain)
+    fresh = tdl.StatefulDataLoader(data, 4, shuffle=True)
+    fresh.load_state_dict(plain.state_dict())
+    assert torch.equal(again, torch.cat([b[0] for b in fresh])) and sorted(again.tolist()) == list(
+        range(10)
+    )
+    assert resumed.epoch == 2
+
+
+class Signalling:
+    """A loader that says, as it yields, which batch is out and whether it is the last, and
+    counts its finished passes after its last batch (accelerate's ``DataLoaderShard`` does
+    the same with ``end_of_dataloader`` and ``GradientState``)."""
+
+    def __init__(self, batches: list, sized: bool = True):
+        self.batches, self.sized, self.passes = batches, sized, 0
+
+    def __len__(self):
+        if not self.sized:
+            raise TypeError("no len()")
+        return len(self.batches)
+
+    def __iter__(self):
+        for k, batch in enumerate(self.batches):
+            self.index, self.last = k, k == len(self.batches) - 1
+            yield batch
+        self.passes += 1
+
+
+def test_a_loaders_own_signals_are_those_of_the_batch_in_use():
+    """wrap takes batch k + 1 before it hands out batch k; what the source set in taking it is
+    put back while batch k is out, and its end-of-pass code runs when the batch after the
+    last is asked for. Without ``len()`` the end is found by reading past it, and said so."""
+    batches = [torch.full((2,), k) for k in range(4)]
+    for sized in (True, False):
+        source = Signalling(batches, sized)
+        w = latecast.wrap(source, device="cpu")
+        seen = [(int(b[0]), w.index, w.last, w.passes) for b in w]
+        if sized:
+            assert seen == [(0, 0, False, 0), (1, 1, False, 0), (2, 2, False, 0), (3, 3, True, 0)]
+        else:  # the read-ahead found the end before the last batch went out
+            assert seen[-1] == (3, 3, True, 1) and seen[:3] == [(k, k, False, 0) for k in range(3)]
+        assert source.passes == 1 and (w.epoch, w.position) == (1, 0)
+
+
+def test_a_source_that_yields_more_than_its_len_hands_out_every_batch_counted_once():
+    """A batch sampler whose ``len()`` falls short: wrap stops reading ahead at ``len()``,
+    then hands out the rest, the epoch ending once, after the true last batch."""
+
+    class Short(torch.utils.data.BatchSampler):
+        def __len__(self):
+            return 2
+
+    data = TensorDataset(torch.arange(10))
+    dl = DataLoader(data, batch_sampler=Short(range(10), batch_size=3, drop_last=False))
+    w = latecast.wrap(dl, device="cpu")
+    got, where = [], []
+    for (ids,) in w:
+        got.append(ids.tolist())
+        where.append((w.epoch, w.position))
+    assert sum(got, []) == list(range(10)) and len(got) == 4
+    assert where == [(0, 1), (1, 0), (0, 3), (1, 0)]  # at len(): taken for the last, then not
 
 
 def test_outputs_never_share_the_reused_buffer_and_the_ring_grows_once():

@@ -52,9 +52,10 @@ class PrepareOnDevice:
 
     def prepare_on_device(self, **options: Any) -> None:
         """``options`` (``mean``, ``std``, ``augment``, ``dtype``, ``channels_last``,
-        ``layout``, ``fields``, ``seed``) as for ``latecast.wrap``: the fields of ``Fields``."""
+        ``layout``, ``fields``, ``seed``, ``erase``, ``mix``) as for ``latecast.wrap``: the
+        fields of ``Fields``; augment, erase and mix in training only."""
         train = Fields.of(options)  # and, by self.training, for evaluation:
-        self._latecast = {True: train, False: replace(train, augment=None, erase=None)}
+        self._latecast = {True: train, False: replace(train, augment=None, erase=None, mix=None)}
         self._latecast_stats = TransferStats()
 
     @property
@@ -81,4 +82,5 @@ class PrepareOnDevice:
             for t, f in zip(tensors, plans)
         ]
         done = fields.finish(plans, raws, where)  # the fields' bytes, as wrap hands them over
-        return rebuild([value if d is None else d for (_, value), d in zip(leaves, done)])
+        values = [value if d is None else d for (_, value), d in zip(leaves, done)]
+        return rebuild(fields.mixed(plans, values))

@@ -31,7 +31,7 @@ import os
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -159,6 +159,100 @@ def ahead(items: Iterable) -> Iterator[tuple[Any, bool]]:
             raise
         yield item, after is end
         item = after
+
+
+END = object()  # the source has no more batches
+
+
+class Behind:
+    """A read-ahead's source (``ahead``: batch k + 1 taken before batch k is handed out),
+    seen from outside as if it were not read ahead, so that what a loader signals as it
+    yields stays true of the batch in use. accelerate's ``DataLoaderShard`` sets
+    ``end_of_dataloader`` as it yields its last batch and leaves accelerate's
+    ``GradientState`` once exhausted: read ahead, ``gather_for_metrics`` cut the wrong batch
+    and kept the padding of the last (72 of 100 predictions counted).
+
+    - The attributes the source sets while batch k + 1 is taken are put back while batch k
+      is out (``show(0)``), and set again before it runs on.
+    - Where ``len(source)`` is known, the source is not run past its last batch until the one
+      after it is asked for (``rest``) or the wrapper's state is saved (``finish``): its
+      end-of-pass code runs then, as without the read-ahead. Without a ``len()`` the end is
+      found by reading past it, before the last batch is out.
+    """
+
+    def __init__(self, source: Iterable) -> None:
+        self.it, self.attrs = iter(source), getattr(source, "__dict__", None)
+        self.length, self.taken = known_length(source), 0
+        self.changed: dict[str, tuple[Any, Any]] = {}  # by the last take: (before, after)
+        self.held: list = []  # taken before it was asked for (END: the source has ended)
+
+    def __iter__(self) -> Iterator[Any]:
+        while self.taken != self.length:
+            batch = self.take()
+            if batch is END:
+                return
+            yield batch
+        self.show(1)  # the last batch goes out as the source left it
+
+    def take(self) -> Any:
+        """The source's next batch (or END); what it changed in taking it is recorded (its
+        end-of-pass changes are not: nothing comes after them to hide them for)."""
+        self.show(1)
+        if self.held:
+            return self.held.pop()
+        before = dict(self.attrs or {})
+        batch = next(self.it, END)
+        after = before if batch is END else self.attrs or {}
+        self.taken += batch is not END
+        self.changed = {
+            k: (before.get(k, END), v) for k, v in after.items() if before.get(k, END) is not v
+        }
+        self.changed.update((k, (v, END)) for k, v in before.items() if k not in after)
+        return batch
+
+    def show(self, which: int) -> None:
+        """The source's attributes as before (0) or after (1) its last batch was taken; after
+        is for good (nothing left to hide)."""
+        for k, values in self.changed.items():
+            if values[which] is END:
+                self.attrs.pop(k, None)
+            else:
+                self.attrs[k] = values[which]
+        self.changed = self.changed if which == 0 else {}
+
+    def ended(self) -> bool:
+        """Whether the source has no batch past its ``len()``; finding out runs its end."""
+        if self.taken == self.length and not self.held:
+            self.held.append(self.take())
+        return not self.held or self.held[0] is END
+
+    def finish(self, state: Callable[[], Any]) -> Any:
+        """``state()`` once the source has run to its end: the next pass's (torchdata's
+        ``StatefulDataLoader`` resumed from before its end gives an empty pass); where it
+        yields past its ``len()``, its state before that batch."""
+        before = state()
+        if self.ended():
+            return state()
+        self.show(0)  # the batch taken is not out yet
+        return before
+
+    def rest(self) -> Iterator[Any] | None:
+        """What the source yields past its ``len()``; None where it ended there."""
+        if self.ended():
+            return None
+        self.length = None
+        return iter(self)
+
+
+def known_length(source: Iterable) -> int | None:
+    """``len(source)``; None where it has none, or for a DataLoader over an
+    ``IterableDataset`` (a guess there, and asking arms torch's length warning)."""
+    if isinstance(getattr(source, "dataset", None), torch.utils.data.IterableDataset):
+        return None
+    try:
+        return len(source)
+    except TypeError:
+        return None
 
 
 class Mover:

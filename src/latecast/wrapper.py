@@ -41,9 +41,9 @@ from .config import numbers_of, refuse
 from .distributed import placement
 from .errors import BatchError, ConfigError
 from .loader import Epochs
-from .prepare import Augmentation, Prepare
+from .prepare import Augmentation, Mixing, Prepare
 from .threads import one_thread
-from .transfer import Ring, TransferStats, ahead, widen
+from .transfer import Behind, Ring, TransferStats, ahead, widen
 from .transforms import FLOATS, Augment, Erasing
 
 Name = Union[str, int]
@@ -217,6 +217,7 @@ class Fields:
     fields: dict | None = None  # {name: "image" | "mask" | jpeg() | dtype | (dtype, out dtype)}
     seed: int = 0  # mixed into the augmentation's seeds
     erase: Erasing | None = None  # random erasing after the normalize (timm's --reprob)
+    mix: Mixing | None = None  # f(images, labels, generator) after the normalize, e.g. a Mix
 
     def __post_init__(self) -> None:
         """Every option checked where it is given, so that none fails later at a batch: one
@@ -251,10 +252,12 @@ class Fields:
                 (isinstance(lay, str) and lay in LAYOUTS, "layout", lay, "one of " + layouts),
                 (integer and 0 <= seed < 2**63, "seed", seed, "an integer in 0..2**63-1"),
                 (erase is None or callable(erase), "erase", erase, "a latecast.Erasing or None"),
+                (self.mix is None or callable(self.mix), "mix", self.mix, "f(images, labels, g)"),
             ]
         )
         self.normalizes = mean is not None
         self.looked = False  # at the first batch: fields that look like images but are not
+        self.mixing = True  # `mix` on; timm's loader.mixup_enabled switches it (Wrapped)
         self.prepare = Prepare(
             (0.0,) if mean is None else mean,  # no mean/std: ToTensor() alone, x / 255
             (1.0,) if std is None else std,
@@ -466,6 +469,27 @@ class Fields:
                 out[i] = x[..., 0] if f.layout == "NHW" else x.permute(0, 3, 1, 2).contiguous()
         return out
 
+    def mixed(self, plans: list[Field | None], values: list) -> list:
+        """``values`` (the batch's fields, finished) with its images and labels mixed by
+        ``mix``: its one image field and its one integer field of one value per sample, the
+        labels becoming class probabilities; drawn from the batch's host generator, so a
+        resumed run mixes the same."""
+        if self.mix is None or not self.mixing:
+            return values
+        kinds = (IMAGE, encoded.ENCODED)
+        images = [i for i, f in enumerate(plans) if f is not None and f.kind in kinds]
+        labels = [i for i, f in enumerate(plans) if f and f.kind == INT and len(f.shape) == 1]
+        if len(images) != 1 or len(labels) != 1:
+            named = ", ".join(f"{f.name!r}: {f.kind} {f.shape}" for f in plans if f is not None)
+            raise BatchError(
+                "mix= mixes one image field with one label field (integers, one per sample); "
+                f"this batch has {named}"
+            )
+        (i,), (j,) = images, labels
+        host = self.prepare.generator(torch.device("cpu"))
+        values[i], values[j] = self.mix(values[i], values[j], host)
+        return values
+
     def _view(self, f: Field, raw: torch.Tensor) -> torch.Tensor:
         """The field's bytes as its values; images and masks as ``(N, H, W, C)``."""
         x = (widen(raw, numpy_dtype(f.dtype)) if f.integer else raw.view(f.dtype)).view(f.shape)
@@ -506,10 +530,11 @@ class Sent:
 class Wrapped(Epochs):
     """An iterable of batches moved and prepared on the device; see ``wrap``. Every attribute
     it does not own (``__slots__``, its methods and properties) is the source's: read there,
-    written there (timm sets ``loader.mixup_enabled``, Lightning ``worker_init_fn``)."""
+    written there (Lightning sets ``worker_init_fn``); timm's ``mixup_enabled`` reaches the
+    mix wherever it lives."""
 
     __slots__ = ("batches", "fields", "_device", "epoch", "position", "_stats", "_ring")
-    __slots__ += ("_where", "_state")
+    __slots__ += ("_where", "_state", "_behind")
     slots = 3  # one read by the copy in flight, one handed out, one being filled
 
     def __init__(self, batches: Iterable, fields: Fields, device: str | torch.device) -> None:
@@ -518,6 +543,7 @@ class Wrapped(Epochs):
         self.epoch, self.position = 0, 0  # position: batches of `epoch` already yielded
         self._stats, self._ring, self._where = TransferStats(), None, None
         self._state: Any = None  # the source's state after the last batch handed out
+        self._behind: Behind | None = None  # this pass's source, read ahead
 
     def __getattr__(self, name: str) -> Any:
         """The source's attribute; ``state_dict`` and ``load_state_dict`` are latecast's
@@ -529,7 +555,7 @@ class Wrapped(Epochs):
         return getattr(self.batches, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in Wrapped.__slots__:
+        if name in Wrapped.__slots__ or isinstance(getattr(Wrapped, name, None), property):
             object.__setattr__(self, name, value)
         else:
             setattr(self.batches, name, value)
@@ -552,6 +578,34 @@ class Wrapped(Epochs):
         return self.fields.std
 
     @property
+    def mixup_enabled(self) -> bool:
+        """timm's switch of its loader's mixing (its train.py turns it off at
+        ``--mixup-off-epoch``), for the mix wherever it lives: wrap's own ``mix=``, else the
+        source's own switch or its ``collate_fn``'s (timm's ``FastCollateMixup``). False
+        where nothing mixes, as timm's loader says; switching that on is an error."""
+        owner, name = self._mixer()
+        return owner is not None and bool(getattr(owner, name))
+
+    @mixup_enabled.setter
+    def mixup_enabled(self, on: bool) -> None:
+        owner, name = self._mixer()
+        if owner is not None:
+            setattr(owner, name, on)
+        elif on:
+            raise ConfigError(
+                "mixup_enabled = True: nothing mixes here; give wrap mix=..., or a loader "
+                "whose collate_fn mixes and has mixup_enabled (timm's FastCollateMixup)"
+            )
+
+    def _mixer(self) -> tuple[Any, str]:
+        if self.fields.mix is not None:
+            return self.fields, "mixing"
+        for owner in (self.batches, getattr(self.batches, "collate_fn", None)):
+            if owner is not None and hasattr(owner, "mixup_enabled"):
+                return owner, "mixup_enabled"
+        return None, ""
+
+    @property
     def stats(self) -> TransferStats:
         """Bytes by kind (images, integers, others), copies, batches, data wait, and what the
         same batches would have cost moved as they arrived (``usual_bytes``)."""
@@ -571,7 +625,10 @@ class Wrapped(Epochs):
                 obj.set_epoch(epoch)
 
     def _state_dict(self) -> dict:
-        source = self._state if self._state is not None else self.batches.state_dict()
+        source = self._state
+        if source is None:  # after the last batch (the source run to its end), or before any
+            behind = self._behind
+            source = behind.finish(self.batches.state_dict) if behind else self.batches.state_dict()
         return {"epoch": self.epoch, "position": self.position, "source": source}
 
     def _source_state(self) -> Any:
@@ -585,6 +642,7 @@ class Wrapped(Epochs):
     def _load_state_dict(self, state: dict) -> None:
         self.batches.load_state_dict(state["source"])
         self.epoch, self.position, self._state = int(state["epoch"]), int(state["position"]), None
+        self._behind = None
 
     def __iter__(self) -> Iterator[Any]:
         self._start()
@@ -597,14 +655,24 @@ class Wrapped(Epochs):
 
     def _finished(self) -> Iterator[tuple[Any, bool]]:
         """Each batch finished on the device and whether it is the last; the next one's copy
-        is started before (``ahead``), so it overlaps the use of this one."""
-        stateful = self._source_state() is not None
-        sent = (self._send(batch, stateful) for batch in self.batches)
+        is started before (``ahead``), so it overlaps the use of this one, from a source that
+        looks as if it were not read ahead (``Behind``)."""
+        source, stateful = Behind(self.batches), self._source_state() is not None
+        self._behind = source
+        yield from self._ahead(source, stateful)
+        rest = source.rest()  # past the last by len(): nothing, unless len() fell short
+        if rest is not None:  # then the epoch counted as ended at the last by len() goes on
+            self.epoch, self.position = self.epoch - 1, source.taken - 1
+            yield from self._ahead(rest, stateful)
+
+    def _ahead(self, batches: Iterable, stateful: bool) -> Iterator[tuple[Any, bool]]:
+        sent = (self._send(batch, stateful) for batch in batches)
         t0 = time.perf_counter()
         for s, last in ahead(sent):
             batch = self._finish(s)
             self._stats.wait_seconds += time.perf_counter() - t0
             self._state = None if last else s.state  # the last: the next epoch's, from the source
+            self._behind.show(0)  # the next batch is taken: the source as before it
             yield batch, last
             t0 = time.perf_counter()
 
@@ -617,12 +685,11 @@ class Wrapped(Epochs):
         plans = [None if f is None or f.kind == encoded.ENCODED else f for f in s.plans]
         raws = [f and dev[o : o + f.nbytes] for f, o in zip(plans, s.offsets)]
         done = self.fields.finish(plans, raws, where)  # JPEG fields (None here): _jpeg
-        return s.rebuild(
-            [
-                value if f is None else self._jpeg(s, f, o, where) if d is None else d
-                for (_, value), f, o, d in zip(s.leaves, s.plans, s.offsets, done)
-            ]
-        )
+        values = [
+            value if f is None else self._jpeg(s, f, o, where) if d is None else d
+            for (_, value), f, o, d in zip(s.leaves, s.plans, s.offsets, done)
+        ]
+        return s.rebuild(self.fields.mixed(s.plans, values))
 
     def _jpeg(self, s: Sent, f, offset: int, where) -> Any:
         """A JPEG field's files decoded from the pinned slot, where the decoder reads them."""
@@ -693,14 +760,29 @@ class WrappedLoader(Wrapped, DataLoader):
     attributes (one ``__dict__``) and moves its batches. So frameworks that look for a
     DataLoader find one: Lightning injects its ``DistributedSampler`` by re-making it as
     ``type(w)(**arguments read off it)``, which makes a loader of the source's class from those
-    arguments and wraps it the same way; accelerate's ``prepare`` re-makes it as its own class
-    (wrap what ``prepare`` returns instead; README, "Your own data")."""
+    arguments and wraps it the same way. accelerate's ``prepare`` would re-make it as its own
+    class: that is refused (wrap what ``prepare`` returns instead; README, "Your own data")."""
 
     source: type  # set on each wrap's own class, with `options`: what __init__ re-makes
     options: tuple  # (Fields, device)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._adopt(self.source(*args, **kwargs))
+
+    @property
+    def _is_accelerate_prepared(self) -> bool:
+        """What accelerate's ``prepare`` asks a DataLoader first: True returns it as it is.
+        A source accelerate has not sharded would be re-made as accelerate's own
+        ``DataLoaderShard`` from its arguments, without the wrap (uint8 to the loop)."""
+        if vars(self).get("_is_accelerate_prepared") or type(self.batches).__module__.startswith(
+            "accelerate."
+        ):
+            return True
+        raise ConfigError(
+            "accelerator.prepare(latecast.wrap(dl)) would re-make the loader as accelerate's "
+            "DataLoaderShard without latecast (uint8 batches); wrap what prepare returns: "
+            "latecast.wrap(accelerator.prepare(dl, device_placement=[False]), mean=..., std=...)"
+        )
 
     def _adopt(self, loader: DataLoader) -> WrappedLoader:
         object.__setattr__(self, "__dict__", loader.__dict__)
@@ -746,6 +828,10 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
         seed: mixed into the augmentation's seeds.
         erase: ``latecast.Erasing(p=...)``, torchvision's ``RandomErasing`` per image on the
             normalized batch (drawn from the augmentation's generator).
+        mix: ``f(images, labels, generator)`` on the normalized images and the batch's one
+            integer field of one value per sample, e.g. ``latecast.transforms.Mix`` or
+            torchvision's ``lambda x, y, g: MixUp(num_classes=10)(x, y)``; the labels come out
+            as it makes them (class probabilities). ``mixup_enabled`` switches it.
 
     Example:
         >>> tf = torchvision.transforms.PILToTensor()   # uint8 (C, H, W), not ToTensor()
