@@ -85,16 +85,18 @@ def validate(config: Any) -> None:
             object.__setattr__(config, f.name, cast(value))
 
 
-def numbers_of(value: Any) -> tuple[float, ...] | None:
-    """A non-empty sequence of finite numbers as floats; None for anything else."""
+def numbers_of(value: Any, kind: type = float) -> tuple | None:
+    """A non-empty sequence of finite numbers as ``kind`` (``int``: integers only, numpy's
+    too); None for anything else (a bool is no number)."""
     try:
         items = () if isinstance(value, (str, bytes)) else tuple(value)
     except TypeError:
         return None
-    real = (isinstance(v, numbers.Real) and not isinstance(v, bool) for v in items)
+    want = numbers.Integral if kind is int else numbers.Real
+    real = (isinstance(v, want) and not isinstance(v, bool) for v in items)
     if not items or not all(real) or not all(map(math.isfinite, items)):
         return None
-    return tuple(map(float, items))
+    return tuple(map(kind, items))
 
 
 def refuse(checks: list[tuple[bool, str, Any, str]]) -> None:

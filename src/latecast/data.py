@@ -44,6 +44,7 @@ class _Split:
             raise FormatError(
                 f"{self.name}/{self.split}: mean/std need {c} finite channel values "
                 f"(std > 0), got {self.mean}/{self.std}"
+                + "; RGBA? drop the alpha, images[..., :3]" * (c == 4 and len(self.mean) == 3)
             )
 
     def __len__(self) -> int:
@@ -204,10 +205,12 @@ def from_arrays(
     images, labels = _array(images, "images", name), _array(labels, "labels", name)
     if images.ndim == 3:
         images = images[..., None]  # (N, H, W) -> (N, H, W, 1)
-    if images.ndim == 4 and images.shape[1] in (1, 3) and images.shape[3] > 4:
+    if images.ndim == 4 and images.shape[3] > 4:  # channels last, 1 to 4 of them
         raise FormatError(
             f"{name}: images of shape {images.shape} look like (N, C, H, W); latecast takes "
             f"(N, H, W, C): pass images.permute(0, 2, 3, 1) (numpy: .transpose(0, 2, 3, 1))"
+            if images.shape[1] <= 4
+            else f"{name}: images (N, H, W, C) have 1 to 4 channels, got shape {images.shape}"
         )
     if images.ndim != 4 or images.dtype != np.uint8:
         raise FormatError(

@@ -17,6 +17,7 @@ A file that is no JPEG (PNG, WebP, ...) is decoded on the host, said once per fi
 from __future__ import annotations
 
 import math
+import numbers
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -25,10 +26,11 @@ from typing import Any, Union
 import numpy as np
 import torch
 
+from .config import numbers_of, refuse
 from .data import Encoded
 from .decode import decoder
-from .errors import BatchError, ConfigError, FormatError
-from .jpegheader import jpeg_header
+from .errors import BatchError, FormatError
+from .jpegheader import JPEG_SIDE, jpeg_header
 
 ENCODED = "jpeg"
 Name = Union[str, int]
@@ -58,12 +60,18 @@ def jpeg(size: int | tuple[int, int] | None = None, channels: int | None = None)
         >>> loader = latecast.wrap(dl, mean=MEAN, std=STD, fields={0: latecast.jpeg(224)},
         ...                        augment=latecast.Augment(resized_crop=0.08, flip=0.5))
     """
-    size = (size, size) if isinstance(size, int) else size
-    if size is not None and (len(size) != 2 or min(size) < 1):
-        raise ConfigError(f"latecast.jpeg(size={size!r}): give (H, W) or N, positive")
-    if channels not in (None, 1, 3):
-        raise ConfigError(f"latecast.jpeg(channels={channels!r}): give 1 or 3")
-    return Jpeg(None if size is None else (int(size[0]), int(size[1])), channels)
+    hw = numbers_of((size, size) if isinstance(size, numbers.Integral) else size, int)
+    ok = size is None or (hw and len(hw) == 2 and 1 <= min(hw) <= max(hw) <= JPEG_SIDE)
+    sides = f"an integer N or (H, W) of integers in 1..{JPEG_SIDE} (None: the files' own)"
+    grey = isinstance(channels, numbers.Integral) and not isinstance(channels, bool)
+    one_or_three = channels is None or (grey and channels in (1, 3))
+    refuse(
+        [
+            (ok, "latecast.jpeg(size=...)", size, sides),
+            (one_or_three, "latecast.jpeg(channels=...)", channels, "1, 3 or None"),
+        ]
+    )
+    return Jpeg(hw, None if channels is None else int(channels))
 
 
 def files_of(value: Any) -> list[np.ndarray] | None:

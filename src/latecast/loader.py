@@ -120,8 +120,10 @@ class Epochs:
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` from the next pass on (like ``DistributedSampler``)."""
+        whole = isinstance(epoch, numbers.Integral) and not isinstance(epoch, bool)
+        refuse([(whole and 0 <= epoch < 2**63, "epoch", epoch, "an integer in 0..2**63-1")])
         if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
+            self.epoch, self.position = int(epoch), 0
 
     def _count(self, items: Iterable[tuple[Any, bool]]) -> Iterator[Any]:
         """A pass's items, counted; the next epoch starts before the last is handed out (at

@@ -181,6 +181,12 @@ def image_hint(name: Name, t: torch.Tensor) -> str | None:
     return None
 
 
+def _channels(erase: Any, mean: tuple | None) -> bool:
+    """An ``Erasing`` value of numbers per channel has one per ``mean`` value (or one)."""
+    value = getattr(erase, "value", None)
+    return not (isinstance(value, tuple) and mean and len(value) not in (1, len(mean)))
+
+
 def check_fields(fields: dict | None) -> dict[Name, Any]:
     """``fields=`` as ``{name: "image" | "mask" | Jpeg | (dtype it crosses in, dtype out)}``."""
     if fields is not None and not isinstance(fields, dict):
@@ -237,6 +243,7 @@ class Fields:
         flag, ours = self.channels_last, isinstance(aug, Augment)
         integer = isinstance(seed, numbers.Integral) and not isinstance(seed, bool)
         floats, layouts = (", ".join(map(str, names)) for names in (FLOATS, LAYOUTS))
+        per_channel = f"one number or {len(mean or ())}, one per channel as mean/std"
         altflip = "without altflip (it needs each sample's dataset index, which only a Loader has)"
         masks = (
             "a latecast.Augment where fields= declares a mask (its geometric draws move the mask)"
@@ -251,6 +258,7 @@ class Fields:
                 (isinstance(lay, str) and lay in LAYOUTS, "layout", lay, "one of " + layouts),
                 (integer and 0 <= seed < 2**63, "seed", seed, "an integer in 0..2**63-1"),
                 (erase is None or callable(erase), "erase", erase, "a latecast.Erasing or None"),
+                (_channels(erase, mean), "erase.value", getattr(erase, "value", 0), per_channel),
             ]
         )
         self.normalizes = mean is not None

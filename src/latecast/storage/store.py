@@ -33,7 +33,7 @@ import numpy as np
 
 from ..data import Dataset, EncodedDataset, check_labels
 from ..errors import ConfigError, FormatError
-from ..jpegheader import jpeg_header
+from ..jpegheader import JPEG_SIDE, jpeg_header
 from .fileio import atomic_folder
 
 SCHEMA = 1
@@ -44,7 +44,6 @@ FILES = {  # encoding -> {meta.json key: file}; the first holds the images, the 
     "jpeg": {"data": DATA, "offsets": OFFSETS, "sizes": SIZES, "labels": LABELS},
 }
 MAX_SIDE = 10_000  # pixels: the largest training height or width
-JPEG_SIDE = 65_535  # pixels: the largest height or width a JPEG file can have
 CHUNK_BYTES = 64 << 20  # copy images in 64 MiB pieces, so a memmap source is never read whole
 SPLIT_NAMES = ("train", "test", "val")
 # Files whose structure opening a jpeg store checks (spread evenly, the first and last among
