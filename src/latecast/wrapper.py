@@ -27,6 +27,7 @@ import dataclasses
 import inspect
 import math
 import numbers
+import threading
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -680,6 +681,8 @@ class Mover(Wrapped):
     for programs that build their batches per call (nanoGPT's ``get_batch``). No read-ahead:
     a batch function that draws from the global RNG draws exactly when it did without it.
     ``position`` counts the calls, and seeds the augmentation with ``epoch`` and the rank.
+    Safe from several threads: their calls take turns (one lock around each whole call; its
+    ring slot and seeds would otherwise be shared), and each thread gets its own batch.
 
     Example:
         >>> mover = latecast.Mover(device="cuda")            # wrap's options: fields=, mean=...
@@ -688,11 +691,13 @@ class Mover(Wrapped):
 
     def __init__(self, *, device: str | torch.device = "auto", **options: Any) -> None:
         super().__init__(None, Fields.of(options), device)
+        object.__setattr__(self, "_lock", threading.Lock())  # not the source's: it has none
 
     def __call__(self, batch: Any) -> Any:
-        self._start()
-        batch = self._finish(self._send(batch, stateful=False))
-        self.position += 1
+        with self._lock:
+            self._start()
+            batch = self._finish(self._send(batch, stateful=False))
+            self.position += 1
         return batch
 
 
