@@ -286,3 +286,30 @@ def test_a_jpeg_field_after_another_framework_moved_the_batch_is_one_error():
         fields.plan_batch([("jpg", [jpeg(smooth(16, 16, 0))])], host=False)
     undeclared = Fields().plan_batch([("jpg", [jpeg(smooth(16, 16, 0))])], host=False)
     assert undeclared[1] == [None]  # passes through untouched, as any list does there
+
+
+def test_a_bad_decoder_setting_is_that_one_error_not_an_unreadable_file(
+    tmp_path, run_cli, monkeypatch
+):
+    """``LATECAST_DECODER=bogus``: convert skipped every JPEG as unreadable (``--skip-bad``,
+    exit 0, a store of the PNGs only) or blamed the first JPEG; wrap said so at the batch."""
+    import latecast
+
+    for i in range(4):
+        path = tmp_path / "in" / "ab"[i % 2] / (f"{i}.jpg" if i < 2 else f"{i}.png")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(jpeg(smooth(8, 8, i), fmt="JPEG" if i < 2 else "PNG"))
+    monkeypatch.setenv("LATECAST_DECODER", "bogus")
+    decode.decoder.cache_clear()
+    try:
+        for skip in ([], ["--skip-bad"]):
+            args = ["convert", tmp_path / "in", tmp_path / "out", "--test-fraction", "0", *skip]
+            proc = run_cli(*args, "--workers", "1")
+            assert proc.rc == 1 and proc.err == (
+                "latecast: error: LATECAST_DECODER='bogus': give one of torchcodec, torchvision\n"
+            )
+            assert not (tmp_path / "out").exists()
+        with pytest.raises(decode.ConfigError, match="LATECAST_DECODER='bogus'"):
+            latecast.wrap([], fields={0: latecast.jpeg(8)})  # when made, not at a batch
+    finally:
+        decode.decoder.cache_clear()

@@ -44,7 +44,8 @@ class _Split:
             raise FormatError(
                 f"{self.name}/{self.split}: mean/std need {c} finite channel values "
                 f"(std > 0), got {self.mean}/{self.std}"
-                + "; RGBA? drop the alpha, images[..., :3]" * (c == 4 and len(self.mean) == 3)
+                + "; RGBA? drop the alpha, images[..., :3]"
+                * (c == 4 and len(self.mean) == 3)
             )
 
     def __len__(self) -> int:

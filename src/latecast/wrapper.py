@@ -196,6 +196,7 @@ def check_fields(fields: dict | None) -> dict[Name, Any]:
     for name, spec in (fields or {}).items():
         if (isinstance(spec, str) and spec in (IMAGE, MASK)) or isinstance(spec, encoded.Jpeg):
             out[name] = spec
+            _ = isinstance(spec, encoded.Jpeg) and encoded.decoder()  # LATECAST_DECODER, now
             continue
         cross, dtype = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, torch.int64)
         if not any(cross is d for d in NARROW) or not any(dtype is d for d in OUTS):

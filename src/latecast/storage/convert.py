@@ -189,10 +189,13 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
     try:
         import PIL.Image  # noqa: F401  (optional: the "bench" extra)
         import torchvision.io  # noqa: F401  (libjpeg, to check each JPEG as training reads it)
+
+        from ..decode import decoder
     except ImportError:
         raise ConfigError(
             "latecast convert needs Pillow and torchvision: pip install 'latecast[bench]'"
         ) from None
+    decoder()  # a bad LATECAST_DECODER is that one error, not every JPEG "unreadable"
     folder, out = Path(config.folder), Path(config.out)
     if not folder.is_dir():
         raise ConfigError(f"{folder}: not a folder of class subfolders")
@@ -466,6 +469,8 @@ def _read(path: Path, fn: Callable, whole: bool):
                 return fn(im, data)
     except FormatError as e:  # readable, but refused (damaged JPEG data)
         return FormatError(f"{_shown(path)}: {e}")
+    except ConfigError:  # a setting (LATECAST_DECODER), never the file's fault
+        raise
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, struct.error, ...
         unknown = isinstance(e, Image.UnidentifiedImageError)  # its text names the BytesIO
         why = "not a format Pillow reads" if unknown else f"{type(e).__name__}: {e}"
