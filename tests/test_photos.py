@@ -17,19 +17,6 @@ from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store
 
 
-@pytest.fixture(params=["torchcodec", "torchvision"])
-def decoder(request, monkeypatch):
-    """Each test once per decoder: TorchCodec's, and torchvision's fallback (the one the GPU
-    machine, without TorchCodec, runs)."""
-    if request.param == "torchcodec":
-        pytest.importorskip("torchcodec")
-    monkeypatch.setenv("LATECAST_DECODER", request.param)
-    decode.decoder.cache_clear()
-    assert decode.decoder().startswith(request.param)
-    yield request.param
-    decode.decoder.cache_clear()
-
-
 def smooth(h: int, w: int, seed: int, grey: bool = False) -> np.ndarray:
     """A photo-like image JPEG keeps well: a coloured gradient with a bright corner block."""
     rng = np.random.default_rng(seed)

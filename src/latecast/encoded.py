@@ -16,12 +16,13 @@ A file that is no JPEG (PNG, WebP, ...) is decoded on the host, said once per fi
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Iterator, Union
 
 import numpy as np
 import torch
@@ -201,16 +202,19 @@ def host_decode(name: Name, i: int, data: np.ndarray, channels: int) -> torch.Te
     return image
 
 
-def finish(f: JpegField, host: torch.Tensor, prepare, device: torch.device) -> torch.Tensor:
-    """The field's files (``host``: the pinned bytes ``pack`` wrote) -> what the model takes,
-    by ``prepare`` (seeked to this batch) exactly as a JPEG store's batch."""
+def batch(f: JpegField, host: torch.Tensor, device: torch.device) -> Encoded:
+    """The field's files (``host``: the pinned bytes ``pack`` wrote) as a JPEG store's batch,
+    for ``Prepare`` to decode on ``device`` exactly as it decodes a store's."""
     where = f"field {f.name!r}"  # decode.py names "SOURCE: sample K"; here K is the position
-    batch = Encoded(
-        host, f.offsets, f.sizes, torch.arange(len(f.files)), f.channels, device, where, f.decoded
-    )
-    prepare.size = f.size
+    n = len(f.files)
+    return Encoded(host, f.offsets, f.sizes, torch.arange(n), f.channels, device, where, f.decoded)
+
+
+@contextlib.contextmanager
+def named() -> Iterator[None]:
+    """A file that does not decode: one BatchError naming the field and the file's position."""
     try:
-        return prepare(batch, None)[0]
+        yield
     except FormatError as err:
         why = re.sub(r": sample (\d+)", r": the file at position \1 in the batch", str(err))
         raise BatchError(why) from None

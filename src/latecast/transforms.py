@@ -471,7 +471,7 @@ class Moves:
     """One batch's geometric draws of an ``Augment`` (None where off), drawn once and applied
     alike to its images and to their per-pixel fields (``wrap``'s masks)."""
 
-    augment: Augment
+    augment: Augment | None  # None: no draw (a mask only resized to its JPEG images' size)
     boxes: torch.Tensor | None  # (N, 4) resized-crop (top, left, height, width), on the CPU
     shifts: torch.Tensor | None  # (N, 2) crop translations (dy, dx), on the batch's device
     flips: torch.Tensor | None  # (N,) bool, True: flipped left-right
@@ -487,11 +487,16 @@ class Moves:
             x = translate(x, self.shifts, fill=self.augment.fill)
         return x if self.flips is None else flip(x, self.flips)
 
-    def mask(self, x: torch.Tensor) -> torch.Tensor:
-        """All of them on a per-pixel field ``(N, H, W, C)`` of any dtype, the resized crop by
-        nearest neighbour (``nearest_crop``): every value is one of the field's, never a blend."""
-        if self.boxes is not None:
-            x = nearest_crop(x, self.boxes, tuple(x.shape[1:3]))
+    def mask(self, x: torch.Tensor, size: tuple[int, int] | None = None) -> torch.Tensor:
+        """All of them on a per-pixel field ``(N, H, W, C)`` of any dtype, to ``size`` (its own
+        by default; its JPEG images': their training size), the resized crop by nearest
+        neighbour (``nearest_crop``): every value is one of the field's, never a blend. To
+        another size without a resized crop: the centre boxes JPEG images are decoded by."""
+        size, boxes = tuple(size or x.shape[1:3]), self.boxes
+        if boxes is None and size != tuple(x.shape[1:3]):
+            boxes = centre_boxes(torch.tensor([x.shape[1:3]]).expand(len(x), 2), size)
+        if boxes is not None:
+            x = nearest_crop(x, boxes, size)
         return self.shift_and_flip(x)
 
 

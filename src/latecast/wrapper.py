@@ -15,7 +15,8 @@ table ("Your own data"); the rules behind it:
   neither do). Two undeclared uint8 4-dim fields in one batch are an error: one is likely a
   mask, and a mask must never be normalized.
 - **mask** (declared): the images' ``N, H, W``, moved by the same geometric draw as its
-  images (nearest neighbour; crop padding 0 or mirrored), nothing else.
+  images (nearest neighbour; crop padding 0 or mirrored), nothing else. Beside a JPEG field:
+  each file's size, cropped and resized to its training size by the files' decoding boxes.
 - **integer**: crosses in the narrowest of ``NARROW`` that holds this batch's values, or the
   declared dtype; a value that does not fit is an error naming the field, never a wrap-around.
 - **JPEG files** (``encoded.py``): decoded, cropped, augmented and normalized on the device.
@@ -42,10 +43,10 @@ from .config import numbers_of, refuse
 from .distributed import placement
 from .errors import BatchError, ConfigError
 from .loader import Epochs
-from .prepare import Augmentation, Prepare
+from .prepare import Augmentation, Prepare, sizes_of
 from .threads import one_thread
 from .transfer import Ring, TransferStats, ahead, widen
-from .transforms import FLOATS, Augment, Erasing
+from .transforms import FLOATS, Augment, Erasing, Moves
 
 Name = Union[str, int]
 IMAGE, MASK, INT, AS_IS = "image", "mask", "integer", "as is"
@@ -342,7 +343,32 @@ class Fields:
             for hint in hints:
                 warnings.warn(f"latecast.wrap: {hint}", UserWarning, stacklevel=4)
         self._check_pixels([f for f in plans if f and f.kind in (IMAGE, MASK)])
+        self._check_masks([f for f in plans if f and f.kind in (IMAGE, MASK, encoded.ENCODED)])
         return tensors, plans
+
+    def _check_masks(self, pixels: list) -> None:
+        """Masks beside JPEG fields: each file of the masks' size (its boxes move the mask),
+        and every image of the batch coming out at one size (the masks' too)."""
+        masks = [f for f in pixels if f.kind == MASK]
+        files = [f for f in pixels if f.kind == encoded.ENCODED]
+        if not (masks and files):
+            return
+        m, (n, h, w) = masks[0], masks[0].nhw
+        for f in files:
+            other = [(k, a, b) for k, (a, b) in enumerate(f.sizes.tolist()) if (a, b) != (h, w)]
+            bad = "its file at position {} is {}x{}".format(*other[0]) if other else ""
+            bad = f"it holds {len(f.files)} files" if len(f.files) != n else bad
+            if bad:
+                raise BatchError(
+                    f"field {m.name!r}: masks {(n, h, w)} are moved with the files of JPEG field "
+                    f"{f.name!r} (by their decoding boxes), but {bad}"
+                )
+        outs = {f.size for f in files} | {f.nhw[1:] for f in pixels if f.kind == IMAGE}
+        if len(outs) > 1:
+            raise BatchError(
+                f"field {m.name!r}: masks come out at the size of their JPEG images, so every "
+                f"image of the batch must come out at one size, got {sorted(outs)}"
+            )
 
     def _check_pixels(self, pixels: list[Field]) -> None:
         """Images and masks of one batch are of one size; two uint8 4-d fields are declared
@@ -449,31 +475,53 @@ class Fields:
         plans: list[Field | None],
         raws: list[torch.Tensor | None],
         where: tuple[int, int, int],
+        device: torch.device | None = None,
     ) -> list[torch.Tensor | None]:
-        """Each field's bytes on the device (1-d uint8; None: it passes through) -> what the
-        model takes. ``where``: (epoch, rank, batch), the augmentation's seed. The images and
-        masks of a batch share one geometric draw (``Prepare.moves``): a mask is moved with
-        its images by nearest neighbour and nothing else; every image gets the same colour
-        draws too."""
-        out = [None if f is None else self._view(f, raw) for f, raw in zip(plans, raws)]
-        pixels = [i for i, f in enumerate(plans) if f is not None and f.kind in (IMAGE, MASK)]
+        """Each field's bytes (1-d uint8 on the device; a JPEG field's files in host memory,
+        decoded on ``device``; None: it passes through) -> what the model takes. ``where``:
+        (epoch, rank, batch), the augmentation's seed. The images, JPEG files and masks of a
+        batch share one geometric draw (``Prepare.moves``, from the JPEG files' sizes where
+        there are some): a mask is moved with its images by nearest neighbour, to a JPEG
+        field's training size, and nothing else; every image gets the same colour draws;
+        images of other sizes (no mask beside them) get boxes of their own, same seeds."""
+        jpeg = [i for i, f in enumerate(plans) if f is not None and f.kind == encoded.ENCODED]
+        out = [
+            None if f is None or i in jpeg else self._view(f, raw)
+            for i, (f, raw) in enumerate(zip(plans, raws))
+        ]
+        pixels = [i for i, f in enumerate(plans) if f and f.kind in (IMAGE, MASK, encoded.ENCODED)]
         if not pixels:
             return out
-        first, prepare = out[pixels[0]], self.prepare
+        device = device or out[pixels[0]].device  # Lightning's batches: no JPEG field there
+        images = {
+            i: encoded.batch(plans[i], raws[i], device) if i in jpeg else out[i] for i in pixels
+        }
+        first, prepare = images[min(jpeg, default=pixels[0])], self.prepare
+        size = plans[jpeg[0]].size if jpeg else None  # the masks': the images' as they come out
         prepare.seek(*where)
-        prepare.next_batch(first.device)
-        moves = prepare.moves(first)  # one draw for them all; None without an Augment
-        g = prepare.generator(first.device)
-        state = g.get_state()  # the colour draws start here, for every image
-        for i in pixels:
-            f, x = plans[i], out[i]
-            if f.kind == IMAGE:
+        prepare.next_batch(device)
+        g, host = prepare.generator(device), prepare.generator(torch.device("cpu"))
+        seeded = g.get_state(), host.get_state()
+
+        def draw(x) -> tuple[Moves | None, torch.Tensor]:  # the draw, where colour starts
+            g.set_state(seeded[0])
+            host.set_state(seeded[1])
+            return prepare.moves(x), g.get_state()
+
+        (moves, colour), sizes = draw(first), sizes_of(first)
+        with encoded.named():  # a file that does not decode: the field's BatchError
+            for i in pixels:
+                f, x = plans[i], images[i]
+                if f.kind == MASK:
+                    x = (moves or Moves(None, None, None, None)).mask(x, size)
+                    out[i] = x[..., 0] if f.layout == "NHW" else x.permute(0, 3, 1, 2).contiguous()
+                    continue
+                same = x is first or torch.equal(sizes_of(x), sizes)
+                m, state = (moves, colour) if same else draw(x)
                 g.set_state(state)
-                x = prepare.apply(x, None, moves=moves)[0]  # no mixing: labels are fields
+                prepare.size = getattr(f, "size", None)  # a JPEG field's training size
+                x = prepare.apply(x, None, moves=m)[0]  # no mixing: labels are fields
                 out[i] = x if self.erase is None else self.erase(x, g)  # after the normalize
-            else:
-                x = x if moves is None else moves.mask(x)
-                out[i] = x[..., 0] if f.layout == "NHW" else x.permute(0, 3, 1, 2).contiguous()
         return out
 
     def _view(self, f: Field, raw: torch.Tensor) -> torch.Tensor:
@@ -624,21 +672,12 @@ class Wrapped(Epochs):
         dev = self._ring.ready(s.slot, s.dev)
         where = (self.epoch, self._where[1], self.position)
         self._stats.batches += 1
-        plans = [None if f is None or f.kind == encoded.ENCODED else f for f in s.plans]
-        raws = [f and dev[o : o + f.nbytes] for f, o in zip(plans, s.offsets)]
-        done = self.fields.finish(plans, raws, where)  # JPEG fields (None here): _jpeg
-        return s.rebuild(
-            [
-                value if f is None else self._jpeg(s, f, o, where) if d is None else d
-                for (_, value), f, o, d in zip(s.leaves, s.plans, s.offsets, done)
-            ]
-        )
-
-    def _jpeg(self, s: Sent, f, offset: int, where) -> Any:
-        """A JPEG field's files decoded from the pinned slot, where the decoder reads them."""
-        self.fields.prepare.seek(*where)
-        files = s.host[offset : offset + f.nbytes]
-        return encoded.finish(f, files, self.fields.prepare, self._where[0])
+        raws = [
+            f and (s.host if f.kind == encoded.ENCODED else dev)[o : o + f.nbytes]
+            for f, o in zip(s.plans, s.offsets)
+        ]
+        done = self.fields.finish(s.plans, raws, where, self._where[0])
+        return s.rebuild([value if d is None else d for (_, value), d in zip(s.leaves, done)])
 
     def _send(self, batch: Any, stateful: bool) -> Sent:
         """A batch of the source packed into the ring, its copy started."""
