@@ -190,6 +190,40 @@ def test_every_form_of_a_jpeg_field_comes_out_alike(mixed_files):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
+def test_hugging_face_rows_of_files_on_disk_are_read_from_their_path(tmp_path):
+    """``Image(decode=False)`` of files on disk gives ``{"bytes": None, "path": p}``: they were
+    passed on as a list of dicts without a word (refused when declared). Read from ``p``, as
+    ``datasets`` reads them; a path that does not read is one error naming it."""
+    import datasets
+    from torch.utils.data import DataLoader
+
+    import latecast
+    from latecast.errors import BatchError
+
+    files = [jpeg(smooth(20, 30, i)) for i in range(4)]
+    for i, f in enumerate(files):
+        (tmp_path / f"{i}.jpg").write_bytes(f)
+    paths = [str(tmp_path / f"{i}.jpg") for i in range(4)]
+    ds = datasets.Dataset.from_dict({"image": paths, "label": [0, 1, 2, 3]})
+    ds = ds.cast_column("image", datasets.Image(decode=False))
+    assert ds[0]["image"] == {"bytes": None, "path": paths[0]}
+
+    def rows(batch):  # the batch as it is, as examples/hf_photos.py collates it
+        return [r["image"] for r in batch], torch.tensor([r["label"] for r in batch])
+
+    ref = torch.stack([upright(f) for f in files])
+    for fields in (None, {0: latecast.jpeg()}):
+        dl = DataLoader(ds, batch_size=4, collate_fn=rows)
+        images, labels = next(iter(latecast.wrap(dl, device="cpu", fields=fields)))
+        assert torch.equal(as_uint8(images), ref) and labels.tolist() == [0, 1, 2, 3]
+    gone = [{"bytes": None, "path": p} for p in paths[:2] + [str(tmp_path / "gone.jpg")]]
+    for fields in (None, {0: latecast.jpeg()}):
+        with pytest.raises(
+            BatchError, match=r"field 0: the file at position 2 .* path '.*/gone.jpg' does not read"
+        ):
+            next(iter(latecast.wrap([(gone,)], device="cpu", fields=fields)))
+
+
 def test_files_of_mixed_sizes_need_a_declared_size(mixed_files):
     import latecast
     from latecast.errors import BatchError

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -75,15 +76,20 @@ def jpeg(size: int | tuple[int, int] | None = None, channels: int | None = None)
     return Jpeg(hw, None if channels is None else int(channels))
 
 
-def files_of(value: Any) -> list[np.ndarray] | None:
+def files_of(value: Any, name: Name) -> list[np.ndarray] | None:
     """The field's files as 1-D uint8 arrays (views, no copy), or None when ``value`` is not
-    a list of files (it then passes through, as any non-array does)."""
+    a list of files (it then passes through, as any non-array does). A Hugging Face row of a
+    file on disk, ``{"bytes": None, "path": p}``, is read from ``p`` here, as ``datasets``
+    reads it when it decodes (in the main process: a DataLoader ``collate_fn`` that reads
+    them spreads that over its workers)."""
     if isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 1:
         value = list(value)
     if not isinstance(value, (list, tuple)) or not value:
         return None
     out = []
-    for item in value:
+    for k, item in enumerate(value):
+        if isinstance(item, dict) and item.get("bytes") is None and "path" in item:
+            item = _read(name, k, item["path"])
         item = item.get("bytes") if isinstance(item, dict) else item
         if isinstance(item, torch.Tensor) and item.device.type == "cpu":
             item = item.numpy() if item.dtype == torch.uint8 and item.ndim == 1 else None
@@ -95,10 +101,24 @@ def files_of(value: Any) -> list[np.ndarray] | None:
     return out
 
 
-def recognised(value: Any) -> bool:
-    """An undeclared field of files whose first starts with the JPEG signature."""
-    files = files_of(value)
-    return files is not None and bytes(files[0][:3]) == b"\xff\xd8\xff"
+def _read(name: Name, k: int, path: Any) -> np.ndarray:
+    """The bytes of the file at ``path`` (a row's), or one BatchError saying why not."""
+    try:
+        return np.fromfile(os.fspath(path), np.uint8)
+    except (OSError, TypeError, ValueError) as err:
+        why = getattr(err, "strerror", None) or err
+        raise BatchError(
+            f"field {name!r}: the file at position {k} in the batch has no bytes and its path "
+            f"{path!r:.80} does not read here ({why}); give the files' bytes"
+        ) from None
+
+
+def recognised(value: Any, name: Name) -> list[np.ndarray] | None:
+    """An undeclared field's files, when it is a list of files whose first starts with the
+    JPEG signature; else None."""
+    head = files_of(value[:1], name) if isinstance(value, (list, tuple, np.ndarray)) else None
+    jpeg = head is not None and bytes(head[0][:3]) == b"\xff\xd8\xff"  # read no more otherwise
+    return files_of(value, name) if jpeg else None
 
 
 @dataclass(frozen=True)
@@ -144,11 +164,11 @@ class JpegField:
 def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegField:
     """The field's plan from its files' headers; the files that are no JPEG are decoded
     here, on the host. ``means``: how many mean/std values wrap was given."""
-    spec, files = spec or Jpeg(), files_of(value)
+    spec, files = spec or Jpeg(), files_of(value, name)
     if files is None:
         raise BatchError(
             f"field {name!r} is declared JPEG files but is {type(value).__name__}: give a list "
-            "of bytes, of 1-D uint8 tensors or arrays, or of {'bytes': ...} dicts"
+            "of bytes, of 1-D uint8 tensors or arrays, or of {'bytes': ..., 'path': ...} dicts"
         )
     heads = [jpeg_header(f) for f in files]
     grey = all(h is not None and h[2] == 1 for h in heads)

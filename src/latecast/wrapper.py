@@ -299,15 +299,15 @@ class Fields:
         plans: list[Field | encoded.JpegField | None] = []
         for (name, value), t in zip(leaves, tensors):
             spec = self.fields.get(name)
-            if isinstance(spec, encoded.Jpeg) and not host:
+            jpeg = isinstance(spec, encoded.Jpeg)
+            if jpeg and not host:
                 raise BatchError(
                     f"field {name!r} is declared JPEG files: those are decoded by latecast.wrap "
                     "(from its pinned buffer), not after another framework moved the batch"
                 )
-            if host and (
-                isinstance(spec, encoded.Jpeg) or (t is None and encoded.recognised(value))
-            ):
-                plans.append(encoded.plan(name, value, spec, len(self.prepare.mean)))
+            found = host and t is None and not jpeg and encoded.recognised(value, name)
+            if host and (jpeg or found):
+                plans.append(encoded.plan(name, found or value, spec, len(self.prepare.mean)))
                 continue
             if t is not None and host and t.device.type != "cpu":
                 raise BatchError(
