@@ -109,7 +109,7 @@ def _read(name: Name, k: int, path: Any) -> np.ndarray:
         why = getattr(err, "strerror", None) or err
         raise BatchError(
             f"field {name!r}: the file at position {k} in the batch has no bytes and its path "
-            f"{path!r:.80} does not read here ({why}); give the files' bytes"
+            f"{path!r:.1000} does not read here ({why}); give the files' bytes"
         ) from None
 
 
