@@ -681,7 +681,7 @@ def test_bad_image_names_the_file_or_is_skipped(tmp_path, name):
     out, skipped = convert_folder(src, tmp_path / "store", skip_bad=True, test_fraction=0)
     assert skipped == [f"b/{name}"] and len(open_store(out)) == 2
     listed = json.loads((out / "skipped.txt").read_text())
-    assert listed["file"] == f"b/{name}" and listed["reason"].startswith(str(src / "b" / name))
+    assert listed["file"] == f"b/{name}" and listed["reason"] and str(src) not in listed["reason"]
 
 
 def test_convert_train_test_split(tmp_path):
