@@ -116,6 +116,7 @@ class EncodedDataset(_Split):
         size: ``(H, W)`` every image is cropped or resized to on the device.
         encoding: what ``data`` holds; ``"jpeg"``.
         digest: as for ``Dataset`` (of ``data``).
+        crc32: ``(N,)`` uint32, each file's CRC-32 as it was written (a store's), or None.
     """
 
     data: np.ndarray
@@ -125,6 +126,7 @@ class EncodedDataset(_Split):
     size: tuple[int, int]
     encoding: str = "jpeg"
     digest: str = ""
+    crc32: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -140,6 +142,7 @@ class EncodedDataset(_Split):
                 "offsets must rise from 0 to len(data)",
             ),
             (self.sizes.shape == (n, 2), f"sizes must be ({n}, 2)"),
+            (self.crc32 is None or self.crc32.shape == (n,), f"crc32 must be ({n},)"),
             (self.channels in (1, 3), "channels must be 1 or 3"),
             (self.encoding == "jpeg", "encoding must be 'jpeg'"),
         ]
