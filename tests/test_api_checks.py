@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import latecast
-from latecast.errors import BatchError, ConfigError, FormatError
+from latecast.errors import BatchError, ConfigError, FormatError, LatecastError
 from latecast.lightning import PrepareOnDevice
 from latecast.loader import Loader
 from latecast.transforms import Augment, Erasing, Mix
@@ -274,3 +274,29 @@ def test_from_arrays_reads_channels_last_only_and_says_what_else_it_sees():
         ConfigError, match=r"color jitter takes 1 or 3 channels, got \(4, 8, 8, 4\)"
     ):
         Augment(jitter=0.4)(torch.from_numpy(rgba), torch.Generator())  # as torchvision's
+
+
+@pytest.mark.parametrize("bad", [None, True, 1.5, "x", [1, 2], np.int64(3), torch.zeros(2)])
+def test_the_other_entry_points_take_no_raw_python_error_from_their_arguments(tiny, bad):
+    """normalize, load_dataset, open_store and load_state_dict raised AttributeError or
+    TypeError on arguments of the wrong type: one LatecastError naming the argument."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    x = torch.zeros(2, 4, 4, 3, dtype=torch.uint8)
+    calls = [
+        lambda: latecast.normalize(bad, (0.5,), (0.2,)),
+        lambda: latecast.normalize(x, (0.5,), (0.2,), dtype=bad),
+        lambda: latecast.normalize(x, (0.5,), (0.2,), out=bad),
+        lambda: latecast.normalize(x, (0.5,), (0.2,), channels_last=bad),
+        lambda: latecast.load_dataset(bad),
+        lambda: latecast.load_dataset("mnist", split=bad),
+        lambda: latecast.load_dataset("fashion-mnist", root=bad),
+        lambda: latecast.open_store(bad),
+        lambda: Loader(tiny, 4).load_state_dict(bad),
+        lambda: latecast.wrap(StatefulDataLoader(list(range(4)))).load_state_dict(bad),
+    ]
+    for k, call in enumerate(calls):
+        if (bad is None and k in (2, 6)) or (bad is True and k == 3):  # valid values there
+            continue
+        with pytest.raises(LatecastError):  # "x": no such dataset, store or split: said so
+            call()

@@ -125,6 +125,17 @@ class Epochs:
         if epoch != self.epoch:
             self.epoch, self.position = int(epoch), 0
 
+    @staticmethod
+    def _saved(state: Any, *more: str) -> tuple[int, int]:
+        """``(epoch, position)`` of a ``state_dict()`` (which also holds ``more``), or one
+        ConfigError: not a dict, or not their numbers."""
+        got = state if isinstance(state, dict) else {}
+        whole = [isinstance(got.get(k), numbers.Integral) for k in ("epoch", "position")]
+        ok = all(whole) and min(got["epoch"], got["position"]) >= 0 and set(more) <= set(got)
+        keys = ", ".join(("epoch", "position", *more))
+        refuse([(ok, "state", state, f"a state_dict() of this loader: {keys}, counts >= 0")])
+        return int(got["epoch"]), int(got["position"])
+
     def _count(self, items: Iterable[tuple[Any, bool]]) -> Iterator[Any]:
         """A pass's items, counted; the next epoch starts before the last is handed out (at
         once for a pass with none): a consumer that stops after it (Lightning knows len())
@@ -341,6 +352,7 @@ class Loader(Epochs):
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next pass starts at its epoch and position."""
+        epoch, position = self._saved(state)
         mine = self.state_dict()
         differ = [
             k
@@ -352,7 +364,7 @@ class Loader(Epochs):
                 "loader state does not match this loader: "
                 + ", ".join(f"{k} {state.get(k)!r} != {mine[k]!r}" for k in differ)
             )
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.epoch, self.position = epoch, position
 
     def index_batches(self) -> list[torch.Tensor]:
         """This epoch's index batches for this rank (CPU int64), from ``position`` on."""

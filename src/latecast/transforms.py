@@ -101,11 +101,12 @@ def normalize(
         >>> normalize(x, (0.1307,), (0.3081,)).shape
         torch.Size([8, 1, 28, 28])
     """
-    if images.dtype != torch.uint8 or images.ndim != 4:
-        raise ConfigError(
-            f"normalize expects uint8 (N, H, W, C), got {images.dtype} "
-            f"with shape {tuple(images.shape)}"
-        )
+    if not (isinstance(images, torch.Tensor) and images.dtype == torch.uint8 and images.ndim == 4):
+        _check_batch(images, "normalize", None)  # (the Loader and wrap checked theirs)
+    if not (isinstance(out, torch.Tensor) or (out is None and any(dtype is d for d in FLOATS))):
+        refuse([(False, "out, dtype", (out, dtype), f"a tensor, or None and one of {FLOATS}")])
+    if not isinstance(channels_last, (bool, np.bool_)):
+        refuse([(False, "channels_last", channels_last, "a bool")])
     n, h, w, c = images.shape
     if out is None:
         fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -131,7 +132,9 @@ def _check_batch(images: torch.Tensor, fn: str, generator, floats: bool = False)
     if not (tensor and images.ndim == 4 and (images.dtype == torch.uint8) ^ floats) or (
         floats and not images.is_floating_point()
     ):
-        got = f"{images.dtype} with shape {tuple(images.shape)}" if tensor else type(images)
+        got = (
+            f"{images.dtype} with shape {tuple(images.shape)}" if tensor else type(images).__name__
+        )
         want = "a float tensor (N, C, H, W)" if floats else "a uint8 tensor (N, H, W, C)"
         raise ConfigError(f"{fn} expects {want}, got {got}")
     if generator is not None and not isinstance(generator, torch.Generator):

@@ -641,8 +641,9 @@ class Wrapped(Epochs):
             return None
 
     def _load_state_dict(self, state: dict) -> None:
+        epoch, position = self._saved(state, "source")
         self.batches.load_state_dict(state["source"])
-        self.epoch, self.position, self._state = int(state["epoch"]), int(state["position"]), None
+        self.epoch, self.position, self._state = epoch, position, None
 
     def __iter__(self) -> Iterator[Any]:
         self._start()

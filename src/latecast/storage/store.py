@@ -32,6 +32,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ..config import refuse
 from ..data import Dataset, EncodedDataset, check_labels
 from ..errors import ConfigError, FormatError
 from ..jpegheader import JPEG_SIDE, jpeg_header
@@ -316,6 +317,12 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
         >>> test.images.shape
         (10000, 32, 32, 3)
     """
+    refuse(
+        [
+            (isinstance(path, (str, os.PathLike)), "path", path, "a store folder"),
+            (split is None or isinstance(split, str), "split", split, "a split's name or None"),
+        ]
+    )
     folder = _store_folder(Path(path), split)
     meta = read_meta(folder)
     if split is not None and meta["split"] != split:
