@@ -12,7 +12,7 @@ import operator
 from dataclasses import field, fields
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
+from .errors import ConfigError, numbers_of, refuse  # noqa: F401 (the API's checks, here too)
 
 if TYPE_CHECKING:
     from .transforms import Augment, Mix
@@ -83,28 +83,6 @@ def validate(config: Any) -> None:
             raise ConfigError(f"{f.name} must be {what}{rule}, got {value!r}")
         if cast:  # numpy scalars -> int, float
             object.__setattr__(config, f.name, cast(value))
-
-
-def numbers_of(value: Any, kind: type = float) -> tuple | None:
-    """A non-empty sequence of finite numbers as ``kind`` (``int``: integers only, numpy's
-    too); None for anything else (a bool is no number)."""
-    try:
-        items = () if isinstance(value, (str, bytes)) else tuple(value)
-    except TypeError:
-        return None
-    want = numbers.Integral if kind is int else numbers.Real
-    real = (isinstance(v, want) and not isinstance(v, bool) for v in items)
-    if not items or not all(real) or not all(map(math.isfinite, items)):
-        return None
-    return tuple(map(kind, items))
-
-
-def refuse(checks: list[tuple[bool, str, Any, str]]) -> None:
-    """One ConfigError for the first ``(accepted?, argument, its value, what is accepted)``
-    that is not accepted: how the Python API's entry points check their arguments."""
-    for ok, name, value, accepted in checks:
-        if not ok:
-            raise ConfigError(f"{name} must be {accepted}, got {value!r:.60}")
 
 
 # ---- the --augment and --mix mini-languages: "name[=value],..." --------------------------

@@ -31,8 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .config import numbers_of, refuse
-from .errors import ConfigError
+from .errors import ConfigError, numbers_of, refuse
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)  # what images come out in
 _affine_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
