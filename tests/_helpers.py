@@ -28,14 +28,36 @@ def damage_scan(jpeg: bytes) -> bytes:
     return bytes(data)
 
 
-def damage_mid_store(data_bin: Path, offsets, k: int) -> None:
+def silent_damage(jpeg: bytes) -> bytes:
+    """One bit flipped in the entropy-coded data where libjpeg decodes on without a word
+    (the first such byte from the middle of the scan): some pixels wrong, nothing said."""
+    import torch
+
+    from latecast.decode import libjpeg_says, read
+
+    cpu, as_tensor = (
+        torch.device("cpu"),
+        lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8),
+    )
+    before = read([as_tensor(jpeg)], 3, cpu)[0]
+    for at in range((jpeg.index(b"\xff\xda") + len(jpeg)) // 2, len(jpeg) - 2):
+        data = bytearray(jpeg)
+        data[at] ^= 0x10
+        if 0xFF in data[at - 1 : at + 1] or libjpeg_says([as_tensor(data)], 3)[0]:
+            continue
+        if not torch.equal(read([as_tensor(data)], 3, cpu)[0], before):
+            return bytes(data)
+    raise AssertionError("no silent bit flip found")
+
+
+def damage_mid_store(data_bin: Path, offsets, k: int, damage=damage_scan) -> None:
     """Damage file ``k`` of a jpeg store's data.bin in place (its size, head and tail still
     agree), after checking it lies outside the first and last MiB that opening samples."""
     start, end = int(offsets[k]), int(offsets[k + 1])
     assert (1 << 20) < start and end < data_bin.stat().st_size - (1 << 20)  # mid-store
     with open(data_bin, "r+b") as f:
         f.seek(start)
-        damaged = damage_scan(f.read(end - start))
+        damaged = damage(f.read(end - start))
         f.seek(start)
         f.write(damaged)
 

@@ -40,6 +40,21 @@ def _latecast_env(tmp_path_factory):
     patch.undo()
 
 
+@pytest.fixture(params=["torchcodec", "torchvision"])
+def decoder(request, monkeypatch):
+    """Each test once per decoder: TorchCodec's, and torchvision's fallback (the one the GPU
+    machine, without TorchCodec, runs)."""
+    from latecast import decode
+
+    if request.param == "torchcodec":
+        pytest.importorskip("torchcodec")
+    monkeypatch.setenv("LATECAST_DECODER", request.param)
+    decode.decoder.cache_clear()
+    assert decode.decoder().startswith(request.param)
+    yield request.param
+    decode.decoder.cache_clear()
+
+
 @pytest.fixture
 def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty decoded-dataset cache for one test."""

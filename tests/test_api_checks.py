@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import latecast
-from latecast.errors import BatchError, ConfigError, FormatError
+from latecast.errors import BatchError, ConfigError, FormatError, LatecastError
 from latecast.lightning import PrepareOnDevice
 from latecast.loader import Loader
-from latecast.transforms import Augment, Mix
+from latecast.transforms import Augment, Erasing, Mix
 from latecast.wrapper import Fields
 
 
@@ -193,3 +193,110 @@ def test_a_source_that_fails_at_batch_k_hands_out_batch_k_minus_1_first():
     with pytest.raises(BatchError, match="field 0 is declared an image"):
         got.extend(wrapped)
     assert len(got) == 2
+
+
+# -- issue 27: more arguments checked when called -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "make,match",
+    [
+        (lambda: latecast.jpeg(224.0), r"jpeg\(size=...\) must be an integer N or \(H, W\)"),
+        (lambda: latecast.jpeg(224.5), r"got 224.5"),
+        (lambda: latecast.jpeg((float("inf"), 3)), r"got \(inf, 3\)"),
+        (lambda: latecast.jpeg((float("nan"), 3)), r"got \(nan, 3\)"),
+        (lambda: latecast.jpeg(True), "got True"),  # was (1, 1)
+        (lambda: latecast.jpeg((24, 32, 3)), r"got \(24, 32, 3\)"),
+        (lambda: latecast.jpeg("ab"), "got 'ab'"),
+        (lambda: latecast.jpeg(70000), "in 1..65535"),
+        (lambda: latecast.jpeg(channels=3.0), r"jpeg\(channels=...\) must be 1, 3 or None"),
+        (lambda: latecast.jpeg(channels=True), "got True"),
+        (lambda: Erasing(scale=0.2), r"Erasing scale must be \(a, b\) with 0 < a <= b <= 1"),
+        (lambda: Erasing(scale=(0.1,)), r"got \(0.1,\)"),
+        (lambda: Erasing(scale=(0.1, 0.2, 0.3)), r"got \(0.1, 0.2, 0.3\)"),
+        (lambda: Erasing(scale="ab"), "got 'ab'"),
+        (lambda: Erasing(scale=(0.5, 0.2)), r"got \(0.5, 0.2\)"),
+        (lambda: Erasing(ratio=None), r"Erasing ratio must be \(a, b\) with 0 < a <= b, got None"),
+        (lambda: Erasing(value=float("nan")), "Erasing value must be a number"),
+        (lambda: Erasing(value=("a",)), "Erasing value must be"),
+        (lambda: Erasing(value="Random"), "got 'Random'"),
+        (lambda: Erasing(p=True), "Erasing p must be a number"),
+        (  # one value per channel: the channels are known from mean/std
+            lambda: latecast.wrap([], mean=(0.5,) * 3, std=(0.2,) * 3, erase=Erasing(value=(1, 2))),
+            r"erase.value must be one number or 3, one per channel as mean/std, got \(1.0, 2.0\)",
+        ),
+    ],
+)
+def test_jpeg_and_erasing_check_their_arguments_when_made(make, match):
+    with pytest.raises(ConfigError, match=match):
+        make()
+
+
+def test_what_jpeg_and_erasing_accept_works_and_a_wrong_value_count_is_named_at_the_batch():
+    assert latecast.jpeg(np.int64(32)).size == (32, 32)
+    assert latecast.jpeg(np.array([24, 32]), channels=np.int64(1)) == latecast.jpeg((24, 32), 1)
+    e = Erasing(p=np.float32(1), scale=[0.1, 0.2], ratio=np.array([0.5, 2]), value=[1, 2, 3])
+    assert (e.p, e.scale, e.ratio, e.value) == (1.0, (0.1, 0.2), (0.5, 2.0), (1.0, 2.0, 3.0))
+    x = torch.zeros(2, 3, 8, 8)
+    assert (e(x, torch.Generator()) != 0).any()
+    with pytest.raises(ConfigError, match=r"Erasing value \(1.0, 2.0\): 2 values for 3 channels"):
+        Erasing(p=1, value=(1, 2))(x)  # no mean/std told wrap the channels: said at the batch
+    with pytest.raises(ConfigError, match="Erasing expects a float tensor"):
+        e(torch.zeros(2, 3, 8, 8, dtype=torch.uint8))
+    with pytest.raises(ConfigError, match="2 values for 3 channels"):
+        first(torch.zeros(2, 8, 8, 3, dtype=torch.uint8), erase=Erasing(p=1, value=(1, 2)))
+
+
+@pytest.mark.parametrize("epoch", [2**64, -1, 1.5, True, "1"])
+def test_set_epoch_takes_an_epoch_number_only(tiny, epoch):
+    for loader in (Loader(tiny, 4, device="cpu"), latecast.wrap([], device="cpu")):
+        with pytest.raises(ConfigError, match=r"epoch must be an integer in 0..2\*\*63-1"):
+            loader.set_epoch(epoch)
+    loader = Loader(tiny, 4, device="cpu", seed=2**63 - 1, order="block:2:3")
+    loader.set_epoch(np.int64(2**63 - 1))  # the largest seed at the largest epoch still draws
+    assert len(next(iter(loader))[0]) == 4 and type(loader.epoch) is int
+
+
+def test_from_arrays_reads_channels_last_only_and_says_what_else_it_sees():
+    labels = np.arange(4) % 2
+    for shape in [(4, 4, 8, 8), (4, 3, 32, 32), (4, 1, 8, 8), (4, 2, 9, 9)]:  # RGBA NCHW too
+        with pytest.raises(FormatError, match=r"look like \(N, C, H, W\).*transpose\(0, 2, 3, 1"):
+            latecast.from_arrays(np.zeros(shape, np.uint8), labels)
+    with pytest.raises(FormatError, match=r"\(N, H, W, C\) have 1 to 4 channels, got .*8, 8\)"):
+        latecast.from_arrays(np.zeros((4, 8, 8, 8), np.uint8), labels)
+    rgba = np.zeros((4, 8, 8, 4), np.uint8)
+    with pytest.raises(
+        FormatError, match=r"need 4 finite.*RGBA\? drop the alpha, images\[\.\.\., :3\]"
+    ):
+        latecast.from_arrays(rgba, labels, mean=(0.5,) * 3, std=(0.2,) * 3)
+    assert latecast.from_arrays(rgba, labels).image_shape == (8, 8, 4)  # 4 channels, as asked
+    with pytest.raises(
+        ConfigError, match=r"color jitter takes 1 or 3 channels, got \(4, 8, 8, 4\)"
+    ):
+        Augment(jitter=0.4)(torch.from_numpy(rgba), torch.Generator())  # as torchvision's
+
+
+@pytest.mark.parametrize("bad", [None, True, 1.5, "x", [1, 2], np.int64(3), torch.zeros(2)])
+def test_the_other_entry_points_take_no_raw_python_error_from_their_arguments(tiny, bad):
+    """normalize, load_dataset, open_store and load_state_dict raised AttributeError or
+    TypeError on arguments of the wrong type: one LatecastError naming the argument."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    x = torch.zeros(2, 4, 4, 3, dtype=torch.uint8)
+    calls = [
+        lambda: latecast.normalize(bad, (0.5,), (0.2,)),
+        lambda: latecast.normalize(x, (0.5,), (0.2,), dtype=bad),
+        lambda: latecast.normalize(x, (0.5,), (0.2,), out=bad),
+        lambda: latecast.normalize(x, (0.5,), (0.2,), channels_last=bad),
+        lambda: latecast.load_dataset(bad),
+        lambda: latecast.load_dataset("mnist", split=bad),
+        lambda: latecast.load_dataset("fashion-mnist", root=bad),
+        lambda: latecast.open_store(bad),
+        lambda: Loader(tiny, 4).load_state_dict(bad),
+        lambda: latecast.wrap(StatefulDataLoader(list(range(4)))).load_state_dict(bad),
+    ]
+    for k, call in enumerate(calls):
+        if (bad is None and k in (2, 6)) or (bad is True and k == 3):  # valid values there
+            continue
+        with pytest.raises(LatecastError):  # "x": no such dataset, store or split: said so
+            call()

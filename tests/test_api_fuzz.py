@@ -1,9 +1,12 @@
-"""The Python API under random arguments (issue 18): values of random types into ``wrap``,
-``Loader``, ``Augment``, ``Mix`` and ``from_arrays``, each then used on a tiny batch. Every
+"""The Python API under random arguments (issues 18, 27): values of random types into ``wrap``,
+``Loader``, ``Augment``, ``Mix``, ``from_arrays``, ``latecast.jpeg``, ``Erasing`` and ``Mover``
+(masks beside JPEG fields too), each then used on a tiny batch. Every
 call either works or raises one ``LatecastError``; any other exception fails the test. Each
 argument is a valid value most of the time, so the calls also get past the first check."""
 
 from __future__ import annotations
+
+import io
 
 import numpy as np
 import torch
@@ -13,7 +16,7 @@ from hypothesis import strategies as st
 import latecast
 from latecast.errors import LatecastError
 from latecast.loader import Loader
-from latecast.transforms import Augment, Mix
+from latecast.transforms import Augment, Erasing, Mix
 
 FUZZ = settings(
     max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
@@ -221,3 +224,71 @@ def test_mix_under_random_arguments(classes, mixup, cutmix, images, labels):
 )
 def test_from_arrays_under_random_arguments(images, labels, kwargs):
     tolerated(lambda: latecast.from_arrays(images, labels, **kwargs))
+
+
+def jpeg_files(h: int, w: int, n: int = 2, grey: bool = False) -> list[bytes]:
+    from PIL import Image
+
+    out = []
+    for i in range(n):
+        buf = io.BytesIO()
+        pixels = np.full((h, w) if grey else (h, w, 3), 40 * i, np.uint8)
+        Image.fromarray(pixels).save(buf, "JPEG")
+        out.append(buf.getvalue())
+    return out
+
+
+PAIRS = st.sampled_from(  # JPEG files and masks of their size: the path that must work
+    [
+        (jpeg_files(8, 8), torch.arange(128).view(2, 8, 8) % 5),
+        (jpeg_files(6, 10), torch.zeros(2, 6, 10, dtype=torch.uint8)),
+        (jpeg_files(8, 8, grey=True), torch.zeros(2, 1, 8, 8)),
+    ]
+)
+ODD_BATCHES = st.one_of(ODD, tensors(), st.just(jpeg_files(8, 8, n=3)))
+PAIRED = st.tuples(PAIRS, st.integers(0, 7), st.integers(0, 7), ODD_BATCHES).map(
+    lambda t: (t[3] if t[1] == 7 else t[0][0], t[3] if t[2] == 7 else t[0][1])
+)  # each of the two something else once in 8
+JPEGS = st.builds(
+    Later,
+    st.just(latecast.jpeg),
+    size=maybe(st.sampled_from([None, 4, (4, 6), np.int64(5), (8, 8)])),
+    channels=maybe(st.sampled_from([None, 1, 3])),
+)
+ERASINGS = st.builds(
+    Later,
+    st.just(Erasing),
+    p=maybe(st.floats(0, 1)),
+    scale=maybe(st.sampled_from([(0.02, 0.33), [0.1, 0.5], (0.5, 0.5)])),
+    ratio=maybe(st.sampled_from([(0.3, 3.3), (1, 1), np.array([0.5, 2.0])])),
+    value=maybe(st.sampled_from([0, 1.5, (0.1, 0.2, 0.3), [0.5], "random", (1.0, 2.0)])),
+)
+
+
+@FUZZ
+@given(
+    paired=PAIRED,
+    spec=maybe(JPEGS),
+    erase=maybe(ERASINGS | st.none()),
+    augment=maybe(st.sampled_from([None, Augment(flip=0.5), Augment(resized_crop=0.3, crop=1)])),
+    mean=maybe(st.sampled_from([None, (0.5,), (0.5, 0.4, 0.3)])),
+    declared=st.booleans(),
+    mover=st.booleans(),
+)
+def test_jpeg_fields_masks_erasing_and_the_mover_under_random_arguments(
+    paired, spec, erase, augment, mean, declared, mover
+):
+    """A batch of JPEG files (or anything) with a mask beside it (or anything), the field
+    declared by a random ``latecast.jpeg(...)``, a random ``Erasing`` and ``Augment``: through
+    ``wrap`` or a ``Mover``."""
+
+    def run():
+        fields = {"mask": "mask", **({"jpg": made(spec)} if declared else {})}
+        options = dict(fields=fields, erase=made(erase), augment=made(augment), device="cpu")
+        options.update({} if mean is None else {"mean": mean, "std": mean})
+        batch = {"jpg": paired[0], "mask": paired[1], "y": torch.arange(2)}
+        if mover:
+            return latecast.Mover(**options)(batch)
+        return list(latecast.wrap([batch], **options))
+
+    tolerated(run)

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from latecast.data import EncodedDataset, from_arrays
 from latecast.errors import ConfigError, FormatError, WriteError
-from latecast.storage.convert import _spread, convert_folder
+from latecast.storage.convert import _shown, _spread, convert_folder
 from latecast.storage.store import open_store, write_store
 
 Image = pytest.importorskip("PIL.Image")
@@ -335,6 +335,7 @@ def test_a_class_folder_without_readable_images_is_not_a_class(tmp_path):
 # ---- row 59: file names that need quoting --------------------------------------------------------
 
 ODD_NAMES = ["tab\there.png", "new\nline.png", 'quote"back\\slash.png', "caf\u00e9 \u2603.png"]
+ODD_NAMES += ["'tab\\there'.png"]  # printable, but shown as it is it would read as quoted
 
 
 def test_skipped_files_with_tabs_and_newlines_read_back(tmp_path, run_cli):
@@ -353,6 +354,25 @@ def test_skipped_files_with_tabs_and_newlines_read_back(tmp_path, run_cli):
     lines = (tmp_path / "s" / "skipped.txt").read_text().splitlines()
     assert sorted(json.loads(line)["file"] for line in lines) == want
     assert all((src / json.loads(line)["file"]).is_file() for line in lines)
+    reasons = {json.loads(line)["reason"] for line in lines}  # "file" names it, exactly
+    assert reasons == {"not a readable image (not a format Pillow reads)"}
+    shown = [_shown(Path(name)) for name in ODD_NAMES]  # in one-line messages
+    assert all(s.isprintable() for s in shown) and shown[-1] == ascii(ODD_NAMES[-1])
+
+
+def test_fifos_and_devices_among_the_images_are_refused_or_skipped_never_read(tmp_path):
+    """A FIFO named like an image was passed over without a word (reading it would wait for
+    a writer forever); a device (here a link to /dev/zero) never ends."""
+    src = tmp_path / "src"
+    for cls in ("a", "b"):
+        for i in range(2):
+            save(src / cls / f"{i}.png", smooth(4, 4, seed_of(cls, i)))
+    os.mkfifo(src / "a" / "pipe.png")
+    (src / "b" / "zeros.jpg").symlink_to("/dev/zero")
+    with pytest.raises(FormatError, match=r"pipe.png: not a regular file \(a FIFO"):
+        convert_folder(src, tmp_path / "s", test_fraction=0, workers=1)
+    out, skipped = convert_folder(src, tmp_path / "s", test_fraction=0, workers=1, skip_bad=True)
+    assert sorted(skipped) == ["a/pipe.png", "b/zeros.jpg"] and len(open_store(out)) == 4
 
 
 # ---- row 60: a plain class folder gets a held-out split; every split a spread order -----

@@ -244,3 +244,21 @@ def test_fuzz_corpus():
     assert len(corpus) > 2000
     for data in corpus:
         fuzz_idx(data)
+
+
+def test_a_file_of_no_images_or_labels_is_named(tmp_path, run_cli):
+    """A valid header of 0 items (or 0-pixel images) got 'cannot compute mean/std of an
+    empty dataset', naming no file."""
+    for shape, role in [((0, 28, 28), "images"), ((0,), "labels"), ((3, 0, 28), "images")]:
+        path = tmp_path / f"{role}-idx"
+        write_idx(path, np.zeros(shape, np.uint8))
+        with pytest.raises(FormatError, match=rf"^{path}: {role} of shape .*that is none$"):
+            check_role(read_idx(path), role, str(path))
+    for split in ("train", "t10k"):
+        write_idx(tmp_path / f"{split}-images-idx3-ubyte", np.zeros((0, 28, 28), np.uint8))
+        write_idx(tmp_path / f"{split}-labels-idx1-ubyte", np.zeros((0,), np.uint8))
+    proc = run_cli("info", "mnist", "--data-root", tmp_path)
+    assert proc.rc == 1 and proc.err == (
+        f"latecast: error: {tmp_path}/train-images-idx3-ubyte: images of shape (0, 28, 28), "
+        "that is none\n"
+    )

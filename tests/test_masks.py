@@ -4,14 +4,18 @@ pixel for pixel, and is never normalized, jittered or cut out."""
 
 from __future__ import annotations
 
+import io
+
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 import latecast
 from latecast.errors import BatchError, ConfigError
 from latecast.prepare import Prepare
-from latecast.transforms import nearest_crop, resized_crop
+from latecast.transforms import centre_boxes, nearest_crop, resized_crop
 from latecast.wrapper import Fields
 
 N, H, W = 6, 10, 12
@@ -183,3 +187,99 @@ def test_masks_already_on_the_device_are_moved_as_wraps_are():
     got = fields.finish(plans, raws, (0, 0, 0))
     for name, value in zip(batch, got):
         assert torch.equal(value, want[name]), name
+
+
+# -- issue 27: masks beside a JPEG field at another training size ----------------------------
+
+PALETTE = torch.tensor([[250, 20, 20], [20, 250, 20], [20, 20, 250], [250, 250, 250]])
+
+
+def jpeg_segmentation(n: int = 6, h: int = 48, w: int = 64) -> dict:
+    """``n`` JPEG files of ``h x w`` and their masks (int64 labels 0..3 in 16x16 blocks): each
+    file is its mask painted in ``PALETTE``, so a pixel's colour says which label it shows."""
+    g = torch.Generator().manual_seed(4)
+    masks = torch.randint(0, 4, (n, h // 16, w // 16), generator=g)
+    masks = masks.repeat_interleave(16, 1).repeat_interleave(16, 2)  # (n, h, w)
+    files = []
+    for m in masks:
+        buf = io.BytesIO()
+        Image.fromarray(PALETTE[m].to(torch.uint8).numpy()).save(
+            buf, "JPEG", quality=95, subsampling=0
+        )
+        files.append(buf.getvalue())
+    return {"image": files, "mask": masks}
+
+
+def reference(batch: dict, aug, size, seed: int, k: int):
+    """What wrap must give for batch ``k``: Pillow's decoding of each file cropped by the
+    boxes that batch draws (its seeds), bilinear; its mask by the same boxes, nearest."""
+    files = [np.asarray(Image.open(io.BytesIO(f)).convert("RGB")) for f in batch["image"]]
+    pixels = torch.from_numpy(np.stack(files))  # (N, H, W, 3), what the decoders give
+    ref = Prepare((0.0,), (1.0,), augment=aug, seed=seed)
+    ref.seek(0, 0, k)
+    ref.next_batch(torch.device("cpu"))
+    n, h, w = batch["mask"].shape
+    moves = ref.moves(pixels) if aug else None
+    boxes = centre_boxes(torch.tensor([[h, w]]).expand(n, 2), size)
+    boxes = boxes if moves is None or moves.boxes is None else moves.boxes
+    images, masks = resized_crop(pixels, boxes, size), []
+    for m, (top, left, bh, bw) in zip(batch["mask"], boxes.tolist()):
+        crop = m[top : top + bh, left : left + bw].double()[None, None]
+        masks.append(F.interpolate(crop, size, mode="nearest")[0, :, :, :, None].long())
+    masks = torch.cat(masks)
+    if moves is not None:
+        images, masks = moves.shift_and_flip(images), moves.shift_and_flip(masks)
+    return images.permute(0, 3, 1, 2), masks[..., 0]
+
+
+@pytest.mark.parametrize(
+    "aug",
+    [None, latecast.Augment(flip=1.0), latecast.Augment(resized_crop=0.3, flip=0.5, crop=2)],
+    ids=str,
+)
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_masks_beside_a_jpeg_field_are_cropped_resized_and_flipped_as_its_images(
+    decoder, aug, device
+):
+    """Files of 48x64 trained at 24x32 (their masks came out 48x64, unmoved): each mask is
+    its image's, pixel by pixel: by the boxes the files were decoded with (RandomResizedCrop,
+    else the centre crop), by nearest neighbour, flipped alike (on the CPU against Pillow and
+    the same draws; CUDA draws its flips from its own generator); and the colours of the
+    decoded image say the mask's labels wherever a label's 5x5 neighbourhood is its own (the
+    bilinear blur reaches 2 source pixels; nearest samples the top-left one, as torch's)."""
+    batches = [jpeg_segmentation() for _ in range(2)]
+    fields = {"image": latecast.jpeg(size=(24, 32)), "mask": "mask"}
+    got = list(latecast.wrap(batches, device=device, augment=aug, fields=fields, seed=3))
+    for k, (before, after) in enumerate(zip(batches, got)):
+        image, mask = as_uint8(after["image"].cpu()), after["mask"].cpu()
+        assert image.shape == (6, 3, 24, 32) and mask.shape == (6, 24, 32)
+        if device == "cpu":
+            images, masks = reference(before, aug, (24, 32), 3, k)
+            assert torch.equal(mask, masks) and (image.int() - images.int()).abs().max() <= 1
+        seen = (image.permute(0, 2, 3, 1)[..., None, :].int() - PALETTE).abs().sum(-1).argmin(-1)
+        m = mask.double()[:, None]  # seen: (N, 24, 32), the label each pixel shows
+        inner = (F.max_pool2d(m, 5, 1, 2) == -F.max_pool2d(-m, 5, 1, 2))[:, 0]  # 5x5 one label
+        assert inner.float().mean() > 0.25 and torch.equal(seen[inner], mask[inner])
+
+
+def test_masks_that_cannot_follow_their_jpeg_images_are_one_clear_error():
+    batch = jpeg_segmentation(n=3)
+    fields = {"image": latecast.jpeg(size=(24, 32)), "mask": "mask"}
+    with pytest.raises(
+        BatchError, match=r"'mask': masks \(3, 40, 64\) .* 'image' .* position 0 is 48x64"
+    ):
+        first = {"image": batch["image"], "mask": batch["mask"][:, :40]}
+        next(iter(latecast.wrap([first], device="cpu", fields=fields)))
+    with pytest.raises(BatchError, match="but it holds 2 files"):
+        next(iter(latecast.wrap([{**batch, "image": batch["image"][:2]}], fields=fields)))
+    raw = {**batch, "raw": torch.zeros(3, 48, 64, 3, dtype=torch.uint8)}  # comes out 48x64
+    with pytest.raises(BatchError, match=r"one size, got \[\(24, 32\), \(48, 64\)\]"):
+        next(iter(latecast.wrap([raw], device="cpu", fields={**fields, "raw": "image"})))
+
+
+def test_random_erasing_reaches_jpeg_fields_too():
+    """``erase=`` was silently left out for JPEG fields (only uint8 image fields got it)."""
+    batch = jpeg_segmentation(n=4)
+    erase = latecast.Erasing(p=1.0, value=9.0)
+    out = next(iter(latecast.wrap([{"image": batch["image"]}], device="cpu", erase=erase)))["image"]
+    assert out.shape == (4, 3, 48, 64) and ((out == 9.0).flatten(1).sum(1) > 0).all()

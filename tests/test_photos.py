@@ -17,19 +17,6 @@ from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store
 
 
-@pytest.fixture(params=["torchcodec", "torchvision"])
-def decoder(request, monkeypatch):
-    """Each test once per decoder: TorchCodec's, and torchvision's fallback (the one the GPU
-    machine, without TorchCodec, runs)."""
-    if request.param == "torchcodec":
-        pytest.importorskip("torchcodec")
-    monkeypatch.setenv("LATECAST_DECODER", request.param)
-    decode.decoder.cache_clear()
-    assert decode.decoder().startswith(request.param)
-    yield request.param
-    decode.decoder.cache_clear()
-
-
 def smooth(h: int, w: int, seed: int, grey: bool = False) -> np.ndarray:
     """A photo-like image JPEG keeps well: a coloured gradient with a bright corner block."""
     rng = np.random.default_rng(seed)
@@ -203,6 +190,40 @@ def test_every_form_of_a_jpeg_field_comes_out_alike(mixed_files):
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
+def test_hugging_face_rows_of_files_on_disk_are_read_from_their_path(tmp_path):
+    """``Image(decode=False)`` of files on disk gives ``{"bytes": None, "path": p}``: they were
+    passed on as a list of dicts without a word (refused when declared). Read from ``p``, as
+    ``datasets`` reads them; a path that does not read is one error naming it."""
+    import datasets
+    from torch.utils.data import DataLoader
+
+    import latecast
+    from latecast.errors import BatchError
+
+    files = [jpeg(smooth(20, 30, i)) for i in range(4)]
+    for i, f in enumerate(files):
+        (tmp_path / f"{i}.jpg").write_bytes(f)
+    paths = [str(tmp_path / f"{i}.jpg") for i in range(4)]
+    ds = datasets.Dataset.from_dict({"image": paths, "label": [0, 1, 2, 3]})
+    ds = ds.cast_column("image", datasets.Image(decode=False))
+    assert ds[0]["image"] == {"bytes": None, "path": paths[0]}
+
+    def rows(batch):  # the batch as it is, as examples/hf_photos.py collates it
+        return [r["image"] for r in batch], torch.tensor([r["label"] for r in batch])
+
+    ref = torch.stack([upright(f) for f in files])
+    for fields in (None, {0: latecast.jpeg()}):
+        dl = DataLoader(ds, batch_size=4, collate_fn=rows)
+        images, labels = next(iter(latecast.wrap(dl, device="cpu", fields=fields)))
+        assert torch.equal(as_uint8(images), ref) and labels.tolist() == [0, 1, 2, 3]
+    gone = [{"bytes": None, "path": p} for p in paths[:2] + [str(tmp_path / "gone.jpg")]]
+    for fields in (None, {0: latecast.jpeg()}):
+        with pytest.raises(
+            BatchError, match=r"field 0: the file at position 2 .* path '.*/gone.jpg' does not read"
+        ):
+            next(iter(latecast.wrap([(gone,)], device="cpu", fields=fields)))
+
+
 def test_files_of_mixed_sizes_need_a_declared_size(mixed_files):
     import latecast
     from latecast.errors import BatchError
@@ -286,3 +307,30 @@ def test_a_jpeg_field_after_another_framework_moved_the_batch_is_one_error():
         fields.plan_batch([("jpg", [jpeg(smooth(16, 16, 0))])], host=False)
     undeclared = Fields().plan_batch([("jpg", [jpeg(smooth(16, 16, 0))])], host=False)
     assert undeclared[1] == [None]  # passes through untouched, as any list does there
+
+
+def test_a_bad_decoder_setting_is_that_one_error_not_an_unreadable_file(
+    tmp_path, run_cli, monkeypatch
+):
+    """``LATECAST_DECODER=bogus``: convert skipped every JPEG as unreadable (``--skip-bad``,
+    exit 0, a store of the PNGs only) or blamed the first JPEG; wrap said so at the batch."""
+    import latecast
+
+    for i in range(4):
+        path = tmp_path / "in" / "ab"[i % 2] / (f"{i}.jpg" if i < 2 else f"{i}.png")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(jpeg(smooth(8, 8, i), fmt="JPEG" if i < 2 else "PNG"))
+    monkeypatch.setenv("LATECAST_DECODER", "bogus")
+    decode.decoder.cache_clear()
+    try:
+        for skip in ([], ["--skip-bad"]):
+            args = ["convert", tmp_path / "in", tmp_path / "out", "--test-fraction", "0", *skip]
+            proc = run_cli(*args, "--workers", "1")
+            assert proc.rc == 1 and proc.err == (
+                "latecast: error: LATECAST_DECODER='bogus': give one of torchcodec, torchvision\n"
+            )
+            assert not (tmp_path / "out").exists()
+        with pytest.raises(decode.ConfigError, match="LATECAST_DECODER='bogus'"):
+            latecast.wrap([], fields={0: latecast.jpeg(8)})  # when made, not at a batch
+    finally:
+        decode.decoder.cache_clear()

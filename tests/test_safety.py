@@ -665,6 +665,12 @@ def test_with_json_the_last_stdout_line_is_one_object_also_on_an_error(tmp_path,
             "exit_code": 1,
         }
     assert run_cli("train", *TINY, "--output-dir", tmp_path / "ok", "--json").json["step"] == 2
+    for argv in (["train", "--epochs", "x"], ["info", "a", "b"], ["--bogus"]):  # bad usage: 2
+        rc, last = run_cli(*argv, "--json")
+        error = run_cli(*argv).err.strip().split(": error: ", 1)[1]
+        assert rc == 2 and last == {"error": error, "exit_code": 2}
+    proc = run_cli("doctor", "--", "x.py", "--json")  # the script's own --json: not ours
+    assert proc.rc == 1 and proc.json is None
 
 
 # -- messages that never mislead, Ctrl-C (rows 78, 38) -------------------------------------

@@ -12,7 +12,7 @@ import operator
 from dataclasses import field, fields
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError
+from .errors import ConfigError, numbers_of, refuse  # noqa: F401 (the API's checks, here too)
 
 if TYPE_CHECKING:
     from .transforms import Augment, Mix
@@ -83,26 +83,6 @@ def validate(config: Any) -> None:
             raise ConfigError(f"{f.name} must be {what}{rule}, got {value!r}")
         if cast:  # numpy scalars -> int, float
             object.__setattr__(config, f.name, cast(value))
-
-
-def numbers_of(value: Any) -> tuple[float, ...] | None:
-    """A non-empty sequence of finite numbers as floats; None for anything else."""
-    try:
-        items = () if isinstance(value, (str, bytes)) else tuple(value)
-    except TypeError:
-        return None
-    real = (isinstance(v, numbers.Real) and not isinstance(v, bool) for v in items)
-    if not items or not all(real) or not all(map(math.isfinite, items)):
-        return None
-    return tuple(map(float, items))
-
-
-def refuse(checks: list[tuple[bool, str, Any, str]]) -> None:
-    """One ConfigError for the first ``(accepted?, argument, its value, what is accepted)``
-    that is not accepted: how the Python API's entry points check their arguments."""
-    for ok, name, value, accepted in checks:
-        if not ok:
-            raise ConfigError(f"{name} must be {accepted}, got {value!r:.60}")
 
 
 # ---- the --augment and --mix mini-languages: "name[=value],..." --------------------------

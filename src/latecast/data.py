@@ -44,6 +44,8 @@ class _Split:
             raise FormatError(
                 f"{self.name}/{self.split}: mean/std need {c} finite channel values "
                 f"(std > 0), got {self.mean}/{self.std}"
+                + "; RGBA? drop the alpha, images[..., :3]"
+                * (c == 4 and len(self.mean) == 3)
             )
 
     def __len__(self) -> int:
@@ -114,6 +116,7 @@ class EncodedDataset(_Split):
         size: ``(H, W)`` every image is cropped or resized to on the device.
         encoding: what ``data`` holds; ``"jpeg"``.
         digest: as for ``Dataset`` (of ``data``).
+        crc32: ``(N,)`` uint32, each file's CRC-32 as it was written (a store's), or None.
     """
 
     data: np.ndarray
@@ -123,6 +126,7 @@ class EncodedDataset(_Split):
     size: tuple[int, int]
     encoding: str = "jpeg"
     digest: str = ""
+    crc32: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -138,6 +142,7 @@ class EncodedDataset(_Split):
                 "offsets must rise from 0 to len(data)",
             ),
             (self.sizes.shape == (n, 2), f"sizes must be ({n}, 2)"),
+            (self.crc32 is None or self.crc32.shape == (n,), f"crc32 must be ({n},)"),
             (self.channels in (1, 3), "channels must be 1 or 3"),
             (self.encoding == "jpeg", "encoding must be 'jpeg'"),
         ]
@@ -240,10 +245,12 @@ def from_arrays(
     images, labels = _array(images, "images", name), _array(labels, "labels", name)
     if images.ndim == 3:
         images = images[..., None]  # (N, H, W) -> (N, H, W, 1)
-    if images.ndim == 4 and images.shape[1] in (1, 3) and images.shape[3] > 4:
+    if images.ndim == 4 and images.shape[3] > 4:  # channels last, 1 to 4 of them
         raise FormatError(
             f"{name}: images of shape {images.shape} look like (N, C, H, W); latecast takes "
             f"(N, H, W, C): pass images.permute(0, 2, 3, 1) (numpy: .transpose(0, 2, 3, 1))"
+            if images.shape[1] <= 4
+            else f"{name}: images (N, H, W, C) have 1 to 4 channels, got shape {images.shape}"
         )
     if images.ndim != 4 or images.dtype != np.uint8:
         raise FormatError(

@@ -16,19 +16,23 @@ A file that is no JPEG (PNG, WebP, ...) is decoded on the host, said once per fi
 
 from __future__ import annotations
 
+import contextlib
 import math
+import numbers
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Iterator, Union
 
 import numpy as np
 import torch
 
+from .config import numbers_of, refuse
 from .data import Encoded
 from .decode import decoder
-from .errors import BatchError, ConfigError, FormatError
-from .jpegheader import jpeg_header
+from .errors import BatchError, FormatError
+from .jpegheader import JPEG_SIDE, jpeg_header
 
 ENCODED = "jpeg"
 Name = Union[str, int]
@@ -58,23 +62,34 @@ def jpeg(size: int | tuple[int, int] | None = None, channels: int | None = None)
         >>> loader = latecast.wrap(dl, mean=MEAN, std=STD, fields={0: latecast.jpeg(224)},
         ...                        augment=latecast.Augment(resized_crop=0.08, flip=0.5))
     """
-    size = (size, size) if isinstance(size, int) else size
-    if size is not None and (len(size) != 2 or min(size) < 1):
-        raise ConfigError(f"latecast.jpeg(size={size!r}): give (H, W) or N, positive")
-    if channels not in (None, 1, 3):
-        raise ConfigError(f"latecast.jpeg(channels={channels!r}): give 1 or 3")
-    return Jpeg(None if size is None else (int(size[0]), int(size[1])), channels)
+    hw = numbers_of((size, size) if isinstance(size, numbers.Integral) else size, int)
+    ok = size is None or (hw and len(hw) == 2 and 1 <= min(hw) <= max(hw) <= JPEG_SIDE)
+    sides = f"an integer N or (H, W) of integers in 1..{JPEG_SIDE} (None: the files' own)"
+    grey = isinstance(channels, numbers.Integral) and not isinstance(channels, bool)
+    one_or_three = channels is None or (grey and channels in (1, 3))
+    refuse(
+        [
+            (ok, "latecast.jpeg(size=...)", size, sides),
+            (one_or_three, "latecast.jpeg(channels=...)", channels, "1, 3 or None"),
+        ]
+    )
+    return Jpeg(hw, None if channels is None else int(channels))
 
 
-def files_of(value: Any) -> list[np.ndarray] | None:
+def files_of(value: Any, name: Name) -> list[np.ndarray] | None:
     """The field's files as 1-D uint8 arrays (views, no copy), or None when ``value`` is not
-    a list of files (it then passes through, as any non-array does)."""
+    a list of files (it then passes through, as any non-array does). A Hugging Face row of a
+    file on disk, ``{"bytes": None, "path": p}``, is read from ``p`` here, as ``datasets``
+    reads it when it decodes (in the main process: a DataLoader ``collate_fn`` that reads
+    them spreads that over its workers)."""
     if isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 1:
         value = list(value)
     if not isinstance(value, (list, tuple)) or not value:
         return None
     out = []
-    for item in value:
+    for k, item in enumerate(value):
+        if isinstance(item, dict) and item.get("bytes") is None and "path" in item:
+            item = _read(name, k, item["path"])
         item = item.get("bytes") if isinstance(item, dict) else item
         if isinstance(item, torch.Tensor) and item.device.type == "cpu":
             item = item.numpy() if item.dtype == torch.uint8 and item.ndim == 1 else None
@@ -86,10 +101,24 @@ def files_of(value: Any) -> list[np.ndarray] | None:
     return out
 
 
-def recognised(value: Any) -> bool:
-    """An undeclared field of files whose first starts with the JPEG signature."""
-    files = files_of(value)
-    return files is not None and bytes(files[0][:3]) == b"\xff\xd8\xff"
+def _read(name: Name, k: int, path: Any) -> np.ndarray:
+    """The bytes of the file at ``path`` (a row's), or one BatchError saying why not."""
+    try:
+        return np.fromfile(os.fspath(path), np.uint8)
+    except (OSError, TypeError, ValueError) as err:
+        why = getattr(err, "strerror", None) or err
+        raise BatchError(
+            f"field {name!r}: the file at position {k} in the batch has no bytes and its path "
+            f"{path!r:.1000} does not read here ({why}); give the files' bytes"
+        ) from None
+
+
+def recognised(value: Any, name: Name) -> list[np.ndarray] | None:
+    """An undeclared field's files, when it is a list of files whose first starts with the
+    JPEG signature; else None."""
+    head = files_of(value[:1], name) if isinstance(value, (list, tuple, np.ndarray)) else None
+    jpeg = head is not None and bytes(head[0][:3]) == b"\xff\xd8\xff"  # read no more otherwise
+    return files_of(value, name) if jpeg else None
 
 
 @dataclass(frozen=True)
@@ -135,11 +164,11 @@ class JpegField:
 def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegField:
     """The field's plan from its files' headers; the files that are no JPEG are decoded
     here, on the host. ``means``: how many mean/std values wrap was given."""
-    spec, files = spec or Jpeg(), files_of(value)
+    spec, files = spec or Jpeg(), files_of(value, name)
     if files is None:
         raise BatchError(
             f"field {name!r} is declared JPEG files but is {type(value).__name__}: give a list "
-            "of bytes, of 1-D uint8 tensors or arrays, or of {'bytes': ...} dicts"
+            "of bytes, of 1-D uint8 tensors or arrays, or of {'bytes': ..., 'path': ...} dicts"
         )
     heads = [jpeg_header(f) for f in files]
     grey = all(h is not None and h[2] == 1 for h in heads)
@@ -193,16 +222,19 @@ def host_decode(name: Name, i: int, data: np.ndarray, channels: int) -> torch.Te
     return image
 
 
-def finish(f: JpegField, host: torch.Tensor, prepare, device: torch.device) -> torch.Tensor:
-    """The field's files (``host``: the pinned bytes ``pack`` wrote) -> what the model takes,
-    by ``prepare`` (seeked to this batch) exactly as a JPEG store's batch."""
+def batch(f: JpegField, host: torch.Tensor, device: torch.device) -> Encoded:
+    """The field's files (``host``: the pinned bytes ``pack`` wrote) as a JPEG store's batch,
+    for ``Prepare`` to decode on ``device`` exactly as it decodes a store's."""
     where = f"field {f.name!r}"  # decode.py names "SOURCE: sample K"; here K is the position
-    batch = Encoded(
-        host, f.offsets, f.sizes, torch.arange(len(f.files)), f.channels, device, where, f.decoded
-    )
-    prepare.size = f.size
+    n = len(f.files)
+    return Encoded(host, f.offsets, f.sizes, torch.arange(n), f.channels, device, where, f.decoded)
+
+
+@contextlib.contextmanager
+def named() -> Iterator[None]:
+    """A file that does not decode: one BatchError naming the field and the file's position."""
     try:
-        return prepare(batch, None)[0]
+        yield
     except FormatError as err:
         why = re.sub(r": sample (\d+)", r": the file at position \1 in the batch", str(err))
         raise BatchError(why) from None

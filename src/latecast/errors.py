@@ -1,8 +1,15 @@
 """latecast's exceptions: one type per family, all subclasses of ``LatecastError``.
 
 Every message names the file or value, what was expected and what was found, so the CLI
-can print it as one line (exit code 1) without a traceback.
+can print it as one line (exit code 1) without a traceback. ``refuse`` and ``numbers_of`` are
+how the Python API's entry points check their arguments.
 """
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
 
 
 class LatecastError(Exception):
@@ -42,3 +49,25 @@ class BatchError(LatecastError):
     """A batch from a wrapped iterable (``latecast.wrap``) that cannot cross as it was
     declared: float images where uint8 was declared, a value out of range, an ambiguous
     layout. The message names the field."""
+
+
+def numbers_of(value: Any, kind: type = float) -> tuple | None:
+    """A non-empty sequence of finite numbers as ``kind`` (``int``: integers only, numpy's
+    too); None for anything else (a bool is no number)."""
+    try:
+        items = () if isinstance(value, (str, bytes)) else tuple(value)
+    except TypeError:
+        return None
+    want = numbers.Integral if kind is int else numbers.Real
+    real = (isinstance(v, want) and not isinstance(v, bool) for v in items)
+    if not items or not all(real) or not all(map(math.isfinite, items)):
+        return None
+    return tuple(map(kind, items))
+
+
+def refuse(checks: list[tuple[bool, str, Any, str]]) -> None:
+    """One ConfigError for the first ``(accepted?, argument, its value, what is accepted)``
+    that is not accepted: how the Python API's entry points check their arguments."""
+    for ok, name, value, accepted in checks:
+        if not ok:
+            raise ConfigError(f"{name} must be {accepted}, got {value!r:.60}")

@@ -120,8 +120,21 @@ class Epochs:
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` from the next pass on (like ``DistributedSampler``)."""
+        whole = isinstance(epoch, numbers.Integral) and not isinstance(epoch, bool)
+        refuse([(whole and 0 <= epoch < 2**63, "epoch", epoch, "an integer in 0..2**63-1")])
         if epoch != self.epoch:
-            self.epoch, self.position = epoch, 0
+            self.epoch, self.position = int(epoch), 0
+
+    @staticmethod
+    def _saved(state: Any, *more: str) -> tuple[int, int]:
+        """``(epoch, position)`` of a ``state_dict()`` (which also holds ``more``), or one
+        ConfigError: not a dict, or not their numbers."""
+        got = state if isinstance(state, dict) else {}
+        whole = [isinstance(got.get(k), numbers.Integral) for k in ("epoch", "position")]
+        ok = all(whole) and min(got["epoch"], got["position"]) >= 0 and set(more) <= set(got)
+        keys = ", ".join(("epoch", "position", *more))
+        refuse([(ok, "state", state, f"a state_dict() of this loader: {keys}, counts >= 0")])
+        return int(got["epoch"]), int(got["position"])
 
     def _count(self, items: Iterable[tuple[Any, bool]]) -> Iterator[Any]:
         """A pass's items, counted; the next epoch starts before the last is handed out (at
@@ -369,6 +382,7 @@ class Loader(Epochs):
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next pass starts at its epoch and position."""
+        epoch, position = self._saved(state)
         mine = self.state_dict()
         differ = [
             k
@@ -381,7 +395,7 @@ class Loader(Epochs):
                 "loader state does not match this loader: "
                 + ", ".join(f"{k} {state.get(k)!r} != {mine[k]!r}" for k in differ)
             )
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.epoch, self.position = epoch, position
         if self.streamed:
             remaining, world = state.get("remaining"), int(state["world_size"])
             if world != self.world_size:  # what every rank of the saved run had left

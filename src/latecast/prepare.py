@@ -33,6 +33,13 @@ Mixing = Callable[[torch.Tensor, torch.Tensor, torch.Generator], Batch]
 _HOST = torch.device("cpu")
 
 
+def sizes_of(images: torch.Tensor | Encoded) -> torch.Tensor:
+    """``(N, 2)`` (H, W) of each image as it comes, on the CPU: a JPEG batch's files' own."""
+    if isinstance(images, Encoded):
+        return images.sizes
+    return torch.tensor([images.shape[1:3]]).expand(len(images), 2)
+
+
 class Prepare:
     """Decode (JPEG batches), augment (optional), normalize, mix (optional), on whatever
     device the batch is on. Called as ``prepare(images, labels, indices)`` with the
@@ -113,12 +120,9 @@ class Prepare:
         images by them, ``wrap`` their masks too. None without an ``Augment``."""
         if not isinstance(self.augment, Augment):
             return None
-        encoded = isinstance(images, Encoded)
-        n, dev = len(images), images.device
-        sizes = images.sizes if encoded else torch.tensor([images.shape[1:3]]).expand(n, 2)
-        g, host = self.generator(dev), self.generator(_HOST)
+        g, host = self.generator(images.device), self.generator(_HOST)
         return self.augment.moves(
-            images, sizes, g, host, epoch=self.epoch, indices=indices, seed=self.seed
+            images, sizes_of(images), g, host, epoch=self.epoch, indices=indices, seed=self.seed
         )
 
     def _to_size(self, images: torch.Tensor | Encoded, moves: Moves | None) -> torch.Tensor:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
+import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
@@ -39,6 +40,7 @@ from torch.profiler import record_function
 
 from .data import Batch, Dataset, Encoded, EncodedDataset, StreamedDataset
 from .errors import ConfigError, DeviceError
+from .threads import count, pool
 
 
 @dataclass
@@ -438,6 +440,7 @@ class Jpeg(Mover):
     def __init__(self, dataset: EncodedDataset, device: torch.device, batch_size: int) -> None:
         super().__init__(dataset, device, batch_size)
         self.ring = Ring(self.slots, device)
+        self.unread = None if dataset.crc32 is None else np.ones(len(dataset), bool)
 
     @staticmethod
     def epoch_bytes(dataset: EncodedDataset) -> dict[str, int]:
@@ -457,6 +460,8 @@ class Jpeg(Mover):
             np.take(ds.labels, idx_np, out=buf[:lab_end].view(ds.labels.dtype))
             for a, b, o in zip(starts, ends, offsets):  # files of different lengths: one by one
                 buf[o : o + b - a] = ds.data[a:b]
+            if self.unread is not None and self.unread[idx_np].any():
+                self._first_read(idx_np, buf, offsets)
             labels = widen(self.ring.send(i, host[:lab_end]), ds.labels.dtype)
             self.stats.image_bytes += offsets[-1] - lab_end
             self.stats.label_bytes += lab_end
@@ -468,6 +473,27 @@ class Jpeg(Mover):
                 Encoded(host, offsets, sizes, idx, ds.channels, self.device, where, names=names),
                 labels,
             )
+
+    def _first_read(self, idx: np.ndarray, buf: np.ndarray, offsets: list[int]) -> None:
+        """The files read for the first time, checked against the CRC-32 their store kept:
+        damage libjpeg decodes without a word (bits flipped mid-scan) and files cut where a
+        lying ``offsets.npy`` says are named, once each: 20 ms for 460 photos (34 MB, one
+        thread, a loaded 2-vCPU machine) beside 1.8 s to decode them, in a run's first epoch."""
+
+        def crcs(part: np.ndarray) -> list[int]:  # zlib lets go of the GIL past 5 KiB
+            return [zlib.crc32(buf[offsets[k] : offsets[k + 1]]) for k in part]
+
+        new, threads = np.flatnonzero(self.unread[idx]), count()
+        parts = np.array_split(new, min(threads, len(new)))
+        crc = np.concatenate([np.array(c, np.uint32) for c in pool(threads).map(crcs, parts)])
+        for k in new[crc != self.dataset.crc32[idx[new]]]:
+            warnings.warn(
+                f"{self.dataset.name}/{self.dataset.split}: sample {idx[k]}: its bytes differ from "
+                f"the CRC-32 its store kept when written (damaged or edited since); `latecast "
+                f"info --verify` checks a store",
+                stacklevel=4,
+            )
+        self.unread[idx] = False
 
 
 # A dataset is "resident" only if it takes at most this share of free device memory.

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError
+from .errors import ConfigError, numbers_of, refuse
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)  # what images come out in
 _affine_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -100,11 +100,12 @@ def normalize(
         >>> normalize(x, (0.1307,), (0.3081,)).shape
         torch.Size([8, 1, 28, 28])
     """
-    if images.dtype != torch.uint8 or images.ndim != 4:
-        raise ConfigError(
-            f"normalize expects uint8 (N, H, W, C), got {images.dtype} "
-            f"with shape {tuple(images.shape)}"
-        )
+    if not (isinstance(images, torch.Tensor) and images.dtype == torch.uint8 and images.ndim == 4):
+        _check_batch(images, "normalize", None)  # (the Loader and wrap checked theirs)
+    if not (isinstance(out, torch.Tensor) or (out is None and any(dtype is d for d in FLOATS))):
+        refuse([(False, "out, dtype", (out, dtype), f"a tensor, or None and one of {FLOATS}")])
+    if not isinstance(channels_last, (bool, np.bool_)):
+        refuse([(False, "channels_last", channels_last, "a bool")])
     n, h, w, c = images.shape
     if out is None:
         fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -123,14 +124,18 @@ def normalize(
 _FILLS = ("zero", "reflect")
 
 
-def _check_batch(images: torch.Tensor, fn: str, generator: torch.Generator | None) -> None:
-    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8 or images.ndim != 4:
+def _check_batch(images: torch.Tensor, fn: str, generator, floats: bool = False) -> None:
+    """uint8 ``(N, H, W, C)`` images (``floats``: normalized ``(N, C, H, W)``, what ``Mix``
+    and ``Erasing`` take) and a generator on their device, or one ConfigError."""
+    tensor = isinstance(images, torch.Tensor)
+    if not (tensor and images.ndim == 4 and (images.dtype == torch.uint8) ^ floats) or (
+        floats and not images.is_floating_point()
+    ):
         got = (
-            f"{images.dtype} with shape {tuple(images.shape)}"
-            if isinstance(images, torch.Tensor)
-            else type(images).__name__
+            f"{images.dtype} with shape {tuple(images.shape)}" if tensor else type(images).__name__
         )
-        raise ConfigError(f"{fn} expects a uint8 tensor (N, H, W, C), got {got}")
+        want = "a float tensor (N, C, H, W)" if floats else "a uint8 tensor (N, H, W, C)"
+        raise ConfigError(f"{fn} expects {want}, got {got}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ConfigError(
             f"{fn}: generator must be a torch.Generator or None, got {generator!r:.60}"
@@ -441,6 +446,8 @@ def color_jitter(images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
     each equal to torchvision v2's ``adjust_*`` on uint8 (truncated to uint8 after each step)
     within 1 grey level. (torchvision's ``ColorJitter`` shuffles the order per call; here it
     is fixed.) Saturation leaves 1-channel images as they are, as torchvision does."""
+    if images.shape[3] not in (1, 3):  # torchvision's adjust_* refuse them too (RGBA, say)
+        raise ConfigError(f"color jitter takes 1 or 3 channels, got {tuple(images.shape)}")
     b, c, s = factors.float().T[..., None, None, None]  # each (N, 1, 1, 1)
     x = (images.float() * b).clamp_(0, 255).trunc_()
     mean = _gray(x).mean((1, 2, 3), keepdim=True)
@@ -466,7 +473,7 @@ class Moves:
     """One batch's geometric draws of an ``Augment`` (None where off), drawn once and applied
     alike to its images and to their per-pixel fields (``wrap``'s masks)."""
 
-    augment: Augment
+    augment: Augment | None  # None: no draw (a mask only resized to its JPEG images' size)
     boxes: torch.Tensor | None  # (N, 4) resized-crop (top, left, height, width), on the CPU
     shifts: torch.Tensor | None  # (N, 2) crop translations (dy, dx), on the batch's device
     flips: torch.Tensor | None  # (N,) bool, True: flipped left-right
@@ -482,11 +489,16 @@ class Moves:
             x = translate(x, self.shifts, fill=self.augment.fill)
         return x if self.flips is None else flip(x, self.flips)
 
-    def mask(self, x: torch.Tensor) -> torch.Tensor:
-        """All of them on a per-pixel field ``(N, H, W, C)`` of any dtype, the resized crop by
-        nearest neighbour (``nearest_crop``): every value is one of the field's, never a blend."""
-        if self.boxes is not None:
-            x = nearest_crop(x, self.boxes, tuple(x.shape[1:3]))
+    def mask(self, x: torch.Tensor, size: tuple[int, int] | None = None) -> torch.Tensor:
+        """All of them on a per-pixel field ``(N, H, W, C)`` of any dtype, to ``size`` (its own
+        by default; its JPEG images': their training size), the resized crop by nearest
+        neighbour (``nearest_crop``): every value is one of the field's, never a blend. To
+        another size without a resized crop: the centre boxes JPEG images are decoded by."""
+        size, boxes = tuple(size or x.shape[1:3]), self.boxes
+        if boxes is None and size != tuple(x.shape[1:3]):
+            boxes = centre_boxes(torch.tensor([x.shape[1:3]]).expand(len(x), 2), size)
+        if boxes is not None:
+            x = nearest_crop(x, boxes, size)
         return self.shift_and_flip(x)
 
 
@@ -591,6 +603,14 @@ class Augment:
 # ---- after the normalize: random erasing, batch mixing -------------------------------------
 
 
+_VALUES = "a number (0: the mean), a sequence of them (one per channel) or 'random'"
+
+
+def _rising(pair: tuple | None) -> bool:
+    """Two numbers ``0 < a <= b`` (``numbers_of``: finite)."""
+    return pair is not None and len(pair) == 2 and 0 < pair[0] <= pair[1]
+
+
 @dataclass(frozen=True)
 class Erasing:
     """torchvision's ``RandomErasing`` per image, on the normalized ``(N, C, H, W)`` batch
@@ -607,22 +627,33 @@ class Erasing:
     value: float | tuple[float, ...] | str = 0.0
 
     def __post_init__(self) -> None:
-        _check_number(self.p, "p", float, 0, 1)
-        (a, b), (c, d) = self.scale, self.ratio
-        if not (0 < a <= b <= 1 and 0 < c <= d) or not (
-            self.value == "random" or isinstance(self.value, (numbers.Real, tuple))
-        ):
-            raise ConfigError(
-                f"Erasing: scale {self.scale} needs 0 < a <= b <= 1, ratio {self.ratio} "
-                f"0 < a <= b, value a number, one per channel or 'random', got {self.value!r}"
-            )
+        scale, ratio, value = numbers_of(self.scale), numbers_of(self.ratio), self.value
+        word = isinstance(value, str)
+        one = None if word else numbers_of([value] if isinstance(value, numbers.Real) else ())
+        many = None if word else numbers_of(value)
+        area = _rising(scale) and scale[1] <= 1
+        refuse(
+            [
+                (area, "Erasing scale", self.scale, "(a, b) with 0 < a <= b <= 1"),
+                (_rising(ratio), "Erasing ratio", self.ratio, "(a, b) with 0 < a <= b"),
+                (value == "random" if word else one or many, "Erasing value", value, _VALUES),
+            ]
+        )
+        fields = dict(p=_check_number(self.p, "Erasing p", float, 0, 1), scale=scale, ratio=ratio)
+        for name, v in {**fields, "value": value if word else one[0] if one else many}.items():
+            object.__setattr__(self, name, v)
 
     def __call__(self, images: torch.Tensor, generator=None) -> torch.Tensor:
+        _check_batch(images, "Erasing", generator, floats=True)
         boxes = erasing_params(images, self.p, self.scale, self.ratio, generator)
         fill = self.value
         if fill == "random":
             fill = torch.randn(images.shape, generator=generator, device=images.device)
         elif isinstance(fill, tuple):
+            if len(fill) not in (1, images.shape[1]):
+                raise ConfigError(
+                    f"Erasing value {fill}: {len(fill)} values for {images.shape[1]} channels"
+                )
             fill = torch.tensor(fill)[:, None, None]  # (C, 1, 1)
         return erase_boxes(images, boxes, fill)
 
@@ -677,11 +708,7 @@ class Mix:
         """Float ``(N, C, H, W)`` images, ``(N,)`` integer labels in ``0..classes-1``: the range
         checked on the CPU only (on CUDA it would sync; the Loader's labels are checked when the
         dataset is loaded, and ``one_hot`` asserts on the device)."""
-        if not (
-            isinstance(images, torch.Tensor) and images.ndim == 4 and images.is_floating_point()
-        ):
-            got = f"{images.dtype} {tuple(images.shape)}" if torch.is_tensor(images) else images
-            raise ConfigError(f"Mix expects float images (N, C, H, W), got {got!r:.60}")
+        _check_batch(images, "Mix", None, floats=True)
         dtype = labels.dtype if torch.is_tensor(labels) else None
         if dtype in (None, torch.bool) or dtype.is_floating_point or dtype.is_complex:
             raise ConfigError(f"Mix expects integer labels, got {labels!r:.60}")

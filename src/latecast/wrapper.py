@@ -15,7 +15,8 @@ table ("Your own data"); the rules behind it:
   neither do). Two undeclared uint8 4-dim fields in one batch are an error: one is likely a
   mask, and a mask must never be normalized.
 - **mask** (declared): the images' ``N, H, W``, moved by the same geometric draw as its
-  images (nearest neighbour; crop padding 0 or mirrored), nothing else.
+  images (nearest neighbour; crop padding 0 or mirrored), nothing else. Beside a JPEG field:
+  each file's size, cropped and resized to its training size by the files' decoding boxes.
 - **integer**: crosses in the narrowest of ``NARROW`` that holds this batch's values, or the
   declared dtype; a value that does not fit is an error naming the field, never a wrap-around.
 - **JPEG files** (``encoded.py``): decoded, cropped, augmented and normalized on the device.
@@ -27,6 +28,7 @@ import dataclasses
 import inspect
 import math
 import numbers
+import threading
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -41,10 +43,10 @@ from .config import numbers_of, refuse
 from .distributed import placement
 from .errors import BatchError, ConfigError
 from .loader import Epochs
-from .prepare import Augmentation, Mixing, Prepare
+from .prepare import Augmentation, Mixing, Prepare, sizes_of
 from .threads import one_thread
 from .transfer import Behind, Ring, TransferStats, ahead, widen
-from .transforms import FLOATS, Augment, Erasing
+from .transforms import FLOATS, Augment, Erasing, Moves
 
 Name = Union[str, int]
 IMAGE, MASK, INT, AS_IS = "image", "mask", "integer", "as is"
@@ -181,6 +183,12 @@ def image_hint(name: Name, t: torch.Tensor) -> str | None:
     return None
 
 
+def _channels(erase: Any, mean: tuple | None) -> bool:
+    """An ``Erasing`` value of numbers per channel has one per ``mean`` value (or one)."""
+    value = getattr(erase, "value", None)
+    return not (isinstance(value, tuple) and mean and len(value) not in (1, len(mean)))
+
+
 def check_fields(fields: dict | None) -> dict[Name, Any]:
     """``fields=`` as ``{name: "image" | "mask" | Jpeg | (dtype it crosses in, dtype out)}``."""
     if fields is not None and not isinstance(fields, dict):
@@ -189,6 +197,7 @@ def check_fields(fields: dict | None) -> dict[Name, Any]:
     for name, spec in (fields or {}).items():
         if (isinstance(spec, str) and spec in (IMAGE, MASK)) or isinstance(spec, encoded.Jpeg):
             out[name] = spec
+            _ = isinstance(spec, encoded.Jpeg) and encoded.decoder()  # LATECAST_DECODER, now
             continue
         cross, dtype = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, torch.int64)
         if not any(cross is d for d in NARROW) or not any(dtype is d for d in OUTS):
@@ -238,6 +247,7 @@ class Fields:
         flag, ours = self.channels_last, isinstance(aug, Augment)
         integer = isinstance(seed, numbers.Integral) and not isinstance(seed, bool)
         floats, layouts = (", ".join(map(str, names)) for names in (FLOATS, LAYOUTS))
+        per_channel = f"one number or {len(mean or ())}, one per channel as mean/std"
         altflip = "without altflip (it needs each sample's dataset index, which only a Loader has)"
         masks = (
             "a latecast.Augment where fields= declares a mask (its geometric draws move the mask)"
@@ -253,6 +263,7 @@ class Fields:
                 (integer and 0 <= seed < 2**63, "seed", seed, "an integer in 0..2**63-1"),
                 (erase is None or callable(erase), "erase", erase, "a latecast.Erasing or None"),
                 (self.mix is None or callable(self.mix), "mix", self.mix, "f(images, labels, g)"),
+                (_channels(erase, mean), "erase.value", getattr(erase, "value", 0), per_channel),
             ]
         )
         self.normalizes = mean is not None
@@ -291,15 +302,15 @@ class Fields:
         plans: list[Field | encoded.JpegField | None] = []
         for (name, value), t in zip(leaves, tensors):
             spec = self.fields.get(name)
-            if isinstance(spec, encoded.Jpeg) and not host:
+            jpeg = isinstance(spec, encoded.Jpeg)
+            if jpeg and not host:
                 raise BatchError(
                     f"field {name!r} is declared JPEG files: those are decoded by latecast.wrap "
                     "(from its pinned buffer), not after another framework moved the batch"
                 )
-            if host and (
-                isinstance(spec, encoded.Jpeg) or (t is None and encoded.recognised(value))
-            ):
-                plans.append(encoded.plan(name, value, spec, len(self.prepare.mean)))
+            found = host and t is None and not jpeg and encoded.recognised(value, name)
+            if host and (jpeg or found):
+                plans.append(encoded.plan(name, found or value, spec, len(self.prepare.mean)))
                 continue
             if t is not None and host and t.device.type != "cpu":
                 raise BatchError(
@@ -335,7 +346,32 @@ class Fields:
             for hint in hints:
                 warnings.warn(f"latecast.wrap: {hint}", UserWarning, stacklevel=4)
         self._check_pixels([f for f in plans if f and f.kind in (IMAGE, MASK)])
+        self._check_masks([f for f in plans if f and f.kind in (IMAGE, MASK, encoded.ENCODED)])
         return tensors, plans
+
+    def _check_masks(self, pixels: list) -> None:
+        """Masks beside JPEG fields: each file of the masks' size (its boxes move the mask),
+        and every image of the batch coming out at one size (the masks' too)."""
+        masks = [f for f in pixels if f.kind == MASK]
+        files = [f for f in pixels if f.kind == encoded.ENCODED]
+        if not (masks and files):
+            return
+        m, (n, h, w) = masks[0], masks[0].nhw
+        for f in files:
+            other = [(k, a, b) for k, (a, b) in enumerate(f.sizes.tolist()) if (a, b) != (h, w)]
+            bad = "its file at position {} is {}x{}".format(*other[0]) if other else ""
+            bad = f"it holds {len(f.files)} files" if len(f.files) != n else bad
+            if bad:
+                raise BatchError(
+                    f"field {m.name!r}: masks {(n, h, w)} are moved with the files of JPEG field "
+                    f"{f.name!r} (by their decoding boxes), but {bad}"
+                )
+        outs = {f.size for f in files} | {f.nhw[1:] for f in pixels if f.kind == IMAGE}
+        if len(outs) > 1:
+            raise BatchError(
+                f"field {m.name!r}: masks come out at the size of their JPEG images, so every "
+                f"image of the batch must come out at one size, got {sorted(outs)}"
+            )
 
     def _check_pixels(self, pixels: list[Field]) -> None:
         """Images and masks of one batch are of one size; two uint8 4-d fields are declared
@@ -442,31 +478,53 @@ class Fields:
         plans: list[Field | None],
         raws: list[torch.Tensor | None],
         where: tuple[int, int, int],
+        device: torch.device | None = None,
     ) -> list[torch.Tensor | None]:
-        """Each field's bytes on the device (1-d uint8; None: it passes through) -> what the
-        model takes. ``where``: (epoch, rank, batch), the augmentation's seed. The images and
-        masks of a batch share one geometric draw (``Prepare.moves``): a mask is moved with
-        its images by nearest neighbour and nothing else; every image gets the same colour
-        draws too."""
-        out = [None if f is None else self._view(f, raw) for f, raw in zip(plans, raws)]
-        pixels = [i for i, f in enumerate(plans) if f is not None and f.kind in (IMAGE, MASK)]
+        """Each field's bytes (1-d uint8 on the device; a JPEG field's files in host memory,
+        decoded on ``device``; None: it passes through) -> what the model takes. ``where``:
+        (epoch, rank, batch), the augmentation's seed. The images, JPEG files and masks of a
+        batch share one geometric draw (``Prepare.moves``, from the JPEG files' sizes where
+        there are some): a mask is moved with its images by nearest neighbour, to a JPEG
+        field's training size, and nothing else; every image gets the same colour draws;
+        images of other sizes (no mask beside them) get boxes of their own, same seeds."""
+        jpeg = [i for i, f in enumerate(plans) if f is not None and f.kind == encoded.ENCODED]
+        out = [
+            None if f is None or i in jpeg else self._view(f, raw)
+            for i, (f, raw) in enumerate(zip(plans, raws))
+        ]
+        pixels = [i for i, f in enumerate(plans) if f and f.kind in (IMAGE, MASK, encoded.ENCODED)]
         if not pixels:
             return out
-        first, prepare = out[pixels[0]], self.prepare
+        device = device or out[pixels[0]].device  # Lightning's batches: no JPEG field there
+        images = {
+            i: encoded.batch(plans[i], raws[i], device) if i in jpeg else out[i] for i in pixels
+        }
+        first, prepare = images[min(jpeg, default=pixels[0])], self.prepare
+        size = plans[jpeg[0]].size if jpeg else None  # the masks': the images' as they come out
         prepare.seek(*where)
-        prepare.next_batch(first.device)
-        moves = prepare.moves(first)  # one draw for them all; None without an Augment
-        g = prepare.generator(first.device)
-        state = g.get_state()  # the colour draws start here, for every image
-        for i in pixels:
-            f, x = plans[i], out[i]
-            if f.kind == IMAGE:
+        prepare.next_batch(device)
+        g, host = prepare.generator(device), prepare.generator(torch.device("cpu"))
+        seeded = g.get_state(), host.get_state()
+
+        def draw(x) -> tuple[Moves | None, torch.Tensor]:  # the draw, where colour starts
+            g.set_state(seeded[0])
+            host.set_state(seeded[1])
+            return prepare.moves(x), g.get_state()
+
+        (moves, colour), sizes = draw(first), sizes_of(first)
+        with encoded.named():  # a file that does not decode: the field's BatchError
+            for i in pixels:
+                f, x = plans[i], images[i]
+                if f.kind == MASK:
+                    x = (moves or Moves(None, None, None, None)).mask(x, size)
+                    out[i] = x[..., 0] if f.layout == "NHW" else x.permute(0, 3, 1, 2).contiguous()
+                    continue
+                same = x is first or torch.equal(sizes_of(x), sizes)
+                m, state = (moves, colour) if same else draw(x)
                 g.set_state(state)
-                x = prepare.apply(x, None, moves=moves)[0]  # no mixing: labels are fields
+                prepare.size = getattr(f, "size", None)  # a JPEG field's training size
+                x = prepare.apply(x, None, moves=m)[0]  # no mixing: labels are fields
                 out[i] = x if self.erase is None else self.erase(x, g)  # after the normalize
-            else:
-                x = x if moves is None else moves.mask(x)
-                out[i] = x[..., 0] if f.layout == "NHW" else x.permute(0, 3, 1, 2).contiguous()
         return out
 
     def mixed(self, plans: list[Field | None], values: list) -> list:
@@ -640,8 +698,9 @@ class Wrapped(Epochs):
             return None
 
     def _load_state_dict(self, state: dict) -> None:
+        epoch, position = self._saved(state, "source")
         self.batches.load_state_dict(state["source"])
-        self.epoch, self.position, self._state = int(state["epoch"]), int(state["position"]), None
+        self.epoch, self.position, self._state = epoch, position, None
         self._behind = None
 
     def __iter__(self) -> Iterator[Any]:
@@ -682,20 +741,13 @@ class Wrapped(Epochs):
         dev = self._ring.ready(s.slot, s.dev)
         where = (self.epoch, self._where[1], self.position)
         self._stats.batches += 1
-        plans = [None if f is None or f.kind == encoded.ENCODED else f for f in s.plans]
-        raws = [f and dev[o : o + f.nbytes] for f, o in zip(plans, s.offsets)]
-        done = self.fields.finish(plans, raws, where)  # JPEG fields (None here): _jpeg
-        values = [
-            value if f is None else self._jpeg(s, f, o, where) if d is None else d
-            for (_, value), f, o, d in zip(s.leaves, s.plans, s.offsets, done)
+        raws = [
+            f and (s.host if f.kind == encoded.ENCODED else dev)[o : o + f.nbytes]
+            for f, o in zip(s.plans, s.offsets)
         ]
+        done = self.fields.finish(s.plans, raws, where, self._where[0])
+        values = [value if d is None else d for (_, value), d in zip(s.leaves, done)]
         return s.rebuild(self.fields.mixed(s.plans, values))
-
-    def _jpeg(self, s: Sent, f, offset: int, where) -> Any:
-        """A JPEG field's files decoded from the pinned slot, where the decoder reads them."""
-        self.fields.prepare.seek(*where)
-        files = s.host[offset : offset + f.nbytes]
-        return encoded.finish(f, files, self.fields.prepare, self._where[0])
 
     def _send(self, batch: Any, stateful: bool) -> Sent:
         """A batch of the source packed into the ring, its copy started."""
@@ -739,6 +791,8 @@ class Mover(Wrapped):
     for programs that build their batches per call (nanoGPT's ``get_batch``). No read-ahead:
     a batch function that draws from the global RNG draws exactly when it did without it.
     ``position`` counts the calls, and seeds the augmentation with ``epoch`` and the rank.
+    Safe from several threads: their calls take turns (one lock around each whole call; its
+    ring slot and seeds would otherwise be shared), and each thread gets its own batch.
 
     Example:
         >>> mover = latecast.Mover(device="cuda")            # wrap's options: fields=, mean=...
@@ -747,11 +801,13 @@ class Mover(Wrapped):
 
     def __init__(self, *, device: str | torch.device = "auto", **options: Any) -> None:
         super().__init__(None, Fields.of(options), device)
+        object.__setattr__(self, "_lock", threading.Lock())  # not the source's: it has none
 
     def __call__(self, batch: Any) -> Any:
-        self._start()
-        batch = self._finish(self._send(batch, stateful=False))
-        self.position += 1
+        with self._lock:
+            self._start()
+            batch = self._finish(self._send(batch, stateful=False))
+            self.position += 1
         return batch
 
 

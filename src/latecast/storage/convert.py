@@ -27,6 +27,7 @@ import json
 import multiprocessing
 import os
 import signal
+import stat
 import sys
 import threading
 import warnings
@@ -149,8 +150,9 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
     Rules:
       - classes: sorted subfolder names holding at least one image (a folder with none is
         not a class: skipped with a warning); files with an image suffix are read (nested
-        too), others and hidden files ignored. A top level of only ``train/`` plus
-        ``test/`` and/or ``val/`` gives one store per split (``out/train``, ...; see
+        too; a FIFO or device by that name is as an unreadable file), others and hidden files
+        ignored. A top level of only ``train/`` plus ``test/`` and/or ``val/`` gives one
+        store per split (``out/train``, ...; see
         ``open_store``), all with the train split's classes, mean and std. A plain class
         folder (or a lone ``train/``) is split: ``test_fraction`` of each class (at least
         one of a class of two or more, chosen by ``seed``) goes to ``out/test``; with
@@ -189,10 +191,13 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
     try:
         import PIL.Image  # noqa: F401  (optional: the "bench" extra)
         import torchvision.io  # noqa: F401  (libjpeg, to check each JPEG as training reads it)
+
+        from ..decode import decoder
     except ImportError:
         raise ConfigError(
             "latecast convert needs Pillow and torchvision: pip install 'latecast[bench]'"
         ) from None
+    decoder()  # a bad LATECAST_DECODER is that one error, not every JPEG "unreadable"
     folder, out = Path(config.folder), Path(config.out)
     if not folder.is_dir():
         raise ConfigError(f"{folder}: not a folder of class subfolders")
@@ -329,7 +334,7 @@ def _list_images(
         name: sorted(
             p
             for p in (root / name).rglob("*")
-            if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and p.is_file()
+            if p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith(".") and not p.is_dir()
         )
         for name in folders
     }
@@ -433,8 +438,9 @@ def _good(items: list, results: Iterable, skipped: list, folder: Path, skip_bad:
     for item, result in zip(items, results):
         if not isinstance(result, FormatError):
             yield item, result
-        elif skip_bad:
-            skipped.append((str(item[0].relative_to(folder)), str(result)))
+        elif skip_bad:  # the reason without its path: "file" holds that, exactly
+            why = str(result).removeprefix(f"{_shown(item[0])}: ")
+            skipped.append((str(item[0].relative_to(folder)), why))
         else:
             raise result
 
@@ -443,8 +449,10 @@ def _good(items: list, results: Iterable, skipped: list, folder: Path, skip_bad:
 
 
 def _shown(path: Path) -> str:
-    """The path for a one-line message: quoted when it holds a tab, newline or the like."""
-    return str(path) if str(path).isprintable() else ascii(str(path))
+    """The path for a one-line message: quoted when it holds a tab, newline or the like, or
+    starts with a quote (which would read as quoted)."""
+    name = str(path)
+    return name if name.isprintable() and name[:1] not in "'\"" else ascii(name)
 
 
 def _read(path: Path, fn: Callable, whole: bool):
@@ -454,6 +462,8 @@ def _read(path: Path, fn: Callable, whole: bool):
     from PIL import Image
 
     try:
+        if not stat.S_ISREG(path.stat().st_mode):  # reading a FIFO waits, a device never ends
+            return FormatError(f"{_shown(path)}: not a regular file (a FIFO, device or socket)")
         data = path.read_bytes() if whole else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Pillow's, e.g. odd EXIF; MAX_PIXELS is the cap
@@ -466,6 +476,8 @@ def _read(path: Path, fn: Callable, whole: bool):
                 return fn(im, data)
     except FormatError as e:  # readable, but refused (damaged JPEG data)
         return FormatError(f"{_shown(path)}: {e}")
+    except ConfigError:  # a setting (LATECAST_DECODER), never the file's fault
+        raise
     except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, struct.error, ...
         unknown = isinstance(e, Image.UnidentifiedImageError)  # its text names the BytesIO
         why = "not a format Pillow reads" if unknown else f"{type(e).__name__}: {e}"

@@ -24,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..config import refuse
 from ..data import Dataset, EncodedDataset, check_labels, from_arrays
 from ..errors import ConfigError, FormatError, LatecastError
 from .download import download, extract_tar
@@ -170,6 +171,15 @@ def load_dataset(
         >>> train = load_dataset("mnist")   # bundled: works offline
         >>> test = load_dataset("cifar10", "test", root="~/data")
     """
+    path = (str, os.PathLike)
+    refuse(
+        [
+            (isinstance(name, path), "name", name, "a dataset name or a store folder"),
+            (isinstance(split, str), "split", split, "a split's name, train or test"),
+            (root is None or isinstance(root, path), "root", root, "a folder or None"),
+        ]
+    )
+    name = os.fspath(name)
     spec = DATASETS.get(name)
     if spec is None and is_shards(name):  # WebDataset tar shards, streamed
         return open_shards(name, split)

@@ -154,6 +154,8 @@ def check_role(array: np.ndarray, role: str, name: str) -> np.ndarray:
             f"expected {role} (type 0x08, {ndim} dimension{'s' if ndim > 1 else ''}) "
             f"but {name} holds {array.dtype} {kind} of shape {tuple(array.shape)}"
         )
+    if 0 in array.shape:  # a valid IDX header of nothing: "empty dataset" would name no file
+        raise FormatError(f"{name}: {role} of shape {tuple(array.shape)}, that is none")
     return array
 
 

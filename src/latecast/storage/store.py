@@ -26,25 +26,27 @@ import hashlib
 import json
 import os
 import struct
+import zlib
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
+from ..config import refuse
 from ..data import Dataset, EncodedDataset, check_labels
 from ..errors import ConfigError, FormatError
-from ..jpegheader import jpeg_header
+from ..jpegheader import JPEG_SIDE, jpeg_header
 from .fileio import atomic_folder
 
 SCHEMA = 1
 IMAGES, LABELS, META, SKIPPED = "images.npy", "labels.npy", "meta.json", "skipped.txt"
-DATA, OFFSETS, SIZES = "data.bin", "offsets.npy", "sizes.npy"
+DATA, OFFSETS, SIZES, CRC32 = "data.bin", "offsets.npy", "sizes.npy", "crc32.npy"
 FILES = {  # encoding -> {meta.json key: file}; the first holds the images, the others are small
     "raw": {"images": IMAGES, "labels": LABELS},
-    "jpeg": {"data": DATA, "offsets": OFFSETS, "sizes": SIZES, "labels": LABELS},
+    "jpeg": {"data": DATA, "offsets": OFFSETS, "sizes": SIZES, "labels": LABELS, "crc32": CRC32},
 }
+LATER = {"crc32"}  # files a store written by an earlier latecast may lack
 MAX_SIDE = 10_000  # pixels: the largest training height or width
-JPEG_SIDE = 65_535  # pixels: the largest height or width a JPEG file can have
 CHUNK_BYTES = 64 << 20  # copy images in 64 MiB pieces, so a memmap source is never read whole
 SPLIT_NAMES = ("train", "test", "val")
 # Files whose structure opening a jpeg store checks (spread evenly, the first and last among
@@ -112,10 +114,17 @@ def _chunks(big: np.ndarray) -> Iterator[bytes]:
 
 
 def _arrays(ds: Dataset | EncodedDataset) -> dict[str, np.ndarray]:
-    """``{meta.json key: array}`` of ``ds``, in ``FILES`` order."""
+    """``{meta.json key: array}`` of ``ds``, in ``FILES`` order, but a jpeg store's CRC-32s
+    (``finish_split`` reckons them from the files)."""
     if isinstance(ds, EncodedDataset):
         return {"data": ds.data, "offsets": ds.offsets, "sizes": ds.sizes, "labels": ds.labels}
     return {"images": ds.images, "labels": ds.labels}
+
+
+def crc32s(data: np.ndarray, offsets) -> np.ndarray:
+    """``(N,)`` uint32: the CRC-32 of each file ``data[offsets[i]:offsets[i + 1]]``."""
+    a = np.asarray(offsets).tolist()
+    return np.array([zlib.crc32(data[i:j]) for i, j in zip(a, a[1:])], np.uint32)
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...], length: int = 0) -> bytes:
@@ -137,8 +146,9 @@ def finish_split(
         raise FormatError(f"{folder.name}: refusing to write a store with no images")
     check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
     encoding, arrays = getattr(ds, "encoding", "raw"), _arrays(ds)
-    if encoding != "raw":
+    if encoding != "raw":  # every file read: its structure, and its CRC-32 kept (transfer.Jpeg)
         check_jpegs(ds, f"{ds.name}/{ds.split}", range(len(ds)))
+        arrays["crc32"] = crc32s(ds.data, ds.offsets)
     for key, name in list(FILES[encoding].items())[1:]:
         np.save(folder / name, np.ascontiguousarray(arrays[key]), allow_pickle=False)
     files = {
@@ -223,7 +233,7 @@ def read_meta(folder: Path) -> dict:
         "name": str,
         "split": str,
         "count": int,
-        **dict.fromkeys(FILES[encoding], dict),
+        **{key: dict for key in FILES[encoding] if key not in LATER or key in meta},
         **({} if encoding == "raw" else {"size": list, "channels": int}),
         "classes": list,
         "mean": list,
@@ -307,6 +317,12 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
         >>> test.images.shape
         (10000, 32, 32, 3)
     """
+    refuse(
+        [
+            (isinstance(path, (str, os.PathLike)), "path", path, "a store folder"),
+            (split is None or isinstance(split, str), "split", split, "a split's name or None"),
+        ]
+    )
     folder = _store_folder(Path(path), split)
     meta = read_meta(folder)
     if split is not None and meta["split"] != split:
@@ -316,6 +332,7 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
     arrays = {
         key: _open_array(folder, name, meta[key], rows.get(key, count), count)
         for key, name in FILES[encoding].items()
+        if key in meta  # (read_meta: only a file of LATER may be absent)
     }
     labels = np.array(arrays.pop("labels"))  # small: read it whole
     if encoding == "raw":
@@ -346,8 +363,9 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
     if encoding == "raw":
         ds = Dataset(images=arrays["images"], **common)  # checks the dtypes and ndim
     else:
-        size = tuple(meta["size"])
-        ds = EncodedDataset(**arrays, **common, channels=channels, size=size)
+        size, crc = tuple(meta["size"]), arrays.pop("crc32", None)
+        crc = None if crc is None else np.array(crc)  # small: read it whole
+        ds = EncodedDataset(**arrays, **common, channels=channels, size=size, crc32=crc)
         picks = np.unique(np.linspace(0, count - 1, min(count, STRUCTURE_SAMPLE)).astype(int))
         check_jpegs(ds, str(folder), picks)
     check_labels(labels, ds.num_classes, str(folder / LABELS))
@@ -367,9 +385,12 @@ def verify(ds: Dataset | EncodedDataset, where: str) -> bool:
     for chunk in _chunks(ds.data if isinstance(ds, EncodedDataset) else ds.images):
         digest.update(chunk)
     if digest.hexdigest() != ds.digest:
+        crc = getattr(ds, "crc32", None)  # which file: the first whose CRC-32 differs
+        bad = [] if crc is None else np.flatnonzero(crc32s(ds.data, ds.offsets) != crc)[:1]
         raise FormatError(
-            f"{where}: the images differ from the SHA-256 in {META} (a file edited or damaged "
-            f"since it was written); make the store again"
+            f"{where}: " + "".join(f"sample {k}: " for k in bad) + f"the images differ from "
+            f"the SHA-256 in {META} (a file edited or damaged since it was written); make the "
+            "store again"
         )
     return True
 
@@ -420,6 +441,7 @@ def _check_encoded(folder: Path, meta: dict, arrays: dict, labels: np.ndarray) -
             f"sizes must be int32 (height, width) pairs in 1..{JPEG_SIDE}, one per image",
         ),
         (labels.dtype in (np.uint8, np.uint16), LABELS, "labels must be uint8 or uint16"),
+        (arrays.get("crc32", np.uint32(0)).dtype == np.uint32, CRC32, "CRC-32s must be uint32"),
         (
             channels in (1, 3)
             and len(size) == 2

@@ -3,8 +3,8 @@
 Exit codes: 0 success, 2 bad usage (argparse), 1 a ``LatecastError`` or what the system
 refused (a full disk, no permission), 130 Ctrl-C; errors are one line on stderr, no
 traceback unless ``--debug``. With ``--json`` the last stdout line is one strict JSON object:
-the result, or on an error ``{"error": the same message, "exit_code": 1}``; bad usage (2) and
-Ctrl-C (130) print none.
+the result, or on an error ``{"error": the same message, "exit_code": 1}`` (bad usage: 2);
+Ctrl-C (130) prints none.
 """
 
 from __future__ import annotations
@@ -355,7 +355,11 @@ COMMANDS = {
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line like every other error; --help has the usage
-        self.exit(2, f"{self.prog}: error: {_one_line(message)} (see {self.prog} --help)\n")
+        line = f"{_one_line(message)} (see {self.prog} --help)"
+        sys.stderr.write(f"{self.prog}: error: {line}\n")
+        stop = SystemExit(2)
+        stop.line = line  # for the --json line (_main)
+        raise stop
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -419,9 +423,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    command = next((a for a in argv if not a.startswith("-")), None)  # -h is all before it
-    args = build_parser(command).parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in words if not a.startswith("-")), None)  # -h is all before it
+    try:
+        args = build_parser(command).parse_args(words)
+    except SystemExit as stop:  # bad usage: with --json (latecast's, not a script's after --)
+        ours = words[: words.index("--")] if "--" in words else words
+        if hasattr(stop, "line") and "--json" in ours:
+            print(json.dumps({"error": stop.line, "exit_code": 2}))
+        raise
     if not args.debug:  # warnings as one line each, without the source line under them
         warnings.formatwarning = _one_line_warning
     code = 0
