@@ -11,23 +11,24 @@ import torch
 from PIL import Image, ImageOps
 
 from latecast import decode
+from latecast.data import Encoded
 from latecast.jpegheader import jpeg_header
 from latecast.loader import Loader
 from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store
 
 
-@pytest.fixture(params=["torchcodec", "torchvision"])
+@pytest.fixture(params=["simplejpeg", "torchcodec", "torchvision"])
 def decoder(request, monkeypatch):
-    """Each test once per decoder: TorchCodec's, and torchvision's fallback (the one the GPU
-    machine, without TorchCodec, runs)."""
-    if request.param == "torchcodec":
-        pytest.importorskip("torchcodec")
-    monkeypatch.setenv("LATECAST_DECODER", request.param)
-    decode.decoder.cache_clear()
-    assert decode.decoder().startswith(request.param)
+    """Each test once per decoder: simplejpeg (a CPU device's first choice), TorchCodec's,
+    and torchvision's fallback (the one the GPU machine, without TorchCodec, runs)."""
+    pytest.importorskip(request.param)
+    if request.param != "simplejpeg":
+        monkeypatch.setenv("LATECAST_DECODER", request.param)
+    decode.decoder.cache_clear(), decode.cpu_decoder.cache_clear()
+    assert decode.cpu_decoder().startswith(request.param)
     yield request.param
-    decode.decoder.cache_clear()
+    decode.decoder.cache_clear(), decode.cpu_decoder.cache_clear()
 
 
 def smooth(h: int, w: int, seed: int, grey: bool = False) -> np.ndarray:
@@ -61,13 +62,22 @@ def as_uint8(images: torch.Tensor) -> torch.Tensor:
 
 def test_each_exif_orientation_decodes_as_pillow_shows_it(decoder):
     """Orientations 1-8 of a 24x40 photo: the pixels Pillow's exif_transpose shows, exactly
-    (the same libjpeg underneath), and the header read gives the upright size."""
-    for o in range(1, 9):
-        f = jpeg(smooth(24, 40, o), o)
+    (the same libjpeg underneath), one file at a time and as a CPU batch at its own size
+    (each image decoded into its slot), and the header read gives the upright size."""
+    files = [jpeg(smooth(24, 40, o), o) for o in range(1, 9)]
+    for o, f in enumerate(files, 1):
         got = decode.read([torch.frombuffer(bytearray(f), dtype=torch.uint8)], 3, "cpu")[0]
         ref = upright(f)
         assert torch.equal(got, ref), (decoder, o)
         assert jpeg_header(f) == (*ref.shape[1:], 3, o)
+    for size in [(24, 40), (40, 24)]:  # upright as stored (1-4), turned (5-8)
+        some = [f for f in files if jpeg_header(f)[:2] == size]
+        sizes = torch.tensor([size] * len(some))
+        offsets = np.cumsum([0] + list(map(len, some))).tolist()
+        data = torch.frombuffer(bytearray(b"".join(some)), dtype=torch.uint8)
+        batch = Encoded(data, offsets, sizes, torch.arange(4), 3, torch.device("cpu"))
+        got = decode.decode(batch, size)  # (4, H, W, 3)
+        assert torch.equal(got, torch.stack([upright(f).permute(1, 2, 0) for f in some]))
 
 
 def test_the_header_reader_refuses_what_is_not_a_jpeg():
@@ -115,7 +125,7 @@ def test_convert_and_the_store_show_rotated_files_upright(tmp_path, decoder, enc
     refs = {tuple(upright(d).flatten().tolist()): n for n, d in files.items()}
     seen = {refs.get(tuple(im.flatten().tolist())) for im in got}
     assert seen == set(files), (decoder, encoding)
-    assert loader.stats.decoder == (decode.decoder() if encoding == "jpeg" else "")
+    assert loader.stats.decoder == (decode.cpu_decoder() if encoding == "jpeg" else "")
 
 
 def test_a_store_from_before_exif_turns_is_refused_naming_the_sample(decoder):
@@ -179,7 +189,7 @@ def test_wrap_and_a_store_give_the_same_pixels_for_the_same_files(decoder, mixed
     for (a, ya), (b, yb) in zip(loader, wrapped, strict=True):
         assert a.shape == (3, 3, 24, 28) and torch.equal(a, b) and torch.equal(ya, yb)
     s = wrapped.stats
-    assert s.image_bytes == sum(map(len, mixed_files)) and s.decoder == decode.decoder()
+    assert s.image_bytes == sum(map(len, mixed_files)) and s.decoder == decode.cpu_decoder()
     assert s.decoded_bytes == 6 * 24 * 28 * 3 and s.usual_bytes == 4 * s.decoded_bytes + 6 * 8
 
 

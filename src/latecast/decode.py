@@ -129,6 +129,58 @@ def _one(channels: int) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda f: _upright(f, decode_jpeg(f, ImageReadMode[mode]))
 
 
+@lru_cache(maxsize=None)
+def cpu_decoder() -> str:
+    """The decoder of JPEG batches on a CPU device: ``"simplejpeg <version>"`` where
+    simplejpeg >= 1.8 imports and ``LATECAST_DECODER`` picks no other, else ``decoder()``.
+    simplejpeg calls libjpeg-turbo's TurboJPEG API straight into a numpy array: the same
+    pixels as TorchCodec (both libjpeg-turbo, exact IDCT, fancy upsampling) at half its
+    cost a CIFAR-10 file (12 vs 25 us, 1 thread, loaded 2-core machine; photos alike)."""
+    if not os.environ.get("LATECAST_DECODER"):
+        try:
+            import simplejpeg
+
+            version = simplejpeg.__version__
+            if tuple(map(int, version.split(".")[:2])) >= (1, 8):  # buffer= and strict=
+                return f"simplejpeg {version}"
+        except Exception:  # absent, or a build that does not load
+            pass
+    return decoder()
+
+
+def decoder_on(device: torch.device) -> str:
+    """The decoder of JPEG batches for ``device``: ``cpu_decoder()`` or ``decoder()``."""
+    return cpu_decoder() if torch.device(device).type == "cpu" else decoder()
+
+
+def _turbo(
+    file: torch.Tensor, channels: int, into: torch.Tensor | None
+) -> tuple[torch.Tensor | None, bool]:
+    """simplejpeg's decoding of one file, upright ``(H, W, C)`` (written straight into
+    ``into``, a slot of the batch, when it fits it as stored), and whether libjpeg warned
+    (damaged data: decoded again leniently, as the other decoders decode it). ``(None,
+    False)`` leaves the file to ``decoder()``: a header it cannot read, 4 channels (CMYK:
+    simplejpeg's conversion differs from TorchCodec's by 1-2 grey levels), or a file
+    simplejpeg cannot decode (12-bit), which the other then names."""
+    import simplejpeg
+
+    data = file.numpy()
+    head = jpeg_header(data)  # (H, W, channels, orientation), upright
+    if head is None or head[2] == 4:
+        return None, False
+    space, fits = ("GRAY" if channels == 1 else "RGB"), into is not None and head[3] == 1
+    buffer = into.numpy() if fits and tuple(into.shape[:2]) == head[:2] else None
+    try:
+        image, damaged = simplejpeg.decode_jpeg(data, space, buffer=buffer), False
+    except ValueError:  # strict (the default): raised for libjpeg's warnings too
+        try:
+            image, damaged = simplejpeg.decode_jpeg(data, space, strict=False), True
+        except ValueError:
+            return None, False
+    turn, image = _TURNS.get(head[3]), torch.from_numpy(image)
+    return (image if turn is None else turn(image.permute(2, 0, 1)).permute(1, 2, 0)), damaged
+
+
 def _upright(file: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
     """torchvision's decoding of ``file`` turned by the EXIF orientation of its header."""
     turn = _TURNS.get((jpeg_header(file.numpy()) or (0, 0, 0, 1))[3])
@@ -148,10 +200,10 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
     boxes = centre_boxes(batch.sizes, size) if boxes is None else boxes
     with _fd2() as said, one_thread():
         if batch.device.type == "cpu":
-            images = _decode_cpu(batch, tuple(size), boxes.tolist())
+            images, damaged = _decode_cpu(batch, tuple(size), boxes.tolist())
         else:
-            images = resized_crop(_decode_gpu(batch), boxes, size)
-    return _named(said[0], batch, images)
+            images, damaged = resized_crop(_decode_gpu(batch), boxes, size), []
+    return _named(said[0], batch, images, damaged)
 
 
 def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
@@ -172,42 +224,55 @@ def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
         ) from None
     images = [done[i] if i in done else batch.decoded[i].to(dev) for i in range(len(files))]
     for i, im in enumerate(images):
-        _check_size(im, sizes[i], batch, i)
+        _check_size(im.shape[1:], sizes[i], batch, i)
     return [im.permute(1, 2, 0) for im in images]
 
 
-def _decode_cpu(batch: Encoded, size: tuple[int, int], boxes: list) -> torch.Tensor:
+def _decode_cpu(batch: Encoded, size: tuple[int, int], boxes: list) -> tuple[torch.Tensor, list]:
     """The thread pool: each thread decodes its share of the files and writes each image
-    straight into its slot of the batch, resized one at a time (photos) or, when every file
-    already is the training size (CIFAR-10), in one stack for its share. Per CIFAR-10 file,
-    1 thread, loaded 2-core machine: 60 us before, 26 us now, the decoder's op alone 19-22."""
+    straight into its slot of the batch: decoded there (simplejpeg) or stacked there
+    (``decoder()``) when every file already is the training size (CIFAR-10), else resized
+    into it one at a time (photos). Returns the batch and the files libjpeg warned about
+    (simplejpeg's; the other decoders' warnings are read from fd 2). Per CIFAR-10 file,
+    1 thread, loaded 2-core machine: 60 us before issue 21, 26 with TorchCodec's op (19-22
+    of it), 15 with simplejpeg's."""
     n, one, sizes, at = len(batch), _one(batch.channels), batch.sizes.tolist(), batch.offsets
     files = batch.data[at[0] : at[-1]].split([b - a for a, b in zip(at, at[1:])])  # 1 call
     out = torch.empty((n, *size, batch.channels), dtype=torch.uint8)
     whole = all(b == [0, 0, *size] and s == b[2:] for b, s in zip(boxes, sizes))
+    turbo, damaged = cpu_decoder().startswith("simplejpeg"), []
 
-    def upright(i: int) -> torch.Tensor:  # (C, H, W), its size checked
+    def upright(i: int, into: torch.Tensor | None = None) -> torch.Tensor:  # (H, W, C)
         image = batch.decoded.get(i)
+        if image is None and turbo:
+            image, bad = _turbo(files[i], batch.channels, into)
+            damaged.extend([i] * bad)
+        elif image is not None:
+            image = image.permute(1, 2, 0)
         if image is None:
             try:
-                image = one(files[i])
+                image = one(files[i]).permute(1, 2, 0)
             except RuntimeError as bad:
                 raise _undecodable(batch, i, bad) from None
-        _check_size(image, sizes[i], batch, i)
+        _check_size(image.shape[:2], sizes[i], batch, i)
         return image
 
     def part(rows: range) -> None:
-        if whole:
-            slots = out[rows.start : rows.stop].permute(0, 3, 1, 2)  # (n, C, H, W) view
-            torch.stack(list(map(upright, rows)), out=slots)
+        if whole and not turbo:
+            torch.stack(list(map(upright, rows)), out=out[rows.start : rows.stop])
             return
         for i in rows:
-            crop_into(upright(i).permute(1, 2, 0), boxes[i], out[i])
+            if whole:
+                image = upright(i, out[i])
+                if image.data_ptr() != out[i].data_ptr():  # not decoded in its slot
+                    out[i].copy_(image)
+            else:
+                crop_into(upright(i), boxes[i], out[i])
 
     threads = count()
     step = -(-n // threads) or 1  # contiguous shares: an error names the first bad file
     list(pool(threads).map(part, [range(a, min(a + step, n)) for a in range(0, n, step)]))
-    return out
+    return out, sorted(damaged)
 
 
 def _undecodable(batch: Encoded, i: int, err: Exception) -> FormatError:
@@ -216,24 +281,26 @@ def _undecodable(batch: Encoded, i: int, err: Exception) -> FormatError:
     )
 
 
-def _check_size(image: torch.Tensor, size: list[int], batch: Encoded, i: int) -> None:
-    """A decoded ``(C, H, W)`` must have the ``(H, W)`` sizes.npy gives its file: the crop
-    boxes are drawn from those (too large: out of the image; too small: the wrong crop)."""
-    if list(image.shape[1:]) != size:
+def _check_size(hw: torch.Size, size: list[int], batch: Encoded, i: int) -> None:
+    """A decoded image's ``(H, W)`` must be what sizes.npy gives its file: the crop boxes
+    are drawn from those (too large: out of the image; too small: the wrong crop)."""
+    if list(hw) != size:
         raise FormatError(
             f"{batch.source}: sample {int(batch.indices[i])}: the file is "
-            f"{image.shape[1]}x{image.shape[2]}, sizes.npy says {size[0]}x{size[1]} "
+            f"{hw[0]}x{hw[1]}, sizes.npy says {size[0]}x{size[1]} "
             f"(an edited store, or one written when convert ignored EXIF orientation: "
             f"convert it again)"
         )
 
 
-def _named(said: str, batch: Encoded, out: torch.Tensor) -> torch.Tensor:
-    """``out``, after one warning per file of ``batch`` that libjpeg warned about (found by
-    decoding each again alone); text no file makes again was not libjpeg's: passed on."""
-    if not said:
+def _named(said: str, batch: Encoded, out: torch.Tensor, known: list = ()) -> torch.Tensor:
+    """``out``, after one warning per file of ``batch`` that libjpeg warned about: ``known``
+    (simplejpeg's), and those found by decoding each again alone when fd 2 ``said``
+    anything; text no file makes again was not libjpeg's: passed on."""
+    if not said and not known:
         return out
-    damaged = [i for i, text in enumerate(libjpeg_says(batch.files(), batch.channels)) if text]
+    says = libjpeg_says(batch.files(), batch.channels) if said else []
+    damaged = sorted({*known, *(i for i, text in enumerate(says) if text)})
     for i in damaged:
         warnings.warn(
             f"{batch.source}: sample {int(batch.indices[i])}: damaged JPEG data (libjpeg decodes "
@@ -241,7 +308,7 @@ def _named(said: str, batch: Encoded, out: torch.Tensor) -> torch.Tensor:
             f"a store",
             stacklevel=4,
         )
-    if not damaged:
+    if said and not any(says):
         os.write(2, said.encode())
     return out
 
