@@ -4,6 +4,7 @@ EXIF orientation applied the same way on every path (decoders, ``latecast conver
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -296,3 +297,32 @@ def test_a_jpeg_field_after_another_framework_moved_the_batch_is_one_error():
         fields.plan_batch([("jpg", [jpeg(smooth(16, 16, 0))])], host=False)
     undeclared = Fields().plan_batch([("jpg", [jpeg(smooth(16, 16, 0))])], host=False)
     assert undeclared[1] == [None]  # passes through untouched, as any list does there
+
+
+def test_jpeg_folder_is_image_folder_with_the_files_left_encoded(tmp_path):
+    """``latecast.jpeg_folder``: ImageFolder's classes, samples and targets, each sample the
+    file's bytes; through a DataLoader with 2 workers and ``wrap``, every image comes out as
+    Pillow shows it (upright; a PNG among them decoded on the host); a missing folder is one
+    error naming it."""
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    import latecast
+
+    for i, (cls, o) in enumerate([("cat", 1), ("cat", 6), ("dog", 3), ("dog", 1), ("emu", 1)]):
+        (tmp_path / cls).mkdir(exist_ok=True)
+        pixels = smooth(20, 20, i)
+        (tmp_path / cls / f"{i}.jpg").write_bytes(jpeg(pixels, o))
+    (tmp_path / "emu" / "5.png").write_bytes(jpeg(smooth(20, 20, 5), fmt="PNG"))
+    folder, ref = latecast.jpeg_folder(tmp_path), ImageFolder(str(tmp_path))
+    assert (folder.classes, folder.class_to_idx) == (ref.classes, ref.class_to_idx)
+    assert folder.samples == ref.samples and folder.targets == ref.targets
+    assert folder[1] == ((tmp_path / "cat" / "1.jpg").read_bytes(), 0)
+    dl = DataLoader(folder, 4, num_workers=2)
+    with pytest.warns(UserWarning, match="no JPEG .* decoded on the host"):
+        images, labels = zip(*latecast.wrap(dl, device="cpu"))
+    assert torch.cat(labels).tolist() == ref.targets
+    want = [upright(Path(path).read_bytes()) for path, _ in ref.samples]
+    assert torch.equal(as_uint8(torch.cat(images)), torch.stack(want))
+    with pytest.raises(latecast.LatecastError, match="nowhere: no such folder"):
+        latecast.jpeg_folder(tmp_path / "nowhere")
