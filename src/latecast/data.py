@@ -301,6 +301,7 @@ class Encoded:
     device: torch.device  # where the pixels are wanted
     source: str = ""  # the dataset, "name/split", for messages
     decoded: dict = field(default_factory=dict)  # wrap: position -> CHW of a non-JPEG file
+    heads: list | None = None  # wrap: each file's jpeg_header, read as it was planned
 
     def __len__(self) -> int:
         return len(self.sizes)

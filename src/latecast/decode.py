@@ -45,6 +45,7 @@ import warnings
 from functools import lru_cache
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 from .data import Encoded
@@ -154,18 +155,18 @@ def decoder_on(device: torch.device) -> str:
 
 
 def _turbo(
-    file: torch.Tensor, channels: int, into: torch.Tensor | None
+    data: np.ndarray, channels: int, into: torch.Tensor | None, head: tuple | None = None
 ) -> tuple[torch.Tensor | None, bool]:
     """simplejpeg's decoding of one file, upright ``(H, W, C)`` (written straight into
     ``into``, a slot of the batch, when it fits it as stored), and whether libjpeg warned
     (damaged data: decoded again leniently, as the other decoders decode it). ``(None,
     False)`` leaves the file to ``decoder()``: a header it cannot read, 4 channels (CMYK:
     simplejpeg's conversion differs from TorchCodec's by 1-2 grey levels), or a file
-    simplejpeg cannot decode (12-bit), which the other then names."""
+    simplejpeg cannot decode (12-bit), which the other then names. ``head``: the file's
+    ``jpeg_header`` when read already (wrap's fields)."""
     import simplejpeg
 
-    data = file.numpy()
-    head = jpeg_header(data)  # (H, W, channels, orientation), upright
+    head = head or jpeg_header(data)  # (H, W, channels, orientation), upright
     if head is None or head[2] == 4:
         return None, False
     space, fits = ("GRAY" if channels == 1 else "RGB"), into is not None and head[3] == 1
@@ -200,7 +201,7 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
     boxes = centre_boxes(batch.sizes, size) if boxes is None else boxes
     with _fd2() as said, one_thread():
         if batch.device.type == "cpu":
-            images, damaged = _decode_cpu(batch, tuple(size), boxes.tolist())
+            images, damaged = _decode_cpu(batch, tuple(size), boxes)
         else:
             images, damaged = resized_crop(_decode_gpu(batch), boxes, size), []
     return _named(said[0], batch, images, damaged)
@@ -228,7 +229,9 @@ def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
     return [im.permute(1, 2, 0) for im in images]
 
 
-def _decode_cpu(batch: Encoded, size: tuple[int, int], boxes: list) -> tuple[torch.Tensor, list]:
+def _decode_cpu(
+    batch: Encoded, size: tuple[int, int], boxes: torch.Tensor
+) -> tuple[torch.Tensor, list]:
     """The thread pool: each thread decodes its share of the files and writes each image
     straight into its slot of the batch: decoded there (simplejpeg) or stacked there
     (``decoder()``) when every file already is the training size (CIFAR-10), else resized
@@ -237,21 +240,28 @@ def _decode_cpu(batch: Encoded, size: tuple[int, int], boxes: list) -> tuple[tor
     1 thread, loaded 2-core machine: 60 us before issue 21, 26 with TorchCodec's op (19-22
     of it), 15 with simplejpeg's."""
     n, one, sizes, at = len(batch), _one(batch.channels), batch.sizes.tolist(), batch.offsets
-    files = batch.data[at[0] : at[-1]].split([b - a for a, b in zip(at, at[1:])])  # 1 call
+    turbo, damaged, heads = cpu_decoder().startswith("simplejpeg"), [], batch.heads or [None] * n
+    if turbo:  # numpy views: 0.2 us a file, a tensor view 1-2
+        data = batch.data.numpy()
+        files = [data[a:b] for a, b in zip(at, at[1:])]
+    else:
+        files = batch.data[at[0] : at[-1]].split([b - a for a, b in zip(at, at[1:])])  # 1 call
     out = torch.empty((n, *size, batch.channels), dtype=torch.uint8)
-    whole = all(b == [0, 0, *size] and s == b[2:] for b, s in zip(boxes, sizes))
-    turbo, damaged = cpu_decoder().startswith("simplejpeg"), []
+    whole = bool(
+        (boxes == torch.tensor([0, 0, *size])).all() and (batch.sizes == torch.tensor(size)).all()
+    )
 
     def upright(i: int, into: torch.Tensor | None = None) -> torch.Tensor:  # (H, W, C)
         image = batch.decoded.get(i)
         if image is None and turbo:
-            image, bad = _turbo(files[i], batch.channels, into)
+            image, bad = _turbo(files[i], batch.channels, into, heads[i])
             damaged.extend([i] * bad)
         elif image is not None:
             image = image.permute(1, 2, 0)
         if image is None:
             try:
-                image = one(files[i]).permute(1, 2, 0)
+                file = torch.from_numpy(files[i]) if turbo else files[i]
+                image = one(file).permute(1, 2, 0)
             except RuntimeError as bad:
                 raise _undecodable(batch, i, bad) from None
         _check_size(image.shape[:2], sizes[i], batch, i)
@@ -269,7 +279,7 @@ def _decode_cpu(batch: Encoded, size: tuple[int, int], boxes: list) -> tuple[tor
             else:
                 crop_into(upright(i), boxes[i], out[i])
 
-    threads = count()
+    threads, boxes = count(), boxes.tolist()
     step = -(-n // threads) or 1  # contiguous shares: an error names the first bad file
     list(pool(threads).map(part, [range(a, min(a + step, n)) for a in range(0, n, step)]))
     return out, sorted(damaged)

@@ -16,6 +16,7 @@ A file that is no JPEG (PNG, WebP, ...) is decoded on the host, said once per fi
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import warnings
@@ -73,6 +74,8 @@ def files_of(value: Any) -> list[np.ndarray] | None:
         value = list(value)
     if not isinstance(value, (list, tuple)) or not value:
         return None
+    if all(type(item) is bytes for item in value):  # a Dataset's file reads, collated
+        return [np.frombuffer(item, np.uint8) for item in value]
     out = []
     for item in value:
         item = item.get("bytes") if isinstance(item, dict) else item
@@ -88,8 +91,10 @@ def files_of(value: Any) -> list[np.ndarray] | None:
 
 def recognised(value: Any) -> bool:
     """An undeclared field of files whose first starts with the JPEG signature."""
-    files = files_of(value)
-    return files is not None and bytes(files[0][:3]) == b"\xff\xd8\xff"
+    first = files_of(value[:1]) if isinstance(value, (list, tuple, np.ndarray)) else None
+    if first is None or bytes(first[0][:3]) != b"\xff\xd8\xff":  # not all converted to say no
+        return False
+    return files_of(value) is not None
 
 
 @dataclass(frozen=True)
@@ -104,10 +109,11 @@ class JpegField:
     size: tuple[int, int]
     channels: int
     decoded: dict[int, torch.Tensor] = field(repr=False)  # non-JPEG files, decoded here
+    heads: list = field(repr=False)  # each file's jpeg_header (None: decoded here)
     kind: str = ENCODED
     dtype: torch.dtype = torch.uint8
 
-    @property
+    @functools.cached_property
     def offsets(self) -> list[int]:
         return np.cumsum([0] + [len(f) for f in self.files]).tolist()
 
@@ -126,10 +132,8 @@ class JpegField:
         return 4 * self.decoded_bytes
 
     def pack(self, dst: torch.Tensor) -> None:
-        """The JPEG files back to back into the pinned bytes ``dst``."""
-        out = dst.numpy()
-        for f, a in zip(self.files, self.offsets):
-            out[a : a + len(f)] = f
+        """The JPEG files back to back into the pinned bytes ``dst`` (one concatenate)."""
+        np.concatenate(self.files, out=dst.numpy())
 
 
 def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegField:
@@ -160,7 +164,8 @@ def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegField:
     if means not in (1, channels):
         raise BatchError(f"field {name!r}: {channels} channels but {means} mean/std values")
     kept = [np.zeros(0, np.uint8) if i in decoded else f for i, f in enumerate(files)]
-    return JpegField(name, kept, torch.tensor(sizes, dtype=torch.int64), size, channels, decoded)
+    sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
+    return JpegField(name, kept, sizes, size, channels, decoded, heads)
 
 
 def host_decode(name: Name, i: int, data: np.ndarray, channels: int) -> torch.Tensor:
@@ -197,8 +202,9 @@ def finish(f: JpegField, host: torch.Tensor, prepare, device: torch.device) -> t
     """The field's files (``host``: the pinned bytes ``pack`` wrote) -> what the model takes,
     by ``prepare`` (seeked to this batch) exactly as a JPEG store's batch."""
     where = f"field {f.name!r}"  # decode.py names "SOURCE: sample K"; here K is the position
+    n = len(f.files)
     batch = Encoded(
-        host, f.offsets, f.sizes, torch.arange(len(f.files)), f.channels, device, where, f.decoded
+        host, f.offsets, f.sizes, torch.arange(n), f.channels, device, where, f.decoded, f.heads
     )
     prepare.size = f.size
     try:
