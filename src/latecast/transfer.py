@@ -351,6 +351,7 @@ class Jpeg(Mover):
 
     def batches(self, index_batches):
         ds = self.dataset
+        data = ds.data.view(np.ndarray)  # a memmap's slices cost 3.8 us a file, a plain view's 1
         for idx in index_batches:
             idx_np = idx.numpy()
             starts, ends = ds.offsets[idx_np].tolist(), ds.offsets[idx_np + 1].tolist()
@@ -360,7 +361,7 @@ class Jpeg(Mover):
             buf = host.numpy()
             np.take(ds.labels, idx_np, out=buf[:lab_end].view(ds.labels.dtype))
             for a, b, o in zip(starts, ends, offsets):  # files of different lengths: one by one
-                buf[o : o + b - a] = ds.data[a:b]
+                buf[o : o + b - a] = data[a:b]
             labels = widen(self.ring.send(i, host[:lab_end]), ds.labels.dtype)
             self.stats.image_bytes += offsets[-1] - lab_end
             self.stats.label_bytes += lab_end
