@@ -326,3 +326,19 @@ def test_jpeg_folder_is_image_folder_with_the_files_left_encoded(tmp_path):
     assert torch.equal(as_uint8(torch.cat(images)), torch.stack(want))
     with pytest.raises(latecast.LatecastError, match="nowhere: no such folder"):
         latecast.jpeg_folder(tmp_path / "nowhere")
+
+
+def test_cmyk_files_on_a_cpu_device_come_out_as_torchcodec_decodes_them():
+    """simplejpeg converts CMYK to RGB its own way (1-2 grey levels from TorchCodec's), so
+    a CPU batch leaves 4-channel files to TorchCodec: the same pixels on every path."""
+    tc = pytest.importorskip("torchcodec.decoders")
+    assert decode.cpu_decoder().startswith("simplejpeg")
+    buf = io.BytesIO()
+    Image.fromarray(smooth(24, 40, 0)).convert("CMYK").save(buf, "JPEG", subsampling=0)
+    files = [buf.getvalue(), jpeg(smooth(24, 40, 1))]
+    offsets = np.cumsum([0] + list(map(len, files))).tolist()
+    data = torch.frombuffer(bytearray(b"".join(files)), dtype=torch.uint8)
+    cpu = torch.device("cpu")
+    batch = Encoded(data, offsets, torch.tensor([[24, 40]] * 2), torch.arange(2), 3, cpu)
+    want = [tc.decode_jpeg(torch.frombuffer(bytearray(f), dtype=torch.uint8)) for f in files]
+    assert torch.equal(decode.decode(batch, (24, 40)), torch.stack(want).permute(0, 2, 3, 1))
