@@ -289,7 +289,11 @@ def _decode_cpu(
 
     threads, boxes = count(), boxes.tolist()
     step = -(-n // threads) or 1  # contiguous shares: an error names the first bad file
-    list(pool(threads).map(part, [range(a, min(a + step, n)) for a in range(0, n, step)]))
+    shares = [range(a, min(a + step, n)) for a in range(0, n, step)]
+    if len(shares) > 1:
+        list(pool(threads).map(part, shares))
+    elif shares:  # one: decoded here (a pool thread waits for a core to wake on a busy machine)
+        part(shares[0])
     return out, sorted(damaged)
 
 
