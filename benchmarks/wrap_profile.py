@@ -94,10 +94,10 @@ def child(args: argparse.Namespace) -> None:
 
 
 def stage_of(stack: list[str]) -> str:
-    for frame in reversed(stack):  # innermost first
-        name = frame.split(" (")[0].split(".")[-1]  # "Class.method (file:line)"
-        if name in STAGES:
-            return STAGES[name]
+    for frame in reversed(stack):  # innermost first: "Class.method (file:line)", "f.<locals>.g"
+        for name in reversed(frame.split(" (")[0].split(".")):
+            if name in STAGES:
+                return STAGES[name]
     return "other"
 
 
@@ -128,7 +128,8 @@ def main() -> None:
             stack, _, count = line.rpartition(" ")
             frames = stack.split(";")
             side = "workers" if any("_worker_loop" in f for f in frames) else "main"
-            if side == "main" and not any(f.startswith("Wrapped.__iter__") for f in frames):
+            passes = ("Wrapped.__iter__", "_decode_cpu")  # the latter: a decoding thread's
+            if side == "main" and not any(f.startswith(passes) for f in frames):
                 continue  # start-up and imports: outside the passes
             samples[side][stage_of(frames)] += int(count)
     print(f"{measured['images']} images, {measured['images_per_s']:,.0f} images/s under py-spy")

@@ -326,6 +326,9 @@ def test_jpeg_folder_is_image_folder_with_the_files_left_encoded(tmp_path):
     assert torch.equal(as_uint8(torch.cat(images)), torch.stack(want))
     with pytest.raises(latecast.LatecastError, match="nowhere: no such folder"):
         latecast.jpeg_folder(tmp_path / "nowhere")
+    (tmp_path / "cat" / "empty").mkdir()  # no class folders with images in it
+    with pytest.raises(latecast.LatecastError, match="empty: class folders missing"):
+        latecast.jpeg_folder(tmp_path / "cat" / "empty")
 
 
 def test_cmyk_files_on_a_cpu_device_come_out_as_torchcodec_decodes_them():

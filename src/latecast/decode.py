@@ -19,12 +19,14 @@ latecast reads the orientation from the file's header and turns the decoded imag
 - CUDA: one batched call, ``decode_jpeg(files, device=...)``: nvJPEG, on the hardware JPEG
   engines of A100/H100/H200 for baseline files. It reads the files from host memory and
   syncs its own stream (not the training stream) before it returns.
-- CPU: a thread pool of ``torch.get_num_threads()``, each thread decoding its share one
-  file at a time (both decoders decode a list in a Python loop, no faster) and writing
-  each image straight into its slot of the batch; their ops release the GIL, so threads
-  scale. Measured on 2 vCPUs (Xeon, torchvision 0.29, lightly loaded), the op called in
-  one thread and in two: CIFAR-10 32x32 files 32,000/s and 45,000/s; 500x375 photos 450/s
-  and 806/s.
+- CPU: simplejpeg where it imports (``cpu_decoder``: libjpeg-turbo as TorchCodec uses it,
+  the same pixels, without its per-call overhead), else the decoder above; a thread pool
+  of ``torch.get_num_threads()`` (one: the caller's thread), each thread decoding its
+  share one file at a time (both torch decoders decode a list in a Python loop, no
+  faster) and writing each image straight into its slot of the batch; the decoders
+  release the GIL, so threads scale. Measured on 2 vCPUs (Xeon, torchvision 0.29, lightly
+  loaded), the op called in one thread and in two: CIFAR-10 32x32 files 32,000/s and
+  45,000/s; 500x375 photos 450/s and 806/s.
 
 libjpeg reports damaged scan data ("Corrupt JPEG data: N extraneous bytes before marker 0xd9")
 as a warning written from C to fd 2, not as a Python warning, and decodes the file anyway,
@@ -159,12 +161,11 @@ def _turbo(
 ) -> tuple[np.ndarray | None, bool]:
     """simplejpeg's decoding of one file, upright ``(H, W, C)`` (written straight into
     ``into``, a slot of the batch, and then ``into`` itself, when it fits it as stored),
-    and whether libjpeg warned
-    (damaged data: decoded again leniently, as the other decoders decode it). ``(None,
-    False)`` leaves the file to ``decoder()``: a header it cannot read, 4 channels (CMYK:
-    simplejpeg's conversion differs from TorchCodec's by 1-2 grey levels), or a file
-    simplejpeg cannot decode (12-bit), which the other then names. ``head``: the file's
-    ``jpeg_header`` when read already (wrap's fields)."""
+    and whether libjpeg warned (damaged data: decoded again leniently, as the other
+    decoders decode it). ``(None, False)`` leaves the file to ``decoder()``: a header it
+    cannot read, 4 channels (CMYK: simplejpeg's conversion differs from TorchCodec's by 1-2
+    grey levels), or a file simplejpeg cannot decode (12-bit), which the other then names.
+    ``head``: the file's ``jpeg_header`` when read already (wrap's fields)."""
     import simplejpeg
 
     head = head or jpeg_header(data)  # (H, W, channels, orientation), upright
