@@ -21,10 +21,14 @@ Workloads (float32 NCHW contiguous out, normalized with one mean/std per dataset
   ToTensor, Normalize).
 - ``cifar-jpeg``: the same from the JPEG files: latecast JPEG store, FFCV ``.beton`` of the
   same JPEG bytes, DALI (``readers.file`` + ``decoders.image`` + ``slice`` with zero padding +
-  ``crop_mirror_normalize``).
+  ``crop_mirror_normalize``), and the user's own DataLoader of the image folder through
+  ``latecast.wrap``: ``wrap-jpeg`` (``latecast.jpeg_folder``, the files as a JPEG field)
+  and ``wrap`` (torchvision's ``ImageFolder`` + ``PILToTensor``, PIL decoding in the
+  workers), each with ``--loader-workers`` worker processes (2; their CPU counted).
 - ``photos``: ``--photos`` ImageNet-shaped JPEGs (``synthetic_photos.py``), decode +
   RandomResizedCrop(224, scale (0.08, 1), ratio (3/4, 4/3)) + flip + normalize; CPU-ms
-  per image.
+  per image. The wrap rows as for CIFAR (``wrap``: RandomResizedCrop by torchvision in
+  the workers, the flip by wrap).
 - ``mnist``: the MNIST train images, normalize only.
 
 Where a peer cannot do exactly the same: FFCV's ``NormalizeImage`` takes 3 channels only,
@@ -35,7 +39,8 @@ antialiased linear interpolation, torchvision with PIL's bilinear filter; DALI's
 shuffles through a 1024-sample buffer (not a full permutation) and runs whole batches, so
 its epoch is ceil(N / batch) batches, with int32 labels (int64 elsewhere).
 Threads: latecast ``torch.set_num_threads(T)``, FFCV ``num_workers=T``, DALI
-``num_threads=T``, torchvision ``num_workers=0`` at 1 thread, else T worker processes.
+``num_threads=T``, torchvision ``num_workers=0`` at 1 thread, else T worker processes; the
+wrap rows ``torch.set_num_threads(T)`` beside their ``--loader-workers``.
 The last stdout line is JSON (also written to ``--json``).
 """
 
@@ -62,17 +67,20 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "datasets"
 PEERS_OF = {  # workload -> the peers that run it, in table order
     "cifar-raw": ("latecast", "ffcv", "torchvision"),
-    "cifar-jpeg": ("latecast", "ffcv", "dali"),
-    "photos": ("latecast", "ffcv", "dali", "torchvision"),
+    "cifar-jpeg": ("latecast", "wrap-jpeg", "wrap", "ffcv", "dali"),
+    "photos": ("latecast", "wrap-jpeg", "wrap", "ffcv", "dali", "torchvision"),
     "mnist": ("latecast", "ffcv", "torchvision"),
 }
 MODULE = {
     "latecast": "latecast",
+    "wrap-jpeg": "latecast",
+    "wrap": "latecast",
     "ffcv": "ffcv",
     "dali": "nvidia.dali",
     "torchvision": "torchvision",
 }
 DIST = {"latecast": "latecast", "ffcv": "ffcv", "dali": "nvidia-dali-cuda120"}
+DIST |= {"wrap-jpeg": "latecast", "wrap": "latecast"}
 PHOTO = 224  # RandomResizedCrop's output side
 CROP, FLIP, SCALE, RATIO = 4, 0.5, (0.08, 1.0), (3 / 4, 4 / 3)
 
@@ -105,6 +113,44 @@ def latecast_epochs(spec: dict):
         loader.set_epoch(state["epoch"])  # from its start, also after a warm-up broke off
         state["epoch"] += 1
         return iter(loader)
+
+    return epoch
+
+
+def wrap_epochs(spec: dict):
+    """``latecast.wrap`` over the user's own DataLoader of the image folder: ``wrap-jpeg``
+    the files' bytes (``latecast.jpeg_folder``) as a JPEG field, decoded, cropped, flipped
+    and normalized by wrap; ``wrap`` an ImageFolder decoded by PIL in the workers
+    (``PILToTensor``; photos: RandomResizedCrop there too), flipped, shifted and normalized
+    by wrap. Both with ``--loader-workers`` worker processes."""
+    import torch
+    from torchvision import datasets
+    from torchvision import transforms as T
+
+    import latecast
+
+    photos = spec["workload"] == "photos"
+    size = (PHOTO, PHOTO) if photos else (32, 32)
+    if spec["peer"] == "wrap-jpeg":
+        samples, fields = latecast.jpeg_folder(spec["data"]["folder"]), {0: latecast.jpeg(size)}
+        augment = latecast.Augment(resized_crop=SCALE[0], flip=FLIP) if photos else None
+    else:
+        crop = [T.RandomResizedCrop(PHOTO, scale=SCALE, ratio=RATIO)] if photos else []
+        samples = datasets.ImageFolder(spec["data"]["folder"], T.Compose([*crop, T.PILToTensor()]))
+        fields, augment = None, latecast.Augment(flip=FLIP) if photos else None
+    augment = augment or latecast.Augment(crop=CROP, flip=FLIP)
+    loader = torch.utils.data.DataLoader(
+        samples, spec["batch_size"], shuffle=True, num_workers=spec["loader_workers"],
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    stats = {"mean": spec["mean"], "std": spec["std"]}
+    wrapped = latecast.wrap(loader, device="cpu", augment=augment, fields=fields, **stats)
+    state = {"epoch": 0}
+
+    def epoch():
+        wrapped.set_epoch(state["epoch"])
+        state["epoch"] += 1
+        return iter(wrapped)
 
     return epoch
 
@@ -253,7 +299,7 @@ def torchvision_epochs(spec: dict):
 
 
 EPOCHS = {"latecast": latecast_epochs, "ffcv": ffcv_epochs, "dali": dali_epochs}
-EPOCHS["torchvision"] = torchvision_epochs
+EPOCHS |= {"torchvision": torchvision_epochs, "wrap-jpeg": wrap_epochs, "wrap": wrap_epochs}
 
 
 def cpu_seconds() -> float:
@@ -462,7 +508,7 @@ def prepare(args: argparse.Namespace, ffcv: str | None) -> dict[str, dict]:
             file_list(d / "jpg", raw.classes, d / "files.json")
         cifar = {"raw_store": str(d / "raw"), "jpeg_store": str(d / "jpeg"), "n": len(raw)}
         cifar |= {"images": str(d / "images.npy"), "labels": str(d / "labels.npy")}
-        cifar |= {"files": str(d / "files.json"), **stats(raw)}
+        cifar |= {"files": str(d / "files.json"), "folder": str(d / "jpg"), **stats(raw)}
         cifar["raw_beton"] = ffcv_file(ffcv, "raw", d, d / "raw.beton")
         cifar["beton"] = ffcv_file(ffcv, "jpeg", d, d / "jpeg.beton")
         out["cifar-raw"] = out["cifar-jpeg"] = cifar
@@ -603,7 +649,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="batches before the timed epoch (>= 1)")
     p.add_argument("--epochs", type=int, default=1, help="timed epochs per run")
     p.add_argument("--workloads", default=",".join(PEERS_OF), help="comma list")
-    p.add_argument("--peers", default="latecast,ffcv,dali,torchvision", help="comma list")
+    p.add_argument("--peers", default=",".join(MODULE), help="comma list")
+    p.add_argument(
+        "--loader-workers", type=int, default=2, help="the wrap rows' DataLoader workers"
+    )
     p.add_argument("--ffcv-python", help="a Python that imports ffcv")
     p.add_argument("--dali-python", help="a Python that imports nvidia.dali")
     cifar = SHARED / "cifar10-jpg" / "cifar10-jpg.tar.gz"
@@ -634,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(json.loads(args.child))
         return 0
-    pythons = {"latecast": sys.executable, "torchvision": sys.executable}
+    pythons = {p: sys.executable for p in ("latecast", "wrap-jpeg", "wrap", "torchvision")}
     pythons |= {"ffcv": args.ffcv_python, "dali": args.dali_python}
     left_out = {}
     for peer in args.peers:
@@ -659,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
                 "std": data[w]["std"],
                 "warmup": args.warmup,
                 "epochs": args.epochs,
+                "loader_workers": args.loader_workers,
             }
             result = measure(spec) if args.in_process else run_child(pythons[peer], spec)
             print(f"round {r + 1}: {w}, {peer}, {t} threads: {said(result)}", file=sys.stderr)

@@ -1,9 +1,11 @@
 """Your own data in a plain PyTorch loop: a torchvision ImageFolder whose DataLoader yields
 uint8 (`PILToTensor()` instead of `ToTensor()`), wrapped by latecast. uint8 crosses the
-bus; the normalize happens on the device and equals `ToTensor()` + `Normalize()`.
+bus; the normalize happens on the device and equals `ToTensor()` + `Normalize()`. With
+--jpeg, the fast way: the training files cross as they are (`latecast.jpeg_folder`), and
+wrap decodes them where the pixels are used.
 
 python examples/plain_loop.py --folder DIR   # DIR/train/<class>/*.png and DIR/test/...
-python examples/plain_loop.py                # writes 12,000 MNIST digits as PNGs first
+python examples/plain_loop.py [--jpeg]       # writes 12,000 MNIST digits as PNGs (JPEGs) first
 (raises if the model does not reach --min-accuracy on the test folder)
 """
 
@@ -22,13 +24,13 @@ import latecast
 MEAN, STD = (0.1307,), (0.3081,)  # MNIST's
 
 
-def write_folder(root: Path, split: str, n: int) -> None:
-    """The first n MNIST digits of `split` as root/split/<digit>/<i>.png."""
+def write_folder(root: Path, split: str, n: int, suffix: str) -> None:
+    """The first n MNIST digits of `split` as root/split/<digit>/<i>.png (or .jpg)."""
     ds = latecast.load_dataset("mnist", split)
     for i in range(n):
         out = root / split / str(ds.labels[i])
         out.mkdir(parents=True, exist_ok=True)
-        Image.fromarray(ds.images[i, :, :, 0]).save(out / f"{i}.png")
+        Image.fromarray(ds.images[i, :, :, 0]).save(out / f"{i}.{suffix}", quality=95)
 
 
 args = argparse.ArgumentParser()
@@ -36,16 +38,20 @@ args.add_argument("--folder", type=Path)
 args.add_argument("--limit", type=int, default=12_000, help="digits written without --folder")
 args.add_argument("--epochs", type=int, default=3)
 args.add_argument("--min-accuracy", type=float, default=0.9)
+args.add_argument("--jpeg", action="store_true", help="train from the JPEG files' bytes")
 args = args.parse_args()
 if args.folder is None:
     args.folder = Path(tempfile.mkdtemp())
-    write_folder(args.folder, "train", args.limit)
-    write_folder(args.folder, "test", args.limit // 5)
+    write_folder(args.folder, "train", args.limit, "jpg" if args.jpeg else "png")
+    write_folder(args.folder, "test", args.limit // 5, "jpg" if args.jpeg else "png")
 
 
 tf = transforms.Compose([transforms.Grayscale(), transforms.PILToTensor()])  # uint8 (1, H, W)
 dl = DataLoader(datasets.ImageFolder(args.folder / "train", tf), 256, shuffle=True, num_workers=2)
 train = latecast.wrap(dl, mean=MEAN, std=STD)
+if args.jpeg:  # the fast way: the files' bytes cross, decoded (1 channel, 28x28) by wrap
+    dl = DataLoader(latecast.jpeg_folder(args.folder / "train"), 256, shuffle=True, num_workers=2)
+    train = latecast.wrap(dl, mean=MEAN, std=STD, fields={0: latecast.jpeg(28, channels=1)})
 test = latecast.wrap(
     DataLoader(datasets.ImageFolder(args.folder / "test", tf), 1000), mean=MEAN, std=STD
 )

@@ -40,19 +40,19 @@ def _latecast_env(tmp_path_factory):
     patch.undo()
 
 
-@pytest.fixture(params=["torchcodec", "torchvision"])
+@pytest.fixture(params=["simplejpeg", "torchcodec", "torchvision"])
 def decoder(request, monkeypatch):
-    """Each test once per decoder: TorchCodec's, and torchvision's fallback (the one the GPU
-    machine, without TorchCodec, runs)."""
+    """Each test once per decoder: simplejpeg (a CPU device's first choice), TorchCodec's,
+    and torchvision's fallback (the one the GPU machine, without TorchCodec, runs)."""
     from latecast import decode
 
-    if request.param == "torchcodec":
-        pytest.importorskip("torchcodec")
-    monkeypatch.setenv("LATECAST_DECODER", request.param)
-    decode.decoder.cache_clear()
-    assert decode.decoder().startswith(request.param)
+    pytest.importorskip(request.param)
+    if request.param != "simplejpeg":
+        monkeypatch.setenv("LATECAST_DECODER", request.param)
+    decode.decoder.cache_clear(), decode.cpu_decoder.cache_clear()
+    assert decode.cpu_decoder().startswith(request.param)
     yield request.param
-    decode.decoder.cache_clear()
+    decode.decoder.cache_clear(), decode.cpu_decoder.cache_clear()
 
 
 @pytest.fixture

@@ -110,15 +110,17 @@ def mnist_files(root: Path, n: int) -> np.ndarray:
     return images
 
 
-def test_peers_runs_latecast_and_torchvision_rows_and_leaves_the_others_out(tmp_path, capsys):
-    """Every workload's latecast and torchvision rows, from formats the script wrote itself:
-    float32 NCHW batches of the workload's shape, a rate and a CPU time each, one JSON."""
+def test_peers_runs_latecast_wrap_and_torchvision_rows_and_leaves_the_others_out(tmp_path, capsys):
+    """Every workload's latecast, wrap (a DataLoader with a worker) and torchvision rows,
+    from formats the script wrote itself: float32 NCHW batches of the workload's shape, a
+    rate and a CPU time each, one JSON."""
     cifar = jpeg_folder(tmp_path / "cifar", {"train": 40})
     mnist_files(tmp_path / "mnist", 200)
     argv = [
         "--cifar", cifar, "--mnist", tmp_path / "mnist", "--photos", 4, "--limit", 150,
         "--work", tmp_path / "work", "--rounds", 1, "--warmup", 1, "-b", 32,
         "--photo-batch-size", 2, "--ffcv-python", tmp_path / "none", "--in-process",
+        "--loader-workers", 1,
         "--json", tmp_path / "peers.json",
     ]  # fmt: skip
     threads = torch.get_num_threads()
@@ -132,7 +134,8 @@ def test_peers_runs_latecast_and_torchvision_rows_and_leaves_the_others_out(tmp_
     rows = {(r["workload"], r["peer"]): r for r in result["rows"]}
     assert set(rows) == {
         ("cifar-raw", "latecast"), ("cifar-raw", "torchvision"), ("cifar-jpeg", "latecast"),
-        ("photos", "latecast"), ("photos", "torchvision"),
+        ("cifar-jpeg", "wrap-jpeg"), ("cifar-jpeg", "wrap"), ("photos", "wrap-jpeg"),
+        ("photos", "wrap"), ("photos", "latecast"), ("photos", "torchvision"),
         ("mnist", "latecast"), ("mnist", "torchvision"),
     }  # fmt: skip
     shapes = {"cifar-raw": (32, 3, 32, 32), "cifar-jpeg": (32, 3, 32, 32)}

@@ -227,6 +227,10 @@ EXAMPLES = {  # file: (the module it needs, its command line at tiny sizes)
     "accelerate_loop.py": ("accelerate", ["--limit=512", "--epochs=2", "--state=state"]),
     "fabric_loop.py": ("lightning", ["--devices=2", "--limit=512", "--epochs=1"]),
     "plain_loop.py": ("torchvision", ["--limit=600", "--epochs=1", "--min-accuracy=0"]),
+    "plain_loop.py --jpeg": (
+        "torchvision",
+        ["--jpeg", "--limit=600", "--epochs=1", "--min-accuracy=0"],
+    ),
 }
 
 
@@ -238,7 +242,7 @@ def test_examples_run(example, tmp_path):
     batch count from ``train.stats``)."""
     module, args = EXAMPLES[example]
     pytest.importorskip(module)
-    path = ROOT / "examples" / example
+    path = ROOT / "examples" / example.split()[0]
     if module == "accelerate":
         out = accelerate(path, *args, cwd=tmp_path).stdout
     else:

@@ -4,6 +4,7 @@ EXIF orientation applied the same way on every path (decoders, ``latecast conver
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import torch
 from PIL import Image, ImageOps
 
 from latecast import decode
+from latecast.data import Encoded
 from latecast.jpegheader import jpeg_header
 from latecast.loader import Loader
 from latecast.storage.convert import convert_folder
@@ -48,13 +50,22 @@ def as_uint8(images: torch.Tensor) -> torch.Tensor:
 
 def test_each_exif_orientation_decodes_as_pillow_shows_it(decoder):
     """Orientations 1-8 of a 24x40 photo: the pixels Pillow's exif_transpose shows, exactly
-    (the same libjpeg underneath), and the header read gives the upright size."""
-    for o in range(1, 9):
-        f = jpeg(smooth(24, 40, o), o)
+    (the same libjpeg underneath), one file at a time and as a CPU batch at its own size
+    (each image decoded into its slot), and the header read gives the upright size."""
+    files = [jpeg(smooth(24, 40, o), o) for o in range(1, 9)]
+    for o, f in enumerate(files, 1):
         got = decode.read([torch.frombuffer(bytearray(f), dtype=torch.uint8)], 3, "cpu")[0]
         ref = upright(f)
         assert torch.equal(got, ref), (decoder, o)
         assert jpeg_header(f) == (*ref.shape[1:], 3, o)
+    for size in [(24, 40), (40, 24)]:  # upright as stored (1-4), turned (5-8)
+        some = [f for f in files if jpeg_header(f)[:2] == size]
+        sizes = torch.tensor([size] * len(some))
+        offsets = np.cumsum([0] + list(map(len, some))).tolist()
+        data = torch.frombuffer(bytearray(b"".join(some)), dtype=torch.uint8)
+        batch = Encoded(data, offsets, sizes, torch.arange(4), 3, torch.device("cpu"))
+        got = decode.decode(batch, size)  # (4, H, W, 3)
+        assert torch.equal(got, torch.stack([upright(f).permute(1, 2, 0) for f in some]))
 
 
 def test_the_header_reader_refuses_what_is_not_a_jpeg():
@@ -102,7 +113,7 @@ def test_convert_and_the_store_show_rotated_files_upright(tmp_path, decoder, enc
     refs = {tuple(upright(d).flatten().tolist()): n for n, d in files.items()}
     seen = {refs.get(tuple(im.flatten().tolist())) for im in got}
     assert seen == set(files), (decoder, encoding)
-    assert loader.stats.decoder == (decode.decoder() if encoding == "jpeg" else "")
+    assert loader.stats.decoder == (decode.cpu_decoder() if encoding == "jpeg" else "")
 
 
 def test_a_store_from_before_exif_turns_is_refused_naming_the_sample(decoder):
@@ -166,7 +177,7 @@ def test_wrap_and_a_store_give_the_same_pixels_for_the_same_files(decoder, mixed
     for (a, ya), (b, yb) in zip(loader, wrapped, strict=True):
         assert a.shape == (3, 3, 24, 28) and torch.equal(a, b) and torch.equal(ya, yb)
     s = wrapped.stats
-    assert s.image_bytes == sum(map(len, mixed_files)) and s.decoder == decode.decoder()
+    assert s.image_bytes == sum(map(len, mixed_files)) and s.decoder == decode.cpu_decoder()
     assert s.decoded_bytes == 6 * 24 * 28 * 3 and s.usual_bytes == 4 * s.decoded_bytes + 6 * 8
 
 
@@ -334,3 +345,51 @@ def test_a_bad_decoder_setting_is_that_one_error_not_an_unreadable_file(
             latecast.wrap([], fields={0: latecast.jpeg(8)})  # when made, not at a batch
     finally:
         decode.decoder.cache_clear()
+
+
+def test_jpeg_folder_is_image_folder_with_the_files_left_encoded(tmp_path):
+    """``latecast.jpeg_folder``: ImageFolder's classes, samples and targets, each sample the
+    file's bytes; through a DataLoader with a worker and ``wrap``, every image comes out as
+    Pillow shows it (upright; a PNG among them decoded on the host); a missing folder is one
+    error naming it."""
+    from torch.utils.data import DataLoader
+    from torchvision.datasets import ImageFolder
+
+    import latecast
+
+    for i, (cls, o) in enumerate([("cat", 1), ("cat", 6), ("dog", 3), ("dog", 1), ("emu", 1)]):
+        (tmp_path / cls).mkdir(exist_ok=True)
+        pixels = smooth(20, 20, i)
+        (tmp_path / cls / f"{i}.jpg").write_bytes(jpeg(pixels, o))
+    (tmp_path / "emu" / "5.png").write_bytes(jpeg(smooth(20, 20, 5), fmt="PNG"))
+    folder, ref = latecast.jpeg_folder(tmp_path), ImageFolder(str(tmp_path))
+    assert (folder.classes, folder.class_to_idx) == (ref.classes, ref.class_to_idx)
+    assert folder.samples == ref.samples and folder.targets == ref.targets
+    assert folder[1] == ((tmp_path / "cat" / "1.jpg").read_bytes(), 0)
+    dl = DataLoader(folder, 4, num_workers=1)
+    with pytest.warns(UserWarning, match="no JPEG .* decoded on the host"):
+        images, labels = zip(*latecast.wrap(dl, device="cpu"))
+    assert torch.cat(labels).tolist() == ref.targets
+    want = [upright(Path(path).read_bytes()) for path, _ in ref.samples]
+    assert torch.equal(as_uint8(torch.cat(images)), torch.stack(want))
+    with pytest.raises(latecast.LatecastError, match="nowhere: no such folder"):
+        latecast.jpeg_folder(tmp_path / "nowhere")
+    (tmp_path / "cat" / "empty").mkdir()  # no class folders with images in it
+    with pytest.raises(latecast.LatecastError, match="empty: class folders missing"):
+        latecast.jpeg_folder(tmp_path / "cat" / "empty")
+
+
+def test_cmyk_files_on_a_cpu_device_come_out_as_torchcodec_decodes_them():
+    """simplejpeg converts CMYK to RGB its own way (1-2 grey levels from TorchCodec's), so
+    a CPU batch leaves 4-channel files to TorchCodec: the same pixels on every path."""
+    tc = pytest.importorskip("torchcodec.decoders")
+    assert decode.cpu_decoder().startswith("simplejpeg")
+    buf = io.BytesIO()
+    Image.fromarray(smooth(24, 40, 0)).convert("CMYK").save(buf, "JPEG", subsampling=0)
+    files = [buf.getvalue(), jpeg(smooth(24, 40, 1))]
+    offsets = np.cumsum([0] + list(map(len, files))).tolist()
+    data = torch.frombuffer(bytearray(b"".join(files)), dtype=torch.uint8)
+    cpu = torch.device("cpu")
+    batch = Encoded(data, offsets, torch.tensor([[24, 40]] * 2), torch.arange(2), 3, cpu)
+    want = [tc.decode_jpeg(torch.frombuffer(bytearray(f), dtype=torch.uint8)) for f in files]
+    assert torch.equal(decode.decode(batch, (24, 40)), torch.stack(want).permute(0, 2, 3, 1))

@@ -165,6 +165,7 @@ def test_train_over_http_resumes_on_another_port_and_refuses_changed_shards(serv
     assert rc == 0 and made["shards"] == 4 and made["samples"] == sum(COUNTS)
     rc, summary = run_cli(*argv, "--epochs", "1", "--output-dir", out, "--json")
     assert rc == 0 and summary["transfer"] == "jpeg" and summary["dataset"] == url
+    assert summary["decoder"].split()[0] in ("simplejpeg", "torchcodec", "torchvision")
     assert summary["step"] == 5  # 36 train samples in batches of 8: the last one of 4
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
     again = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)  # the same, elsewhere

@@ -116,6 +116,9 @@ def test_normalize_is_one_op_into_a_given_buffer():
             assert (got.double() - want).abs().max().item() <= tol * max(1, want.abs().max())
     with pytest.raises(ConfigError, match="out must be"):
         normalize(x, mean, std, out=torch.empty(6, 3, 7, 5))
+    big = torch.randint(0, 256, (50, 64, 64, 3), dtype=torch.uint8)  # 2 chunks on the CPU
+    one_by_one = torch.cat([normalize(big[i : i + 1], mean, std) for i in range(50)])
+    assert torch.equal(normalize(big, mean, std), one_by_one)
 
 
 def test_graph_is_refused_on_the_cpu_in_one_line(tmp_path, run_cli):

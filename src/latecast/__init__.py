@@ -30,6 +30,7 @@ _EXPORTS = {
     "convert_folder": "storage.convert",
     "from_arrays": "data",
     "jpeg": "encoded",
+    "jpeg_folder": "storage.folder",
     "load_dataset": "storage.datasets",
     "normalize": "transforms",
     "open_store": "storage.store",

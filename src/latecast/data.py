@@ -345,6 +345,7 @@ class Encoded:
     source: str = ""  # the dataset, "name/split", for messages
     decoded: dict = field(default_factory=dict)  # wrap: position -> CHW of a non-JPEG file
     names: list | None = None  # a stream's: each file's shard and key, for messages
+    heads: list | None = None  # wrap: each file's jpeg_header, read as it was planned
 
     def __len__(self) -> int:
         return len(self.sizes)

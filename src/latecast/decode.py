@@ -19,12 +19,14 @@ latecast reads the orientation from the file's header and turns the decoded imag
 - CUDA: one batched call, ``decode_jpeg(files, device=...)``: nvJPEG, on the hardware JPEG
   engines of A100/H100/H200 for baseline files. It reads the files from host memory and
   syncs its own stream (not the training stream) before it returns.
-- CPU: a thread pool of ``torch.get_num_threads()``, each thread decoding its share one
-  file at a time (both decoders decode a list in a Python loop, no faster) and writing
-  each image straight into its slot of the batch; their ops release the GIL, so threads
-  scale. Measured on 2 vCPUs (Xeon, torchvision 0.29, lightly loaded), the op called in
-  one thread and in two: CIFAR-10 32x32 files 32,000/s and 45,000/s; 500x375 photos 450/s
-  and 806/s.
+- CPU: simplejpeg where it imports (``cpu_decoder``: libjpeg-turbo as TorchCodec uses it,
+  the same pixels, without its per-call overhead), else the decoder above; a thread pool
+  of ``torch.get_num_threads()`` (one: the caller's thread), each thread decoding its
+  share one file at a time (both torch decoders decode a list in a Python loop, no
+  faster) and writing each image straight into its slot of the batch; the decoders
+  release the GIL, so threads scale. Measured on 2 vCPUs (Xeon, torchvision 0.29, lightly
+  loaded), the op called in one thread and in two: CIFAR-10 32x32 files 32,000/s and
+  45,000/s; 500x375 photos 450/s and 806/s.
 
 libjpeg reports damaged scan data ("Corrupt JPEG data: N extraneous bytes before marker 0xd9")
 as a warning written from C to fd 2, not as a Python warning, and decodes the file anyway,
@@ -45,6 +47,7 @@ import warnings
 from functools import lru_cache
 from typing import Callable, Iterator
 
+import numpy as np
 import torch
 
 from .data import Encoded
@@ -129,6 +132,61 @@ def _one(channels: int) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda f: _upright(f, decode_jpeg(f, ImageReadMode[mode]))
 
 
+@lru_cache(maxsize=None)
+def cpu_decoder() -> str:
+    """The decoder of JPEG batches on a CPU device: ``"simplejpeg <version>"`` where
+    simplejpeg >= 1.8 imports and ``LATECAST_DECODER`` picks no other, else ``decoder()``.
+    simplejpeg calls libjpeg-turbo's TurboJPEG API straight into a numpy array: the same
+    pixels as TorchCodec (both libjpeg-turbo, exact IDCT, fancy upsampling) at half its
+    cost a CIFAR-10 file (12 vs 25 us, 1 thread, loaded 2-core machine; photos alike)."""
+    if not os.environ.get("LATECAST_DECODER"):
+        try:
+            import simplejpeg
+
+            version = simplejpeg.__version__
+            if tuple(map(int, version.split(".")[:2])) >= (1, 8):  # buffer= and strict=
+                return f"simplejpeg {version}"
+        except Exception:  # absent, or a build that does not load
+            pass
+    return decoder()
+
+
+def decoder_on(device: torch.device) -> str:
+    """The decoder of JPEG batches for ``device``: ``cpu_decoder()`` or ``decoder()``."""
+    return cpu_decoder() if torch.device(device).type == "cpu" else decoder()
+
+
+def _turbo(
+    data: np.ndarray, channels: int, into: np.ndarray | None, head: tuple | None = None
+) -> tuple[np.ndarray | None, bool]:
+    """simplejpeg's decoding of one file, upright ``(H, W, C)`` (written straight into
+    ``into``, a slot of the batch, and then ``into`` itself, when it fits it as stored),
+    and whether libjpeg warned (damaged data: decoded again leniently, as the other
+    decoders decode it). ``(None, False)`` leaves the file to ``decoder()``: a header it
+    cannot read, 4 channels (CMYK: simplejpeg's conversion differs from TorchCodec's by 1-2
+    grey levels), or a file simplejpeg cannot decode (12-bit), which the other then names.
+    ``head``: the file's ``jpeg_header`` when read already (wrap's fields)."""
+    import simplejpeg
+
+    head = head or jpeg_header(data)  # (H, W, channels, orientation), upright
+    if head is None or head[2] == 4:
+        return None, False
+    space, fits = ("GRAY" if channels == 1 else "RGB"), into is not None and head[3] == 1
+    buffer = into if fits and into.shape[:2] == head[:2] else None
+    try:
+        image, damaged = simplejpeg.decode_jpeg(data, space, buffer=buffer), False
+        image = image if buffer is None else buffer  # the same pixels: its own view
+    except ValueError:  # strict (the default): raised for libjpeg's warnings too
+        try:
+            image, damaged = simplejpeg.decode_jpeg(data, space, strict=False), True
+        except ValueError:
+            return None, False
+    turn = _TURNS.get(head[3])
+    if turn is not None:  # (H, W, C) as (C, H, W) for the turn, and back
+        image = turn(torch.from_numpy(image).permute(2, 0, 1)).permute(1, 2, 0).numpy()
+    return image, damaged
+
+
 def _upright(file: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
     """torchvision's decoding of ``file`` turned by the EXIF orientation of its header."""
     turn = _TURNS.get((jpeg_header(file.numpy()) or (0, 0, 0, 1))[3])
@@ -148,10 +206,10 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
     boxes = centre_boxes(batch.sizes, size) if boxes is None else boxes
     with _fd2() as said, one_thread():
         if batch.device.type == "cpu":
-            images = _decode_cpu(batch, tuple(size), boxes.tolist())
+            images, damaged = _decode_cpu(batch, tuple(size), boxes)
         else:
-            images = resized_crop(_decode_gpu(batch), boxes, size)
-    return _named(said[0], batch, images)
+            images, damaged = resized_crop(_decode_gpu(batch), boxes, size), []
+    return _named(said[0], batch, images, damaged)
 
 
 def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
@@ -172,66 +230,98 @@ def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
         ) from None
     images = [done[i] if i in done else batch.decoded[i].to(dev) for i in range(len(files))]
     for i, im in enumerate(images):
-        _check_size(im, sizes[i], batch, i)
+        _check_size(im.shape[1:], sizes[i], batch, i)
     return [im.permute(1, 2, 0) for im in images]
 
 
-def _decode_cpu(batch: Encoded, size: tuple[int, int], boxes: list) -> torch.Tensor:
+def _decode_cpu(
+    batch: Encoded, size: tuple[int, int], boxes: torch.Tensor
+) -> tuple[torch.Tensor, list]:
     """The thread pool: each thread decodes its share of the files and writes each image
-    straight into its slot of the batch, resized one at a time (photos) or, when every file
-    already is the training size (CIFAR-10), in one stack for its share. Per CIFAR-10 file,
-    1 thread, loaded 2-core machine: 60 us before, 26 us now, the decoder's op alone 19-22."""
+    straight into its slot of the batch: decoded there (simplejpeg) or stacked there
+    (``decoder()``) when every file already is the training size (CIFAR-10), else resized
+    into it one at a time (photos). Returns the batch and the files libjpeg warned about
+    (simplejpeg's; the other decoders' warnings are read from fd 2). Per CIFAR-10 file,
+    1 thread, loaded 2-core machine: 60 us before issue 21, 26 with TorchCodec's op (19-22
+    of it), 15 with simplejpeg's."""
     n, one, sizes, at = len(batch), _one(batch.channels), batch.sizes.tolist(), batch.offsets
-    files = batch.data[at[0] : at[-1]].split([b - a for a, b in zip(at, at[1:])])  # 1 call
+    turbo, damaged, heads = cpu_decoder().startswith("simplejpeg"), [], batch.heads or [None] * n
+    if turbo:  # numpy views: 0.2 us a file, a tensor view 1-2
+        data = batch.data.numpy()
+        files = [data[a:b] for a, b in zip(at, at[1:])]
+    else:
+        files = batch.data[at[0] : at[-1]].split([b - a for a, b in zip(at, at[1:])])  # 1 call
     out = torch.empty((n, *size, batch.channels), dtype=torch.uint8)
-    whole = all(b == [0, 0, *size] and s == b[2:] for b, s in zip(boxes, sizes))
+    whole = bool(
+        (boxes == torch.tensor([0, 0, *size])).all() and (batch.sizes == torch.tensor(size)).all()
+    )
 
-    def upright(i: int) -> torch.Tensor:  # (C, H, W), its size checked
+    def upright(i: int, into: np.ndarray | None = None):  # (H, W, C), a tensor or an array
         image = batch.decoded.get(i)
+        if image is None and turbo:
+            image, bad = _turbo(files[i], batch.channels, into, heads[i])
+            damaged.extend([i] * bad)
+        elif image is not None:
+            image = image.permute(1, 2, 0).numpy()
         if image is None:
             try:
-                image = one(files[i])
+                file = torch.from_numpy(files[i]) if turbo else files[i]
+                image = one(file).permute(1, 2, 0)
             except RuntimeError as bad:
                 raise _undecodable(batch, i, bad) from None
-        _check_size(image, sizes[i], batch, i)
+        _check_size(image.shape[:2], sizes[i], batch, i)
         return image
 
     def part(rows: range) -> None:
-        if whole:
-            slots = out[rows.start : rows.stop].permute(0, 3, 1, 2)  # (n, C, H, W) view
-            torch.stack(list(map(upright, rows)), out=slots)
+        if whole and not turbo:
+            torch.stack(list(map(upright, rows)), out=out[rows.start : rows.stop])
             return
+        slots = out.numpy()  # numpy views of the slots: 0.2 us each, a tensor's 1-2
         for i in rows:
-            crop_into(upright(i).permute(1, 2, 0), boxes[i], out[i])
+            if not whole:
+                image = upright(i)
+                image = torch.from_numpy(image) if isinstance(image, np.ndarray) else image
+                crop_into(image, boxes[i], out[i])
+            else:
+                slot = slots[i]
+                image = upright(i, slot)
+                if image is not slot:  # not decoded in its slot
+                    slot[...] = image
 
-    threads = count()
+    threads, boxes = count(), boxes.tolist()
     step = -(-n // threads) or 1  # contiguous shares: an error names the first bad file
-    list(pool(threads).map(part, [range(a, min(a + step, n)) for a in range(0, n, step)]))
-    return out
+    shares = [range(a, min(a + step, n)) for a in range(0, n, step)]
+    if len(shares) > 1:
+        list(pool(threads).map(part, shares))
+    elif shares:  # one: decoded here (a pool thread waits for a core to wake on a busy machine)
+        part(shares[0])
+    return out, sorted(damaged)
 
 
 def _undecodable(batch: Encoded, i: int, err: Exception) -> FormatError:
     return FormatError(f"{batch.sample(i)}: not a decodable JPEG ({err})")
 
 
-def _check_size(image: torch.Tensor, size: list[int], batch: Encoded, i: int) -> None:
-    """A decoded ``(C, H, W)`` must have the ``(H, W)`` sizes.npy gives its file: the crop
-    boxes are drawn from those (too large: out of the image; too small: the wrong crop)."""
-    if list(image.shape[1:]) != size:
+def _check_size(hw: torch.Size, size: list[int], batch: Encoded, i: int) -> None:
+    """A decoded image's ``(H, W)`` must be what sizes.npy gives its file: the crop boxes
+    are drawn from those (too large: out of the image; too small: the wrong crop)."""
+    if list(hw) != size:
         raise FormatError(
             f"{batch.sample(i)}: the file is "
-            f"{image.shape[1]}x{image.shape[2]}, sizes.npy says {size[0]}x{size[1]} "
+            f"{hw[0]}x{hw[1]}, sizes.npy says {size[0]}x{size[1]} "
             f"(an edited store, or one written when convert ignored EXIF orientation: "
             f"convert it again)"
         )
 
 
-def _named(said: str, batch: Encoded, out: torch.Tensor) -> torch.Tensor:
-    """``out``, after one warning per file of ``batch`` that libjpeg warned about (found by
-    decoding each again alone); text no file makes again was not libjpeg's: passed on."""
-    if not said:
+def _named(said: str, batch: Encoded, out: torch.Tensor, known: list = ()) -> torch.Tensor:
+    """``out``, after one warning per file of ``batch`` that libjpeg warned about: ``known``
+    (simplejpeg's), and those found by decoding each again alone when fd 2 ``said``
+    anything; text no file makes again was not libjpeg's: passed on."""
+    if not said and not known:
         return out
-    damaged = [i for i, text in enumerate(libjpeg_says(batch.files(), batch.channels)) if text]
+    says = libjpeg_says(batch.files(), batch.channels) if said else []
+    damaged = sorted({*known, *(i for i, text in enumerate(says) if text)})
     for i in damaged:
         warnings.warn(
             f"{batch.sample(i)}: damaged JPEG data (libjpeg decodes "
@@ -239,7 +329,7 @@ def _named(said: str, batch: Encoded, out: torch.Tensor) -> torch.Tensor:
             f"a store",
             stacklevel=4,
         )
-    if not damaged:
+    if said and not any(says):
         os.write(2, said.encode())
     return out
 

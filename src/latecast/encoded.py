@@ -17,6 +17,7 @@ A file that is no JPEG (PNG, WebP, ...) is decoded on the host, said once per fi
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import numbers
 import os
@@ -86,6 +87,8 @@ def files_of(value: Any, name: Name) -> list[np.ndarray] | None:
         value = list(value)
     if not isinstance(value, (list, tuple)) or not value:
         return None
+    if all(type(item) is bytes for item in value):  # a Dataset's file reads, collated
+        return [np.frombuffer(item, np.uint8) for item in value]
     out = []
     for k, item in enumerate(value):
         if isinstance(item, dict) and item.get("bytes") is None and "path" in item:
@@ -133,10 +136,11 @@ class JpegField:
     size: tuple[int, int]
     channels: int
     decoded: dict[int, torch.Tensor] = field(repr=False)  # non-JPEG files, decoded here
+    heads: list = field(repr=False)  # each file's jpeg_header (None: decoded here)
     kind: str = ENCODED
     dtype: torch.dtype = torch.uint8
 
-    @property
+    @functools.cached_property
     def offsets(self) -> list[int]:
         return np.cumsum([0] + [len(f) for f in self.files]).tolist()
 
@@ -155,10 +159,8 @@ class JpegField:
         return 4 * self.decoded_bytes
 
     def pack(self, dst: torch.Tensor) -> None:
-        """The JPEG files back to back into the pinned bytes ``dst``."""
-        out = dst.numpy()
-        for f, a in zip(self.files, self.offsets):
-            out[a : a + len(f)] = f
+        """The JPEG files back to back into the pinned bytes ``dst`` (one concatenate)."""
+        np.concatenate(self.files, out=dst.numpy())
 
 
 def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegField:
@@ -189,7 +191,8 @@ def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegField:
     if means not in (1, channels):
         raise BatchError(f"field {name!r}: {channels} channels but {means} mean/std values")
     kept = [np.zeros(0, np.uint8) if i in decoded else f for i, f in enumerate(files)]
-    return JpegField(name, kept, torch.tensor(sizes, dtype=torch.int64), size, channels, decoded)
+    sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
+    return JpegField(name, kept, sizes, size, channels, decoded, heads)
 
 
 def host_decode(name: Name, i: int, data: np.ndarray, channels: int) -> torch.Tensor:
@@ -227,7 +230,17 @@ def batch(f: JpegField, host: torch.Tensor, device: torch.device) -> Encoded:
     for ``Prepare`` to decode on ``device`` exactly as it decodes a store's."""
     where = f"field {f.name!r}"  # decode.py names "SOURCE: sample K"; here K is the position
     n = len(f.files)
-    return Encoded(host, f.offsets, f.sizes, torch.arange(n), f.channels, device, where, f.decoded)
+    return Encoded(
+        host,
+        f.offsets,
+        f.sizes,
+        torch.arange(n),
+        f.channels,
+        device,
+        where,
+        f.decoded,
+        heads=f.heads,
+    )
 
 
 @contextlib.contextmanager

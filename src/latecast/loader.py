@@ -31,7 +31,7 @@ import torch
 
 from .config import refuse
 from .data import Batch, Dataset, EncodedDataset, StreamedDataset
-from .decode import decoder
+from .decode import decoder_on
 from .distributed import placement
 from .errors import ConfigError
 from .prepare import Augmentation, Mixing, Prepare
@@ -322,7 +322,7 @@ class Loader(Epochs):
             device, self._rank, self._world = self._placement()
             cls = MOVERS[resolve(self._asked[1], self.dataset, device)]
             self._mover = cls(self.dataset, device, self.batch_size)
-            self._mover.stats.decoder = decoder() if cls.encoded else ""  # fails before a batch
+            self._mover.stats.decoder = decoder_on(device) if cls.encoded else ""  # may fail here
             if self.static:
                 (h, w, c), b = self.dataset.image_shape, self.batch_size
                 fmt = torch.channels_last if self.channels_last else torch.contiguous_format

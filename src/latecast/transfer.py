@@ -440,7 +440,8 @@ class Jpeg(Mover):
     def __init__(self, dataset: EncodedDataset, device: torch.device, batch_size: int) -> None:
         super().__init__(dataset, device, batch_size)
         self.ring = Ring(self.slots, device)
-        self.unread = None if dataset.crc32 is None else np.ones(len(dataset), bool)
+        crc = getattr(dataset, "crc32", None)  # a stream has none: its index checks its files
+        self.unread = None if crc is None else np.ones(len(dataset), bool)
 
     @staticmethod
     def epoch_bytes(dataset: EncodedDataset) -> dict[str, int]:
@@ -452,6 +453,7 @@ class Jpeg(Mover):
         for item in index_batches:
             ds, idx, names = (self.dataset, item, None) if torch.is_tensor(item) else item
             idx_np = idx.numpy() if names is None else np.arange(len(idx))
+            data = ds.data.view(np.ndarray)  # a memmap's slices: 3.8 us a file, a plain view's 1
             starts, ends = ds.offsets[idx_np].tolist(), ds.offsets[idx_np + 1].tolist()
             lab_end = len(idx_np) * ds.labels.itemsize
             offsets = np.cumsum([lab_end] + [b - a for a, b in zip(starts, ends)]).tolist()
@@ -459,8 +461,8 @@ class Jpeg(Mover):
             buf = host.numpy()
             np.take(ds.labels, idx_np, out=buf[:lab_end].view(ds.labels.dtype))
             for a, b, o in zip(starts, ends, offsets):  # files of different lengths: one by one
-                buf[o : o + b - a] = ds.data[a:b]
-            if self.unread is not None and self.unread[idx_np].any():
+                buf[o : o + b - a] = data[a:b]
+            if names is None and self.unread is not None and self.unread[idx_np].any():
                 self._first_read(idx_np, buf, offsets)
             labels = widen(self.ring.send(i, host[:lab_end]), ds.labels.dtype)
             self.stats.image_bytes += offsets[-1] - lab_end

@@ -37,6 +37,12 @@ FLOATS = (torch.float32, torch.bfloat16, torch.float16)  # what images come out 
 _affine_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
+# Bytes of uint8 images normalized per addcmul on the CPU (1 thread, 2-core EPYC, loaded):
+# 128 photos 224x224 at once 377 us an image, by 0.25-1 MB 94-102, by 2 MB 109; 512 CIFAR
+# images at once 2.6 us, by 0.5 MB 1.7.
+_CPU_CHUNK = 2**19
+
+
 def _scale_shift(
     mean: tuple[float, ...], std: tuple[float, ...], channels: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,8 +90,9 @@ def normalize(
     the two divisions fold into one multiply-add (``addcmul``) with constants computed in
     float64, so the only rounding is float32's own. The cast from uint8, the multiply-add,
     the rounding to ``dtype`` and the layout change are one ``addcmul`` written straight
-    into the output: one kernel on CUDA (its TensorIterator casts inside the kernel; on the
-    CPU it first makes a float copy of the input).
+    into the output: one kernel on CUDA (its TensorIterator casts inside the kernel). On the
+    CPU it first makes a float copy of the input, so it runs on ``_CPU_CHUNK`` bytes of
+    images at a time, which stay in cache: same values, photos 378 -> 95 us an image.
 
     Args:
         images: uint8 ``(N, H, W, C)`` on any device.
@@ -116,7 +123,12 @@ def normalize(
         raise ConfigError(f"normalize out must be {(n, c, h, w)}, got {tuple(out.shape)}")
     scale, shift = _scale_shift(mean, std, c, images.device)
     x = images.permute(0, 3, 1, 2)  # (N, H, W, C) -> (N, C, H, W) view, NHWC in memory
-    return torch.addcmul(shift, x, scale, out=out)
+    if images.device.type != "cpu":
+        return torch.addcmul(shift, x, scale, out=out)
+    step = max(1, _CPU_CHUNK // (h * w * c))
+    for a in range(0, n, step):
+        torch.addcmul(shift, x[a : a + step], scale, out=out[a : a + step])
+    return out
 
 
 # ---- augmentation: uint8 (N, H, W, C) in, same shape and dtype out ----------------------

@@ -40,6 +40,7 @@ from torch.utils.data import DataLoader
 
 from . import encoded
 from .config import numbers_of, refuse
+from .decode import decoder_on
 from .distributed import placement
 from .errors import BatchError, ConfigError
 from .loader import Epochs
@@ -558,11 +559,13 @@ class Fields:
         return x.permute(0, 2, 3, 1) if f.layout == "NCHW" else x[..., None]
 
 
-def tally(s: TransferStats, plans: list[Field | None], copies: int) -> None:
-    """Count a batch's fields as they crossed, in ``copies`` host->device copies."""
+def tally(s: TransferStats, plans: list[Field | None], copies: int, device=None) -> None:
+    """Count a batch's fields as they crossed, in ``copies`` host->device copies (to
+    ``device``: its JPEG fields' decoder)."""
     for f in filter(None, plans):
         if f.kind == encoded.ENCODED:  # the files count, beside what uint8 would move
-            s.decoded_bytes, s.decoder = s.decoded_bytes + f.decoded_bytes, encoded.decoder()
+            s.decoded_bytes += f.decoded_bytes
+            s.decoder = decoder_on(device)
         integer = f.kind != encoded.ENCODED and f.integer
         s.image_bytes += f.nbytes if f.kind in (IMAGE, encoded.ENCODED) else 0
         s.label_bytes += f.nbytes if integer else 0
@@ -771,7 +774,7 @@ class Wrapped(Epochs):
         dev = self._ring.send(slot, host[:sent])
         if dev.data_ptr() == host.data_ptr():  # a CPU "device": never hand out the ring's memory
             dev = dev.clone()
-        tally(self._stats, plans, copies=1)
+        tally(self._stats, plans, copies=1, device=self._where[0])
         return Sent(dev, host, slot, plans, offsets, leaves, rebuild, state)
 
     def _pack(self, dst: torch.Tensor, f: Field, t: torch.Tensor) -> None:

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..decode import decoder
+from ..decode import decoder_on
 from ..encoded import jpeg
 from ..transforms import Augment
 from ..wrapper import wrap
@@ -164,7 +164,7 @@ def photo_rows(n: int, batch: int, workers: int, repeats: int, seed: int, device
         "crop": CROP,
         "workers": workers,
         "reader": reader,
-        "decoder": decoder(),
+        "decoder": decoder_on(device),
         "shard_bytes": jpeg_bytes,
         **{
             name: {
