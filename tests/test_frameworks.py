@@ -131,7 +131,7 @@ def test_the_readme_snippets_are_cut_from_the_examples():
     names (comments aside), so what the README shows is what the tests run."""
     section = (ROOT / "README.md").read_text().split("## Your own data")[1].split("\n## ")[0]
     blocks = section.split("```python\n")[1:]
-    assert len(blocks) == 7
+    assert len(blocks) == 8
     for block in blocks:
         lines = block.split("```")[0].splitlines()
         example = (ROOT / lines[0].split()[1].rstrip(":")).read_text()
