@@ -222,3 +222,14 @@ def test_check_in_a_real_process(argv, rc, says, sandbox, run_cli):
     proc = run_cli("train", *argv, "--check", process=True)  # in the sandbox folder
     assert proc.rc == rc and says in (proc.out if rc == 0 else proc.err), proc.out + proc.err
     assert "Traceback" not in proc.err and len(proc.err.splitlines()) == (rc != 0)
+
+
+def test_main_in_process_leaves_the_warnings_format_as_it_found_it(run_cli, tmp_path):
+    """The CLI shows warnings one line each while it runs; called in-process (a notebook, a
+    script's own ``main([...])``), the caller's warnings look as before once it returns."""
+    import warnings
+
+    before = warnings.formatwarning
+    assert run_cli("info", tmp_path / "nowhere").rc == 1
+    assert run_cli("info", "--json", tmp_path / "nowhere").rc == 1
+    assert warnings.formatwarning is before

@@ -432,9 +432,9 @@ def _main(argv: list[str] | None) -> int:
         if hasattr(stop, "line") and "--json" in ours:
             print(json.dumps({"error": stop.line, "exit_code": 2}))
         raise
+    shown, code = warnings.formatwarning, 0  # put back after: main() may be called in-process
     if not args.debug:  # warnings as one line each, without the source line under them
         warnings.formatwarning = _one_line_warning
-    code = 0
     try:
         result = COMMANDS[args.command][1](args)
     except Exception as err:
@@ -444,6 +444,8 @@ def _main(argv: list[str] | None) -> int:
         done = getattr(err, "result", None) or {}
         code, result = 1, {**done, "error": _one_line(_message(err)), "exit_code": 1}
         print(f"latecast: error: {result['error']}", file=sys.stderr)
+    finally:
+        warnings.formatwarning = shown
     if args.json:  # the last stdout line, also on an error (docs/RELIABILITY.md row 97)
         print(json.dumps(_strict(result), default=str, allow_nan=False))
     return code
