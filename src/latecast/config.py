@@ -12,7 +12,7 @@ import operator
 from dataclasses import field, fields
 from typing import TYPE_CHECKING, Any
 
-from .errors import ConfigError, numbers_of, refuse  # noqa: F401 (the API's checks, here too)
+from .errors import ConfigError
 
 if TYPE_CHECKING:
     from .transforms import Augment, Mix

@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .config import numbers_of
-from .errors import FormatError
+from .errors import FormatError, numbers_of
 
 if TYPE_CHECKING:  # storage imports this module and runs without torch (convert's workers)
     import torch

@@ -29,10 +29,9 @@ from typing import Any, Iterator, Union
 import numpy as np
 import torch
 
-from .config import numbers_of, refuse
 from .data import Encoded
 from .decode import decoder
-from .errors import BatchError, FormatError
+from .errors import BatchError, FormatError, numbers_of, refuse
 from .jpegheader import JPEG_SIDE, jpeg_header
 
 ENCODED = "jpeg"
@@ -229,17 +228,9 @@ def batch(f: JpegField, host: torch.Tensor, device: torch.device) -> Encoded:
     """The field's files (``host``: the pinned bytes ``pack`` wrote) as a JPEG store's batch,
     for ``Prepare`` to decode on ``device`` exactly as it decodes a store's."""
     where = f"field {f.name!r}"  # decode.py names "SOURCE: sample K"; here K is the position
-    n = len(f.files)
+    n, decoded = len(f.files), f.decoded
     return Encoded(
-        host,
-        f.offsets,
-        f.sizes,
-        torch.arange(n),
-        f.channels,
-        device,
-        where,
-        f.decoded,
-        heads=f.heads,
+        host, f.offsets, f.sizes, torch.arange(n), f.channels, device, where, decoded, heads=f.heads
     )
 
 

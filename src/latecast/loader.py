@@ -29,11 +29,10 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 import torch
 
-from .config import refuse
 from .data import Batch, Dataset, EncodedDataset, StreamedDataset
 from .decode import decoder_on
 from .distributed import placement
-from .errors import ConfigError
+from .errors import ConfigError, refuse
 from .prepare import Augmentation, Mixing, Prepare
 from .threads import one_thread
 from .transfer import MOVERS, Mover, Resident, TransferStats, float32_bytes, resolve

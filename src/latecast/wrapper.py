@@ -39,10 +39,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from . import encoded
-from .config import numbers_of, refuse
 from .decode import decoder_on
 from .distributed import placement
-from .errors import BatchError, ConfigError
+from .errors import BatchError, ConfigError, numbers_of, refuse
 from .loader import Epochs
 from .prepare import Augmentation, Mixing, Prepare, sizes_of
 from .threads import one_thread
@@ -198,7 +197,8 @@ def check_fields(fields: dict | None) -> dict[Name, Any]:
     for name, spec in (fields or {}).items():
         if (isinstance(spec, str) and spec in (IMAGE, MASK)) or isinstance(spec, encoded.Jpeg):
             out[name] = spec
-            _ = isinstance(spec, encoded.Jpeg) and encoded.decoder()  # LATECAST_DECODER, now
+            if isinstance(spec, encoded.Jpeg):
+                encoded.decoder()  # a bad LATECAST_DECODER: its one error now, not at a batch
             continue
         cross, dtype = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, torch.int64)
         if not any(cross is d for d in NARROW) or not any(dtype is d for d in OUTS):

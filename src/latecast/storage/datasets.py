@@ -24,9 +24,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..config import refuse
 from ..data import Dataset, EncodedDataset, check_labels, from_arrays
-from ..errors import ConfigError, FormatError, LatecastError
+from ..errors import ConfigError, FormatError, LatecastError, refuse
 from .download import download, extract_tar
 from .idxfile import check_role, read_idx
 from .shards import is_shards

@@ -32,9 +32,8 @@ from typing import Iterator
 
 import numpy as np
 
-from ..config import refuse
 from ..data import Dataset, EncodedDataset, check_labels
-from ..errors import ConfigError, FormatError
+from ..errors import ConfigError, FormatError, refuse
 from ..jpegheader import JPEG_SIDE, jpeg_header
 from .fileio import atomic_folder
 
