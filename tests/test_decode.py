@@ -1,6 +1,7 @@
 """The jpeg mover and the decode step: JPEG files gathered on the host, decoded and cropped
 to the training size by the prepare stage; compared with Pillow's decoding + the same crop."""
 
+import dataclasses
 import io
 import itertools
 
@@ -123,23 +124,44 @@ def test_threads_do_not_change_the_result(colour):
     assert all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0], run))
 
 
-def test_files_at_the_training_size_are_stacked_as_decoded_and_a_bad_one_is_named():
-    """Every file already 32x32 (CIFAR-10): each of 3 threads stacks its share into the
-    batch; a file that does not decode, or is not the size sizes.npy says, is named."""
+@pytest.mark.parametrize("plain", [False, True], ids=["headers-read", "plain-store"])
+def test_files_at_the_training_size_are_stacked_as_decoded_and_a_bad_one_is_named(plain):
+    """Every file already 32x32 (CIFAR-10): each of 3 threads decodes its share straight into
+    the batch (a store whose files are all plain without reading their headers); a file
+    turned by EXIF (headers read) is shown upright; a file that does not decode, or is not
+    the size sizes.npy says (larger or smaller), is named; a damaged one is named once."""
+    from PIL import ImageOps
+
     files = [jpeg_bytes(photo(32, 32, 3, i)) for i in range(7)]
+    if not plain:  # a file turned by EXIF orientation 8
+        buf, exif = io.BytesIO(), Image.Exif()
+        exif[0x0112] = 8
+        Image.fromarray(photo(32, 32, 3, 3)).save(buf, "JPEG", quality=85, exif=exif.tobytes())
+        files[3] = buf.getvalue()
     before = torch.get_num_threads()
     torch.set_num_threads(3)
     try:
-        ds = encoded(files, [(32, 32)] * 7)
+        ds = dataclasses.replace(encoded(files, [(32, 32)] * 7), plain=plain)
         got = torch.cat([as_uint8(x) for x, _ in Loader(ds, 7, device="cpu", shuffle=False)])
-        assert all(int((got[i].int() - pillow(ds, i).int()).abs().max()) <= 1 for i in range(7))
+        for i, f in enumerate(files):
+            ref = np.array(ImageOps.exif_transpose(Image.open(io.BytesIO(f))).convert("RGB"))
+            assert int((got[i].int() - torch.from_numpy(ref).permute(2, 0, 1)).abs().max()) <= 1
         for k, bad, why in [
             (5, files[5][:300], "not a decodable JPEG"),
             (6, jpeg_bytes(photo(40, 32, 3, 0)), "the file is 40x32, sizes.npy says 32x32"),
+            (4, jpeg_bytes(photo(24, 32, 3, 0)), "the file is 24x32, sizes.npy says 32x32"),
         ]:
-            ds = encoded(files[:k] + [bad] + files[k + 1 :], [(32, 32)] * 7)
+            ds = dataclasses.replace(
+                encoded(files[:k] + [bad] + files[k + 1 :], [(32, 32)] * 7), plain=plain
+            )
             with pytest.raises(FormatError, match=f"sample {k}: {why}"):
                 list(Loader(ds, 7, device="cpu", shuffle=False))
+        data, mid = bytearray(files[1]), (files[1].index(b"\xff\xda") + len(files[1])) // 2
+        data[mid : mid + 16] = bytes(b ^ 0xFF for b in data[mid : mid + 16])  # libjpeg warns
+        ds = encoded([files[0], bytes(data), *files[2:]], [(32, 32)] * 7)
+        with pytest.warns(UserWarning, match="photos/train: sample 1: damaged JPEG data") as said:
+            list(Loader(dataclasses.replace(ds, plain=plain), 7, device="cpu", shuffle=False))
+        assert len([w for w in said if "damaged" in str(w.message)]) == 1
     finally:
         torch.set_num_threads(before)
 

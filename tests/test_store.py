@@ -410,6 +410,54 @@ ENCODED_CORRUPTIONS = {
 }
 
 
+def test_a_jpeg_store_says_whether_its_files_are_plain_and_a_false_claim_is_named(tmp_path):
+    """meta.json's ``plain``: every file upright (no EXIF turn) with 1 or 3 channels, so the
+    CPU decoder reads no header; one turned file makes it false. A meta.json that claims it
+    over a turned file is refused at opening (and by ``verify``) naming the sample; a value
+    that is not true or false names meta.json; a store from before it opens as not plain."""
+    ds = encoded()
+    out = write_store(ds, tmp_path / "plain")
+    assert json.loads((out / "meta.json").read_text())["plain"] is True
+    assert open_store(out).plain is True
+    buf, exif = io.BytesIO(), Image.Exif()
+    exif[0x0112] = 6  # stored 10x8, shown upright 8x10 as sizes.npy says
+    rng = np.random.default_rng(1)
+    Image.fromarray(rng.integers(0, 256, (10, 8, 3), dtype=np.uint8)).save(
+        buf, "JPEG", exif=exif.tobytes()
+    )
+    files = [ds.data[a:b].tobytes() for a, b in zip(ds.offsets, ds.offsets[1:])]
+    files[3] = buf.getvalue()
+    data = np.frombuffer(b"".join(files), np.uint8)
+    offsets = np.cumsum([0, *map(len, files)]).astype(np.int64)
+    sizes = ds.sizes.copy()
+    sizes[3] = (8, 10)
+    out = write_store(replace(ds, data=data, offsets=offsets, sizes=sizes), tmp_path / "turned")
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["plain"] is False and open_store(out).plain is False
+    for claim, why in [
+        (
+            True,
+            r"turned: sample 3: meta.json says every file is plain \(upright, 1 or 3 "
+            r"channels\), this one has EXIF orientation 6",
+        ),
+        ("yes", r"meta.json: plain must be true or false"),
+    ]:
+        (out / "meta.json").write_text(json.dumps({**meta, "plain": claim}))
+        with pytest.raises(FormatError, match=why):
+            open_store(out)
+    (out / "meta.json").write_text(json.dumps({**meta, "plain": True}))
+    with pytest.raises(FormatError, match=r"sample 3: meta.json says every file is plain"):
+        store.verify(
+            replace(
+                open_store(tmp_path / "plain"), data=data, offsets=offsets, sizes=sizes, plain=True
+            ),
+            "s",
+        )
+    del meta["plain"]
+    (out / "meta.json").write_text(json.dumps(meta))
+    assert open_store(out).plain is False
+
+
 @pytest.mark.parametrize("damage", ENCODED_CORRUPTIONS)
 def test_damaged_jpeg_store_is_refused_naming_the_file(tmp_path, damage):
     out = write_store(encoded(), tmp_path / "s")

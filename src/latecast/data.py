@@ -116,6 +116,8 @@ class EncodedDataset(_Split):
         encoding: what ``data`` holds; ``"jpeg"``.
         digest: as for ``Dataset`` (of ``data``).
         crc32: ``(N,)`` uint32, each file's CRC-32 as it was written (a store's), or None.
+        plain: every file is upright (EXIF orientation 1) with 1 or 3 channels, as its
+            header says (a store's meta.json): the CPU decoder reads no header.
     """
 
     data: np.ndarray
@@ -126,6 +128,7 @@ class EncodedDataset(_Split):
     encoding: str = "jpeg"
     digest: str = ""
     crc32: np.ndarray | None = None
+    plain: bool = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -345,6 +348,7 @@ class Encoded:
     decoded: dict = field(default_factory=dict)  # wrap: position -> CHW of a non-JPEG file
     names: list | None = None  # a stream's: each file's shard and key, for messages
     heads: list | None = None  # wrap: each file's jpeg_header, read as it was planned
+    plain: bool = False  # every file upright, 1 or 3 channels (``EncodedDataset.plain``)
 
     def __len__(self) -> int:
         return len(self.sizes)

@@ -472,7 +472,17 @@ class Jpeg(Mover):
             sizes = torch.from_numpy(ds.sizes[idx_np].astype(np.int64))
             where = f"{ds.name}/{ds.split}"
             yield (
-                Encoded(host, offsets, sizes, idx, ds.channels, self.device, where, names=names),
+                Encoded(
+                    host,
+                    offsets,
+                    sizes,
+                    idx,
+                    ds.channels,
+                    self.device,
+                    where,
+                    names=names,
+                    plain=ds.plain,
+                ),
                 labels,
             )
 

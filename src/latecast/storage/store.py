@@ -8,8 +8,9 @@ were written) and the images in one of two encodings:
 - ``raw``: ``images.npy``, uint8 ``(N, H, W, C)`` pixels (a ``Dataset``).
 - ``jpeg``: ``data.bin``, the JPEG files back to back; ``offsets.npy`` (int64 ``(N + 1,)``,
   image ``i`` is ``data[offsets[i]:offsets[i + 1]]``) and ``sizes.npy`` (int32 ``(N, 2)``,
-  each image's height and width); meta.json adds the training ``size`` and ``channels``
-  (an ``EncodedDataset``, decoded per batch on the device).
+  each image's height and width); meta.json adds the training ``size``, ``channels`` and
+  ``plain`` (every file upright, EXIF orientation 1, with 1 or 3 channels: the CPU decoder
+  then reads no file's header) (an ``EncodedDataset``, decoded per batch on the device).
 
 A converted image folder with ``train/`` and ``test/`` (or ``val/``) holds one such store per
 split: ``out/train``, ``out/test``. Opening never reads the images: a store larger than
@@ -144,9 +145,9 @@ def finish_split(
     if len(ds) == 0:
         raise FormatError(f"{folder.name}: refusing to write a store with no images")
     check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
-    encoding, arrays = getattr(ds, "encoding", "raw"), _arrays(ds)
+    encoding, arrays, plain = getattr(ds, "encoding", "raw"), _arrays(ds), {}
     if encoding != "raw":  # every file read: its structure, and its CRC-32 kept (transfer.Jpeg)
-        check_jpegs(ds, f"{ds.name}/{ds.split}", range(len(ds)))
+        plain = {"plain": check_jpegs(ds, f"{ds.name}/{ds.split}", range(len(ds)))}
         arrays["crc32"] = crc32s(ds.data, ds.offsets)
     for key, name in list(FILES[encoding].items())[1:]:
         np.save(folder / name, np.ascontiguousarray(arrays[key]), allow_pickle=False)
@@ -168,6 +169,7 @@ def finish_split(
         "count": len(ds),
         **files,
         **({} if encoding == "raw" else {"size": list(ds.size), "channels": ds.channels}),
+        **plain,
         "classes": list(ds.classes),
         "mean": list(ds.mean),
         "std": list(ds.std),
@@ -364,7 +366,10 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
     else:
         size, crc = tuple(meta["size"]), arrays.pop("crc32", None)
         crc = None if crc is None else np.array(crc)  # small: read it whole
-        ds = EncodedDataset(**arrays, **common, channels=channels, size=size, crc32=crc)
+        plain = meta.get("plain", False)  # (a store written before latecast kept it: False)
+        ds = EncodedDataset(
+            **arrays, **common, channels=channels, size=size, crc32=crc, plain=plain
+        )
         picks = np.unique(np.linspace(0, count - 1, min(count, STRUCTURE_SAMPLE)).astype(int))
         check_jpegs(ds, str(folder), picks)
     check_labels(labels, ds.num_classes, str(folder / LABELS))
@@ -394,13 +399,25 @@ def verify(ds: Dataset | EncodedDataset, where: str) -> bool:
     return True
 
 
-def check_jpegs(ds: EncodedDataset, where: str, picks) -> None:
+def check_jpegs(ds: EncodedDataset, where: str, picks) -> bool:
     """``FormatError`` naming ``where`` and the first sample in ``picks`` whose file is not a
-    whole JPEG of the size sizes.npy gives it (``jpeg_problem``)."""
-    offsets, sizes = ds.offsets.tolist(), ds.sizes.tolist()
+    whole JPEG of the size sizes.npy gives it (``jpeg_problem``), or is not plain (upright,
+    1 or 3 channels) when ``ds.plain`` says every file is. Returns whether all are plain."""
+    offsets, sizes, plain = ds.offsets.tolist(), ds.sizes.tolist(), True
     for i in picks:
-        if why := jpeg_problem(ds.data[offsets[i] : offsets[i + 1]], sizes[i]):
+        file = ds.data[offsets[i] : offsets[i + 1]]
+        why = jpeg_problem(file, sizes[i])
+        if not why:
+            _, _, channels, orientation = jpeg_header(file)
+            plain = plain and orientation == 1 and channels != 4
+            if ds.plain and not plain:
+                why = (
+                    f"{META} says every file is plain (upright, 1 or 3 channels), this one "
+                    f"has EXIF orientation {orientation} and {channels} channels"
+                )
+        if why:
             raise FormatError(f"{where}: sample {i}: {why} (a damaged or edited store?)")
+    return plain
 
 
 def jpeg_problem(file: np.ndarray | bytes, hw: list[int] | None = None) -> str:
@@ -441,6 +458,7 @@ def _check_encoded(folder: Path, meta: dict, arrays: dict, labels: np.ndarray) -
         ),
         (labels.dtype in (np.uint8, np.uint16), LABELS, "labels must be uint8 or uint16"),
         (arrays.get("crc32", np.uint32(0)).dtype == np.uint32, CRC32, "CRC-32s must be uint32"),
+        (type(meta.get("plain", False)) is bool, META, "plain must be true or false"),
         (
             channels in (1, 3)
             and len(size) == 2
