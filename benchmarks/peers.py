@@ -24,7 +24,10 @@ Workloads (float32 NCHW contiguous out, normalized with one mean/std per dataset
   ``crop_mirror_normalize``), and the user's own DataLoader of the image folder through
   ``latecast.wrap``: ``wrap-jpeg`` (``latecast.jpeg_folder``, the files as a JPEG field)
   and ``wrap`` (torchvision's ``ImageFolder`` + ``PILToTensor``, PIL decoding in the
-  workers), each with ``--loader-workers`` worker processes (2; their CPU counted).
+  workers), each with ``--loader-workers`` worker processes (2; their CPU counted),
+  ``persistent_workers=True`` (forked once for every epoch, as PyTorch advises for
+  training over many epochs; ``--fork-workers`` forks them again for each epoch, the
+  DataLoader's default).
 - ``photos``: ``--photos`` ImageNet-shaped JPEGs (``synthetic_photos.py``), decode +
   RandomResizedCrop(224, scale (0.08, 1), ratio (3/4, 4/3)) + flip + normalize; CPU-ms
   per image. The wrap rows as for CIFAR (``wrap``: RandomResizedCrop by torchvision in
@@ -122,7 +125,8 @@ def wrap_epochs(spec: dict):
     the files' bytes (``latecast.jpeg_folder``) as a JPEG field, decoded, cropped, flipped
     and normalized by wrap; ``wrap`` an ImageFolder decoded by PIL in the workers
     (``PILToTensor``; photos: RandomResizedCrop there too), flipped, shifted and normalized
-    by wrap. Both with ``--loader-workers`` worker processes."""
+    by wrap. Both with ``--loader-workers`` worker processes, kept from epoch to epoch
+    unless ``--fork-workers``."""
     import torch
     from torchvision import datasets
     from torchvision import transforms as T
@@ -142,6 +146,7 @@ def wrap_epochs(spec: dict):
     loader = torch.utils.data.DataLoader(
         samples, spec["batch_size"], shuffle=True, num_workers=spec["loader_workers"],
         generator=torch.Generator().manual_seed(0),
+        persistent_workers=spec["loader_workers"] > 0 and not spec["fork_workers"],
     )  # fmt: skip
     stats = {"mean": spec["mean"], "std": spec["std"]}
     wrapped = latecast.wrap(loader, device="cpu", augment=augment, fields=fields, **stats)
@@ -303,12 +308,28 @@ EPOCHS |= {"torchvision": torchvision_epochs, "wrap-jpeg": wrap_epochs, "wrap": 
 
 
 def cpu_seconds() -> float:
-    """User + system seconds of this process (all threads) and its waited-for children."""
+    """User + system seconds of this process (all threads), its waited-for children and
+    its children still running (persistent DataLoader workers; read from /proc)."""
     own, kids = (
         resource.getrusage(resource.RUSAGE_SELF),
         resource.getrusage(resource.RUSAGE_CHILDREN),
     )
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime + running_children()
+
+
+def running_children() -> float:
+    """User + system seconds so far of this process's children that have not been waited
+    for (0 where there is no /proc): a child waited for between two calls moves from here
+    to ``RUSAGE_CHILDREN`` with all its seconds, so differences count each second once."""
+    me, ticks = os.getpid(), 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (comm)"
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if int(fields[1]) == me:  # ppid; utime and stime in clock ticks
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def measure(spec: dict) -> dict:
@@ -653,6 +674,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--loader-workers", type=int, default=2, help="the wrap rows' DataLoader workers"
     )
+    p.add_argument(
+        "--fork-workers",
+        action="store_true",
+        help="the wrap rows fork their workers for each epoch (not persistent_workers)",
+    )
     p.add_argument("--ffcv-python", help="a Python that imports ffcv")
     p.add_argument("--dali-python", help="a Python that imports nvidia.dali")
     cifar = SHARED / "cifar10-jpg" / "cifar10-jpg.tar.gz"
@@ -709,6 +735,7 @@ def main(argv: list[str] | None = None) -> int:
                 "warmup": args.warmup,
                 "epochs": args.epochs,
                 "loader_workers": args.loader_workers,
+                "fork_workers": args.fork_workers,
             }
             result = measure(spec) if args.in_process else run_child(pythons[peer], spec)
             print(f"round {r + 1}: {w}, {peer}, {t} threads: {said(result)}", file=sys.stderr)

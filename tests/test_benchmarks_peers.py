@@ -147,3 +147,25 @@ def test_peers_runs_latecast_wrap_and_torchvision_rows_and_leaves_the_others_out
         assert row["images_per_s"] > 0 and row["cpu_seconds"] >= 0 and not row["errors"]
         assert f"| {workload} | 1 | {peer} |" in printed
     assert torch.get_num_threads() == threads  # put back: the runs were in this process
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_peers_counts_the_cpu_of_workers_that_outlive_the_epoch():
+    """Persistent DataLoader workers are not waited for inside a timed epoch: their CPU is
+    read from /proc while they run, and a child waited for between two readings is
+    counted once, not twice."""
+    import subprocess
+    import time
+
+    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
+    before = peers.cpu_seconds()
+    child = subprocess.Popen([sys.executable, "-c", spin + "time.sleep(60)"])
+    try:
+        while peers.running_children() < 0.3 and child.poll() is None:  # its spin done
+            time.sleep(0.01)
+        alive = peers.cpu_seconds() - before
+    finally:
+        child.kill()
+        child.wait()
+    waited = peers.cpu_seconds() - before  # the child now in RUSAGE_CHILDREN, not /proc
+    assert alive >= 0.3 and alive - 0.02 <= waited <= alive + 0.1, (alive, waited)

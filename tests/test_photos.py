@@ -4,6 +4,7 @@ EXIF orientation applied the same way on every path (decoders, ``latecast conver
 from __future__ import annotations
 
 import io
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -372,6 +373,16 @@ def test_jpeg_folder_is_image_folder_with_the_files_left_encoded(tmp_path):
     assert torch.cat(labels).tolist() == ref.targets
     want = [upright(Path(path).read_bytes()) for path, _ in ref.samples]
     assert torch.equal(as_uint8(torch.cat(images)), torch.stack(want))
+    # the README's way: workers forked once for every epoch; each file once an epoch
+    dl = DataLoader(folder, 2, shuffle=True, num_workers=1, persistent_workers=True)
+    wrapped, key = latecast.wrap(dl, device="cpu"), lambda im: im.flatten().tolist()
+    for epoch in range(2):
+        wrapped.set_epoch(epoch)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the PNG, said above
+            images, labels = zip(*wrapped)
+        assert sorted(torch.cat(labels).tolist()) == sorted(ref.targets)
+        assert sorted(map(key, as_uint8(torch.cat(images)))) == sorted(map(key, want))
     with pytest.raises(latecast.LatecastError, match="nowhere: no such folder"):
         latecast.jpeg_folder(tmp_path / "nowhere")
     (tmp_path / "cat" / "empty").mkdir()  # no class folders with images in it
