@@ -50,7 +50,8 @@ tf = transforms.Compose([transforms.Grayscale(), transforms.PILToTensor()])  # u
 dl = DataLoader(datasets.ImageFolder(args.folder / "train", tf), 256, shuffle=True, num_workers=2)
 train = latecast.wrap(dl, mean=MEAN, std=STD)
 if args.jpeg:  # the fast way: the files' bytes cross, decoded (1 channel, 28x28) by wrap
-    dl = DataLoader(latecast.jpeg_folder(args.folder / "train"), 256, shuffle=True, num_workers=2)
+    files = latecast.jpeg_folder(args.folder / "train")  # workers forked once, for every epoch
+    dl = DataLoader(files, 256, shuffle=True, num_workers=2, persistent_workers=True)
     train = latecast.wrap(dl, mean=MEAN, std=STD, fields={0: latecast.jpeg(28, channels=1)})
 test = latecast.wrap(
     DataLoader(datasets.ImageFolder(args.folder / "test", tf), 1000), mean=MEAN, std=STD

@@ -58,7 +58,8 @@ def jpeg_folder(root: str | Path) -> JpegFolder:
         root: ``root/<class>/**/<image>``, as ImageFolder reads it.
 
     Example:
-        >>> dl = DataLoader(latecast.jpeg_folder("train"), 256, shuffle=True, num_workers=8)
+        >>> dl = DataLoader(latecast.jpeg_folder("train"), 256, shuffle=True, num_workers=8,
+        ...                 persistent_workers=True)  # forked once: the epochs start at once
         >>> train = latecast.wrap(dl, mean=MEAN, std=STD, fields={0: latecast.jpeg(224)},
         ...                       augment=latecast.Augment(resized_crop=0.08, flip=0.5))
     """
