@@ -153,19 +153,25 @@ def test_peers_runs_latecast_wrap_and_torchvision_rows_and_leaves_the_others_out
 def test_peers_counts_the_cpu_of_workers_that_outlive_the_epoch():
     """Persistent DataLoader workers are not waited for inside a timed epoch: their CPU is
     read from /proc while they run, and a child waited for between two readings is
-    counted once, not twice."""
+    counted once, not twice. Measured in a fresh process, as peers.py measures: this one's
+    other children (earlier tests') come and go."""
     import subprocess
-    import time
 
-    spin = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\n"
-    before = peers.cpu_seconds()
-    child = subprocess.Popen([sys.executable, "-c", spin + "time.sleep(60)"])
-    try:
-        while peers.running_children() < 0.3 and child.poll() is None:  # its spin done
-            time.sleep(0.01)
-        alive = peers.cpu_seconds() - before
-    finally:
-        child.kill()
-        child.wait()
-    waited = peers.cpu_seconds() - before  # the child now in RUSAGE_CHILDREN, not /proc
+    script = f"""
+import subprocess, sys, time
+sys.path.insert(0, {str(ROOT / "benchmarks")!r})
+import peers
+spin = "import time\\nt = time.process_time()\\nwhile time.process_time() - t < 0.3: pass\\n"
+before = peers.cpu_seconds()
+child = subprocess.Popen([sys.executable, "-c", spin + "time.sleep(60)"])
+while peers.running_children() < 0.3 and child.poll() is None:  # its spin done
+    time.sleep(0.01)
+alive = peers.cpu_seconds() - before
+child.kill()
+child.wait()
+print(alive, peers.cpu_seconds() - before)  # the child now in RUSAGE_CHILDREN, not /proc
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    alive, waited = map(float, proc.stdout.split())
     assert alive >= 0.3 and alive - 0.02 <= waited <= alive + 0.1, (alive, waited)

@@ -373,6 +373,11 @@ def test_jpeg_folder_is_image_folder_with_the_files_left_encoded(tmp_path):
     assert torch.cat(labels).tolist() == ref.targets
     want = [upright(Path(path).read_bytes()) for path, _ in ref.samples]
     assert torch.equal(as_uint8(torch.cat(images)), torch.stack(want))
+    order = [5, 0, 1, 2, 3, 4]  # the PNG first in its batch: still a JPEG field (was passed on)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the PNG, said above
+        images, _ = zip(*latecast.wrap(DataLoader(folder, 2, sampler=order), device="cpu"))
+    assert torch.equal(as_uint8(torch.cat(images)), torch.stack([want[i] for i in order]))
     # the README's way: workers forked once for every epoch; each file once an epoch
     dl = DataLoader(folder, 2, shuffle=True, num_workers=1, persistent_workers=True)
     wrapped, key = latecast.wrap(dl, device="cpu"), lambda im: im.flatten().tolist()

@@ -27,9 +27,9 @@ latecast reads the orientation from the file's header and turns the decoded imag
   release the GIL, so threads scale. Files already at the training size (CIFAR-10) go
   through one tight loop (no crop boxes; no header read either when the store's
   meta.json says every file is ``plain``): in the loader 20 -> 16 CPU-us a CIFAR-10 file,
-  simplejpeg's own call about 14.5 of it (issue 29). Measured on 2 vCPUs (Xeon, torchvision 0.29, lightly
-  loaded), the op called in one thread and in two: CIFAR-10 32x32 files 32,000/s and
-  45,000/s; 500x375 photos 450/s and 806/s.
+  simplejpeg's own call about 14.5 of it (issue 29). Measured on 2 vCPUs (Xeon,
+  torchvision 0.29, lightly loaded), the op called in one thread and in two: CIFAR-10
+  32x32 files 32,000/s and 45,000/s; 500x375 photos 450/s and 806/s.
 
 libjpeg reports damaged scan data ("Corrupt JPEG data: N extraneous bytes before marker 0xd9")
 as a warning written from C to fd 2, not as a Python warning, and decodes the file anyway,

@@ -116,11 +116,21 @@ def _read(name: Name, k: int, path: Any) -> np.ndarray:
 
 
 def recognised(value: Any, name: Name) -> list[np.ndarray] | None:
-    """An undeclared field's files, when it is a list of files whose first starts with the
-    JPEG signature; else None."""
-    head = files_of(value[:1], name) if isinstance(value, (list, tuple, np.ndarray)) else None
-    jpeg = head is not None and bytes(head[0][:3]) == b"\xff\xd8\xff"  # read no more otherwise
-    return files_of(value, name) if jpeg else None
+    """An undeclared field's files, when it is a list of files one of which starts with the
+    JPEG signature (the others, a PNG say, are decoded on the host by ``plan``: a batch of a
+    shuffled folder whose first file is a PNG is no less a JPEG field); else None. Files
+    read from their paths (Hugging Face rows) are judged by the first alone: one read."""
+    if not isinstance(value, (list, tuple, np.ndarray)):
+        return None
+    for k in range(len(value)):
+        head = files_of(value[k : k + 1], name)
+        if head is None:
+            return None
+        if bytes(head[0][:3]) == b"\xff\xd8\xff":
+            return files_of(value, name)
+        if isinstance(value[k], dict):
+            return None
+    return None
 
 
 @dataclass(frozen=True)
