@@ -263,7 +263,7 @@ def _decode_cpu(
     out = torch.empty((n, *size, batch.channels), dtype=torch.uint8)
     # files whose header says they decode into their slot as they are: the training size,
     # upright, 1 or 3 channels (CIFAR's); 0.5 us a file of Python beside the decode's 12
-    plain, want = {(*size, 1, 1), (*size, 3, 1)}, (*size, batch.channels)
+    fits, want = {(*size, 1, 1), (*size, 3, 1)}, (*size, batch.channels)
     plain_head = (*size, batch.channels, 1) if batch.plain and whole else None  # read none
     space = "GRAY" if batch.channels == 1 else "RGB"
     if turbo:
@@ -292,7 +292,7 @@ def _decode_cpu(
         slots = out.numpy()  # numpy views of the slots: 0.2 us each, a tensor's 1-2
         for i in rows:
             if whole and turbo and i not in batch.decoded:  # the hot loop: straight into the slot
-                if (heads[i] or plain_head or jpeg_header(files[i])) in plain:
+                if (heads[i] or plain_head or jpeg_header(files[i])) in fits:
                     try:
                         if simplejpeg.decode_jpeg(files[i], space, buffer=slots[i]).shape == want:
                             continue

@@ -473,19 +473,10 @@ class Jpeg(Mover):
             sizes = torch.from_numpy(ds.sizes[idx_np].astype(np.int64))
             where = f"{ds.name}/{ds.split}"
             yield (
-                Encoded(
-                    host,
-                    offsets,
-                    sizes,
-                    idx,
-                    ds.channels,
-                    self.device,
-                    where,
-                    names=names,
-                    plain=ds.plain,
-                ),
+                Encoded(host, offsets, sizes, idx, ds.channels, self.device, where,
+                        names=names, plain=ds.plain),
                 labels,
-            )
+            )  # fmt: skip
 
     def _first_read(self, idx: np.ndarray, buf: np.ndarray, offsets: list[int]) -> None:
         """The files read for the first time, checked against the CRC-32 their store kept:
