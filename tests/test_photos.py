@@ -10,11 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
 from latecast import decode
 from latecast.data import Encoded
-from latecast.jpegheader import jpeg_header
+from latecast.jpegheader import jpeg_header, jpeg_headers
 from latecast.loader import Loader
 from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store
@@ -73,6 +75,48 @@ def test_the_header_reader_refuses_what_is_not_a_jpeg():
     png = jpeg(smooth(8, 8, 0), fmt="PNG")
     assert jpeg_header(png) is None and jpeg_header(b"\xff\xd8") is None
     assert jpeg_header(jpeg(smooth(8, 8, 0))[:20]) is None  # cut before the frame
+
+
+def _frame_at(f: bytes) -> int:
+    return f.index(b"\xff\xc0")  # Pillow writes a baseline frame (SOF0)
+
+
+def _pool() -> list[bytes]:
+    """Files that share a start up to their frame header and files that do not: one
+    encoder's at other sizes, turned (an EXIF block), grey, another quality (other tables),
+    a fill byte before the frame, cut around the frame's fields, a PNG."""
+    one = [jpeg(smooth(h, w, h + w)) for h, w in [(32, 32), (32, 48), (48, 32)]]
+    turned = [jpeg(smooth(24, 40, o), o) for o in (1, 6, 8)]
+    grey = [jpeg(smooth(32, 32, 5, grey=True))]
+    buf = io.BytesIO()
+    Image.fromarray(smooth(32, 32, 0)).save(buf, "JPEG", quality=50)
+    f, at = one[0], _frame_at(one[0])
+    filled = f[:at] + b"\xff" + f[at:]
+    cut = [f[: at + k] for k in (9, 10, 11)]
+    return one + turned + grey + [buf.getvalue(), filled, *cut, jpeg(smooth(8, 8, 0), fmt="PNG")]
+
+
+POOL = _pool()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(range(len(POOL))), st.booleans()), max_size=10))
+def test_a_batch_s_headers_read_at_the_last_frame_s_place_are_each_file_s_own(picks):
+    """``jpeg_headers`` reads a file that starts as the last one walked at that one's frame
+    header, unwalked: the answers are ``jpeg_header``'s for any mix, bytes or arrays."""
+    files = [POOL[k] if as_bytes else np.frombuffer(POOL[k], np.uint8) for k, as_bytes in picks]
+    assert jpeg_headers(files) == [jpeg_header(f) for f in files]
+
+
+def test_the_pool_of_headers_covers_the_cases():
+    """The pool above holds what ``jpeg_headers`` must tell apart: files of one start at
+    other sizes (read unwalked), a cut file long enough for the frame's fields (10 bytes
+    past its marker) and one that is not, turned files (another start)."""
+    heads = [jpeg_header(f) for f in POOL]
+    assert heads[:3] == [(32, 32, 3, 1), (32, 48, 3, 1), (48, 32, 3, 1)]
+    assert heads[4:7] == [(40, 24, 3, 6), (40, 24, 3, 8), (32, 32, 1, 1)]
+    assert heads[9] is None and heads[10] == heads[11] == (32, 32, 3, 1) and heads[-1] is None
+    assert POOL[1][: _frame_at(POOL[1])] == POOL[0][: _frame_at(POOL[0])]
 
 
 def test_the_decoder_is_chosen_once_and_a_bad_choice_is_one_error(monkeypatch):

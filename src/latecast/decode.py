@@ -55,7 +55,7 @@ import torch
 
 from .data import Encoded
 from .errors import ConfigError, FormatError
-from .jpegheader import jpeg_header
+from .jpegheader import jpeg_header, jpeg_headers
 from .threads import count, one_thread, pool
 from .transforms import centre_boxes, crop_into, resized_crop
 
@@ -265,6 +265,8 @@ def _decode_cpu(
     # upright, 1 or 3 channels (CIFAR's); 0.5 us a file of Python beside the decode's 12
     fits, want = {(*size, 1, 1), (*size, 3, 1)}, (*size, batch.channels)
     plain_head = (*size, batch.channels, 1) if batch.plain and whole else None  # read none
+    if turbo and batch.heads is None and plain_head is None:  # 0.4 us a file, one by one 1.9
+        heads = jpeg_headers(files)
     space = "GRAY" if batch.channels == 1 else "RGB"
     if turbo:
         import simplejpeg

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import numbers
 import os
@@ -32,7 +33,7 @@ import torch
 from .data import Encoded
 from .decode import decoder
 from .errors import BatchError, FormatError, numbers_of, refuse
-from .jpegheader import JPEG_SIDE, jpeg_header
+from .jpegheader import JPEG_SIDE, jpeg_headers
 
 ENCODED = "jpeg"
 Name = Union[str, int]
@@ -76,8 +77,9 @@ def jpeg(size: int | tuple[int, int] | None = None, channels: int | None = None)
     return Jpeg(hw, None if channels is None else int(channels))
 
 
-def files_of(value: Any, name: Name) -> list[np.ndarray] | None:
-    """The field's files as 1-D uint8 arrays (views, no copy), or None when ``value`` is not
+def files_of(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
+    """The field's files, ``bytes`` as they came, else as 1-D uint8 arrays (views, no copy),
+    or None when ``value`` is not
     a list of files (it then passes through, as any non-array does). A Hugging Face row of a
     file on disk, ``{"bytes": None, "path": p}``, is read from ``p`` here, as ``datasets``
     reads it when it decodes (in the main process: a DataLoader ``collate_fn`` that reads
@@ -87,7 +89,7 @@ def files_of(value: Any, name: Name) -> list[np.ndarray] | None:
     if not isinstance(value, (list, tuple)) or not value:
         return None
     if all(type(item) is bytes for item in value):  # a Dataset's file reads, collated
-        return [np.frombuffer(item, np.uint8) for item in value]
+        return list(value)
     out = []
     for k, item in enumerate(value):
         if isinstance(item, dict) and item.get("bytes") is None and "path" in item:
@@ -140,7 +142,7 @@ class JpegField:
     training size and channels, and the files decoded on the host (position -> CHW)."""
 
     name: Name
-    files: list[np.ndarray] = field(repr=False)
+    files: list[bytes | np.ndarray] = field(repr=False)
     sizes: torch.Tensor  # (n, 2) int64 upright (H, W)
     size: tuple[int, int]
     channels: int
@@ -151,7 +153,7 @@ class JpegField:
 
     @functools.cached_property
     def offsets(self) -> list[int]:
-        return np.cumsum([0] + [len(f) for f in self.files]).tolist()
+        return list(itertools.accumulate(map(len, self.files), initial=0))
 
     @property
     def nbytes(self) -> int:
@@ -168,8 +170,9 @@ class JpegField:
         return 4 * self.decoded_bytes
 
     def pack(self, dst: torch.Tensor) -> None:
-        """The JPEG files back to back into the pinned bytes ``dst`` (one concatenate)."""
-        np.concatenate(self.files, out=dst.numpy())
+        """The JPEG files back to back into the pinned bytes ``dst`` (joined, then copied:
+        0.1 us a file, where ``np.concatenate`` takes 1)."""
+        dst.numpy()[:] = np.frombuffer(b"".join(self.files), np.uint8)
 
 
 def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegField:
@@ -181,7 +184,7 @@ def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegField:
             f"field {name!r} is declared JPEG files but is {type(value).__name__}: give a list "
             "of bytes, of 1-D uint8 tensors or arrays, or of {'bytes': ..., 'path': ...} dicts"
         )
-    heads = [jpeg_header(f) for f in files]
+    heads = jpeg_headers(files)
     grey = all(h is not None and h[2] == 1 for h in heads)
     channels = spec.channels or (1 if grey else 3)
     decoded = {
@@ -199,15 +202,15 @@ def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegField:
         )
     if means not in (1, channels):
         raise BatchError(f"field {name!r}: {channels} channels but {means} mean/std values")
-    kept = [np.zeros(0, np.uint8) if i in decoded else f for i, f in enumerate(files)]
+    kept = [b"" if i in decoded else f for i, f in enumerate(files)]
     sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
     return JpegField(name, kept, sizes, size, channels, decoded, heads)
 
 
-def host_decode(name: Name, i: int, data: np.ndarray, channels: int) -> torch.Tensor:
+def host_decode(name: Name, i: int, data: bytes | np.ndarray, channels: int) -> torch.Tensor:
     """A file that is no JPEG, decoded on the host, upright: ``(channels, H, W)`` uint8."""
     mode = {1: "GRAY", 3: "RGB"}[channels]
-    t = torch.from_numpy(data.copy())  # a rare file: a copy, writable as torch asks
+    t = torch.from_numpy(np.frombuffer(data, np.uint8).copy())  # a rare file: writable
     try:
         if decoder().startswith("torchcodec"):
             from torchcodec.decoders import decode_image
