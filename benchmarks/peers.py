@@ -27,7 +27,8 @@ Workloads (float32 NCHW contiguous out, normalized with one mean/std per dataset
   workers), each with ``--loader-workers`` worker processes (2; their CPU counted),
   ``persistent_workers=True`` (forked once for every epoch, as PyTorch advises for
   training over many epochs; ``--fork-workers`` forks them again for each epoch, the
-  DataLoader's default).
+  DataLoader's default). ``wrap-held``: the ``wrap-jpeg`` batches read before the timing
+  and held in memory (wrap's own work, without the DataLoader's hand-off).
 - ``photos``: ``--photos`` ImageNet-shaped JPEGs (``synthetic_photos.py``), decode +
   RandomResizedCrop(224, scale (0.08, 1), ratio (3/4, 4/3)) + flip + normalize; CPU-ms
   per image. The wrap rows as for CIFAR (``wrap``: RandomResizedCrop by torchvision in
@@ -70,20 +71,21 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "datasets"
 PEERS_OF = {  # workload -> the peers that run it, in table order
     "cifar-raw": ("latecast", "ffcv", "torchvision"),
-    "cifar-jpeg": ("latecast", "wrap-jpeg", "wrap", "ffcv", "dali"),
-    "photos": ("latecast", "wrap-jpeg", "wrap", "ffcv", "dali", "torchvision"),
+    "cifar-jpeg": ("latecast", "wrap-jpeg", "wrap-held", "wrap", "ffcv", "dali"),
+    "photos": ("latecast", "wrap-jpeg", "wrap-held", "wrap", "ffcv", "dali", "torchvision"),
     "mnist": ("latecast", "ffcv", "torchvision"),
 }
 MODULE = {
     "latecast": "latecast",
     "wrap-jpeg": "latecast",
+    "wrap-held": "latecast",
     "wrap": "latecast",
     "ffcv": "ffcv",
     "dali": "nvidia.dali",
     "torchvision": "torchvision",
 }
 DIST = {"latecast": "latecast", "ffcv": "ffcv", "dali": "nvidia-dali-cuda120"}
-DIST |= {"wrap-jpeg": "latecast", "wrap": "latecast"}
+DIST |= {"wrap-jpeg": "latecast", "wrap-held": "latecast", "wrap": "latecast"}
 PHOTO = 224  # RandomResizedCrop's output side
 CROP, FLIP, SCALE, RATIO = 4, 0.5, (0.08, 1.0), (3 / 4, 4 / 3)
 
@@ -126,7 +128,9 @@ def wrap_epochs(spec: dict):
     and normalized by wrap; ``wrap`` an ImageFolder decoded by PIL in the workers
     (``PILToTensor``; photos: RandomResizedCrop there too), flipped, shifted and normalized
     by wrap. Both with ``--loader-workers`` worker processes, kept from epoch to epoch
-    unless ``--fork-workers``."""
+    unless ``--fork-workers``. ``wrap-held``: wrap-jpeg's batches read once before the
+    timing (no workers) and held in memory, the same ones every epoch: wrap's own work on
+    them, without the DataLoader's hand-off from its workers."""
     import torch
     from torchvision import datasets
     from torchvision import transforms as T
@@ -135,7 +139,8 @@ def wrap_epochs(spec: dict):
 
     photos = spec["workload"] == "photos"
     size = (PHOTO, PHOTO) if photos else (32, 32)
-    if spec["peer"] == "wrap-jpeg":
+    held = spec["peer"] == "wrap-held"
+    if spec["peer"] in ("wrap-jpeg", "wrap-held"):
         samples, fields = latecast.jpeg_folder(spec["data"]["folder"]), {0: latecast.jpeg(size)}
         augment = latecast.Augment(resized_crop=SCALE[0], flip=FLIP) if photos else None
     else:
@@ -144,10 +149,12 @@ def wrap_epochs(spec: dict):
         fields, augment = None, latecast.Augment(flip=FLIP) if photos else None
     augment = augment or latecast.Augment(crop=CROP, flip=FLIP)
     loader = torch.utils.data.DataLoader(
-        samples, spec["batch_size"], shuffle=True, num_workers=spec["loader_workers"],
+        samples, spec["batch_size"], shuffle=True,
+        num_workers=0 if held else spec["loader_workers"],
         generator=torch.Generator().manual_seed(0),
-        persistent_workers=spec["loader_workers"] > 0 and not spec["fork_workers"],
+        persistent_workers=spec["loader_workers"] > 0 and not spec["fork_workers"] and not held,
     )  # fmt: skip
+    loader = list(loader) if held else loader
     stats = {"mean": spec["mean"], "std": spec["std"]}
     wrapped = latecast.wrap(loader, device="cpu", augment=augment, fields=fields, **stats)
     state = {"epoch": 0}
@@ -304,7 +311,8 @@ def torchvision_epochs(spec: dict):
 
 
 EPOCHS = {"latecast": latecast_epochs, "ffcv": ffcv_epochs, "dali": dali_epochs}
-EPOCHS |= {"torchvision": torchvision_epochs, "wrap-jpeg": wrap_epochs, "wrap": wrap_epochs}
+EPOCHS |= {"torchvision": torchvision_epochs, "wrap": wrap_epochs}
+EPOCHS |= {"wrap-jpeg": wrap_epochs, "wrap-held": wrap_epochs}
 
 
 def cpu_seconds() -> float:
@@ -709,7 +717,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(json.loads(args.child))
         return 0
-    pythons = {p: sys.executable for p in ("latecast", "wrap-jpeg", "wrap", "torchvision")}
+    pythons = {p: sys.executable for p in ("latecast", "wrap-jpeg", "wrap-held", "wrap")}
+    pythons["torchvision"] = sys.executable
     pythons |= {"ffcv": args.ffcv_python, "dali": args.dali_python}
     left_out = {}
     for peer in args.peers:

@@ -134,8 +134,9 @@ def test_peers_runs_latecast_wrap_and_torchvision_rows_and_leaves_the_others_out
     rows = {(r["workload"], r["peer"]): r for r in result["rows"]}
     assert set(rows) == {
         ("cifar-raw", "latecast"), ("cifar-raw", "torchvision"), ("cifar-jpeg", "latecast"),
-        ("cifar-jpeg", "wrap-jpeg"), ("cifar-jpeg", "wrap"), ("photos", "wrap-jpeg"),
-        ("photos", "wrap"), ("photos", "latecast"), ("photos", "torchvision"),
+        ("cifar-jpeg", "wrap-jpeg"), ("cifar-jpeg", "wrap-held"), ("cifar-jpeg", "wrap"),
+        ("photos", "wrap-jpeg"), ("photos", "wrap-held"), ("photos", "wrap"),
+        ("photos", "latecast"), ("photos", "torchvision"),
         ("mnist", "latecast"), ("mnist", "torchvision"),
     }  # fmt: skip
     shapes = {"cifar-raw": (32, 3, 32, 32), "cifar-jpeg": (32, 3, 32, 32)}
@@ -146,6 +147,9 @@ def test_peers_runs_latecast_wrap_and_torchvision_rows_and_leaves_the_others_out
         assert row["images"] == counts[workload] == row["runs"][0]["epochs"][0]["images"]
         assert row["images_per_s"] > 0 and row["cpu_seconds"] >= 0 and not row["errors"]
         assert f"| {workload} | 1 | {peer} |" in printed
+    for workload in ("cifar-jpeg", "photos"):  # the held batches are the DataLoader's own
+        held, jpeg = rows[(workload, "wrap-held")], rows[(workload, "wrap-jpeg")]
+        assert held["first_batch"] == jpeg["first_batch"], workload
     assert torch.get_num_threads() == threads  # put back: the runs were in this process
 
 
