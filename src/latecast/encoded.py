@@ -78,12 +78,11 @@ def jpeg(size: int | tuple[int, int] | None = None, channels: int | None = None)
 
 
 def files_of(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
-    """The field's files, ``bytes`` as they came, else as 1-D uint8 arrays (views, no copy),
-    or None when ``value`` is not
-    a list of files (it then passes through, as any non-array does). A Hugging Face row of a
-    file on disk, ``{"bytes": None, "path": p}``, is read from ``p`` here, as ``datasets``
-    reads it when it decodes (in the main process: a DataLoader ``collate_fn`` that reads
-    them spreads that over its workers)."""
+    """The field's files, ``bytes`` as they came, else 1-D uint8 arrays (views, no copy), or
+    None when ``value`` is not a list of files (it then passes through, as any non-array
+    does). A Hugging Face row of a file on disk, ``{"bytes": None, "path": p}``, is read
+    from ``p`` here, as ``datasets`` reads it when it decodes (in the main process: a
+    DataLoader ``collate_fn`` that reads them spreads that over its workers)."""
     if isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 1:
         value = list(value)
     if not isinstance(value, (list, tuple)) or not value:

@@ -30,8 +30,7 @@ def jpeg_headers(files: Iterable) -> list[tuple[int, int, int, int] | None]:
     prefix, at, orientation = b"", 0, 1
     for data in files:
         if prefix and len(data) > at + 9 and _starts(data, prefix):
-            h, w, c = _FRAME.unpack_from(data, at + 5)
-            out.append((w, h, c, orientation) if orientation >= 5 else (h, w, c, orientation))
+            out.append(_upright(*_FRAME.unpack_from(data, at + 5), orientation))
             continue
         head, at = _walk(data)
         out.append(head)
@@ -49,6 +48,11 @@ def _starts(data, prefix: bytes) -> bool:
     return bytes(memoryview(data).cast("B")[: len(prefix)]) == prefix
 
 
+def _upright(h: int, w: int, c: int, orientation: int) -> tuple[int, int, int, int]:
+    """The header as it shows upright: orientations 5-8 turn the image a quarter."""
+    return (w, h, c, orientation) if orientation >= 5 else (h, w, c, orientation)
+
+
 def _walk(data) -> tuple[tuple[int, int, int, int] | None, int]:
     """``jpeg_header(data)`` and where its frame header (SOF) starts."""
     mv, i, orientation = memoryview(data).cast("B"), 2, 1
@@ -64,9 +68,7 @@ def _walk(data) -> tuple[tuple[int, int, int, int] | None, int]:
         if marker == 0xE1 and mv[i + 4 : i + 10] == b"Exif\0\0":
             orientation = _orientation(bytes(mv[i + 10 : i + 2 + length]))
         if marker in SOF:
-            h, w, c = mv[i + 5] << 8 | mv[i + 6], mv[i + 7] << 8 | mv[i + 8], mv[i + 9]
-            head = (w, h, c, orientation) if orientation >= 5 else (h, w, c, orientation)
-            return head, i
+            return _upright(*_FRAME.unpack_from(mv, i + 5), orientation), i
         i += 2 + length
     return None, 0
 
