@@ -393,6 +393,29 @@ def test_shards_on_a_real_s3_endpoint_through_s3fs(tmp_path, run_cli, monkeypatc
         server.stop()
 
 
+def test_a_stream_stopped_early_then_the_process_exiting_is_no_abort():
+    """A consumer that stops before the stream's end (a rank a few batches short of another),
+    then the process exits: the read-ahead thread is not left inside torch's C++ code, where
+    Python's exit unwinds a daemon thread and the process aborts ("terminate called without
+    an active exception", exit -6: seen as a torchrun rank's failure). In a fresh process."""
+    script = """
+import sys, torch
+from latecast.storage.stream import ahead_by_thread
+torch.set_num_threads(1)
+a = torch.randn(600, 600)
+def items():  # each item torch's work with the GIL released, as a batch's build is
+    while True:
+        yield (a @ a @ a @ a).sum()
+g = ahead_by_thread(items(), 2)
+next(g)
+g.close()
+sys.exit(0)
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0 and "terminate" not in proc.stderr, proc.stderr[-2000:]
+
+
 WORKER = """
 import json, os, signal, sys
 from latecast.storage import stream

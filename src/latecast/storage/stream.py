@@ -144,7 +144,10 @@ class Plan:
 
 def ahead_by_thread(items: Iterator, depth: int) -> Iterator:
     """``items``, taken by a thread up to ``depth`` ahead of the consumer; its exception is
-    raised where its item would have come. A consumer that stops early stops the thread."""
+    raised where its item would have come. A consumer that stops early stops the thread and
+    waits for it to finish the item in hand: left inside torch's C++ code as Python exits, a
+    daemon thread is unwound there and aborts the process ("terminate called without an
+    active exception", a rank that stopped a few batches early, then exited)."""
     out, stop, end = queue.Queue(depth), threading.Event(), object()
 
     def put(item) -> bool:
@@ -165,7 +168,8 @@ def ahead_by_thread(items: Iterator, depth: int) -> Iterator:
         except BaseException as err:  # raised in the consumer instead
             put((end, err))
 
-    threading.Thread(target=work, daemon=True, name="latecast-shards").start()
+    worker = threading.Thread(target=work, daemon=True, name="latecast-shards")
+    worker.start()
     try:
         while True:
             item, err = out.get()
@@ -176,6 +180,7 @@ def ahead_by_thread(items: Iterator, depth: int) -> Iterator:
             yield item
     finally:
         stop.set()
+        worker.join()
 
 
 @dataclass(frozen=True, eq=False)
