@@ -12,6 +12,7 @@ python examples/fabric_loop.py --devices 2 --limit 512 --epochs 1   # 2 processe
 """
 
 import argparse
+import gc
 
 import lightning as L
 import torch
@@ -66,3 +67,11 @@ for epoch in range(args.epochs):
     fabric.print(f"epoch {epoch}: test accuracy {correct / seen:.4f} over {seen} samples")
 assert train.stats.batches == args.epochs * len(train)  # this rank's share, every epoch
 print(f"rank {fabric.global_rank} of {fabric.world_size}: {len(train)} batches, {train.stats}")
+
+# The DDP model holds the process group: freed with it while Python runs. Left to Python's
+# exit, torch's gloo group can abort the process now and then ("terminate called without an
+# active exception", pytorch/pytorch#179291).
+del model, opt
+if torch.distributed.is_initialized():
+    torch.distributed.destroy_process_group()
+gc.collect()

@@ -7,7 +7,6 @@ options before the script, the stop after ``--steps``, the script's exit, its ex
 from __future__ import annotations
 
 import contextlib
-import gc
 import linecache
 import os
 import re
@@ -22,10 +21,10 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from ..errors import ConfigError
+from ..trainer import group
 from .observe import Observer, Stop, is_library, is_script, short_path, watching
 
 WARMUP, PROFILED = 2, 3  # --profile: steps before the profiler starts, steps it records
@@ -248,11 +247,8 @@ def _raised(err: Exception, start: Path) -> str:
 def _release_group() -> None:
     """A script stopped at ``--steps`` never reaches its ``destroy_process_group()``, and
     its DDP model, held by its functions' globals until the collector runs at exit, keeps the
-    group alive; then a gloo worker thread freeing its last all-reduce can abort the process
-    (pytorch/pytorch#179291). Destroy it and collect the script's objects while Python runs."""
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-    gc.collect()
+    group alive: released here, while Python runs (``group.end``)."""
+    group.end()
 
 
 class Profiler:

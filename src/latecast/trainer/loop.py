@@ -574,7 +574,8 @@ def train(config: TrainConfig) -> dict:
         ) from err
     finally:
         if own_group:
-            dist.destroy_process_group()
+            run = None  # its DDP model holds the group: freed with it, while Python runs
+            group.end()
 
 
 def _checked(run: Run, replaced: list[str]) -> dict:
