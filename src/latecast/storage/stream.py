@@ -147,7 +147,7 @@ def ahead_by_thread(items: Iterator, depth: int) -> Iterator:
     raised where its item would have come. A consumer that stops early stops the thread and
     waits for it to finish the item in hand: left inside torch's C++ code as Python exits, a
     daemon thread is unwound there and aborts the process ("terminate called without an
-    active exception", a rank that stopped a few batches early, then exited)."""
+    active exception")."""
     out, stop, end = queue.Queue(depth), threading.Event(), object()
 
     def put(item) -> bool:
