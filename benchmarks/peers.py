@@ -75,17 +75,10 @@ PEERS_OF = {  # workload -> the peers that run it, in table order
     "photos": ("latecast", "wrap-jpeg", "wrap-held", "wrap", "ffcv", "dali", "torchvision"),
     "mnist": ("latecast", "ffcv", "torchvision"),
 }
-MODULE = {
-    "latecast": "latecast",
-    "wrap-jpeg": "latecast",
-    "wrap-held": "latecast",
-    "wrap": "latecast",
-    "ffcv": "ffcv",
-    "dali": "nvidia.dali",
-    "torchvision": "torchvision",
-}
-DIST = {"latecast": "latecast", "ffcv": "ffcv", "dali": "nvidia-dali-cuda120"}
-DIST |= {"wrap-jpeg": "latecast", "wrap-held": "latecast", "wrap": "latecast"}
+OURS = ("latecast", "wrap-jpeg", "wrap-held", "wrap")  # run by this Python, latecast inside
+MODULE = {**dict.fromkeys(OURS, "latecast"), "ffcv": "ffcv", "dali": "nvidia.dali"}
+MODULE["torchvision"] = "torchvision"
+DIST = {**dict.fromkeys(OURS, "latecast"), "ffcv": "ffcv", "dali": "nvidia-dali-cuda120"}
 PHOTO = 224  # RandomResizedCrop's output side
 CROP, FLIP, SCALE, RATIO = 4, 0.5, (0.08, 1.0), (3 / 4, 4 / 3)
 
@@ -148,11 +141,11 @@ def wrap_epochs(spec: dict):
         samples = datasets.ImageFolder(spec["data"]["folder"], T.Compose([*crop, T.PILToTensor()]))
         fields, augment = None, latecast.Augment(flip=FLIP) if photos else None
     augment = augment or latecast.Augment(crop=CROP, flip=FLIP)
+    workers = 0 if held else spec["loader_workers"]
     loader = torch.utils.data.DataLoader(
-        samples, spec["batch_size"], shuffle=True,
-        num_workers=0 if held else spec["loader_workers"],
+        samples, spec["batch_size"], shuffle=True, num_workers=workers,
         generator=torch.Generator().manual_seed(0),
-        persistent_workers=spec["loader_workers"] > 0 and not spec["fork_workers"] and not held,
+        persistent_workers=workers > 0 and not spec["fork_workers"],
     )  # fmt: skip
     loader = list(loader) if held else loader
     stats = {"mean": spec["mean"], "std": spec["std"]}
@@ -717,8 +710,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(json.loads(args.child))
         return 0
-    pythons = {p: sys.executable for p in ("latecast", "wrap-jpeg", "wrap-held", "wrap")}
-    pythons["torchvision"] = sys.executable
+    pythons = {p: sys.executable for p in (*OURS, "torchvision")}
     pythons |= {"ffcv": args.ffcv_python, "dali": args.dali_python}
     left_out = {}
     for peer in args.peers:

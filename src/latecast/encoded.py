@@ -116,7 +116,7 @@ def _read(name: Name, k: int, path: Any) -> np.ndarray:
         ) from None
 
 
-def recognised(value: Any, name: Name) -> list[np.ndarray] | None:
+def recognised(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
     """An undeclared field's files, when it is a list of files one of which starts with the
     JPEG signature (the others, a PNG say, are decoded on the host by ``plan``: a batch of a
     shuffled folder whose first file is a PNG is no less a JPEG field); else None. Files
