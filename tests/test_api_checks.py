@@ -36,7 +36,7 @@ def test_values_that_do_not_fit_a_declared_dtype_are_refused_never_wrapped_aroun
         first({"x": np.array([0, 2**64 - 1], np.uint64)})
     # on a batch Lightning already moved (the same check, the values read on the device)
     with pytest.raises(BatchError, match="values -5..300 do not fit the declared torch.uint8"):
-        Fields(fields=both).plan_batch([("x", torch.tensor([-5, 300]))], host=False)
+        Fields(fields=both).plan([("x", torch.tensor([-5, 300]))])
 
 
 def test_a_one_byte_declared_dtype_is_honoured_or_refused():

@@ -239,8 +239,8 @@ def test_nvjpeg_batches_are_close_to_pillow_and_repeatable(colour):
 
 
 def test_a_damaged_file_is_named_once_and_other_text_on_fd2_is_passed_on(colour, capfd):
+    from latecast.data import Encoded
     from latecast.decode import _named
-    from latecast.transfer import Encoded
 
     images, _ = colour
     files = [jpeg_bytes(im) for im in images[:4]]

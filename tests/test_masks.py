@@ -182,9 +182,11 @@ def test_masks_already_on_the_device_are_moved_as_wraps_are():
     batch = segmentation_batches(1)[0]
     want = next(iter(latecast.wrap([batch], device="cpu", augment=aug, fields=MASKS, seed=2)))
     fields = Fields(augment=aug, fields=MASKS, seed=2)
-    tensors, plans = fields.plan_batch(list(batch.items()), host=False)
-    raws = [t.contiguous().view(-1).view(torch.uint8) for t in tensors]
-    got = fields.finish(plans, raws, (0, 0, 0))
+    fields.moved = True  # what PrepareOnDevice sets: as they came, no narrowing
+    tensors, plans = fields.plan(list(batch.items()))
+    cpu = torch.device("cpu")
+    views = [f.view(t.contiguous().view(-1).view(torch.uint8), cpu) for t, f in zip(tensors, plans)]
+    got = fields.finish(plans, views, (0, 0, 0), cpu)
     for name, value in zip(batch, got):
         assert torch.equal(value, want[name]), name
 

@@ -358,10 +358,11 @@ def test_a_jpeg_field_after_another_framework_moved_the_batch_is_one_error():
     from latecast.errors import BatchError
     from latecast.wrapper import Fields
 
-    fields = Fields(fields={"jpg": latecast.jpeg(16)})
+    fields, undeclared = Fields(fields={"jpg": latecast.jpeg(16)}), Fields()
+    fields.moved = undeclared.moved = True  # what PrepareOnDevice sets: Lightning moved them
     with pytest.raises(BatchError, match="field 'jpg' is declared JPEG files"):
-        fields.plan_batch([("jpg", [jpeg(smooth(16, 16, 0))])], host=False)
-    undeclared = Fields().plan_batch([("jpg", [jpeg(smooth(16, 16, 0))])], host=False)
+        fields.plan([("jpg", [jpeg(smooth(16, 16, 0))])])
+    undeclared = undeclared.plan([("jpg", [jpeg(smooth(16, 16, 0))])])
     assert undeclared[1] == [None]  # passes through untouched, as any list does there
 
 

@@ -34,8 +34,9 @@ _EXPORTS = {
     "load_dataset": "storage.datasets",
     "normalize": "transforms",
     "open_store": "storage.store",
+    "PrepareOnDevice": "integrations.lightning",
     "train": "trainer.loop",
-    "wrap": "wrapper",
+    "wrap": "integrations.dataloader",
 }
 __all__ = sorted(_EXPORTS)
 

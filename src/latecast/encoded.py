@@ -17,6 +17,7 @@ A file that is no JPEG (PNG, WebP, ...) is decoded on the host, said once per fi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import math
@@ -24,7 +25,7 @@ import numbers
 import os
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Union
 
 import numpy as np
@@ -33,9 +34,9 @@ import torch
 from .data import Encoded
 from .decode import decoder
 from .errors import BatchError, FormatError, numbers_of, refuse
+from .fields import Field
 from .jpegheader import JPEG_SIDE, jpeg_headers
 
-ENCODED = "jpeg"
 Name = Union[str, int]
 _said: set[Name] = set()  # fields whose non-JPEG files were announced
 
@@ -47,6 +48,14 @@ class Jpeg:
 
     size: tuple[int, int] | None = None
     channels: int | None = None
+
+    def plan(self, name: Name, value: Any, options: Any) -> JpegFile:
+        if options.moved:
+            raise BatchError(
+                f"field {name!r} is declared JPEG files: those are decoded by latecast.wrap "
+                "(from its pinned buffer), not after another framework moved the batch"
+            )
+        return plan(name, value, self, len(options.prepare.mean))
 
 
 def jpeg(size: int | tuple[int, int] | None = None, channels: int | None = None) -> Jpeg:
@@ -135,20 +144,32 @@ def recognised(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
 
 
 @dataclass(frozen=True)
-class JpegField:
-    """How a JPEG field crosses (the plan ``wrap`` keeps beside its other fields' plans):
-    the JPEG files back to back (``nbytes`` of them), the upright size of every file, the
-    training size and channels, and the files decoded on the host (position -> CHW)."""
+class JpegFile(Field):
+    """The JPEG kind: the files back to back (``nbytes`` of them), each file's upright size,
+    the training size and channels, the files decoded on the host (position -> CHW). Its
+    bytes stay in the pinned slot, where the decoder reads them."""
 
-    name: Name
-    files: list[bytes | np.ndarray] = field(repr=False)
-    sizes: torch.Tensor  # (n, 2) int64 upright (H, W)
-    size: tuple[int, int]
-    channels: int
-    decoded: dict[int, torch.Tensor] = field(repr=False)  # non-JPEG files, decoded here
-    heads: list = field(repr=False)  # each file's jpeg_header (None: decoded here)
-    kind: str = ENCODED
-    dtype: torch.dtype = torch.uint8
+    files: list = dataclasses.field(default_factory=list, repr=False)
+    sizes: torch.Tensor | None = None  # (n, 2) int64 upright (H, W)
+    size: tuple[int, int] = (0, 0)
+    channels: int = 3
+    decoded: dict = dataclasses.field(default_factory=dict, repr=False)  # non-JPEG files
+    heads: list | None = dataclasses.field(default=None, repr=False)  # jpeg_header of each
+    source: str = ""  # in messages: "name/split" of a store, else the field
+    indices: torch.Tensor | None = None  # a store's sample indices (None: positions)
+    names: list | None = None  # a stream's: each file's shard and key
+    plain: bool = False  # EncodedDataset.plain
+
+    category, what = "image", "jpeg"
+    pixels = on_host = True
+
+    @classmethod
+    def of_store(cls, ds, files: list, at: np.ndarray, idx: torch.Tensor, names) -> JpegFile:
+        """A batch ``at`` of a JPEG store's (or a stream's) ``files``, as the packer takes it."""
+        n, where = len(files), f"{ds.name}/{ds.split}"
+        sizes = torch.from_numpy(ds.sizes[at].astype(np.int64))
+        return cls(0, torch.uint8, (n,), None, files, sizes, tuple(ds.size), ds.channels,
+                   source=where, indices=idx, names=names, plain=ds.plain)  # fmt: skip
 
     @functools.cached_property
     def offsets(self) -> list[int]:
@@ -168,13 +189,23 @@ class JpegField:
         """What it costs the usual way: float32 at the training size."""
         return 4 * self.decoded_bytes
 
-    def pack(self, dst: torch.Tensor) -> None:
-        """The JPEG files back to back into the pinned bytes ``dst`` (joined, then copied:
-        0.1 us a file, where ``np.concatenate`` takes 1)."""
-        dst.numpy()[:] = np.frombuffer(b"".join(self.files), np.uint8)
+    def pack(self, dst: torch.Tensor, value: Any) -> None:
+        """The files back to back into the pinned bytes ``dst``: ``bytes`` joined, then copied
+        (0.1 us a file), arrays (a store's slices) in one concatenate."""
+        if self.files and all(type(f) is bytes for f in self.files):
+            dst.numpy()[:] = np.frombuffer(b"".join(self.files), np.uint8)
+        elif self.files:
+            np.concatenate(self.files, out=dst.numpy())
+
+    def view(self, raw: torch.Tensor, device: torch.device) -> Encoded:
+        """The files (``raw``: host bytes) as a batch for ``Prepare`` to decode on ``device``."""
+        idx = torch.arange(len(self.files)) if self.indices is None else self.indices
+        source = self.source or f"field {self.name!r}"  # "SOURCE: sample K"; K: the position
+        return Encoded(raw, self.offsets, self.sizes, idx, self.channels, device, source,
+                       self.decoded, self.names, self.heads, self.plain)  # fmt: skip
 
 
-def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegField:
+def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegFile:
     """The field's plan from its files' headers; the files that are no JPEG are decoded
     here, on the host. ``means``: how many mean/std values wrap was given."""
     spec, files = spec or Jpeg(), files_of(value, name)
@@ -203,7 +234,9 @@ def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegField:
         raise BatchError(f"field {name!r}: {channels} channels but {means} mean/std values")
     kept = [b"" if i in decoded else f for i, f in enumerate(files)]
     sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
-    return JpegField(name, kept, sizes, size, channels, decoded, heads)
+    return JpegFile(
+        name, torch.uint8, (len(kept),), None, kept, sizes, size, channels, decoded, heads
+    )
 
 
 def host_decode(name: Name, i: int, data: bytes | np.ndarray, channels: int) -> torch.Tensor:
@@ -234,16 +267,6 @@ def host_decode(name: Name, i: int, data: bytes | np.ndarray, channels: int) -> 
             stacklevel=2,
         )
     return image
-
-
-def batch(f: JpegField, host: torch.Tensor, device: torch.device) -> Encoded:
-    """The field's files (``host``: the pinned bytes ``pack`` wrote) as a JPEG store's batch,
-    for ``Prepare`` to decode on ``device`` exactly as it decodes a store's."""
-    where = f"field {f.name!r}"  # decode.py names "SOURCE: sample K"; here K is the position
-    n, decoded = len(f.files), f.decoded
-    return Encoded(
-        host, f.offsets, f.sizes, torch.arange(n), f.channels, device, where, decoded, heads=f.heads
-    )
 
 
 @contextlib.contextmanager

@@ -1,86 +1,12 @@
-"""PyTorch Lightning: keep your ``DataLoader``, let it yield uint8, prepare on the device.
+"""Moved to ``latecast.integrations.lightning``; this name stays for programs that import it."""
 
-Lightning moves each batch to the device itself, then calls ``on_after_batch_transfer``,
-its place for device-side work (``transfer_batch_to_device`` "should only transfer the data
-and not modify it"). ``PrepareOnDevice`` fills that hook: uint8 images are augmented (in
-training only) and normalized there, integer fields widened to int64, the same fields and
-values as ``latecast.wrap``. Augmentation is seeded from (seed, epoch, global rank, batch
-index), so a resumed run draws what an unbroken one would.
+import warnings
 
-A latecast ``Loader`` needs nothing from here: pass it as the train dataloader. Lightning
-iterates it as it is, and saves and restores its ``state_dict`` in every checkpoint.
+from .integrations.lightning import PrepareOnDevice
 
-Lightning itself is imported by your code, never by latecast.
-"""
-
-from __future__ import annotations
-
-from dataclasses import replace
-from typing import Any
-
-import torch
-
-from .errors import ConfigError
-from .transfer import TransferStats
-from .wrapper import AS_IS, Fields, split, tally
-
-
-class PrepareOnDevice:
-    """Mixin for a ``LightningModule``: its uint8 batches are prepared on the device.
-
-    Put it before ``LightningModule`` (after it, Lightning's own hook would run instead: a
-    ``ConfigError`` when the class is made) and call ``prepare_on_device`` in ``__init__``;
-    without that call images are only scaled to [0, 1] (``ToTensor()``). ``latecast_stats``
-    counts what Lightning moved, field by field, as ``wrap.stats`` does.
-
-    Example:
-        >>> class Classifier(PrepareOnDevice, L.LightningModule):
-        ...     def __init__(self):
-        ...         super().__init__()
-        ...         self.prepare_on_device(mean=(0.1307,), std=(0.3081,), augment=Augment(crop=2))
-    """
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        for base in cls.__mro__[: cls.__mro__.index(PrepareOnDevice)]:
-            if "on_after_batch_transfer" in vars(base) and not issubclass(base, PrepareOnDevice):
-                raise ConfigError(
-                    f"class {cls.__name__}: list PrepareOnDevice before {base.__name__} in its "
-                    f"bases, class {cls.__name__}(PrepareOnDevice, LightningModule); after it, "
-                    f"{base.__name__}.on_after_batch_transfer runs instead and batches stay uint8"
-                )
-
-    def prepare_on_device(self, **options: Any) -> None:
-        """``options`` (``mean``, ``std``, ``augment``, ``dtype``, ``channels_last``,
-        ``layout``, ``fields``, ``seed``, ``erase``, ``mix``) as for ``latecast.wrap``: the
-        fields of ``Fields``; augment, erase and mix in training only."""
-        train = Fields.of(options)  # and, by self.training, for evaluation:
-        self._latecast = {True: train, False: replace(train, augment=None, erase=None, mix=None)}
-        self._latecast_stats = TransferStats()
-
-    @property
-    def latecast_stats(self) -> TransferStats:
-        """The bytes of the batches prepared (training and validation), as they crossed: one
-        copy per tensor, as Lightning moves them; ``usual_bytes`` equal, nothing narrowed."""
-        return replace(self._latecast_stats)
-
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        batch = super().on_after_batch_transfer(batch, dataloader_idx)
-        if not hasattr(self, "_latecast"):
-            self.prepare_on_device()
-        fields = self._latecast[self.training]
-        trainer = self.trainer
-        step = trainer.fit_loop.epoch_loop.batch_idx + 1  # Lightning counts it up after this hook
-        where = (trainer.current_epoch, trainer.global_rank, step)
-        leaves, rebuild = split(batch)
-        tensors, plans = fields.plan_batch(leaves, host=False)
-        tally(self._latecast_stats, plans, copies=sum(t is not None for t in tensors))
-        self._latecast_stats.batches += 1
-        plans = [None if f is None or f.kind == AS_IS else f for f in plans]  # as they came
-        raws = [
-            f and t.to(f.dtype).contiguous().view(-1).view(torch.uint8)
-            for t, f in zip(tensors, plans)
-        ]
-        done = fields.finish(plans, raws, where)  # the fields' bytes, as wrap hands them over
-        values = [value if d is None else d for (_, value), d in zip(leaves, done)]
-        return rebuild(fields.mixed(plans, values))
+warnings.warn(
+    "latecast.lightning is now latecast.integrations.lightning (PrepareOnDevice)",
+    DeprecationWarning,
+    stacklevel=2,
+)
+__all__ = ["PrepareOnDevice"]

@@ -56,6 +56,7 @@ class Prepare:
         mix: ``f(images, labels, generator)`` after the normalize, e.g. ``Mix``, or
             torchvision's as ``lambda x, y, g: MixUp(num_classes=10)(x, y)`` (that one draws
             from torch's global RNG: a resumed run does not repeat it).
+        erase: ``f(images, generator)`` on the normalized images, e.g. ``Erasing``.
     """
 
     def __init__(
@@ -69,10 +70,11 @@ class Prepare:
         seed: int = 0,
         size: tuple[int, int] | None = None,
         mix: Mixing | None = None,
+        erase: Augmentation | None = None,
     ) -> None:
         self.mean, self.std, self.dtype = tuple(mean), tuple(std), dtype
         self.channels_last, self.augment, self.seed = channels_last, augment, seed
-        self.size, self.mix = size, mix
+        self.size, self.mix, self.erase = size, mix, erase
         self.epoch = self.rank = self.batch = 0
         self._generators: dict[str, torch.Generator] = {}
 
@@ -95,13 +97,14 @@ class Prepare:
         self.batch += 1
 
     def apply(
-        self, images, labels, indices=None, out: torch.Tensor | None = None, moves=None
+        self, images, labels, indices=None, out: torch.Tensor | None = None, moves=None, size=None
     ) -> Batch:
-        """Decode, augment with the generators as ``next_batch`` seeded them (the geometric
-        part by ``moves``, drawn here unless given), normalize (into ``out`` when given), mix."""
+        """Decode (to ``size``, else the Loader's), augment with the generators as
+        ``next_batch`` seeded them (the geometric part by ``moves``, drawn here unless given),
+        normalize (into ``out`` when given), erase, mix."""
         g, host = self.generator(images.device), self.generator(_HOST)
         moves = self.moves(images, indices) if moves is None else moves
-        images = self._to_size(images, moves)
+        images = self._to_size(images, moves, size or self.size)
         if moves is not None:
             images = self.augment.pixels(images, moves, g)
         elif self.augment is not None:
@@ -109,6 +112,8 @@ class Prepare:
         images = normalize(
             images, self.mean, self.std, dtype=self.dtype, channels_last=self.channels_last, out=out
         )
+        if self.erase is not None:
+            images = self.erase(images, g)
         if self.mix is None:
             return images, labels
         images, labels = self.mix(images, labels, host)
@@ -125,13 +130,49 @@ class Prepare:
             images, sizes_of(images), g, host, epoch=self.epoch, indices=indices, seed=self.seed
         )
 
-    def _to_size(self, images: torch.Tensor | Encoded, moves: Moves | None) -> torch.Tensor:
-        """JPEG files decoded to the training size; ``Augment``'s resized crop by the boxes of
-        ``moves`` (for JPEG files: cropped while decoding)."""
+    def _to_size(self, images: torch.Tensor | Encoded, moves: Moves | None, size) -> torch.Tensor:
+        """JPEG files decoded to the training ``size``; ``Augment``'s resized crop by the boxes
+        of ``moves`` (for JPEG files: cropped while decoding)."""
         boxes = None if moves is None else moves.boxes
         if isinstance(images, Encoded):
-            return decode(images, self.size, boxes)
+            return decode(images, size, boxes)
         return images if boxes is None else resized_crop(images, boxes, tuple(images.shape[1:3]))
+
+    def fields(self, plans: list, values: list, where: tuple, device: torch.device) -> list:
+        """A batch's fields (``Field`` plans and their values on the device, JPEG fields as
+        ``Encoded``) made what the model takes, seeded by ``where`` (epoch, rank, batch). The
+        images, JPEG files and masks share one geometric draw (from the JPEG files' sizes where
+        there are some): a mask is moved with its images by nearest neighbour, to a JPEG
+        field's training size, and nothing else; every image gets the same colour draws;
+        images of another size (no mask beside them) get draws of their own, same seeds."""
+        out = [None if f is None or f.pixels else f.finish(v) for f, v in zip(plans, values)]
+        pixels = [i for i, f in enumerate(plans) if f is not None and f.pixels]
+        if not pixels:
+            return out
+        files = [i for i in pixels if isinstance(values[i], Encoded)]
+        first = values[(files or pixels)[0]]
+        size = plans[files[0]].size if files else None  # the masks': the images' as they come
+        self.seek(*where)
+        self.next_batch(device)
+        g, host = self.generator(device), self.generator(_HOST)
+        seeded = g.get_state(), host.get_state()
+
+        def draw(x) -> tuple[Moves | None, torch.Tensor]:  # the draw, and where colour starts
+            g.set_state(seeded[0])
+            host.set_state(seeded[1])
+            return self.moves(x), g.get_state()
+
+        (moves, colour), sizes = draw(first), sizes_of(first)
+        for i in pixels:
+            f, x = plans[i], values[i]
+            if f.category != "image":  # a mask
+                out[i] = f.finish((moves or Moves(None, None, None, None)).mask(x, size))
+                continue
+            same = x is first or torch.equal(sizes_of(x), sizes)
+            m, state = (moves, colour) if same else draw(x)
+            g.set_state(state)
+            out[i] = self.apply(x, None, moves=m, size=getattr(f, "size", None))[0]
+        return out
 
     def generator(self, device: torch.device) -> torch.Generator:
         """The generator on ``device`` (one per device, reseeded per batch)."""

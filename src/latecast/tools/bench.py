@@ -41,11 +41,11 @@ from ..config import option, parse_augment
 from ..data import Dataset
 from ..distributed import resolve_device
 from ..errors import ConfigError
+from ..integrations.dataloader import wrap
 from ..loader import Loader, epoch_order
 from ..storage.datasets import load_dataset
 from ..trainer.loop import TrainConfig, evaluate, recipe, resolve_config, train_step
 from ..transfer import MOVERS, Batch, float32_bytes, movers_for
-from ..wrapper import wrap
 from . import measure
 from .photo_rows import photo_rows
 

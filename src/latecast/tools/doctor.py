@@ -44,9 +44,9 @@ import torch
 
 from ..config import option, validate
 from ..errors import ConfigError, LatecastError
+from ..fields import NARROW, fits
 from ..storage.fileio import atomic_write
 from ..trainer.rundir import check_path
-from ..wrapper import NARROW, fits
 from .advice import Advice, Edit
 from .launch import PROFILED, WARMUP, run_script, target
 from .observe import Observer, Site, short_path

@@ -26,8 +26,8 @@ import torch
 
 from ..decode import decoder_on
 from ..encoded import jpeg
+from ..integrations.dataloader import wrap
 from ..transforms import Augment
-from ..wrapper import wrap
 from . import measure
 
 PHOTO, CROP, SHARDS = (375, 500), 224, 4  # (H, W) as ImageNet's typical photo; crop; shards

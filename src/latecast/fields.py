@@ -1,0 +1,369 @@
+"""Field kinds: what one field of a batch crosses as, and what it becomes on the device.
+
+A batch is a tensor, a tuple/list (named tuples too) or a dict; its tensors and numpy arrays
+are its fields, named by key or position (a lone tensor is ``0``). Each field is planned on
+the host by its kind, a ``Field`` subclass, dispatched once (``Fields.plan``):
+
+    Image    uint8 (N, H, W, C) or (N, C, H, W), or declared "image": normalized on the device
+    Mask     declared "mask": moved by the images' geometric draw, nearest neighbour, no more
+    Integer  crosses in the narrowest dtype that holds the batch's values (or the declared
+             one), widened on the device; a value that does not fit is refused, never wrapped
+    AsIs     floats and bools: cross as they are
+    JpegFile files, decoded on the device (``encoded.py``)
+
+A kind declares ``plan`` (host: shape, crossing dtype), ``nbytes``, ``pack`` (into the pinned
+bytes), ``view`` (the device bytes as values), ``finish`` (what the model takes) and its byte
+``category``. A user's own kind is a ``Field`` subclass named in ``fields=``.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any, Callable, NamedTuple, Union
+
+import numpy as np
+import torch
+
+from .errors import BatchError
+from .transforms import FLOATS
+
+Name = Union[str, int]
+LAYOUTS = ("auto", "NHWC", "NCHW")
+NARROW = tuple(getattr(torch, n) for n in ("uint8", "int8", "uint16", "int16", "int32", "int64"))
+OUTS = NARROW + FLOATS + (torch.float64,)  # what a declared integer field may come out in
+
+
+class Taken(NamedTuple):
+    """Rows ``index`` of ``array``, gathered straight into the pinned bytes (the Loader's)."""
+
+    array: np.ndarray
+    index: np.ndarray
+
+
+def integral(dtype: torch.dtype) -> bool:
+    return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return np.dtype(str(dtype).removeprefix("torch."))
+
+
+def limits(dtype: torch.dtype) -> tuple:
+    """Its least and greatest value (numpy's ``iinfo``: torch 2.4 has few uint16 ops)."""
+    info = torch.finfo(dtype) if dtype.is_floating_point else np.iinfo(numpy_dtype(dtype))
+    return info.min, info.max
+
+
+def fits(dtype: torch.dtype, low: int, high: int) -> bool:
+    least, most = limits(dtype)
+    return least <= low and high <= most
+
+
+def value_range(t: torch.Tensor) -> tuple[int, int]:
+    if t.numel() == 0:
+        return (0, 0)
+    if t.device.type != "cpu":  # a batch already on the device (Lightning): one sync
+        low, high = t.detach().long().aminmax()
+        return int(low), int(high)
+    a = t.detach().numpy()  # numpy: every integer dtype, on any torch >= 2.4
+    return int(a.min()), int(a.max())
+
+
+def widen(raw: torch.Tensor, dtype: np.dtype) -> torch.Tensor:
+    """Narrow integer bytes (uint8 on the device) -> int64. uint16 is widened through int16
+    (torch 2.4 has few uint16 ops)."""
+    if dtype == np.uint8:
+        return raw.long()
+    if dtype == np.uint16:
+        return raw.view(torch.int16).long() & 0xFFFF
+    return raw.view(getattr(torch, np.dtype(dtype).name)).long()
+
+
+@dataclass(frozen=True)
+class Field:
+    """One field of one batch: planned on the host, packed into the pinned bytes, viewed and
+    finished on the device. ``dtype`` and ``shape`` are what crosses."""
+
+    name: Name
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    arrived: torch.dtype | None = None  # as the source gave it (None: as it crosses)
+
+    category = "other"  # which TransferStats counter its bytes go to: image, label, other
+    what = "as is"  # the kind, in messages
+    pixels = False  # moved by the batch's one geometric draw
+    on_host = False  # its bytes stay in the pinned slot, where its decoder reads them
+
+    @classmethod
+    def plan(cls, name: Name, value: torch.Tensor, options: Any) -> Field:
+        """The field as it arrives, on the host (``narrow`` may pick a narrower dtype)."""
+        return cls(name, value.dtype, tuple(value.shape), value.dtype)
+
+    def narrow(self, value: torch.Tensor, options: Any) -> Field:
+        """The field in the dtype it crosses in (the packer's choice); this one."""
+        return self
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+    @property
+    def usual_bytes(self) -> int:
+        """What moving it as it arrived costs (``batch.to(device)``)."""
+        return math.prod(self.shape) * (self.arrived or self.dtype).itemsize
+
+    decoded_bytes = 0  # a JPEG field's: the same images as uint8 at the training size
+
+    @property
+    def describe(self) -> str:
+        return f"{self.what} {self.shape}"
+
+    def pack(self, dst: torch.Tensor, value: Any) -> None:
+        """``value`` into the pinned bytes ``dst`` (1-d uint8), in the dtype it crosses in."""
+        if isinstance(value, Taken):
+            out = dst.numpy().view(value.array.dtype).reshape(self.shape)
+            np.take(value.array, value.index, axis=0, out=out)
+        elif value.dtype != self.dtype:  # narrowed: numpy casts every integer dtype
+            out = dst.numpy().view(numpy_dtype(self.dtype)).reshape(self.shape)
+            np.copyto(out, value.detach().numpy(), casting="unsafe")
+        else:
+            dst.view(value.dtype).view(self.shape).copy_(value)
+
+    def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """The field's bytes on the device (1-d uint8) as its values."""
+        return raw.view(self.dtype).view(self.shape)
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """What the model takes (pixel fields are finished by ``Prepare.fields``)."""
+        return x
+
+
+@dataclass(frozen=True)
+class Image(Field):
+    """uint8 images; ``layout`` says where their channels are (NHWC, NCHW, or NHW)."""
+
+    layout: str = "NHWC"
+    category = what = "image"
+    pixels = True
+
+    @property
+    def nhw(self) -> tuple[int, ...]:
+        n, *rest = self.shape
+        return (n, *{"NHWC": rest[:2], "NCHW": rest[1:], "NHW": rest}[self.layout])
+
+    @classmethod
+    def plan(cls, name: Name, t: torch.Tensor, options: Any, declared: bool = True) -> Image:
+        shape = tuple(t.shape)
+        if declared and integral(t.dtype) and t.dtype != torch.uint8 and t.ndim in (3, 4):
+            low, high = value_range(t)  # int64 from Hugging Face datasets: crosses as uint8
+            if not (0 <= low and high <= 255):
+                raise BatchError(
+                    f"field {name!r} is declared an image: its {t.dtype} values {low}..{high} "
+                    "do not fit uint8 (0..255)"
+                )
+        elif t.dtype != torch.uint8 or t.ndim not in (3, 4):
+            raise BatchError(
+                f"field {name!r} is {'declared ' if declared else ''}an image and must be uint8 "
+                f"(N, H, W, C) or (N, C, H, W), got {t.dtype} {shape}; a DataLoader yields "
+                "those with PILToTensor() or ToImage(), not ToTensor()"
+            )
+        layout = "NHW" if t.ndim == 3 else options.layout
+        if layout == "auto":
+            ends = [axis for axis in (1, 3) if shape[axis] in (1, 3, 4)]
+            if len(ends) != 1:
+                raise BatchError(
+                    f"field {name!r}: uint8 images {shape} are ambiguous, "
+                    f"{'both' if ends else 'neither'} dim 1 and dim 3 look like channels "
+                    "(1, 3 or 4); pass layout='NHWC' or layout='NCHW'"
+                )
+            layout = "NCHW" if ends == [1] else "NHWC"
+        channels = {"NHW": 1, "NHWC": shape[-1], "NCHW": shape[1]}[layout]
+        means = len(options.prepare.mean)
+        if means not in (1, channels):
+            raise BatchError(
+                f"field {name!r}: {channels} channels ({layout} {shape}) but {means} mean/std "
+                "values"
+                + ("; a mask? declare it: fields={" + f"{name!r}: 'mask'" + "}")
+                * (channels == 1 and not declared)
+            )
+        return cls(name, torch.uint8, shape, t.dtype, layout)
+
+    def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``(N, H, W, C)``, whatever the layout it crossed in."""
+        x = raw.view(self.dtype).view(self.shape)
+        if self.layout == "NHWC":
+            return x
+        return x.permute(0, 2, 3, 1) if self.layout == "NCHW" else x[..., None]
+
+
+@dataclass(frozen=True)
+class Integer(Field):
+    """Integers: cross narrow, come out as ``out``."""
+
+    out: torch.dtype = torch.int64
+    declared: tuple | None = None  # (crossing, output) dtypes given in fields=
+    category, what = "label", "integer"
+
+    @classmethod
+    def plan(cls, name: Name, t: torch.Tensor, options: Any) -> Field:
+        if not integral(t.dtype):
+            return AsIs(name, t.dtype, tuple(t.shape), t.dtype)
+        return cls(name, t.dtype, tuple(t.shape), t.dtype)
+
+    def narrow(self, value: torch.Tensor, options: Any) -> Field:
+        """The declared dtype, else the narrowest that holds the batch's values."""
+        return replace(self, dtype=self.declared[0]) if self.declared else narrowest(self, value)
+
+    def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
+        x = widen(raw, numpy_dtype(self.dtype)).view(self.shape)
+        return x if self.out == torch.int64 else x.to(self.out)
+
+
+@dataclass(frozen=True)
+class Declared:
+    """``fields={name: dtype}`` or ``(dtype it crosses in, dtype it comes out in)``."""
+
+    cross: torch.dtype
+    out: torch.dtype = torch.int64
+
+    def plan(self, name: Name, t: torch.Tensor, options: Any) -> Integer:
+        """Values that do not fit the declared dtypes are a BatchError, read only where the
+        source's dtype holds values that may not."""
+        if not integral(t.dtype):
+            raise BatchError(
+                f"field {name!r} is {t.dtype}: fields= declares {self.cross} for integer "
+                "fields only"
+            )
+        seen = None
+        for d in (self.cross, self.out):
+            if not fits(d, *limits(t.dtype)):  # some value of t's dtype may not fit
+                seen = seen or value_range(t)
+                if not fits(d, *seen):
+                    raise BatchError(
+                        f"field {name!r}: values {seen[0]}..{seen[1]} do not fit the "
+                        f"declared {d} ({'..'.join(map(str, limits(d)))})"
+                    )
+        return Integer(name, t.dtype, tuple(t.shape), t.dtype, self.out, (self.cross, self.out))
+
+
+@dataclass(frozen=True)
+class AsIs(Field):
+    """Floats, bools: cross as they are."""
+
+
+@dataclass(frozen=True)
+class Mask(Field):
+    """A per-pixel field: the images' ``N, H, W``, moved by their geometric draw (nearest
+    neighbour; crop padding ``fill`` or mirrored), nothing else; integers cross narrow."""
+
+    layout: str = "NHW"
+    out: torch.dtype = torch.int64
+
+    pixels, what = True, "mask"
+    nhw = Image.nhw
+
+    @property
+    def category(self) -> str:
+        return "label" if integral(self.dtype) else "other"
+
+    @classmethod
+    def plan(cls, name: Name, t: torch.Tensor, options: Any) -> Mask:
+        if t.ndim not in (3, 4) or t.dtype.is_complex:
+            raise BatchError(
+                f"field {name!r} is declared a mask and must be (N, H, W) or (N, C, H, W), "
+                f"got {t.dtype} {tuple(t.shape)}"
+            )
+        out = torch.int64 if integral(t.dtype) else t.dtype
+        return cls(name, t.dtype, tuple(t.shape), t.dtype, "NCHW" if t.ndim == 4 else "NHW", out)
+
+    def narrow(self, value: torch.Tensor, options: Any) -> Field:
+        return narrowest(self, value) if integral(self.dtype) else self
+
+    def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``(N, H, W, C)``, integers widened."""
+        x = widen(raw, numpy_dtype(self.dtype)) if integral(self.dtype) else raw.view(self.dtype)
+        x = x.view(self.shape)
+        return x.permute(0, 2, 3, 1) if self.layout == "NCHW" else x[..., None]
+
+    def finish(self, x: torch.Tensor) -> torch.Tensor:
+        """``(N, H, W, C)`` back to the layout it came in."""
+        return x[..., 0] if self.layout == "NHW" else x.permute(0, 3, 1, 2).contiguous()
+
+
+def narrowest(f: Field, value: torch.Tensor) -> Field:
+    """``f`` crossing in the narrowest dtype that holds ``value``; one byte is narrow already."""
+    if value.dtype.itemsize == 1:
+        return f
+    low, high = value_range(value)
+    dtype = next((d for d in NARROW if fits(d, low, high)), None)
+    if dtype is None:
+        raise BatchError(f"field {f.name!r}: values {low}..{high} do not fit torch.int64")
+    return replace(f, dtype=dtype)
+
+
+KINDS: dict[str, Callable] = {"image": Image.plan, "mask": Mask.plan}  # fields= by name
+
+
+def image_hint(name: Name, t: torch.Tensor) -> str | None:
+    """What to change, for a 4-dim field that is not uint8 but holds what images do (the
+    channel axis at dim 1 or 3): floats in [0, 1] as ``ToTensor()`` makes them, or integers
+    in 0..255 with 3 or 4 channels as Hugging Face ``datasets`` formats uint8 images."""
+    channels = {t.shape[1], t.shape[3]} if t.ndim == 4 and t.numel() else set()
+    if t.dtype.is_floating_point and channels & {1, 3, 4} and 0 <= t.min() and t.max() <= 1:
+        return (
+            f"field {name!r} is {t.dtype} {tuple(t.shape)} in [0, 1], images as ToTensor() "
+            f"makes them: they cross as {t.dtype.itemsize} bytes a pixel; yield uint8 with "
+            "PILToTensor() or ToImage() and give wrap the mean/std"
+        )
+    if integral(t.dtype) and t.dtype != torch.uint8 and channels & {3, 4}:
+        low, high = value_range(t.cpu())  # the Lightning mixin's batches are on the device
+        if 0 <= low and high <= 255:
+            return (
+                f"field {name!r} is {t.dtype} {tuple(t.shape)} with values 0..255, images as "
+                f"Hugging Face datasets formats uint8 ones: declare fields={{{name!r}: 'image'}} "
+                "(it crosses as uint8), or use ds.with_format('torch', dtype=torch.uint8)"
+            )
+    return None
+
+
+def split(batch: Any) -> tuple[list[tuple[Name, Any]], Callable[[list], Any]]:
+    """A batch's ``(name, value)`` pairs and how to rebuild a batch of the same form."""
+    if isinstance(batch, dict):
+        return list(batch.items()), lambda values: dict(zip(batch, values))
+    if isinstance(batch, (tuple, list)):
+        if hasattr(batch, "_fields"):  # a named tuple, as default_collate keeps them
+            return list(zip(batch._fields, batch)), lambda values: type(batch)(*values)
+        return list(enumerate(batch)), lambda values: type(batch)(values)
+    if isinstance(batch, (torch.Tensor, np.ndarray)):
+        return [(0, batch)], lambda values: values[0]
+    raise BatchError(
+        f"a batch must be a tensor, an array, a tuple/list or a dict, got {type(batch).__name__}"
+    )
+
+
+def as_tensor(value: Any) -> torch.Tensor | None:
+    """A tensor sharing ``value``'s memory, or None for what is not an array (passes through).
+    Arrays torch cannot share (negative strides, big-endian) are copied first."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        if not value.dtype.isnative or min(value.strides, default=0) < 0:
+            value = np.ascontiguousarray(value, value.dtype.newbyteorder("="))
+        with warnings.catch_warnings():  # a read-only memmap: we only read it
+            warnings.simplefilter("ignore", UserWarning)
+            try:
+                return torch.from_numpy(value)
+            except TypeError:  # strings, objects
+                return None
+    return None
+
+
+def holds_arrays(value: Any) -> bool:
+    """A dict, list or tuple with a tensor or an array somewhere inside."""
+    if isinstance(value, dict):
+        return any(map(holds_arrays, value.values()))
+    if isinstance(value, (list, tuple)):
+        return any(map(holds_arrays, value))
+    return as_tensor(value) is not None

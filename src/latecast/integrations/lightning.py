@@ -1,0 +1,91 @@
+"""PyTorch Lightning: keep your ``DataLoader``, let it yield uint8, prepare on the device.
+
+Lightning moves each batch to the device itself, then calls ``on_after_batch_transfer``,
+its place for device-side work (``transfer_batch_to_device`` "should only transfer the data
+and not modify it"). ``PrepareOnDevice`` fills that hook: uint8 images are augmented (in
+training only) and normalized there, integer fields widened to int64, the same fields and
+values as ``latecast.wrap``. Augmentation is seeded from (seed, epoch, global rank, batch
+index), so a resumed run draws what an unbroken one would.
+
+A latecast ``Loader`` needs nothing from here: pass it as the train dataloader. Lightning
+iterates it as it is, and saves and restores its ``state_dict`` in every checkpoint.
+
+Lightning itself is imported by your code, never by latecast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError
+from ..fields import AsIs, split
+from ..transfer import TransferStats
+from ..wrapper import Fields
+
+
+class PrepareOnDevice:
+    """Mixin for a ``LightningModule``: its uint8 batches are prepared on the device.
+
+    Put it before ``LightningModule`` (after it, Lightning's own hook would run instead: a
+    ``ConfigError`` when the class is made) and call ``prepare_on_device`` in ``__init__``;
+    without that call images are only scaled to [0, 1] (``ToTensor()``). ``latecast_stats``
+    counts what Lightning moved, field by field, as ``wrap.stats`` does.
+
+    Example:
+        >>> class Classifier(PrepareOnDevice, L.LightningModule):
+        ...     def __init__(self):
+        ...         super().__init__()
+        ...         self.prepare_on_device(mean=(0.1307,), std=(0.3081,), augment=Augment(crop=2))
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in cls.__mro__[: cls.__mro__.index(PrepareOnDevice)]:
+            if "on_after_batch_transfer" in vars(base) and not issubclass(base, PrepareOnDevice):
+                raise ConfigError(
+                    f"class {cls.__name__}: list PrepareOnDevice before {base.__name__} in its "
+                    f"bases, class {cls.__name__}(PrepareOnDevice, LightningModule); after it, "
+                    f"{base.__name__}.on_after_batch_transfer runs instead and batches stay uint8"
+                )
+
+    def prepare_on_device(self, **options: Any) -> None:
+        """``options`` (``mean``, ``std``, ``augment``, ``dtype``, ``channels_last``,
+        ``layout``, ``fields``, ``seed``, ``erase``, ``mix``) as for ``latecast.wrap``: the
+        fields of ``Fields``; augment, erase and mix in training only."""
+        train = Fields.of(options)  # and, by self.training, for evaluation:
+        test = replace(train, augment=None, erase=None, mix=None)
+        train.moved = test.moved = True  # Lightning moved the batches
+        self._latecast = {True: train, False: test}
+        self._latecast_stats = TransferStats()
+
+    @property
+    def latecast_stats(self) -> TransferStats:
+        """The bytes of the batches prepared (training and validation), as they crossed: one
+        copy per tensor, as Lightning moves them; ``usual_bytes`` equal, nothing narrowed."""
+        return replace(self._latecast_stats)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        batch = super().on_after_batch_transfer(batch, dataloader_idx)
+        if not hasattr(self, "_latecast"):
+            self.prepare_on_device()
+        fields = self._latecast[self.training]
+        trainer = self.trainer
+        step = trainer.fit_loop.epoch_loop.batch_idx + 1  # Lightning counts it up after this hook
+        where = (trainer.current_epoch, trainer.global_rank, step)
+        leaves, rebuild = split(batch)
+        values, plans = fields.plan(leaves)
+        tensors = [v if isinstance(v, torch.Tensor) else None for v in values]
+        self._latecast_stats.count(plans, copies=sum(t is not None for t in tensors))
+        self._latecast_stats.batches += 1
+        plans = [None if isinstance(f, AsIs) else f for f in plans]  # as they came
+        device = next((t.device for t in tensors if t is not None), None)
+        views = [  # the fields' bytes as wrap's unpack hands them over, viewed alike
+            f and f.view(t.to(f.dtype).contiguous().view(-1).view(torch.uint8), device)
+            for t, f in zip(tensors, plans)
+        ]
+        done = fields.finish(plans, views, where, device)
+        values = [value if d is None else d for (_, value), d in zip(leaves, done)]
+        return rebuild(fields.mixed(plans, values))
