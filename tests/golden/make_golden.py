@@ -1,0 +1,58 @@
+"""Save the golden cases' outputs (``cases.py``) from the code on PYTHONPATH: run at b931d8b,
+it wrote ``b931d8b.pt``, which ``tests/test_golden.py`` compares every later revision with.
+
+    PYTHONPATH=src python tests/golden/make_golden.py [OUT]   # default tests/golden/b931d8b.pt
+
+The file is ``torch.save`` of ``{key: [tensors]}`` (key: the case, ``case@decoder`` for the
+JPEG cases, one per CPU decoder); equal tensors are saved once (one shared object).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import cases  # noqa: E402
+
+
+def use_decoder(name: str) -> str:
+    """Make ``name`` this process's CPU JPEG decoder, as the suite's ``decoder`` fixture does;
+    returns the one latecast reports."""
+    from latecast import decode
+
+    if name == "simplejpeg":
+        os.environ.pop("LATECAST_DECODER", None)
+    else:
+        os.environ["LATECAST_DECODER"] = name
+    decode.decoder.cache_clear(), decode.cpu_decoder.cache_clear()
+    return decode.cpu_decoder()
+
+
+def identity(t: torch.Tensor) -> tuple:
+    """What makes two outputs the same tensor: dtype, shape, strides and bytes."""
+    raw = t.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    return t.dtype, t.shape, t.stride(), hashlib.sha256(raw).digest()
+
+
+def main(out: Path) -> None:
+    saved, seen = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for case, decoder in cases.keys():
+            if decoder is not None:
+                chosen = use_decoder(decoder)
+                assert chosen.startswith(decoder), (decoder, chosen)
+            outputs = cases.run(case, Path(tmp))
+            key = cases.key(case, decoder)
+            saved[key] = [seen.setdefault(identity(t), t) for t in outputs]  # saved once
+    torch.save(saved, out)
+    print(f"{out}: {len(saved)} cases, {len(seen)} distinct tensors, {out.stat().st_size} bytes")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "b931d8b.pt")
