@@ -15,7 +15,7 @@ args = argparse.ArgumentParser()
 args.add_argument("--min-accuracy", type=float, default=0.88)
 args = args.parse_args()
 
-device = "cuda" if torch.cuda.is_available() else "cpu"
+device = "cuda" if torch.cuda.is_available() else "cpu"  # where the Loader's "auto" puts it
 model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 10)).to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 
@@ -29,7 +29,7 @@ def step(images: torch.Tensor, labels: torch.Tensor) -> None:
 
 # --8<-- [start:loader]
 train = latecast.load_dataset("mnist", split="train")  # uint8 (60000, 28, 28, 1), uint8 labels
-loader = latecast.Loader(train, batch_size=256, device=device, shuffle=True, seed=0)
+loader = latecast.Loader(train, batch_size=256, shuffle=True, seed=0)  # on the GPU if any
 for images, labels in loader:  # float32 (256, 1, 28, 28) normalized on the device; int64
     step(images, labels)
 print(loader.stats)  # bytes host->device (and what float32 would have moved), batches, waits

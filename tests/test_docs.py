@@ -1,0 +1,106 @@
+"""The documentation: the site builds with warnings as errors (no broken link, no missing
+snippet, no unresolved API name), its API reference names every public name and every option
+of the main entry points, and every Python snippet in the README and the docs is cut from an
+example the tests run."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import latecast
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+INCLUDE = re.compile(r'^--8<-- "(examples/\w+\.py):(\w+)"$')
+TESTS = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+
+
+def run_by_a_test(example: Path) -> bool:
+    """An example a test runs: its file name appears in a test module (all of them launch
+    examples by name)."""
+    return example.parent.name == "examples" and f'"{example.name}' in TESTS
+
+
+def wrap_options() -> list[str]:
+    """``wrap``'s keyword options, as its own error for an unknown one lists them."""
+    with pytest.raises(latecast.LatecastError, match="the options: ") as err:
+        latecast.wrap([], nonsense=1)
+    return str(err.value).split("the options: ")[1].split(", ")
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings_handlers.python")
+    out = tmp_path_factory.mktemp("site")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,  # the snippets' paths are the repository's
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out
+
+
+def test_the_site_builds_strict_with_every_public_name_in_the_api_reference(site):
+    api = (site / "api" / "index.html").read_text()
+    missing = [name for name in latecast.__all__ if f'id="latecast.{name}"' not in api]
+    assert not missing, f"not in docs/api.md: {missing}"
+
+
+@pytest.mark.parametrize("name", ["Loader", "wrap", "jpeg", "Augment", "transforms.Mix", "Erasing"])
+def test_every_option_is_in_the_api_reference_with_its_type_and_default(site, name):
+    obj = latecast
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    options = list(inspect.signature(obj).parameters)
+    if name == "wrap":
+        options = [o for o in options if o != "options"] + wrap_options()
+    api = (site / "api" / "index.html").read_text()
+    after = api.split(f'id="latecast.{name}"')[1]  # the hook's table, after its docstring's
+    table = after[after.index("<th>option</th>") :].split("</table>")[0]
+    cells = [re.findall(r"<td>(.*?)</td>", row, re.S) for row in table.split("<tr>")[1:]]
+    assert {c[0] for c in cells} >= {f"<code>{o}</code>" for o in options}, name
+    assert all(len(c) == 4 and c[1] and c[2] for c in cells), name  # a type and a default
+
+
+def test_readme_python_snippets_are_verbatim_from_tested_examples():
+    """Each Python block of the README is a run of lines of an example the tests run."""
+    examples = {p: p.read_text() for p in (ROOT / "examples").glob("*.py")}
+    blocks = PYTHON_BLOCK.findall((ROOT / "README.md").read_text())
+    assert blocks
+    for block in blocks:
+        found = [p for p, text in examples.items() if f"\n{block}" in text]
+        assert found, f"not cut from any file under examples/:\n{block}"
+        assert any(map(run_by_a_test, found)), f"{found} is run by no test"
+
+
+def test_docs_python_snippets_are_includes_of_tested_examples():
+    """Each Python block of docs/ is nothing but ``--8<--`` includes of an example's marked
+    section (the build fails on a missing file or section), of an example a test runs."""
+    for page in (ROOT / "docs").glob("*.md"):
+        for block in PYTHON_BLOCK.findall(page.read_text()):
+            for line in block.splitlines():
+                include = INCLUDE.match(line)
+                assert include, f"{page.name}: a Python line not included from examples/: {line}"
+                example = ROOT / include[1]
+                assert run_by_a_test(example), f"{page.name}: {include[1]} is run by no test"
+                assert f"--8<-- [start:{include[2]}]" in example.read_text(), line
+
+
+def test_the_quickstart_example_trains(tmp_path):
+    """examples/quickstart.py, the README's Loader, reaches its accuracy on the bundled MNIST."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0 and "test accuracy 0." in proc.stdout, proc.stderr[-2000:]
