@@ -86,14 +86,20 @@ def test_readme_python_snippets_are_verbatim_from_tested_examples():
 def test_docs_python_snippets_are_includes_of_tested_examples():
     """Each Python block of docs/ is nothing but ``--8<--`` includes of an example's marked
     section (the build fails on a missing file or section), of an example a test runs."""
-    for page in (ROOT / "docs").glob("*.md"):
-        for block in PYTHON_BLOCK.findall(page.read_text()):
-            for line in block.splitlines():
-                include = INCLUDE.match(line)
-                assert include, f"{page.name}: a Python line not included from examples/: {line}"
-                example = ROOT / include[1]
-                assert run_by_a_test(example), f"{page.name}: {include[1]} is run by no test"
-                assert f"--8<-- [start:{include[2]}]" in example.read_text(), line
+    pages = {page.name: page.read_text() for page in (ROOT / "docs").glob("*.md")}
+    lines = [
+        (n, line)
+        for n, text in pages.items()
+        for b in PYTHON_BLOCK.findall(text)
+        for line in b.splitlines()
+    ]
+    assert lines
+    for page, line in lines:
+        include = INCLUDE.match(line)
+        assert include, f"{page}: a Python line not included from examples/: {line}"
+        example = ROOT / include[1]
+        assert run_by_a_test(example), f"{page}: {include[1]} is run by no test"
+        assert f"--8<-- [start:{include[2]}]" in example.read_text(), line
 
 
 def test_the_quickstart_example_trains(tmp_path):
