@@ -9,6 +9,7 @@ there stays out)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -38,7 +39,9 @@ def build_wheel(tmp: Path) -> Path:
         shutil.copy(ROOT / name, tree / name)
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
     shutil.copytree(ROOT / "src", tree / "src", ignore=ignore)
-    pip = [sys.executable, "-m", "pip", "wheel", str(tree), "--no-deps", "--no-build-isolation"]
+    pip = [sys.executable, "-m", "pip", "wheel", str(tree), "--no-deps"]
+    if importlib.util.find_spec("setuptools"):  # no index needed (venvs of 3.12+ lack it)
+        pip.append("--no-build-isolation")
     run(*pip, "-q", "-w", str(tmp / "dist"), cwd=tmp, env=os.environ)
     (wheel,) = (tmp / "dist").glob("latecast-*.whl")
     return wheel
