@@ -23,9 +23,10 @@ test: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -n auto --maxprocesses 4 --dist worksteal
 
-# The site (docs/, its API reference from the docstrings) into site/, warnings as errors.
+# The site (docs/, its API reference from the docstrings) into site/, warnings as errors
+# (NO_MKDOCS_2_WARNING: without the theme's banner about MkDocs 2).
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # On a GPU machine with torch, torchvision, matplotlib and pytest already installed and
 # no network: runs from the checkout, installs nothing.

@@ -6,6 +6,7 @@ example the tests run."""
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import subprocess
 import sys
@@ -40,6 +41,7 @@ def build_site(out: Path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
         cwd=ROOT,  # the snippets' paths are the repository's
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # the theme's banner, not a warning
         capture_output=True,
         text=True,
     )
