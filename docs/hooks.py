@@ -23,7 +23,7 @@ INCLUDE = re.compile(r"^<!-- include: (\S+\.md) -->$", re.M)
 LOCAL_LINK = re.compile(r"\[([^\]]+)\]\((?!https?:)[^)]*\)")  # [`cpu/`](cpu/) -> `cpu/`
 FIELD = re.compile(r"^\s+(\w+): [^#]*?#\s*(.+)$")  # `name: type = default  # meaning`
 ARG = re.compile(r"^ {4}(\w+(?:, \w+)*):\s*(.*)$")  # an `Args:` entry, docstring dedented
-WRAP_OPTIONS = "Fields"  # wrap(**options) is Fields(**options), in wrap's own module
+OPTIONS = "Fields"  # wrap(**options) is Fields(**options), a dataclass in wrap's own module
 
 
 def resolve(path: str):
@@ -54,35 +54,31 @@ def meanings(obj) -> dict[str, str]:
     return found
 
 
+def keywords(obj) -> list[inspect.Parameter]:
+    """``obj``'s parameters; a ``**options`` is the fields of the options dataclass in its
+    module (wrap's ``Fields``), each with its type and default."""
+    params = list(inspect.signature(obj).parameters.values())
+    if not any(p.kind == p.VAR_KEYWORD for p in params):
+        return params
+    options = vars(sys.modules[obj.__module__]).get(OPTIONS)
+    if not dataclasses.is_dataclass(options):
+        raise LookupError(f"docs/hooks.py: {obj.__name__}'s **options: no {OPTIONS} beside it")
+    kw = inspect.Parameter.KEYWORD_ONLY
+    fields = [inspect.Parameter(f.name, kw, default=f.default, annotation=f.type)
+              for f in dataclasses.fields(options)]  # fmt: skip
+    return [p for p in params if p.kind != p.VAR_KEYWORD] + fields
+
+
 def rows(obj) -> list[tuple[str, str, str, str]]:
     """(name, type, default, meaning) of every keyword ``obj`` takes."""
-    options = (
-        sys.modules[obj.__module__].__dict__.get(WRAP_OPTIONS) if obj.__name__ == "wrap" else None
-    )
-    if obj.__name__ == "wrap" and options is None:
-        raise LookupError(
-            f"docs/hooks.py: wrap's options class {WRAP_OPTIONS} is not in {obj.__module__}"
-        )
-    text = {**(meanings(options) if options else {}), **meanings(obj)}
+    options = vars(sys.modules[obj.__module__]).get(OPTIONS)
+    text = {**(meanings(options) if dataclasses.is_dataclass(options) else {}), **meanings(obj)}
     out = []
-    params = [p for p in inspect.signature(obj).parameters.values() if p.kind != p.VAR_KEYWORD]
-    if options:
-        params += [
-            inspect.Parameter(
-                f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=f.type
-            )
-            for f in dataclasses.fields(options)
-        ]
-    for p in params:
-        kind = (
-            p.annotation
-            if isinstance(p.annotation, str)
-            else inspect.formatannotation(p.annotation)
-        )
+    for p in keywords(obj):
+        kind = "" if p.annotation is p.empty else p.annotation
+        kind = kind if isinstance(kind, str) else inspect.formatannotation(kind)
         default = "required" if p.default is p.empty else f"`{p.default!r}`"
-        out.append(
-            (p.name, kind if p.annotation is not p.empty else "", default, text.get(p.name, ""))
-        )
+        out.append((p.name, kind, default, text.get(p.name, "")))
     return out
 
 
