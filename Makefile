@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.latecast-installed
 
-.PHONY: demo test gpu-check shared-carry clean
+.PHONY: demo test docs gpu-check shared-carry clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -n auto --maxprocesses 4 --dist worksteal
+
+# The site (docs/, its API reference from the docstrings) into site/, warnings as errors
+# (NO_MKDOCS_2_WARNING: without the theme's banner about MkDocs 2).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 # On a GPU machine with torch, torchvision, matplotlib and pytest already installed and
 # no network: runs from the checkout, installs nothing.
@@ -42,4 +47,4 @@ shared-carry:
 		{ grep -qxF '/$(CARRY)/' "$$exclude" 2>/dev/null || echo '/$(CARRY)/' >> "$$exclude"; }
 
 clean:
-	rm -rf $(VENV) runs gpu-results .pytest_cache .hypothesis
+	rm -rf $(VENV) runs gpu-results site .pytest_cache .hypothesis

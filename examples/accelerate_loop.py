@@ -24,6 +24,7 @@ args.add_argument("--limit", type=int, default=None, help="train on the first N 
 args.add_argument("--state", default="runs/accelerate-state", help="save_state folder")
 args = args.parse_args()
 
+# --8<-- [start:loader]
 accelerator = Accelerator()
 mnist = latecast.load_dataset("mnist")
 train = latecast.from_arrays(mnist.images[: args.limit], mnist.labels[: args.limit])
@@ -34,6 +35,7 @@ model = torch.nn.Sequential(
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 model, opt = accelerator.prepare(model, opt)  # the loader stays as it is
 accelerator.register_for_checkpointing(loader)  # its epoch and position go in save_state
+# --8<-- [end:loader]
 
 for epoch in range(loader.epoch, args.epochs):
     for images, labels in loader:  # this rank's share, normalized on accelerator.device

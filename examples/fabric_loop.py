@@ -41,8 +41,10 @@ def uint8_loader(split: str, **kwargs) -> DataLoader:
 
 
 dl, test_dl = uint8_loader("train", shuffle=True), uint8_loader("test")
+# --8<-- [start:wrap]
 dl, test_dl = fabric.setup_dataloaders(dl, test_dl, move_to_device=False)  # sharded, not moved
 train = latecast.wrap(dl, mean=mnist.mean, std=mnist.std)  # its stats stay reachable
+# --8<-- [end:wrap]
 test = latecast.wrap(test_dl, mean=mnist.mean, std=mnist.std)
 model = torch.nn.Sequential(
     torch.nn.Flatten(), torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)

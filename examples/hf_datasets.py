@@ -29,11 +29,13 @@ table = datasets.Dataset.from_dict(
     {"image": mnist.images[: args.limit], "label": mnist.labels[: args.limit]}
 )  # (28, 28, 1) uint8 per row, as a PIL image column would be after decoding
 
+# --8<-- [start:wrap]
 stream = table.to_iterable_dataset(num_shards=4).shuffle(seed=0, buffer_size=256)
 stream = stream.with_format("torch")  # int64 images: IterableDataset.with_format has no dtype=
 train = latecast.wrap(
     DataLoader(stream, batch_size=128), mean=MEAN, std=STD, fields={"image": "image"}
 )
+# --8<-- [end:wrap]
 model = torch.nn.Sequential(
     torch.nn.Flatten(), torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
 ).to(train.device)

@@ -33,10 +33,12 @@ def files(rows: list[dict]):  # the batch as it is: a list of {"bytes", "path"} 
 
 
 ds = datasets.Dataset.from_parquet(str(args.parquet))
+# --8<-- [start:wrap]
 ds = ds.cast_column("image", datasets.Image(decode=False))
 dl = DataLoader(ds, args.batch_size, shuffle=True, num_workers=2, collate_fn=files)
 aug = latecast.Augment(resized_crop=0.35, flip=0.5)
 train = latecast.wrap(dl, mean=MEAN, std=STD, augment=aug, fields={0: latecast.jpeg(args.size)})
+# --8<-- [end:wrap]
 model = torch.nn.Sequential(
     torch.nn.Conv2d(3, 16, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
     torch.nn.Flatten(), torch.nn.Linear(16, 10),

@@ -21,10 +21,12 @@ import latecast
 from latecast.lightning import PrepareOnDevice
 
 
+# --8<-- [start:module]
 class Classifier(PrepareOnDevice, L.LightningModule):
     def __init__(self, mean=None, std=None):
         super().__init__()  # no mean/std: batches that come prepared pass through untouched
         self.prepare_on_device(mean=mean, std=std, augment=latecast.Augment(crop=2))
+        # --8<-- [end:module]
         self.net = torch.nn.Sequential(
             torch.nn.Flatten(), torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
         )
@@ -51,6 +53,7 @@ if __name__ == "__main__":
     def trainer():
         return L.Trainer(max_epochs=args.epochs, devices=args.devices, enable_progress_bar=False)
 
+    # --8<-- [start:fit]
     # Way 1: your DataLoader, uint8 across the bus; Lightning adds the DistributedSampler.
     uint8_set = torch.utils.data.TensorDataset(torch.tensor(images), torch.tensor(labels))
     dl = torch.utils.data.DataLoader(uint8_set, batch_size=256, shuffle=True, pin_memory=True)
@@ -59,4 +62,5 @@ if __name__ == "__main__":
     # Way 2: the Loader as the dataloader, built before any DDP process exists.
     loader = latecast.Loader(latecast.from_arrays(images, labels), batch_size=256)
     trainer().fit(Classifier(), train_dataloaders=loader)
+    # --8<-- [end:fit]
     print(f"rank {loader.rank} of {loader.world_size}: {len(loader)} batches, {loader.stats}")

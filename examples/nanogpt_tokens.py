@@ -42,12 +42,16 @@ def usual_batch(data_dir: Path, split: str, device: torch.device):
     return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
 
 
+# --8<-- [start:mover]
 mover = latecast.Mover(device="auto")  # line 1 of 2: made once, beside the model
 
 
 def get_batch(data_dir: Path, split: str):
     x, y = token_windows(data_dir, split)
     return mover((x, y))  # line 2 of 2: was the pin_memory().to(device) of x and y
+
+
+# --8<-- [end:mover]
 
 
 def write_tokens(data_dir: Path) -> None:

@@ -46,13 +46,18 @@ if args.folder is None:
     write_folder(args.folder, "test", args.limit // 5, "jpg" if args.jpeg else "png")
 
 
+# --8<-- [start:wrap]
+# was: Compose([Grayscale(), ToTensor(), Normalize(MEAN, STD)]), and train = dl
 tf = transforms.Compose([transforms.Grayscale(), transforms.PILToTensor()])  # uint8 (1, H, W)
 dl = DataLoader(datasets.ImageFolder(args.folder / "train", tf), 256, shuffle=True, num_workers=2)
-train = latecast.wrap(dl, mean=MEAN, std=STD)
+train = latecast.wrap(dl, mean=MEAN, std=STD)  # the normalize, on the device
+# --8<-- [end:wrap]
 if args.jpeg:  # the fast way: the files' bytes cross, decoded (1 channel, 28x28) by wrap
+    # --8<-- [start:jpeg]
     files = latecast.jpeg_folder(args.folder / "train")  # workers forked once, for every epoch
     dl = DataLoader(files, 256, shuffle=True, num_workers=2, persistent_workers=True)
     train = latecast.wrap(dl, mean=MEAN, std=STD, fields={0: latecast.jpeg(28, channels=1)})
+    # --8<-- [end:jpeg]
 test = latecast.wrap(
     DataLoader(datasets.ImageFolder(args.folder / "test", tf), 1000), mean=MEAN, std=STD
 )
@@ -62,8 +67,10 @@ model = torch.nn.Sequential(
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 
 for _ in range(args.epochs):
+    # --8<-- [start:loop]
     for images, labels in train:  # float32 (N, 1, 28, 28) normalized on the device, int64
         loss = F.cross_entropy(model(images), labels)
+        # --8<-- [end:loop]
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -32,6 +32,7 @@ model_dtype = getattr(torch, args.model_dtype)
 rng = np.random.default_rng(0)  # uint8 (C, H, W) images, as timm's transforms leave them
 images = torch.from_numpy(rng.integers(0, 256, (64 * 4, 3, 32, 32), dtype=np.uint8))
 data = TensorDataset(images, torch.from_numpy(rng.integers(0, 10, len(images))))
+# --8<-- [start:wrap]
 loader = latecast.wrap(
     DataLoader(data, batch_size=64, shuffle=True, drop_last=True),
     mean=MEAN,
@@ -40,6 +41,7 @@ loader = latecast.wrap(
     channels_last=args.channels_last,
     erase=latecast.Erasing(p=args.reprob, value="random") if args.reprob else None,
 )
+# --8<-- [end:wrap]
 model = torch.nn.Sequential(
     torch.nn.Conv2d(3, 16, 3, padding=1),
     torch.nn.ReLU(),

@@ -101,6 +101,7 @@ if args.url is None:
     args.url = f"http://127.0.0.1:{serve(args.shards)}/shard-{{000..{last:03d}}}.tar"
 
 # bytes in, bytes out: the files stay JPEG, the label and key are read as text
+# --8<-- [start:wrap]
 dataset = (
     wds.WebDataset(args.url, nodesplitter=wds.split_by_node, shardshuffle=False)
     .to_tuple("jpg", "cls", "__key__")
@@ -110,6 +111,7 @@ dataset = (
 dl = DataLoader(dataset, batch_size=None, num_workers=args.workers)
 aug = latecast.Augment(resized_crop=0.35, flip=0.5)
 train = latecast.wrap(dl, mean=MEAN, std=STD, augment=aug, fields={0: latecast.jpeg(args.size)})
+# --8<-- [end:wrap]
 rank = int(os.environ.get("RANK", 0))
 model = torch.nn.Sequential(
     torch.nn.Conv2d(3, 16, 3, stride=2), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),

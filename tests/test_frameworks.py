@@ -126,20 +126,6 @@ def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
     assert {tuple(y.tolist()) for _, y in net.validated} == {tuple(range(16))}  # never mixed
 
 
-def test_the_readme_snippets_are_cut_from_the_examples():
-    """Every code line of the README's "Your own data" snippets is a line of the example it
-    names (comments aside), so what the README shows is what the tests run."""
-    section = (ROOT / "README.md").read_text().split("## Your own data")[1].split("\n## ")[0]
-    blocks = section.split("```python\n")[1:]
-    assert len(blocks) == 8
-    for block in blocks:
-        lines = block.split("```")[0].splitlines()
-        example = (ROOT / lines[0].split()[1].rstrip(":")).read_text()
-        code = {line.split("  #")[0].strip() for line in example.splitlines()}
-        for line in lines[1:]:
-            assert not line.strip() or line.split("  #")[0].strip() in code, line
-
-
 # -- launched runs ---------------------------------------------------------------------------
 
 
@@ -237,8 +223,8 @@ EXAMPLES = {  # file: (the module it needs, its command line at tiny sizes)
 @pytest.mark.slow
 @pytest.mark.parametrize("example", list(EXAMPLES))
 def test_examples_run(example, tmp_path):
-    """The README's snippets are these files: they run as users run them, at tiny sizes (the
-    Fabric example evaluates every test sample once over its 2 ranks, and checks its own
+    """The docs' snippets are cut from these files: they run as users run them, at tiny sizes
+    (the Fabric example evaluates every test sample once over its 2 ranks, and checks its own
     batch count from ``train.stats``)."""
     module, args = EXAMPLES[example]
     pytest.importorskip(module)

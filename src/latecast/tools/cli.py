@@ -20,6 +20,7 @@ import warnings
 from dataclasses import MISSING, fields
 from typing import Callable
 
+from .. import __version__
 from ..config import DATASET_HELP, kind
 from ..errors import LatecastError
 from .text import human_bytes
@@ -369,6 +370,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="latecast",
         description=("Move bytes, not floats: uint8 batches to the device, normalized there."),
     )
+    parser.add_argument("--version", action="version", version=f"latecast {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (add, _, help_) in COMMANDS.items():
         p = sub.add_parser(name, help=help_, description=help_)

@@ -1,0 +1,115 @@
+"""The documentation: the site builds with warnings as errors (no broken link, no missing
+snippet, no unresolved API name), its API reference names every public name and every option
+of the main entry points, and every Python snippet in the README and the docs is cut from an
+example the tests run."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import latecast
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
+INCLUDE = re.compile(r'^--8<-- "(examples/\w+\.py):(\w+)"$')
+TESTS = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+
+
+def run_by_a_test(example: Path) -> bool:
+    """An example a test runs: its file name appears in a test module (all of them launch
+    examples by name)."""
+    return example.parent.name == "examples" and f'"{example.name}' in TESTS
+
+
+def wrap_options() -> list[str]:
+    """``wrap``'s keyword options, as its own error for an unknown one lists them."""
+    with pytest.raises(latecast.LatecastError, match="the options: ") as err:
+        latecast.wrap([], nonsense=1)
+    return str(err.value).split("the options: ")[1].split(", ")
+
+
+def build_site(out: Path) -> None:
+    pytest.importorskip("mkdocs")
+    pytest.importorskip("mkdocstrings_handlers.python")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,  # the snippets' paths are the repository's
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # the theme's banner, not a warning
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def options_table(api: str, name: str) -> list[list[str]]:
+    """The cells of each row of the hook's options table for ``latecast.NAME``."""
+    after = api.split(f'id="latecast.{name}"')[1]  # the hook's table, after its docstring's
+    table = after[after.index("<th>option</th>") :].split("</table>")[0]
+    return [re.findall(r"<td>(.*?)</td>", row, re.S) for row in table.split("<tr>")[1:]]
+
+
+def test_the_site_builds_strict_with_every_public_name_and_option_in_the_api_reference(tmp_path):
+    """One build (about 10 s): no warning; every name of ``latecast.__all__`` has its entry;
+    every option of the main entry points is a row with its type and default."""
+    build_site(tmp_path)
+    api = (tmp_path / "api" / "index.html").read_text()
+    missing = [name for name in latecast.__all__ if f'id="latecast.{name}"' not in api]
+    assert not missing, f"not in docs/api.md: {missing}"
+    for name in ["Loader", "wrap", "jpeg", "Augment", "transforms.Mix", "Erasing"]:
+        obj = latecast
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        options = list(inspect.signature(obj).parameters)
+        if name == "wrap":
+            options = [o for o in options if o != "options"] + wrap_options()
+        cells = options_table(api, name)
+        assert {c[0] for c in cells} >= {f"<code>{o}</code>" for o in options}, name
+        assert all(len(c) == 4 and c[1] and c[2] for c in cells), name  # a type and a default
+
+
+def test_readme_python_snippets_are_verbatim_from_tested_examples():
+    """Each Python block of the README is a run of lines of an example the tests run."""
+    examples = {p: p.read_text() for p in (ROOT / "examples").glob("*.py")}
+    blocks = PYTHON_BLOCK.findall((ROOT / "README.md").read_text())
+    assert blocks
+    for block in blocks:
+        found = [p for p, text in examples.items() if f"\n{block}" in text]
+        assert found, f"not cut from any file under examples/:\n{block}"
+        assert any(map(run_by_a_test, found)), f"{found} is run by no test"
+
+
+def test_docs_python_snippets_are_includes_of_tested_examples():
+    """Each Python block of docs/ is nothing but ``--8<--`` includes of an example's marked
+    section (the build fails on a missing file or section), of an example a test runs."""
+    pages = {page.name: page.read_text() for page in (ROOT / "docs").glob("*.md")}
+    lines = [
+        (n, line)
+        for n, text in pages.items()
+        for b in PYTHON_BLOCK.findall(text)
+        for line in b.splitlines()
+    ]
+    assert lines
+    for page, line in lines:
+        include = INCLUDE.match(line)
+        assert include, f"{page}: a Python line not included from examples/: {line}"
+        example = ROOT / include[1]
+        assert run_by_a_test(example), f"{page}: {include[1]} is run by no test"
+        assert f"--8<-- [start:{include[2]}]" in example.read_text(), line
+
+
+def test_the_quickstart_example_trains(tmp_path):
+    """examples/quickstart.py, the README's Loader, reaches its accuracy on the bundled MNIST."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0 and "test accuracy 0." in proc.stdout, proc.stderr[-2000:]
