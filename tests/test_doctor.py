@@ -1056,7 +1056,7 @@ SEGMENTATION_BY_HAND = SEGMENTATION.replace(
     "transforms.PILToTensor()",
 ).replace(
     "    model = torch.nn",
-    "    stats = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))\n"
+    "    stats = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), device=device)\n"
     "    data_loader = latecast.wrap(data_loader, **stats)\n"
     "    data_loader_test = latecast.wrap(data_loader_test, **stats)\n"
     "    model = torch.nn",
