@@ -902,6 +902,7 @@ def get_batch():
     y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int32))
                      for i in ix])
     z = x.to(device, torch.int64, non_blocking=True)  # ASYNC
+    w = x.float().to(device, torch.int64)  # FLOATS
     x, y = x.to(device, dtype=torch.int64), y.to(device, torch.int64)  # MOVE
     return x, y
 
@@ -938,7 +939,8 @@ def test_tokens_made_per_call_and_cast_in_the_move_get_the_mover_or_plain_pytorc
     keyword or positional; the source's int32 after a non-blocking one), and batches made
     per call are told to cross narrow and widen on the device, in plain PyTorch first and
     through a ``latecast.Mover``, never through ``wrap`` (they come from no DataLoader):
-    the Mover's edit, applied as written, runs as the original and both hand conversions."""
+    the Mover's edit, applied as written, runs as the original and both hand conversions.
+    Floats cast to int64 in the move get no Mover (it would hand them out as floats)."""
     rng = np.random.default_rng(0)
     rng.integers(0, 50257, 2048, dtype=np.uint16).tofile(tmp_path / "train.bin")
     monkeypatch.chdir(tmp_path)
@@ -949,6 +951,8 @@ def test_tokens_made_per_call_and_cast_in_the_move_get_the_mover_or_plain_pytorc
     assert all(s["factor"] == 4.0 for s in r["sites"] if s["site"] == move)
     (async_,) = [s for s in r["sites"] if s["site"] == late]
     assert async_["dtype"] == "int32" and async_["factor"] == 2.0
+    (floats,) = sites(r, f"train.py:{line_of(TOKENS_CAST, '# FLOATS')}").values()
+    assert "cast to integers in the move" in floats["change"]  # no Mover: it keeps floats
     for s in r["sites"]:
         assert "wrap" not in s["change"] and "made per call" in s["change"], s["change"]
         assert "`x.to(device, non_blocking=True)" in s["change"]

@@ -338,6 +338,8 @@ class Advice:
         try:
             if site.loaders:
                 why = self.through_wrap(site, row)
+            elif site.from_floats:  # the Mover would hand them out as the floats they were
+                why = "floats cast to integers in the move: make them integers before it"
             elif row["kind"] == "integers" and not site.dtype.is_floating_point:
                 why = mover(self.source(site.file), site.line, self.device(site))
             else:

@@ -54,6 +54,7 @@ class Site:
     latecast: bool = False  # latecast's own copy (the script already moves through it)
     evaluation: bool = False  # moved with gradients off (torch.no_grad, inference_mode)
     loaders: set = field(default_factory=set)  # indices of the DataLoaders whose batches it moved
+    from_floats: bool = False  # floats cast to integers in the move (`.to(d, torch.int64)`)
     file: str = ""  # the script's file (absolute) and line: where the advice edits
     line: int = 0
 
@@ -163,6 +164,7 @@ class Observer(TorchFunctionMode):
         s.nbytes += t.numel() * dtype.itemsize
         s.targets.add(target)
         s.pinned |= t.device.type == "cpu" and t.is_pinned()
+        s.from_floats |= t.dtype.is_floating_point and not dtype.is_floating_point
         if len(s.samples) < TENSORS and t.numel():
             s.samples.append(_sample(t, dtype, axis))
 
