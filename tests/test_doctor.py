@@ -666,9 +666,9 @@ def test_nanogpts_advice_is_the_mover_applied_as_written_the_same_run(
 # -- bad input (docs/RELIABILITY.md rows 82-90) ----------------------------------------------
 
 
-def one_error_line(res) -> str:
+def one_error_line(res, rc: int = 1) -> str:
     lines = res.err.strip().splitlines()
-    assert res.rc == 1 and len(lines) == 1 and "Traceback" not in res.err, res.err
+    assert res.rc == rc and len(lines) == 1 and "Traceback" not in res.err, res.err
     assert lines[0].startswith("latecast: error: ")
     return lines[0]
 
@@ -786,12 +786,12 @@ def test_options_that_shape_the_interpreter_say_how_to_start_doctor(tmp_path, ru
 
 def test_sys_exit_is_reported_with_its_status(tmp_path, run_cli):
     script = tmp_path / "leave.py"
-    for code, rc in (("0", 0), ("3", 1), ("'no GPU found'", 1)):
+    for code, rc in (("0", 0), ("3", 3), ("'no GPU found'", 1)):  # the script's own code
         script.write_text(f"import sys\nsys.exit({code})\n")
         res = run_cli("doctor", "--", script)
         assert res.rc == rc
         if rc:
-            assert "exited with status" in one_error_line(res)
+            assert "exited with status" in one_error_line(res, rc)
 
 
 @pytest.mark.slow  # a spawned worker imports torch and torchvision
@@ -801,7 +801,7 @@ def test_own_argparse_and_dataloader_workers_under_main_guard(tmp_path, run_cli)
     script, where = write(tmp_path, "train.py", MNIST)
     res = run_cli("doctor", "--", script, "--no-such-flag")
     *script_says, last = res.err.strip().splitlines()  # the script's argparse, then doctor
-    assert res.rc == 1 and "unrecognized arguments: --no-such-flag" in script_says[-1]
+    assert res.rc == 2 and "unrecognized arguments: --no-such-flag" in script_says[-1]
     assert last.startswith("latecast: error: ") and "exited with status 2" in last
     res = run_cli(
         "doctor", "--steps", "2", "--json", "--", script, "--workers", "1", "--batch-size", "16"
@@ -879,3 +879,349 @@ def test_profile_needs_cuda_and_a_bad_output_dir_is_refused_before_the_script_ru
     bad = run_cli("doctor", "--output-dir", tmp_path / "file" / "out", "--", script)
     assert "not a folder" in one_error_line(bad) and not (tmp_path / "ran").exists()
     assert run_cli("doctor", "--help").rc == 0
+
+
+# -- doctor says what is so (issue 36) -------------------------------------------------------
+
+# nanoGPT's get_batch with the widening in the move: int32 ids made per call, cast to int64 by
+# .to(device, dtype): a blocking copy converts on the host (ATen's copy_kernel_cuda), int64
+# crosses; a non-blocking one converts on the device, its int32 crosses
+TOKENS_CAST = """
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+block_size, batch_size, device = 16, 4, "cpu"
+data = np.memmap("train.bin", dtype=np.uint16, mode="r")
+torch.manual_seed(0)
+
+
+def get_batch():
+    ix = torch.randint(len(data) - block_size, (batch_size,))
+    x = torch.stack([torch.from_numpy(data[i : i + block_size].astype(np.int32)) for i in ix])
+    y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int32))
+                     for i in ix])
+    z = x.to(device, torch.int64, non_blocking=True)  # ASYNC
+    w = x.float().to(device, torch.int64)  # FLOATS
+    x, y = x.to(device, dtype=torch.int64), y.to(device, torch.int64)  # MOVE
+    return x, y
+
+
+emb = torch.nn.Embedding(50304, 8)
+head = torch.nn.Linear(8, 50304)
+opt = torch.optim.AdamW([*emb.parameters(), *head.parameters()], lr=1e-3)
+for it in range(6):
+    x, y = get_batch()
+    loss = F.cross_entropy(head(emb(x)).flatten(0, 1), y.flatten())
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    print(f"loss {loss.item()!r}")
+"""
+_CAST_MOVE = "    x, y = x.to(device, dtype=torch.int64), y.to(device, torch.int64)  # MOVE\n"
+# the two conversions the words give: plain PyTorch (uint16 on the host, widened on the
+# device), and a latecast.Mover
+TOKENS_PLAIN = TOKENS_CAST.replace("astype(np.int32)", "astype(np.uint16)").replace(
+    _CAST_MOVE,
+    "    x, y = x.to(device, non_blocking=True).long(), y.to(device, non_blocking=True).long()\n",
+)
+TOKENS_MOVER = (
+    TOKENS_CAST.replace("import torch\n", "import torch\n\nimport latecast\n")
+    .replace(_CAST_MOVE, "    x, y = mover((x, y))\n")
+    .replace("\n\ndef get_batch", "\nmover = latecast.Mover(device=device)\n\n\ndef get_batch")
+)
+
+
+def test_tokens_made_per_call_and_cast_in_the_move_get_the_mover_or_plain_pytorch(
+    tmp_path, run_cli, monkeypatch
+):
+    """The dtype that crosses is reported (int64 after a blocking ``.to(device, dtype)``,
+    keyword or positional; the source's int32 after a non-blocking one), and batches made
+    per call are told to cross narrow and widen on the device, in plain PyTorch first and
+    through a ``latecast.Mover``, never through ``wrap`` (they come from no DataLoader):
+    the Mover's edit, applied as written, runs as the original and both hand conversions.
+    Floats cast to int64 in the move get no Mover (it would hand them out as floats)."""
+    rng = np.random.default_rng(0)
+    rng.integers(0, 50257, 2048, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    monkeypatch.chdir(tmp_path)
+    _, where = write(tmp_path, "train.py", TOKENS_CAST)
+    r = run_cli("doctor", "--steps", "3", "--json", "--", "python", "train.py").json
+    move, late = (f"train.py:{line_of(TOKENS_CAST, m)}" for m in ("# MOVE", "# ASYNC"))
+    assert [s["dtype"] for s in r["sites"] if s["site"] == move] == ["int64", "int64"]
+    assert all(s["factor"] == 4.0 for s in r["sites"] if s["site"] == move)
+    (async_,) = [s for s in r["sites"] if s["site"] == late]
+    assert async_["dtype"] == "int32" and async_["factor"] == 2.0
+    (floats,) = sites(r, f"train.py:{line_of(TOKENS_CAST, '# FLOATS')}").values()
+    assert "cast to integers in the move" in floats["change"]  # no Mover: it keeps floats
+    for s in r["sites"]:
+        assert "wrap" not in s["change"] and "made per call" in s["change"], s["change"]
+        assert "`x.to(device, non_blocking=True)" in s["change"]
+        assert "through a `latecast.Mover`" in s["change"]
+    advised = applied(TOKENS_CAST, r["edits"])
+    assert "    x, y = mover((x, y))  # MOVE" in advised
+    for name, text in (("advised.py", advised), ("by_hand.py", TOKENS_MOVER)):
+        (tmp_path / name).write_text(text)
+    (tmp_path / "plain.py").write_text(TOKENS_PLAIN)
+    runs = [run_alone(tmp_path / n) for n in ("train.py", "advised.py", "by_hand.py", "plain.py")]
+    assert runs[0].count("loss ") == 6 and runs.count(runs[0]) == 4
+    again = run_cli("doctor", "--steps", "3", "--json", "--", "advised.py").json
+    (packed,) = sites(again, f"advised.py:{line_of(advised, '# MOVE')}").values()
+    assert packed["latecast"] and packed["dtype"] == "uint8"  # the Mover's one copy
+
+
+# torchvision's segmentation reference in its shape: a VisionDataset given a joint
+# `transforms=` preset (flip image and mask alike, then the image to normalized floats, the
+# mask to int64 with 255 at the edges), one preset class for train and test, cross_entropy
+# with ignore_index=255, the evaluation under no_grad after each epoch
+SEGMENTATION = """
+import argparse
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torchvision import transforms
+from torchvision.datasets import VisionDataset
+from torchvision.transforms import functional as TF
+
+import latecast
+
+
+class Shapes(VisionDataset):
+    def __init__(self, split, transforms=None, limit=64):
+        super().__init__(".", transforms=transforms)
+        ds = latecast.load_dataset("mnist", split)
+        self.images, self.labels = ds.images[:limit, :, :, 0], ds.labels[:limit]
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        pixels = self.images[i]
+        mask = np.where(pixels > 128, self.labels[i] + 1, 0).astype(np.uint8)
+        mask[(pixels > 64) & (pixels <= 128)] = 255
+        image = Image.fromarray(np.stack([pixels, 255 - pixels, pixels // 2], -1))
+        return self.transforms(image, Image.fromarray(mask))
+
+
+class SegmentationPreset:
+    def __init__(self, train, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
+        self.train = train
+        self.image = transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])
+
+    def __call__(self, image, mask):
+        if self.train and torch.rand(1) < 0.5:
+            image, mask = TF.hflip(image), TF.hflip(mask)
+        return self.image(image), torch.as_tensor(np.array(mask), dtype=torch.int64)
+
+
+def evaluate(model, data_loader, device):
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for image, target in data_loader:
+            image, target = image.to(device), target.to(device)
+            correct += (model(image).argmax(1) == target).sum().item()
+    print(f"correct {correct}")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    device = torch.device(args.device)
+    dataset = Shapes("train", transforms=SegmentationPreset(train=True))
+    dataset_test = Shapes("test", transforms=SegmentationPreset(train=False))
+    data_loader = torch.utils.data.DataLoader(dataset, batch_size=8, shuffle=True, drop_last=True)
+    data_loader_test = torch.utils.data.DataLoader(dataset_test, batch_size=8)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 11, 1)).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for epoch in range(2):
+        model.train()
+        for image, target in data_loader:
+            image, target = image.to(device), target.to(device)  # MOVE
+            loss = F.cross_entropy(model(image), target, ignore_index=255)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            print(f"loss {loss.item()!r}")
+        evaluate(model, data_loader_test, device)
+    print(f"weights {sum(p.double().sum() for p in model.parameters()).item()!r}")
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+SEGMENTATION_BY_HAND = SEGMENTATION.replace(
+    "transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])",
+    "transforms.PILToTensor()",
+).replace(
+    "    model = torch.nn",
+    "    stats = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), device=device)\n"
+    "    data_loader = latecast.wrap(data_loader, **stats)\n"
+    "    data_loader_test = latecast.wrap(data_loader_test, **stats)\n"
+    "    model = torch.nn",
+)
+
+
+def test_a_segmentation_presets_advice_keeps_mean_std_and_wraps_the_test_loader_too(
+    tmp_path, run_cli
+):
+    """A joint (image, mask) preset given as ``transforms=``: its image half's ToTensor and
+    Normalize are found through it, so the written edits make it yield uint8 and wrap the
+    train and the test loader (it shares the preset class) with the mean and std the words
+    give. Before, the only edit wrapped the train loader for its masks, without mean/std:
+    made with the words' PILToTensor, its images were silently not normalized. Applied as
+    written, the run equals the hand conversion (the original within float32 rounding)."""
+    script, where = write(tmp_path, "seg.py", SEGMENTATION)
+    r = run_cli("doctor", "--steps", "3", "--json", "--", script).json
+    found = sites(r, where)
+    assert found["float32"]["kind"] == "8-bit image" and found["int64"]["could_cross"] == "uint8"
+    stats = "mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)"
+    advised = applied(SEGMENTATION, r["edits"])
+    assert "transforms.Compose([transforms.PILToTensor()])" in advised
+    for loader in ("data_loader", "data_loader_test"):
+        made = next(x for x in advised.splitlines() if x.startswith(f"    {loader} = "))
+        assert made.startswith(f"    {loader} = latecast.wrap(") and made.endswith(f"{stats})")
+    write(tmp_path, "advised.py", advised)
+    write(tmp_path, "by_hand.py", SEGMENTATION_BY_HAND)
+    alone, advised = run_alone(script), run_alone(tmp_path / "advised.py")
+    assert advised == run_alone(tmp_path / "by_hand.py") and advised.count("correct ") == 2
+    assert len(advised.split()) == len(alone.split())
+    for a, b in zip(advised.split(), alone.split()):  # losses, correct pixels, weights
+        assert a == b or abs(float(a) - float(b)) <= 1e-4 * abs(float(b)), (a, b)
+
+
+def test_a_loader_whose_images_stay_float_is_not_wrapped_for_its_labels_alone(tmp_path, run_cli):
+    """Where doctor cannot make the images uint8 (a transform of the script's own, not
+    torchvision's ToTensor), it writes no ``wrap`` for the labels of that loader: written
+    without mean/std it would leave images made uint8 by hand unnormalized."""
+    own = SEGMENTATION.replace("transforms.ToTensor(), transforms.Normalize", "ToFloat(), Norm")
+    own = own.replace(
+        "class SegmentationPreset:",
+        "ToFloat = lambda: transforms.Lambda(TF.to_tensor)\n"
+        "Norm = transforms.Normalize\n\n\nclass SegmentationPreset:",
+    )
+    script, where = write(tmp_path, "own.py", own)
+    r = run_cli("doctor", "--steps", "2", "--json", "--", script).json
+    assert r["edits"] == [] and sites(r, where)["float32"]["kind"] == "8-bit image"
+    assert "its images must become uint8 in the same change" in sites(r, where)["int64"]["change"]
+
+
+# accelerate's cv_example in its shape: the prepared loader moves each batch to the device
+# (device_placement), and the loop moves it again with .to(accelerator.device)
+ACCELERATE_CV = """
+import argparse
+import os
+import re
+
+import numpy as np
+import PIL.Image
+import torch
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+from torch.utils.data import DataLoader, Dataset
+from torchvision.transforms import Compose, RandomResizedCrop, Resize, ToTensor
+
+
+def label_of(path):
+    return re.search(r"^(.*)_\\d+\\.png$", os.path.basename(path)).groups()[0]
+
+
+class Pets(Dataset):
+    def __init__(self, paths, image_transform, label_to_id):
+        self.paths, self.image_transform, self.label_to_id = paths, image_transform, label_to_id
+
+    def __len__(self):
+        return len(self.paths)
+
+    def __getitem__(self, i):
+        image = self.image_transform(PIL.Image.open(self.paths[i]).convert("RGB"))
+        return {"image": image, "label": self.label_to_id[label_of(self.paths[i])]}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--data_dir", required=True)
+    parser.add_argument("--cpu", action="store_true")
+    args = parser.parse_args()
+    accelerator = Accelerator(cpu=args.cpu)
+    paths = sorted(os.path.join(args.data_dir, f) for f in os.listdir(args.data_dir))
+    label_to_id = {x: i for i, x in enumerate(sorted({label_of(p) for p in paths}))}
+    set_seed(42)
+    order = np.random.permutation(len(paths))
+    cut = int(0.8 * len(paths))
+    train_tfm = Compose([RandomResizedCrop((32, 32), scale=(0.5, 1.0)), ToTensor()])
+    eval_tfm = Compose([Resize((32, 32)), ToTensor()])
+    train = Pets([paths[i] for i in order[:cut]], train_tfm, label_to_id)
+    evals = Pets([paths[i] for i in order[cut:]], eval_tfm, label_to_id)
+    train_dataloader = DataLoader(train, shuffle=True, batch_size=8)
+    eval_dataloader = DataLoader(evals, shuffle=False, batch_size=8)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1),
+                                torch.nn.Flatten(), torch.nn.Linear(4, len(label_to_id)))
+    model = model.to(accelerator.device)
+    mean = torch.tensor([0.485, 0.456, 0.406])[None, :, None, None].to(accelerator.device)
+    std = torch.tensor([0.229, 0.224, 0.225])[None, :, None, None].to(accelerator.device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader
+    )
+    for epoch in range(2):
+        model.train()
+        for step, batch in enumerate(train_dataloader):  # PREPARED
+            batch = {k: v.to(accelerator.device) for k, v in batch.items()}  # MOVE
+            outputs = model((batch["image"] - mean) / std)
+            loss = torch.nn.functional.cross_entropy(outputs, batch["label"])
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_batch_accelerate_moved_then_moved_again_by_the_script_crosses_once(tmp_path, run_cli):
+    """The prepared loader moves each batch (charged to the loop's line); the script's own
+    ``.to(accelerator.device)`` of it is a no-op on the GPU and no row here (it counted the
+    batch twice: 2x the bytes a step). The images stay floats where doctor cannot convert
+    their transform (``image_transform``, not ``transform``), so no edit is written."""
+    pytest.importorskip("accelerate")
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    (tmp_path / "pets").mkdir()
+    for name in ("cat", "dog"):
+        for i in range(10):
+            pixels = rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "pets" / f"{name}_{i}.png")
+    script, _ = write(tmp_path, "cv.py", ACCELERATE_CV, "# PREPARED")
+    argv = ["--data_dir", tmp_path / "pets", "--cpu"]
+    r = run_cli("doctor", "--steps", "3", "--json", "--", script, *argv).json
+    prepared, moved = (f"{script}:{line_of(ACCELERATE_CV, m)}" for m in ("# PREPARED", "# MOVE"))
+    assert {s["site"] for s in r["sites"]} == {prepared}
+    assert r["total"]["bytes_per_step"] == 8 * 3 * 32 * 32 * 4 + 8 * 8
+    assert not any(s["site"] == moved for s in r["sites"] + r["evaluation"])
+    assert r["edits"] == []
+
+
+def test_a_script_that_dies_before_its_first_step_is_told_no_step_ran(tmp_path, run_cli):
+    """Not "nothing to change" for the model it moved before it died: no step ran, its error
+    beside it, and doctor exits with the script's own code."""
+    script = tmp_path / "early.py"
+    script.write_text(
+        "import sys\nimport torch\nmodel = torch.nn.Linear(4, 2).to('cpu')\n"
+        "if sys.argv[1:] == ['exit']:\n    sys.exit(3)\nopen('no-such-data.bin')\n"
+    )
+    res = run_cli("doctor", "--json", "--", script)
+    line = one_error_line(res)
+    assert "raised FileNotFoundError" in line and "nothing to change" not in res.out
+    assert f"no optimizer step ran: the script {res.json['error'].split(' ', 1)[1]}" in res.out
+    assert res.json["steps"] == 0 and res.json["exit_code"] == 1
+    res = run_cli("doctor", "--json", "--", script, "exit")
+    assert "exited with status 3" in one_error_line(res, 3) and res.json["exit_code"] == 3
+    assert "no optimizer step ran: the script exited with status 3" in res.out

@@ -7,12 +7,15 @@ applies as written (tests/test_doctor.py runs the result against the hand conver
   runs), and *every* DataLoader whose transform holds that ``ToTensor`` (the test loader that
   shares it too, made or not yet iterated) is passed through ``latecast.wrap`` with that
   loader's own mean and std: wrapping only the loader that was seen moving would hand the
-  others uint8 images their model cannot take.
+  others uint8 images their model cannot take. A loader whose images doctor cannot make
+  uint8 is not wrapped for its labels alone: a ``wrap`` without mean/std would leave the
+  images unnormalized once made uint8 by hand.
 - **batches made per call** (nanoGPT's ``get_batch``): the statement that moves them, and
   each statement beside it that moves the same tensors into the same names (the other
   branch of ``if device_type == 'cuda'``), becomes ``mover((x, y))``; the ``latecast.Mover``
-  is made once, before the top-level statement that holds them. ``wrap`` would read one
-  batch ahead and move the script's global-RNG draws; the Mover draws nothing.
+  is made once, before the top-level statement that holds them (a move that casts to int64,
+  ``x.to(d, torch.int64)``, too: the Mover hands integers out as int64). ``wrap`` would read
+  one batch ahead and move the script's global-RNG draws; the Mover draws nothing.
 
 Where the source is not of these shapes the advice stays in words, and says so.
 """
@@ -260,12 +263,17 @@ def _moves(value: ast.AST) -> tuple[list[str], ast.AST | None] | None:
     for e in elements:
         if not (isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute)):
             return None
-        kwargs = {k.arg: k.value for k in e.keywords}
-        if e.func.attr == "to" and len(e.args) + ("device" in kwargs) == 1:
+        kwargs, args = {k.arg: k.value for k in e.keywords}, list(e.args)
+        if e.func.attr == "to" and len(args) == 2:  # .to(device, dtype)
+            kwargs["dtype"] = args.pop()
+        cast = kwargs.pop("dtype", None)
+        if cast is not None and ast.unparse(cast) not in ("torch.int64", "torch.long"):
+            return None  # the Mover hands integers out as int64, as .to(d, torch.int64) does
+        if e.func.attr == "to" and len(args) + ("device" in kwargs) == 1:
             if set(kwargs) - {"device", "non_blocking"}:
                 return None
-            device = device or (e.args[0] if e.args else kwargs["device"])
-        elif e.func.attr != "cuda" or e.args:
+            device = device or (args[0] if args else kwargs["device"])
+        elif e.func.attr != "cuda" or args:
             return None
         tensor = e.func.value
         while isinstance(tensor, ast.Call) and _name(tensor.func) == "pin_memory":
@@ -320,6 +328,7 @@ class Advice:
         self.wrapped: dict[int, str] = {}  # a loader's index -> the name it is assigned to
         self.converted: dict[tuple, str | None] = {}  # a ToTensor's (file, line) -> why not
         self.users: dict[tuple, list[int]] = {}  # a ToTensor's (file, line) -> its loaders
+        self.floats: set[int] = set()  # loaders whose 8-bit images doctor cannot make uint8
 
     def edits(self) -> list[Edit]:
         return [e for path, src in self.sources.items() for e in src.edits(self.short(path))]
@@ -329,14 +338,17 @@ class Advice:
         try:
             if site.loaders:
                 why = self.through_wrap(site, row)
+            elif site.from_floats:  # the Mover would hand them out as the floats they were
+                why = "floats cast to integers in the move: make them integers before it"
             elif row["kind"] == "integers" and not site.dtype.is_floating_point:
                 why = mover(self.source(site.file), site.line, self.device(site))
             else:
-                why = "its tensors come from no DataLoader and hold no integers"
+                why = "its tensors come from no DataLoader and are not integers"
         except (OSError, SyntaxError, UnicodeDecodeError) as err:  # a source it cannot read
             why = f"its source cannot be read ({type(err).__name__})"
         if why is not None:
             row["change"] += f" (doctor cannot write this change for you: {why})"
+            self.floats |= site.loaders if row["kind"] == "8-bit image" else set()
         elif row["kind"] == "8-bit image":
             group = next(g for g in self.users.values() if set(g) & site.loaders)
             theirs = [self.loaders[i].dataset for i in group]
@@ -353,18 +365,15 @@ class Advice:
                 "torchvision.transforms.v2.ToImage() there instead)"
             )
         else:
-            through = "`latecast.wrap`" if site.loaders else "a `latecast.Mover` (made per call)"
-            row["change"] = (
-                f"{row['dtype']} in {row['range'][0]}..{row['range'][1]}: they cross as "
-                f"{row['could_cross']} through {through}, {row['dtype']} again on the device, "
-                f"{row['factor']:.0f}x (the edits below)"
-            )
+            row["change"] += " (the edits below)"
 
     def through_wrap(self, site, row: dict) -> str | None:
         if row["kind"] == "8-bit image":
             return next(filter(None, (self.convert(i, site) for i in sorted(site.loaders))), None)
         if row["kind"] != "integers" or site.dtype.is_floating_point:
             return "floats that hold integers: move them as integers, cast on the device"
+        if site.loaders & self.floats:  # wrap with no mean/std would not normalize them
+            return "its images must become uint8 in the same change (above)"
         kept = self.kept()
         for i in sorted(site.loaders - set(self.wrapped)):
             why = self.wrap(i, site, normalize=False)

@@ -444,7 +444,8 @@ def _main(argv: list[str] | None) -> int:
             raise
         # what the command had done before it failed (doctor's report of a failing script)
         done = getattr(err, "result", None) or {}
-        code, result = 1, {**done, "error": _one_line(_message(err)), "exit_code": 1}
+        code = getattr(err, "exit_code", 1)  # a doctored script's own
+        result = {**done, "error": _one_line(_message(err)), "exit_code": code}
         print(f"latecast: error: {result['error']}", file=sys.stderr)
     finally:
         warnings.formatwarning = shown

@@ -71,12 +71,13 @@ class DoctorConfig:
 
 
 class ScriptError(LatecastError):
-    """The doctored script raised or exited with a non-zero status: its own error, and
-    doctor's ``result`` (what it moved until then: ``--json`` prints it with the error)."""
+    """The doctored script raised or exited with a non-zero status: its own error, doctor's
+    ``result`` (what it moved until then: ``--json`` prints it with the error) and the exit
+    code the script has alone (1 for an exception, as python's)."""
 
     def __init__(self, message: str, result: dict) -> None:
         super().__init__(message)
-        self.result = result
+        self.result, self.exit_code = result, result["exit_status"]
 
 
 # -- what the values are -------------------------------------------------------------------
@@ -165,9 +166,17 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
     if kind == "integers" and factor > 1:
         if s.dtype.is_floating_point:
             return f"{now} holding only integers {lo}..{hi}: move them as {_name(then)}, {factor}x"
-        return (
-            f"{now} in {lo}..{hi}: they cross as {_name(then)} through `latecast.wrap` "
-            f"(int64 again on the device), {factor}x"
+        if s.loaders:
+            return (
+                f"{now} in {lo}..{hi}: they cross as {_name(then)} through `latecast.wrap`, "
+                f"{now} again on the device, {factor}x"
+            )
+        widen = ".long()" if s.dtype == torch.int64 else f".to(torch.{now})"
+        return (  # made per call: wrap's read-ahead would move the script's random draws
+            f"{now} in {lo}..{hi}, made per call: move them as {_name(then)} and widen them on "
+            f"the device, {factor}x: in plain PyTorch make them {_name(then)} on the host and "
+            f"move them with `x.to(device, non_blocking=True){widen}`; the latecast way, "
+            f"through a `latecast.Mover`, which does both"
         )
     if kind == "latecast":
         return f"{now} bytes of latecast's own copy: nothing to change"
@@ -299,9 +308,12 @@ def report(r: dict, cfg: DoctorConfig) -> str:
         lines += ["", "evaluation (moved with gradients off):"]
         lines += _table([head, *_rows(r["evaluation"], "batch")])
     changes = [s for s in r["sites"] + r["evaluation"] if s["factor"] > 1]
-    if r["sites"] or r["evaluation"]:
+    if r["error"] and not r["steps"]:  # no verdict on a training step that never ran
+        lines += ["", f"no optimizer step ran: the script {r['error']} before its first step"]
+        lines += ["what it moved until then could cross narrower:"] if changes else []
+    elif r["sites"] or r["evaluation"]:
         lines += ["", "what to change:" if changes else "nothing to change: " + _nothing(r)]
-        lines += [f"- {s['site']} {s['dtype']} {tuple(s['shape'])}: {s['change']}" for s in changes]
+    lines += [f"- {s['site']} {s['dtype']} {tuple(s['shape'])}: {s['change']}" for s in changes]
     if r["edits"]:
         lines += ["", "the edits, to apply as written (--json lists them too):"]
         lines += [x for e in r["edits"] for x in Edit(**e).shown()]

@@ -54,6 +54,7 @@ class Site:
     latecast: bool = False  # latecast's own copy (the script already moves through it)
     evaluation: bool = False  # moved with gradients off (torch.no_grad, inference_mode)
     loaders: set = field(default_factory=set)  # indices of the DataLoaders whose batches it moved
+    from_floats: bool = False  # floats cast to integers in the move (`.to(d, torch.int64)`)
     file: str = ""  # the script's file (absolute) and line: where the advice edits
     line: int = 0
 
@@ -96,7 +97,11 @@ class Observer(TorchFunctionMode):
     """Records every host->device move made under it, per site (doctor.py's docstring).
     torch's own moves (``_torchs_own``) are not the script's; a move inside latecast is
     latecast's own copy, and what latecast hands out is on the device already (on a CPU,
-    the script's ``.to(device)`` of it moves nothing on a GPU either)."""
+    the script's ``.to(device)`` of it moves nothing on a GPU either). So is what a move
+    at another site handed out (a batch accelerate's loader moved, moved again by the
+    script): on a CPU ``.to("cpu")`` hands back its own tensor, so one host tensor moved
+    at two sites counts once; moved again at its own site (a host constant each step), it
+    counts each time, as it crosses each time on a GPU."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -104,6 +109,7 @@ class Observer(TorchFunctionMode):
         self.steps = 0
         self.start = Path.cwd()  # sites are named relative to it
         self.latecasts = Marks()  # tensors latecast made
+        self.arrived = Marks()  # what a recorded move handed out -> its site's file:line
         self.loaders: list[LoaderSeen] = []  # every DataLoader the script made
         self.loader_of = Marks()  # a DataLoader -> its index in loaders
         self.batches = Marks()  # tensors a DataLoader handed out -> its index in loaders
@@ -124,11 +130,17 @@ class Observer(TorchFunctionMode):
         if moved is not None and (ours or not self.latecasts.get(moved[0])):
             # with gradients off: evaluation (Module.to moves its parameters so too)
             evaluation = not torch.is_grad_enabled() and not caller.startswith("torch.nn.")
-            self._record(*moved, latecast=ours, evaluation=evaluation)
+            self._record(*moved, out, latecast=ours, evaluation=evaluation)
         return out
 
     def _record(
-        self, t: torch.Tensor, dtype: torch.dtype, target: str, latecast: bool, evaluation: bool
+        self,
+        t: torch.Tensor,
+        dtype: torch.dtype,
+        target: str,
+        out: torch.Tensor,
+        latecast: bool,
+        evaluation: bool,
     ) -> None:
         axis = 1 if t.dim() == 4 and t.shape[1] in CHANNELS else None
         axis = 3 if t.dim() == 4 and axis is None and t.shape[3] in CHANNELS else axis
@@ -138,6 +150,10 @@ class Observer(TorchFunctionMode):
             (frame.f_code.co_filename, frame.f_lineno, frame.f_lasti) if frame else ("?", 0, 0)
         )
         where = f"{short_path(file, self.start)}:{line}"
+        if not latecast:  # (latecast's pinned buffers cross at each site they are read at)
+            if self.arrived.get(t) not in (None, where):  # on the device already: no crossing
+                return
+            self.arrived.add(out, where)
         key = (where, at, dtype, t.dim(), axis and t.shape[axis], latecast, evaluation)
         s = self.sites.get(key) or Site(where, dtype, tuple(t.shape), axis)
         s.latecast, s.evaluation, s.file, s.line = latecast, evaluation, file, line
@@ -148,6 +164,7 @@ class Observer(TorchFunctionMode):
         s.nbytes += t.numel() * dtype.itemsize
         s.targets.add(target)
         s.pinned |= t.device.type == "cpu" and t.is_pinned()
+        s.from_floats |= t.dtype.is_floating_point and not dtype.is_floating_point
         if len(s.samples) < TENSORS and t.numel():
             s.samples.append(_sample(t, dtype, axis))
 
@@ -339,17 +356,20 @@ def script_frame(frame):
 def _loader(loader, frame, made: Marks) -> LoaderSeen:
     """What doctor keeps of a DataLoader the script made at ``frame``: its dataset's
     transform's parts and the lines they were made at, read from instance dictionaries only
-    (no property of the script's runs), through Subset and ConcatDataset."""
+    (no property of the script's runs), through Subset and ConcatDataset. A joint transform
+    of (image, target) pairs (``transforms=``, a segmentation preset of the script's own)
+    is read through the first of its attributes that is a ``Compose``."""
     todo, transform, holder = [vars(loader).get("dataset")], None, None
     for _ in range(8):
         if not todo or transform is not None:
             break
         holder = todo.pop(0)
         d = getattr(holder, "__dict__", {})
-        transform = d.get("transform")
+        transform = next((d[k] for k in ("transform", "transforms") if d.get(k) is not None), None)
         todo += [d["dataset"]] if "dataset" in d else list(d.get("datasets", ()))[:8]
-    parts = getattr(transform, "__dict__", {}).get("transforms", [transform])
-    parts = [p for p in parts if p is not None] if isinstance(parts, list) else [transform]
+    held = [transform, *getattr(transform, "__dict__", {}).values()]
+    parts = next((_parts(t) for t in held if isinstance(_parts(t), list)), [transform])
+    parts = [p for p in parts if p is not None]
     normalize = next((p for p in parts if type(p).__name__ == "Normalize"), None)
     stats = normalize and tuple(tuple(float(x) for x in v) for v in (normalize.mean, normalize.std))
     return LoaderSeen(
@@ -361,6 +381,11 @@ def _loader(loader, frame, made: Marks) -> LoaderSeen:
         int(vars(loader).get("num_workers", 0)),
         f"{type(holder).__module__}.{type(holder).__name__}",
     )
+
+
+def _parts(transform) -> list | None:
+    """A ``Compose``'s list of transforms (its instance's own), else None."""
+    return getattr(transform, "__dict__", {}).get("transforms")
 
 
 def _tensors(batch) -> list[torch.Tensor]:
