@@ -570,7 +570,7 @@ def test_the_lightning_mixin_counts_the_bytes_lightning_moved(tmp_path):
         net, DataLoader(data, batch_size=BATCH, shuffle=True)
     )
     s = net.latecast_stats
-    assert (s.image_bytes, s.label_bytes, s.batches, s.copies) == (2 * N * 90, 2 * N, 16, 32)
+    assert (s.image_bytes, s.label_bytes, s.batches, s.copies) == (2 * N * 90, 2 * N, 16, 16)
     assert s.usual_bytes == s.h2d_bytes and net.error <= 1e-6
 
 

@@ -22,7 +22,7 @@ import torch
 
 from ..errors import ConfigError
 from ..fields import AsIs, split
-from ..transfer import TransferStats
+from ..transfer import Ring, Sent, TransferStats, pack, unpack
 from ..wrapper import Fields
 
 
@@ -56,36 +56,56 @@ class PrepareOnDevice:
         ``layout``, ``fields``, ``seed``, ``erase``, ``mix``) as for ``latecast.wrap``: the
         fields of ``Fields``; augment, erase and mix in training only."""
         train = Fields.of(options)  # and, by self.training, for evaluation:
-        test = replace(train, augment=None, erase=None, mix=None)
-        train.moved = test.moved = True  # Lightning moved the batches
-        self._latecast = {True: train, False: test}
-        self._latecast_stats = TransferStats()
+        self._latecast = {True: train, False: replace(train, augment=None, erase=None, mix=None)}
+        self._latecast_moved = {k: replace(f) for k, f in self._latecast.items()}
+        for f in self._latecast_moved.values():
+            f.moved = True  # batches another transfer_batch_to_device moved
+        self._latecast_stats, self._latecast_ring = TransferStats(), None
 
     @property
     def latecast_stats(self) -> TransferStats:
-        """The bytes of the batches prepared (training and validation), as they crossed: one
-        copy per tensor, as Lightning moves them; ``usual_bytes`` equal, nothing narrowed."""
+        """The bytes of the batches prepared (training and evaluation), as they crossed: one
+        packed copy per batch, integers narrow, as ``wrap.stats`` counts them."""
         return replace(self._latecast_stats)
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
+        """The batch packed (``transfer.pack``: one pinned buffer, integers narrow) and its one
+        copy started; ``on_after_batch_transfer`` finishes it."""
+        if not hasattr(self, "_latecast"):
+            self.prepare_on_device()
+        fields = self._latecast[self.training]
+        if self._latecast_ring is None or self._latecast_ring.device != device:
+            self._latecast_ring = Ring(2, device)
+        leaves, rebuild = split(batch)
+        values, plans = fields.plan(leaves)
+        sent = pack(self._latecast_ring, fields.narrow(plans, values), values, self._latecast_stats)
+        sent.extra = (leaves, rebuild)
+        return sent
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         batch = super().on_after_batch_transfer(batch, dataloader_idx)
         if not hasattr(self, "_latecast"):
             self.prepare_on_device()
-        fields = self._latecast[self.training]
         trainer = self.trainer
         step = trainer.fit_loop.epoch_loop.batch_idx + 1  # Lightning counts it up after this hook
         where = (trainer.current_epoch, trainer.global_rank, step)
-        leaves, rebuild = split(batch)
-        values, plans = fields.plan(leaves)
-        tensors = [v if isinstance(v, torch.Tensor) else None for v in values]
-        self._latecast_stats.count(plans, copies=sum(t is not None for t in tensors))
         self._latecast_stats.batches += 1
-        plans = [None if isinstance(f, AsIs) else f for f in plans]  # as they came
-        device = next((t.device for t in tensors if t is not None), None)
-        views = [  # the fields' bytes as wrap's unpack hands them over, viewed alike
-            f and f.view(t.to(f.dtype).contiguous().view(-1).view(torch.uint8), device)
-            for t, f in zip(tensors, plans)
-        ]
+        if isinstance(batch, Sent):  # packed by transfer_batch_to_device above
+            ring, (leaves, rebuild) = self._latecast_ring, batch.extra
+            fields, plans = self._latecast[self.training], batch.plans
+            views, device = unpack(ring, batch, keep=True), ring.device
+        else:  # moved by a transfer_batch_to_device of your own: finished as it came
+            fields = self._latecast_moved[self.training]
+            leaves, rebuild = split(batch)
+            values, plans = fields.plan(leaves)
+            tensors = [v if isinstance(v, torch.Tensor) else None for v in values]
+            self._latecast_stats.count(plans, copies=sum(t is not None for t in tensors))
+            plans = [None if isinstance(f, AsIs) else f for f in plans]  # as they came
+            device = next((t.device for t in tensors if t is not None), None)
+            views = [  # the fields' bytes viewed as unpack views them
+                f and f.view(t.to(f.dtype).contiguous().view(-1).view(torch.uint8), device)
+                for t, f in zip(tensors, plans)
+            ]
         done = fields.finish(plans, views, where, device)
         values = [value if d is None else d for (_, value), d in zip(leaves, done)]
         return rebuild(fields.mixed(plans, values))

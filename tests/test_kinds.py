@@ -1,0 +1,63 @@
+"""A kind of field is one class with a small interface (``latecast.fields.Field``): a toy kind
+defined in this file alone crosses and finishes through every path that packs a batch."""
+
+from __future__ import annotations
+
+import torch
+
+import latecast
+from latecast.fields import Field, Image, Taken
+from latecast.transfer import Ring, TransferStats, pack, unpack
+
+CPU = torch.device("cpu")
+
+
+class Doubled(Field):
+    """Integers that cross as int8 (one byte each) and come out doubled, as int64."""
+
+    @classmethod
+    def plan(cls, name, t, options):
+        return cls(name, torch.int8, tuple(t.shape), t.dtype)
+
+    def view(self, raw, device):
+        return raw.view(torch.int8).view(self.shape).long()
+
+    def finish(self, x):
+        return x * 2
+
+
+def batch() -> dict:
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (4, 6, 6, 3), dtype=torch.uint8, generator=g)
+    return {"image": images, "x": torch.tensor([[1, -2], [3, 127], [-128, 0], [5, 6]])}
+
+
+def test_a_kind_of_ones_own_crosses_narrow_and_finishes_through_wrap_and_mover():
+    b = batch()
+    for moved in (
+        next(iter(latecast.wrap([b], device="cpu", fields={"x": Doubled}))),
+        latecast.Mover(device="cpu", fields={"x": Doubled})(b),
+    ):
+        assert moved["x"].dtype == torch.int64 and torch.equal(moved["x"], b["x"] * 2)
+        want = b["image"].permute(0, 3, 1, 2).float() / 255  # ToTensor()
+        torch.testing.assert_close(moved["image"], want, atol=1e-6, rtol=0)
+    w = latecast.wrap([b], device="cpu", fields={"x": Doubled})
+    list(w)
+    s = w.stats
+    assert (s.other_bytes, s.image_bytes, s.copies) == (8, 4 * 6 * 6 * 3, 1)  # x: 8 bytes
+    assert s.usual_bytes == 8 * 8 + 4 * 6 * 6 * 3  # as it arrived: int64
+
+
+def test_the_loaders_packer_takes_the_same_kind():
+    """The Loader's movers hand their host batch (``Taken`` rows of its arrays) to ``pack``,
+    the packer ``wrap`` uses: the toy kind rides beside its images in one copy."""
+    b = batch()
+    ring, stats = Ring(2, CPU), TransferStats()
+    images = b["image"].numpy()
+    plans = [Image(0, torch.uint8, (2, 6, 6, 3)), Doubled.plan("x", b["x"], None)]
+    rows = torch.tensor([3, 1])
+    s = pack(ring, plans, [Taken(images, rows.numpy()), b["x"]], stats)
+    got_images, got_x = unpack(ring, s)
+    assert torch.equal(got_images, b["image"][rows])
+    assert torch.equal(plans[1].finish(got_x), b["x"] * 2)
+    assert (stats.image_bytes, stats.other_bytes, stats.copies) == (2 * 6 * 6 * 3, 8, 1)
