@@ -29,6 +29,7 @@ import queue
 import threading
 import warnings
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -43,6 +44,7 @@ STAT_FILES = 512  # train samples the training size and mean/std are measured on
 STAT_CHUNK = 64  # of them decoded at a time (all 512 at once held 1.7 GB of int64 pixels)
 BUFFER = 1024  # samples shuffled together: at most this many JPEG files held per rank
 AHEAD = 2  # batches read ahead of the steps, by a thread (network reads overlap the step)
+PROBES = 16  # shards whose size is asked at once before the first step (HEADs over HTTP)
 _stats: dict = {}  # digest of the train shards -> (size, mean, std): measured once
 
 
@@ -266,10 +268,13 @@ def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> ShardS
     if not train or not len(shards[-1]):
         empty = "the train shards" if not train else f"the test shard {shards[-1].url}"
         raise FormatError(f"{spec}: {empty} hold no samples")
-    size, mean, std = _measured(train, spec)
+    classes = int(max(s.labels.max() for s in train)) + 1
+    _check_test_labels(shards[-1], classes)
     part = train if split == "train" else shards[-1:]
+    with ThreadPoolExecutor(PROBES) as pool:  # a shard gone is said now, not hours in
+        list(pool.map(Shard.probe, part))
+    size, mean, std = _measured(train, spec)
     labels = np.concatenate([s.labels for s in part])
-    classes = int(max(s.labels.max() for s in shards if len(s))) + 1
     channels = 1 if all(s.channels == 1 for s in train) else 3
     return ShardStream(
         name=spec, split=split, labels=labels.astype(np.uint8 if classes <= 256 else np.uint16),
@@ -277,6 +282,17 @@ def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> ShardS
         channels=channels, file_bytes=sum(s.size for s in part), digest=_digest(part),
         shards=tuple(part), buffer=buffer,
     )  # fmt: skip
+
+
+def _check_test_labels(test: Shard, classes: int) -> None:
+    """Refuse a test label the train shards do not hold (the model has ``classes`` outputs)."""
+    outside = np.flatnonzero(test.labels >= classes)
+    if len(outside):
+        k = int(outside[0])
+        raise FormatError(
+            f"{test.url}: test sample {test.keys[k]!r} has label {test.labels[k]}, outside the "
+            f"train shards' classes 0..{classes - 1} ({len(outside)} such test samples)"
+        )
 
 
 def _digest(shards: list[Shard]) -> str:
@@ -325,8 +341,9 @@ def verify(ds: ShardStream) -> str:
         for k, jpg, _, _ in shard.read(np.arange(len(shard))):
             if why := jpeg_problem(jpg):
                 raise FormatError(f"{shard.url}: sample {shard.keys[k]!r}: {why}")
+    crc = " and CRC-32" if all(s.crc32 is not None for s in ds.shards) else ""
     return (
         f"{len(ds.shards)} shard(s) of {len(ds)} samples read whole against the index: each "
-        f"shard's length and SHA-256, each sample's key, byte offset and label, each JPEG's "
+        f"shard's length and SHA-256, each sample's key, byte offset, label{crc}, each JPEG's "
         f"markers and frame header"
     )
