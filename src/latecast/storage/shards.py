@@ -7,16 +7,20 @@ into samples by WebDataset's key rule: the path up to the first dot of the file 
 ends early without a word: a shard that ends inside a header or a member, or before its tar
 end-of-archive blocks, or before the length its source announced (Content-Length, the file
 size, the index), is a ``FormatError`` naming the shard and the byte. A read that fails on
-the way (a dropped connection, a server gone, a timeout) is retried from the byte it reached,
-``len(RETRY_WAITS)`` times with backoff, said once in a warning; then it is an error.
+the way (a dropped connection, a server gone, a timeout, a 503), and asking a shard's size,
+is retried (``Retry``: from the byte it reached), ``len(RETRY_WAITS)`` times with backoff,
+said once in a warning; then it is an error.
 
-The index (``latecast index SPEC``: ``index.json`` beside the shards, in wids' shard-index
-layout, ``__kind__`` and a ``shardlist`` of ``url``, ``nsamples``, ``filesize``) adds per shard
-its SHA-256, the channels of its JPEG files and per sample its key, label (``.cls``) and the
-byte offset of its first tar header, so a reader can start at any sample. Training, ``info``
-and resume trust it: a shard of another length than its index says is refused when opened,
-a sample whose key or label differs from it when read, and a shard read whole whose SHA-256
-differs, at its end.
+The index (``latecast index SPEC``, or ``train`` on shards without one: ``index.json`` beside
+the shards, else in the cache; in wids' shard-index layout, ``__kind__`` and a ``shardlist``
+of ``url``, ``nsamples``, ``filesize``) adds per shard its SHA-256, the channels of its JPEG
+files and per sample its key, label (``.cls``), CRC-32 (``checksum``: its members' names and
+bytes) and the byte offset of its first tar header, so a reader can start at any sample.
+Indexing refuses a key written twice and a JPEG over ``MAX_PIXELS``. Training, ``info`` and
+resume trust it: a shard of another length than its index says is refused when opened
+(every shard before the first step), a sample whose key, offset, label or CRC-32 differs
+from it when read (whatever part of the shard is read: a rank's, a resume's), and a shard
+read whole whose SHA-256 differs, at its end. An older index without CRC-32s is said once.
 """
 
 from __future__ import annotations
@@ -167,7 +171,9 @@ class Source:
         # it would report as a missing file
         # elsewhere (s3fs, gcsfs) 8 MiB a request: s3fs's default block is 50 MiB
         sized = {"block_size": 0, "size": self.size} if http else {"block_size": 8 * CHUNK}
-        self.f = f = self.fs.open(self.path, "rb", **sized)  # close() ends it if a skip fails
+        # kept at once: a skip that fails below leaves it to close() (else its response is
+        # never released, and aiohttp says "Unclosed connection" as the process exits)
+        self.f = f = self.fs.open(self.path, "rb", **sized)
         if http:
             for left in range(self.pos, 0, -CHUNK):
                 if not f.read(min(left, CHUNK)):
@@ -198,16 +204,12 @@ class Source:
         return data
 
     def close(self) -> None:
-        f, self.f = self.f, None
-        try:
-            if hasattr(f, "r"):  # fsspec's HTTP stream: its close() only schedules the release
-                from fsspec.asyn import sync
-
-                sync(f.loop, f._close)  # released now: else aiohttp says "Unclosed connection"
-            if f is not None:
-                f.close()
-        except Exception:  # a connection already gone: nothing left to close
-            pass
+        if self.f is not None:
+            try:
+                self.f.close()
+            except Exception:  # a connection already gone: nothing left to close
+                pass
+            self.f = None
 
 
 class Tar:

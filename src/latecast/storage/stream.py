@@ -1,6 +1,7 @@
 """A split of WebDataset shards, streamed: ``latecast train 'http://host/shard-{000..009}.tar'``
-(or ``s3://...``, ``path/shard-*.tar``) once ``latecast index`` has indexed them. The last
-shard is the test split, the others the train split.
+(or ``s3://...``, ``path/shard-*.tar``), indexed first if ``latecast index`` has not. The last
+shard is the test split, the others the train split (its labels among the train classes);
+every shard's size is checked against the index before the first step.
 
 Memory is bounded: samples are read shard by shard, and a process holds at most ``buffer``
 JPEG files of the epoch at a time (the shuffle buffer), never the split.
@@ -247,8 +248,10 @@ class ShardStream(StreamedDataset):
 
 
 def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> ShardStream:
-    """The ``split`` of the indexed shards named by ``spec``, streamed: ``train`` (every shard
-    but the last) or ``test`` (the last). Empty shards are skipped, each said once.
+    """The ``split`` of the shards named by ``spec``, streamed: ``train`` (every shard but the
+    last) or ``test`` (the last). Empty shards are skipped, each said once. Refused in one
+    line: a shard of the split gone or of another size than the index says, a test label
+    outside the train classes.
 
     Example:
         >>> train = open_shards("http://host/shards/shard-{000..009}.tar")
