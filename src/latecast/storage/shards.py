@@ -485,7 +485,9 @@ def index_path(urls: list[str], spec: str) -> str:
     return posixpath.join(folders.pop(), INDEX)
 
 
-def write_index(spec: str, output: str | None = None, progress: bool = False):
+def write_index(
+    spec: str, output: str | None = None, progress: bool = False
+) -> tuple[str, list[dict]]:
     """Index the shards of ``spec`` (each read whole): ``index.json`` beside them (or at
     ``output``), written atomically; entries of other shards already in it are kept. Returns
     where it went and the entries of ``spec``'s shards; ``progress``: a tqdm bar over the
