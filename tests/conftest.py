@@ -1,12 +1,15 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import http.server
 import io
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,3 +111,28 @@ def run_cli():
         return CliRun(rc, json.loads(last) if last.startswith("{") else None, out, err)
 
     return run
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A real HTTP server on 127.0.0.1 for ``tmp_path / "shards"``: its base URL."""
+    folder = tmp_path / "shards"
+    folder.mkdir()
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield folder, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture
+def quick_retries(monkeypatch):
+    """The reader's retry waits cut to 10 ms (a failed read still gives up after 4 retries)."""
+    from latecast.storage import shards
+
+    monkeypatch.setattr(shards, "RETRY_WAITS", (0.01,) * 4)

@@ -27,6 +27,7 @@ import numpy as np
 from ..data import Dataset, EncodedDataset, check_labels, from_arrays
 from ..errors import ConfigError, FormatError, LatecastError, refuse
 from .download import download, extract_tar
+from .fileio import cache_dir
 from .idxfile import check_role, read_idx
 from .shards import is_shards
 from .store import IMAGES, LABELS, META, open_store, read_meta, write_store
@@ -206,7 +207,7 @@ def _sources(name: str, spec: Spec, split: str, root, mirrors) -> list[Path]:
         return _find(name, spec, split, Path(root).expanduser())
     if spec.bundled:
         return [BUNDLED / f"{f}.gz" for f in spec.files[split]]
-    home = _cache_dir() / "downloads" / name
+    home = cache_dir() / "downloads" / name
     try:
         return _find(name, spec, split, home)
     except FormatError:
@@ -248,7 +249,7 @@ def _cached(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
         for p, st in ((p, p.stat()) for p in sources)
     )
     key = hashlib.sha256(json.dumps([str(p.resolve()) for p in sources]).encode()).hexdigest()[:12]
-    folder = _cache_dir() / "decoded" / f"{name}-{split}-{key}"
+    folder = cache_dir() / "decoded" / f"{name}-{split}-{key}"
     with contextlib.suppress(FormatError):
         if read_meta(folder).get("source") == identity:
             return open_store(folder)
@@ -265,12 +266,6 @@ def _cached(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
             f"cannot write the dataset cache {folder}: {e}; it will be decoded again", stacklevel=3
         )
         return ds
-
-
-def _cache_dir() -> Path:
-    return Path(
-        os.environ.get("LATECAST_CACHE") or Path.home() / ".cache" / "latecast"
-    ).expanduser()
 
 
 def _decode(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:

@@ -137,3 +137,9 @@ def _publish(tmp: Path, out: Path) -> None:
         raise
     _fsync(out.parent)  # make the renames themselves durable
     shutil.rmtree(old, ignore_errors=True)
+
+
+def cache_dir() -> Path:
+    """latecast's cache folder: ``$LATECAST_CACHE``, default ``~/.cache/latecast``."""
+    folder = os.environ.get("LATECAST_CACHE") or Path.home() / ".cache" / "latecast"
+    return Path(folder).expanduser()

@@ -7,16 +7,20 @@ into samples by WebDataset's key rule: the path up to the first dot of the file 
 ends early without a word: a shard that ends inside a header or a member, or before its tar
 end-of-archive blocks, or before the length its source announced (Content-Length, the file
 size, the index), is a ``FormatError`` naming the shard and the byte. A read that fails on
-the way (a dropped connection, a server gone, a timeout) is retried from the byte it reached,
-``len(RETRY_WAITS)`` times with backoff, said once in a warning; then it is an error.
+the way (a dropped connection, a server gone, a timeout, a 503), and asking a shard's size,
+is retried (``Retry``: from the byte it reached), ``len(RETRY_WAITS)`` times with backoff,
+said once in a warning; then it is an error.
 
-The index (``latecast index SPEC``: ``index.json`` beside the shards, in wids' shard-index
-layout, ``__kind__`` and a ``shardlist`` of ``url``, ``nsamples``, ``filesize``) adds per shard
-its SHA-256, the channels of its JPEG files and per sample its key, label (``.cls``) and the
-byte offset of its first tar header, so a reader can start at any sample. Training, ``info``
-and resume trust it: a shard of another length than its index says is refused when opened,
-a sample whose key or label differs from it when read, and a shard read whole whose SHA-256
-differs, at its end.
+The index (``latecast index SPEC``, or ``train`` on shards without one: ``index.json`` beside
+the shards, else in the cache; in wids' shard-index layout, ``__kind__`` and a ``shardlist``
+of ``url``, ``nsamples``, ``filesize``) adds per shard its SHA-256, the channels of its JPEG
+files and per sample its key, label (``.cls``), CRC-32 (``checksum``: its members' names and
+bytes) and the byte offset of its first tar header, so a reader can start at any sample.
+Indexing refuses a key written twice and a JPEG over ``MAX_PIXELS``. Training, ``info`` and
+resume trust it: a shard of another length than its index says is refused when opened
+(every shard before the first step), a sample whose key, offset, label or CRC-32 differs
+from it when read (whatever part of the shard is read: a rank's, a resume's), and a shard
+read whole whose SHA-256 differs, at its end. An older index without CRC-32s is said once.
 """
 
 from __future__ import annotations
@@ -24,20 +28,23 @@ from __future__ import annotations
 import asyncio
 import glob
 import hashlib
+import itertools
 import json
+import os
 import posixpath
 import re
 import time
 import warnings
 import zlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import numpy as np
 
 from ..errors import ConfigError, FormatError
 from ..jpegheader import jpeg_header
-from .fileio import atomic_write
+from .convert import MAX_PIXELS
+from .fileio import atomic_write, cache_dir
 
 INDEX, KIND, VERSION = "index.json", "wids-shard-index-v1", 1
 RETRY_WAITS = (0.5, 1.0, 2.0, 4.0)  # seconds before each retry of a failed read: 7.5 s in all
@@ -46,6 +53,8 @@ _BRACES = re.compile(r"\{(\d+)\.\.(\d+)\}")
 _KEY = re.compile(r"^((?:.*/|)[^./][^.]*)\.([^/]*)$")  # WebDataset's: key, then extension
 _REMOTE = ("http://", "https://", "s3://", "gs://", "gcs://")
 _ZERO = bytes(512)
+T = TypeVar("T")
+_older: set[str] = set()  # indexes without per-sample CRC-32s, said once
 
 
 def is_shards(name: str) -> bool:
@@ -98,18 +107,51 @@ def _transient(err: BaseException) -> bool:
     return library in ("aiohttp", "botocore", "aiobotocore") and getattr(err, "status", 500) >= 500
 
 
+class Retry:
+    """Runs steps on one shard's source, each retried ``len(RETRY_WAITS)`` times with backoff
+    while it fails the network's way (``_transient``), said once (a warning) for the source;
+    then, or on any other failure, one ``FormatError`` naming the shard."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.said = url, False
+
+    def __call__(self, step: Callable[[], T], what: Callable[[], str], undo=None) -> T:
+        """``step()``; ``what()`` says where it failed ("read failed at byte 1,024"); ``undo()``
+        runs after each failure (closing what the step left half open)."""
+        for attempt in itertools.count():
+            try:
+                return step()
+            except Exception as err:
+                if undo is not None:
+                    undo()
+                # fsspec's HTTP reports a failed HEAD and GET as a missing file: the answer inside
+                cause = err.__cause__ if isinstance(err, FileNotFoundError) else None
+                cause = cause or err
+                if isinstance(cause, FileNotFoundError) or getattr(cause, "status", 0) == 404:
+                    raise FormatError(f"{self.url}: no such shard") from None
+                said = (str(cause).strip().splitlines() or [""])[0][:200]
+                why = f"{type(cause).__name__}: {said}"
+                if not _transient(cause):
+                    raise FormatError(f"{self.url}: cannot read it ({why})") from None
+                if attempt == len(RETRY_WAITS):
+                    raise FormatError(
+                        f"{self.url}: {what()} ({why}), also after {len(RETRY_WAITS)} retries"
+                    ) from None
+                if not self.said:
+                    warnings.warn(
+                        f"{self.url}: {what()} ({why}); retrying from there (up to "
+                        f"{len(RETRY_WAITS)} times)",
+                        stacklevel=3,
+                    )
+                    self.said = True
+                time.sleep(RETRY_WAITS[attempt])
+
+
 def shard_size(url: str) -> int | None:
-    """The shard's length as its source announces it (None: unknown); a shard that is not
-    there, or a server that does not answer, is one line naming it."""
+    """The shard's length as its source announces it (None: unknown), asked as reads are
+    (retried, ``Retry``); a shard that is not there is one line naming it."""
     fs, path = filesystem(url)
-    try:
-        return fs.size(path)
-    except (FileNotFoundError, PermissionError) as err:  # fsspec's HTTP: a failed HEAD too
-        cause = err.__cause__ or err
-        why = (str(cause).strip().splitlines() or [""])[0][:200]
-        gone = err.__cause__ is None and isinstance(err, FileNotFoundError)
-        what = "no such shard" if gone else f"cannot open it ({why})"
-        raise ConfigError(f"{url}: {what}") from None
+    return Retry(url)(lambda: fs.size(path), lambda: "asking its size failed")
 
 
 class Source:
@@ -119,7 +161,7 @@ class Source:
     before ``start`` dropped (fsspec's HTTP stream cannot seek)."""
 
     def __init__(self, url: str, size: int | None, start: int = 0) -> None:
-        self.url, self.size, self.pos, self.f, self.said = url, size, start, None, False
+        self.url, self.size, self.pos, self.f, self.retry = url, size, start, None, Retry(url)
         self.fs, self.path = filesystem(url)
         self.hash = hashlib.sha256() if start == 0 else None
 
@@ -129,14 +171,15 @@ class Source:
         # it would report as a missing file
         # elsewhere (s3fs, gcsfs) 8 MiB a request: s3fs's default block is 50 MiB
         sized = {"block_size": 0, "size": self.size} if http else {"block_size": 8 * CHUNK}
-        f = self.fs.open(self.path, "rb", **sized)
+        # kept at once: a skip that fails below leaves it to close() (else its response is
+        # never released, and aiohttp says "Unclosed connection" as the process exits)
+        self.f = f = self.fs.open(self.path, "rb", **sized)
         if http:
             for left in range(self.pos, 0, -CHUNK):
                 if not f.read(min(left, CHUNK)):
                     raise EOFError(f"it ended before byte {self.pos:,}")
         elif self.pos:
             f.seek(self.pos)
-        self.f = f
 
     def read(self, n: int = CHUNK) -> bytes:
         """Up to ``n`` bytes; ``b""`` only at the end (``size`` reached, or the source's end
@@ -145,35 +188,19 @@ class Source:
             n = min(n, self.size - self.pos)
             if n <= 0:
                 return b""
-        for attempt in range(len(RETRY_WAITS) + 1):
-            try:
-                if self.f is None:
-                    self._open()
-                data = self.f.read(n)
-                if not data and self.size is not None:
-                    raise EOFError(f"it ended at byte {self.pos:,} of {self.size:,}")
-                break
-            except Exception as err:
-                self.close()
-                why = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:200]}"
-                if not _transient(err):
-                    raise FormatError(f"{self.url}: cannot read it ({why})") from None
-                if attempt == len(RETRY_WAITS):
-                    raise FormatError(
-                        f"{self.url}: read failed at byte {self.pos:,} ({why}), also after "
-                        f"{len(RETRY_WAITS)} retries"
-                    ) from None
-                if not self.said:
-                    warnings.warn(
-                        f"{self.url}: read failed at byte {self.pos:,} ({why}); retrying "
-                        f"from there (up to {len(RETRY_WAITS)} times)",
-                        stacklevel=2,
-                    )
-                    self.said = True
-                time.sleep(RETRY_WAITS[attempt])
+        data = self.retry(lambda: self._read(n), lambda: f"read failed at byte {self.pos:,}",
+                          self.close)  # fmt: skip
         self.pos += len(data)
         if self.hash is not None:
             self.hash.update(data)
+        return data
+
+    def _read(self, n: int) -> bytes:
+        if self.f is None:
+            self._open()
+        data = self.f.read(n)
+        if not data and self.size is not None:
+            raise EOFError(f"it ended at byte {self.pos:,} of {self.size:,}")
         return data
 
     def close(self) -> None:
@@ -288,9 +315,20 @@ def samples(tar: Tar) -> Iterator[tuple[int, str, dict[str, bytes]]]:
             if key is not None:
                 yield offset, key, fields
             offset, key, fields = at, found[1], {}
-        fields[found[2].lower()] = data
+        ext = found[2].lower()
+        if ext in fields:  # WebDataset: "duplicate file name"
+            raise FormatError(f"{tar.src.url}: sample {key!r}: {name} twice (written twice?)")
+        fields[ext] = data
     if key is not None:
         yield offset, key, fields
+
+
+def checksum(fields: dict[str, bytes]) -> int:
+    """A sample's CRC-32: over each member's extension and bytes, in the tar's order."""
+    crc = 0
+    for ext, data in fields.items():
+        crc = zlib.crc32(data, zlib.crc32(ext.encode(), crc))
+    return crc
 
 
 def jpeg_and_label(url: str, key: str, fields: dict[str, bytes]):
@@ -307,6 +345,11 @@ def jpeg_and_label(url: str, key: str, fields: dict[str, bytes]):
     if head is None or not 0 <= label < 2**16:
         what = "its .jpg is not a JPEG file" if head is None else f"label {label} (0..65535)"
         raise FormatError(f"{url}: sample {key!r}: {what}")
+    if head[0] * head[1] > MAX_PIXELS:  # refused from the header: decoding would allocate it
+        raise FormatError(
+            f"{url}: sample {key!r}: {head[1]}x{head[0]} image is larger than the "
+            f"{MAX_PIXELS:,} pixels allowed"
+        )
     return jpg, label, head
 
 
@@ -325,19 +368,25 @@ class Shard:
     offsets: np.ndarray  # (n,) int64: each sample's first tar header
     labels: np.ndarray  # (n,) int64
     gzip: bool = False  # a .tar.gz: read from its start, offsets count unpacked bytes
+    crc32: np.ndarray | None = None  # (n,) each sample's ``checksum``; None: an older index
 
     def __len__(self) -> int:
         return len(self.keys)
 
-    def read(self, wanted: np.ndarray) -> Iterator[tuple[int, bytes, int, tuple]]:
-        """``(sample, jpeg, label, header)`` of the samples ``wanted`` (sorted), checked
-        against the index as they come; a shard read whole is checked by its SHA-256 too."""
+    def probe(self) -> None:
+        """Refuse a shard gone, or of another length than the index says."""
         size = shard_size(self.url)
         if size is not None and size != self.size:
             raise FormatError(
                 f"{self.url}: {size:,} bytes, the index says {self.size:,} (changed or cut "
                 f"short since it was indexed)"
             )
+
+    def read(self, wanted: np.ndarray) -> Iterator[tuple[int, bytes, int, tuple]]:
+        """``(sample, jpeg, label, header)`` of the samples ``wanted`` (sorted), checked
+        against the index as they come (each sample's key, offset and CRC-32); a shard read
+        whole is checked by its SHA-256 too."""
+        self.probe()
         first, last = (0 if self.gzip else int(wanted[0])), int(wanted[-1])
         start = int(self.offsets[first]) if first else 0  # offsets count unpacked bytes
         src = Source(self.url, self.size, start)
@@ -346,7 +395,7 @@ class Shard:
             k, want = first, iter(wanted.tolist())
             goal = next(want)
             for offset, key, fields in samples(tar):
-                self._check(k, key, offset)
+                self._check(k, key, offset, fields)
                 if k == goal:
                     jpg, label, h = jpeg_and_label(self.url, key, fields)
                     if label != self.labels[k]:
@@ -364,12 +413,18 @@ class Shard:
         finally:
             src.close()
 
-    def _check(self, k: int, key: str, offset: int) -> None:
+    def _check(self, k: int, key: str, offset: int, fields: dict[str, bytes]) -> None:
         if k >= len(self) or key != self.keys[k] or offset != self.offsets[k]:
             said = f"{self.keys[k]!r} at byte {self.offsets[k]:,}" if k < len(self) else "none"
             raise FormatError(
                 f"{self.url}: sample {k} is {key!r} at byte {offset:,}, the index says {said} "
                 f"(changed since it was indexed: run latecast index again)"
+            )
+        if self.crc32 is not None and (crc := checksum(fields)) != self.crc32[k]:
+            raise FormatError(
+                f"{self.url}: sample {key!r}: CRC-32 {crc:08x}, the index says "
+                f"{int(self.crc32[k]):08x} (changed since it was indexed: run latecast index "
+                f"again)"
             )
 
     def _whole(self, src: Source, count: int) -> None:
@@ -388,14 +443,18 @@ def index_entry(url: str) -> dict:
     """Read a shard whole (no index yet): its index entry. Empty shards are said, once."""
     size = shard_size(url)
     src = Source(url, size)
-    keys, offsets, labels, channels = [], [], [], 1
+    keys, offsets, labels, crcs, channels, seen = [], [], [], [], 1, set()
     try:
         tar = Tar(src)
         for offset, key, fields in samples(tar):
             _, label, head = jpeg_and_label(url, key, fields)
+            if key in seen:
+                raise FormatError(f"{url}: sample {key!r} twice (a key repeated in one shard)")
+            seen.add(key)
             keys.append(key)
             offsets.append(offset)
             labels.append(label)
+            crcs.append(checksum(fields))
             channels = max(channels, head[2])
         tar.finish()
     finally:
@@ -413,6 +472,7 @@ def index_entry(url: str) -> dict:
         "keys": keys,
         "offsets": offsets,
         "labels": labels,
+        "crc32": crcs,
         "gzip": bool(tar.gz),
     }
 
@@ -425,10 +485,13 @@ def index_path(urls: list[str], spec: str) -> str:
     return posixpath.join(folders.pop(), INDEX)
 
 
-def write_index(spec: str, output: str | None = None) -> tuple[str, list[dict]]:
+def write_index(
+    spec: str, output: str | None = None, progress: bool = False
+) -> tuple[str, list[dict]]:
     """Index the shards of ``spec`` (each read whole): ``index.json`` beside them (or at
     ``output``), written atomically; entries of other shards already in it are kept. Returns
-    where it went and the entries of ``spec``'s shards."""
+    where it went and the entries of ``spec``'s shards; ``progress``: a tqdm bar over the
+    shards on a terminal."""
     urls = expand(spec)
     if not urls:
         raise ConfigError(f"{spec}: no shards match it")
@@ -439,7 +502,12 @@ def write_index(spec: str, output: str | None = None) -> tuple[str, list[dict]]:
             f"as {path}"
         )
     entries = {e["url"]: e for e in _read_json(path, missing_ok=True).get("shardlist", [])}
-    entries.update((e["url"], e) for e in map(index_entry, urls))
+    shown = urls
+    if progress:
+        from tqdm import tqdm
+
+        shown = tqdm(urls, desc="indexing shards", unit="shard", leave=False, disable=None)
+    entries.update((e["url"], e) for e in map(index_entry, shown))
     index = {"__kind__": KIND, "wids_version": 1, "latecast_index": VERSION, "name": spec}
     index["shardlist"] = [entries[name] for name in sorted(entries)]
     mine = [entries[posixpath.basename(u)] for u in urls]
@@ -466,17 +534,21 @@ def _read_json(path: str, missing_ok: bool = False) -> dict:
 
 
 def read_index(spec: str) -> list[Shard]:
-    """The shards of ``spec`` as the index beside them gives them, in ``spec``'s order."""
+    """The shards of ``spec`` as their index gives them, in ``spec``'s order. Without one it is
+    built first (``find_index``), said in one line. An older index without per-sample CRC-32s
+    is said once: it checks a shard only when one is read whole."""
     urls = expand(spec)
     if not urls:
         raise ConfigError(f"{spec}: no shards match it")
-    path = index_path(urls, spec)
-    try:
-        index = _read_json(path)
-    except FileNotFoundError:
-        raise ConfigError(
-            f"{spec}: no index of these shards ({path}); make it with: latecast index '{spec}'"
-        ) from None
+    path, found = find_index(urls, spec)
+    if not found:
+        warnings.warn(
+            f"{spec}: no index of these shards: reading each once to index them into {path} "
+            f"(kept for the next run; latecast index does it ahead)",
+            stacklevel=2,
+        )
+        write_index(spec, path, progress=True)
+    index = _read_json(path)
     if not isinstance(index, dict) or index.get("latecast_index") != VERSION:
         raise FormatError(f"{path}: not a latecast shard index (version {VERSION})")
     try:
@@ -489,7 +561,31 @@ def read_index(spec: str) -> list[Shard]:
         if e is None:
             raise ConfigError(f"{path} has no entry for {url}: run latecast index '{spec}' again")
         shards.append(_shard(url, e, path))
+    if path not in _older and any(s.crc32 is None for s in shards):
+        _older.add(path)  # said once a process, not once a split
+        warnings.warn(
+            f"{path}: an older index without each sample's CRC-32: a shard is checked only "
+            f"when read whole (its SHA-256); run latecast index '{spec}' again to check every "
+            f"sample read",
+            stacklevel=2,
+        )
     return shards
+
+
+def find_index(urls: list[str], spec: str) -> tuple[str, bool]:
+    """``(path, exists)`` of the index of ``urls``: ``index.json`` beside them if it is
+    there, or if they are local in a folder this process may write; else a file in the cache
+    (``$LATECAST_CACHE``) named by the shards' URLs and sizes."""
+    beside = index_path(urls, spec)
+    fs, where = filesystem(beside)
+    if fs.exists(where):
+        return beside, True
+    if "://" not in beside and os.access(posixpath.dirname(beside) or ".", os.W_OK):
+        return beside, False
+    sizes = [shard_size(url) for url in urls]
+    key = hashlib.sha256(json.dumps([urls, sizes]).encode()).hexdigest()[:32]
+    cached = str(cache_dir() / "shard-index" / f"{key}.json")
+    return cached, os.path.exists(cached)
 
 
 def _shard(url: str, e: dict, path: str) -> Shard:
@@ -499,8 +595,10 @@ def _shard(url: str, e: dict, path: str) -> Shard:
             url, int(e["filesize"]), str(e["sha256"]), int(e["channels"]),
             list(map(str, e["keys"])), np.array(e["offsets"], np.int64),
             np.array(e["labels"], np.int64), bool(e["gzip"]),
+            None if "crc32" not in e else np.array(e["crc32"], np.int64),
         )  # fmt: skip
-        ok = len(shard.keys) == len(shard.offsets) == len(shard.labels) == n
+        crcs = n if shard.crc32 is None else len(shard.crc32)
+        ok = len(shard.keys) == len(shard.offsets) == len(shard.labels) == crcs == n
     except (KeyError, TypeError, ValueError):
         ok = False
     if not ok:

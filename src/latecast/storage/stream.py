@@ -1,6 +1,7 @@
 """A split of WebDataset shards, streamed: ``latecast train 'http://host/shard-{000..009}.tar'``
-(or ``s3://...``, ``path/shard-*.tar``) once ``latecast index`` has indexed them. The last
-shard is the test split, the others the train split.
+(or ``s3://...``, ``path/shard-*.tar``), indexed first if ``latecast index`` has not. The last
+shard is the test split, the others the train split (its labels among the train classes);
+every shard's size is checked against the index before the first step.
 
 Memory is bounded: samples are read shard by shard, and a process holds at most ``buffer``
 JPEG files of the epoch at a time (the shuffle buffer), never the split.
@@ -29,6 +30,7 @@ import queue
 import threading
 import warnings
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -43,6 +45,7 @@ STAT_FILES = 512  # train samples the training size and mean/std are measured on
 STAT_CHUNK = 64  # of them decoded at a time (all 512 at once held 1.7 GB of int64 pixels)
 BUFFER = 1024  # samples shuffled together: at most this many JPEG files held per rank
 AHEAD = 2  # batches read ahead of the steps, by a thread (network reads overlap the step)
+PROBES = 16  # shards whose size is asked at once before the first step (HEADs over HTTP)
 _stats: dict = {}  # digest of the train shards -> (size, mean, std): measured once
 
 
@@ -245,8 +248,10 @@ class ShardStream(StreamedDataset):
 
 
 def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> ShardStream:
-    """The ``split`` of the indexed shards named by ``spec``, streamed: ``train`` (every shard
-    but the last) or ``test`` (the last). Empty shards are skipped, each said once.
+    """The ``split`` of the shards named by ``spec``, streamed: ``train`` (every shard but the
+    last) or ``test`` (the last). Empty shards are skipped, each said once. Refused in one
+    line: a shard of the split gone or of another size than the index says, a test label
+    outside the train classes.
 
     Example:
         >>> train = open_shards("http://host/shards/shard-{000..009}.tar")
@@ -266,10 +271,13 @@ def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> ShardS
     if not train or not len(shards[-1]):
         empty = "the train shards" if not train else f"the test shard {shards[-1].url}"
         raise FormatError(f"{spec}: {empty} hold no samples")
-    size, mean, std = _measured(train, spec)
+    classes = int(max(s.labels.max() for s in train)) + 1
+    _check_test_labels(shards[-1], classes)
     part = train if split == "train" else shards[-1:]
+    with ThreadPoolExecutor(PROBES) as pool:  # a shard gone is said now, not hours in
+        list(pool.map(Shard.probe, part))
+    size, mean, std = _measured(train, spec)
     labels = np.concatenate([s.labels for s in part])
-    classes = int(max(s.labels.max() for s in shards if len(s))) + 1
     channels = 1 if all(s.channels == 1 for s in train) else 3
     return ShardStream(
         name=spec, split=split, labels=labels.astype(np.uint8 if classes <= 256 else np.uint16),
@@ -277,6 +285,17 @@ def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> ShardS
         channels=channels, file_bytes=sum(s.size for s in part), digest=_digest(part),
         shards=tuple(part), buffer=buffer,
     )  # fmt: skip
+
+
+def _check_test_labels(test: Shard, classes: int) -> None:
+    """Refuse a test label the train shards do not hold (the model has ``classes`` outputs)."""
+    outside = np.flatnonzero(test.labels >= classes)
+    if len(outside):
+        k = int(outside[0])
+        raise FormatError(
+            f"{test.url}: test sample {test.keys[k]!r} has label {test.labels[k]}, outside the "
+            f"train shards' classes 0..{classes - 1} ({len(outside)} such test samples)"
+        )
 
 
 def _digest(shards: list[Shard]) -> str:
@@ -325,8 +344,9 @@ def verify(ds: ShardStream) -> str:
         for k, jpg, _, _ in shard.read(np.arange(len(shard))):
             if why := jpeg_problem(jpg):
                 raise FormatError(f"{shard.url}: sample {shard.keys[k]!r}: {why}")
+    crc = " and CRC-32" if all(s.crc32 is not None for s in ds.shards) else ""
     return (
         f"{len(ds.shards)} shard(s) of {len(ds)} samples read whole against the index: each "
-        f"shard's length and SHA-256, each sample's key, byte offset and label, each JPEG's "
+        f"shard's length and SHA-256, each sample's key, byte offset, label{crc}, each JPEG's "
         f"markers and frame header"
     )

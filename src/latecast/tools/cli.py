@@ -330,7 +330,11 @@ COMMANDS = {
         "train a reference model (default: bundled MNIST)",
     ),
     "info": (_add_info, _run_info, "dataset shapes and bytes per epoch per strategy"),
-    "index": (_add_index, _run_index, "index WebDataset shards for streaming (index.json)"),
+    "index": (
+        _add_index,
+        _run_index,
+        "index WebDataset shards ahead, once for many runs (train does it if not)",
+    ),
     "profile": (
         _options("tools.profiling", "ProfileConfig"),
         _run_profile,

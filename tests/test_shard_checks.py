@@ -1,0 +1,325 @@
+"""Streamed shards checked on every path (issue 36): a sample changed since ``latecast index``
+is refused by its CRC-32 wherever it is read (1 process, 2 ``torchrun`` ranks splitting a
+shard, a resume mid-shard); a key written twice, a shard gone, a 503, a test label the train
+shards lack, a decompression bomb are one line each, and a dropped connection leaves no
+"Unclosed connection" behind. Shards without an index are indexed by ``train`` itself, the
+index kept for the next run (issue 37). Real HTTP servers on 127.0.0.1, real processes."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_streams import (
+    COUNTS,
+    ROOT,
+    TIMEOUT,
+    Throttled,
+    make_shards,
+    one_line,
+)
+
+pytestmark = pytest.mark.slow  # each test starts training runs
+
+CHECKED = """
+import os, signal, sys
+from latecast.storage import stream
+from latecast.tools.cli import main
+from latecast.trainer import loop
+
+stream.STAT_FILES = 4  # as a split of more than 512 samples: measuring reads no shard whole
+kill_at, save = int(os.environ.get("KILL_AT_STEP", 0)), loop.Run.save
+
+
+def save_then_die(run, name):  # killed right after the checkpoint of step KILL_AT_STEP
+    save(run, name)
+    if run.progress.step == kill_at:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+loop.Run.save = save_then_die
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def launch(tmp_path: Path, world: int, argv: list, kill: int = 0) -> subprocess.CompletedProcess:
+    """``latecast`` through ``CHECKED``: one process, or ``world`` ranks under torchrun."""
+    (tmp_path / "checked.py").write_text(CHECKED)
+    runner = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
+    cmd = [sys.executable, *(runner if world > 1 else []), tmp_path / "checked.py", *argv]
+    env = {**os.environ, "KILL_AT_STEP": str(kill), "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run(list(map(str, cmd)), capture_output=True, text=True, cwd=tmp_path,
+                          timeout=TIMEOUT, env=env)  # fmt: skip
+
+
+def flip(path: Path, key: str) -> None:
+    """One bit of ``key``'s JPEG scan data flipped in place: sizes, keys, offsets all kept."""
+    with tarfile.open(path) as tar:
+        member = tar.getmember(f"{key}.jpg")
+    data = bytearray(path.read_bytes())
+    data[member.offset_data + member.size // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_a_sample_changed_after_indexing_is_refused_on_two_ranks_and_after_a_mid_shard_resume(
+    tmp_path, run_cli
+):
+    """``--shuffle-buffer 1`` streams the 36 train samples in the shards' permuted order;
+    stream position 18 is mid-shard (no sum of the train shards' counts is 18): where the
+    second of 2 ranks starts, and where a 1-process run killed after step 9 (batch 2)
+    resumes. The sample there, changed after indexing, is read by no one whole-shard."""
+    import torch
+
+    from latecast.storage.shards import write_index
+    from latecast.storage.stream import epoch_order
+
+    folder = tmp_path / "shards"
+    make_shards(folder)
+    spec = f"{folder}/shard-{{000..003}}.tar"
+    write_index(spec)
+    S, _ = epoch_order(COUNTS[:-1], seed=0, epoch=0, buffer=1, shuffle=True)
+    starts = np.cumsum([0, *COUNTS[:-1]])
+    shard = int(np.searchsorted(starts, S[18], side="right")) - 1
+    key, name = f"{100 * shard + int(S[18] - starts[shard]):06d}", f"shard-{shard:03d}.tar"
+    assert S[18] != starts[shard]  # mid-shard
+    named = f"{name}: sample '{key}': CRC-32"
+
+    argv = ["train", spec, "--model", "cnn", "-b", 2, "--device", "cpu", "--epochs", 1,
+            "--shuffle-buffer", 1, "--seed", 0, "--no-progress", "--checkpoint-every", 1,
+            "--resume", "auto"]  # fmt: skip
+    proc = launch(tmp_path, 1, [*argv, "--output-dir", "resumed"], kill=9)
+    assert proc.returncode == -9, proc.stderr[-2000:]
+    state = torch.load(tmp_path / "resumed" / "checkpoint.pt", weights_only=True)
+    assert (state["loader"]["epoch"], state["loader"]["position"]) == (0, 9)
+    flip(folder / name, key)
+    proc = launch(tmp_path, 1, [*argv, "--output-dir", "resumed"])
+    assert proc.returncode == 1 and named in proc.stderr, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr[-2000:]
+
+    proc = launch(tmp_path, 2, [*argv, "--output-dir", "two"])
+    assert proc.returncode != 0 and named in proc.stderr, proc.stderr[-3000:]
+
+    flip(folder / name, key)  # back as indexed
+    index = json.loads((folder / "index.json").read_text())  # an older index: no CRC-32s
+    for entry in index["shardlist"]:
+        del entry["crc32"]
+    (folder / "index.json").write_text(json.dumps(index))
+    with pytest.warns(UserWarning, match="checked only when read whole") as said:
+        proc = run_cli("train", spec, "--check", "--output-dir", tmp_path / "old")
+    assert proc.rc == 0 and len([w for w in said if "CRC-32" in str(w.message)]) == 1
+
+
+def write_samples(path: Path, samples: list[tuple[str, bytes, int]]) -> None:
+    """A shard of ``(key, jpeg, label)`` samples, in that order (keys may repeat)."""
+    with tarfile.open(path, "w") as tar:
+        for key, jpg, label in samples:
+            for ext, data in (("jpg", jpg), ("cls", str(label).encode())):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+
+def small_jpeg(value: int = 90) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((24, 32, 3), value, np.uint8)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def test_a_key_written_twice_and_a_decompression_bomb_are_refused_naming_shard_and_key(
+    tmp_path, run_cli
+):
+    """A sample written twice in a row (WebDataset: "duplicate file name") or a key again
+    later in the shard; a JPEG of 631 bytes whose header says 60000x60000: each one line at
+    ``latecast index`` and at ``train`` without an index (which indexes first)."""
+    jpg = small_jpeg()
+    write_samples(tmp_path / "twice-000.tar", [("a", jpg, 0), ("a", jpg, 0), ("b", jpg, 1)])
+    write_samples(tmp_path / "later-000.tar", [("a", jpg, 0), ("b", jpg, 1), ("a", jpg, 0)])
+    one_line(run_cli("index", tmp_path / "twice-000.tar"), "twice-000.tar", "'a'", "twice")
+    one_line(run_cli("index", tmp_path / "later-000.tar"), "later-000.tar", "'a'", "twice")
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (8, 8)).save(buf, "JPEG")
+    bomb = bytearray(buf.getvalue())
+    sof = bomb.index(b"\xff\xc0")
+    bomb[sof + 5 : sof + 9] = (60000).to_bytes(2, "big") * 2  # height, width
+    folder = tmp_path / "bomb"
+    folder.mkdir()
+    write_samples(folder / "s-000.tar", [("a", jpg, 0), ("boom", bytes(bomb), 1)])
+    write_samples(folder / "s-001.tar", [("c", jpg, 0)])
+    spec = f"{folder}/s-*.tar"
+    said = ("s-000.tar", "'boom'", "60000x60000", "pixels allowed")
+    one_line(run_cli("index", spec), *said)
+    with pytest.warns(UserWarning, match="no index"):
+        one_line(run_cli("train", spec, "--check", "--output-dir", tmp_path / "r"), *said)
+
+
+class Unavailable(http.server.SimpleHTTPRequestHandler):
+    """Answers 503 to the first ``busy`` requests for ``shard-001.tar`` (HEAD and GET)."""
+
+    busy = 0
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def send_head(self):
+        if self.path.endswith("shard-001.tar") and Unavailable.busy > 0:
+            Unavailable.busy -= 1
+            self.send_error(503)
+            return None
+        return super().send_head()
+
+
+@pytest.fixture
+def unavailable(tmp_path):
+    """A real HTTP server on 127.0.0.1 (``Unavailable``) for ``tmp_path / "shards"``."""
+    folder = tmp_path / "shards"
+    make_shards(folder)
+    handler = functools.partial(Unavailable, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield folder, f"http://127.0.0.1:{server.server_address[1]}/shard-{{000..003}}.tar"
+    server.shutdown()
+
+
+def test_a_503_when_a_shard_is_opened_is_retried_as_reads_are(unavailable, run_cli, quick_retries):
+    """fsspec asks the size with a HEAD, then a GET: a server busy for both answers (503)
+    is retried, said once, at ``latecast index`` and at ``train``."""
+    folder, url = unavailable
+    Unavailable.busy = 2
+    with pytest.warns(UserWarning, match="shard-001.tar: asking its size failed") as said:
+        proc = run_cli("index", url, "--output", folder / "index.json")
+    assert proc.rc == 0 and Unavailable.busy == 0, proc.err
+    assert len([w for w in said if "retrying" in str(w.message)]) == 1
+    Unavailable.busy = 2
+    argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", "1"]
+    with pytest.warns(UserWarning, match="retrying"):
+        proc = run_cli(*argv, "--no-progress", "--output-dir", folder.parent / "run")
+    assert proc.rc == 0 and Unavailable.busy == 0, proc.err
+
+
+def test_a_shard_gone_or_a_test_label_outside_the_train_classes_is_refused_before_a_step(
+    served, run_cli, tmp_path
+):
+    """A train shard deleted since indexing (404), the last one the first epoch reaches
+    (seed 0 streams shard-002, -000, -001; a shuffle buffer smaller than a shard), is one
+    line before the first step, no checkpoint written, not a run stopped 60 steps in; a
+    test label the train shards do not hold is one line naming it and the train classes,
+    not a run with accuracy 0."""
+    folder, base = served
+    make_shards(folder, (60, 16, 60, 10))
+    url = f"{base}/shard-{{000..003}}.tar"
+    assert run_cli("index", url, "--output", folder / "index.json").rc == 0
+    (folder / "shard-001.tar").rename(folder / "kept.tar")
+    argv = [
+        "train",
+        url,
+        "--model",
+        "cnn",
+        "-b",
+        2,
+        "--device",
+        "cpu",
+        "--epochs",
+        1,
+        "--seed",
+        0,
+        "--shuffle-buffer",
+        4,
+        "--checkpoint-every",
+        1,
+        "--no-progress",
+    ]  # fmt: skip  (a buffer smaller than a shard, as usual)
+    proc = launch(tmp_path, 1, [*argv, "--output-dir", "run"])
+    assert not (tmp_path / "run" / "checkpoint.pt").exists(), proc.stderr[-2000:]
+    line = proc.stderr.strip()
+    assert proc.returncode == 1 and len(line.splitlines()) == 1, proc.stderr[-2000:]
+    assert "shard-001.tar: no such shard" in line
+
+    (folder / "kept.tar").rename(folder / "shard-001.tar")
+    jpg = small_jpeg()
+    write_samples(folder / "shard-003.tar", [("x", jpg, 2), ("y", jpg, 7)])  # train: 0..3
+    assert run_cli("index", url, "--output", folder / "index.json").rc == 0
+    proc = run_cli(*argv, "--output-dir", tmp_path / "run2")
+    one_line(proc, "shard-003.tar", "'y'", "label 7", "classes 0..3")
+
+
+QUICK = """
+import sys
+from latecast.storage import shards
+shards.RETRY_WAITS = (0.01,) * 4  # retries as usual, without their 7.5 s of waits
+from latecast.tools.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_dropped_connection_is_one_error_line_and_no_unclosed_connection(tmp_path, run_cli):
+    """A server that closes every connection for shard-001 halfway: each of 3 runs ends in
+    the one error line (after the one retry warning), with nothing from aiohttp after it
+    ("Unclosed connection" came in about half the runs, up to 4 of them)."""
+    folder = tmp_path / "shards"
+    make_shards(folder)
+    handler = functools.partial(Throttled, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/shard-{{000..003}}.tar"
+    try:
+        Throttled.cut = None
+        assert run_cli("index", url, "--output", folder / "index.json").rc == 0
+        Throttled.cut = "close"
+        for run in range(3):
+            argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs",
+                    "1", "--no-progress", "--output-dir", tmp_path / f"run{run}"]  # fmt: skip
+            proc = subprocess.run([sys.executable, "-c", QUICK, *map(str, argv)], text=True,
+                                  capture_output=True, timeout=TIMEOUT)  # fmt: skip
+            lines = proc.stderr.strip().splitlines()
+            errors = [line for line in lines if not line.startswith("latecast: warning:")]
+            assert proc.returncode == 1 and len(lines) == 2, proc.stderr[-3000:]
+            assert "shard-001.tar: read failed at byte" in errors[0]
+    finally:
+        Throttled.cut = "close"
+        server.shutdown()
+
+
+def test_unindexed_shards_train_local_and_over_http_the_index_kept_for_the_next_run(
+    served, run_cli, fresh_cache
+):
+    """Local shards: ``index.json`` written beside them, said in one line. Over HTTP: into
+    the cache, named by the shards' URLs and sizes; a second run reads it (no rebuild)."""
+    local = served[0].parent / "local"
+    make_shards(local)
+    spec = f"{local}/shard-*.tar"
+    argv = ["--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", "1", "--no-progress"]
+    with pytest.warns(UserWarning, match="no index of these shards") as said:
+        rc, summary = run_cli("train", spec, *argv, "--json", "--output-dir", local / "run")
+    assert rc == 0 and summary["step"] == 5 and (local / "index.json").exists()
+    assert len([w for w in said if "no index" in str(w.message)]) == 1
+
+    folder, base = served
+    make_shards(folder)
+    url = f"{base}/shard-{{000..003}}.tar"
+    with pytest.warns(UserWarning, match="no index of these shards"):
+        rc, summary = run_cli("train", url, *argv, "--json", "--output-dir", folder / "r1")
+    assert rc == 0 and summary["step"] == 5 and not (folder / "index.json").exists()
+    (kept,) = (fresh_cache / "shard-index").glob("*.json")
+    made = kept.stat().st_mtime_ns
+    import warnings
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        rc, summary = run_cli("train", url, *argv, "--json", "--output-dir", folder / "r2")
+    assert rc == 0 and summary["step"] == 5 and kept.stat().st_mtime_ns == made
+    assert not [w for w in said if "no index" in str(w.message)]
