@@ -35,7 +35,7 @@ from .data import Encoded
 from .decode import decoder
 from .errors import BatchError, FormatError, numbers_of, refuse
 from .fields import Field
-from .jpegheader import JPEG_SIDE, jpeg_headers
+from .jpegheader import JPEG_SIDE, MAX_PIXELS, jpeg_headers
 
 Name = Union[str, int]
 _said: set[Name] = set()  # fields whose non-JPEG files were announced
@@ -109,7 +109,7 @@ def files_of(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
             item = np.frombuffer(item, np.uint8)
         if not isinstance(item, np.ndarray) or item.dtype != np.uint8 or item.ndim != 1:
             return None
-        out.append(item)
+        out.append(np.ascontiguousarray(item))  # a strided view: copied, as packing reads runs
     return out
 
 
@@ -215,6 +215,12 @@ def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegFile:
             "of bytes, of 1-D uint8 tensors or arrays, or of {'bytes': ..., 'path': ...} dicts"
         )
     heads = jpeg_headers(files)
+    for i, h in enumerate(heads):
+        if h is not None and h[0] * h[1] > MAX_PIXELS:  # decoding would allocate it all
+            raise BatchError(
+                f"field {name!r}: the file at position {i} in the batch is {h[0]}x{h[1]} by its "
+                f"header, over the {MAX_PIXELS:,} pixels allowed (a decompression bomb?)"
+            )
     grey = all(h is not None and h[2] == 1 for h in heads)
     channels = spec.channels or (1 if grey else 3)
     decoded = {

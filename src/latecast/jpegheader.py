@@ -10,6 +10,7 @@ import struct
 from typing import Iterable
 
 JPEG_SIDE = 65_535  # pixels: the largest height or width a JPEG file can have
+MAX_PIXELS = 10_000 * 10_000  # larger images are refused from their header, before decoding
 SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 

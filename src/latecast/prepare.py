@@ -57,6 +57,7 @@ class Prepare:
             torchvision's as ``lambda x, y, g: MixUp(num_classes=10)(x, y)`` (that one draws
             from torch's global RNG: a resumed run does not repeat it).
         erase: ``f(images, generator)`` on the normalized images, e.g. ``Erasing``.
+        mask_fill: what masks are padded with where a crop leaves no pixel (``fields``).
     """
 
     def __init__(
@@ -71,10 +72,11 @@ class Prepare:
         size: tuple[int, int] | None = None,
         mix: Mixing | None = None,
         erase: Augmentation | None = None,
+        mask_fill: float = 0,
     ) -> None:
         self.mean, self.std, self.dtype = tuple(mean), tuple(std), dtype
         self.channels_last, self.augment, self.seed = channels_last, augment, seed
-        self.size, self.mix, self.erase = size, mix, erase
+        self.size, self.mix, self.erase, self.mask_fill = size, mix, erase, mask_fill
         self.epoch = self.rank = self.batch = 0
         self._generators: dict[str, torch.Generator] = {}
 
@@ -166,12 +168,20 @@ class Prepare:
         for i in pixels:
             f, x = plans[i], values[i]
             if f.category != "image":  # a mask
-                out[i] = f.finish((moves or Moves(None, None, None, None)).mask(x, size))
+                out[i] = f.finish(self._mask(moves or Moves(None, None, None, None), x, size))
                 continue
             same = x is first or torch.equal(sizes_of(x), sizes)
             m, state = (moves, colour) if same else draw(x)
             g.set_state(state)
             out[i] = self.apply(x, None, moves=m, size=getattr(f, "size", None))[0]
+        return out
+
+    def _mask(self, moves: Moves, x: torch.Tensor, size) -> torch.Tensor:
+        """``moves`` on a mask ``(N, H, W, C)``, the pixels a crop leaves empty ``mask_fill``."""
+        out = moves.mask(x, size)
+        if self.mask_fill and moves.shifts is not None and moves.augment.fill == "zero":
+            inside = moves.mask(torch.ones_like(x[..., :1], dtype=torch.uint8), size)
+            out = out.masked_fill(inside == 0, self.mask_fill)
         return out
 
     def generator(self, device: torch.device) -> torch.Generator:

@@ -30,6 +30,7 @@ from .fields import (
     KINDS,
     NARROW,
     OUTS,
+    AsIs,
     Declared,
     Field,
     Image,
@@ -67,6 +68,10 @@ def declaration(name: Name, spec: Any) -> Any:
             "dtype, the output dtype: an integer or float one), or a Field kind"
         )
     return Declared(cross, out).plan
+
+
+def _number(value: Any) -> bool:
+    return numbers_of((value,)) is not None
 
 
 def _channels(erase: Any, mean: tuple | None) -> bool:
@@ -134,6 +139,7 @@ class Fields:
     seed: int = 0  # mixed into the augmentation's seeds
     erase: Erasing | None = None  # random erasing after the normalize (timm's --reprob)
     mix: Mixing | None = None  # f(images, labels, generator) after the normalize, e.g. a Mix
+    mask_fill: float = 0  # what a mask is padded with where a crop leaves no pixel
 
     moved = False  # the batches arrive on the device, moved by another framework (Lightning)
 
@@ -177,6 +183,7 @@ class Fields:
                 (erase is None or callable(erase), "erase", erase, "a latecast.Erasing or None"),
                 (self.mix is None or callable(self.mix), "mix", self.mix, "f(images, labels, g)"),
                 (_channels(erase, mean), "erase.value", getattr(erase, "value", 0), per_channel),
+                (_number(self.mask_fill), "mask_fill", self.mask_fill, "a finite number"),
             ]
         )
         self.normalizes = mean is not None
@@ -190,6 +197,7 @@ class Fields:
             augment=self.augment,
             seed=int(self.seed),
             erase=self.erase,
+            mask_fill=self.mask_fill,
         )
 
     @classmethod
@@ -231,6 +239,7 @@ class Fields:
         self._look(values, plans)
         pixels = [f for f in plans if f is not None and f.pixels]
         _check_pixels(pixels, self.plans)
+        self._check_per_pixel(plans, pixels)
         _check_masks(pixels)
         return values, plans
 
@@ -244,6 +253,24 @@ class Fields:
         if t.dtype == torch.uint8 and t.ndim == 4:
             return Image.plan(name, t, self, declared=False)
         return Integer.plan(name, t, self)
+
+    def _check_per_pixel(self, plans: list[Field | None], pixels: list[Field]) -> None:
+        """An undeclared field shaped like the images' pixels, (N, H, W) or (N, 1, H, W), under
+        an augmentation that moves the images: a mask left behind, refused (docs/RELIABILITY.md
+        row 192)."""
+        aug = self.augment
+        if not (isinstance(aug, Augment) and (aug.crop or aug.flip or aug.resized_crop)):
+            return
+        shapes = {f.nhw for f in pixels if isinstance(f, Image)}
+        shapes |= {(n, 1, h, w) for n, h, w in shapes}
+        for f in plans:
+            if isinstance(f, (Integer, AsIs)) and f.name not in self.plans and f.shape in shapes:
+                raise ConfigError(
+                    f"field {f.name!r} {f.dtype} {f.shape} is shaped like the images' pixels, and "
+                    "augment= crops and flips the images but not it: declare it, "
+                    f"fields={{{f.name!r}: 'mask'}} (moved with the images), or give its dtype, "
+                    f"fields={{{f.name!r}: {f.dtype}}}, to leave it as it is"
+                )
 
     def _look(self, values: list, plans: list[Field | None]) -> None:
         """At the first batch, and at every batch where mean/std are given but no field is an

@@ -91,6 +91,8 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
         seed: mixed into the augmentation's seeds.
         erase: ``latecast.Erasing(p=...)``, torchvision's ``RandomErasing`` per image on the
             normalized batch (drawn from the augmentation's generator).
+        mask_fill: what declared masks are padded with where a crop leaves no pixel (0; the
+            ignore index of your loss, e.g. 255 as torchvision's segmentation reference).
         mix: ``f(images, labels, generator)`` on the normalized images and the batch's one
             integer field of one value per sample, e.g. ``latecast.transforms.Mix`` or
             torchvision's ``lambda x, y, g: MixUp(num_classes=10)(x, y)``; the labels come out

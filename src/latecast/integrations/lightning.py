@@ -53,8 +53,8 @@ class PrepareOnDevice:
 
     def prepare_on_device(self, **options: Any) -> None:
         """``options`` (``mean``, ``std``, ``augment``, ``dtype``, ``channels_last``,
-        ``layout``, ``fields``, ``seed``, ``erase``, ``mix``) as for ``latecast.wrap``: the
-        fields of ``Fields``; augment, erase and mix in training only."""
+        ``layout``, ``fields``, ``seed``, ``erase``, ``mix``, ``mask_fill``) as for
+        ``latecast.wrap``; augment, erase and mix in training only."""
         train = Fields.of(options)  # and, by self.training, for evaluation:
         self._latecast = {True: train, False: replace(train, augment=None, erase=None, mix=None)}
         self._latecast_moved = {k: replace(f) for k, f in self._latecast.items()}

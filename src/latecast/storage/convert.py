@@ -42,6 +42,7 @@ import numpy as np
 from ..config import option, validate
 from ..data import Dataset, EncodedDataset, mean_std
 from ..errors import ConfigError, FormatError
+from ..jpegheader import MAX_PIXELS
 from .fileio import atomic_folder, cannot_write
 from .store import (
     DATA,
@@ -56,7 +57,6 @@ from .store import (
     npy_header,
 )
 
-MAX_PIXELS = 10_000 * 10_000  # larger images are rejected from the header, before decoding
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 GREY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"}
 DEEP_MODES = {"I", "I;16", "I;16L", "I;16B", "I;16N", "F"}  # more than 8 bits per pixel

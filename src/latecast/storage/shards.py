@@ -42,8 +42,7 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..jpegheader import jpeg_header
-from .convert import MAX_PIXELS
+from ..jpegheader import MAX_PIXELS, jpeg_header
 from .fileio import atomic_write, cache_dir
 
 INDEX, KIND, VERSION = "index.json", "wids-shard-index-v1", 1

@@ -1,0 +1,90 @@
+"""Issue 36's faults on wrap's path: a mask left undeclared under a geometric augmentation, the
+masks' padding value, JPEG files given as strided views, a decompression bomb among them."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import latecast
+from latecast.errors import BatchError, ConfigError
+
+AUG = latecast.Augment(crop=4, flip=0.5)
+
+
+def segmentation(n: int = 8, h: int = 12, w: int = 12) -> dict:
+    g = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (n, h, w, 3), dtype=torch.uint8, generator=g)
+    masks = torch.randint(1, 4, (n, h, w), generator=g)  # labels 1..3: 0 only where padded
+    return {"image": images, "mask": masks}
+
+
+def jpeg_file(h: int = 16, w: int = 16) -> bytes:
+    pixels = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def test_an_undeclared_per_pixel_field_under_a_geometric_augmentation_is_one_config_error():
+    """torchvision's segmentation reference shape, its masks undeclared: the images were
+    flipped and cropped and the masks not, silently."""
+    for shape in ((8, 12, 12), (8, 1, 12, 12)):
+        batch = {**segmentation(), "mask": torch.zeros(shape, dtype=torch.int64)}
+        with pytest.raises(ConfigError, match=r"field 'mask' .* fields=\{'mask': 'mask'\}"):
+            next(iter(latecast.wrap([batch], device="cpu", augment=AUG)))
+    batch = segmentation()
+    next(iter(latecast.wrap([batch], device="cpu")))  # no augmentation: nothing moves
+    left = latecast.wrap([batch], device="cpu", augment=AUG, fields={"mask": torch.uint8})
+    assert torch.equal(next(iter(left))["mask"], batch["mask"])  # declared: left as it is
+    moved = latecast.wrap([batch], device="cpu", augment=AUG, fields={"mask": "mask"})
+    next(iter(moved))
+
+
+def test_masks_are_padded_with_mask_fill_where_the_crop_leaves_no_pixel():
+    batch = segmentation()
+    runs = {
+        fill: next(
+            iter(
+                latecast.wrap(
+                    [batch], device="cpu", augment=AUG, fields={"mask": "mask"}, mask_fill=fill
+                )
+            )
+        )
+        for fill in (0, 255)
+    }
+    assert torch.equal(runs[0]["image"], runs[255]["image"])
+    padded = runs[0]["mask"] == 0  # the labels are 1..3: 0 is padding
+    assert padded.any() and (~padded).any()
+    assert torch.equal(runs[255]["mask"], runs[0]["mask"].masked_fill(padded, 255))
+    with pytest.raises(ConfigError, match="mask_fill must be a finite number"):
+        latecast.wrap([], mask_fill="255")
+
+
+def test_jpeg_files_given_as_strided_views_cross_as_their_bytes():
+    files = [jpeg_file(), jpeg_file(16, 16)]
+    want = next(iter(latecast.wrap([{"jpg": files}], device="cpu")))["jpg"]
+    strided = []
+    for f in files:
+        spread = np.zeros(2 * len(f), np.uint8)
+        spread[::2] = np.frombuffer(f, np.uint8)
+        strided.append(spread[::2])
+    tensors = [torch.from_numpy(v.base)[::2] for v in strided]
+    for given in (strided, tensors):
+        got = next(iter(latecast.wrap([{"jpg": given}], device="cpu")))["jpg"]
+        assert torch.equal(got, want)
+
+
+def test_a_decompression_bomb_in_a_jpeg_field_is_named_before_any_pixel_is_decoded():
+    """A small JPEG whose header says 60000x60000: decoding would allocate 10 GiB."""
+    data = bytearray(jpeg_file())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = (60000).to_bytes(2, "big") * 2  # height, width
+    files = [jpeg_file(), bytes(data)]
+    fields = {"jpg": latecast.jpeg(16)}
+    with pytest.raises(BatchError, match=r"'jpg': the file at position 1 .* 60000x60000"):
+        next(iter(latecast.wrap([{"jpg": files}], device="cpu", fields=fields)))
