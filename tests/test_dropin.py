@@ -677,6 +677,35 @@ def test_accelerate_end_of_data_is_the_batch_in_use_through_wrap(accelerator):
         accelerator.prepare(latecast.wrap(DataLoader(data, batch_size=64), device="cpu"))
 
 
+class Streamed(torch.utils.data.IterableDataset):
+    """An iterable dataset with a length: a DataLoader over it has no ``len()`` of its own."""
+
+    def __init__(self, data: TensorDataset) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __iter__(self):
+        return iter(self.data)
+
+
+def test_accelerate_end_of_data_through_wrap_over_an_iterable_dataset(accelerator):
+    """An ``IterableDataset`` eval set of 37 samples (regression: with no ``len()`` wrap read
+    past the last batch before handing it out, accelerate's loader ended and left its
+    ``GradientState``, and ``gather_for_metrics`` kept every padded sample: 48 of 37 labels on
+    two processes). The source's own ``end_of_dataloader`` says the last batch: read no further."""
+    data = Streamed(uneven_data(37))
+    plain = accelerator.prepare(DataLoader(data, batch_size=8), device_placement=[False])
+    w = latecast.wrap(plain, mean=MEAN, std=STD, device="cpu")
+    (signals, metric), (want, usual) = (
+        end_signals(accelerator, w),
+        end_signals(accelerator, plain, reference),
+    )
+    assert signals == want and metric == pytest.approx(usual, abs=1e-6)
+    assert signals[-1][0] is True and sum((ids for *_, ids in signals), []) == list(range(37))
+
+
 # -- the examples in the real shapes -----------------------------------------------------
 
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]

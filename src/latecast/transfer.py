@@ -216,7 +216,8 @@ class Behind:
     - Where ``len(source)`` is known, the source is not run past its last batch until the one
       after it is asked for (``rest``) or the wrapper's state is saved (``finish``): its
       end-of-pass code runs then, as without the read-ahead. Without a ``len()`` the end is
-      found by reading past it, before the last batch is out.
+      found by reading past it, before the last batch is out, unless the source says which
+      is its last (accelerate's ``end_of_dataloader``).
     """
 
     def __init__(self, source: Iterable) -> None:
@@ -231,6 +232,9 @@ class Behind:
             if batch is END:
                 return
             yield batch
+            ended = self.changed.get("end_of_dataloader", (None, None))[1]  # set in taking it
+            if self.length is None and ended is True:
+                self.length = self.taken  # the source said it was its last (accelerate's)
         self.show(1)  # the last batch goes out as the source left it
 
     def take(self) -> Any:
