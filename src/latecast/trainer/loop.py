@@ -28,7 +28,7 @@ import contextlib
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
@@ -173,15 +173,18 @@ def load_splits(config: TrainConfig) -> tuple[Dataset, Dataset]:
 
 
 def _first(ds: Dataset | EncodedDataset, n: int | None) -> Dataset | EncodedDataset:
-    """The first ``n`` samples; mean/std stay those of the full train split."""
+    """The first ``n`` samples: every per-sample array (one row a sample: images, labels, a
+    JPEG store's sizes and CRC-32s) cut with them, a JPEG store's files by their offsets;
+    mean/std and the digest stay those of the whole split as written."""
     if n is None or n >= len(ds):
         return ds
     if isinstance(ds, StreamedDataset):
         return ds.first(n)
-    if isinstance(ds, EncodedDataset):
-        data, offsets = ds.data[: ds.offsets[n]], ds.offsets[: n + 1]
-        return replace(ds, data=data, offsets=offsets, sizes=ds.sizes[:n], labels=ds.labels[:n])
-    return replace(ds, images=ds.images[:n], labels=ds.labels[:n])
+    rows = {f.name: getattr(ds, f.name) for f in fields(ds)}
+    cut = {k: v[:n] for k, v in rows.items() if isinstance(v, np.ndarray) and len(v) == len(ds)}
+    if isinstance(ds, EncodedDataset):  # (data is cut here even where it is n bytes long)
+        cut.update(data=ds.data[: ds.offsets[n]], offsets=ds.offsets[: n + 1])
+    return replace(ds, **cut)
 
 
 def model_and_optimizer(
