@@ -35,10 +35,11 @@ class JpegFolder(torch.utils.data.Dataset):
     """An image folder whose samples are ``(file bytes, class index)``; see ``jpeg_folder``."""
 
     def __init__(self, root: str | Path) -> None:
+        root = os.path.expanduser(os.fspath(root))  # as ImageFolder spells its paths
         self.root = Path(root)
         if not self.root.is_dir():
             raise FormatError(f"{self.root}: no such folder (give one folder per class)")
-        self.classes, self.samples = _image_folder(os.path.expanduser(os.fspath(root)))
+        self.classes, self.samples = _image_folder(root)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self.targets = [label for _, label in self.samples]
 

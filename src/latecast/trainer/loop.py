@@ -183,7 +183,7 @@ def _first(ds: Dataset | EncodedDataset, n: int | None) -> Dataset | EncodedData
         return ds.first(n)
     rows = {f.name: getattr(ds, f.name) for f in fields(ds)}
     cut = {k: v[:n] for k, v in rows.items() if isinstance(v, np.ndarray) and len(v) == len(ds)}
-    if isinstance(ds, EncodedDataset):  # (data is cut here even where it is n bytes long)
+    if isinstance(ds, EncodedDataset):  # its files by their offsets (data's length is bytes)
         cut.update(data=ds.data[: ds.offsets[n]], offsets=ds.offsets[: n + 1])
     return replace(ds, **cut)
 

@@ -169,9 +169,9 @@ def _held(out: str) -> Iterator[Path]:
         )
         try:
             yield path
-        finally:
-            if made and os.listdir(path) == [LOCK]:  # still held: nobody else is in it
-                with contextlib.suppress(OSError):
+        finally:  # (under the lock: no other run is writing in the folder)
+            with contextlib.suppress(OSError):
+                if made and os.listdir(path) == [LOCK]:
                     os.unlink(path / LOCK)
                     for p in made:
                         p.rmdir()

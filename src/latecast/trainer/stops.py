@@ -37,20 +37,20 @@ def at(name: str) -> None:
 
 
 def watched(f: BinaryIO, name: str) -> BinaryIO:
-    """``f``, whose second write (torch's zip writer past its first header: inside the file)
-    is point ``name`` where ``LATECAST_STOP_AT`` names it; ``f`` itself otherwise."""
-    if _asked()[0] != name:
-        return f
-    writes = Counter()
+    """``f``, or where ``LATECAST_STOP_AT`` names ``name``, ``f`` whose second write (torch's
+    zip writer past its first header: inside the file) is point ``name``."""
+    return _Watched(f, name) if _asked()[0] == name else f
 
-    class Watched:
-        def write(self, data) -> int:
-            writes["n"] += 1
-            if writes["n"] == 2:
-                at(name)
-            return f.write(data)
 
-        def flush(self) -> None:
-            f.flush()
+class _Watched:
+    def __init__(self, f: BinaryIO, name: str) -> None:
+        self.f, self.name, self.writes = f, name, 0
 
-    return Watched()
+    def write(self, data) -> int:
+        self.writes += 1
+        if self.writes == 2:
+            at(self.name)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
