@@ -37,7 +37,7 @@ def _latecast_env(tmp_path_factory):
     """
     patch = pytest.MonkeyPatch()
     patch.setenv("LATECAST_CACHE", str(tmp_path_factory.mktemp("latecast-cache")))
-    for var in ("LATECAST_DATA", "LATECAST_MIRRORS", "LATECAST_DECODER"):
+    for var in ("LATECAST_DATA", "LATECAST_MIRRORS", "LATECAST_DECODER", "LATECAST_STOP_AT"):
         patch.delenv(var, raising=False)
     yield
     patch.undo()

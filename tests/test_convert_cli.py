@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import damage_mid_store, damage_scan, noise_jpeg
+from _helpers import damage_mid_store, damage_scan, noise_jpeg, silent_damage
 
 Image = pytest.importorskip("PIL.Image")
 
@@ -119,3 +119,28 @@ def test_damaged_jpeg_data_is_one_line_naming_it_never_libjpegs_text(tmp_path, r
     named = [line for line in proc.err.splitlines() if f"photos/train: sample {k}: " in line]
     assert len(named) == 2 and "its bytes differ from the CRC-32" in named[0]
     assert "damaged JPEG data" in named[1]  # libjpeg's warning, said as latecast says it
+
+
+def test_a_cut_jpeg_store_trains_and_each_file_is_still_checked(tmp_path, run_cli):
+    """``--limit-train`` and ``--limit-test`` cut a JPEG store's CRC-32s with its files: the
+    cut store trains (it stopped with "crc32 must be (N,)"), and a file damaged inside the
+    cut, where libjpeg says nothing, is still named by its CRC-32 (RELIABILITY row 192)."""
+    src, store = tmp_path / "photos", tmp_path / "store"
+    rng = np.random.default_rng(2)
+    for split, n in (("train", 40), ("test", 4)):
+        for name in ("a", "b"):
+            (src / split / name).mkdir(parents=True)
+            for i in range(n):  # 80 train files of ~50 KB: data.bin is past 2 MiB
+                (src / split / name / f"{i}.jpg").write_bytes(noise_jpeg(rng, quality=95))
+    assert run_cli("convert", src, store, "--size", "32", "--encoding", "jpeg").rc == 0
+    k = 40  # mid-store, inside the first 64
+    damage_mid_store(store / "train" / "data.bin", np.load(store / "train" / "offsets.npy"), k,
+                     silent_damage)  # fmt: skip
+    proc = run_cli(
+        "train", store, "--model", "mlp", "--epochs", "1", "-b", "16", "--device", "cpu",
+        "--limit-train", "64", "--limit-test", "3", "--no-progress", "--json",
+        "--output-dir", tmp_path / "run", process=True,
+    )  # fmt: skip
+    assert proc.rc == 0 and proc.json["step"] == 4, proc.err
+    named = [line for line in proc.err.splitlines() if f"photos/train: sample {k}: " in line]
+    assert len(named) == 1 and "its bytes differ from the CRC-32" in named[0], proc.err

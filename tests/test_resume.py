@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -143,25 +142,20 @@ def _cli(out: Path, *extra: str) -> list[str]:
 
 @pytest.mark.slow
 def test_kill9_between_checkpoints_then_resume_auto_is_exact(tmp_path, one_thread):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # same as one_thread in this process
+    # killed before its 30th step (LATECAST_STOP_AT): mid-epoch, 9 steps past a checkpoint
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LATECAST_STOP_AT": "step@30:KILL"}
     killed = tmp_path / "killed"
     victim = subprocess.Popen(
         _cli(killed), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
         train(TrainConfig(**KILLED, output_dir=str(tmp_path / "full")))  # meanwhile: reference
-        deadline = time.monotonic() + 120
-        while not (killed / "checkpoint.pt").exists():
-            assert victim.poll() is None, "finished before its first checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint within 120 s"
-            time.sleep(0.005)
-        assert victim.poll() is None, "finished before it could be killed"
-        os.kill(victim.pid, signal.SIGKILL)
-        victim.wait(30)
+        assert victim.wait(120) == -signal.SIGKILL
     finally:
         victim.kill()
     state = ckpt.load_checkpoint(killed / "checkpoint.pt")  # row 19 under a real kill
-    assert 0 < state["step"] < 2 * 128
+    assert state["step"] == 20
+    del env["LATECAST_STOP_AT"]
     resumed = subprocess.run(
         _cli(killed, "--resume", "auto"), env=env, capture_output=True, text=True, timeout=180
     )
@@ -244,18 +238,15 @@ for i in range(10**6):
 """
 
 
-def test_kill9_during_saves_leaves_a_loadable_checkpoint(tmp_path):
+@pytest.mark.parametrize("save", [2, 3])
+def test_kill9_during_saves_leaves_a_loadable_checkpoint(save, tmp_path):
+    """``kill -9`` inside a save (``LATECAST_STOP_AT``: torch.save has begun the file)."""
     path = tmp_path / "checkpoint.pt"
-    proc = subprocess.Popen([sys.executable, "-c", SAVER, str(path)])
-    try:
-        deadline = time.monotonic() + 300
-        while not path.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.3)  # somewhere inside a later save
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
+    env = {**os.environ, "LATECAST_STOP_AT": f"checkpoint-write@{save}:KILL"}
+    proc = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], env=env)
+    assert proc.wait(300) == -signal.SIGKILL
     state = ckpt.load_checkpoint(path)
+    assert state["step"] == save - 2  # the save before, whole
     assert torch.all(state["model"]["w"] == state["step"])  # one whole save, not a mix
 
 

@@ -113,6 +113,12 @@ def holder(out: Path) -> subprocess.Popen:
     return proc
 
 
+def stopped(proc: subprocess.Popen) -> None:
+    """Until ``proc`` has stopped itself at the point ``LATECAST_STOP_AT=...:STOP`` names."""
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status), f"it ended (status {status}) before its stop point"
+
+
 # -- one run at a time (row 72) ------------------------------------------------------------
 
 
@@ -133,6 +139,30 @@ def test_a_held_folder_is_refused_naming_the_other_run_and_a_dead_holder_does_no
     rc, summary = run_cli("train", *TINY, "--output-dir", out, "--json")
     assert rc == 0 and summary["step"] == 2
     assert f"pid {os.getpid()}" in (out / LOCK).read_text()  # this run held it
+
+
+def test_two_runs_started_at_once_into_one_folder_never_both_run(tmp_path, run_cli):
+    """The folder is held before any data loads: a second run started while the first loads
+    its data (stopped there, ``LATECAST_STOP_AT``) is refused naming it, instead of passing
+    the check, training, and having its finished run replaced (``--resume auto`` found no
+    checkpoint yet in either) by the first (RELIABILITY row 194)."""
+    out, args = tmp_path / "run", [*TINY, "--resume", "auto"]
+    first = subprocess.Popen(
+        [sys.executable, "-m", "latecast", "train", *args, "--output-dir", str(out), "--json"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "LATECAST_STOP_AT": "data:STOP"},
+    )
+    try:
+        stopped(first)
+        second = run_cli("train", *args, "--output-dir", out)
+        first.send_signal(signal.SIGCONT)
+        summary = json.loads(first.communicate(timeout=300)[0].strip().splitlines()[-1])
+    finally:
+        first.kill()
+    one_line_error(second, str(out), "in use by another latecast run", f"pid {first.pid}")
+    assert first.returncode == 0 and summary["step"] == 2
+    assert json.loads((out / "summary.json").read_text()) == summary  # the first run's
 
 
 @pytest.mark.slow
@@ -227,29 +257,9 @@ def test_overwrite_that_fails_before_its_first_checkpoint_puts_the_previous_run_
     assert tree(out) == before  # not a byte lost, nothing of the new run left, nothing aside
 
 
-def stopped_at(proc: subprocess.Popen, out: Path, stage: str) -> None:
-    """Until ``proc`` (an --overwrite run into ``out``) is seen at ``stage``, then stopped."""
-    if stage == "set-up":
-        wait_for(proc.pid, "libtorch")  # importing: nothing moved yet
-        return proc.send_signal(signal.SIGSTOP)
-    if stage == "finished":
-        return proc.wait(300)
-    seen = {  # observed: the previous files going aside, the new run's first file, its checkpoint
-        "aside": lambda: (out / MOVING).is_dir() or (out / ASIDE).is_dir(),
-        "new config": lambda: (out / ASIDE).is_dir() and (out / "config.json").exists(),
-        "new checkpoint": lambda: (
-            not (out / ASIDE / "checkpoint.pt").exists()
-            and (out / "checkpoint.pt").exists()
-            and ckpt.load_checkpoint(out / "checkpoint.pt")["config"]["lr"] == 0.2
-        ),
-    }[stage]
-    deadline = time.monotonic() + 300
-    while True:
-        assert time.monotonic() < deadline and proc.poll() is None, stage
-        with contextlib.suppress(OSError, CheckpointError):  # a file as it is being replaced
-            if seen():
-                return proc.send_signal(signal.SIGSTOP)
-        time.sleep(0.002)
+# Each stage of an --overwrite run, as the point it stops itself at (LATECAST_STOP_AT): the
+# previous files gone aside, the new run's first file, its first checkpoint saved.
+STAGES = {"aside": "aside", "new config": "config", "new checkpoint": "checkpoint"}
 
 
 def test_a_replacement_stopped_while_moving_the_files_aside_is_put_back(tmp_path, run_cli):
@@ -278,9 +288,18 @@ def test_overwrite_killed_at_any_stage_leaves_one_whole_run(stage, tmp_path, run
     (out / "notes.txt").write_text("mine")
     previous = run_files(out)
     args = [*TINY, "--limit-train", "2048", "--lr", "0.2", "--output-dir", str(out), "--overwrite"]
-    proc = subprocess.Popen([sys.executable, "-m", "latecast", "train", *args])
+    stop = {"LATECAST_STOP_AT": f"{STAGES[stage]}:STOP"} if stage in STAGES else {}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "latecast", "train", *args], env={**os.environ, **stop}
+    )
     try:
-        stopped_at(proc, out, stage)
+        if stage == "set-up":
+            wait_for(proc.pid, "libtorch")  # importing: nothing moved yet
+            proc.send_signal(signal.SIGSTOP)
+        elif stage == "finished":
+            proc.wait(300)
+        else:
+            stopped(proc)
         latest = out / "checkpoint.pt"
         new = latest.exists() and ckpt.load_checkpoint(latest)["config"]["lr"] == 0.2
     finally:
@@ -373,20 +392,9 @@ def temps(folder: Path) -> list[str]:
 
 def test_the_next_save_removes_what_a_killed_save_left(tmp_path):
     path = tmp_path / "checkpoint.pt"
-    proc = subprocess.Popen([sys.executable, "-c", SAVER, str(path)])
-    try:
-        deadline = time.monotonic() + 300
-        while True:  # stop it while a temporary file is being written, then kill it
-            assert time.monotonic() < deadline and proc.poll() is None
-            if temps(tmp_path) and path.exists():
-                proc.send_signal(signal.SIGSTOP)
-                if temps(tmp_path):
-                    break
-                proc.send_signal(signal.SIGCONT)
-            time.sleep(0.005)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
+    env = {**os.environ, "LATECAST_STOP_AT": "checkpoint-write@2:KILL"}  # inside the 2nd save
+    proc = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], env=env)
+    assert proc.wait(300) == -signal.SIGKILL
     left = temps(tmp_path)
     assert len(left) == 1 and f"-{proc.pid}." in left[0]
     live = tmp_path / f".checkpoint.pt.{socket.gethostname()}-{os.getpid()}.abcdefgh.tmp"
@@ -699,36 +707,51 @@ def wait_for(pid: int, what: str, timeout: float = 60) -> None:
         time.sleep(0.002)
 
 
+# 4 steps, a checkpoint after each: checkpoint.pt at steps 1, 2 and 3, then best.pt and
+# checkpoint.pt at the epoch's end (step 4): the 2nd checkpoint write is step 2's.
+SAVING = [*TINY, "--limit-train", "512", "--checkpoint-every", "1"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("after", [0.0, 0.3, 0.8, 1.5, 3.0, "training"])
-def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(after, tmp_path):
-    """SIGINT to a real ``python -m latecast train`` while torch is still importing (its
-    library has just been mapped), during set-up, and while it trains."""
-    if not Path("/proc/self/maps").exists():
+@pytest.mark.parametrize(
+    "point,saved",
+    [
+        ("importing", None),  # torch's library just mapped
+        ("data", None),  # the splits about to load, the output folder held
+        ("step", None),  # the first step
+        ("step@3", 2),  # mid-epoch, two checkpoints saved
+        ("checkpoint-write@2", 1),  # inside torch.save of step 2's checkpoint
+        ("checkpoint@2", 2),  # step 2's checkpoint just saved whole
+        ("evaluate", 3),
+    ],
+)
+def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(point, saved, tmp_path):
+    """SIGINT to a real ``python -m latecast train`` while torch is still importing, and
+    (sent by itself, ``LATECAST_STOP_AT``) at each named moment of a run: one line, exit 130,
+    the last checkpoint whole and no temporary file left (RELIABILITY rows 79, 179)."""
+    if point == "importing" and not Path("/proc/self/maps").exists():
         pytest.skip("needs /proc to see when torch is being imported")
     out = tmp_path / "run"
-    args = [*TINY, "--epochs", "50", "--limit-train", "2048"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "latecast", "train", *args, "--output-dir", str(out)],
+        [sys.executable, "-m", "latecast", "train", *SAVING, "--output-dir", str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "LATECAST_STOP_AT": point},
     )
     try:
-        wait_for(proc.pid, "libtorch")
-        if after == "training":
-            deadline = time.monotonic() + 120
-            while not (out / "metrics.jsonl").exists():
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.01)
-        else:
-            time.sleep(after)
-        proc.send_signal(signal.SIGINT)
+        if point == "importing":
+            wait_for(proc.pid, "libtorch")
+            proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=300)  # a hang guard
     finally:
         proc.kill()
     assert proc.returncode == 130, stderr
     assert stderr == "latecast: interrupted\n" and "Traceback" not in stdout
+    latest = out / "checkpoint.pt"
+    assert (ckpt.load_checkpoint(latest)["step"] if latest.exists() else None) == saved
+    assert not out.exists() or not temps(out)
+    assert out.exists() == (point not in ("importing", "data"))  # nothing written: no folder
 
 
 INTERRUPTED_MAINS = {

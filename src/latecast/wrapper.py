@@ -257,7 +257,7 @@ class Fields:
     def _check_per_pixel(self, plans: list[Field | None], pixels: list[Field]) -> None:
         """An undeclared field shaped like the images' pixels, (N, H, W) or (N, 1, H, W), under
         an augmentation that moves the images: a mask left behind, refused (docs/RELIABILITY.md
-        row 192)."""
+        row 198)."""
         aug = self.augment
         if not (isinstance(aug, Augment) and (aug.crop or aug.flip or aug.resized_crop)):
             return

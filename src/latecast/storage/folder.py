@@ -4,36 +4,43 @@ them as one JPEG field and decodes them where the pixels are used (``encoded.py`
 
     ImageFolder(root, transform)  ->  latecast.jpeg_folder(root)   # (bytes, label) samples
 
-A sample is ``(file bytes, class index)``, the classes and files found as ``latecast
-convert`` finds them (sorted class subfolders, image suffixes, hidden files skipped), and
-``classes``, ``class_to_idx``, ``samples`` and ``targets`` are ImageFolder's. A file is
-read with one ``os.read`` (open, size, read, close: 4 us a CIFAR-10 file against 11 through
-``open().read()``, loaded 2-core machine); a file that is no JPEG is decoded on the host
-by ``wrap``, said once.
+A sample is ``(file bytes, class index)``; ``classes``, ``class_to_idx``, ``samples`` and
+``targets`` are ``ImageFolder(root)``'s on any tree, in its order (a saved list of indices
+picks the same files): every subfolder a class (hidden ones and symlinks too), each class's
+files as ``os.walk(followlinks=True)`` finds them, folders and names sorted as strings,
+torchvision's image suffixes in any case, hidden files included. (``latecast convert``
+finds files its own way: hidden files skipped, GIF taken.) A file is read with one
+``os.read`` (stat, open, read, close); one that is no regular file (a FIFO, whose reading
+would wait forever, a device) is refused without opening it; any file that does not read,
+or is empty, is one ``FormatError`` naming its path. A file that is no JPEG is decoded on
+the host by ``wrap``, said once.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 import torch
 
 from ..errors import FormatError
-from .convert import _list_images
+from .convert import _shown
+
+# torchvision's IMG_EXTENSIONS, matched against each name in lower case
+SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 class JpegFolder(torch.utils.data.Dataset):
     """An image folder whose samples are ``(file bytes, class index)``; see ``jpeg_folder``."""
 
     def __init__(self, root: str | Path) -> None:
+        root = os.path.expanduser(os.fspath(root))  # as ImageFolder spells its paths
         self.root = Path(root)
         if not self.root.is_dir():
             raise FormatError(f"{self.root}: no such folder (give one folder per class)")
-        classes, found = _list_images(self.root, None)
-        self.classes = list(classes)
-        self.class_to_idx = {name: i for i, name in enumerate(classes)}
-        self.samples = [(str(path), label) for path, label in found]
+        self.classes, self.samples = _image_folder(root)
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self.targets = [label for _, label in self.samples]
 
     def __len__(self) -> int:
@@ -41,11 +48,49 @@ class JpegFolder(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> tuple[bytes, int]:
         path, label = self.samples[index]
+        return read_file(path), label
+
+
+def _image_folder(root: str) -> tuple[list[str], list[tuple[str, int]]]:
+    """``ImageFolder(root)``'s classes and samples, as torchvision's ``find_classes`` and
+    ``make_dataset`` find them; a ``FormatError`` where ImageFolder raises (no class
+    folder, a class without images)."""
+    try:
+        classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+    except OSError as err:
+        raise FormatError(f"{_shown(root)}: cannot list it ({err.strerror or err})") from None
+    samples = []
+    for label, name in enumerate(classes):
+        for folder, _, names in sorted(os.walk(os.path.join(root, name), followlinks=True)):
+            samples += [
+                (os.path.join(folder, f), label)
+                for f in sorted(names)
+                if f.lower().endswith(SUFFIXES)
+            ]
+    empty = sorted(set(classes) - {classes[label] for _, label in samples})
+    if not classes or empty:
+        what = f"class folders without images {empty}" if empty else "class folders missing"
+        raise FormatError(f"{_shown(root)}: {what} (suffixes {list(SUFFIXES)})")
+    return classes, samples
+
+
+def read_file(path: str) -> bytes:
+    """The bytes of the file at ``path``; one ``FormatError`` naming it when it is no regular
+    file (a FIFO is never opened: reading it would wait for a writer), is empty or does not
+    read."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise FormatError(f"{_shown(path)}: not a regular file (a FIFO, device or socket)")
         fd = os.open(path, os.O_RDONLY)
         try:
-            return os.read(fd, os.fstat(fd).st_size), label
+            data = os.read(fd, os.fstat(fd).st_size)
         finally:
             os.close(fd)
+    except OSError as err:
+        raise FormatError(f"{_shown(path)}: cannot read it ({err.strerror or err})") from None
+    if not data:
+        raise FormatError(f"{_shown(path)}: empty file")
+    return data
 
 
 def jpeg_folder(root: str | Path) -> JpegFolder:

@@ -23,6 +23,7 @@ import torch
 
 from ..errors import CheckpointError, LatecastError
 from ..storage.fileio import atomic_write
+from . import stops
 
 FORMAT = "latecast-checkpoint"
 VERSION = 1
@@ -61,9 +62,12 @@ def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
     previous file left as it was and no temporary file left beside it (row 19)."""
     try:
         with atomic_write(path) as f:
+            f = stops.watched(f, "checkpoint-write")  # (a test's point inside the write)
             torch.save({"format": FORMAT, "version": VERSION, **state}, f)
     except (OSError, RuntimeError) as err:
-        cause = err if isinstance(err, OSError) else err.__context__  # torch wraps ENOSPC
+        cause = err if isinstance(err, OSError) else err.__context__  # torch wraps ENOSPC, Ctrl-C
+        if isinstance(cause, KeyboardInterrupt):
+            raise cause from None
         if not isinstance(cause, OSError):
             raise
         raise CheckpointError(

@@ -28,7 +28,7 @@ import contextlib
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
 from pathlib import Path
 from typing import Callable, Iterable
@@ -46,7 +46,7 @@ from ..errors import CheckpointError, ConfigError, TrainingError
 from ..loader import IGNORE, Loader, parse_order
 from ..storage.datasets import load_dataset
 from ..transfer import MOVERS, Batch, float32_bytes, uint8_bytes
-from . import checkpoint, graphed, group, rundir
+from . import checkpoint, graphed, group, rundir, stops
 from .models import MODELS, build_model
 
 _PRESET = " (default: the preset's)"
@@ -165,6 +165,7 @@ def resolve_config(config: TrainConfig, train_set: Dataset, device: torch.device
 
 def load_splits(config: TrainConfig) -> tuple[Dataset, Dataset]:
     """The train and test splits named by ``config.dataset``, cut to the ``limit_*`` fields."""
+    stops.at("data")
     train_set = load_dataset(config.dataset, "train", root=config.data_root)
     test_set = load_dataset(config.dataset, "test", root=config.data_root)
     if isinstance(train_set, StreamedDataset):
@@ -173,15 +174,18 @@ def load_splits(config: TrainConfig) -> tuple[Dataset, Dataset]:
 
 
 def _first(ds: Dataset | EncodedDataset, n: int | None) -> Dataset | EncodedDataset:
-    """The first ``n`` samples; mean/std stay those of the full train split."""
+    """The first ``n`` samples: every per-sample array (one row a sample: images, labels, a
+    JPEG store's sizes and CRC-32s) cut with them, a JPEG store's files by their offsets;
+    mean/std and the digest stay those of the whole split as written."""
     if n is None or n >= len(ds):
         return ds
     if isinstance(ds, StreamedDataset):
         return ds.first(n)
-    if isinstance(ds, EncodedDataset):
-        data, offsets = ds.data[: ds.offsets[n]], ds.offsets[: n + 1]
-        return replace(ds, data=data, offsets=offsets, sizes=ds.sizes[:n], labels=ds.labels[:n])
-    return replace(ds, images=ds.images[:n], labels=ds.labels[:n])
+    rows = {f.name: getattr(ds, f.name) for f in fields(ds)}
+    cut = {k: v[:n] for k, v in rows.items() if isinstance(v, np.ndarray) and len(v) == len(ds)}
+    if isinstance(ds, EncodedDataset):  # its files by their offsets (data's length is bytes)
+        cut.update(data=ds.data[: ds.offsets[n]], offsets=ds.offsets[: n + 1])
+    return replace(ds, **cut)
 
 
 def model_and_optimizer(
@@ -383,6 +387,7 @@ class Run:
                 self.data_fingerprint,
             )
         if name == "checkpoint.pt":
+            stops.at("checkpoint")
             self.last_good = f"last good checkpoint: {path} (step {self.progress.step})"
             self.kept()
 
@@ -551,16 +556,17 @@ def train(config: TrainConfig) -> dict:
     lead = distributed.placement(device)[1] == 0  # rank 0 alone writes the output folder
     out, asked = config.output_dir, (config.output_dir, config.resume, config.overwrite)
     try:
-        if lead and not config.check:
-            rundir.recover(out)  # what an --overwrite run killed mid-way left (row 95)
-        replaced = rundir.check(*asked) if lead else []  # before any work; writes nothing
-        t0 = time.perf_counter()
-        run = _set_up(config, device, distributed_)
-        run.startup["set_up"] = time.perf_counter() - t0  # data loaded, model built
-        if config.check:
-            return _checked(run, replaced)
-        # --overwrite: the previous run is moved aside until this one's first checkpoint
-        with rundir.claim(*asked) if lead else contextlib.nullcontext(run.kept) as run.kept:
+        replaced = rundir.check(*asked) if lead and config.check else []  # writes nothing
+        # A run holds its folder before any data loads (RELIABILITY row 194); --overwrite moves the
+        # previous run aside until this one's first checkpoint.
+        holds = lead and not config.check
+        with rundir.claim(*asked) if holds else contextlib.nullcontext(lambda: None) as kept:
+            t0 = time.perf_counter()
+            run = _set_up(config, device, distributed_)
+            run.startup["set_up"] = time.perf_counter() - t0  # data loaded, model built
+            if config.check:
+                return _checked(run, replaced)
+            run.kept = kept
             return _train(run)
     except OSError as err:  # a full disk, a folder gone read-only: one line naming the file
         raise TrainingError(f"{err.filename or out}: {err.strerror or err}") from err
@@ -664,6 +670,7 @@ def _begin(run: Run) -> None:
     where = {"world_size": loader.world_size, "transfer": loader.transfer}
     rundir.write(out, "config.json", {**asdict(run.config), **where, "device": str(loader.device)})
     rundir.write(out, "metrics.jsonl", run.progress.history)
+    stops.at("config")
     if run.resumed_from:
         print(
             f"resuming from {run.resumed_from}: epoch {loader.epoch + 1}, "
@@ -685,6 +692,7 @@ def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tupl
     show = run.lead and config.progress and sys.stdout.isatty()
     bar = _progress(batches(), len(loader), f"epoch {epoch + 1}/{config.epochs}", show)
     for images, labels in bar:
+        stops.at("step")
         loss = step(images, labels)
         progress.step, tally.samples = progress.step + 1, tally.samples + len(labels)
         losses.add(loss, progress.step)
@@ -712,6 +720,7 @@ def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tupl
 def _evaluate(run: Run, tally: _Tally) -> float:
     """Test accuracy over every rank's unpadded test share (docs/RELIABILITY.md row 24),
     timed: the last evaluation is the final one, on the clock."""
+    stops.at("evaluate")
     t0 = time.perf_counter()
     group.sync_buffers(run.model, run.distributed)
     correct, total = evaluate(run.model, run.test_loader, run.config.amp)  # ends in a sync

@@ -6,10 +6,11 @@ run at a time, and never silently given to a new run while it holds a previous o
   names within the filesystem's limits, not read-only), without writing anything.
 - ``write``: the run's files (``config.json``, ``metrics.jsonl``, ``summary.json``), each
   replaced whole (atomically), so a killed run never leaves one that cannot be verified.
-- ``claim`` (a run) takes ``OUT/.latecast.lock`` with ``fcntl.flock`` for the run's life; the
-  file names the holder (pid, host, start). The kernel drops the lock when the process dies,
-  even by ``kill -9``, so a stale file never blocks; the file itself stays. ``check``
-  (``--check``) only looks: it writes nothing.
+- ``claim`` (a run, before its data loads) takes ``OUT/.latecast.lock`` with ``fcntl.flock``
+  for the run's life; the file names the holder (pid, host, start). The kernel drops the
+  lock when the process dies, even by ``kill -9``, so a stale file never blocks; the file
+  itself stays, but a run that stopped before writing anything removes the folder it made.
+  ``check`` (``--check``) only looks: it writes nothing.
 - A previous run (any of ``RUN_FILES`` in the folder) is continued with ``--resume`` or
   replaced with ``--overwrite``, which moves only files latecast verifiably wrote, and only
   aside (``OUT/.latecast-replaced``) until the new run has saved its first checkpoint:
@@ -30,6 +31,7 @@ from typing import Callable, Iterator
 
 from ..errors import ConfigError, WriteError
 from ..storage.fileio import atomic_write
+from . import stops
 from .checkpoint import is_checkpoint
 
 try:
@@ -82,7 +84,7 @@ def check(out: str, resume: str | None, overwrite: bool) -> list[str]:
         finally:
             os.close(fd)
     left = [path / d for d in (MOVING, ASIDE) if (path / d).is_dir()]
-    if left:  # settling moves files: a real run does it (recover)
+    if left:  # settling moves files: a real run does it (claim)
         raise ConfigError(
             f"output folder {out}: an --overwrite run was stopped before it settled "
             f"{left[0]}; run latecast train without --check to settle it first"
@@ -105,16 +107,9 @@ def claim(out: str, resume: str | None, overwrite: bool) -> Iterator[Callable[[]
                 for name in replaced:
                     os.replace(path / name, path / MOVING / name)
                 (path / MOVING).rename(path / ASIDE)  # all aside: what comes is the new run's
+                stops.at("aside")
             yield lambda: settle(path)
         finally:
-            settle(path)
-
-
-def recover(out: str) -> None:
-    """Settle what an ``--overwrite`` run killed before it settled left in ``out`` (under
-    the folder's lock), so the checks and the set-up see one run."""
-    if any((Path(out) / d).is_dir() for d in (MOVING, ASIDE)):
-        with _held(out) as path:
             settle(path)
 
 
@@ -149,8 +144,11 @@ def _put_back(folder: Path, out: Path) -> None:
 
 @contextlib.contextmanager
 def _held(out: str) -> Iterator[Path]:
-    """``out`` created and its lock taken (naming this process) for the block."""
+    """``out`` created and its lock taken (naming this process) for the block. Folders it
+    created are removed after the block when it left nothing in them but the lock file (a
+    run that stopped before writing anything leaves no folder behind)."""
     path = check_path(out)
+    made = [p for p in (path, *path.parents) if not os.path.lexists(p)]  # leaf first
     try:
         path.mkdir(parents=True, exist_ok=True)
         fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
@@ -158,6 +156,8 @@ def _held(out: str) -> Iterator[Path]:
         raise ConfigError(f"output folder {out}: {err.strerror or err}") from None
     try:
         _lock(fd, path, fcntl.LOCK_EX if fcntl else 0)
+        if os.fstat(fd).st_nlink == 0:  # removed by a run that stopped as this one opened it
+            raise ConfigError(f"output folder {out}: another latecast run just left it; retry")
         held = _read(fd)
         if held and not held.startswith(_HOLDER):
             raise ConfigError(f"{path / LOCK} was not written by latecast; move it away")
@@ -167,7 +167,14 @@ def _held(out: str) -> Iterator[Path]:
         os.write(
             fd, f"{_HOLDER}pid {os.getpid()} on {socket.gethostname()}, started {stamp}\n".encode()
         )
-        yield path
+        try:
+            yield path
+        finally:  # (under the lock: no other run is writing in the folder)
+            with contextlib.suppress(OSError):
+                if made and os.listdir(path) == [LOCK]:
+                    os.unlink(path / LOCK)
+                    for p in made:
+                        p.rmdir()
     finally:
         os.close(fd)  # releases the lock
 
