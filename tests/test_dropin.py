@@ -1,9 +1,9 @@
 """``latecast.wrap`` inside programs nobody here wrote (issue 20): what a DataLoader is to
 Lightning and accelerate, attributes the program reads and sets on its loader, the set-ups
-that used to run silently wrong. The tests have the shape of the real programs (a Lightning
-``fit`` under DDP, ``accelerate launch``, timm's loader attributes, the ImageNet script's
-second loader from ``loader.dataset``). The runs under Lightning's and accelerate's launchers
-(2 processes) and the examples are in ``test_examples.py``.
+that used to run silently wrong. The tests have the shape of the real programs (Lightning's
+sampler injection, accelerate's end-of-data signals, timm's loader attributes, the ImageNet
+script's second loader from ``loader.dataset``). The same shapes under Lightning's and
+accelerate's launchers (2 processes) and the examples are in ``test_examples.py``.
 """
 
 from __future__ import annotations
