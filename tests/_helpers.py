@@ -3,9 +3,90 @@
 from __future__ import annotations
 
 import io
+import os
+import socket
+import subprocess
+import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
+
+TIMEOUT = 240  # seconds for one launched run: a hang fails instead of blocking CI
+PNG = b"\x89PNG\r\n\x1a\n"  # the signature every PNG file starts with
+
+
+def seed_of(*parts) -> int:
+    """A seed from ``parts`` that is the same in every process (``hash`` of a str is not)."""
+    return zlib.crc32(repr(parts).encode())
+
+
+def small(n: int = 300, shape=(28, 28, 1), classes: int = 10, seed: int = 0, name: str = "small"):
+    """A ``Dataset`` of ``n`` random uint8 images of ``shape`` (H, W, C) from ``seed``; sample
+    ``i`` is labelled ``i % classes`` (classes named "0", "1", ...)."""
+    import latecast
+
+    rng = np.random.default_rng(seed)
+    return latecast.from_arrays(
+        rng.integers(0, 256, (n, *shape), dtype=np.uint8),
+        np.arange(n) % classes,
+        name=name,
+        classes=[str(i) for i in range(classes)],
+    )
+
+
+def smooth(h: int, w: int, seed: int, channels: int = 3) -> np.ndarray:
+    """A distinct photo-like image JPEG keeps well: a gradient, each channel its own shade,
+    with a bright block in its top-left corner (so a turn or flip shows); uint8
+    ``(h, w, channels)``, ``(h, w)`` for 1 channel."""
+    rng = np.random.default_rng(seed)
+    ys, xs = np.mgrid[0:h, 0:w]
+    ramp = 40 + 160 * (xs * rng.uniform() + ys * rng.uniform()) / (h + w)
+    img = ramp[..., None] * rng.uniform(0.6, 1, channels)
+    img[: h // 3, : w // 4] = 240
+    img = img.clip(0, 255).astype(np.uint8)
+    return img[..., 0] if channels == 1 else img
+
+
+def jpeg_bytes(pixels: np.ndarray, quality: int = 90) -> bytes:
+    """``pixels`` (``(H, W)``, ``(H, W, 1)`` or ``(H, W, 3)`` uint8) as a JPEG file (Pillow)."""
+    from PIL import Image
+
+    if pixels.ndim == 3 and pixels.shape[2] == 1:
+        pixels = pixels[..., 0]
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def tree(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes | None]:
+    """Every file under ``folder`` with its bytes, every folder as None (names in ``skip``
+    left out): what must be there, unchanged, after a refused or failed write."""
+    return {
+        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
+        for p in sorted(folder.rglob("*"))
+        if p.name not in skip
+    }
+
+
+def cifar_records(
+    images: np.ndarray, labels: np.ndarray, coarse: np.ndarray | None = None
+) -> bytes:
+    """CIFAR binary records from (N, 32, 32, 3) images: the label byte (CIFAR-100: coarse,
+    then fine), then the R, G, B planes."""
+    planes = images.transpose(0, 3, 1, 2).reshape(len(images), 3072)  # (N, C*H*W)
+    heads = labels[:, None] if coarse is None else np.stack([coarse, labels], 1)
+    return np.concatenate([heads.astype(np.uint8), planes], 1).tobytes()
+
+
+def assert_report(md: Path, png: Path, rows: dict[str, bool]) -> str:
+    """A measuring tool's report: a table row ``| name |`` for each of ``rows`` marked True,
+    none for those marked False, and its plot a PNG; returns the markdown."""
+    text = md.read_text()
+    for name, shown in rows.items():
+        assert (f"| {name} |" in text) == shown, name
+    assert png.read_bytes().startswith(PNG)
+    return text
 
 
 def noise_jpeg(rng: np.random.Generator, quality: int = 90) -> bytes:
@@ -81,3 +162,41 @@ def lightning_trainer(**kwargs):
 
     quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False)
     return L.Trainer(accelerator="cpu", **{**quiet, **kwargs})
+
+
+def launch(*argv, env: dict | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``python *argv`` (one thread per process) under ``TIMEOUT``; it must exit 0, else its
+    output's tails are the failure."""
+    proc = subprocess.run(
+        [sys.executable, *map(str, argv)],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        cwd=cwd,  # where Lightning writes lightning_logs/
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accelerate(*argv, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``accelerate launch`` with 2 processes on the CPU: torchrun underneath, gloo."""
+    return launch(
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",  # with ACCELERATE_USE_CPU: torchrun, gloo (--cpu alone runs 1 process)
+        "--num_processes=2",
+        "--num_machines=1",
+        "--mixed_precision=no",
+        "--dynamo_backend=no",
+        f"--main_process_port={free_port()}",
+        *argv,
+        env={"ACCELERATE_USE_CPU": "1"},
+        cwd=cwd,
+    )

@@ -58,6 +58,14 @@ def decoder(request, monkeypatch):
     decode.decoder.cache_clear(), decode.cpu_decoder.cache_clear()
 
 
+@pytest.fixture(scope="session")
+def mnist():
+    """The bundled MNIST train split (decoded once into the session's cache)."""
+    import latecast
+
+    return latecast.load_dataset("mnist", "train")
+
+
 @pytest.fixture
 def fresh_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty decoded-dataset cache for one test."""

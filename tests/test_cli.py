@@ -17,9 +17,9 @@ import signal
 import subprocess
 import sys
 from dataclasses import fields
-from pathlib import Path
 
 import pytest
+from _helpers import tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -94,13 +94,6 @@ with claim(sys.argv[1], None, False):
     print("held", flush=True)
     time.sleep(900)
 """  # another run holding a folder, as `latecast train` holds its own
-
-
-def tree(folder: Path) -> dict[str, bytes | None]:
-    return {
-        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
-        for p in sorted(folder.rglob("*"))
-    }
 
 
 @pytest.fixture(scope="module")

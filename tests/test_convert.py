@@ -12,12 +12,11 @@ import signal
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import damage_scan
+from _helpers import damage_scan, seed_of, smooth
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,23 +28,10 @@ from latecast.storage.store import open_store, write_store
 Image = pytest.importorskip("PIL.Image")
 
 
-def seed_of(*parts) -> int:
-    """A seed from ``parts`` that is the same in every process (``hash`` of a str is not)."""
-    return zlib.crc32(repr(parts).encode())
-
-
 def save(path: Path, pixels: np.ndarray, fmt: str | None = None, **options) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(pixels).save(path, fmt, **options)
     return path
-
-
-def smooth(h: int, w: int, seed: int, channels: int = 3) -> np.ndarray:
-    """A distinct image that JPEG keeps almost exactly: a gradient, not noise."""
-    rng = np.random.default_rng(seed)
-    ramp = np.add.outer(np.arange(h) * rng.uniform(), np.arange(w) * rng.uniform())
-    ramp = ramp[..., None] * rng.uniform(0.5, 1, channels) / max(ramp.max(), 1e-9)
-    return (rng.integers(0, 100, channels) + 150 * ramp).astype(np.uint8).squeeze()
 
 
 def jpeg_of(pixels: np.ndarray, quality: int = 90) -> bytes:

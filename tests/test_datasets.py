@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import cifar_records
 
 from latecast.data import Dataset
 from latecast.errors import ConfigError, FormatError, LatecastError
@@ -37,15 +38,6 @@ def make_idx_root(root: Path, n: int = 12, compress: bool = True, seed: int = 0)
         write_idx(root / f"{prefix}-labels-idx1-ubyte{sfx}", labels, compress=compress)
         arrays[split] = (images, labels)
     return arrays
-
-
-def cifar_records(
-    images: np.ndarray, labels: np.ndarray, coarse: np.ndarray | None = None
-) -> bytes:
-    """CIFAR binary records built from (N, 32, 32, 3) images: label byte(s), then R, G, B planes."""
-    planes = images.transpose(0, 3, 1, 2).reshape(len(images), 3072)  # (N, H, W, C) -> (N, C*H*W)
-    heads = labels[:, None] if coarse is None else np.stack([coarse, labels], 1)
-    return np.concatenate([heads.astype(np.uint8), planes], 1).tobytes()
 
 
 def make_cifar10_root(folder: Path, per_batch: int = 3, meta: bool = False, seed: int = 0) -> dict:

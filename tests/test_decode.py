@@ -4,7 +4,9 @@ to the training size by the prepare stage; compared with Pillow's decoding + the
 import dataclasses
 import io
 import itertools
+from functools import partial
 
+import _helpers
 import numpy as np
 import pytest
 import torch
@@ -34,10 +36,7 @@ def photo(h: int, w: int, c: int, seed: int) -> np.ndarray:
     return img.clip(0, 255).astype(np.uint8)
 
 
-def jpeg_bytes(img: np.ndarray, quality: int = 85) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(img[..., 0] if img.shape[2] == 1 else img).save(buf, "JPEG", quality=quality)
-    return buf.getvalue()
+jpeg_bytes = partial(_helpers.jpeg_bytes, quality=85)  # the damaged-file cases were found at 85
 
 
 def encoded(files: list[bytes], sizes, size=(32, 32), channels=3, labels=None, name="photos"):

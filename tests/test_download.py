@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 import pytest
+from _helpers import cifar_records
 
 from latecast.errors import DownloadError, FormatError
 from latecast.storage import datasets
@@ -23,12 +24,6 @@ from latecast.storage.download import download, extract_tar
 from latecast.storage.idxfile import write_idx
 
 Route = Callable[[BaseHTTPRequestHandler], None]
-
-
-def cifar_records(images: np.ndarray, labels: np.ndarray) -> bytes:
-    """CIFAR-10 records from (N, 32, 32, 3) images: the label byte, then R, G, B planes."""
-    planes = images.transpose(0, 3, 1, 2).reshape(len(images), 3072)  # (N, C*H*W)
-    return np.concatenate([labels[:, None].astype(np.uint8), planes], 1).tobytes()
 
 
 def sha(data: bytes) -> str:

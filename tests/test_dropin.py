@@ -1,24 +1,21 @@
 """``latecast.wrap`` inside programs nobody here wrote (issue 20): what a DataLoader is to
 Lightning and accelerate, attributes the program reads and sets on its loader, the set-ups
-that used to run silently wrong. The tests have the shape of the real programs (a Lightning
-``fit`` under DDP, ``accelerate launch``, timm's loader attributes, the ImageNet script's
-second loader from ``loader.dataset``), 2 processes on the CPU over gloo where it is DDP.
-
-Launched runs start this very file as their script (see ``_worker`` at the bottom).
+that used to run silently wrong. The tests have the shape of the real programs (Lightning's
+sampler injection, accelerate's end-of-data signals, timm's loader attributes, the ImageNet
+script's second loader from ``loader.dataset``). The same shapes under Lightning's and
+accelerate's launchers (2 processes) and the examples are in ``test_examples.py``.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from _helpers import assert_two_halves, lightning_trainer, shares
-from test_frameworks import accelerate, launch  # tests/ is on sys.path, launched or not
+from _helpers import lightning_trainer
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import latecast
@@ -574,56 +571,6 @@ def test_the_lightning_mixin_counts_the_bytes_lightning_moved(tmp_path):
     assert s.usual_bytes == s.h2d_bytes and net.error <= 1e-6
 
 
-@pytest.mark.slow
-def test_lightning_ddp_injects_its_sampler_into_a_wrapped_dataloader(tmp_path):
-    """``trainer.fit(model, latecast.wrap(dl))`` under Lightning's DDP launcher: each rank its
-    own half, every sample once an epoch, normalized on the device (regression: every rank
-    trained on all 64 samples). ``trainer.validate`` and ``trainer.predict`` of a wrapped
-    loader with a partial last batch count and score what the original loader does."""
-    pytest.importorskip("lightning")
-    for how in ("fit", "datamodule"):  # fit(model, wrap(dl)); a DataModule's train_dataloader
-        out = tmp_path / how
-        out.mkdir()
-        launch(__file__, "lightning", out, how, cwd=tmp_path)
-        runs = [torch.load(out / f"rank{r}.pt") for r in range(2)]
-        assert_two_halves(runs, N)
-        assert shares(runs, 0) != shares(runs, 1)  # Lightning's set_epoch reached its sampler
-        for r in runs:
-            assert r["sampler"] == "DistributedSampler" and r["max_error"] <= 1e-6, how
-            e = r["evaluated"]
-            metrics, usual = e["wrapped", "validate"], e["plain", "validate"]
-            assert metrics["count"] == usual["count"] == 28  # 27 and the sampler's padding
-            assert metrics["loss"] == pytest.approx(usual["loss"], abs=1e-5), how
-            assert e["wrapped", "predict"] == e["plain", "predict"], how
-        predicted = [
-            i for r in runs for ids, _ in r["evaluated"]["wrapped", "predict"] for i in ids
-        ]
-        assert sorted(predicted) == list(range(27))  # predict's sampler pads nothing
-
-
-@pytest.mark.slow
-def test_accelerate_prepares_the_dataloader_that_wrap_then_moves(tmp_path):
-    """Under ``accelerate launch``: ``wrap(accelerator.prepare(dl, device_placement=[False]))``
-    is still accelerate's ``DataLoaderShard`` (its own tools recognise it), each rank gets its
-    own half, prepared on the device; ``gather_for_metrics`` over both ranks keeps every
-    sample once, as from the plain loader, with a last batch padded (27 samples in batches of
-    8 a rank) or not (32) (regression: 128 of 100 counted); ``prepare(wrap(dl))`` refused."""
-    pytest.importorskip("accelerate")
-    accelerate(__file__, "accelerate", tmp_path, cwd=tmp_path)
-    runs = [torch.load(tmp_path / f"acc{r}.pt") for r in range(2)]
-    assert_two_halves(runs, N)
-    for r in runs:
-        assert r["kind"] == "DataLoaderShard" and r["max_error"] <= 1e-6
-        assert "latecast.wrap(accelerator.prepare(dl, device_placement=[False])" in r["refused"]
-        for n in (27, 32):
-            (signals, metric), (want, usual) = (
-                r["evaluated"][n, "wrapped"],
-                r["evaluated"][n, "plain"],
-            )
-            assert signals == want and metric == pytest.approx(usual, abs=1e-6), n
-            assert sorted(sum((ids for *_, ids in signals), [])) == list(range(n))
-
-
 def uneven_data(n: int) -> TensorDataset:
     """``n`` uint8 NCHW images, sample ``i`` labelled ``i``: what a batch held is read off it."""
     rng = np.random.default_rng(n)
@@ -704,151 +651,3 @@ def test_accelerate_end_of_data_through_wrap_over_an_iterable_dataset(accelerato
     )
     assert signals == want and metric == pytest.approx(usual, abs=1e-6)
     assert signals[-1][0] is True and sum((ids for *_, ids in signals), []) == list(range(37))
-
-
-# -- the examples in the real shapes -----------------------------------------------------
-
-TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-EXAMPLES = {  # file: (the module it needs, how it is started, what it must print)
-    "imagenet_style.py": (
-        "torchvision",
-        [*TORCHRUN, "{path}", "--limit=240", "--epochs=1"],
-        ["rank 0 epoch 0: validated 61 of 61, 1 re-made", "rank 1 epoch 0: validated 61 of 61"],
-    ),
-    "timm_style.py": ("torch", ["{path}", "--steps=4"], ["(0.23% fewer: the labels)"]),
-    "hf_datasets.py": ("datasets", ["{path}", "--limit=600"], ["epoch 1:", "as the int64"]),
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", list(EXAMPLES))
-def test_examples_in_the_shape_of_real_programs_run(name, tmp_path):
-    module, argv, lines = EXAMPLES[name]
-    pytest.importorskip(module)
-    path = str(ROOT / "examples" / name)
-    out = launch(*[a.format(path=path) for a in argv], cwd=tmp_path).stdout
-    assert all(line in out for line in lines), out[-2000:]
-
-
-# -- what the launched processes run ----------------------------------------------------
-
-
-def _lightning(out: Path, how: str) -> None:
-    import lightning as L
-    import torch.nn.functional as F
-
-    images, data = ids_data()
-
-    class Net(L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.net, self.seen, self.error = torch.nn.Linear(90, N), [], 0.0
-
-        def training_step(self, batch, batch_idx):
-            x, ids = batch
-            self.seen.append([self.current_epoch, ids.tolist()])
-            want = reference(images[ids])
-            self.error = max(self.error, (x - want).abs().max().item())
-            return F.cross_entropy(self.net(x.flatten(1)), ids)
-
-        def validation_step(self, batch, batch_idx):
-            x, ids = batch
-            self.log("loss", F.cross_entropy(self.net(x.flatten(1)), ids), sync_dist=True)
-            self.log("count", float(len(ids)), reduce_fx="sum", sync_dist=True)
-
-        def predict_step(self, batch, batch_idx):
-            x, ids = batch
-            return ids, self.net(x.flatten(1)).argmax(1)
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=0.1)
-
-    def train():
-        dl = DataLoader(data, batch_size=BATCH, shuffle=True)
-        return latecast.wrap(dl, mean=MEAN, std=STD)
-
-    val = uneven_data(27)  # 2 ranks: 14 each, one padded by the sampler, in batches [8, 6]
-    floats = TensorDataset(reference(val.tensors[0]), val.tensors[1])  # ToTensor + Normalize
-
-    class Data(L.LightningDataModule):  # as LightningCLI's examples give their data
-        def train_dataloader(self):
-            return train()  # made inside Lightning's hook: it records the arguments itself
-
-        def val_dataloader(self):
-            return latecast.wrap(DataLoader(val, batch_size=BATCH), mean=MEAN, std=STD)
-
-        predict_dataloader = val_dataloader
-
-    model, trainer = (
-        Net(),
-        lightning_trainer(max_epochs=2, devices=2, strategy="ddp", enable_checkpointing=False),
-    )
-    if how == "fit":
-        trainer.fit(model, train_dataloaders=train())
-    else:
-        trainer.fit(model, datamodule=Data())
-    used = trainer.train_dataloader  # the loader Lightning re-made: still wrap's
-    evaluated = {}  # the same weights, evaluated through wrap and as the original would
-    for kind, loaders in (("wrapped", {"datamodule": Data()}), ("plain", None)):
-        for run in (trainer.validate, trainer.predict):
-            loaders = loaders or {"dataloaders": DataLoader(floats, batch_size=BATCH)}
-            if how == "fit" and kind == "wrapped":  # the loader given to the call itself
-                loaders = {"dataloaders": Data().val_dataloader()}
-            got = run(model, **loaders)
-            evaluated[kind, run.__name__] = (
-                got[0] if run == trainer.validate else [(i.tolist(), p.tolist()) for i, p in got]
-            )
-    torch.save(
-        {
-            "seen": model.seen,
-            "max_error": model.error,
-            "sampler": type(used.sampler).__name__,
-            "evaluated": evaluated,
-        },
-        out / f"rank{trainer.global_rank}.pt",
-    )
-
-
-def _accelerate(out: Path) -> None:
-    from accelerate import Accelerator
-
-    images, data = ids_data()
-    acc = Accelerator()
-    dl = DataLoader(data, batch_size=BATCH, shuffle=True)
-    train = latecast.wrap(acc.prepare(dl, device_placement=[False]), mean=MEAN, std=STD)
-    seen, error = [], 0.0
-    for epoch in range(2):
-        train.set_epoch(epoch)
-        for x, ids in train:
-            seen.append([epoch, ids.tolist()])
-            want = reference(images[ids])
-            error = max(error, (x - want).abs().max().item())
-    kind = next(c.__name__ for c in type(train).__mro__ if c.__module__.startswith("accel"))
-    evaluated = {}  # gather_for_metrics over 2 ranks: an uneven last batch, and an even one
-    for n in (27, 32):
-        for how in ("wrapped", "plain"):
-            dl = acc.prepare(DataLoader(uneven_data(n), batch_size=8), device_placement=[False])
-            loader = latecast.wrap(dl, mean=MEAN, std=STD) if how == "wrapped" else dl
-            evaluated[n, how] = end_signals(acc, loader, reference if how == "plain" else None)
-    try:
-        acc.prepare(latecast.wrap(DataLoader(data, batch_size=BATCH)))
-        refused = ""
-    except latecast.LatecastError as e:
-        refused = str(e)
-    torch.save(
-        {
-            "seen": seen,
-            "max_error": error,
-            "kind": kind,
-            "evaluated": evaluated,
-            "refused": refused,
-        },
-        out / f"acc{acc.process_index}.pt",
-    )
-    acc.end_training()  # exiting with the gloo group alive aborted a rank now and then
-
-
-if __name__ == "__main__":
-    {"lightning": _lightning, "accelerate": _accelerate}[sys.argv[1]](
-        Path(sys.argv[2]), *sys.argv[3:]
-    )

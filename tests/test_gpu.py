@@ -17,11 +17,6 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="module")
-def mnist():
-    return latecast.load_dataset("mnist", "train")
-
-
 def _batches(ds, name, device, n=6, **kw):
     loader = Loader(ds, 512, device=device, transfer=name, seed=11, **kw)
     out = []

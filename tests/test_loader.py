@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from _helpers import small
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler
@@ -18,20 +19,6 @@ from latecast.loader import Loader, epoch_order
 from latecast.transfer import MOVERS, ahead, float32_bytes
 
 STRATS = [name for name, m in MOVERS.items() if not m.encoded]  # uint8 pixels
-
-
-@pytest.fixture(scope="module")
-def mnist():
-    return latecast.load_dataset("mnist", "train")
-
-
-def small(n=300, shape=(28, 28, 1), classes=10, seed=0):
-    rng = np.random.default_rng(seed)
-    return latecast.from_arrays(
-        rng.integers(0, 256, (n, *shape), dtype=np.uint8),
-        rng.integers(0, classes, n),
-        classes=[str(i) for i in range(classes)],
-    )
 
 
 def collect(loader):

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _helpers import smooth
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
@@ -20,17 +21,6 @@ from latecast.jpegheader import jpeg_header, jpeg_headers
 from latecast.loader import Loader
 from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store
-
-
-def smooth(h: int, w: int, seed: int, grey: bool = False) -> np.ndarray:
-    """A photo-like image JPEG keeps well: a coloured gradient with a bright corner block."""
-    rng = np.random.default_rng(seed)
-    ys, xs = np.mgrid[0:h, 0:w]
-    img = np.stack([40 + 160 * (xs * rng.uniform() + ys * rng.uniform()) / (h + w)] * 3, -1)
-    img = img * rng.uniform(0.6, 1, 3)
-    img[: h // 3, : w // 4] = 240
-    img = img.clip(0, 255).astype(np.uint8)
-    return img[..., 0] if grey else img
 
 
 def jpeg(pixels: np.ndarray, orientation: int = 1, fmt: str = "JPEG") -> bytes:
@@ -87,7 +77,7 @@ def _pool() -> list[bytes]:
     a fill byte before the frame, cut around the frame's fields, a PNG."""
     one = [jpeg(smooth(h, w, h + w)) for h, w in [(32, 32), (32, 48), (48, 32)]]
     turned = [jpeg(smooth(24, 40, o), o) for o in (1, 6, 8)]
-    grey = [jpeg(smooth(32, 32, 5, grey=True))]
+    grey = [jpeg(smooth(32, 32, 5, channels=1))]
     buf = io.BytesIO()
     Image.fromarray(smooth(32, 32, 0)).save(buf, "JPEG", quality=50)
     f, at = one[0], _frame_at(one[0])
@@ -291,8 +281,8 @@ def test_files_of_mixed_sizes_need_a_declared_size(mixed_files):
 def test_grey_and_colour_files_come_out_with_the_channels_asked_for():
     import latecast
 
-    files = [jpeg(smooth(16, 16, 0, grey=True)), jpeg(smooth(16, 16, 1))]
-    grey = [jpeg(smooth(16, 16, 2, grey=True))] * 2
+    files = [jpeg(smooth(16, 16, 0, channels=1)), jpeg(smooth(16, 16, 1))]
+    grey = [jpeg(smooth(16, 16, 2, channels=1))] * 2
     for batch, fields, channels, mode in [
         (files, None, 3, "RGB"),  # undeclared: colour wins
         (files, {0: latecast.jpeg(channels=1)}, 1, "L"),

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from _helpers import PNG, assert_report
 
 from latecast.tools.measure import write_report
 from latecast.tools.profiling import (
@@ -16,7 +17,6 @@ from latecast.tools.profiling import (
     trace_totals,
 )
 
-PNG = b"\x89PNG\r\n\x1a\n"
 BATCH = 16
 
 
@@ -70,11 +70,8 @@ def test_bytes_per_step_follow_the_strategy(run):
 
 def test_report_and_plot(run):
     out, _ = run
-    md = (out / "report.md").read_text()
-    for name in ROWS:
-        assert (f"| {name} |" in md) == (name != "jpeg"), name  # jpeg: encoded stores only
-    assert "n/a (no device)" in md
-    assert (out / "profile.png").read_bytes().startswith(PNG)
+    rows = {name: name != "jpeg" for name in ROWS}  # jpeg: encoded stores only
+    assert "n/a (no device)" in assert_report(out / "report.md", out / "profile.png", rows)
 
 
 def test_gpu_trace_and_report_paths(tmp_path):

@@ -20,8 +20,10 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
+import _helpers
 import numpy as np
 import pytest
 import torch
@@ -66,14 +68,7 @@ def one_line_error(proc, *mentions: str) -> str:
     return lines[0]
 
 
-def tree(folder: Path) -> dict[str, bytes]:
-    """Every file under ``folder`` and its bytes (folders as None), but the run lock's record
-    of who held the folder last."""
-    return {
-        str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
-        for p in sorted(folder.rglob("*"))
-        if p.name != LOCK
-    }
+tree = partial(_helpers.tree, skip=(LOCK,))  # the run lock's record of who held it last aside
 
 
 @contextlib.contextmanager

@@ -13,11 +13,21 @@ import time
 import warnings
 import zlib
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
+import _helpers
 import numpy as np
 import pytest
-from _helpers import damage_mid_store, damage_scan, noise_jpeg, silent_damage
+from _helpers import (
+    damage_mid_store,
+    damage_scan,
+    jpeg_bytes,
+    noise_jpeg,
+    seed_of,
+    silent_damage,
+    tree,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -28,18 +38,7 @@ from latecast.storage import store
 from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store, write_store
 
-
-def seed_of(*parts) -> int:
-    """A seed from ``parts`` that is the same in every process (``hash`` of a str is not)."""
-    return zlib.crc32(repr(parts).encode())
-
-
-def small(n=10, shape=(6, 5, 3), classes=4, seed=0) -> Dataset:
-    rng = np.random.default_rng(seed)
-    images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
-    return from_arrays(
-        images, np.arange(n) % classes, name="small", classes=[f"c{i}" for i in range(classes)]
-    )
+small = partial(_helpers.small, n=10, shape=(6, 5, 3), classes=4)
 
 
 def same(a: Dataset, b: Dataset) -> bool:
@@ -264,12 +263,6 @@ def test_splits(tmp_path):
 
 
 # ---- row 55: the jpeg store -------------------------------------------------------------------
-
-
-def jpeg_bytes(pixels: np.ndarray, quality: int = 90) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, "JPEG", quality=quality)
-    return buf.getvalue()
 
 
 def encoded(n: int = 6, seed: int = 0) -> EncodedDataset:
@@ -780,13 +773,6 @@ def test_convert_without_pillow_says_how_to_install(tmp_path, monkeypatch):
 
 
 # ---- never delete what latecast did not write ----------------------------------------------
-
-
-def tree(path: Path) -> dict:
-    """Every file under ``path`` with its bytes: what must survive a refused write."""
-    return {
-        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()
-    }
 
 
 def project_with_meta_json(out: Path) -> None:

@@ -4,9 +4,9 @@ the clock: on the CPU. The CUDA halves are in test_gpu.py."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
+from _helpers import small
 
 import latecast
 from latecast.errors import ConfigError
@@ -19,21 +19,12 @@ from latecast.transforms import normalize
 AUG = latecast.Augment(crop=2, flip=0.5, cutout=3, fill="reflect")
 
 
-def small(n=300, shape=(8, 8, 3), classes=10, seed=0):
-    rng = np.random.default_rng(seed)
-    return latecast.from_arrays(
-        rng.integers(0, 256, (n, *shape), dtype=np.uint8),
-        rng.integers(0, classes, n),
-        classes=[str(i) for i in range(classes)],
-    )
-
-
 @pytest.mark.parametrize("transfer", [name for name, m in MOVERS.items() if not m.encoded])
 def test_static_batches_are_one_storage_and_equal_the_ordinary_loader(transfer):
     """Two epochs with augmentation: the static loader's outputs live in the same two
     buffers every step and hold exactly what the ordinary loader (dropping its partial last
     batch) yields for the same seed: same order, same augmentation draws, same normalize."""
-    ds = small()
+    ds = small(shape=(8, 8, 3))
     kw = dict(device="cpu", transfer=transfer, seed=5, augment=AUG, channels_last=True)
     ordinary = Loader(ds, 64, drop_last=True, **kw)
     static = Loader(ds, 64, static=True, **kw)
@@ -54,7 +45,7 @@ def test_static_batches_are_one_storage_and_equal_the_ordinary_loader(transfer):
 def test_staged_then_fill_is_the_same_batch_as_iterating():
     """What a CUDA graph replays (``staged`` on the host, ``fill`` on the device) gives the
     batches plain iteration gives, in the same buffers, and resumes at a position."""
-    ds = small()
+    ds = small(shape=(8, 8, 3))
     plain = Loader(ds, 32, device="cpu", transfer="resident", seed=2, augment=AUG, static=True)
     want = [(x.clone(), y.clone()) for x, y in plain]
     split = Loader(ds, 32, device="cpu", transfer="resident", seed=2, augment=AUG, static=True)
@@ -70,7 +61,7 @@ def test_staged_then_fill_is_the_same_batch_as_iterating():
 
 def test_staged_needs_a_static_resident_training_loader():
     for kw in (dict(transfer="uint8", static=True), dict(static=False), dict(pad=False)):
-        loader = Loader(small(), 32, device="cpu", **{"transfer": "resident", **kw})
+        loader = Loader(small(shape=(8, 8, 3)), 32, device="cpu", **{"transfer": "resident", **kw})
         with pytest.raises(ConfigError, match="staged"):
             loader.staged()
 

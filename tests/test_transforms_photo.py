@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
+from _helpers import smooth
 
 from latecast.config import parse_augment, parse_mix
 from latecast.data import from_arrays
@@ -24,13 +25,12 @@ from latecast.transforms import (
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-def smooth(n, h, w, c=3, seed=0) -> torch.Tensor:
-    """uint8 (n, h, w, c) with structure (gradients + noise), so resampling errors show."""
+def photos(n, h, w, c=3, seed=0) -> torch.Tensor:
+    """uint8 (n, h, w, c): ``smooth`` images with noise on them, so resampling errors show."""
     g = torch.Generator().manual_seed(seed)
-    ys, xs = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-    base = 127 + 100 * torch.sin(xs[None, :, :, None] / 3.0 + ys[None, :, :, None] / 5.0)
+    base = np.stack([smooth(h, w, seed + k, c).reshape(h, w, c) for k in range(n)])
     noise = torch.randint(-30, 31, (n, h, w, c), generator=g)
-    return (base + noise).clamp(0, 255).to(torch.uint8)
+    return (torch.from_numpy(base) + noise).clamp(0, 255).to(torch.uint8)
 
 
 def tv(image_hwc: torch.Tensor) -> torch.Tensor:
@@ -44,7 +44,7 @@ def close(a: torch.Tensor, b: torch.Tensor) -> int:
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("size", [(16, 16), (40, 24)])  # smaller: antialias; larger: upscale
 def test_resized_crop_equals_torchvision(device, size):
-    x = smooth(6, 30, 36).to(device)
+    x = photos(6, 30, 36).to(device)
     boxes = torch.tensor(
         [
             [0, 0, 30, 36],
@@ -66,7 +66,7 @@ def test_resized_crop_equals_torchvision(device, size):
 
 
 def test_resized_crop_takes_images_of_different_sizes():
-    images = [smooth(1, h, w, c=1, seed=h)[0] for h, w in ((50, 70), (9, 12), (33, 33))]
+    images = [photos(1, h, w, c=1, seed=h)[0] for h, w in ((50, 70), (9, 12), (33, 33))]
     boxes = torch.tensor([[5, 10, 40, 50], [0, 0, 9, 12], [1, 2, 30, 31]])
     out = resized_crop(images, boxes, (20, 20))
     assert out.shape == (3, 20, 20, 1)
@@ -79,7 +79,7 @@ def test_resized_crop_takes_images_of_different_sizes():
 def test_augment_draws_its_resized_crop_boxes_on_the_host(device):
     """One path, as Prepare takes it: crop_boxes on a CPU generator (for a device generator:
     torch's default CPU one), then resized_crop; nothing is drawn on the device."""
-    x, aug = smooth(8, 20, 24).to(device), Augment(resized_crop=0.3)
+    x, aug = photos(8, 20, 24).to(device), Augment(resized_crop=0.3)
     boxes = aug.crop_boxes(torch.tensor([[20, 24]]).expand(8, 2), torch.Generator().manual_seed(3))
     g = torch.Generator(device=device).manual_seed(3)
     torch.manual_seed(3)
@@ -123,7 +123,7 @@ def test_centre_boxes_cover_then_crop_the_centre():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("channels", [3, 1])
 def test_color_jitter_equals_torchvision_adjust_ops(device, channels):
-    x = smooth(12, 9, 11, c=channels).to(device)
+    x = photos(12, 9, 11, c=channels).to(device)
     factors = torch.tensor(
         [[1.0, 1.0, 1.0], [0.6, 1.0, 1.0], [1.4, 1.0, 1.0], [1.0, 0.5, 1.0], [1.0, 1.6, 1.0]]
         + [[1.0, 1.0, 0.3], [1.0, 1.0, 1.7], [0.7, 1.3, 0.6], [1.3, 0.7, 1.4], [0.0, 1.0, 1.0]]
@@ -157,7 +157,7 @@ def test_alternating_flip_alternates_per_sample_not_per_position():
 def test_altflip_in_a_loader_flips_each_image_on_alternate_epochs():
     """Through the Loader (shuffled, so positions change): every image's orientation flips
     between consecutive epochs."""
-    x = smooth(40, 6, 5)
+    x = photos(40, 6, 5)
     ds = from_arrays(x, np.arange(40), mean=(0.0,) * 3, std=(1 / 255,) * 3)
     loader = Loader(ds, 16, device="cpu", augment=Augment(altflip=True), seed=1)
     seen = []
@@ -186,11 +186,11 @@ def test_new_augment_names_parse_and_round_trip():
     with pytest.raises(ConfigError, match="resized_crop must be a number >= 0 and <= 1"):
         Augment(resized_crop=1.5)
     with pytest.raises(ConfigError, match="needs the samples' dataset indices"):
-        Augment(altflip=True)(smooth(2, 4, 4), torch.Generator())
+        Augment(altflip=True)(photos(2, 4, 4), torch.Generator())
 
 
 def test_augment_with_the_new_ops_keeps_shape_and_is_deterministic():
-    x = smooth(16, 20, 24)
+    x = photos(16, 20, 24)
     aug = Augment(resized_crop=0.3, flip=0.5, jitter=0.4, cutout=4)
     a, b = aug(x, torch.Generator().manual_seed(5)), aug(x, torch.Generator().manual_seed(5))
     assert a.shape == x.shape and a.dtype == torch.uint8 and torch.equal(a, b)
@@ -227,7 +227,7 @@ def test_mix_hook_takes_torchvisions_mixup():
     """torchvision v2's MixUp goes in as ``lambda x, y, g: mixup(x, y)``; labels come out soft."""
     from torchvision.transforms import v2
 
-    ds = from_arrays(smooth(32, 8, 8), np.arange(32) % 4)
+    ds = from_arrays(photos(32, 8, 8), np.arange(32) % 4)
     mixup = v2.MixUp(num_classes=4)
     loader = Loader(ds, 8, device="cpu", mix=lambda x, y, g: mixup(x, y))
     images, labels = next(iter(loader))

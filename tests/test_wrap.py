@@ -21,7 +21,6 @@ from latecast.errors import BatchError, ConfigError
 from latecast.loader import Loader
 from latecast.prepare import Prepare
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MEAN, STD = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
 
 
@@ -189,17 +188,6 @@ def test_token_batches_cross_as_two_bytes_per_token(tmp_path):
     assert s.label_bytes == s.h2d_bytes == steps * per_step * 2  # 2 bytes per token
     assert s.usual_bytes == steps * per_step * 2  # as they arrive (nanoGPT's own: int64, 8)
     assert s.copies == s.batches == steps  # x and y in one copy
-
-
-def test_nanogpt_example_runs():
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLES / "nanogpt_tokens.py"), "--steps", "5"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "2 bytes per token" in proc.stdout and "8 as int64" in proc.stdout
 
 
 # -- what passes through to the wrapped object ------------------------------------------

@@ -3,10 +3,11 @@
 lists of tensors. ``make_golden.py`` saves them from b931d8b's code (``b931d8b.pt``);
 ``tests/test_golden.py`` runs them again and compares bit for bit.
 
-Everything is built here, from fixed seeds, on the CPU: no shared data, no network. A case is
-``name -> fn(tmp) -> list[tensor]`` (``tmp``: a folder the cases share, where the JPEG store
-is converted once); the JPEG cases run once per CPU decoder, saved as ``name@decoder``. The
-inputs stay small so the saved file stays near 1.5 MB.
+Everything is built here, from fixed seeds, on the CPU: no shared data, no network, nothing
+from ``tests/_helpers.py`` (a helper changed for another test must not change what is compared
+with b931d8b's batches). A case is ``name -> fn(tmp) -> list[tensor]`` (``tmp``: a folder the
+cases share, where the JPEG store is converted once); the JPEG cases run once per CPU decoder,
+saved as ``name@decoder``. The inputs stay small so the saved file stays near 1.5 MB.
 """
 
 from __future__ import annotations
