@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 import latecast
-from latecast.lightning import PrepareOnDevice
+from latecast import PrepareOnDevice
 
 
 # --8<-- [start:module]

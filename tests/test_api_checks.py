@@ -11,7 +11,7 @@ import torch
 
 import latecast
 from latecast.errors import BatchError, ConfigError, FormatError, LatecastError
-from latecast.lightning import PrepareOnDevice
+from latecast import PrepareOnDevice
 from latecast.loader import Loader
 from latecast.transforms import Augment, Erasing, Mix
 from latecast.wrapper import Fields
@@ -300,3 +300,13 @@ def test_the_other_entry_points_take_no_raw_python_error_from_their_arguments(ti
             continue
         with pytest.raises(LatecastError):  # "x": no such dataset, store or split: said so
             call()
+
+
+def test_the_old_lightning_module_name_stays_as_an_alias_that_says_so():
+    import importlib
+
+    import latecast.lightning as old
+
+    with pytest.warns(DeprecationWarning, match="latecast.integrations.lightning"):
+        importlib.reload(old)
+    assert old.PrepareOnDevice is PrepareOnDevice

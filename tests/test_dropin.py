@@ -227,7 +227,7 @@ def test_mean_std_in_0_255_units_is_one_error():
     mean, std = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
     with pytest.raises(latecast.LatecastError, match="divide them by 255"):
         latecast.wrap(DataLoader(ids_data()[1]), mean=mean, std=std, device="cpu")
-    from latecast.lightning import PrepareOnDevice
+    from latecast import PrepareOnDevice
 
     with pytest.raises(latecast.LatecastError, match="divide them by 255"):
         PrepareOnDevice().prepare_on_device(mean=mean, std=std)
@@ -526,7 +526,7 @@ def test_the_lightning_mixin_listed_after_lightningmodule_is_one_error():
     """After LightningModule in the bases, Lightning's own ``on_after_batch_transfer``
     would run and the batches stay uint8, silently."""
     L = pytest.importorskip("lightning")
-    from latecast.lightning import PrepareOnDevice
+    from latecast import PrepareOnDevice
 
     with pytest.raises(latecast.LatecastError, match=r"list PrepareOnDevice before DataHooks"):
 
@@ -543,7 +543,7 @@ def test_the_lightning_mixin_counts_the_bytes_lightning_moved(tmp_path):
     L = pytest.importorskip("lightning")
     import torch.nn.functional as F
 
-    from latecast.lightning import PrepareOnDevice
+    from latecast import PrepareOnDevice
 
     images, _ = ids_data()
 

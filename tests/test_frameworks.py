@@ -65,7 +65,7 @@ def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, TensorDataset
 
-    from latecast.lightning import PrepareOnDevice
+    from latecast import PrepareOnDevice
 
     rng = np.random.default_rng(0)
     images = torch.from_numpy(rng.integers(0, 256, (N, 6, 5, 3), dtype=np.uint8))
