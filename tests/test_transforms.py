@@ -179,8 +179,9 @@ def test_bad_settings_rejected():
     with pytest.raises(ConfigError, match="cutout must be an integer >= 0, got -1"):
         Augment(cutout=-1)
     bad = ({"crop": -1}, {"flip": True}, {"cutout": 2.0}, {"fill": "wrap"}, {"altflip": 1})
-    for kwargs in (*bad, {"jitter": float("nan")}, {"resized_crop": float("inf")}):
-        with pytest.raises(ConfigError):
+    odd = ({"jitter": float("nan")}, {"resized_crop": float("inf")})
+    for kwargs in (*bad, *odd, {"fill": np.array(["zero", "reflect"])}):  # no numpy ValueError
+        with pytest.raises(ConfigError, match=f"{next(iter(kwargs))} must be"):
             Augment(**kwargs)
 
 
