@@ -121,9 +121,7 @@ def _check_batch(images: torch.Tensor, fn: str, generator, floats: bool = False)
     tensor = isinstance(images, torch.Tensor)
     kind = tensor and (images.is_floating_point() if floats else images.dtype == torch.uint8)
     if not (kind and images.ndim == 4):
-        got = (
-            f"{images.dtype} with shape {tuple(images.shape)}" if tensor else type(images).__name__
-        )
+        got = f"{images.dtype} {tuple(images.shape)}" if tensor else type(images).__name__
         want = "a float tensor (N, C, H, W)" if floats else "a uint8 tensor (N, H, W, C)"
         raise ConfigError(f"{fn} expects {want}, got {got}")
     gen = generator is None or isinstance(generator, torch.Generator)
@@ -261,14 +259,6 @@ def erase_boxes(images: torch.Tensor, boxes: torch.Tensor, fill) -> torch.Tensor
 def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
     """Mirror ``-(n-1)..2(n-1)`` into ``0..n-1`` without repeating the edge, as ``np.pad``."""
     return (n - 1) - ((n - 1) - i.abs()).abs()
-
-
-def _check_reflect(images: torch.Tensor, padding: int, fill: str) -> None:
-    _, h, w, _ = images.shape  # the one setting that depends on the images' size
-    if fill == "reflect" and padding >= min(h, w):
-        raise ConfigError(
-            f"crop fill='reflect' needs padding < {min(h, w)} for {h}x{w} images, got {padding}"
-        )
 
 
 # ---- photo augmentations: resized crop, colour jitter, alternating flip ------------------
@@ -415,8 +405,10 @@ class Moves:
     def shift_and_flip(self, x: torch.Tensor) -> torch.Tensor:
         """The crop, then the flips, on ``(N, H, W, C)`` of any dtype: gathers, or on the CPU
         copies of rows (``_windows``); exact either way."""
-        if self.shifts is not None:
-            _check_reflect(x, self.augment.crop, self.augment.fill)
+        (h, w), aug = x.shape[1:3], self.augment  # reflect: the one setting the size limits
+        if self.shifts is not None and aug.fill == "reflect" and aug.crop >= min(h, w):
+            msg = f"needs padding < {min(h, w)} for {h}x{w} images, got {aug.crop}"
+            raise ConfigError(f"crop fill='reflect' {msg}")
         if x.device.type == "cpu" and (self.shifts is not None or self.flips is not None):
             return _windows(x, self.shifts, self.flips, self.augment.fill)
         if self.shifts is not None:
@@ -466,7 +458,7 @@ class Augment:
     def __post_init__(self) -> None:
         for name, (kind, high) in _AUGMENT_NUMBERS.items():  # each >= 0
             object.__setattr__(self, name, check(getattr(self, name), name, kind, 0, high))
-        check(self.fill, "fill", _FILLS)
+        object.__setattr__(self, "fill", check(self.fill, "fill", _FILLS))
         check(self.altflip, "altflip", bool)
         if self.altflip and self.flip:
             raise ConfigError("choose flip or altflip, not both")
