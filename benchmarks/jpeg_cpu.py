@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np, torch
 torch.set_num_threads(1)
 from torchcodec.decoders._image_decoders import ImageReadMode, _decode_jpeg
-from latecast.config import parse_augment
 from latecast.data import Encoded
 from latecast.decode import decode
 from latecast.loader import Loader
+from latecast.transforms import Augment
 from latecast.transforms import resized_crop_params
 kind, where, batches, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 if kind == "cifar":
@@ -69,7 +69,7 @@ boxes = [None if kind == "cifar" else resized_crop_params(b.sizes, (0.08, 1), ge
 files = [f for b in encoded for f in b.files()]
 mode = ImageReadMode[{1: "GRAY", 3: "RGB"}[ds.channels]]
 n = bs * batches
-loader = Loader(ds, bs, device="cpu", transfer="jpeg", augment=parse_augment(augment), seed=0)
+loader = Loader(ds, bs, device="cpu", transfer="jpeg", augment=Augment.parse(augment), seed=0)
 print(json.dumps({
     "floor": best(lambda: [_decode_jpeg(f, mode.value) for f in files], n),
     "decode": best(lambda: [decode(b, size, x) for b, x in zip(encoded, boxes)], n),

@@ -32,13 +32,13 @@ import numpy as np
 import torch
 from jpeg_folder import encoded_folder
 
-from latecast.config import parse_augment
 from latecast.distributed import resolve_device
 from latecast.loader import Loader
 from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store
 from latecast.tools.measure import epochs, markdown_table, rates, run_info, to_device
 from latecast.transfer import Jpeg, float32_bytes, uint8_bytes
+from latecast.transforms import Augment
 
 
 def torchvision_rows(folder: Path, ds, args, device, workers: list[int]) -> dict:
@@ -46,7 +46,7 @@ def torchvision_rows(folder: Path, ds, args, device, workers: list[int]) -> dict
     from torchvision import datasets
     from torchvision import transforms as T
 
-    aug, size = parse_augment(args.augment), ds.size
+    aug, size = Augment.parse(args.augment), ds.size
     crop = (
         [T.RandomResizedCrop(size, scale=(aug.resized_crop, 1.0))]
         if aug is not None and aug.resized_crop
@@ -73,7 +73,7 @@ def torchvision_rows(folder: Path, ds, args, device, workers: list[int]) -> dict
 
 
 def latecast_rows(ds, raw, args, device, workers: list[int]) -> dict:
-    aug, out = parse_augment(args.augment), {}
+    aug, out = Augment.parse(args.augment), {}
     threads_before = torch.get_num_threads()
     for t in sorted({max(w, 1) for w in workers}) if device.type == "cpu" else [0]:
         if t:

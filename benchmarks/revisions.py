@@ -11,7 +11,8 @@ Each run: MNIST (the bundled copy, or ``--dataset``: a name or a store folder),
 ``Loader(train, BATCH, device="cpu", transfer=T, augment=A)``, best images/s of ``--epochs``
 whole epochs per transfer (the first is a warm-up) and the process CPU seconds of that
 epoch, at torch's default threads or ``--threads``. Uses only latecast's public API (and
-``parse_augment``: ``config``'s, before issue 15 ``transforms``'). The CIFAR-10 row of
+``Augment.parse``: before issue 35 ``config.parse_augment``, before issue 15
+``transforms``'). The CIFAR-10 row of
 issue 21:
 
     python benchmarks/revisions.py 80a3fa1 HEAD --dataset STORE --augment crop=4,flip=0.5 \
@@ -34,10 +35,12 @@ TIMING = """
 import json, sys, time
 import torch
 import latecast
-try:
-    from latecast.config import parse_augment
-except ImportError:  # before issue 15's layout
-    from latecast.transforms import parse_augment
+parse_augment = getattr(latecast.Augment, "parse", None)
+if parse_augment is None:  # before issue 35
+    try:
+        from latecast.config import parse_augment
+    except ImportError:  # before issue 15's layout
+        from latecast.transforms import parse_augment
 transfers, batch, epochs, dataset, augment, threads = sys.argv[1:]
 if int(threads):
     torch.set_num_threads(int(threads))

@@ -23,9 +23,9 @@ from _helpers import tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from latecast.config import kind
 from latecast.data import from_arrays
 from latecast.storage.datasets import BUNDLED, load_dataset
+from latecast.storage.options import kind
 from latecast.storage.store import write_store
 from latecast.trainer.loop import PRESETS, TrainConfig
 from latecast.trainer.models import MODELS

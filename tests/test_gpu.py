@@ -118,7 +118,6 @@ def test_replayed_step_equals_the_eager_step(mnist):
 
 
 def _replay_vs_eager(mnist):
-    from latecast.config import parse_augment
     from latecast.trainer.graphed import GraphedStep
     from latecast.trainer.loop import TrainConfig, loss_of, model_and_optimizer, resolve_config
 
@@ -142,7 +141,7 @@ def _replay_vs_eager(mnist):
         transfer="resident",
         seed=3,
         static=True,
-        augment=parse_augment(config.augment),
+        augment=latecast.Augment.parse(config.augment),
         channels_last=config.channels_last,
     )
     torch.manual_seed(0)

@@ -6,6 +6,7 @@ import gzip
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import latecast
@@ -53,6 +54,13 @@ def test_seeded_runs_are_reproducible_on_cpu(tmp_path):
 def test_bad_config_values_are_named(field, value, tmp_path):
     with pytest.raises(ConfigError, match=field):
         train(TrainConfig(**{field: value}, output_dir=str(tmp_path)))
+
+
+def test_an_array_where_a_choice_goes_is_named_not_a_raw_numpy_error():
+    """numpy cannot say whether an array is among the choices ("truth value ... ambiguous"):
+    the field is named instead (docs/RELIABILITY.md row 184)."""
+    with pytest.raises(ConfigError, match="transfer must be one of float32, .*got array"):
+        TrainConfig(transfer=np.array(["uint8", "auto"]))
 
 
 @pytest.mark.parametrize("transfer", ["float32", "uint8", "prefetch", "resident", "auto"])

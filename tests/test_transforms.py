@@ -9,19 +9,15 @@ from torch.overrides import TorchFunctionMode
 
 import latecast
 from latecast import transforms
-from latecast.config import parse_augment
 from latecast.errors import ConfigError
 from latecast.transforms import (
     Augment,
     Moves,
     crop_params,
-    cutout,
     cutout_params,
     erase,
     flip,
     flip_params,
-    random_crop,
-    random_flip,
     translate,
 )
 
@@ -67,38 +63,49 @@ def ref_cutout(x: torch.Tensor, size: int, seed: int) -> torch.Tensor:
     return out
 
 
+def both_ways(x: torch.Tensor, seed: int, op: str, value, fill: str = "zero") -> list:
+    """One op of an ``Augment`` applied by it (on the CPU: copies of rows) and by its batched
+    applying half (a gather or mask, what the GPU runs), each from its draw on ``gen(seed)``."""
+    g = gen(seed, x.device.type)
+    half = {
+        "crop": lambda: translate(x, crop_params(x, value, g), fill=fill),
+        "flip": lambda: flip(x, flip_params(x, value, g)),
+        "cutout": lambda: erase(x, cutout_params(x, g), value),
+    }[op]()
+    return [Augment(**{op: value}, fill=fill)(x, gen(seed, x.device.type)), half]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("padding", [1, 3, 9])
 @pytest.mark.parametrize("fill", ["zero", "reflect"])
 def test_crop_equals_pad_then_slice_reference(padding, fill, device):
     x = batch().to(device)
-    assert torch.equal(
-        random_crop(x, padding, fill=fill, generator=gen(5, device)),
-        ref_crop(x, padding, fill, seed=5),
-    )
+    for got in both_ways(x, 5, "crop", padding, fill):
+        assert torch.equal(got, ref_crop(x, padding, fill, seed=5))
 
 
 def test_reflect_padding_matches_numpy_at_the_extreme_offset():
     x = batch(n=1, h=5, w=4, c=1)
     # padding 3 on a 4-wide image: every reflected index reaches the far mirror.
     for seed in range(20):
-        assert torch.equal(
-            random_crop(x, 3, fill="reflect", generator=gen(seed)), ref_crop(x, 3, "reflect", seed)
-        )
+        for got in both_ways(x, seed, "crop", 3, "reflect"):
+            assert torch.equal(got, ref_crop(x, 3, "reflect", seed))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("p", [0.3, 0.5, 1.0])
 def test_flip_equals_reference(p, device):
     x = batch().to(device)
-    assert torch.equal(random_flip(x, p, generator=gen(2, device)), ref_flip(x, p, seed=2))
+    for got in both_ways(x, 2, "flip", p):
+        assert torch.equal(got, ref_flip(x, p, seed=2))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("size", [1, 4, 7, 30])
 def test_cutout_equals_reference(size, device):
     x = batch().to(device) | 1  # no zero pixels, so only the square is zero
-    assert torch.equal(cutout(x, size, generator=gen(3, device)), ref_cutout(x, size, seed=3))
+    for got in both_ways(x, 3, "cutout", size):
+        assert torch.equal(got, ref_cutout(x, size, seed=3))
 
 
 def test_parameters_differ_per_image():
@@ -108,18 +115,14 @@ def test_parameters_differ_per_image():
     assert shifts.min() == -4 and shifts.max() == 4
     # The same image repeated must come out in many different ways within one batch.
     same = x[:1].expand(200, -1, -1, -1)
-    for f in (
-        lambda b: random_crop(b, 4, generator=gen(1)),
-        lambda b: random_flip(b, generator=gen(1)),
-        lambda b: cutout(b | 1, 4, generator=gen(1)),
-    ):
-        assert len({bytes(img.numpy()) for img in f(same)}) > 1
+    for aug in (Augment(crop=4), Augment(flip=0.5), Augment(cutout=4)):
+        assert len({bytes(img.numpy()) for img in aug(same | 1, gen(1))}) > 1
 
 
 def test_flip_rate_is_near_half_per_image():
     x = batch(n=4000, h=2, w=3, c=1)
     x[:, :, 0], x[:, :, 2] = 1, 2  # asymmetric, so a flip is visible
-    flipped = (random_flip(x, generator=gen(9))[:, 0, 0, 0] == 2).float()
+    flipped = (Augment(flip=0.5)(x, gen(9))[:, 0, 0, 0] == 2).float()
     # 4000 Bernoulli(0.5): sd of the mean 0.008, so +-0.05 is > 6 sd; 0%, 100% or one
     # decision per batch fail.
     assert abs(flipped.mean().item() - 0.5) < 0.05
@@ -134,10 +137,8 @@ def test_same_seed_same_output_other_seed_differs():
 
 def test_off_is_identity_and_shape_dtype_kept():
     x = batch()
-    assert torch.equal(random_crop(x, 0), x)
-    assert torch.equal(random_flip(x, p=0.0), x)
-    assert torch.equal(cutout(x, 0), x)
-    assert torch.equal(Augment()(x), x)
+    for off in (Augment(crop=0), Augment(flip=0.0), Augment(cutout=0), Augment()):
+        assert torch.equal(off(x), x)
     y = Augment(crop=2, flip=0.5, cutout=3, fill="reflect")(x, gen(0))
     assert y.shape == x.shape and y.dtype == torch.uint8
 
@@ -145,7 +146,9 @@ def test_off_is_identity_and_shape_dtype_kept():
 def test_augment_applies_crop_then_flip_then_cutout():
     x = batch()
     g = gen(4)
-    expected = cutout(random_flip(random_crop(x, 2, generator=g), 0.5, generator=g), 5, generator=g)
+    expected = translate(x, crop_params(x, 2, g))
+    expected = flip(expected, flip_params(expected, 0.5, g))
+    expected = erase(expected, cutout_params(expected, g), 5)
     assert torch.equal(Augment(crop=2, flip=0.5, cutout=5)(x, gen(4)), expected)
 
 
@@ -158,29 +161,27 @@ def test_augment_applies_crop_then_flip_then_cutout():
     ],
 )
 def test_bad_input_names_expected_and_received(bad):
-    for f in (
-        lambda: random_crop(bad, 2),
-        lambda: random_flip(bad),
-        lambda: cutout(bad, 2),
-        lambda: Augment(flip=0.5)(bad),
-    ):
-        with pytest.raises(ConfigError, match=r"uint8 tensor \(N, H, W, C\), got"):
-            f()
+    for aug in (Augment(crop=2), Augment(flip=0.5), Augment(cutout=2)):
+        with pytest.raises(
+            ConfigError, match=r"Augment expects a uint8 tensor \(N, H, W, C\), got"
+        ):
+            aug(bad)
 
 
 def test_bad_settings_rejected():
     x = batch(h=4, w=4)
     with pytest.raises(ConfigError, match="needs padding < 4"):
-        random_crop(x, 4, fill="reflect")
-    with pytest.raises(ConfigError, match="fill"):
-        random_crop(x, 1, fill="edge")
-    with pytest.raises(ConfigError, match="probability"):
-        random_flip(x, 1.5)
-    with pytest.raises(ConfigError, match="size"):
-        cutout(x, -1)
+        Augment(crop=4, fill="reflect")(x)
+    with pytest.raises(ConfigError, match="fill must be one of zero, reflect, got 'edge'"):
+        translate(x, crop_params(x, 1), fill="edge")
+    with pytest.raises(ConfigError, match="flip must be a number >= 0 and <= 1, got 1.5"):
+        Augment(flip=1.5)
+    with pytest.raises(ConfigError, match="cutout must be an integer >= 0, got -1"):
+        Augment(cutout=-1)
     bad = ({"crop": -1}, {"flip": True}, {"cutout": 2.0}, {"fill": "wrap"}, {"altflip": 1})
-    for kwargs in (*bad, {"jitter": float("nan")}, {"resized_crop": float("inf")}):
-        with pytest.raises(ConfigError):
+    odd = ({"jitter": float("nan")}, {"resized_crop": float("inf")})
+    for kwargs in (*bad, *odd, {"fill": np.array(["zero", "reflect"])}):  # no numpy ValueError
+        with pytest.raises(ConfigError, match=f"{next(iter(kwargs))} must be"):
             Augment(**kwargs)
 
 
@@ -205,24 +206,24 @@ def test_a_batch_is_checked_where_it_comes_in_not_in_every_transform(monkeypatch
 def test_generator_on_another_device_rejected():
     meta = torch.zeros(2, 4, 4, 1, dtype=torch.uint8, device="meta")
     with pytest.raises(ConfigError, match="generator is on cpu"):
-        random_flip(meta, generator=gen(0))
+        Augment(flip=0.5)(meta, gen(0))
 
 
 def test_parse_augment():
-    assert parse_augment("") is None and parse_augment(" None ") is None
-    assert parse_augment("crop,flip,cutout") == Augment(crop=4, flip=0.5, cutout=8)
-    assert parse_augment("crop=2, cutout=6,fill=reflect") == Augment(
+    assert Augment.parse("") is None and Augment.parse(" None ") is None
+    assert Augment.parse("crop,flip,cutout") == Augment(crop=4, flip=0.5, cutout=8)
+    assert Augment.parse("crop=2, cutout=6,fill=reflect") == Augment(
         crop=2, cutout=6, fill="reflect"
     )
-    assert parse_augment("flip=0.25") == Augment(flip=0.25)
-    for aug in (Augment(crop=3, flip=0.1, cutout=2, fill="reflect"), Augment(flip=1.0)):
-        assert parse_augment(str(aug)) == aug
+    assert Augment.parse("flip=0.25") == Augment(flip=0.25)
+    for aug in (Augment(crop=3, flip=0.1, cutout=2, fill="reflect"), Augment(flip=1.0), Augment()):
+        assert Augment.parse(str(aug)) == aug
     with pytest.raises(ConfigError, match=r"unknown augmentation 'rotate'.*valid: crop"):
-        parse_augment("crop,rotate")
+        Augment.parse("crop,rotate")
     with pytest.raises(ConfigError, match="not a valid int"):
-        parse_augment("crop=x")
+        Augment.parse("crop=x")
     with pytest.raises(ConfigError, match="twice"):
-        parse_augment("flip,flip")
+        Augment.parse("flip,flip")
 
 
 def test_applying_halves_take_explicit_parameters():

@@ -7,7 +7,6 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from _helpers import smooth
 
-from latecast.config import parse_augment, parse_mix
 from latecast.data import from_arrays
 from latecast.errors import ConfigError
 from latecast.loader import Loader
@@ -172,17 +171,17 @@ def test_altflip_in_a_loader_flips_each_image_on_alternate_epochs():
 
 
 def test_new_augment_names_parse_and_round_trip():
-    aug = parse_augment("resized_crop,flip,jitter")
+    aug = Augment.parse("resized_crop,flip,jitter")
     assert aug == Augment(resized_crop=0.35, flip=0.5, jitter=0.4)
-    assert parse_augment("resized_crop=0.08,altflip,jitter=0.2,cutout=4") == Augment(
+    assert Augment.parse("resized_crop=0.08,altflip,jitter=0.2,cutout=4") == Augment(
         resized_crop=0.08, altflip=True, jitter=0.2, cutout=4
     )
     for a in (aug, Augment(altflip=True, crop=2, fill="reflect"), Augment(resized_crop=1.0)):
-        assert parse_augment(str(a)) == a
+        assert Augment.parse(str(a)) == a
     with pytest.raises(ConfigError, match="choose flip or altflip"):
-        parse_augment("flip,altflip")
+        Augment.parse("flip,altflip")
     with pytest.raises(ConfigError, match=r"altflip=\'yes\'.*not a valid bool"):
-        parse_augment("altflip=yes")
+        Augment.parse("altflip=yes")
     with pytest.raises(ConfigError, match="resized_crop must be a number >= 0 and <= 1"):
         Augment(resized_crop=1.5)
     with pytest.raises(ConfigError, match="needs the samples' dataset indices"):
@@ -212,14 +211,16 @@ def test_mix_is_torchvisions_mixup_and_cutmix():
                 assert torch.equal(images[:, :, ~pasted[0]], x[:, :, ~pasted[0]])
             again = mix(x, y, torch.Generator().manual_seed(seed))
             assert torch.equal(again[0], images) and torch.equal(again[1], soft)
-    assert parse_mix("none", 10) is None
-    assert parse_mix("mixup=0.2,cutmix", 10) == Mix(classes=10, mixup=0.2, cutmix=1.0)
+    assert Mix.parse("none", 10) is None
+    assert Mix.parse("mixup=0.2,cutmix", 10) == Mix(classes=10, mixup=0.2, cutmix=1.0)
+    for mix in (Mix(10, mixup=0.2), Mix(10, cutmix=0.5), Mix(10, 1.0, 1.0), Mix(10)):
+        assert Mix.parse(str(mix), 10) == mix
     with pytest.raises(ConfigError, match="unknown mix 'mosaic'"):
-        parse_mix("mosaic", 10)
+        Mix.parse("mosaic", 10)
     with pytest.raises(ConfigError, match="classes must be an integer >= 1, got 0"):
         Mix(classes=0)
     with pytest.raises(ConfigError, match="mixup must be a number >= 0, got -0.5"):
-        parse_mix("mixup=-0.5", 10)
+        Mix.parse("mixup=-0.5", 10)
     assert Mix(classes=np.int64(3), mixup=np.float32(0.5)) == Mix(classes=3, mixup=0.5)
 
 

@@ -1,14 +1,15 @@
 """latecast's exceptions: one type per family, all subclasses of ``LatecastError``.
 
 Every message names the file or value, what was expected and what was found, so the CLI
-can print it as one line (exit code 1) without a traceback. ``refuse`` and ``numbers_of`` are
-how the Python API's entry points check their arguments.
+can print it as one line (exit code 1) without a traceback. ``check``, ``refuse`` and
+``numbers_of`` are how the Python API's entry points check their arguments.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import operator
 from typing import Any
 
 
@@ -63,6 +64,41 @@ def numbers_of(value: Any, kind: type = float) -> tuple | None:
     if not items or not all(real) or not all(map(math.isfinite, items)):
         return None
     return tuple(map(kind, items))
+
+
+_BOUNDS = {"low": (">=", operator.ge), "above": (">", operator.gt)}
+_BOUNDS |= {"high": ("<=", operator.le), "below": ("<", operator.lt)}
+_KINDS = {int: (numbers.Integral, "an integer"), float: (numbers.Real, "a number")}
+_KINDS |= {bool: (bool, "true or false"), str: (str, "a string")}
+
+
+def check(value: Any, name: str, kind: Any = int, low=None, high=None, *, above=None, below=None):
+    """``value`` if it is a ``kind``, else one ConfigError naming ``name`` and the value:
+    ``int`` (numpy's too, never a bool) or finite ``float``, returned as that type, within
+    ``low <= value <= high`` and ``above < value < below`` (None: no bound); ``bool``; ``str``
+    (no NUL: no file or name holds one); or a tuple of the values allowed (equal, of its type).
+
+    Example:
+        >>> check(0.5, "flip", float, 0, 1)
+        0.5
+    """
+    if isinstance(kind, tuple):
+        for v in kind:
+            if isinstance(value, type(v)) and value == v:  # never numpy's array of answers
+                return v
+        raise ConfigError(f"{name} must be one of {', '.join(map(str, kind))}, got {value!r:.60}")
+    want, what = _KINDS[kind]
+    ok = isinstance(value, want) and (kind is bool or not isinstance(value, bool))
+    if ok and kind is str and "\0" in value:
+        raise ConfigError(f"{name} must not contain a NUL character, got {value!r:.60}")
+    given = dict(low=low, above=above, high=high, below=below)
+    bounds = [(*_BOUNDS[k], b) for k, b in given.items() if b is not None]
+    if ok and kind in (int, float):
+        ok = math.isfinite(value) and all(test(value, b) for _, test, b in bounds)
+    if not ok:
+        rule = " and".join(f" {sym} {b}" for sym, _, b in bounds)
+        raise ConfigError(f"{name} must be {what}{rule}, got {value!r:.60}")
+    return kind(value) if kind in (int, float) else value
 
 
 def refuse(checks: list[tuple[bool, str, Any, str]]) -> None:

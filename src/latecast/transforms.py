@@ -1,23 +1,16 @@
 """Pure batched transforms on the device.
 
 Every function takes a whole batch and returns a new tensor; randomness is drawn per
-sample on ``images.device`` from an optional ``torch.Generator``. Input images are uint8
+sample on ``images.device`` from an optional ``torch.Generator``. Images are uint8
 ``(N, H, W, C)`` as they come off the bus; ``normalize`` is the last step and produces
-``(N, C, H, W)`` floats.
+``(N, C, H, W)`` floats. A random op has two halves, as in torchvision v2: ``*_params``
+draws each image's parameters, and a pure function applies them (``translate``, ``flip``,
+``erase``, ``color_jitter``, ``resized_crop``). ``Augment`` chains them on the uint8 batch
+(on a CPU device by copies of whole rows, ``_windows`` and ``_zero_squares``: the same
+pixels); ``Erasing`` and ``Mix`` (MixUp, CutMix) run after ``normalize``, on floats.
 
-Augmentation (``random_crop``, ``random_flip``, ``cutout``, ``color_jitter``,
-``alternating_flip_params``, ``Augment``) runs on the uint8 batch *before* ``normalize``: one
-index or mask kernel per op for the whole batch, no Python loop over images, and each image
-gets its own random parameters (torchvision v2 draws one set per batch; Kornia rejects
-uint8). ``resized_crop`` is the exception: crops of different sizes are resized one image
-at a time. On a CPU device ``Augment`` applies the same parameters by copies of whole rows
-and writes only the cutout squares (``_windows``, ``_zero_squares``): the same pixels at a
-tenth of the CPU time (the batched kernels copy one value at a time there). ``Mix``
-(MixUp, CutMix) runs *after* ``normalize``, on floats and labels.
-
-A batch is checked once, where it comes in: by the functions that draw (``random_*``,
-``cutout``, ``Augment``), the Loader and ``wrap``; the applying halves (``translate``, ``flip``,
-``erase``, ``color_jitter``) and ``Augment.pixels`` take it checked.
+A batch is checked once, where it comes in: by ``Augment``, ``Erasing``, ``Mix``, the Loader
+and ``wrap``; the applying halves and ``Augment.pixels`` take it checked.
 """
 
 from __future__ import annotations
@@ -31,16 +24,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .errors import ConfigError, numbers_of, refuse
+from .errors import ConfigError, check, numbers_of, refuse
 
 FLOATS = (torch.float32, torch.bfloat16, torch.float16)  # what images come out in
 _affine_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-
-# Bytes of uint8 images normalized per addcmul on the CPU (1 thread, 2-core EPYC, loaded):
-# 128 photos 224x224 at once 377 us an image, by 0.25-1 MB 94-102, by 2 MB 109; 512 CIFAR
-# images at once 2.6 us, by 0.5 MB 1.7.
-_CPU_CHUNK = 2**19
+_CPU_CHUNK = 2**19  # bytes of uint8 images per addcmul on the CPU: its float copy stays in cache
 
 
 def _scale_shift(
@@ -58,12 +46,7 @@ def _scale_shift(
         m, s = key[2], key[3]
         if len(m) == len(s) == 1:  # one value for every channel, as torchvision's Normalize
             m, s = m * channels, s * channels
-        if (
-            len(m) != channels
-            or len(s) != channels
-            or not all(map(math.isfinite, m + s))
-            or min(s) <= 0
-        ):
+        if not (len(m) == len(s) == channels and all(map(math.isfinite, m + s)) and min(s) > 0):
             raise ConfigError(
                 f"normalize: {channels} channels need {channels} (or 1) finite mean and std "
                 f"values (std > 0), got {mean}/{std}"
@@ -87,15 +70,9 @@ def normalize(
     """uint8 ``(N, H, W, C)`` -> normalized ``(N, C, H, W)`` in ``dtype``, in one fused op.
 
     Equals torchvision's ``ToTensor()`` + ``Normalize(mean, std)`` within 1e-6 in float32:
-    the two divisions fold into one multiply-add (``addcmul``) with constants computed in
-    float64, so the only rounding is float32's own. The cast from uint8, the multiply-add,
-    the rounding to ``dtype`` and the layout change are one ``addcmul`` written straight
-    into the output: one kernel on CUDA (its TensorIterator casts inside the kernel). On the
-    CPU it first makes a float copy of the input, so it runs on ``_CPU_CHUNK`` bytes of
-    images at a time, which stay in cache: same values, photos 378 -> 95 us an image. (A
-    copy that casts, then a multiply and an add in place, was 15% faster for CIFAR but 1
-    ulp off: ``addcmul`` fuses them, and a checkpoint of an earlier release must resume to
-    the same bits, ``test_resume_compat.py``.)
+    ``x * scale + shift`` with constants computed in float64, written straight into the
+    output by one ``addcmul`` (on the CPU ``_CPU_CHUNK`` bytes of images at a time). The
+    values are part of the resume contract (``tests/test_resume_compat.py``): keep the op.
 
     Args:
         images: uint8 ``(N, H, W, C)`` on any device.
@@ -112,16 +89,15 @@ def normalize(
     """
     if not (isinstance(images, torch.Tensor) and images.dtype == torch.uint8 and images.ndim == 4):
         _check_batch(images, "normalize", None)  # (the Loader and wrap checked theirs)
-    if not (isinstance(out, torch.Tensor) or (out is None and any(dtype is d for d in FLOATS))):
-        refuse([(False, "out, dtype", (out, dtype), f"a tensor, or None and one of {FLOATS}")])
-    if not isinstance(channels_last, (bool, np.bool_)):
-        refuse([(False, "channels_last", channels_last, "a bool")])
+    flag = isinstance(channels_last, (bool, np.bool_))
+    refuse([(flag, "channels_last", channels_last, "a bool")])
     n, h, w, c = images.shape
     if out is None:
         fmt = torch.channels_last if channels_last else torch.contiguous_format
+        dtype = check(dtype, "normalize dtype", FLOATS)
         out = torch.empty((n, c, h, w), dtype=dtype, device=images.device, memory_format=fmt)
-    if not any(out.dtype is d for d in FLOATS):
-        raise ConfigError(f"normalize dtype must be float32, bfloat16 or float16, got {out.dtype}")
+    refuse([(isinstance(out, torch.Tensor), "normalize out", out, "a tensor or None")])
+    check(out.dtype, "normalize dtype", FLOATS)
     if out.shape != (n, c, h, w):
         raise ConfigError(f"normalize out must be {(n, c, h, w)}, got {tuple(out.shape)}")
     scale, shift = _scale_shift(mean, std, c, images.device)
@@ -143,18 +119,13 @@ def _check_batch(images: torch.Tensor, fn: str, generator, floats: bool = False)
     """uint8 ``(N, H, W, C)`` images (``floats``: normalized ``(N, C, H, W)``, what ``Mix``
     and ``Erasing`` take) and a generator on their device, or one ConfigError."""
     tensor = isinstance(images, torch.Tensor)
-    if not (tensor and images.ndim == 4 and (images.dtype == torch.uint8) ^ floats) or (
-        floats and not images.is_floating_point()
-    ):
-        got = (
-            f"{images.dtype} with shape {tuple(images.shape)}" if tensor else type(images).__name__
-        )
+    kind = tensor and (images.is_floating_point() if floats else images.dtype == torch.uint8)
+    if not (kind and images.ndim == 4):
+        got = f"{images.dtype} {tuple(images.shape)}" if tensor else type(images).__name__
         want = "a float tensor (N, C, H, W)" if floats else "a uint8 tensor (N, H, W, C)"
         raise ConfigError(f"{fn} expects {want}, got {got}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ConfigError(
-            f"{fn}: generator must be a torch.Generator or None, got {generator!r:.60}"
-        )
+    gen = generator is None or isinstance(generator, torch.Generator)
+    refuse([(gen, f"{fn}: generator", generator, "a torch.Generator or None")])
     if generator is not None and generator.device.type != images.device.type:
         raise ConfigError(
             f"{fn}: the generator is on {generator.device} but the images are on "
@@ -170,11 +141,10 @@ def crop_params(images: torch.Tensor, padding: int, generator=None) -> torch.Ten
 
 def translate(images: torch.Tensor, shifts: torch.Tensor, *, fill: str = "zero") -> torch.Tensor:
     """Move image ``i`` by ``shifts[i] = (dy, dx)``: output pixel ``(y, x)`` is input pixel
-    ``(y + dy, x + dx)``; outside the image it is 0 (``fill="zero"``) or mirrored like
-    ``np.pad(mode="reflect")``. One gather with per-image row/column indices."""
+    ``(y + dy, x + dx)``; outside the image 0 (``fill="zero"``) or mirrored as ``np.pad``'s
+    ``"reflect"``. A crop of the padded image at a random offset is ``crop_params``'s shift."""
     n, h, w, _ = images.shape
-    if fill not in _FILLS:
-        raise ConfigError(f"fill must be one of {_FILLS}, got {fill!r}")
+    check(fill, "fill", _FILLS)
     dev = images.device
     rows = torch.arange(h, device=dev) + shifts[:, :1]  # (N, H) source row of each output row
     cols = torch.arange(w, device=dev) + shifts[:, 1:]  # (N, W)
@@ -216,10 +186,10 @@ def erase(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tenso
 
 
 def _windows(x: torch.Tensor, shifts, flips, fill: str) -> torch.Tensor:
-    """``translate``, then ``flip`` (either None: off), equal to them, the CPU's way: pad once,
-    add the flipped images flipped (a flipped image moved by ``dx`` is its flip moved by
-    ``-dx``), then copy each output row as one run of that buffer: one ``index_select`` of
-    overlapping windows (the gathers copy a value at a time: CIFAR 25 -> 2 us an image)."""
+    """``translate``, then ``flip`` (either None: off), equal to them, by copies of whole rows
+    (a gather copies one value at a time on the CPU): pad once, add the flipped images
+    flipped (one moved by ``dx`` is its flip moved by ``-dx``), then one ``index_select`` of
+    overlapping windows of that buffer."""
     n, h, w, c = x.shape
     shifts = x.new_zeros(n, 2, dtype=torch.long) if shifts is None else shifts
     flipped = torch.arange(0) if flips is None else flips.nonzero()[:, 0]
@@ -245,7 +215,7 @@ def _windows(x: torch.Tensor, shifts, flips, fill: str) -> torch.Tensor:
 
 def _zero_squares(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tensor:
     """``erase``, equal to it, the CPU's way: only the squares' pixels are written, by index
-    (``masked_fill`` reads a mask of every pixel: CIFAR cutout 8: 8 -> 0.8 us an image)."""
+    (``masked_fill`` reads a mask of every pixel)."""
     n, h, w, c = images.shape
     lo = (centers - size // 2).clamp(min=0)[:, :, None]  # (N, 2, 1) first row and column
     hi = (centers - size // 2 + size).minimum(torch.tensor([h, w]))[:, :, None] - 1  # last
@@ -255,10 +225,10 @@ def _zero_squares(images: torch.Tensor, centers: torch.Tensor, size: int) -> tor
 
 
 def erasing_params(images: torch.Tensor, p: float, scale, ratio, generator=None) -> torch.Tensor:
-    """``(N, 4)`` int64 ``(top, left, height, width)``: torchvision ``RandomErasing``'s draw,
-    batched on the device. With probability ``p``, up to 10 tries of an area in ``scale``
-    (of H * W) and a log-uniform aspect ratio in ``ratio``, the first that fits; an image
-    that is not erased gets height and width 0. ``images``: normalized ``(N, C, H, W)``."""
+    """``(N, 4)`` int64 ``(top, left, height, width)``: torchvision ``RandomErasing``'s draw
+    for normalized ``(N, C, H, W)`` images, batched: with probability ``p``, the first of 10
+    tries of an area in ``scale`` (of H * W) and a log-uniform aspect ratio in ``ratio`` that
+    fits; height and width 0 where an image is not erased."""
     n, _, h, w = images.shape
     u = torch.rand(n, 23, generator=generator, device=images.device)  # 10 tries, 3 more
     area = h * w * (scale[0] + (scale[1] - scale[0]) * u[:, :10])
@@ -291,62 +261,6 @@ def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
     return (n - 1) - ((n - 1) - i.abs()).abs()
 
 
-def _check_number(value, what: str, kind: type = int, low: float = 0, high: float | None = None):
-    """``value`` as ``kind`` (numpy scalars too, never a bool) when finite and within
-    ``low..high``; else a ConfigError naming ``what``."""
-    want = numbers.Integral if kind is int else numbers.Real
-    ok = isinstance(value, want) and not isinstance(value, bool)
-    if not (ok and (kind is int or math.isfinite(value)) and low <= value <= (high or math.inf)):
-        rule = f" >= {low}" + ("" if high is None else f" and <= {high}")
-        name = "an integer" if kind is int else "a number"
-        raise ConfigError(f"{what} must be {name}{rule}, got {value!r}")
-    return kind(value)
-
-
-def _check_reflect(images: torch.Tensor, padding: int, fill: str) -> None:
-    _, h, w, _ = images.shape  # the one setting that depends on the images' size
-    if fill == "reflect" and padding >= min(h, w):
-        raise ConfigError(
-            f"random_crop fill='reflect' needs padding < {min(h, w)} for {h}x{w} "
-            f"images, got {padding}"
-        )
-
-
-def random_crop(images: torch.Tensor, padding: int, *, fill="zero", generator=None):
-    """Pad each side by ``padding``, then crop back to ``(H, W)`` at a random offset per image
-    (``translate`` by ``crop_params``; the padded batch is never built). ``fill="reflect"``
-    mirrors like ``np.pad`` and needs ``padding < min(H, W)``; 0 returns a copy.
-
-    Example:
-        >>> x = torch.randint(0, 256, (8, 32, 32, 3), dtype=torch.uint8)
-        >>> random_crop(x, 4, fill="reflect").shape
-        torch.Size([8, 32, 32, 3])
-    """
-    _check_batch(images, "random_crop", generator)
-    _check_number(padding, "random_crop padding")
-    _check_reflect(images, padding, fill)
-    if padding == 0:
-        return images.clone()
-    return translate(images, crop_params(images, padding, generator), fill=fill)
-
-
-def random_flip(images: torch.Tensor, p: float = 0.5, *, generator=None) -> torch.Tensor:
-    """Flip each image left-right with probability ``p``, independently per image."""
-    _check_batch(images, "random_flip", generator)
-    p = _check_number(p, "random_flip p (a probability)", float, 0, 1)
-    return flip(images, flip_params(images, p, generator))
-
-
-def cutout(images: torch.Tensor, size: int, *, generator=None) -> torch.Tensor:
-    """Zero a ``size x size`` square at a random center per image (DeVries & Taylor, 2017):
-    ``erase`` at ``cutout_params``. ``size`` 0 returns a copy."""
-    _check_batch(images, "cutout", generator)
-    _check_number(size, "cutout size")
-    if size == 0:
-        return images.clone()
-    return erase(images, cutout_params(images, generator), size)
-
-
 # ---- photo augmentations: resized crop, colour jitter, alternating flip ------------------
 
 RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect ratios
@@ -356,11 +270,10 @@ _BILINEAR = dict(mode="bilinear", antialias=True, align_corners=False)  # torchv
 def resized_crop_params(
     sizes: torch.Tensor, scale: tuple[float, float], ratio=RATIO, generator=None
 ) -> torch.Tensor:
-    """``(N, 4)`` int64 ``(top, left, height, width)``: a RandomResizedCrop box for each image
-    of ``sizes`` (``(N, 2)`` ``(H, W)``), on ``sizes.device``. torchvision's rule, per image:
-    up to 10 tries of an area fraction in ``scale`` and a log-uniform aspect ratio in
-    ``ratio``; the first that fits is placed uniformly; if none fits, the centre crop with
-    the aspect ratio clamped to ``ratio``."""
+    """``(N, 4)`` int64 ``(top, left, height, width)``: torchvision's RandomResizedCrop box
+    for each image of ``sizes`` (``(N, 2)`` ``(H, W)``), on ``sizes.device``: the first of 10
+    tries (area fraction in ``scale``, log-uniform aspect in ``ratio``) that fits, placed
+    uniformly; if none fits, the centre crop with the aspect ratio clamped to ``ratio``."""
     dev, n = sizes.device, len(sizes)
     hi, wi = sizes[:, :1].double(), sizes[:, 1:].double()  # (N, 1)
     u = torch.rand(n, 10, generator=generator, device=dev, dtype=torch.float64)
@@ -395,11 +308,9 @@ def resized_crop(
     images: torch.Tensor | Sequence[torch.Tensor], boxes: torch.Tensor, size: tuple[int, int]
 ) -> torch.Tensor:
     """Crop image ``i`` to ``boxes[i] = (top, left, height, width)`` and resize it to ``size``
-    (H, W), bilinear with antialias: torchvision's ``resized_crop`` within 1 grey level (on
-    the CPU the same uint8 kernel). ``images``: uint8 ``(N, H, W, C)`` or a sequence of
-    ``(H_i, W_i, C)`` of any sizes; ``boxes``: ``(N, 4)`` int64 on the CPU. Crops differ in
-    size, so each is resized on its own, into its slot (``crop_into``); boxes that already
-    are ``size`` are only copied."""
+    (H, W), bilinear with antialias: torchvision's ``resized_crop`` within 1 grey level.
+    ``images``: uint8 ``(N, H, W, C)`` or a sequence of ``(H_i, W_i, C)``; ``boxes``: ``(N, 4)``
+    int64 on the CPU. Each crop is resized on its own, into its slot (``crop_into``)."""
     n, size = len(images), tuple(size)
     if n == 0 or images[0].dtype != torch.uint8 or images[0].ndim != 3:
         raise ConfigError("resized_crop expects uint8 (H, W, C) images")
@@ -417,7 +328,7 @@ def crop_into(image: torch.Tensor, box, dst: torch.Tensor) -> None:
     if crop.shape == dst.shape:
         dst.copy_(crop)
     elif dst.device.type == "cpu":  # torchvision's uint8 kernel, into the slot: its
-        # channels-last strides spare a planar result's HWC copy (photos: 420 -> 150 us)
+        # channels-last strides spare a planar result's HWC copy
         x, y = crop.permute(2, 0, 1)[None], dst.permute(2, 0, 1)[None]  # (1, C, h, w) views
         torch.ops.aten._upsample_bilinear2d_aa.out(x, list(dst.shape[:2]), False, out=y)
     else:  # no uint8 kernel there: float, then round
@@ -457,10 +368,9 @@ def _gray(x: torch.Tensor) -> torch.Tensor:
 
 
 def color_jitter(images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
-    """Brightness, then contrast, then saturation by ``factors[i]`` (``(N, 3)``) per image,
-    each equal to torchvision v2's ``adjust_*`` on uint8 (truncated to uint8 after each step)
-    within 1 grey level. (torchvision's ``ColorJitter`` shuffles the order per call; here it
-    is fixed.) Saturation leaves 1-channel images as they are, as torchvision does."""
+    """Brightness, then contrast, then saturation (a fixed order; torchvision's ``ColorJitter``
+    shuffles it) by ``factors[i]`` (``(N, 3)``) per image, each torchvision v2's ``adjust_*``
+    on uint8 within 1 grey level. Saturation leaves 1-channel images as they are."""
     if images.shape[3] not in (1, 3):  # torchvision's adjust_* refuse them too (RGBA, say)
         raise ConfigError(f"color jitter takes 1 or 3 channels, got {tuple(images.shape)}")
     b, c, s = factors.float().T[..., None, None, None]  # each (N, 1, 1, 1)
@@ -473,10 +383,9 @@ def color_jitter(images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
 
 
 def alternating_flip_params(indices: torch.Tensor, epoch: int, seed: int = 0) -> torch.Tensor:
-    """``(N,)`` bool on ``indices.device``: airbench's alternating flip. Sample ``i`` is
-    flipped in epoch 0 when a hash of ``(seed, i)`` says so (half of them), and in every
-    later epoch exactly when it was not in the one before, so each image is seen both ways
-    every two epochs. Needs the samples' dataset indices, not their place in the batch."""
+    """``(N,)`` bool on ``indices.device``: airbench's alternating flip. Dataset sample ``i``
+    is flipped in epoch 0 when a hash of ``(seed, i)`` says so (half of them), and in every
+    later epoch exactly when it was not in the one before."""
     x = indices.long() + seed * 0x9E3779B97F4A7C15 % 2**61  # int64 arithmetic wraps
     for mult, shift in ((0xBF58476D1CE4E5B9 - 2**64, 30), (0x94D049BB133111EB - 2**64, 27)):
         x = (x ^ (x >> shift)) * mult
@@ -496,8 +405,10 @@ class Moves:
     def shift_and_flip(self, x: torch.Tensor) -> torch.Tensor:
         """The crop, then the flips, on ``(N, H, W, C)`` of any dtype: gathers, or on the CPU
         copies of rows (``_windows``); exact either way."""
-        if self.shifts is not None:
-            _check_reflect(x, self.augment.crop, self.augment.fill)
+        (h, w), aug = x.shape[1:3], self.augment  # reflect: the one setting the size limits
+        if self.shifts is not None and aug.fill == "reflect" and aug.crop >= min(h, w):
+            msg = f"needs padding < {min(h, w)} for {h}x{w} images, got {aug.crop}"
+            raise ConfigError(f"crop fill='reflect' {msg}")
         if x.device.type == "cpu" and (self.shifts is not None or self.flips is not None):
             return _windows(x, self.shifts, self.flips, self.augment.fill)
         if self.shifts is not None:
@@ -505,10 +416,9 @@ class Moves:
         return x if self.flips is None else flip(x, self.flips)
 
     def mask(self, x: torch.Tensor, size: tuple[int, int] | None = None) -> torch.Tensor:
-        """All of them on a per-pixel field ``(N, H, W, C)`` of any dtype, to ``size`` (its own
-        by default; its JPEG images': their training size), the resized crop by nearest
-        neighbour (``nearest_crop``): every value is one of the field's, never a blend. To
-        another size without a resized crop: the centre boxes JPEG images are decoded by."""
+        """All of them on a per-pixel field ``(N, H, W, C)`` of any dtype, to ``size`` (default:
+        its own), the resized crop (else the centre boxes, for another size) by nearest
+        neighbour: every value is one of the field's, never a blend."""
         size, boxes = tuple(size or x.shape[1:3]), self.boxes
         if boxes is None and size != tuple(x.shape[1:3]):
             boxes = centre_boxes(torch.tensor([x.shape[1:3]]).expand(len(x), 2), size)
@@ -517,16 +427,19 @@ class Moves:
         return self.shift_and_flip(x)
 
 
+_AUGMENT_NUMBERS = dict(crop=(int, None), flip=(float, 1), cutout=(int, None))
+_AUGMENT_NUMBERS |= dict(resized_crop=(float, 1), jitter=(float, None))  # kind, upper bound
+
+
 @dataclass(frozen=True)
 class Augment:
     """Per-sample augmentation of uint8 ``(N, H, W, C)`` batches: resized crop -> crop ->
     flip or alternating flip -> colour jitter -> cutout. Settings are checked on
-    construction; ``config.parse_augment(str(aug)) == aug``.
+    construction; ``Augment.parse(str(aug)) == aug``.
 
-    ``moves`` draws the geometric part once per batch (resized-crop boxes on the host, crop
-    shifts and flips on the device), so masks can follow the images (``Moves.mask``); the
-    resized crop is applied first (JPEG batches: while decoding, from the stored image at
-    full size), then ``pixels`` does the rest, on the images' device.
+    ``moves`` draws the geometric part once per batch, so masks can follow the images
+    (``Moves.mask``); the resized crop is applied first (JPEG batches: while decoding), then
+    ``pixels`` does the rest, on the images' device.
 
     Example:
         >>> aug = Augment(crop=4, flip=0.5, cutout=8)
@@ -543,16 +456,24 @@ class Augment:
     altflip: bool = False  # alternating flip (airbench); instead of flip
 
     def __post_init__(self) -> None:
-        numbers_ = [("crop", int, None), ("flip", float, 1), ("cutout", int, None)]
-        for name, kind, high in numbers_ + [("resized_crop", float, 1), ("jitter", float, None)]:
-            object.__setattr__(self, name, _check_number(getattr(self, name), name, kind, 0, high))
-        if self.fill not in _FILLS or not isinstance(self.altflip, bool):
-            raise ConfigError(
-                f"fill must be one of {', '.join(_FILLS)} and altflip true or false, "
-                f"got {self.fill!r}, {self.altflip!r}"
-            )
+        for name, (kind, high) in _AUGMENT_NUMBERS.items():  # each >= 0
+            object.__setattr__(self, name, check(getattr(self, name), name, kind, 0, high))
+        object.__setattr__(self, "fill", check(self.fill, "fill", _FILLS))
+        check(self.altflip, "altflip", bool)
         if self.altflip and self.flip:
             raise ConfigError("choose flip or altflip, not both")
+
+    @classmethod
+    def parse(cls, spec: str) -> Augment | None:
+        """An ``Augment`` from the command line's ``--augment``, None for ``""`` or ``"none"``:
+        comma-separated names, each optionally ``=value`` (else ``_AUGMENT_DEFAULTS``'s).
+
+        Example:
+            >>> Augment.parse("crop=2,flip") == Augment(crop=2, flip=0.5)
+            True
+        """
+        given = _parse(spec, _AUGMENT_DEFAULTS, "augmentation")
+        return None if given is None else cls(**given)
 
     @property
     def capturable(self) -> bool:
@@ -569,10 +490,9 @@ class Augment:
     def moves(
         self, images, sizes, generator=None, host=None, *, epoch=0, indices=None, seed=0
     ) -> Moves:
-        """The geometric draws for a batch of ``len(images)`` images of ``sizes`` (``(N, 2)``
-        (H, W) as they come, CPU): resized-crop boxes on ``host`` (a CPU generator), then crop
-        shifts and flips on ``generator`` (altflip: from the samples' dataset ``indices``, on
-        the CPU, the ``epoch`` and the run's ``seed``)."""
+        """The geometric draws for ``images`` of ``sizes`` (``(N, 2)`` (H, W) as they come,
+        CPU): resized-crop boxes on ``host`` (a CPU generator), then crop shifts and flips on
+        ``generator`` (altflip: from the dataset ``indices``, ``epoch`` and ``seed``)."""
         boxes = self.crop_boxes(sizes, host)
         shifts = crop_params(images, self.crop, generator) if self.crop else None
         flips = flip_params(images, self.flip, generator) if self.flip else None
@@ -598,9 +518,8 @@ class Augment:
         return self.pixels(images, moves, generator)
 
     def pixels(self, images: torch.Tensor, moves: Moves, generator=None) -> torch.Tensor:
-        """Everything after the resized crop, on a batch already checked (by ``__call__``,
-        the Loader or ``wrap``): the crop and flips of ``moves``, then colour jitter and
-        cutout drawn on ``generator``."""
+        """Everything after the resized crop, on a checked batch: the crop and flips of
+        ``moves``, then colour jitter and cutout drawn on ``generator``."""
         images = moves.shift_and_flip(images)
         if self.jitter:
             j = self.jitter
@@ -613,6 +532,39 @@ class Augment:
     def __str__(self) -> str:
         on = [f"{k}={v}" for k, v in vars(self).items() if v and v != "zero"]
         return ",".join(on) or "crop=0"
+
+
+# ---- the --augment and --mix mini-languages: "name[=value],..." --------------------------
+
+# The value of a name given without "=value" (CIFAR-style settings); also gives its type.
+_AUGMENT_DEFAULTS = dict(crop=4, flip=0.5, cutout=8, fill="zero", resized_crop=0.35, jitter=0.4)
+_AUGMENT_DEFAULTS["altflip"] = True
+_MIX_DEFAULTS = {"mixup": 1.0, "cutmix": 1.0}  # torchvision's default alphas
+
+
+def _parse(spec: str, defaults: dict, what: str) -> dict | None:
+    """``name[=value],...`` -> ``{name: value}`` typed as ``defaults``; None for ""/none."""
+    spec = spec.strip().lower()
+    if spec in ("", "none"):
+        return None
+    given: dict[str, object] = {}
+    for item in spec.split(","):
+        name, _, value = (part.strip() for part in item.partition("="))
+        if name not in defaults:
+            valid = ", ".join(f"{k}[={v}]" for k, v in defaults.items())
+            raise ConfigError(f"unknown {what} {name!r} in {spec!r}; valid: {valid} or none")
+        if name in given:
+            raise ConfigError(f"{what} {name!r} given twice in {spec!r}")
+        kind = type(defaults[name])
+        try:
+            if kind is bool and value not in ("", "true"):  # a switch: on when named
+                raise ValueError(value)
+            given[name] = kind(value) if value else defaults[name]
+        except ValueError:
+            raise ConfigError(
+                f"{what} {name}={value!r} in {spec!r} is not a valid {kind.__name__}"
+            ) from None
+    return given
 
 
 # ---- after the normalize: random erasing, batch mixing -------------------------------------
@@ -654,7 +606,7 @@ class Erasing:
                 (value == "random" if word else one or many, "Erasing value", value, _VALUES),
             ]
         )
-        fields = dict(p=_check_number(self.p, "Erasing p", float, 0, 1), scale=scale, ratio=ratio)
+        fields = dict(p=check(self.p, "Erasing p", float, 0, 1), scale=scale, ratio=ratio)
         for name, v in {**fields, "value": value if word else one[0] if one else many}.items():
             object.__setattr__(self, name, v)
 
@@ -676,10 +628,10 @@ class Erasing:
 @dataclass(frozen=True)
 class Mix:
     """MixUp and CutMix on a normalized batch, torchvision v2's way: one weight per batch
-    from Beta(alpha, alpha), each image mixed with the one before it in the batch (rolled by
-    one), labels turned into class probabilities (``cross_entropy`` takes them as they are).
-    With both on, each batch gets one of the two. The draws are host numbers from the
-    batch's generator: nothing is copied, nothing syncs, a resumed run draws the same.
+    from Beta(alpha, alpha), each image mixed with the one before it in the batch, labels
+    turned into class probabilities (``cross_entropy`` takes them). With both on, each batch
+    gets one of the two. The draws are host numbers seeded from the batch's generator: no
+    device sync, and a resumed run draws the same.
 
     Example:
         >>> mix = Mix(classes=10, mixup=0.2)
@@ -693,9 +645,21 @@ class Mix:
     cutmix: float = 0.0  # CutMix's Beta alpha (0: off)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "classes", _check_number(self.classes, "classes", int, 1))
+        object.__setattr__(self, "classes", check(self.classes, "classes", int, 1))
         for name in ("mixup", "cutmix"):
-            object.__setattr__(self, name, _check_number(getattr(self, name), name, float))
+            object.__setattr__(self, name, check(getattr(self, name), name, float, 0))
+
+    @classmethod
+    def parse(cls, spec: str, classes: int) -> Mix | None:
+        """A ``Mix`` of ``classes`` from the command line's ``--mix`` (``"mixup=0.2"``,
+        ``"cutmix"``, ``"mixup,cutmix"``: alpha 1.0 where none is given), None for ``""`` or
+        ``"none"``."""
+        given = _parse(spec, _MIX_DEFAULTS, "mix")
+        return None if given is None else cls(classes, **given)
+
+    def __str__(self) -> str:
+        on = [f"{k}={v}" for k, v in vars(self).items() if v and k != "classes"]
+        return ",".join(on) or "mixup=0"
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator=None):
         self._check(images, labels)
@@ -720,9 +684,8 @@ class Mix:
         return images, soft * lam + soft.roll(1, 0) * (1 - lam)
 
     def _check(self, images, labels) -> None:
-        """Float ``(N, C, H, W)`` images, ``(N,)`` integer labels in ``0..classes-1``: the range
-        checked on the CPU only (on CUDA it would sync; the Loader's labels are checked when the
-        dataset is loaded, and ``one_hot`` asserts on the device)."""
+        """Float ``(N, C, H, W)`` images, ``(N,)`` integer labels in ``0..classes-1``, the range
+        checked on the CPU only (on CUDA it would sync; ``one_hot`` asserts there)."""
         _check_batch(images, "Mix", None, floats=True)
         dtype = labels.dtype if torch.is_tensor(labels) else None
         if dtype in (None, torch.bool) or dtype.is_floating_point or dtype.is_complex:

@@ -39,11 +39,11 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..config import option, validate
 from ..data import Dataset, EncodedDataset, mean_std
 from ..errors import ConfigError, FormatError
 from ..jpegheader import MAX_PIXELS
 from .fileio import atomic_folder, cannot_write
+from .options import option, validate
 from .store import (
     DATA,
     FILES,

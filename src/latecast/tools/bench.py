@@ -37,13 +37,13 @@ import numpy as np
 import torch
 
 from .. import transforms
-from ..config import option, parse_augment
 from ..data import Dataset
 from ..distributed import resolve_device
 from ..errors import ConfigError
 from ..integrations.dataloader import wrap
 from ..loader import Loader, epoch_order
 from ..storage.datasets import load_dataset
+from ..storage.options import option
 from ..trainer.loop import TrainConfig, evaluate, recipe, resolve_config, train_step
 from ..transfer import MOVERS, Batch, float32_bytes, movers_for
 from . import measure
@@ -76,7 +76,8 @@ def _upper_bound(ds: Dataset, cfg: BenchConfig, device: torch.device) -> Iterato
     """A uint8 batch already on the device: the only work left is augment + normalize."""
     x = torch.randint(0, 256, (cfg.batch_size, *ds.image_shape), dtype=torch.uint8, device=device)
     y = torch.zeros(cfg.batch_size, dtype=torch.int64, device=device)
-    aug, g = parse_augment(cfg.augment), torch.Generator(device=device).manual_seed(cfg.seed)
+    aug = transforms.Augment.parse(cfg.augment)
+    g = torch.Generator(device=device).manual_seed(cfg.seed)
     while True:
         yield transforms.normalize(x if aug is None else aug(x, g), ds.mean, ds.std), y
 
@@ -97,7 +98,7 @@ def loader_throughput(
 ) -> dict[str, list[float]]:
     """images/s of every loader, ``repeats`` timed passes each."""
     n = cfg.limit_batches or -(-len(ds) // cfg.batch_size)
-    aug = parse_augment(cfg.augment)
+    aug = transforms.Augment.parse(cfg.augment)
     out: dict[str, list[float]] = {}
     for name in movers_for(ds):
         loader = Loader(
@@ -250,7 +251,7 @@ def end_to_end(
     workers: int,
 ) -> dict[str, dict]:
     """The usual loop (torchvision DataLoader at ``workers``) and latecast (``auto``)."""
-    aug = parse_augment(config.augment)
+    aug = transforms.Augment.parse(config.augment)
     # Persistent workers: their start-up is not paid every epoch (flatters the usual loop).
     dl = measure.torchvision_loader(
         ds, config.batch_size, workers, device, cfg.seed, persistent=True, augment=aug

@@ -21,8 +21,8 @@ from dataclasses import MISSING, fields
 from typing import Callable
 
 from .. import __version__
-from ..config import DATASET_HELP, kind
 from ..errors import LatecastError
+from ..storage.options import DATASET_HELP, kind
 from .text import human_bytes
 
 

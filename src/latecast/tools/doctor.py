@@ -42,10 +42,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from ..config import option, validate
 from ..errors import ConfigError, LatecastError
 from ..fields import NARROW, fits
 from ..storage.fileio import atomic_write
+from ..storage.options import option, validate
 from ..trainer.rundir import check_path
 from .advice import Advice, Edit
 from .launch import PROFILED, WARMUP, run_script, target

@@ -19,9 +19,9 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from ..config import DATASET_HELP, option, validate
 from ..data import Dataset
 from ..loader import Loader
+from ..storage.options import DATASET_HELP, option, validate
 from ..transfer import Batch
 from ..transforms import Augment
 

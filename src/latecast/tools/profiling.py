@@ -31,12 +31,12 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, record_function
 
-from ..config import option
 from ..data import Dataset
 from ..distributed import resolve_device
 from ..errors import ConfigError
 from ..loader import Loader
 from ..storage.datasets import load_dataset
+from ..storage.options import option
 from ..trainer.loop import TrainConfig, recipe, train_step
 from ..transfer import MOVERS, movers_for
 from . import measure

@@ -40,12 +40,13 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import distributed
-from ..config import DATASET_HELP, option, parse_augment, parse_mix, validate
 from ..data import Dataset, EncodedDataset, StreamedDataset, fingerprint
 from ..errors import CheckpointError, ConfigError, TrainingError
 from ..loader import IGNORE, Loader, parse_order
 from ..storage.datasets import load_dataset
+from ..storage.options import DATASET_HELP, option, validate
 from ..transfer import MOVERS, Batch, float32_bytes, uint8_bytes
+from ..transforms import Augment, Mix
 from . import checkpoint, graphed, group, rundir, stops
 from .models import MODELS, build_model
 
@@ -412,14 +413,14 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
         device=device, transfer=c.transfer, dtype=dtype, channels_last=c.channels_last,
         static=not streamed,
     )  # fmt: skip
-    aug = parse_augment(c.augment)
+    aug = Augment.parse(c.augment)
     loader = Loader(
         train_set,
         c.batch_size,
         seed=c.seed,
         augment=aug,
         order=c.order,
-        mix=parse_mix(c.mix, train_set.num_classes),
+        mix=Mix.parse(c.mix, train_set.num_classes),
         **shared,
     )
     eval_batch = min(c.eval_batch_size, len(test_set))  # a larger one is the same single batch
