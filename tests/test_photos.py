@@ -324,7 +324,7 @@ def test_a_file_decoded_on_the_host_fills_its_slot_under_every_cpu_decoder(decod
     import latecast
 
     files = [jpeg(smooth(16, 16, 0)), jpeg(smooth(16, 16, 1), fmt="PNG"), jpeg(smooth(16, 16, 2))]
-    out = next(iter(latecast.wrap([(files,)], device="cpu")))[0]
+    out = next(iter(latecast.wrap([{"slots": files}], device="cpu")))["slots"]  # said per name
     jpegs = decode.read(
         [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files[::2]], 3, "cpu"
     )

@@ -216,7 +216,7 @@ def _decode_cpu(
     each image is decoded into its slot where it fits it as stored, else copied there (every
     file at the training size, uncropped: CIFAR's) or cropped into it (``crop_into``).
     Returns the batch and the files simplejpeg found damaged."""
-    n, one, at = len(batch), _one(batch.channels), batch.offsets
+    n, one = len(batch), _one(batch.channels)
     whole = bool((batch.sizes == torch.tensor(size)).all()) and (
         boxes is None or bool((boxes == torch.tensor([0, 0, *size])).all())
     )  # every file the training size, none cropped: no boxes
@@ -225,9 +225,9 @@ def _decode_cpu(
     turbo, damaged, heads = cpu_decoder().startswith("simplejpeg"), [], batch.heads or [None] * n
     if turbo:  # numpy views: a tenth of a tensor view's cost
         data = batch.data.numpy()
-        files = [data[a:b] for a, b in zip(at, at[1:])]
+        files = [data[a:b] for a, b in zip(batch.offsets, batch.offsets[1:])]
     else:
-        files = batch.data[at[0] : at[-1]].split([b - a for a, b in zip(at, at[1:])])  # 1 call
+        files = batch.files()
     out = torch.empty((n, *size, batch.channels), dtype=torch.uint8)
     # headers of files that decode into their slot as they are: the training size, upright
     fits, want = {(*size, 1, 1), (*size, 3, 1)}, (*size, batch.channels)
