@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import latecast
-from latecast.errors import BatchError, ConfigError, FormatError, LatecastError
 from latecast import PrepareOnDevice
+from latecast.errors import BatchError, ConfigError, FormatError, LatecastError
 from latecast.loader import Loader
 from latecast.transforms import Augment, Erasing, Mix
 from latecast.wrapper import Fields

@@ -306,6 +306,22 @@ def test_a_file_that_is_no_jpeg_is_decoded_on_the_host_and_said_once(recwarn):
     assert torch.equal(as_uint8(out[2][1]), upright(png)) and torch.equal(out[0], out[2])
 
 
+@pytest.mark.filterwarnings("ignore:.*decoded on the host")
+def test_a_file_decoded_on_the_host_fills_its_slot_under_every_cpu_decoder(decoder):
+    """A PNG among JPEGs, every file at the training size and uncropped (each decoded file
+    only copied into its slot): the PNG's slot holds Pillow's pixels, the others each
+    decoder's, under each CPU decoder."""
+    import latecast
+
+    files = [jpeg(smooth(16, 16, 0)), jpeg(smooth(16, 16, 1), fmt="PNG"), jpeg(smooth(16, 16, 2))]
+    out = next(iter(latecast.wrap([{"slots": files}], device="cpu")))["slots"]  # said per name
+    jpegs = decode.read(
+        [torch.frombuffer(bytearray(f), dtype=torch.uint8) for f in files[::2]], 3, "cpu"
+    )
+    want = torch.stack([jpegs[0], upright(files[1]), jpegs[1]])
+    assert torch.equal(as_uint8(out), want)
+
+
 def test_a_corrupt_file_is_one_error_naming_the_field_and_the_position():
     import latecast
     from latecast.errors import BatchError

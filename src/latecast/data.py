@@ -164,13 +164,12 @@ class EncodedDataset(_Split):
 
 @dataclass(frozen=True, eq=False)
 class StreamedDataset(_Split):
-    """JPEG files that their source reads as the batches are taken, never all held at once
-    (WebDataset shards: ``storage/stream.py``); moved and prepared as a JPEG store's. The
-    source decides each rank's share of an epoch: ``plan`` gives it, as a pure function of
-    the seed, the epoch and what remains of it (never of the number of ranks, so a resume
-    may change that), with the plan's batch ``sizes`` and ``ids`` (the samples' indices),
-    ``read(start)`` (its batches from batch ``start`` on, as ``(EncodedDataset, ids, names)``)
-    and ``left(batches)`` (what remains once every rank took that many).
+    """JPEG files read from their source as the batches are taken, never all held at once
+    (WebDataset shards: ``storage/stream.py``), moved and prepared as a JPEG store's.
+    ``plan`` gives a rank's share of an epoch, a pure function of the seed, the epoch and
+    what remains of it (not of the number of ranks: a resume may change that): its batch
+    ``sizes``, ``ids``, ``read(start)`` -> ``(EncodedDataset, ids, names)`` per batch from
+    batch ``start`` on, and ``left(batches)``, what remains once every rank took that many.
 
     Args:
         name, split, labels, classes, mean, std: as for ``Dataset`` (every sample's labels).
@@ -201,10 +200,8 @@ class StreamedDataset(_Split):
 def channel_stats(
     images: np.ndarray, chunk: int = 8192
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and (population) std of uint8 ``(N, H, W, C)`` images in [0, 1] units.
-
-    Summed in float64 over chunks, so a memmap larger than memory is read once, in pieces.
-    """
+    """Per-channel mean and (population) std of uint8 ``(N, H, W, C)`` images in [0, 1]
+    units, summed in float64 over ``chunk`` images at a time (a memmap is read once)."""
     c = images.shape[3]
     sums, count = np.zeros((2, c)), 0
     for start in range(0, len(images), chunk):
@@ -297,11 +294,10 @@ def _array(value, what: str, name: str) -> np.ndarray:
 
 
 def fingerprint(ds: Dataset | EncodedDataset, samples: int = 64, sampled: bool = False) -> str:
-    """What identifies a split's content, as 16 hex digits: its shapes, mean/std, every
-    label (a JPEG store: every file's offset) and the images: their SHA-256 recorded when
-    the store was written (``ds.digest``: any changed byte is caught, at no cost per run),
-    else (or with ``sampled``, as latecast before ``digest`` did) ``samples`` images spread
-    evenly over it. Equal on every process and machine."""
+    """What identifies a split's content, as 16 hex digits, equal on every process and
+    machine: its shapes, mean/std, every label (a JPEG store: every file's offset) and its
+    images' SHA-256 recorded when written (``ds.digest``), else (or with ``sampled``, the
+    older runs' form) ``samples`` images spread evenly over it."""
     n = len(ds)
     picks = sorted({i * (n - 1) // max(samples - 1, 1) for i in range(min(samples, n))})
     h = hashlib.sha256(repr([len(ds), ds.image_shape, *map(float, (*ds.mean, *ds.std))]).encode())
@@ -334,9 +330,9 @@ Batch = tuple["torch.Tensor", "torch.Tensor"]  # (images, labels)
 
 @dataclass
 class Encoded:
-    """A batch of JPEG files as the ``jpeg`` mover hands it on, back to back: image ``i`` is
-    ``data[offsets[i]:offsets[i + 1]]``. ``data`` is a slot of the mover's ring: decode it
-    before asking for the batch after next (``Prepare`` decodes it at once)."""
+    """A batch of JPEG files back to back, as the ``jpeg`` mover hands it on: file ``i`` is
+    ``data[offsets[i]:offsets[i + 1]]``, in a slot of the mover's ring (decode it before
+    asking for the batch after next)."""
 
     data: torch.Tensor  # (bytes,) uint8 on the CPU, pinned for a CUDA device
     offsets: list[int]  # (n + 1,)
@@ -358,5 +354,6 @@ class Encoded:
         return self.names[i] if self.names else f"{self.source}: sample {int(self.indices[i])}"
 
     def files(self) -> list[torch.Tensor]:
-        """One 1-D uint8 view per file (what the decoders take)."""
-        return [self.data[a:b] for a, b in zip(self.offsets, self.offsets[1:])]
+        """One 1-D uint8 view per file (what the decoders take), cut in one call."""
+        at = self.offsets
+        return list(self.data[at[0] : at[-1]].split([b - a for a, b in zip(at, at[1:])]))

@@ -4,8 +4,7 @@
 train`` alike, in this order: an initialized process group; torchrun's ``RANK`` and
 ``WORLD_SIZE``; ``LOCAL_RANK`` (what Lightning's DDP launcher sets, inside ``fit`` only);
 else one process. ``device="auto"`` is ``cuda:LOCAL_RANK`` under a launcher, the current
-CUDA device without one, else the CPU. (The process group of ``latecast train``:
-``trainer/group.py``.)
+CUDA device without one, else the CPU.
 """
 
 from __future__ import annotations
@@ -56,7 +55,8 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 def placement(
     device: str | torch.device = "auto", rank: int | None = None, world_size: int | None = None
 ) -> tuple[torch.device, int, int]:
-    """(device, rank, world size): what is given, else what the environment says now."""
+    """(device, rank, world size): what is given, else what the environment says now.
+    Raises ``ConfigError`` for a rank outside ``0..world_size-1`` or an unusable device."""
     for name, value in (("rank", rank), ("world_size", world_size)):
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, numbers.Integral)
