@@ -59,7 +59,8 @@ def test_its_samples_are_image_folders_on_any_tree(inside, outside, data):
         make(root, inside)
         make(away, outside)
         folders = [root, *sorted(p for p in root.rglob("*") if p.is_dir())]
-        targets = [away, *sorted(away.rglob("*")), *sorted(root.rglob("*.jpg")), root / "gone"]
+        files = sorted(p for p in root.rglob("*.jpg") if not p.is_dir())  # a folder: a loop
+        targets = [away, *sorted(away.rglob("*")), *files, root / "gone"]
         for _ in range(data.draw(st.integers(0, 4))):  # links never point at a folder above
             link = data.draw(st.sampled_from(folders)) / data.draw(st.one_of(NAMES, FILES))
             if not os.path.lexists(link):
@@ -67,6 +68,21 @@ def test_its_samples_are_image_folders_on_any_tree(inside, outside, data):
         want = listing(lambda: ImageFolder(str(root)))
         assert listing(lambda: latecast.jpeg_folder(root)) == want
         assert listing(lambda: latecast.jpeg_folder(str(root) + "/")) == want
+
+
+def test_a_link_back_to_a_folder_above_is_one_error_where_image_folder_never_ends(tmp_path):
+    """A class folder holding a link to itself or to a folder above it: ``os.walk`` with
+    ``followlinks=True`` (ImageFolder's) walks it until memory or the recursion limit runs
+    out (10 GB seen in a run of the property test above before its trees left loops out)."""
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "b" / "x.jpg").write_bytes(b"\xff\xd8\xff")
+    (tmp_path / "a" / "b" / "up").symlink_to(tmp_path / "a")
+    with pytest.raises(FormatError, match=r"a/b/up: a link back to .*/a, a folder it is in"):
+        latecast.jpeg_folder(tmp_path)
+    (tmp_path / "a" / "b" / "up").unlink()
+    (tmp_path / "a" / "b" / "side").symlink_to(tmp_path / "a" / "b")  # itself
+    with pytest.raises(FormatError, match="a link back to"):
+        latecast.jpeg_folder(tmp_path)
 
 
 def test_a_file_that_is_not_regular_empty_or_unreadable_is_named_by_its_path(tmp_path):

@@ -61,7 +61,7 @@ def _image_folder(root: str) -> tuple[list[str], list[tuple[str, int]]]:
         raise FormatError(f"{_shown(root)}: cannot list it ({err.strerror or err})") from None
     samples = []
     for label, name in enumerate(classes):
-        for folder, _, names in sorted(os.walk(os.path.join(root, name), followlinks=True)):
+        for folder, _, names in sorted(_walk(os.path.join(root, name))):
             samples += [
                 (os.path.join(folder, f), label)
                 for f in sorted(names)
@@ -72,6 +72,20 @@ def _image_folder(root: str) -> tuple[list[str], list[tuple[str, int]]]:
         what = f"class folders without images {empty}" if empty else "class folders missing"
         raise FormatError(f"{_shown(root)}: {what} (suffixes {list(SUFFIXES)})")
     return classes, samples
+
+
+def _walk(top: str):
+    """``os.walk(top, followlinks=True)``, but a link back to a folder it is inside (which
+    ImageFolder walks until memory or the recursion limit runs out) is one ``FormatError``."""
+    for folder, subfolders, names in os.walk(top, followlinks=True):
+        real, up = os.path.realpath(folder), os.path.dirname(folder)
+        while len(up) >= len(top):
+            if os.path.realpath(up) == real:
+                raise FormatError(
+                    f"{_shown(folder)}: a link back to {_shown(up)}, a folder it is in"
+                )
+            up = os.path.dirname(up)
+        yield folder, subfolders, names
 
 
 def read_file(path: str) -> bytes:
