@@ -345,6 +345,7 @@ class Encoded:
     names: list | None = None  # a stream's: each file's shard and key, for messages
     heads: list | None = None  # wrap: each file's jpeg_header, read as it was planned
     plain: bool = False  # every file upright, 1 or 3 channels (``EncodedDataset.plain``)
+    interpolation: str = "bilinear"  # or "bicubic": how a crop is resized to the training size
 
     def __len__(self) -> int:
         return len(self.sizes)

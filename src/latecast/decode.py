@@ -183,7 +183,8 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
             images, damaged = _decode_cpu(batch, tuple(size), boxes)
         else:
             boxes = centre_boxes(batch.sizes, size) if boxes is None else boxes
-            images, damaged = resized_crop(_decode_gpu(batch), boxes, size), []
+            images = resized_crop(_decode_gpu(batch), boxes, size, batch.interpolation)
+            damaged = []
     return _named(said[0], batch, images, damaged)
 
 
@@ -272,7 +273,7 @@ def _decode_cpu(
                 if image is not slot:  # not decoded in its slot
                     slot[...] = image
             else:
-                crop_into(torch.as_tensor(upright(i)), boxes[i], out[i])
+                crop_into(torch.as_tensor(upright(i)), boxes[i], out[i], batch.interpolation)
 
     space, threads, boxes = _MODES[batch.channels], count(), None if whole else boxes.tolist()
     step = -(-n // threads) or 1  # contiguous shares: an error names the first bad file

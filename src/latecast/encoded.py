@@ -33,7 +33,7 @@ import torch
 
 from .data import Encoded
 from .decode import decoder
-from .errors import BatchError, FormatError, numbers_of, refuse
+from .errors import BatchError, FormatError, check, numbers_of, refuse
 from .fields import Field
 from .jpegheader import JPEG_SIDE, MAX_PIXELS, jpeg_headers
 
@@ -48,6 +48,7 @@ class Jpeg:
 
     size: tuple[int, int] | None = None
     channels: int | None = None
+    interpolation: str = "bilinear"
 
     def plan(self, name: Name, value: Any, options: Any) -> JpegFile:
         if options.moved:
@@ -58,7 +59,11 @@ class Jpeg:
         return plan(name, value, self, len(options.prepare.mean))
 
 
-def jpeg(size: int | tuple[int, int] | None = None, channels: int | None = None) -> Jpeg:
+def jpeg(
+    size: int | tuple[int, int] | None = None,
+    channels: int | None = None,
+    interpolation: str = "bilinear",
+) -> Jpeg:
     """Declare a field of JPEG files for ``wrap(fields={name: latecast.jpeg(...)})``.
 
     Args:
@@ -66,6 +71,8 @@ def jpeg(size: int | tuple[int, int] | None = None, channels: int | None = None)
             ``augment`` asks for one (``Augment(resized_crop=...)``), else resize to cover
             and crop the centre (evaluation). None: the files' own size, all alike.
         channels: 1 (greyscale) or 3 (RGB); grey and colour files come out alike.
+        interpolation: ``"bilinear"`` or ``"bicubic"`` (OpenCLIP's, timm's), with antialias:
+            how a crop is resized to ``size``, as torchvision v2 resizes (within 1 grey level).
 
     Example:
         >>> dl = DataLoader(wds.WebDataset(urls).to_tuple("jpg", "cls").batched(256), None)
@@ -83,7 +90,8 @@ def jpeg(size: int | tuple[int, int] | None = None, channels: int | None = None)
             (one_or_three, "latecast.jpeg(channels=...)", channels, "1, 3 or None"),
         ]
     )
-    return Jpeg(hw, None if channels is None else int(channels))
+    how = check(interpolation, "latecast.jpeg(interpolation=...)", ("bilinear", "bicubic"))
+    return Jpeg(hw, None if channels is None else int(channels), how)
 
 
 def files_of(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
@@ -159,6 +167,7 @@ class JpegFile(Field):
     indices: torch.Tensor | None = None  # a store's sample indices (None: positions)
     names: list | None = None  # a stream's: each file's shard and key
     plain: bool = False  # EncodedDataset.plain
+    interpolation: str = "bilinear"  # how a crop is resized to `size`
 
     category, what = "image", "jpeg"
     pixels = on_host = True
@@ -202,7 +211,8 @@ class JpegFile(Field):
         idx = torch.arange(len(self.files)) if self.indices is None else self.indices
         source = self.source or f"field {self.name!r}"  # "SOURCE: sample K"; K: the position
         return Encoded(raw, self.offsets, self.sizes, idx, self.channels, device, source,
-                       self.decoded, self.names, self.heads, self.plain)  # fmt: skip
+                       self.decoded, self.names, self.heads, self.plain,
+                       self.interpolation)  # fmt: skip
 
 
 def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegFile:
@@ -240,9 +250,9 @@ def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegFile:
         raise BatchError(f"field {name!r}: {channels} channels but {means} mean/std values")
     kept = [b"" if i in decoded else f for i, f in enumerate(files)]
     sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
-    return JpegFile(
-        name, torch.uint8, (len(kept),), None, kept, sizes, size, channels, decoded, heads
-    )
+    n, how = len(kept), spec.interpolation
+    return JpegFile(name, torch.uint8, (n,), None, kept, sizes, size, channels, decoded, heads,
+                    interpolation=how)  # fmt: skip
 
 
 def host_decode(name: Name, i: int, data: bytes | np.ndarray, channels: int) -> torch.Tensor:

@@ -264,7 +264,10 @@ def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
 # ---- photo augmentations: resized crop, colour jitter, alternating flip ------------------
 
 RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect ratios
-_BILINEAR = dict(mode="bilinear", antialias=True, align_corners=False)  # torchvision's resize
+INTERPOLATIONS = {  # name -> torch's uint8 kernel on the CPU (torchvision v2 uses the same)
+    "bilinear": torch.ops.aten._upsample_bilinear2d_aa,
+    "bicubic": torch.ops.aten._upsample_bicubic2d_aa,
+}
 
 
 def resized_crop_params(
@@ -305,22 +308,27 @@ def centre_boxes(sizes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 
 
 def resized_crop(
-    images: torch.Tensor | Sequence[torch.Tensor], boxes: torch.Tensor, size: tuple[int, int]
+    images: torch.Tensor | Sequence[torch.Tensor],
+    boxes: torch.Tensor,
+    size: tuple[int, int],
+    interpolation: str = "bilinear",
 ) -> torch.Tensor:
     """Crop image ``i`` to ``boxes[i] = (top, left, height, width)`` and resize it to ``size``
-    (H, W), bilinear with antialias: torchvision's ``resized_crop`` within 1 grey level.
-    ``images``: uint8 ``(N, H, W, C)`` or a sequence of ``(H_i, W_i, C)``; ``boxes``: ``(N, 4)``
-    int64 on the CPU. Each crop is resized on its own, into its slot (``crop_into``)."""
+    (H, W) with antialias, ``interpolation`` bilinear or bicubic: torchvision v2's
+    ``resized_crop`` within 1 grey level. ``images``: uint8 ``(N, H, W, C)`` or a sequence of
+    ``(H_i, W_i, C)``; ``boxes``: ``(N, 4)`` int64 on the CPU. Each crop is resized on its
+    own, into its slot (``crop_into``)."""
     n, size = len(images), tuple(size)
     if n == 0 or images[0].dtype != torch.uint8 or images[0].ndim != 3:
         raise ConfigError("resized_crop expects uint8 (H, W, C) images")
+    check(interpolation, "interpolation", tuple(INTERPOLATIONS))
     out = torch.empty((n, *size, images[0].shape[2]), dtype=torch.uint8, device=images[0].device)
     for i, box in enumerate(boxes.tolist()):
-        crop_into(images[i], box, out[i])
+        crop_into(images[i], box, out[i], interpolation)
     return out
 
 
-def crop_into(image: torch.Tensor, box, dst: torch.Tensor) -> None:
+def crop_into(image: torch.Tensor, box, dst: torch.Tensor, interpolation="bilinear") -> None:
     """``resized_crop`` of one ``(H, W, C)`` image into ``dst`` (``(H', W', C)``, e.g. a
     slot of a batch), no other copy."""
     top, left, h, w = box
@@ -330,11 +338,11 @@ def crop_into(image: torch.Tensor, box, dst: torch.Tensor) -> None:
     elif dst.device.type == "cpu":  # torchvision's uint8 kernel, into the slot: its
         # channels-last strides spare a planar result's HWC copy
         x, y = crop.permute(2, 0, 1)[None], dst.permute(2, 0, 1)[None]  # (1, C, h, w) views
-        torch.ops.aten._upsample_bilinear2d_aa.out(x, list(dst.shape[:2]), False, out=y)
-    else:  # no uint8 kernel there: float, then round
+        INTERPOLATIONS[interpolation].out(x, list(dst.shape[:2]), False, out=y)
+    else:  # no uint8 kernel there: float, then round (bicubic overshoots: clamped first)
         x = crop.permute(2, 0, 1)[None].float()
-        y = F.interpolate(x, dst.shape[:2], **_BILINEAR).round_()
-        dst.copy_(y[0].permute(1, 2, 0))
+        y = F.interpolate(x, dst.shape[:2], mode=interpolation, antialias=True, align_corners=False)
+        dst.copy_(y.clamp_(0, 255).round_()[0].permute(1, 2, 0))
 
 
 def nearest_crop(x: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
