@@ -102,12 +102,6 @@ class Field:
         """What moving it as it arrived costs (``batch.to(device)``)."""
         return math.prod(self.shape) * (self.arrived or self.dtype).itemsize
 
-    decoded_bytes = 0  # a JPEG field's: the same images as uint8 at the training size
-
-    @property
-    def describe(self) -> str:
-        return f"{self.what} {self.shape}"
-
     def pack(self, dst: torch.Tensor, value: Any) -> None:
         """``value`` into the pinned bytes ``dst`` (1-d uint8), in the dtype it crosses in."""
         if isinstance(value, Taken):

@@ -169,23 +169,23 @@ def unpack(ring: Ring, s: Sent, keep: bool = False) -> list[Any]:
     ]
 
 
+END = object()  # no more items
+
+
 def ahead(items: Iterable) -> Iterator[tuple[Any, bool]]:
     """Each item with whether it is the last, the next one taken before this one is handed
     out (so its copy runs while this one is used). Where taking the next raises, this one is
     handed out first."""
-    it, end = iter(items), object()
-    item = next(it, end)
-    while item is not end:
+    it = iter(items)
+    item = next(it, END)
+    while item is not END:
         try:
-            after = next(it, end)
+            after = next(it, END)
         except Exception:  # the source fails at the next item: this one is handed out first
             yield item, False
             raise
-        yield item, after is end
+        yield item, after is END
         item = after
-
-
-END = object()  # the source has no more batches
 
 
 class Behind:

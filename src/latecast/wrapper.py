@@ -319,7 +319,7 @@ class Fields:
         images = [i for i, f in enumerate(plans) if f is not None and f.category == "image"]
         labels = [i for i, f in enumerate(plans) if isinstance(f, Integer) and len(f.shape) == 1]
         if len(images) != 1 or len(labels) != 1:
-            named = ", ".join(f"{f.name!r}: {f.describe}" for f in plans if f is not None)
+            named = ", ".join(f"{f.name!r}: {f.what} {f.shape}" for f in plans if f is not None)
             raise BatchError(
                 "mix= mixes one image field with one label field (integers, one per sample); "
                 f"this batch has {named}"
