@@ -61,7 +61,7 @@ def test_a_one_byte_declared_dtype_is_honoured_or_refused():
         ({"fields": ["image"]}, r"fields must be a dict .* got \['image'\]"),
         ({"fields": {"x": np.int16}}, r"fields\['x'\]"),
         ({"fields": {"x": (torch.int16, torch.bool)}}, r"fields\['x'\]"),
-        ({"seed": 0.5}, r"seed must be an integer in 0..2\*\*63-1, got 0.5"),
+        ({"seed": 0.5}, "seed must be an integer >= 0 and < 9223372036854775808, got 0.5"),
         ({"seed": -1}, "seed must be an integer"),
         ({"augment": 5}, r"augment must be f\(images, generator\), got 5"),
         ({"augment": Augment(altflip=True)}, "augment must be without altflip"),

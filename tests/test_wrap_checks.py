@@ -61,7 +61,7 @@ def test_masks_are_padded_with_mask_fill_where_the_crop_leaves_no_pixel():
     padded = runs[0]["mask"] == 0  # the labels are 1..3: 0 is padding
     assert padded.any() and (~padded).any()
     assert torch.equal(runs[255]["mask"], runs[0]["mask"].masked_fill(padded, 255))
-    with pytest.raises(ConfigError, match="mask_fill must be a finite number"):
+    with pytest.raises(ConfigError, match="mask_fill must be a number, got .255."):
         latecast.wrap([], mask_fill="255")
 
 

@@ -1,17 +1,8 @@
-"""JPEG fields of ``latecast.wrap``: a batch field of compressed files (what WebDataset
-yields without ``.decode()``, Hugging Face ``datasets`` with ``Image(decode=False)``, or a
-``Dataset`` returning file bytes) crosses as the files and is decoded on the device.
-
-    files -> packed back to back in wrap's pinned buffer (offsets and sizes alongside) ->
-    one batched decode on the device (``decode.py``) -> resized crop -> augment -> normalize
-
-The same steps as a JPEG store's batch (``Prepare`` with a ``transfer.Encoded``), so the
-same files with the same crop boxes give the same pixels through ``wrap`` and a store.
-A field is a list/tuple (or 1-D numpy object array) of ``bytes``, 1-D uint8 tensors or
-arrays, or Hugging Face ``{"bytes": ..., "path": ...}`` dicts: recognised when its first
-file starts with the JPEG signature, or declared ``fields={"jpg": latecast.jpeg(...)}``.
-Each file's upright size and channels are read from its header on the host (no pixels).
-A file that is no JPEG (PNG, WebP, ...) is decoded on the host, said once per field.
+"""The JPEG kind: a field of compressed files (a list of ``bytes``, 1-D uint8 tensors or
+arrays, or Hugging Face ``{"bytes": ..., "path": ...}`` dicts) crosses as the files, packed
+back to back, and is decoded on the device as a JPEG store's batch is, to the same pixels.
+Recognised by the JPEG signature, or declared ``fields={"jpg": latecast.jpeg(...)}``; a
+file that is no JPEG is decoded on the host.
 """
 
 from __future__ import annotations
@@ -26,7 +17,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterator, Union
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -34,20 +25,19 @@ import torch
 from .data import Encoded
 from .decode import decoder
 from .errors import BatchError, FormatError, check, numbers_of, refuse
-from .fields import Field
+from .fields import Field, Name
 from .jpegheader import JPEG_SIDE, MAX_PIXELS, jpeg_headers
 
-Name = Union[str, int]
 _said: set[Name] = set()  # fields whose non-JPEG files were announced
 
 
 @dataclass(frozen=True)
 class Jpeg:
-    """A declared JPEG field: the training size ``(H, W)`` (None: the files' own, when they
-    all share one) and the channels (None: 3 unless every file is greyscale)."""
+    """A JPEG field's declaration (``jpeg``); ``plan`` reads each file's header on the host
+    (a BatchError naming the field and the file for one it cannot take)."""
 
-    size: tuple[int, int] | None = None
-    channels: int | None = None
+    size: tuple[int, int] | None = None  # the training (H, W); None: the files' own, all alike
+    channels: int | None = None  # None: 3 unless every file is greyscale
     interpolation: str = "bilinear"
 
     def plan(self, name: Name, value: Any, options: Any) -> JpegFile:
@@ -56,7 +46,42 @@ class Jpeg:
                 f"field {name!r} is declared JPEG files: those are decoded by latecast.wrap "
                 "(from its pinned buffer), not after another framework moved the batch"
             )
-        return plan(name, value, self, len(options.prepare.mean))
+        files = files_of(value, name)
+        if files is None:
+            raise BatchError(
+                f"field {name!r} is declared JPEG files but is {type(value).__name__}: give a "
+                "list of bytes, of 1-D uint8 tensors or arrays, or of {'bytes': ..., 'path': ...} "
+                "dicts"
+            )
+        heads = jpeg_headers(files)
+        for i, h in enumerate(heads):
+            if h is not None and h[0] * h[1] > MAX_PIXELS:  # decoding would allocate it all
+                raise BatchError(
+                    f"field {name!r}: the file at position {i} in the batch is {h[0]}x{h[1]} by "
+                    f"its header, over the {MAX_PIXELS:,} pixels allowed (a decompression bomb?)"
+                )
+        grey = all(h is not None and h[2] == 1 for h in heads)
+        channels = self.channels or (1 if grey else 3)
+        decoded = {
+            i: host_decode(name, i, f, channels)
+            for i, (f, h) in enumerate(zip(files, heads))
+            if h is None
+        }
+        sizes = [tuple(decoded[i].shape[1:]) if h is None else h[:2] for i, h in enumerate(heads)]
+        size = self.size or (sizes[0] if len(set(sizes)) == 1 else None)
+        if size is None:
+            some = ", ".join(f"{h}x{w}" for h, w in sorted(set(sizes))[:3])
+            raise BatchError(
+                f"field {name!r}: JPEG files of {len(set(sizes))} sizes ({some}, ...): declare "
+                f"the training size, fields={{{name!r}: latecast.jpeg(size=(H, W))}}"
+            )
+        means = len(options.prepare.mean)
+        if means not in (1, channels):
+            raise BatchError(f"field {name!r}: {channels} channels but {means} mean/std values")
+        kept = [b"" if i in decoded else f for i, f in enumerate(files)]
+        sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
+        return JpegFile(name, torch.uint8, (len(kept),), None, kept, sizes, size, channels,
+                        decoded, heads, interpolation=self.interpolation)  # fmt: skip
 
 
 def jpeg(
@@ -95,11 +120,9 @@ def jpeg(
 
 
 def files_of(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
-    """The field's files, ``bytes`` as they came, else 1-D uint8 arrays (views, no copy), or
-    None when ``value`` is not a list of files (it then passes through, as any non-array
-    does). A Hugging Face row of a file on disk, ``{"bytes": None, "path": p}``, is read
-    from ``p`` here, as ``datasets`` reads it when it decodes (in the main process: a
-    DataLoader ``collate_fn`` that reads them spreads that over its workers)."""
+    """The field's files, ``bytes`` as they came, else 1-D uint8 arrays (views), or None when
+    ``value`` is not a list of files. A Hugging Face row ``{"bytes": None, "path": p}`` is
+    read from ``p`` (in this process: a ``collate_fn`` that reads them uses the workers)."""
     if isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 1:
         value = list(value)
     if not isinstance(value, (list, tuple)) or not value:
@@ -134,10 +157,8 @@ def _read(name: Name, k: int, path: Any) -> np.ndarray:
 
 
 def recognised(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
-    """An undeclared field's files, when it is a list of files one of which starts with the
-    JPEG signature (the others, a PNG say, are decoded on the host by ``plan``: a batch of a
-    shuffled folder whose first file is a PNG is no less a JPEG field); else None. Files
-    read from their paths (Hugging Face rows) are judged by the first alone: one read."""
+    """An undeclared field's files, when it is a list of files any of which starts with the
+    JPEG signature (rows read from their paths: the first alone); else None."""
     if not isinstance(value, (list, tuple, np.ndarray)):
         return None
     for k in range(len(value)):
@@ -154,8 +175,7 @@ def recognised(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
 @dataclass(frozen=True)
 class JpegFile(Field):
     """The JPEG kind: the files back to back (``nbytes`` of them), each file's upright size,
-    the training size and channels, the files decoded on the host (position -> CHW). Its
-    bytes stay in the pinned slot, where the decoder reads them."""
+    the training size and channels; its bytes stay in the pinned slot for the decoder."""
 
     files: list = dataclasses.field(default_factory=list, repr=False)
     sizes: torch.Tensor | None = None  # (n, 2) int64 upright (H, W)
@@ -189,18 +209,15 @@ class JpegFile(Field):
         return self.offsets[-1]
 
     @property
-    def decoded_bytes(self) -> int:
-        """What the batch costs as uint8 pixels at the training size."""
+    def decoded_bytes(self) -> int:  # as uint8 pixels at the training size
         return len(self.files) * math.prod(self.size) * self.channels
 
     @property
-    def usual_bytes(self) -> int:
-        """What it costs the usual way: float32 at the training size."""
+    def usual_bytes(self) -> int:  # the usual way: float32 at the training size
         return 4 * self.decoded_bytes
 
     def pack(self, dst: torch.Tensor, value: Any) -> None:
-        """The files back to back into the pinned bytes ``dst``: ``bytes`` joined, then copied
-        (0.1 us a file), arrays (a store's slices) in one concatenate."""
+        """The files back to back into the pinned bytes ``dst``."""
         if self.files and all(type(f) is bytes for f in self.files):
             dst.numpy()[:] = np.frombuffer(b"".join(self.files), np.uint8)
         elif self.files:
@@ -213,46 +230,6 @@ class JpegFile(Field):
         return Encoded(raw, self.offsets, self.sizes, idx, self.channels, device, source,
                        self.decoded, self.names, self.heads, self.plain,
                        self.interpolation)  # fmt: skip
-
-
-def plan(name: Name, value: Any, spec: Jpeg | None, means: int) -> JpegFile:
-    """The field's plan from its files' headers; the files that are no JPEG are decoded
-    here, on the host. ``means``: how many mean/std values wrap was given."""
-    spec, files = spec or Jpeg(), files_of(value, name)
-    if files is None:
-        raise BatchError(
-            f"field {name!r} is declared JPEG files but is {type(value).__name__}: give a list "
-            "of bytes, of 1-D uint8 tensors or arrays, or of {'bytes': ..., 'path': ...} dicts"
-        )
-    heads = jpeg_headers(files)
-    for i, h in enumerate(heads):
-        if h is not None and h[0] * h[1] > MAX_PIXELS:  # decoding would allocate it all
-            raise BatchError(
-                f"field {name!r}: the file at position {i} in the batch is {h[0]}x{h[1]} by its "
-                f"header, over the {MAX_PIXELS:,} pixels allowed (a decompression bomb?)"
-            )
-    grey = all(h is not None and h[2] == 1 for h in heads)
-    channels = spec.channels or (1 if grey else 3)
-    decoded = {
-        i: host_decode(name, i, f, channels)
-        for i, (f, h) in enumerate(zip(files, heads))
-        if h is None
-    }
-    sizes = [tuple(decoded[i].shape[1:]) if h is None else h[:2] for i, h in enumerate(heads)]
-    size = spec.size or (sizes[0] if len(set(sizes)) == 1 else None)
-    if size is None:
-        some = ", ".join(f"{h}x{w}" for h, w in sorted(set(sizes))[:3])
-        raise BatchError(
-            f"field {name!r}: JPEG files of {len(set(sizes))} sizes ({some}, ...): declare the "
-            f"training size, fields={{{name!r}: latecast.jpeg(size=(H, W))}}"
-        )
-    if means not in (1, channels):
-        raise BatchError(f"field {name!r}: {channels} channels but {means} mean/std values")
-    kept = [b"" if i in decoded else f for i, f in enumerate(files)]
-    sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
-    n, how = len(kept), spec.interpolation
-    return JpegFile(name, torch.uint8, (n,), None, kept, sizes, size, channels, decoded, heads,
-                    interpolation=how)  # fmt: skip
 
 
 def host_decode(name: Name, i: int, data: bytes | np.ndarray, channels: int) -> torch.Tensor:

@@ -1,19 +1,8 @@
-"""Field kinds: what one field of a batch crosses as, and what it becomes on the device.
-
-A batch is a tensor, a tuple/list (named tuples too) or a dict; its tensors and numpy arrays
-are its fields, named by key or position (a lone tensor is ``0``). Each field is planned on
-the host by its kind, a ``Field`` subclass, dispatched once (``Fields.plan``):
-
-    Image    uint8 (N, H, W, C) or (N, C, H, W), or declared "image": normalized on the device
-    Mask     declared "mask": moved by the images' geometric draw, nearest neighbour, no more
-    Integer  crosses in the narrowest dtype that holds the batch's values (or the declared
-             one), widened on the device; a value that does not fit is refused, never wrapped
-    AsIs     floats and bools: cross as they are
-    JpegFile files, decoded on the device (``encoded.py``)
-
-A kind declares ``plan`` (host: shape, crossing dtype), ``nbytes``, ``pack`` (into the pinned
-bytes), ``view`` (the device bytes as values), ``finish`` (what the model takes) and its byte
-``category``. A user's own kind is a ``Field`` subclass named in ``fields=``.
+"""Field kinds: what one field of a batch (a tensor or array, named by key or position)
+crosses as, and what it becomes on the device. ``Image``: uint8, normalized on the device;
+``Mask``: moved by the images' geometric draw; ``Integer``: crosses in the narrowest dtype that
+holds its values, widened on the device; ``AsIs``: as it is; ``JpegFile``: ``encoded.py``.
+A user's own kind is a ``Field`` subclass named in ``fields=``.
 """
 
 from __future__ import annotations
@@ -30,7 +19,6 @@ from .errors import BatchError
 from .transforms import FLOATS
 
 Name = Union[str, int]
-LAYOUTS = ("auto", "NHWC", "NCHW")
 NARROW = tuple(getattr(torch, n) for n in ("uint8", "int8", "uint16", "int16", "int32", "int64"))
 OUTS = NARROW + FLOATS + (torch.float64,)  # what a declared integer field may come out in
 
@@ -72,11 +60,10 @@ def value_range(t: torch.Tensor) -> tuple[int, int]:
 
 
 def widen(raw: torch.Tensor, dtype: np.dtype) -> torch.Tensor:
-    """Narrow integer bytes (uint8 on the device) -> int64. uint16 is widened through int16
-    (torch 2.4 has few uint16 ops)."""
+    """Integer bytes (uint8 on the device) holding ``dtype`` values as int64."""
     if dtype == np.uint8:
         return raw.long()
-    if dtype == np.uint16:
+    if dtype == np.uint16:  # through int16: torch 2.4 has few uint16 ops
         return raw.view(torch.int16).long() & 0xFFFF
     return raw.view(getattr(torch, np.dtype(dtype).name)).long()
 
@@ -84,7 +71,14 @@ def widen(raw: torch.Tensor, dtype: np.dtype) -> torch.Tensor:
 @dataclass(frozen=True)
 class Field:
     """One field of one batch: planned on the host, packed into the pinned bytes, viewed and
-    finished on the device. ``dtype`` and ``shape`` are what crosses."""
+    finished on the device. ``dtype`` and ``shape`` are what crosses; ``plan`` and ``narrow``
+    raise a BatchError naming the field for a value its kind cannot take.
+
+    Example:
+        >>> class Doubled(Field):  # a kind of your own: crosses as it came, comes out doubled
+        ...     def finish(self, x): return x * 2
+        >>> latecast.wrap(dl, fields={"x": Doubled})
+    """
 
     name: Name
     dtype: torch.dtype
@@ -113,12 +107,6 @@ class Field:
     def usual_bytes(self) -> int:
         """What moving it as it arrived costs (``batch.to(device)``)."""
         return math.prod(self.shape) * (self.arrived or self.dtype).itemsize
-
-    decoded_bytes = 0  # a JPEG field's: the same images as uint8 at the training size
-
-    @property
-    def describe(self) -> str:
-        return f"{self.what} {self.shape}"
 
     def pack(self, dst: torch.Tensor, value: Any) -> None:
         """``value`` into the pinned bytes ``dst`` (1-d uint8), in the dtype it crosses in."""
@@ -192,10 +180,7 @@ class Image(Field):
 
     def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``(N, H, W, C)``, whatever the layout it crossed in."""
-        x = raw.view(self.dtype).view(self.shape)
-        if self.layout == "NHWC":
-            return x
-        return x.permute(0, 2, 3, 1) if self.layout == "NCHW" else x[..., None]
+        return nhwc(super().view(raw, device), self.layout)
 
 
 @dataclass(frozen=True)
@@ -208,9 +193,7 @@ class Integer(Field):
 
     @classmethod
     def plan(cls, name: Name, t: torch.Tensor, options: Any) -> Field:
-        if not integral(t.dtype):
-            return AsIs(name, t.dtype, tuple(t.shape), t.dtype)
-        return cls(name, t.dtype, tuple(t.shape), t.dtype)
+        return super().plan(name, t, options) if integral(t.dtype) else AsIs.plan(name, t, options)
 
     def narrow(self, value: torch.Tensor, options: Any) -> Field:
         """The declared dtype, else the narrowest that holds the batch's values."""
@@ -229,8 +212,8 @@ class Declared:
     out: torch.dtype = torch.int64
 
     def plan(self, name: Name, t: torch.Tensor, options: Any) -> Integer:
-        """Values that do not fit the declared dtypes are a BatchError, read only where the
-        source's dtype holds values that may not."""
+        """Values that do not fit the declared dtypes are a BatchError (read only where the
+        source's dtype may hold such values)."""
         if not integral(t.dtype):
             raise BatchError(
                 f"field {name!r} is {t.dtype}: fields= declares {self.cross} for integer "
@@ -245,7 +228,9 @@ class Declared:
                         f"field {name!r}: values {seen[0]}..{seen[1]} do not fit the "
                         f"declared {d} ({'..'.join(map(str, limits(d)))})"
                     )
-        return Integer(name, t.dtype, tuple(t.shape), t.dtype, self.out, (self.cross, self.out))
+        return replace(
+            Integer.plan(name, t, options), out=self.out, declared=(self.cross, self.out)
+        )
 
 
 @dataclass(frozen=True)
@@ -284,12 +269,18 @@ class Mask(Field):
     def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``(N, H, W, C)``, integers widened."""
         x = widen(raw, numpy_dtype(self.dtype)) if integral(self.dtype) else raw.view(self.dtype)
-        x = x.view(self.shape)
-        return x.permute(0, 2, 3, 1) if self.layout == "NCHW" else x[..., None]
+        return nhwc(x.view(self.shape), self.layout)
 
     def finish(self, x: torch.Tensor) -> torch.Tensor:
         """``(N, H, W, C)`` back to the layout it came in."""
         return x[..., 0] if self.layout == "NHW" else x.permute(0, 3, 1, 2).contiguous()
+
+
+def nhwc(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """``x`` in ``layout`` (NHWC, NCHW or NHW) viewed as ``(N, H, W, C)``."""
+    if layout == "NHWC":
+        return x
+    return x.permute(0, 2, 3, 1) if layout == "NCHW" else x[..., None]
 
 
 def narrowest(f: Field, value: torch.Tensor) -> Field:
@@ -307,9 +298,8 @@ KINDS: dict[str, Callable] = {"image": Image.plan, "mask": Mask.plan}  # fields=
 
 
 def image_hint(name: Name, t: torch.Tensor) -> str | None:
-    """What to change, for a 4-dim field that is not uint8 but holds what images do (the
-    channel axis at dim 1 or 3): floats in [0, 1] as ``ToTensor()`` makes them, or integers
-    in 0..255 with 3 or 4 channels as Hugging Face ``datasets`` formats uint8 images."""
+    """What to change, for a 4-dim field that is not uint8 but holds images: floats in [0, 1]
+    (``ToTensor()``'s), or integers in 0..255 with 3 or 4 channels (Hugging Face's); else None."""
     channels = {t.shape[1], t.shape[3]} if t.ndim == 4 and t.numel() else set()
     if t.dtype.is_floating_point and channels & {1, 3, 4} and 0 <= t.min() and t.max() <= 1:
         return (
@@ -344,8 +334,8 @@ def split(batch: Any) -> tuple[list[tuple[Name, Any]], Callable[[list], Any]]:
 
 
 def as_tensor(value: Any) -> torch.Tensor | None:
-    """A tensor sharing ``value``'s memory, or None for what is not an array (passes through).
-    Arrays torch cannot share (negative strides, big-endian) are copied first."""
+    """A tensor sharing ``value``'s memory (copied where torch cannot share it: negative
+    strides, big-endian), or None for what is not an array (it passes through)."""
     if isinstance(value, torch.Tensor):
         return value
     if isinstance(value, np.ndarray):

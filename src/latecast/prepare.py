@@ -1,21 +1,9 @@
-"""The prepare stage, the last of three: source -> move -> **prepare**.
-
-What a mover delivers (uint8 ``(N, H, W, C)`` on the device, or a batch of JPEG files)
-becomes what a model takes: JPEG files decoded and cropped to the training size
-(``decode.py``); per-sample augmentation on uint8 (cheap: a quarter of the bytes of
-float32); the fused normalize into ``(N, C, H, W)`` float; optional batch mixing of
-images and labels (``transforms.Mix``, torchvision's MixUp/CutMix). Batch ``k`` of an
-epoch draws from generators seeded from ``(seed, epoch, rank, k)``: one on the device for
-per-pixel parameters, one on the host for crop boxes and mixing weights (used as host
-numbers). The draws do not depend on where a run started: a resumed run repeats them
-exactly. The batch number is counted here, in one place: ``seek`` says where an epoch
-starts, each call is the next batch.
-
-A call is two halves: ``next_batch`` (host only: seed the generators, count the batch; no
-sync) and ``apply`` (the work, optionally into a static buffer). A CUDA graph captures
-``apply`` once for a pure device augmentation (``Augment.capturable``); each replay is
-preceded by ``next_batch``, and the graph reads the generator's seed at replay, so replayed
-draws equal eager ones.
+"""The prepare stage, after the move: uint8 ``(N, H, W, C)`` on the device, or JPEG files,
+decoded to the training size, augmented on uint8, normalized into ``(N, C, H, W)`` float,
+erased and mixed. Batch ``k`` of an epoch draws from generators seeded from ``(seed, epoch,
+rank, k)`` (on the device; on the host for crop boxes and mixing), so a resumed run draws
+the same. ``next_batch`` seeds them (host only) and ``apply`` does the work, which a CUDA
+graph may capture.
 """
 
 from __future__ import annotations
@@ -41,24 +29,12 @@ def sizes_of(images: torch.Tensor | Encoded) -> torch.Tensor:
 
 
 class Prepare:
-    """Decode (JPEG batches), augment (optional), normalize, mix (optional), on whatever
-    device the batch is on. Called as ``prepare(images, labels, indices)`` with the
-    batch's dataset indices on the CPU (``Augment(altflip=True)`` needs them).
-
-    Args:
-        mean, std: per-channel statistics in [0, 1] units.
-        dtype: float32, bfloat16 or float16 output.
-        channels_last: output in ``torch.channels_last`` memory format.
-        augment: ``f(images, generator)`` on uint8 ``(N, H, W, C)``, or an ``Augment`` (its
-            resized crop is drawn on the host and, for JPEG batches, done while decoding).
-        seed: the run's seed, mixed into every batch's augmentation seed.
-        size: ``(H, W)`` JPEG batches are decoded to (the dataset's ``image_shape[:2]``).
-        mix: ``f(images, labels, generator)`` after the normalize, e.g. ``Mix``, or
-            torchvision's as ``lambda x, y, g: MixUp(num_classes=10)(x, y)`` (that one draws
-            from torch's global RNG: a resumed run does not repeat it).
-        erase: ``f(images, generator)`` on the normalized images, e.g. ``Erasing``.
-        mask_fill: what masks are padded with where a crop leaves no pixel (``fields``).
-    """
+    """Decode, augment, normalize, erase and mix a batch on its device:
+    ``prepare(images, labels, indices)`` (``indices``: the dataset's, on the CPU, for altflip).
+    ``mean``, ``std``: per channel, [0, 1] units; ``dtype``, ``channels_last``: the output's;
+    ``augment``, ``erase``: ``f(images, generator)`` before and after the normalize; ``mix``:
+    ``f(images, labels, generator)``; ``size``: the (H, W) JPEG batches are decoded to;
+    ``mask_fill``: what masks are padded with where a crop leaves no pixel."""
 
     def __init__(
         self,
@@ -89,8 +65,8 @@ class Prepare:
         return self.apply(images, labels, indices, out)
 
     def next_batch(self, device: torch.device) -> None:
-        """Seed the generators (``device``'s, and the host's for crop boxes and mixing) from
-        (seed, epoch, rank, batch); count the batch. Host work only, no sync."""
+        """Seed ``device``'s and the host's generators from (seed, epoch, rank, batch); count
+        the batch. No sync."""
         mixed = 0
         for part in (self.seed, self.epoch, self.rank, self.batch):
             mixed = (mixed * 1_000_003 + part) % (2**63 - 1)
@@ -122,9 +98,8 @@ class Prepare:
         return (images if out is None else out.copy_(images)), labels
 
     def moves(self, images: torch.Tensor | Encoded, indices=None) -> Moves | None:
-        """This batch's geometric draws (``Augment.moves``: the resized crop's boxes on the
-        host, crop shifts and flips on the images' device), made once: ``apply`` moves the
-        images by them, ``wrap`` their masks too. None without an ``Augment``."""
+        """This batch's geometric draws (``Augment.moves``), made once for every pixel field;
+        None without an ``Augment``."""
         if not isinstance(self.augment, Augment):
             return None
         g, host = self.generator(images.device), self.generator(_HOST)
@@ -133,20 +108,16 @@ class Prepare:
         )
 
     def _to_size(self, images: torch.Tensor | Encoded, moves: Moves | None, size) -> torch.Tensor:
-        """JPEG files decoded to the training ``size``; ``Augment``'s resized crop by the boxes
-        of ``moves`` (for JPEG files: cropped while decoding)."""
+        """JPEG files decoded to ``size``; the resized crop of ``moves`` (while decoding)."""
         boxes = None if moves is None else moves.boxes
         if isinstance(images, Encoded):
             return decode(images, size, boxes)
         return images if boxes is None else resized_crop(images, boxes, tuple(images.shape[1:3]))
 
     def fields(self, plans: list, values: list, where: tuple, device: torch.device) -> list:
-        """A batch's fields (``Field`` plans and their values on the device, JPEG fields as
-        ``Encoded``) made what the model takes, seeded by ``where`` (epoch, rank, batch). The
-        images, JPEG files and masks share one geometric draw (from the JPEG files' sizes where
-        there are some): a mask is moved with its images by nearest neighbour, to a JPEG
-        field's training size, and nothing else; every image gets the same colour draws;
-        images of another size (no mask beside them) get draws of their own, same seeds."""
+        """A batch's fields (plans, values on the device) made what the model takes, seeded by
+        ``where`` (epoch, rank, batch). Pixel fields share one geometric draw (masks by nearest
+        neighbour) and images one colour draw; images of another size draw their own."""
         out = [None if f is None or f.pixels else f.finish(v) for f, v in zip(plans, values)]
         pixels = [i for i, f in enumerate(plans) if f is not None and f.pixels]
         if not pixels:

@@ -1,19 +1,8 @@
-"""Movers: how batches cross from host memory to the device, the middle of three stages.
-
-    source (dataset + order) -> move (this module) -> prepare (augment, normalize)
-
-Every path packs a batch with ``pack``: each field (``fields.py``) written into one reused
-pinned buffer of a ``Ring``, one ``non_blocking`` copy, the fields viewed on the device by
-``unpack``. The Loader's movers, ``wrap`` and ``Mover`` share it; bytes are counted there,
-once (``TransferStats.count``).
-
-- ``float32``  the usual way, kept as the baseline: batches the host gathered and prepared.
-- ``uint8``    uint8 images + narrow labels packed, one copy.
-- ``prefetch`` as ``uint8``, the next batch packed and copied on a side CUDA stream while the
-               current one is used (``ahead``).
-- ``resident`` the whole uint8 dataset uploaded once; batches gathered on the device.
-- ``jpeg``     JPEG stores: the files packed beside the labels; only the labels cross, the
-               decoder reads the files from the pinned buffer (nvJPEG parses on the host).
+"""The move, between source and prepare: ``pack`` writes a batch's fields into one reused
+pinned buffer of a ``Ring`` and starts one copy, ``unpack`` views them on the device; every
+path (the Loader's movers, ``wrap``, ``Mover``, Lightning) takes it, and counts bytes there.
+The Loader's movers (``MOVERS``): ``float32`` (the baseline), ``uint8``, ``prefetch`` (read
+ahead on a side stream), ``resident`` (the dataset on the device), ``jpeg`` (a store's files).
 """
 
 from __future__ import annotations
@@ -40,8 +29,7 @@ from .threads import count, pool
 
 @dataclass
 class TransferStats:
-    """What crossed host->device, counted where it is packed (exact on every device; on a
-    CPU "device" the copies are no-ops but the accounting is the same)."""
+    """What crossed host->device, counted where it is packed (on a CPU device too)."""
 
     image_bytes: int = 0  # image bytes handed to the device (JPEG files: their own bytes)
     label_bytes: int = 0  # integer bytes (labels, integer fields and masks)
@@ -80,8 +68,8 @@ def uint8_bytes(dataset: Dataset | EncodedDataset, samples: int) -> int:
 
 
 def host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
-    """A reusable uint8 staging buffer, pinned when a CUDA copy will read it (a failed pin
-    falls back to pageable memory with one warning: docs/RELIABILITY.md row 27)."""
+    """A reusable uint8 staging buffer, pinned when ``pin`` (else, or where pinning fails,
+    pageable: a warning)."""
     if pin:
         try:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -95,10 +83,9 @@ def host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
 
 
 class Ring:
-    """``slots`` reused host buffers (pinned for CUDA), each guarded by the event of the
-    last copy that read it, so a buffer is rewritten only once that copy is done. A buffer
-    grows when a larger batch comes. With ``side`` (CUDA) the copies run on a side stream
-    and ``ready`` makes the consumer's stream wait for one (the copy-ahead of ``ahead``)."""
+    """``slots`` reused host buffers (pinned for CUDA), each rewritten only once the last copy
+    out of it is done, grown for a larger batch. With ``side`` (CUDA) the copies run on a side
+    stream, which ``ready`` makes the consumer's stream wait for."""
 
     def __init__(self, slots: int, device: torch.device, side: bool = False) -> None:
         self.device, self.cuda = device, device.type == "cuda"
@@ -152,10 +139,9 @@ class Sent:
 
 
 def pack(ring: Ring, plans: list[Field | None], values: list, stats: TransferStats) -> Sent:
-    """THE packer of every path: each planned field written into one slot of ``ring`` in the
-    dtype it crosses in, and one copy started. Widest dtype first, so every field starts at
-    a multiple of its own item size and is viewed as its dtype on the device; fields that
-    stay on the host (JPEG files) last, outside the copy. Counted in ``stats``."""
+    """The packer of every path: each planned field written into one slot of ``ring`` in the
+    dtype it crosses in, one copy started, counted in ``stats``. Widest dtype first, so each
+    field is aligned for its view; fields that stay on the host (JPEG files) last, not copied."""
     order = sorted(
         (i for i, f in enumerate(plans) if f is not None),
         key=lambda i: (plans[i].on_host, -plans[i].dtype.itemsize),
@@ -183,42 +169,31 @@ def unpack(ring: Ring, s: Sent, keep: bool = False) -> list[Any]:
     ]
 
 
+END = object()  # no more items
+
+
 def ahead(items: Iterable) -> Iterator[tuple[Any, bool]]:
     """Each item with whether it is the last, the next one taken before this one is handed
-    out: where taking an item starts its copy on a ``Ring``'s side stream, the copy of batch
-    ``k + 1`` runs while batch ``k`` is used. Where taking item ``k + 1`` raises, item ``k`` is
-    still handed out, then the error raised (nothing taken is lost)."""
-    it, end = iter(items), object()
-    item = next(it, end)
-    while item is not end:
+    out (so its copy runs while this one is used). Where taking the next raises, this one is
+    handed out first."""
+    it = iter(items)
+    item = next(it, END)
+    while item is not END:
         try:
-            after = next(it, end)
+            after = next(it, END)
         except Exception:  # the source fails at the next item: this one is handed out first
             yield item, False
             raise
-        yield item, after is end
+        yield item, after is END
         item = after
 
 
-END = object()  # the source has no more batches
-
-
 class Behind:
-    """A read-ahead's source (``ahead``: batch k + 1 taken before batch k is handed out),
-    seen from outside as if it were not read ahead, so that what a loader signals as it
-    yields stays true of the batch in use. accelerate's ``DataLoaderShard`` sets
-    ``end_of_dataloader`` as it yields its last batch and leaves accelerate's
-    ``GradientState`` once exhausted: read ahead, ``gather_for_metrics`` cut the wrong batch
-    and kept the padding of the last (72 of 100 predictions counted).
-
-    - The attributes the source sets while batch k + 1 is taken are put back while batch k
-      is out (``show(0)``), and set again before it runs on.
-    - Where ``len(source)`` is known, the source is not run past its last batch until the one
-      after it is asked for (``rest``) or the wrapper's state is saved (``finish``): its
-      end-of-pass code runs then, as without the read-ahead. Without a ``len()`` the end is
-      found by reading past it, before the last batch is out, unless the source says which
-      is its last (accelerate's ``end_of_dataloader``).
-    """
+    """A read-ahead's source seen as if it were not read ahead, so what it signals as it
+    yields (accelerate's ``end_of_dataloader``) stays true of the batch in use: attributes
+    it sets while batch k + 1 is taken are put back while batch k is out (``show(0)``); where
+    its ``len()`` is known, it is run past its last batch (its end-of-pass code) only when the
+    next is asked for (``rest``) or the state saved (``finish``)."""
 
     def __init__(self, source: Iterable) -> None:
         self.it, self.attrs = iter(source), getattr(source, "__dict__", None)
@@ -238,8 +213,7 @@ class Behind:
         self.show(1)  # the last batch goes out as the source left it
 
     def take(self) -> Any:
-        """The source's next batch (or END); what it changed in taking it is recorded (its
-        end-of-pass changes are not: nothing comes after them to hide them for)."""
+        """The source's next batch (or END), recording the attributes taking it changed."""
         self.show(1)
         if self.held:
             return self.held.pop()
@@ -254,8 +228,7 @@ class Behind:
         return batch
 
     def show(self, which: int) -> None:
-        """The source's attributes as before (0) or after (1) its last batch was taken; after
-        is for good (nothing left to hide)."""
+        """The source's attributes as before (0) or after (1, for good) its last take."""
         for k, values in self.changed.items():
             if values[which] is END:
                 self.attrs.pop(k, None)
@@ -270,9 +243,8 @@ class Behind:
         return not self.held or self.held[0] is END
 
     def finish(self, state: Callable[[], Any]) -> Any:
-        """``state()`` once the source has run to its end: the next pass's (torchdata's
-        ``StatefulDataLoader`` resumed from before its end gives an empty pass); where it
-        yields past its ``len()``, its state before that batch."""
+        """``state()`` once the source has run to its end (the next pass's); where it yields
+        past its ``len()``, its state before that batch."""
         before = state()
         if self.ended():
             return state()
@@ -288,8 +260,7 @@ class Behind:
 
 
 def known_length(source: Iterable) -> int | None:
-    """``len(source)``; None where it has none, or for a DataLoader over an
-    ``IterableDataset`` (a guess there, and asking arms torch's length warning)."""
+    """``len(source)``; None where it has none or guesses (a DataLoader of an IterableDataset)."""
     if isinstance(getattr(source, "dataset", None), torch.utils.data.IterableDataset):
         return None
     try:
@@ -320,8 +291,7 @@ class Mover:
 
 
 class Float32(Mover):
-    """The usual way, kept as the baseline: the Loader gathers each batch and prepares it
-    on the host; this copies the float32 images and int64 labels as they are."""
+    """The baseline: batches the Loader gathered and prepared on the host, copied as they are."""
 
     name = "float32"
     takes_prepared = True
@@ -390,11 +360,8 @@ def _free_bytes(device: torch.device) -> int:
 
 
 class Resident(Mover):
-    """The whole uint8 dataset lives on the device; shuffle and gather happen there.
-
-    One upload, in chunks straight from the (possibly memory-mapped) arrays, so the host
-    never holds a second whole copy; then one int64 permutation per epoch, nothing per step.
-    """
+    """The whole uint8 dataset uploaded once, in chunks (no second host copy); then one int64
+    permutation per epoch, batches gathered on the device. A DeviceError where it does not fit."""
 
     name = "resident"
     CHUNK_BYTES = 64 << 20  # upload in 64 MiB pieces
@@ -405,8 +372,8 @@ class Resident(Mover):
 
     @staticmethod
     def fits(dataset: Dataset, device: torch.device) -> tuple[bool, str]:
-        """Whether the dataset takes at most ``RESIDENT_FRACTION`` of the free memory (the
-        rest is for the model, activations and the allocator's slack), and the sizes."""
+        """Whether the dataset takes at most ``RESIDENT_FRACTION`` of the free memory, and the
+        sizes in words."""
         need, free = uint8_bytes(dataset, len(dataset)), _free_bytes(device)
         return need <= free * RESIDENT_FRACTION, (
             f"{dataset.name}/{dataset.split} needs {need / 2**20:.0f} MiB on {device}, "
@@ -451,9 +418,7 @@ class Resident(Mover):
 
 class Jpeg(Mover):
     """JPEG stores: a batch's files packed beside its narrow labels; the labels cross, the
-    files stay in the pinned slot, where the decoder reads them (nvJPEG parses each file on
-    the host before it copies the compressed stream itself). The encoded bytes count as the
-    image bytes; ``decoded_bytes`` says what uint8 at the training size would have cost."""
+    files stay in the pinned slot for the decoder (nvJPEG parses them on the host)."""
 
     name = "jpeg"
     encoded = True
@@ -475,7 +440,7 @@ class Jpeg(Mover):
         for item in index_batches:
             ds, idx, names = (self.dataset, item, None) if torch.is_tensor(item) else item
             at = idx.numpy() if names is None else np.arange(len(idx))
-            data = ds.data.view(np.ndarray)  # a memmap's slices: 3.8 us a file, a plain view's 1
+            data = ds.data.view(np.ndarray)  # a plain view slices faster than a memmap
             starts, ends = ds.offsets[at].tolist(), ds.offsets[at + 1].tolist()
             files = [data[a:b] for a, b in zip(starts, ends)]
             if names is None and self.unread is not None and self.unread[at].any():
@@ -486,9 +451,8 @@ class Jpeg(Mover):
             yield tuple(unpack(self.ring, s))
 
     def _first_read(self, idx: np.ndarray, files: list[np.ndarray]) -> None:
-        """Files read for the first time, checked against the CRC-32 their store kept:
-        damage libjpeg decodes without a word, and files cut where a lying ``offsets.npy``
-        says, are named once each (RESULTS.md: 20 ms for 460 photos beside 1.8 s to decode)."""
+        """Files read for the first time checked against their store's CRC-32 (damage libjpeg
+        decodes silently, a lying ``offsets.npy``): a warning naming each once."""
 
         def crcs(part: np.ndarray) -> list[int]:  # zlib lets go of the GIL past 5 KiB
             return [zlib.crc32(files[k]) for k in part]
@@ -519,9 +483,8 @@ def movers_for(dataset: Dataset | EncodedDataset) -> list[str]:
 
 
 def resolve(name: str, dataset: Dataset | EncodedDataset, device: torch.device) -> str:
-    """``auto`` -> ``jpeg`` for an encoded store; else ``resident`` when the dataset fits
-    comfortably in the device's free memory (host RAM for a CPU device), else ``prefetch``.
-    Other names are checked, also against the kind of dataset."""
+    """``auto``: ``jpeg`` for an encoded store, else ``resident`` where the dataset fits, else
+    ``prefetch``. Another name is checked against ``MOVERS`` and the dataset (ConfigError)."""
     if name == "auto":
         if isinstance(dataset, (EncodedDataset, StreamedDataset)):
             return "jpeg"

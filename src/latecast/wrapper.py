@@ -1,19 +1,10 @@
-"""``latecast.wrap``'s core: any iterable of batches in, narrow bytes across the bus, prepared
-on the device. The source is yours (a ``DataLoader``, a generator, a list); move and prepare
-are latecast's, the Loader's own (``transfer.pack``, ``Prepare``):
-
-    your batch -> each field planned by its kind (``fields.py``) -> packed into one reused
-    pinned buffer -> one copy, on a side CUDA stream one batch ahead -> on the device:
-    augment + normalize images, move masks alike, widen integers
-
-``latecast.wrap`` itself (a DataLoader comes back as one of its class) is
-``integrations/dataloader.py``.
-"""
+"""``wrap``'s core: any iterable of batches planned field by field (``fields.py``), packed
+and moved as the Loader's (``transfer.pack``), prepared on the device (``Prepare.fields``).
+``latecast.wrap`` itself is ``integrations/dataloader.py``."""
 
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import threading
 import time
 import warnings
@@ -25,7 +16,7 @@ import torch
 
 from . import encoded
 from .distributed import placement
-from .errors import BatchError, ConfigError, numbers_of, refuse
+from .errors import BatchError, ConfigError, check, numbers_of, refuse
 from .fields import (
     KINDS,
     NARROW,
@@ -52,7 +43,8 @@ LAYOUTS = ("auto", "NHWC", "NCHW")
 
 
 def declaration(name: Name, spec: Any) -> Any:
-    """One entry of ``fields=`` as what plans it: ``plan(name, value, options) -> Field``."""
+    """One entry of ``fields=`` as what plans it, ``plan(name, value, options) -> Field``;
+    anything else is a ConfigError."""
     if isinstance(spec, str) and spec in KINDS:
         return KINDS[spec]
     if isinstance(spec, type) and issubclass(spec, Field):  # a kind of the user's own
@@ -70,10 +62,6 @@ def declaration(name: Name, spec: Any) -> Any:
     return Declared(cross, out).plan
 
 
-def _number(value: Any) -> bool:
-    return numbers_of((value,)) is not None
-
-
 def _channels(erase: Any, mean: tuple | None) -> bool:
     """An ``Erasing`` value of numbers per channel has one per ``mean`` value (or one)."""
     value = getattr(erase, "value", None)
@@ -81,8 +69,8 @@ def _channels(erase: Any, mean: tuple | None) -> bool:
 
 
 def _check_pixels(pixels: list[Field], declared: dict) -> None:
-    """Images and masks of one batch are of one size; two uint8 4-d fields are declared
-    (one of them is likely a mask, which must never be normalized as an image)."""
+    """Images and masks of one batch share (N, H, W); of two undeclared uint8 4-d fields one
+    is likely a mask: refused (BatchError)."""
     pixels = [f for f in pixels if isinstance(f, (Image, Mask))]
     guessed = [f.name for f in pixels if isinstance(f, Image) and f.name not in declared]
     if len(guessed) > 1:
@@ -99,8 +87,8 @@ def _check_pixels(pixels: list[Field], declared: dict) -> None:
 
 
 def _check_masks(pixels: list[Field]) -> None:
-    """Masks beside JPEG fields: each file of the masks' size (its boxes move the mask), and
-    every image of the batch coming out at one size (the masks' too)."""
+    """Masks beside JPEG fields: each file of the masks' size, every image of the batch coming
+    out at one size (BatchError)."""
     masks = [f for f in pixels if isinstance(f, Mask)]
     files = [f for f in pixels if f.on_host]
     if not (masks and files):
@@ -125,9 +113,9 @@ def _check_masks(pixels: list[Field]) -> None:
 
 @dataclass
 class Fields:
-    """The options of ``wrap``, ``Mover`` and ``PrepareOnDevice.prepare_on_device`` (see
-    ``wrap``'s Args), the plan of a batch's fields from them (``plan``, ``narrow``), and its
-    finish on the device (``finish``, ``mixed``); it moves nothing itself."""
+    """The options of ``wrap``, ``Mover`` and ``prepare_on_device`` (``wrap``'s Args), each
+    checked when given (ConfigError); a batch's fields planned (``plan``, ``narrow``) and
+    finished on the device (``finish``, ``mixed``) by them."""
 
     mean: tuple[float, ...] | None = None  # per channel, [0, 1] units; None: x / 255 alone
     std: tuple[float, ...] | None = None
@@ -144,7 +132,6 @@ class Fields:
     moved = False  # the batches arrive on the device, moved by another framework (Lightning)
 
     def __post_init__(self) -> None:
-        """Every option checked where it is given: one ConfigError naming the argument."""
         mean, std, given = numbers_of(self.mean), numbers_of(self.std), (self.mean, self.std)
         if given != (None, None) and not (mean and std and len(mean) == len(std) and min(std) > 0):
             raise ConfigError(
@@ -161,10 +148,12 @@ class Fields:
                 f"fields must be a dict {{name: kind}} or None, got {self.fields!r:.60}"
             )
         self.plans = {name: declaration(name, spec) for name, spec in (self.fields or {}).items()}
-        aug, seed, erase, lay = self.augment, self.seed, self.erase, self.layout
-        flag, ours = self.channels_last, isinstance(aug, Augment)
-        integer = isinstance(seed, numbers.Integral) and not isinstance(seed, bool)
-        floats, layouts = (", ".join(map(str, names)) for names in (FLOATS, LAYOUTS))
+        aug, erase, flag = self.augment, self.erase, self.channels_last
+        ours = isinstance(aug, Augment)
+        check(self.dtype, "dtype", FLOATS)
+        check(self.layout, "layout", LAYOUTS)
+        seed = check(self.seed, "seed", int, 0, below=2**63)
+        check(self.mask_fill, "mask_fill", float)
         per_channel = f"one number or {len(mean or ())}, one per channel as mean/std"
         altflip = "without altflip (it needs each sample's dataset index, which only a Loader has)"
         masks = (
@@ -176,14 +165,10 @@ class Fields:
                 (aug is None or callable(aug), "augment", aug, "f(images, generator)"),
                 (not (ours and aug.altflip), "augment", aug, altflip),
                 (ours or aug is None or not has_mask, "augment", aug, masks),
-                (any(self.dtype is d for d in FLOATS), "dtype", self.dtype, "one of " + floats),
                 (isinstance(flag, (bool, np.bool_)), "channels_last", flag, "a bool"),
-                (isinstance(lay, str) and lay in LAYOUTS, "layout", lay, "one of " + layouts),
-                (integer and 0 <= seed < 2**63, "seed", seed, "an integer in 0..2**63-1"),
                 (erase is None or callable(erase), "erase", erase, "a latecast.Erasing or None"),
                 (self.mix is None or callable(self.mix), "mix", self.mix, "f(images, labels, g)"),
                 (_channels(erase, mean), "erase.value", getattr(erase, "value", 0), per_channel),
-                (_number(self.mask_fill), "mask_fill", self.mask_fill, "a finite number"),
             ]
         )
         self.normalizes = mean is not None
@@ -195,7 +180,7 @@ class Fields:
             dtype=self.dtype,
             channels_last=self.channels_last,
             augment=self.augment,
-            seed=int(self.seed),
+            seed=seed,
             erase=self.erase,
             mask_fill=self.mask_fill,
         )
@@ -256,8 +241,7 @@ class Fields:
 
     def _check_per_pixel(self, plans: list[Field | None], pixels: list[Field]) -> None:
         """An undeclared field shaped like the images' pixels, (N, H, W) or (N, 1, H, W), under
-        an augmentation that moves the images: a mask left behind, refused (docs/RELIABILITY.md
-        row 198)."""
+        an augmentation that moves the images: a mask left behind, refused (ConfigError)."""
         aug = self.augment
         if not (isinstance(aug, Augment) and (aug.crop or aug.flip or aug.resized_crop)):
             return
@@ -303,25 +287,39 @@ class Fields:
         """Each field in the dtype it crosses in (integers: the narrowest that holds them)."""
         return [f if f is None else f.narrow(v, self) for f, v in zip(plans, values)]
 
+    def send(self, ring: Ring, batch: Any, stats: TransferStats, *keep: Any) -> Sent:
+        """``batch`` planned, packed into ``ring`` and its copy started; ``Sent.extra`` is
+        ``(leaves, rebuild, *keep)``, what ``finish_batch`` rebuilds the batch from."""
+        leaves, rebuild = split(batch)
+        values, plans = self.plan(leaves)
+        s = pack(ring, self.narrow(plans, values), values, stats)
+        s.extra = (leaves, rebuild, *keep)
+        return s
+
+    def finish_batch(self, plans: list, views: list, extra: tuple, where: tuple, device) -> Any:
+        """The batch rebuilt in its own form from its fields' ``views`` on the device,
+        finished (``finish``) and mixed (``mixed``)."""
+        leaves, rebuild = extra[:2]
+        done = self.finish(plans, views, where, device)
+        values = [value if d is None else d for (_, value), d in zip(leaves, done)]
+        return rebuild(self.mixed(plans, values))
+
     @one_thread()  # latecast's own CPU work: threads.py
     def finish(self, plans: list, values: list, where: tuple, device: torch.device) -> list:
-        """The fields' values on the device (``transfer.unpack``) made what the model takes,
-        seeded by ``where`` (epoch, rank, batch): ``Prepare.fields``; a file that does not
-        decode is one BatchError naming the field and the file's position."""
+        """The fields' values on the device made what the model takes, seeded by ``where``
+        (epoch, rank, batch); a file that does not decode is a BatchError naming its field."""
         with encoded.named():
             return self.prepare.fields(plans, values, where, device)
 
     def mixed(self, plans: list[Field | None], values: list) -> list:
-        """``values`` (the batch's fields, finished) with its images and labels mixed by
-        ``mix``: its one image field and its one integer field of one value per sample, the
-        labels becoming class probabilities; drawn from the batch's host generator, so a
-        resumed run mixes the same."""
+        """``values`` with its one image field and its one integer field of one value per
+        sample mixed by ``mix``, drawn from the batch's host generator (else a BatchError)."""
         if self.mix is None or not self.mixing:
             return values
         images = [i for i, f in enumerate(plans) if f is not None and f.category == "image"]
         labels = [i for i, f in enumerate(plans) if isinstance(f, Integer) and len(f.shape) == 1]
         if len(images) != 1 or len(labels) != 1:
-            named = ", ".join(f"{f.name!r}: {f.describe}" for f in plans if f is not None)
+            named = ", ".join(f"{f.name!r}: {f.what} {f.shape}" for f in plans if f is not None)
             raise BatchError(
                 "mix= mixes one image field with one label field (integers, one per sample); "
                 f"this batch has {named}"
@@ -334,9 +332,8 @@ class Fields:
 
 class Wrapped(Epochs):
     """An iterable of batches moved and prepared on the device; see ``wrap``. Every attribute
-    it does not own (``__slots__``, its methods and properties) is the source's: read there,
-    written there (Lightning sets ``worker_init_fn``); timm's ``mixup_enabled`` reaches the
-    mix wherever it lives."""
+    it does not own (``__slots__``, its methods and properties) is read from and written to
+    the source."""
 
     __slots__ = ("batches", "fields", "_device", "epoch", "position", "_stats", "_ring")
     __slots__ += ("_where", "_state", "_behind")
@@ -374,8 +371,7 @@ class Wrapped(Epochs):
 
     @property
     def mean(self) -> tuple[float, ...] | None:
-        """The mean it normalizes with (``fields`` holds every option): what a second loader
-        made from ``w.dataset`` needs, ``latecast.wrap(that, mean=w.mean, std=w.std)``."""
+        """The mean it normalizes with, for a second loader: ``wrap(dl, mean=w.mean, ...)``."""
         return self.fields.mean
 
     @property
@@ -384,10 +380,9 @@ class Wrapped(Epochs):
 
     @property
     def mixup_enabled(self) -> bool:
-        """timm's switch of its loader's mixing (its train.py turns it off at
-        ``--mixup-off-epoch``), for the mix wherever it lives: wrap's own ``mix=``, else the
-        source's own switch or its ``collate_fn``'s (timm's ``FastCollateMixup``). False
-        where nothing mixes, as timm's loader says; switching that on is an error."""
+        """timm's switch of its loader's mixing, for the mix wherever it lives: ``mix=``, else
+        the source's or its ``collate_fn``'s switch. False where nothing mixes; switching
+        that on is a ConfigError."""
         owner, name = self._mixer()
         return owner is not None and bool(getattr(owner, name))
 
@@ -412,14 +407,12 @@ class Wrapped(Epochs):
 
     @property
     def stats(self) -> TransferStats:
-        """Bytes by kind (images, integers, others), copies, batches, data wait, and what the
-        same batches would have cost moved as they arrived (``usual_bytes``)."""
+        """Bytes by kind, copies, batches, data wait, and ``usual_bytes`` (moved as they came)."""
         return replace(self._stats)
 
     def set_epoch(self, epoch: int) -> None:
-        """Seed augmentation from ``epoch`` and pass it on: to the source's own ``set_epoch``
-        where it has one (accelerate's loaders pass it on themselves), else to its sampler and
-        its dataset (a shuffled iterable dataset, Hugging Face's, draws its order from it)."""
+        """Seed augmentation from ``epoch``; passed on to the source's ``set_epoch``, else to
+        its sampler's and its dataset's."""
         super().set_epoch(epoch)
         source = self.batches
         if callable(getattr(source, "set_epoch", None)):
@@ -437,11 +430,10 @@ class Wrapped(Epochs):
         return {"epoch": self.epoch, "position": self.position, "source": source}
 
     def _source_state(self) -> Any:
-        """The source's state, or None where it keeps none (accelerate's DataLoaderShard has
-        a ``state_dict`` that fails over a plain DataLoader)."""
+        """The source's state, or None where it keeps none."""
         try:
             return self.batches.state_dict() if hasattr(self.batches, "state_dict") else None
-        except AttributeError:
+        except AttributeError:  # accelerate's DataLoaderShard over a plain DataLoader
             return None
 
     def _load_state_dict(self, state: dict) -> None:
@@ -460,9 +452,8 @@ class Wrapped(Epochs):
             self._ring = Ring(self.slots, self._where[0], side=True)
 
     def _finished(self) -> Iterator[tuple[Any, bool]]:
-        """Each batch finished on the device and whether it is the last; the next one's copy
-        is started before (``ahead``), so it overlaps the use of this one, from a source that
-        looks as if it were not read ahead (``Behind``)."""
+        """Each batch finished on the device and whether it is the last, the next one's copy
+        started before (``ahead``), from a source that looks not read ahead (``Behind``)."""
         source, stateful = Behind(self.batches), self._source_state() is not None
         self._behind = source
         yield from self._ahead(source, stateful)
@@ -472,7 +463,8 @@ class Wrapped(Epochs):
             yield from self._ahead(rest, stateful)
 
     def _ahead(self, batches: Iterable, stateful: bool) -> Iterator[tuple[Any, bool]]:
-        sent = (self._send(batch, stateful) for batch in batches)
+        state = self._source_state if stateful else lambda: None  # taken before reading on
+        sent = (self.fields.send(self._ring, b, self._stats, state()) for b in batches)
         t0 = time.perf_counter()
         for s, last in ahead(sent):
             batch = self._finish(s)
@@ -483,34 +475,16 @@ class Wrapped(Epochs):
             t0 = time.perf_counter()
 
     def _finish(self, s: Sent) -> Any:
-        """A sent batch prepared on the device, once its copy is done; a JPEG field's files
-        stay in the pinned slot, where the decoder reads them."""
-        leaves, rebuild, state = s.extra
         self._stats.batches += 1
-        where = (self.epoch, self._where[1], self.position)
-        values = unpack(self._ring, s, keep=True)
-        done = self.fields.finish(s.plans, values, where, self._ring.device)
-        values = [value if d is None else d for (_, value), d in zip(leaves, done)]
-        return rebuild(self.fields.mixed(s.plans, values))
-
-    def _send(self, batch: Any, stateful: bool) -> Sent:
-        """A batch of the source packed into the ring, its copy started."""
-        state = self._source_state() if stateful else None  # before we read further
-        leaves, rebuild = split(batch)
-        values, plans = self.fields.plan(leaves)
-        s = pack(self._ring, self.fields.narrow(plans, values), values, self._stats)
-        s.extra = (leaves, rebuild, state)
-        return s
+        views, where = unpack(self._ring, s, keep=True), (self.epoch, self._where[1], self.position)
+        return self.fields.finish_batch(s.plans, views, s.extra, where, self._ring.device)
 
 
 class Mover(Wrapped):
     """``mover(batch)``: one host batch moved and prepared as ``wrap`` moves each of its
-    batches (one pinned buffer, one copy, narrow integers, images normalized on the device),
-    for programs that build their batches per call (nanoGPT's ``get_batch``). No read-ahead:
-    a batch function that draws from the global RNG draws exactly when it did without it.
-    ``position`` counts the calls, and seeds the augmentation with ``epoch`` and the rank.
-    Safe from several threads: their calls take turns (one lock around each whole call; its
-    ring slot and seeds would otherwise be shared), and each thread gets its own batch.
+    batches, for programs that build batches per call; no read-ahead. ``position`` counts the
+    calls and seeds the augmentation with ``epoch`` and the rank. Calls from several threads
+    take turns.
 
     Example:
         >>> mover = latecast.Mover(device="cuda")            # wrap's options: fields=, mean=...
@@ -524,6 +498,6 @@ class Mover(Wrapped):
     def __call__(self, batch: Any) -> Any:
         with self._lock:
             self._start()
-            batch = self._finish(self._send(batch, stateful=False))
+            batch = self._finish(self.fields.send(self._ring, batch, self._stats))
             self.position += 1
         return batch

@@ -1,9 +1,5 @@
-"""``latecast.wrap`` of a ``DataLoader``: the wrapped loader is an instance of the loader's own
-class, so the frameworks that look for a DataLoader find one (Lightning re-makes it with its
-``DistributedSampler``; accelerate's ``prepare`` is refused, its own loader wrapped instead),
-and timm's ``loader.mixup_enabled`` switch reaches the mix wherever it lives. Any other
-iterable is wrapped by the core's ``Wrapped``.
-"""
+"""``latecast.wrap``: a ``DataLoader`` comes back as an instance of its own class (frameworks
+that look for one find it); any other iterable as the core's ``Wrapped``."""
 
 from __future__ import annotations
 
@@ -18,12 +14,9 @@ from ..wrapper import Fields, Wrapped
 
 
 class WrappedLoader(Wrapped, DataLoader):
-    """``wrap`` of a ``DataLoader``: an instance of the loader's own class that shares its
-    attributes (one ``__dict__``) and moves its batches. So frameworks that look for a
-    DataLoader find one: Lightning injects its ``DistributedSampler`` by re-making it as
-    ``type(w)(**arguments read off it)``, which makes a loader of the source's class from those
-    arguments and wraps it the same way. accelerate's ``prepare`` would re-make it as its own
-    class: that is refused (wrap what ``prepare`` returns instead; README, "Your own data")."""
+    """``wrap`` of a ``DataLoader``: an instance of the loader's own class sharing its
+    ``__dict__``. Re-made from arguments (Lightning's sampler injection), it makes a loader of
+    the source's class and wraps it the same way."""
 
     source: type  # set on each wrap's own class, with `options`: what __init__ re-makes
     options: tuple  # (Fields, device)
@@ -33,9 +26,8 @@ class WrappedLoader(Wrapped, DataLoader):
 
     @property
     def _is_accelerate_prepared(self) -> bool:
-        """What accelerate's ``prepare`` asks a DataLoader first: True returns it as it is.
-        A source accelerate has not sharded would be re-made as accelerate's own
-        ``DataLoaderShard`` from its arguments, without the wrap (uint8 to the loop)."""
+        """What accelerate's ``prepare`` asks first: True where accelerate made the source, else
+        a ConfigError (``prepare`` would re-make it without the wrap)."""
         if vars(self).get("_is_accelerate_prepared") or type(self.batches).__module__.startswith(
             "accelerate."
         ):
@@ -66,37 +58,31 @@ def loader_class(cls: type, fields: Fields, device: str | torch.device) -> type:
 
 
 def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: Any) -> Wrapped:
-    """Batches of ``batches`` (any iterable: a ``DataLoader``, a generator, a list) on the
-    device: uint8 images augmented and normalized there, integers widened there after
-    crossing narrow, every field of a batch in one pinned buffer and one copy, the next
-    batch's copy started on a side CUDA stream while this one is used. Every attribute but
-    latecast's own (``stats``, ``device``, ``epoch``, ...) is read from and written to
-    ``batches``; a ``DataLoader`` comes back as one of its class (``WrappedLoader``). Rank and
-    device are resolved at the first pass. What a field is: see the module docstring.
+    """Batches of ``batches`` on the device: every field of a batch in one pinned buffer and
+    one copy (the next batch's on a side stream), uint8 images augmented and normalized there,
+    integers widened after crossing narrow. Attributes other than latecast's own (``stats``,
+    ``device``, ``epoch``, ...) are the source's. Bad options: ConfigError; bad batches:
+    BatchError.
 
     Args:
         batches: yields a tensor, a tuple/list or a dict of tensors or numpy arrays.
-        device: ``"auto"`` (``cuda:LOCAL_RANK`` under a launcher), ``"cpu"``, ``"cuda:1"``, ...
-        options: the fields of ``latecast.wrapper.Fields``:
-        mean, std: per-channel statistics in [0, 1] units (as ``Normalize``); without them
-            images are only scaled to [0, 1] (as ``ToTensor``).
+        device: ``"auto"`` (``cuda:LOCAL_RANK`` under a launcher), ``"cpu"``, ``"cuda:1"``, ...;
+            resolved, with the rank, at the first pass.
+        mean, std: per-channel statistics in [0, 1] units; without them images are only
+            scaled to [0, 1].
         augment: ``f(images, generator)`` on uint8 ``(N, H, W, C)``, e.g. ``latecast.Augment``
-            (without ``altflip``: it needs dataset indices; an ``Augment`` where there are
-            masks); seeded from (seed, epoch, rank, batch) like the Loader's.
-        dtype, channels_last: the images' output dtype and memory format: the model's
-            (timm's ``--model-dtype bfloat16``: ``dtype=torch.bfloat16``).
+            (no ``altflip``; an ``Augment`` where there are masks), seeded from (seed, epoch,
+            rank, batch).
+        dtype, channels_last: the images' output dtype and memory format.
         layout: ``"auto"``, ``"NHWC"`` or ``"NCHW"``: where uint8 images keep their channels.
         fields: ``{name: "image" | "mask" | latecast.jpeg(...) | integer dtype | (integer
-            dtype, output dtype) | a Field subclass (a kind of your own, ``fields.py``)}``.
+            dtype, output dtype) | a Field subclass}``.
         seed: mixed into the augmentation's seeds.
-        erase: ``latecast.Erasing(p=...)``, torchvision's ``RandomErasing`` per image on the
-            normalized batch (drawn from the augmentation's generator).
-        mask_fill: what declared masks are padded with where a crop leaves no pixel (0; the
-            ignore index of your loss, e.g. 255 as torchvision's segmentation reference).
-        mix: ``f(images, labels, generator)`` on the normalized images and the batch's one
-            integer field of one value per sample, e.g. ``latecast.transforms.Mix`` or
-            torchvision's ``lambda x, y, g: MixUp(num_classes=10)(x, y)``; the labels come out
-            as it makes them (class probabilities). ``mixup_enabled`` switches it.
+        erase: ``latecast.Erasing(p=...)`` on the normalized images.
+        mask_fill: what masks are padded with where a crop leaves no pixel (e.g. 255).
+        mix: ``f(images, labels, generator)`` on the normalized images and the one integer
+            field of one value per sample, e.g. ``latecast.transforms.Mix``; switched by
+            ``mixup_enabled``.
 
     Example:
         >>> tf = torchvision.transforms.PILToTensor()   # uint8 (C, H, W), not ToTensor()

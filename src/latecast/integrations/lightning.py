@@ -1,17 +1,6 @@
-"""PyTorch Lightning: keep your ``DataLoader``, let it yield uint8, prepare on the device.
-
-Lightning moves each batch to the device itself, then calls ``on_after_batch_transfer``,
-its place for device-side work (``transfer_batch_to_device`` "should only transfer the data
-and not modify it"). ``PrepareOnDevice`` fills that hook: uint8 images are augmented (in
-training only) and normalized there, integer fields widened to int64, the same fields and
-values as ``latecast.wrap``. Augmentation is seeded from (seed, epoch, global rank, batch
-index), so a resumed run draws what an unbroken one would.
-
-A latecast ``Loader`` needs nothing from here: pass it as the train dataloader. Lightning
-iterates it as it is, and saves and restores its ``state_dict`` in every checkpoint.
-
-Lightning itself is imported by your code, never by latecast.
-"""
+"""PyTorch Lightning: your ``DataLoader`` yields uint8, ``PrepareOnDevice`` packs each batch
+in ``transfer_batch_to_device`` and finishes it in ``on_after_batch_transfer`` (Lightning's
+place for device-side work), as ``latecast.wrap`` would. Imports no Lightning itself."""
 
 from __future__ import annotations
 
@@ -22,17 +11,15 @@ import torch
 
 from ..errors import ConfigError
 from ..fields import AsIs, split
-from ..transfer import Ring, Sent, TransferStats, pack, unpack
+from ..transfer import Ring, Sent, TransferStats, unpack
 from ..wrapper import Fields
 
 
 class PrepareOnDevice:
-    """Mixin for a ``LightningModule``: its uint8 batches are prepared on the device.
-
-    Put it before ``LightningModule`` (after it, Lightning's own hook would run instead: a
-    ``ConfigError`` when the class is made) and call ``prepare_on_device`` in ``__init__``;
-    without that call images are only scaled to [0, 1] (``ToTensor()``). ``latecast_stats``
-    counts what Lightning moved, field by field, as ``wrap.stats`` does.
+    """Mixin for a ``LightningModule``: its uint8 batches are prepared on the device, seeded
+    from (seed, epoch, global rank, batch). List it before ``LightningModule`` (else a
+    ConfigError when the class is made); without ``prepare_on_device`` images are only scaled
+    to [0, 1].
 
     Example:
         >>> class Classifier(PrepareOnDevice, L.LightningModule):
@@ -52,9 +39,7 @@ class PrepareOnDevice:
                 )
 
     def prepare_on_device(self, **options: Any) -> None:
-        """``options`` (``mean``, ``std``, ``augment``, ``dtype``, ``channels_last``,
-        ``layout``, ``fields``, ``seed``, ``erase``, ``mix``, ``mask_fill``) as for
-        ``latecast.wrap``; augment, erase and mix in training only."""
+        """``options`` as for ``latecast.wrap``; augment, erase and mix in training only."""
         train = Fields.of(options)  # and, by self.training, for evaluation:
         self._latecast = {True: train, False: replace(train, augment=None, erase=None, mix=None)}
         self._latecast_moved = {k: replace(f) for k, f in self._latecast.items()}
@@ -64,23 +49,17 @@ class PrepareOnDevice:
 
     @property
     def latecast_stats(self) -> TransferStats:
-        """The bytes of the batches prepared (training and evaluation), as they crossed: one
-        packed copy per batch, integers narrow, as ``wrap.stats`` counts them."""
+        """The bytes of the batches prepared (training and evaluation), as ``wrap.stats``."""
         return replace(self._latecast_stats)
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
-        """The batch packed (``transfer.pack``: one pinned buffer, integers narrow) and its one
-        copy started; ``on_after_batch_transfer`` finishes it."""
+        """The batch packed and its copy started; ``on_after_batch_transfer`` finishes it."""
         if not hasattr(self, "_latecast"):
             self.prepare_on_device()
-        fields = self._latecast[self.training]
         if self._latecast_ring is None or self._latecast_ring.device != device:
             self._latecast_ring = Ring(2, device)
-        leaves, rebuild = split(batch)
-        values, plans = fields.plan(leaves)
-        sent = pack(self._latecast_ring, fields.narrow(plans, values), values, self._latecast_stats)
-        sent.extra = (leaves, rebuild)
-        return sent
+        fields = self._latecast[self.training]
+        return fields.send(self._latecast_ring, batch, self._latecast_stats)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         batch = super().on_after_batch_transfer(batch, dataloader_idx)
@@ -91,13 +70,13 @@ class PrepareOnDevice:
         where = (trainer.current_epoch, trainer.global_rank, step)
         self._latecast_stats.batches += 1
         if isinstance(batch, Sent):  # packed by transfer_batch_to_device above
-            ring, (leaves, rebuild) = self._latecast_ring, batch.extra
+            ring, extra = self._latecast_ring, batch.extra
             fields, plans = self._latecast[self.training], batch.plans
             views, device = unpack(ring, batch, keep=True), ring.device
         else:  # moved by a transfer_batch_to_device of your own: finished as it came
             fields = self._latecast_moved[self.training]
-            leaves, rebuild = split(batch)
-            values, plans = fields.plan(leaves)
+            extra = split(batch)
+            values, plans = fields.plan(extra[0])
             tensors = [v if isinstance(v, torch.Tensor) else None for v in values]
             self._latecast_stats.count(plans, copies=sum(t is not None for t in tensors))
             plans = [None if isinstance(f, AsIs) else f for f in plans]  # as they came
@@ -106,6 +85,4 @@ class PrepareOnDevice:
                 f and f.view(t.to(f.dtype).contiguous().view(-1).view(torch.uint8), device)
                 for t, f in zip(tensors, plans)
             ]
-        done = fields.finish(plans, views, where, device)
-        values = [value if d is None else d for (_, value), d in zip(leaves, done)]
-        return rebuild(fields.mixed(plans, values))
+        return fields.finish_batch(plans, views, extra, where, device)
