@@ -9,7 +9,8 @@ after it was written), a file that does not decode, a label outside the classes,
 arguments. Paths: the ``Loader`` over a store, whole and cut by
 ``latecast train --limit-train``; shards on 1 process, on 2 ``torchrun`` ranks (one launch
 for the whole column) and resumed mid-shard; ``wrap`` with a JPEG field, ``jpeg_folder``
-through ``wrap``, Lightning's hook (``PrepareOnDevice`` under a real ``Trainer``).
+through ``wrap``, Lightning's hook (``PrepareOnDevice`` under a real ``Trainer``)
+(docs/RELIABILITY.md rows 203-205).
 """
 
 from __future__ import annotations
@@ -257,7 +258,9 @@ def store_fault(check: str, tmp_path: Path, files: list[bytes], monkeypatch) -> 
 
     root, train = tmp_path / "photos", tmp_path / "photos" / "train"
     names = {"sample": f"photos/train: sample {K}", "file": ""}
-    if check == "bomb":  # written by a latecast without the pixel limit (convert has it)
+    if check == "bomb":  # written by a latecast without the pixel limit: refused now
+        with pytest.raises(LatecastError, match=f"{names['sample']}: 10000x10001 image is lar"):
+            make_store(root, files, bomb())
         with monkeypatch.context() as m:
             m.setattr(store, "MAX_PIXELS", 10**12, raising=False)
             make_store(root, files, bomb())

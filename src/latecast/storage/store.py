@@ -141,7 +141,8 @@ def finish_split(
 ) -> None:
     """Write the small arrays and meta.json (``digest``: the images' SHA-256, hashed as they
     were written; plus ``extra`` fields) next to the images file (``images.npy`` or
-    ``data.bin``) already written in ``folder``. Every JPEG file's structure is checked."""
+    ``data.bin``) already written in ``folder``. Every JPEG file's structure is checked, and
+    its pixels against ``MAX_PIXELS``."""
     if len(ds) == 0:
         raise FormatError(f"{folder.name}: refusing to write a store with no images")
     check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
@@ -305,8 +306,9 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
     ``EncodedDataset`` whose JPEG bytes are (``jpeg``).
 
     Everything is checked against meta.json first (schema version, file sizes and
-    fingerprints, shapes, dtypes, count, label range; for jpeg also offsets, sizes, the
-    training size and channels); any mismatch raises ``FormatError`` naming the file.
+    fingerprints, shapes, dtypes, count, label range; for jpeg also offsets, sizes, each
+    file's pixels under ``MAX_PIXELS``, the training size and channels); any mismatch raises
+    ``FormatError`` naming the file.
     Arrays are loaded with ``allow_pickle=False``.
 
     Args:
