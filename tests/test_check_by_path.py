@@ -3,14 +3,14 @@
 A cell either runs, and its check must fire as the table says (one ``LatecastError``, or one
 warning, naming the file or sample; at the CLI one line, exit 1 for an error), or is not
 applicable, with the reason in the table. Checks: a file's bytes changed after it was written
-(a store's CRC-32 per file, a shard index's CRC-32 per sample), a file cut short, a
-decompression bomb (a header over ``MAX_PIXELS``; and the same file put in place of one
-after it was written), a file that does not decode, a label outside the classes, bad
-arguments. Paths: the ``Loader`` over a store, whole and cut by
-``latecast train --limit-train``; shards on 1 process, on 2 ``torchrun`` ranks (one launch
-for the whole column) and resumed mid-shard; ``wrap`` with a JPEG field, ``jpeg_folder``
-through ``wrap``, Lightning's hook (``PrepareOnDevice`` under a real ``Trainer``)
-(docs/RELIABILITY.md rows 203-205).
+(a store's CRC-32 per file, a shard index's CRC-32 per sample; under an older index, a
+shard's SHA-256), a file cut short, a decompression bomb (a header over ``MAX_PIXELS``; and
+the same file put in place of one after it was written), a file that does not decode, a
+label outside the classes, bad arguments. Paths: the ``Loader`` over a store, whole and cut
+by ``latecast train --limit-train``; shards on 1 process, on 2 ``torchrun`` ranks (one
+launch for the whole column) and resumed mid-shard; ``wrap`` with a JPEG field,
+``jpeg_folder`` through ``wrap``, Lightning's hook (``PrepareOnDevice`` under a real
+``Trainer``). docs/RELIABILITY.md rows 203-205.
 """
 
 from __future__ import annotations
@@ -71,6 +71,11 @@ DECODED_FIRST = (
     "(decode.py: _check_size after decoding; the CRC-32 mismatch is only a warning)"
 )
 WRITTEN = "nothing was written or indexed before: the bomb row is this file on this path"
+VERIFY = (
+    "a store's SHA-256 of all its images is read by latecast info --verify, not by training: "
+    "its CRC-32 per file is the changed row"
+)
+OLDER = "an older index without each sample's CRC-32"
 OWN = "the files are the caller's own batches: latecast kept no checksum of them to compare"
 TABLE: dict[str, dict[str, Fires | NotApplicable]] = {
     # a file's bytes changed after latecast wrote or indexed it (one bit, sizes kept)
@@ -80,6 +85,18 @@ TABLE: dict[str, dict[str, Fires | NotApplicable]] = {
         "shards_1": E("{sample}: CRC-32", "the index says"),
         "shards_2": E("{sample}: CRC-32", "the index says"),
         "shards_resumed": E("{sample}: CRC-32", "the index says"),
+        "wrap_jpeg": NotApplicable(OWN),
+        "jpeg_folder": NotApplicable("an image folder keeps no checksum (ImageFolder neither)"),
+        "lightning": NotApplicable(OWN),
+    },
+    # the same change under an older shard index (no CRC-32s): a shard's SHA-256 is all
+    # there is, which a read of part of a shard (a rank's, a resume's) cannot check: said
+    "sha256_only": {
+        "store": NotApplicable(VERIFY),
+        "store_cut": NotApplicable(VERIFY),
+        "shards_1": E("{file}", "SHA-256", "changed since it was indexed"),
+        "shards_2": W(OLDER, "checked only when read whole"),
+        "shards_resumed": W(OLDER, "checked only when read whole"),
         "wrap_jpeg": NotApplicable(OWN),
         "jpeg_folder": NotApplicable("an image folder keeps no checksum (ImageFolder neither)"),
         "lightning": NotApplicable(OWN),
@@ -207,7 +224,9 @@ def undecodable(jpeg: bytes) -> bytes:
 
 
 def cut(jpeg: bytes) -> bytes:
-    """``jpeg`` cut to two thirds: its headers whole, its scan and EOI gone."""
+    """``jpeg`` cut to two thirds: after its frame header, inside its tables (a small file's
+    headers are most of it), so every decoder refuses it; cut in its scan, one would say
+    "premature end" and decode the rest grey, another refuse it."""
     return jpeg[: 2 * len(jpeg) // 3]
 
 
@@ -359,8 +378,13 @@ def shard_fault(check: str, folder: Path) -> dict:
     name, key = stream_position()
     path, spec = folder / name, f"{folder}/shard-{{000..003}}.tar"
     names = {"sample": f"{path}: sample '{key}'", "file": str(path)}
-    if check == "changed":
+    if check in ("changed", "sha256_only"):
         flip(path, key)
+        if check == "sha256_only":  # as latecast index wrote it before it kept CRC-32s
+            index = json.loads((folder / "index.json").read_text())
+            for entry in index["shardlist"]:
+                del entry["crc32"]
+            (folder / "index.json").write_text(json.dumps(index))
     elif check == "cut_short":
         path.write_bytes(path.read_bytes()[:-1024])
     elif check == "undecodable":
@@ -489,7 +513,8 @@ def run_shards_2(check, two_ranks, **_) -> Said:
         assert ranks[0]["error"] is None, ranks[0]["error"]
     errors = {r["error"] for r in ranks if r["error"]}
     assert len(errors) <= 1, errors  # the ranks that meet it say the same line
-    return Said(errors.pop() if errors else None, sum((r["warnings"] for r in ranks), []), names)
+    warned = sorted({w for r in ranks for w in r["warnings"]})  # each rank says it once
+    return Said(errors.pop() if errors else None, warned, names)
 
 
 # -- anyone's batches: wrap, jpeg_folder, Lightning -----------------------------------------------
