@@ -67,8 +67,8 @@ BY_POSITION = (
     "path (encoded.py: a JPEG field keeps no names but a stream's)"
 )
 DECODED_FIRST = (
-    "a store's file whose header disagrees with sizes.npy is decoded before it is compared "
-    "(decode.py: _check_size after decoding; the CRC-32 mismatch is only a warning)"
+    "decode.py decodes a store's file before comparing it with sizes.npy (_check_size after "
+    "decoding: a bomb swapped in has its pixels allocated first); its CRC-32 only warns"
 )
 WRITTEN = "nothing was written or indexed before: the bomb row is this file on this path"
 VERIFY = (
