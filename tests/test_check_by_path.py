@@ -281,17 +281,13 @@ def store_fault(check: str, tmp_path: Path, files: list[bytes], monkeypatch) -> 
         with pytest.raises(LatecastError, match=f"{names['sample']}: 10000x10001 image is lar"):
             make_store(root, files, bomb())
         with monkeypatch.context() as m:
-            m.setattr(store, "MAX_PIXELS", 10**12, raising=False)
+            m.setattr(store, "MAX_PIXELS", 10**12)
             make_store(root, files, bomb())
         return root, names
     make_store(root, files, undecodable(files[K]) if check == "undecodable" else None)
-    if check == "bomb_swapped":  # file K's bytes, sizes.npy left as written
-        offsets = np.load(train / "offsets.npy")
-        swap = lambda f: bomb(len(f))  # noqa: E731
-        damage_mid_store(train / "data.bin", offsets, K, swap)
-    elif check == "changed":
-        offsets = np.load(train / "offsets.npy")
-        damage_mid_store(train / "data.bin", offsets, K, silent_damage)
+    if check in ("changed", "bomb_swapped"):  # file K's bytes in place, sizes.npy as written
+        damage = silent_damage if check == "changed" else lambda f: bomb(len(f))
+        damage_mid_store(train / "data.bin", np.load(train / "offsets.npy"), K, damage)
     elif check == "cut_short":
         with open(train / "data.bin", "r+b") as f:
             f.truncate((train / "data.bin").stat().st_size - 1000)
