@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from ..errors import FormatError
+from ..jpegheader import MAX_PIXELS, jpeg_header
 from .convert import _shown
 
 # torchvision's IMG_EXTENSIONS, matched against each name in lower case
@@ -90,8 +91,9 @@ def _walk(top: str):
 
 def read_file(path: str) -> bytes:
     """The bytes of the file at ``path``; one ``FormatError`` naming it when it is no regular
-    file (a FIFO is never opened: reading it would wait for a writer), is empty or does not
-    read."""
+    file (a FIFO is never opened: reading it would wait for a writer), is empty, does not
+    read, or is a JPEG over ``MAX_PIXELS`` by its header (wrap would refuse it by its position
+    in the batch)."""
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise FormatError(f"{_shown(path)}: not a regular file (a FIFO, device or socket)")
@@ -104,6 +106,12 @@ def read_file(path: str) -> bytes:
         raise FormatError(f"{_shown(path)}: cannot read it ({err.strerror or err})") from None
     if not data:
         raise FormatError(f"{_shown(path)}: empty file")
+    head = jpeg_header(data) if data[:2] == b"\xff\xd8" else None  # the markers, no pixels
+    if head is not None and head[0] * head[1] > MAX_PIXELS:  # decoding would allocate it all
+        raise FormatError(
+            f"{_shown(path)}: {head[1]}x{head[0]} image is larger than the {MAX_PIXELS:,} "
+            f"pixels allowed (a decompression bomb?)"
+        )
     return data
 
 

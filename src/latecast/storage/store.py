@@ -35,7 +35,7 @@ import numpy as np
 
 from ..data import Dataset, EncodedDataset, check_labels
 from ..errors import ConfigError, FormatError, refuse
-from ..jpegheader import JPEG_SIDE, jpeg_header
+from ..jpegheader import JPEG_SIDE, MAX_PIXELS, jpeg_header
 from .fileio import atomic_folder
 
 SCHEMA = 1
@@ -141,12 +141,14 @@ def finish_split(
 ) -> None:
     """Write the small arrays and meta.json (``digest``: the images' SHA-256, hashed as they
     were written; plus ``extra`` fields) next to the images file (``images.npy`` or
-    ``data.bin``) already written in ``folder``. Every JPEG file's structure is checked."""
+    ``data.bin``) already written in ``folder``. Every JPEG file's structure is checked, and
+    its pixels against ``MAX_PIXELS``."""
     if len(ds) == 0:
         raise FormatError(f"{folder.name}: refusing to write a store with no images")
     check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
     encoding, arrays, plain = getattr(ds, "encoding", "raw"), _arrays(ds), {}
     if encoding != "raw":  # every file read: its structure, and its CRC-32 kept (transfer.Jpeg)
+        check_pixels(ds.sizes, f"{ds.name}/{ds.split}")
         plain = {"plain": check_jpegs(ds, f"{ds.name}/{ds.split}", range(len(ds)))}
         arrays["crc32"] = crc32s(ds.data, ds.offsets)
     for key, name in list(FILES[encoding].items())[1:]:
@@ -304,8 +306,9 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
     ``EncodedDataset`` whose JPEG bytes are (``jpeg``).
 
     Everything is checked against meta.json first (schema version, file sizes and
-    fingerprints, shapes, dtypes, count, label range; for jpeg also offsets, sizes, the
-    training size and channels); any mismatch raises ``FormatError`` naming the file.
+    fingerprints, shapes, dtypes, count, label range; for jpeg also offsets, sizes, each
+    file's pixels under ``MAX_PIXELS``, the training size and channels); any mismatch raises
+    ``FormatError`` naming the file.
     Arrays are loaded with ``allow_pickle=False``.
 
     Args:
@@ -370,6 +373,7 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
         ds = EncodedDataset(
             **arrays, **common, channels=channels, size=size, crc32=crc, plain=plain
         )
+        check_pixels(ds.sizes, str(folder))  # every file: sizes.npy is read whole
         picks = np.unique(np.linspace(0, count - 1, min(count, STRUCTURE_SAMPLE)).astype(int))
         check_jpegs(ds, str(folder), picks)
     check_labels(labels, ds.num_classes, str(folder / LABELS))
@@ -397,6 +401,19 @@ def verify(ds: Dataset | EncodedDataset, where: str) -> bool:
             "store again"
         )
     return True
+
+
+def check_pixels(sizes: np.ndarray, where: str) -> None:
+    """``FormatError`` naming ``where`` and the first sample whose ``(H, W)`` in ``sizes`` is
+    over ``MAX_PIXELS`` (``convert``'s limit): decoding it would allocate all its pixels, a
+    decompression bomb's gigabytes."""
+    over = np.flatnonzero(sizes[:, 0].astype(np.int64) * sizes[:, 1] > MAX_PIXELS)
+    if len(over):
+        k = int(over[0])
+        raise FormatError(
+            f"{where}: sample {k}: {sizes[k, 1]}x{sizes[k, 0]} image is larger than the "
+            f"{MAX_PIXELS:,} pixels allowed (a decompression bomb?)"
+        )
 
 
 def check_jpegs(ds: EncodedDataset, where: str, picks) -> bool:

@@ -1,0 +1,661 @@
+"""Every data check on every path that reads data (issue 36): one table, check x path.
+
+A cell either runs, and its check must fire as the table says (one ``LatecastError``, or one
+warning, naming the file or sample; at the CLI one line, exit 1 for an error), or is not
+applicable, with the reason in the table. Checks: a file's bytes changed after it was written
+(a store's CRC-32 per file, a shard index's CRC-32 per sample; under an older index, a
+shard's SHA-256), a file cut short, a decompression bomb (a header over ``MAX_PIXELS``; and
+the same file put in place of one after it was written), a file that does not decode, a
+label outside the classes, bad arguments. Paths: the ``Loader`` over a store, whole and cut
+by ``latecast train --limit-train``; shards on 1 process, on 2 ``torchrun`` ranks (one
+launch for the whole column) and resumed mid-shard; ``wrap`` with a JPEG field,
+``jpeg_folder`` through ``wrap``, Lightning's hook (``PrepareOnDevice`` under a real
+``Trainer``). docs/RELIABILITY.md rows 208-210.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from _helpers import damage_mid_store, lightning_trainer, silent_damage
+from test_shard_checks import flip, small_jpeg
+from test_streams import COUNTS, ROOT, TIMEOUT, make_shards
+
+import latecast
+from latecast.errors import LatecastError
+
+PATHS = ("store", "store_cut", "shards_1", "shards_2", "shards_resumed", "wrap_jpeg",
+         "jpeg_folder", "lightning")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Fires:
+    """The check fires on this path: ``kind`` ("error" or "warning"), once, its line holding
+    every word (``{sample}``, ``{file}``: what the path calls the faulty sample or file)."""
+
+    kind: str
+    words: tuple[str, ...]
+    missing: str = ""  # the check is missing on this path (a core fault): xfail, strictly
+
+
+@dataclass(frozen=True)
+class NotApplicable:
+    reason: str
+
+
+def E(*words: str, missing: str = "") -> Fires:
+    return Fires("error", words, missing)
+
+
+def W(*words: str) -> Fires:
+    return Fires("warning", words)
+
+
+BY_POSITION = (
+    "wrap names a jpeg_folder file it cannot decode by its position in the batch, not its "
+    "path (encoded.py: a JPEG field keeps no names but a stream's)"
+)
+DECODED_FIRST = (
+    "decode.py decodes a store's file before comparing it with sizes.npy (_check_size after "
+    "decoding: a bomb swapped in has its pixels allocated first); its CRC-32 only warns"
+)
+WRITTEN = "nothing was written or indexed before: the bomb row is this file on this path"
+VERIFY = (
+    "a store's SHA-256 of all its images is read by latecast info --verify, not by training: "
+    "its CRC-32 per file is the changed row"
+)
+OLDER = "an older index without each sample's CRC-32"
+OWN = "the files are the caller's own batches: latecast kept no checksum of them to compare"
+TABLE: dict[str, dict[str, Fires | NotApplicable]] = {
+    # a file's bytes changed after latecast wrote or indexed it (one bit, sizes kept)
+    "changed": {
+        "store": W("{sample}: its bytes differ from the CRC-32"),
+        "store_cut": W("{sample}: its bytes differ from the CRC-32"),
+        "shards_1": E("{sample}: CRC-32", "the index says"),
+        "shards_2": E("{sample}: CRC-32", "the index says"),
+        "shards_resumed": E("{sample}: CRC-32", "the index says"),
+        "wrap_jpeg": NotApplicable(OWN),
+        "jpeg_folder": NotApplicable("an image folder keeps no checksum (ImageFolder neither)"),
+        "lightning": NotApplicable(OWN),
+    },
+    # the same change under an older shard index (no CRC-32s): a shard's SHA-256 is all
+    # there is, which a read of part of a shard (a rank's, a resume's) cannot check: said
+    "sha256_only": {
+        "store": NotApplicable(VERIFY),
+        "store_cut": NotApplicable(VERIFY),
+        "shards_1": E("{file}", "SHA-256", "changed since it was indexed"),
+        "shards_2": W(OLDER, "checked only when read whole"),
+        "shards_resumed": W(OLDER, "checked only when read whole"),
+        "wrap_jpeg": NotApplicable(OWN),
+        "jpeg_folder": NotApplicable("an image folder keeps no checksum (ImageFolder neither)"),
+        "lightning": NotApplicable(OWN),
+    },
+    # a file cut short: a store's data.bin, a shard, one JPEG file
+    "cut_short": {
+        "store": E("{file}", "bytes", "truncated or replaced"),
+        "store_cut": E("{file}", "bytes", "truncated or replaced"),
+        "shards_1": E("{file}", "the index says", "cut short"),
+        "shards_2": E("{file}", "the index says", "cut short"),
+        "shards_resumed": E("{file}", "the index says", "cut short"),
+        "wrap_jpeg": E("{sample}", "not a decodable JPEG"),
+        "jpeg_folder": E("{sample}", "not a decodable JPEG", missing=BY_POSITION),
+        "lightning": E("{sample}", "not a decodable JPEG"),
+    },
+    # a decompression bomb: a JPEG of a few hundred bytes whose header says 10001x10000
+    "bomb": {
+        "store": E("{sample}", "10000x10001", "pixels allowed"),
+        "store_cut": E("{sample}", "10000x10001", "pixels allowed"),
+        "shards_1": E("{sample}", "10000x10001", "pixels allowed"),
+        "shards_2": E("{sample}", "10000x10001", "pixels allowed"),
+        "shards_resumed": E("{sample}", "10000x10001", "pixels allowed"),
+        "wrap_jpeg": E("{sample}", "10001x10000", "pixels allowed"),
+        "jpeg_folder": E("{sample}", "10000x10001", "pixels allowed"),
+        "lightning": E("{sample}", "10001x10000", "pixels allowed"),
+    },
+    # the same bomb put in place of a file after it was written or indexed (same length)
+    "bomb_swapped": {
+        "store": E("{sample}", "10000x10001", "pixels allowed", missing=DECODED_FIRST),
+        "store_cut": E("{sample}", "10000x10001", "pixels allowed", missing=DECODED_FIRST),
+        "shards_1": E("{sample}: CRC-32", "the index says"),
+        "shards_2": E("{sample}: CRC-32", "the index says"),
+        "shards_resumed": E("{sample}: CRC-32", "the index says"),
+        "wrap_jpeg": NotApplicable(WRITTEN),
+        "jpeg_folder": NotApplicable(WRITTEN),
+        "lightning": NotApplicable(WRITTEN),
+    },
+    # a whole JPEG (markers, frame header) that does not decode: its scan names no component
+    "undecodable": {
+        "store": E("{sample}: not a decodable JPEG"),
+        "store_cut": E("{sample}: not a decodable JPEG"),
+        "shards_1": E("{sample}: not a decodable JPEG"),
+        "shards_2": E("{sample}: not a decodable JPEG"),
+        "shards_resumed": E("{sample}: not a decodable JPEG"),
+        "wrap_jpeg": E("{sample}: not a decodable JPEG"),
+        "jpeg_folder": E("{sample}", "not a decodable JPEG", missing=BY_POSITION),
+        "lightning": E("{sample}: not a decodable JPEG"),
+    },
+    # a label outside the classes: a store's labels.npy past meta.json's classes, a test
+    # shard's label the train shards lack; wrap knows the classes only through mix=Mix(...)
+    "label": {
+        "store": E("{file}", "label 1", "outside 0..0"),
+        "store_cut": E("{file}", "label 1", "outside 0..0"),
+        "shards_1": E("{file}", "label 7", "outside the train shards' classes 0..3"),
+        "shards_2": E("{file}", "label 7", "outside the train shards' classes 0..3"),
+        "shards_resumed": E("{file}", "label 7", "outside the train shards' classes 0..3"),
+        "wrap_jpeg": E("Mix: labels 0..3 outside 0..1"),
+        "jpeg_folder": E("Mix: labels 1..2 outside 0..1"),
+        "lightning": E("Mix: labels 0..3 outside 0..1"),
+    },
+    # arguments: the Loader's batch_size=0, --limit-train 0, a resume state from another
+    # batch size, wrap's and the hook's unknown option, jpeg_folder of no folder
+    "arguments": {
+        "store": E("batch_size must be an integer in 1..", "got 0"),
+        "store_cut": E("limit_train must be an integer >= 1", "got 0"),
+        "shards_1": E("batch_size must be an integer in 1..", "got 0"),
+        "shards_2": E("batch_size must be an integer in 1..", "got 0"),
+        "shards_resumed": E("loader state does not match", "batch_size 4 != 2"),
+        "wrap_jpeg": E("unknown option 'bogus'"),
+        "jpeg_folder": E("{file}", "no such folder"),
+        "lightning": E("unknown option 'bogus'"),
+    },
+}
+CHECKS = tuple(TABLE)
+
+
+@dataclass
+class Said:
+    """What a path did: its error's one line (None: it ran through) and its warnings."""
+
+    error: str | None
+    warnings: list[str]
+    names: dict  # what the table's {...} stand for on this path
+
+
+def said(run, names: dict) -> Said:
+    """``run()`` with every warning kept and a ``LatecastError`` caught."""
+    with warnings.catch_warnings(record=True) as kept:
+        warnings.simplefilter("always")
+        try:
+            run()
+            error = None
+        except LatecastError as err:
+            error = str(err)
+    return Said(error, [str(w.message) for w in kept], names)
+
+
+# -- files ------------------------------------------------------------------------------------
+
+
+def bomb(length: int = 0) -> bytes:
+    """A grey JPEG whose frame header says 10001 rows of 10000 (over ``MAX_PIXELS`` by 10,000
+    pixels: decoded, 100 MB, not the 10 GiB of a real bomb, should a check be missing),
+    padded with a comment segment to ``length`` bytes."""
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("L", (8, 8)).save(buf, "JPEG")
+    data = bytearray(buf.getvalue())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = (10001).to_bytes(2, "big") + (10000).to_bytes(2, "big")
+    pad = length - len(data)
+    if pad > 0:
+        assert pad >= 4
+        data[2:2] = b"\xff\xfe" + (pad - 2).to_bytes(2, "big") + bytes(pad - 4)
+    return bytes(data)
+
+
+def undecodable(jpeg: bytes) -> bytes:
+    """``jpeg`` whose scan names component 9, which its frame does not have: SOI, frame
+    header and EOI whole (every structure check passes), libjpeg refuses to decode it."""
+    data = bytearray(jpeg)
+    data[data.index(b"\xff\xda") + 5] = 9
+    return bytes(data)
+
+
+def cut(jpeg: bytes) -> bytes:
+    """``jpeg`` cut to two thirds: after its frame header, inside its tables (a small file's
+    headers are most of it), so every decoder refuses it; cut in its scan, one would say
+    "premature end" and decode the rest grey, another refuse it."""
+    return jpeg[: 2 * len(jpeg) // 3]
+
+
+# -- a store ------------------------------------------------------------------------------------
+
+N, K, SIDE = 300, 149, 96  # K: mid-store (past data.bin's first MiB, before its last), and
+# none of the 256 files opening a store checks: only the path reading it can see it
+
+
+@pytest.fixture(scope="module")
+def store_files() -> list[bytes]:
+    from PIL import Image
+
+    rng, files = np.random.default_rng(0), []
+    for _ in range(N):  # grey noise, ~9.6 KB a file: data.bin ~2.9 MB
+        buf = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (SIDE, SIDE), np.uint8)).save(buf, "JPEG", quality=95)
+        files.append(buf.getvalue())
+    return files
+
+
+def make_store(root: Path, files: list[bytes], k_file: bytes | None = None) -> Path:
+    """``root/train`` (the ``N`` files, file ``K`` replaced by ``k_file``) and ``root/test``,
+    written as ``latecast convert`` writes a JPEG store; labels alternate 0, 1."""
+    from latecast.data import EncodedDataset
+    from latecast.jpegheader import jpeg_header
+    from latecast.storage.store import write_store
+
+    for split, n in (("train", N), ("test", 4)):
+        part = list(files[:n])
+        if split == "train" and k_file is not None:
+            part[K] = k_file
+        ds = EncodedDataset(
+            name="photos", split=split, labels=(np.arange(n) % 2).astype(np.uint8),
+            classes=("a", "b"), mean=(0.5,), std=(0.25,),
+            data=np.frombuffer(b"".join(part), np.uint8),
+            offsets=np.cumsum([0, *map(len, part)]).astype(np.int64),
+            sizes=np.array([jpeg_header(f)[:2] for f in part], np.int32), channels=1,
+            size=(SIDE, SIDE),
+        )  # fmt: skip
+        write_store(ds, root / split, source="test")
+    return root
+
+
+def store_fault(check: str, tmp_path: Path, files: list[bytes], monkeypatch) -> tuple[Path, dict]:
+    """A store with ``check``'s fault in it; what the table's names stand for."""
+    from latecast.storage import store
+
+    root, train = tmp_path / "photos", tmp_path / "photos" / "train"
+    names = {"sample": f"photos/train: sample {K}", "file": ""}
+    if check == "bomb":  # written by a latecast without the pixel limit: refused now
+        with pytest.raises(LatecastError, match=f"{names['sample']}: 10000x10001 image is lar"):
+            make_store(root, files, bomb())
+        with monkeypatch.context() as m:
+            m.setattr(store, "MAX_PIXELS", 10**12)
+            make_store(root, files, bomb())
+        return root, names
+    make_store(root, files, undecodable(files[K]) if check == "undecodable" else None)
+    if check in ("changed", "bomb_swapped"):  # file K's bytes in place, sizes.npy as written
+        damage = silent_damage if check == "changed" else lambda f: bomb(len(f))
+        damage_mid_store(train / "data.bin", np.load(train / "offsets.npy"), K, damage)
+    elif check == "cut_short":
+        with open(train / "data.bin", "r+b") as f:
+            f.truncate((train / "data.bin").stat().st_size - 1000)
+        names["file"] = str(train / "data.bin")
+    elif check == "label":  # labels.npy holds 0 and 1; meta.json now lists one class
+        meta = json.loads((train / "meta.json").read_text())
+        (train / "meta.json").write_text(json.dumps({**meta, "classes": ["a"]}))
+        names["file"] = str(train / "labels.npy")
+    return root, names
+
+
+def run_store(check, tmp_path, store_files, monkeypatch, **_) -> Said:
+    root, names = store_fault(check, tmp_path, store_files, monkeypatch)
+
+    def run() -> None:
+        ds = latecast.open_store(root, "train")
+        batch = 0 if check == "arguments" else 100
+        for _ in latecast.Loader(ds, batch, device="cpu"):
+            pass
+
+    return said(run, names)
+
+
+def run_store_cut(check, tmp_path, store_files, monkeypatch, run_cli, **_) -> Said:
+    """``latecast train`` in this process (its ``main``), the store cut to its first 200."""
+    root, names = store_fault(check, tmp_path, store_files, monkeypatch)
+    limit = "0" if check == "arguments" else "200"  # K = 149 lies inside the cut
+    argv = ["train", root, "--model", "mlp", "--epochs", "1", "-b", "50", "--device", "cpu",
+            "--limit-train", limit, "--limit-test", "3", "--no-progress",
+            "--output-dir", tmp_path / "run"]  # fmt: skip
+    with warnings.catch_warnings(record=True) as kept:
+        warnings.simplefilter("always")
+        proc = run_cli(*argv)
+    lines = proc.err.strip().splitlines()
+    assert proc.rc in (0, 1) and len(lines) == proc.rc, proc.err[-2000:]  # exit 1: one line
+    return Said(lines[0] if lines else None, [str(w.message) for w in kept], names)
+
+
+# -- shards ---------------------------------------------------------------------------------
+
+
+def stream_position(at: int = 18) -> tuple[str, str]:
+    """The shard and key at stream position ``at`` of epoch 0 (seed 0, a shuffle buffer of
+    1: the shards permuted, each in its order): with batches of 2, the first sample of the
+    second of 2 ranks and of a resume after 9 batches; mid-shard, so read by no one whole."""
+    from latecast.storage.stream import epoch_order
+
+    S, _ = epoch_order(COUNTS[:-1], seed=0, epoch=0, buffer=1, shuffle=True)
+    starts = np.cumsum([0, *COUNTS[:-1]])
+    shard = int(np.searchsorted(starts, S[at], side="right")) - 1
+    k = int(S[at] - starts[shard])
+    assert k > 0 and not (shard == 0 and k < 4)  # mid-shard; not among the 4 measured
+    return f"shard-{shard:03d}.tar", f"{100 * shard + k:06d}"
+
+
+def rewrite(path: Path, key: str, jpg: bytes | None = None, label: int | None = None) -> None:
+    """The shard at ``path`` written again, sample ``key``'s JPEG or label replaced."""
+    with tarfile.open(path) as tar:
+        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(path, "w") as tar:
+        for m, data in members:
+            if m.name == f"{key}.jpg" and jpg is not None:
+                data = jpg
+            if m.name == f"{key}.cls" and label is not None:
+                data = str(label).encode()
+            info = tarfile.TarInfo(m.name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def shards_made(folder: Path) -> str:
+    from latecast.storage.shards import write_index
+
+    make_shards(folder)
+    spec = f"{folder}/shard-{{000..003}}.tar"
+    write_index(spec)
+    return spec
+
+
+def shard_fault(check: str, folder: Path) -> dict:
+    """``check``'s fault put into the indexed shards in ``folder``; the table's names."""
+    from latecast.storage import shards
+
+    name, key = stream_position()
+    path, spec = folder / name, f"{folder}/shard-{{000..003}}.tar"
+    names = {"sample": f"{path}: sample '{key}'", "file": str(path)}
+    if check in ("changed", "sha256_only"):
+        flip(path, key)
+        if check == "sha256_only":  # as latecast index wrote it before it kept CRC-32s
+            index = json.loads((folder / "index.json").read_text())
+            for entry in index["shardlist"]:
+                del entry["crc32"]
+            (folder / "index.json").write_text(json.dumps(index))
+    elif check == "cut_short":
+        path.write_bytes(path.read_bytes()[:-1024])
+    elif check == "undecodable":
+        with tarfile.open(path) as tar:
+            jpg = tar.extractfile(f"{key}.jpg").read()
+        rewrite(path, key, undecodable(jpg))
+        shards.write_index(spec)
+    elif check == "bomb_swapped":  # the index kept, the shard's length too
+        with tarfile.open(path) as tar:
+            member = tar.getmember(f"{key}.jpg")
+        data = bytearray(path.read_bytes())
+        data[member.offset_data : member.offset_data + member.size] = bomb(member.size)
+        path.write_bytes(bytes(data))
+    elif check == "bomb":  # indexed by a latecast without the pixel limit
+        rewrite(path, key, bomb())
+        limit, shards.MAX_PIXELS = shards.MAX_PIXELS, 10**12
+        try:
+            shards.write_index(spec)
+        finally:
+            shards.MAX_PIXELS = limit
+    elif check == "label":  # a test label the train shards (classes 0..3) do not hold
+        test = folder / "shard-003.tar"
+        rewrite(test, "000304", label=7)
+        shards.write_index(spec)
+        names["file"] = f"{test}: test sample '000304'"
+    return names
+
+
+def run_shards_1(check, tmp_path, monkeypatch, **_) -> Said:
+    from latecast.storage import stream
+
+    monkeypatch.setattr(stream, "STAT_FILES", 4)  # as a split of 512+: no shard read whole
+    spec = shards_made(tmp_path / "shards")
+    names = shard_fault(check, tmp_path / "shards")
+
+    def run() -> None:
+        ds = stream.open_shards(spec, buffer=1)
+        for _ in latecast.Loader(ds, 0 if check == "arguments" else 2, device="cpu"):
+            pass
+
+    return said(run, names)
+
+
+def run_shards_resumed(check, tmp_path, monkeypatch, **_) -> Said:
+    """9 batches of 2 read, the loader's state kept; ``check``'s fault put in (the shards
+    changed between a kill and the resume); a loader on the same shards resumed from it,
+    whose first read starts mid-shard (``stream_position``)."""
+    from latecast.storage import stream
+
+    monkeypatch.setattr(stream, "STAT_FILES", 4)
+    spec = shards_made(tmp_path / "shards")
+    loader = latecast.Loader(stream.open_shards(spec, buffer=1), 2, device="cpu")
+    batches = iter(loader)
+    for _ in range(9):
+        next(batches)
+    state = loader.state_dict()
+    batches.close()
+    assert (state["epoch"], state["position"]) == (0, 9)
+    names = shard_fault(check, tmp_path / "shards")
+
+    def run() -> None:
+        again = latecast.Loader(stream.open_shards(spec, buffer=1), 2, device="cpu")
+        again.load_state_dict({**state, "batch_size": 4} if check == "arguments" else state)
+        for _ in again:
+            pass
+
+    return said(run, names)
+
+
+TWO_RANKS = """
+import json, os, sys, warnings
+import latecast
+from latecast.errors import LatecastError
+from latecast.storage import stream
+
+stream.STAT_FILES = 4  # as a split of 512+: measuring reads no shard whole
+out = {}
+for check, spec in json.loads(sys.argv[1]).items():
+    with warnings.catch_warnings(record=True) as kept:
+        warnings.simplefilter("always")
+        try:
+            batch = 0 if check == "arguments" else 2
+            for _ in latecast.Loader(stream.open_shards(spec, buffer=1), batch, device="cpu"):
+                pass
+            error = None
+        except LatecastError as err:
+            error = str(err)
+    out[check] = {"error": error, "warnings": [str(w.message) for w in kept]}
+with open(f"rank-{os.environ['RANK']}.json", "w") as f:
+    json.dump(out, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict:
+    """The 2-rank column in one ``torchrun`` launch: each rank reads its half of each
+    check's shards (rank and world from torchrun's environment); ``{check: [rank 0's, rank
+    1's]}``, each ``{"error": line or None, "warnings": [...]}``, and the names."""
+    base = tmp_path_factory.mktemp("two-ranks")
+    specs, names = {}, {}
+    for check in CHECKS:
+        if not isinstance(TABLE[check]["shards_2"], NotApplicable):
+            specs[check] = shards_made(base / check)
+            names[check] = shard_fault(check, base / check)
+    (base / "ranks.py").write_text(TWO_RANKS)
+    runner = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    proc = subprocess.run(
+        [sys.executable, *runner, "ranks.py", json.dumps(specs)], capture_output=True,
+        text=True, cwd=base, timeout=TIMEOUT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [json.loads((base / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    return {check: ([r[check] for r in ranks], names[check]) for check in specs}
+
+
+def run_shards_2(check, two_ranks, **_) -> Said:
+    """The ranks' outcome as one: each rank that met the fault said it (a sample's fault is
+    met by the rank reading it alone); the other ran through."""
+    ranks, names = two_ranks[check]
+    if check in (
+        "changed",
+        "bomb",
+        "bomb_swapped",
+        "undecodable",
+    ):  # one sample: rank 1's first, mid-shard
+        assert ranks[0]["error"] is None, ranks[0]["error"]
+    errors = {r["error"] for r in ranks if r["error"]}
+    assert len(errors) <= 1, errors  # the ranks that meet it say the same line
+    warned = sorted({w for r in ranks for w in r["warnings"]})  # each rank says it once
+    return Said(errors.pop() if errors else None, warned, names)
+
+
+# -- anyone's batches: wrap, jpeg_folder, Lightning -----------------------------------------------
+
+POS = 2  # the faulty file's position in the first batch of 4
+
+
+def own_files(check: str) -> tuple[list, dict]:
+    """8 ``(jpeg, label)`` samples, ``check``'s fault in the one at ``POS``; labels 0..4."""
+    files = [small_jpeg(20 * i) for i in range(8)]
+    bad = {"cut_short": cut, "undecodable": undecodable, "bomb": lambda f: bomb()}.get(check)
+    if bad is not None:
+        files[POS] = bad(files[POS])
+    return [(f, i % 5) for i, f in enumerate(files)], {
+        "sample": f"field 0: the file at position {POS} in the batch"
+    }
+
+
+def wrapped(dl, check: str, **options):
+    from latecast.transforms import Mix
+
+    mix = {"mix": Mix(classes=2)} if check == "label" else {}
+    bogus = {"bogus": 1} if check == "arguments" else {}
+    jpg = {0: latecast.jpeg((24, 32))}
+    return latecast.wrap(dl, device="cpu", mean=(0.5,) * 3, std=(0.25,) * 3, fields=jpg,
+                         **mix, **bogus, **options)  # fmt: skip
+
+
+def run_wrap_jpeg(check, **_) -> Said:
+    from torch.utils.data import DataLoader
+
+    samples, names = own_files(check)
+    return said(lambda: list(wrapped(DataLoader(samples, batch_size=4), check)), names)
+
+
+def run_jpeg_folder(check, tmp_path, **_) -> Said:
+    """``jpeg_folder`` of 3 class folders (the faulty file ``b/2.jpg``), a DataLoader, wrap."""
+    from torch.utils.data import DataLoader
+
+    samples, _ = own_files(check)
+    root = tmp_path / "photos"
+    for i, (jpg, _) in enumerate(samples):
+        folder = root / "abc"[i * 3 // len(samples)]
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i}.jpg").write_bytes(jpg)
+    path = root / "a" / f"{POS}.jpg"
+    asked = tmp_path / "no-such-folder" if check == "arguments" else root
+    names = {"sample": str(path), "file": str(asked)}
+
+    def run() -> None:
+        dl = DataLoader(latecast.jpeg_folder(asked), batch_size=4)
+        list(wrapped(dl, "label" if check == "label" else ""))
+
+    return said(run, names)
+
+
+def run_lightning(check, tmp_path, **_) -> Said:
+    """A real Lightning ``Trainer`` on the CPU fitting a tiny model through the hook."""
+    pytest.importorskip("lightning")
+    import lightning as L
+    import torch.nn.functional as F
+    from torch.utils.data import DataLoader
+
+    from latecast.integrations.lightning import PrepareOnDevice
+    from latecast.transforms import Mix
+
+    samples, names = own_files(check)
+
+    class Tiny(PrepareOnDevice, L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            options = {"mix": Mix(classes=2)} if check == "label" else {}
+            options.update({"bogus": 1} if check == "arguments" else {})
+            self.prepare_on_device(mean=(0.5,) * 3, std=(0.25,) * 3,
+                                   fields={0: latecast.jpeg((24, 32))}, **options)  # fmt: skip
+            self.lin = torch.nn.Linear(3 * 24 * 32, 5)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.cross_entropy(self.lin(x.flatten(1)), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def run() -> None:
+        trainer = lightning_trainer(max_epochs=1, enable_checkpointing=False,
+                                    default_root_dir=tmp_path)  # fmt: skip
+        trainer.fit(Tiny(), DataLoader(samples, batch_size=4))
+
+    return said(run, names)
+
+
+RUN = {
+    "store": run_store, "store_cut": run_store_cut, "shards_1": run_shards_1,
+    "shards_2": run_shards_2, "shards_resumed": run_shards_resumed,
+    "wrap_jpeg": run_wrap_jpeg, "jpeg_folder": run_jpeg_folder, "lightning": run_lightning,
+}  # fmt: skip
+
+
+# the module's fixtures each path takes
+NEEDS = {
+    "store": ["store_files"],
+    "store_cut": ["store_files", "run_cli"],
+    "shards_2": ["two_ranks"],
+}
+
+
+def cells():
+    for check in CHECKS:
+        for path in PATHS:
+            cell, marks = TABLE[check][path], []
+            if isinstance(cell, Fires) and cell.missing:
+                marks.append(pytest.mark.xfail(strict=True, reason=f"missing: {cell.missing}"))
+            if path in ("shards_2", "store_cut", "lightning"):
+                marks.append(pytest.mark.slow)  # a torchrun launch, a training run, a Trainer
+            yield pytest.param(check, path, marks=marks, id=f"{check}-{path}")
+
+
+@pytest.mark.parametrize(("check", "path"), list(cells()))
+def test_each_check_fires_on_each_path(check, path, request, tmp_path, monkeypatch):
+    """``TABLE[check][path]``: the path run over data with the check's fault in it says it
+    once, as an error (nothing else after it) or a warning (the run goes on), naming it."""
+    cell = TABLE[check][path]
+    if isinstance(cell, NotApplicable):
+        pytest.skip(f"not applicable: {cell.reason}")
+    fixtures = {"tmp_path": tmp_path, "monkeypatch": monkeypatch}
+    fixtures.update({name: request.getfixturevalue(name) for name in NEEDS.get(path, ())})
+    out = RUN[path](check, **fixtures)
+    words = [w.format(**out.names) for w in cell.words]
+    if cell.kind == "error":
+        assert out.error is not None, f"no error; warnings: {out.warnings}"
+        assert len(out.error.splitlines()) == 1 and all(w in out.error for w in words), (
+            out.error,
+            words,
+        )
+    else:
+        assert out.error is None, out.error
+        named = [m for m in out.warnings if all(w in m for w in words)]
+        assert len(named) == 1, (out.warnings, words)
+
+
+def test_the_table_has_every_cell():
+    """Every check on every path: a cell that runs or says why it does not apply."""
+    for check, row in TABLE.items():
+        assert tuple(row) == PATHS, check
+        for path, cell in row.items():
+            assert isinstance(cell, (Fires, NotApplicable)), (check, path)
+            assert not isinstance(cell, NotApplicable) or len(cell.reason) > 20
