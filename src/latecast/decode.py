@@ -26,7 +26,7 @@ import torch
 
 from .data import Encoded
 from .errors import ConfigError, FormatError
-from .jpegheader import jpeg_header, jpeg_headers
+from .jpegheader import jpeg_header, jpeg_headers, too_big
 from .threads import count, one_thread, pool
 from .transforms import centre_boxes, crop_into, resized_crop
 
@@ -192,6 +192,9 @@ def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
     """One nvJPEG call for the batch: ``(H, W, C)`` views, sizes checked."""
     files, sizes, dev = batch.files(), batch.sizes.tolist(), batch.device
     todo = [i for i in range(len(files)) if i not in batch.decoded]
+    heads = batch.heads or [None] * len(files)
+    for i in todo:
+        _refuse_bomb(batch, i, heads[i] or jpeg_header(files[i].numpy()))
     try:
         done = dict(zip(todo, read([files[i] for i in todo], batch.channels, dev)))
     except RuntimeError as err:  # name the first file that does not decode
@@ -240,6 +243,9 @@ def _decode_cpu(
 
     def upright(i: int, into: np.ndarray | None = None):  # (H, W, C), a tensor or an array
         image = batch.decoded.get(i)
+        if image is None:
+            file = files[i] if turbo else files[i].numpy()
+            _refuse_bomb(batch, i, heads[i] or jpeg_header(file))
         if image is None and turbo:
             image, bad = _turbo(files[i], batch.channels, into, heads[i])
             damaged.extend([i] * bad)
@@ -283,6 +289,13 @@ def _decode_cpu(
     elif shares:  # one: decoded here, as a pool thread may wait for a busy core
         part(shares[0])
     return out, sorted(damaged)
+
+
+def _refuse_bomb(batch: Encoded, i: int, head: tuple | None) -> None:
+    """File ``i``, refused from its header before decoding where it says too many pixels (a
+    store's file swapped since it was written: its recorded size is not what it decodes to)."""
+    if why := too_big(head):
+        raise FormatError(f"{batch.sample(i)}: {why}")
 
 
 def _undecodable(batch: Encoded, i: int, err: Exception) -> FormatError:

@@ -26,7 +26,7 @@ from .data import Encoded
 from .decode import decoder
 from .errors import BatchError, FormatError, check, numbers_of, refuse
 from .fields import Field, Name
-from .jpegheader import JPEG_SIDE, MAX_PIXELS, jpeg_headers
+from .jpegheader import JPEG_SIDE, jpeg_headers, too_big
 
 _said: set[Name] = set()  # fields whose non-JPEG files were announced
 
@@ -55,11 +55,8 @@ class Jpeg:
             )
         heads = jpeg_headers(files)
         for i, h in enumerate(heads):
-            if h is not None and h[0] * h[1] > MAX_PIXELS:  # decoding would allocate it all
-                raise BatchError(
-                    f"field {name!r}: the file at position {i} in the batch is {h[0]}x{h[1]} by "
-                    f"its header, over the {MAX_PIXELS:,} pixels allowed (a decompression bomb?)"
-                )
+            if why := too_big(h):  # refused from its header, before decoding
+                raise BatchError(f"field {name!r}: the file at position {i} in the batch: {why}")
         grey = all(h is not None and h[2] == 1 for h in heads)
         channels = self.channels or (1 if grey else 3)
         decoded = {

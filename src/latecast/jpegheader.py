@@ -11,6 +11,14 @@ MAX_PIXELS = 10_000 * 10_000  # larger images are refused from their header, bef
 SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
+def too_big(head: tuple | None) -> str | None:
+    """What is said of an image whose header says ``(H, W, ...)`` over ``MAX_PIXELS`` (a
+    decompression bomb: decoding would allocate it all), else None."""
+    if head is None or head[0] * head[1] <= MAX_PIXELS:
+        return None
+    return f"{head[1]}x{head[0]} image is larger than the {MAX_PIXELS:,} pixels allowed"
+
+
 def jpeg_header(data) -> tuple[int, int, int, int] | None:
     """``(H, W, channels, EXIF orientation)`` of a JPEG file (any buffer of its bytes), H
     and W as it shows upright (orientation applied); None for what is not a readable JPEG.

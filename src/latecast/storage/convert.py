@@ -41,7 +41,7 @@ import numpy as np
 
 from ..data import Dataset, EncodedDataset, mean_std
 from ..errors import ConfigError, FormatError
-from ..jpegheader import MAX_PIXELS
+from ..jpegheader import too_big
 from .fileio import atomic_folder, cannot_write
 from .options import option, validate
 from .store import (
@@ -468,11 +468,8 @@ def _read(path: Path, fn: Callable, whole: bool):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Pillow's, e.g. odd EXIF; MAX_PIXELS is the cap
             with Image.open(io.BytesIO(data) if whole else path) as im:
-                if im.width * im.height > MAX_PIXELS:
-                    return FormatError(
-                        f"{_shown(path)}: {im.width}x{im.height} image is larger than "
-                        f"the {MAX_PIXELS:,} pixels allowed"
-                    )
+                if why := too_big((im.height, im.width)):
+                    return FormatError(f"{_shown(path)}: {why}")
                 return fn(im, data)
     except FormatError as e:  # readable, but refused (damaged JPEG data)
         return FormatError(f"{_shown(path)}: {e}")

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..errors import FormatError
-from ..jpegheader import MAX_PIXELS, jpeg_header
+from ..jpegheader import jpeg_header, too_big
 from .convert import _shown
 
 # torchvision's IMG_EXTENSIONS, matched against each name in lower case
@@ -107,11 +107,8 @@ def read_file(path: str) -> bytes:
     if not data:
         raise FormatError(f"{_shown(path)}: empty file")
     head = jpeg_header(data) if data[:2] == b"\xff\xd8" else None  # the markers, no pixels
-    if head is not None and head[0] * head[1] > MAX_PIXELS:  # decoding would allocate it all
-        raise FormatError(
-            f"{_shown(path)}: {head[1]}x{head[0]} image is larger than the {MAX_PIXELS:,} "
-            f"pixels allowed (a decompression bomb?)"
-        )
+    if why := too_big(head):  # decoding would allocate it all
+        raise FormatError(f"{_shown(path)}: {why}")
     return data
 
 

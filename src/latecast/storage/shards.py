@@ -42,7 +42,7 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..jpegheader import MAX_PIXELS, jpeg_header
+from ..jpegheader import jpeg_header, too_big
 from .fileio import atomic_write, cache_dir
 
 INDEX, KIND, VERSION = "index.json", "wids-shard-index-v1", 1
@@ -344,11 +344,8 @@ def jpeg_and_label(url: str, key: str, fields: dict[str, bytes]):
     if head is None or not 0 <= label < 2**16:
         what = "its .jpg is not a JPEG file" if head is None else f"label {label} (0..65535)"
         raise FormatError(f"{url}: sample {key!r}: {what}")
-    if head[0] * head[1] > MAX_PIXELS:  # refused from the header: decoding would allocate it
-        raise FormatError(
-            f"{url}: sample {key!r}: {head[1]}x{head[0]} image is larger than the "
-            f"{MAX_PIXELS:,} pixels allowed"
-        )
+    if why := too_big(head):  # refused from the header: decoding would allocate it
+        raise FormatError(f"{url}: sample {key!r}: {why}")
     return jpg, label, head
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..data import Dataset, EncodedDataset, check_labels
 from ..errors import ConfigError, FormatError, refuse
-from ..jpegheader import JPEG_SIDE, MAX_PIXELS, jpeg_header
+from ..jpegheader import JPEG_SIDE, MAX_PIXELS, jpeg_header, too_big
 from .fileio import atomic_folder
 
 SCHEMA = 1
@@ -410,10 +410,7 @@ def check_pixels(sizes: np.ndarray, where: str) -> None:
     over = np.flatnonzero(sizes[:, 0].astype(np.int64) * sizes[:, 1] > MAX_PIXELS)
     if len(over):
         k = int(over[0])
-        raise FormatError(
-            f"{where}: sample {k}: {sizes[k, 1]}x{sizes[k, 0]} image is larger than the "
-            f"{MAX_PIXELS:,} pixels allowed (a decompression bomb?)"
-        )
+        raise FormatError(f"{where}: sample {k}: {too_big(tuple(sizes[k]))}")
 
 
 def check_jpegs(ds: EncodedDataset, where: str, picks) -> bool:
