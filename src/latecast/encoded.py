@@ -75,7 +75,7 @@ class Jpeg:
         means = len(options.prepare.mean)
         if means not in (1, channels):
             raise BatchError(f"field {name!r}: {channels} channels but {means} mean/std values")
-        kept = [b"" if i in decoded else f for i, f in enumerate(files)]
+        kept = [f[:0] if i in decoded else f for i, f in enumerate(files)]  # of its own type
         sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
         return JpegFile(name, torch.uint8, (len(kept),), None, kept, sizes, size, channels,
                         decoded, heads, interpolation=self.interpolation)  # fmt: skip
@@ -194,8 +194,11 @@ class JpegFile(Field):
         """A batch ``at`` of a JPEG store's (or a stream's) ``files``, as the packer takes it."""
         n, where = len(files), f"{ds.name}/{ds.split}"
         sizes = torch.from_numpy(ds.sizes[at].astype(np.int64))
-        return cls(0, torch.uint8, (n,), None, files, sizes, tuple(ds.size), ds.channels,
-                   source=where, indices=idx, names=names, plain=ds.plain)  # fmt: skip
+        f = cls(0, torch.uint8, (n,), None, files, sizes, tuple(ds.size), ds.channels,
+                source=where, indices=idx, names=names, plain=ds.plain)  # fmt: skip
+        lengths = ds.offsets[at + 1] - ds.offsets[at]  # the files' offsets at once, not len()s
+        vars(f)["offsets"] = np.concatenate([[0], np.cumsum(lengths)]).tolist()  # cached
+        return f
 
     @functools.cached_property
     def offsets(self) -> list[int]:
@@ -215,7 +218,7 @@ class JpegFile(Field):
 
     def pack(self, dst: torch.Tensor, value: Any) -> None:
         """The files back to back into the pinned bytes ``dst``."""
-        if self.files and all(type(f) is bytes for f in self.files):
+        if self.files and type(self.files[0]) is bytes:  # files_of: all bytes, or all arrays
             dst.numpy()[:] = np.frombuffer(b"".join(self.files), np.uint8)
         elif self.files:
             np.concatenate(self.files, out=dst.numpy())

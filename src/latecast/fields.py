@@ -7,6 +7,7 @@ A user's own kind is a ``Field`` subclass named in ``fields=``.
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass, replace
@@ -34,6 +35,7 @@ def integral(dtype: torch.dtype) -> bool:
     return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
 
 
+@functools.lru_cache(maxsize=None)  # per batch, per field: str() of a dtype is slow
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return np.dtype(str(dtype).removeprefix("torch."))
 
@@ -99,7 +101,7 @@ class Field:
         """The field in the dtype it crosses in (the packer's choice); this one."""
         return self
 
-    @property
+    @functools.cached_property  # asked by pack, unpack and the count
     def nbytes(self) -> int:
         return math.prod(self.shape) * self.dtype.itemsize
 

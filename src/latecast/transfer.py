@@ -49,12 +49,16 @@ class TransferStats:
     def count(self, plans: list[Field | None], copies: int, device=None) -> None:
         """A batch's fields as they crossed, in ``copies`` copies (to ``device``)."""
         for f in filter(None, plans):
-            setattr(self, f"{f.category}_bytes", getattr(self, f"{f.category}_bytes") + f.nbytes)
+            counter = _COUNTERS[f.category]
+            setattr(self, counter, getattr(self, counter) + f.nbytes)
             self.usual_bytes += f.usual_bytes
             if f.on_host:  # JPEG files: decoded on `device`
                 self.decoded_bytes += f.decoded_bytes
                 self.decoder = decoder_on(device)
         self.copies += copies
+
+
+_COUNTERS = {c: f"{c}_bytes" for c in ("image", "label", "other")}  # by Field.category
 
 
 def float32_bytes(dataset: Dataset, samples: int) -> int:
@@ -142,10 +146,8 @@ def pack(ring: Ring, plans: list[Field | None], values: list, stats: TransferSta
     """The packer of every path: each planned field written into one slot of ``ring`` in the
     dtype it crosses in, one copy started, counted in ``stats``. Widest dtype first, so each
     field is aligned for its view; fields that stay on the host (JPEG files) last, not copied."""
-    order = sorted(
-        (i for i, f in enumerate(plans) if f is not None),
-        key=lambda i: (plans[i].on_host, -plans[i].dtype.itemsize),
-    )
+    order = [i for i, f in enumerate(plans) if f is not None]
+    order.sort(key=lambda i: (plans[i].on_host, -plans[i].dtype.itemsize))
     offsets, end, sent = [0] * len(plans), 0, 0
     for i in order:
         offsets[i], end = end, end + plans[i].nbytes
@@ -312,8 +314,11 @@ class Float32(Mover):
 
 def labels_of(ds: Dataset | EncodedDataset, at: np.ndarray) -> tuple[Field, Taken]:
     """A batch's narrow labels as a field of the packer (``1``: after the images)."""
-    dtype = getattr(torch, ds.labels.dtype.name)
+    dtype = _TORCH[ds.labels.dtype.name]
     return Integer(1, dtype, (len(at),), dtype), Taken(ds.labels, at)
+
+
+_TORCH = {"uint8": torch.uint8, "uint16": torch.uint16}  # a Dataset's label dtypes
 
 
 class Uint8(Mover):
@@ -325,12 +330,15 @@ class Uint8(Mover):
     def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
         super().__init__(dataset, device, batch_size)
         self.ring = Ring(self.slots, device, self.side)
+        self.plans: dict[int, list[Field]] = {}  # by batch length: every batch but the last
 
     def _send(self, idx: torch.Tensor) -> Sent:
         ds, at = self.dataset, idx.numpy()
-        image = Image(0, torch.uint8, (len(at), *ds.image_shape))
-        label, labels = labels_of(ds, at)
-        return pack(self.ring, [image, label], [Taken(ds.images, at), labels], self.stats)
+        plans = self.plans.get(len(at))
+        if plans is None:
+            image = Image(0, torch.uint8, (len(at), *ds.image_shape))
+            plans = self.plans[len(at)] = [image, labels_of(ds, at)[0]]
+        return pack(self.ring, plans, [Taken(ds.images, at), Taken(ds.labels, at)], self.stats)
 
     def batches(self, index_batches):
         for idx in index_batches:
