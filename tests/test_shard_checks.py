@@ -27,6 +27,7 @@ from test_streams import (
     Throttled,
     make_shards,
     one_line,
+    throttled,
 )
 
 pytestmark = pytest.mark.slow  # each test starts training runs
@@ -272,26 +273,22 @@ def test_a_dropped_connection_is_one_error_line_and_no_unclosed_connection(tmp_p
     ("Unclosed connection" came in about half the runs, up to 4 of them)."""
     folder = tmp_path / "shards"
     make_shards(folder)
-    handler = functools.partial(Throttled, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/shard-{{000..003}}.tar"
     try:
-        Throttled.cut = None
-        assert run_cli("index", url, "--output", folder / "index.json").rc == 0
-        Throttled.cut = "close"
-        for run in range(3):
-            argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs",
-                    "1", "--no-progress", "--output-dir", tmp_path / f"run{run}"]  # fmt: skip
-            proc = subprocess.run([sys.executable, "-c", QUICK, *map(str, argv)], text=True,
-                                  capture_output=True, timeout=TIMEOUT)  # fmt: skip
-            lines = proc.stderr.strip().splitlines()
-            errors = [line for line in lines if not line.startswith("latecast: warning:")]
-            assert proc.returncode == 1 and len(lines) == 2, proc.stderr[-3000:]
-            assert "shard-001.tar: read failed at byte" in errors[0]
+        with throttled(folder) as (_, url):
+            Throttled.cut = None
+            assert run_cli("index", url, "--output", folder / "index.json").rc == 0
+            Throttled.cut = "close"
+            for run in range(3):
+                argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs",
+                        "1", "--no-progress", "--output-dir", tmp_path / f"run{run}"]  # fmt: skip
+                proc = subprocess.run([sys.executable, "-c", QUICK, *map(str, argv)], text=True,
+                                      capture_output=True, timeout=TIMEOUT)  # fmt: skip
+                lines = proc.stderr.strip().splitlines()
+                errors = [line for line in lines if not line.startswith("latecast: warning:")]
+                assert proc.returncode == 1 and len(lines) == 2, proc.stderr[-3000:]
+                assert "shard-001.tar: read failed at byte" in errors[0]
     finally:
         Throttled.cut = "close"
-        server.shutdown()
 
 
 def test_unindexed_shards_train_local_and_over_http_the_index_kept_for_the_next_run(

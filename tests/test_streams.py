@@ -10,6 +10,7 @@ number of ranks, counted by key."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import io
@@ -213,6 +214,18 @@ server.serve_forever()
 """
 
 
+@contextlib.contextmanager
+def throttled(folder: Path):
+    """A ``Throttled`` HTTP server of ``folder`` on 127.0.0.1: it and the shards' URL."""
+    handler = functools.partial(Throttled, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield server, f"http://127.0.0.1:{server.server_address[1]}/shard-{{000..003}}.tar"
+    finally:
+        server.shutdown()
+
+
 def test_a_server_killed_mid_shard_and_one_that_closes_early_are_errors_not_early_ends(
     tmp_path, run_cli, quick_retries
 ):
@@ -220,11 +233,7 @@ def test_a_server_killed_mid_shard_and_one_that_closes_early_are_errors_not_earl
     line naming the shard and the byte, after retries said once; never a shorter split."""
     folder = tmp_path / "shards"
     make_shards(folder)
-    handler = functools.partial(Throttled, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/shard-{{000..003}}.tar"
-    try:
+    with throttled(folder) as (server, url):
         with pytest.warns(UserWarning, match="retrying from there"):
             proc = run_cli("index", url, "--output", tmp_path / "i.json")
         one_line(proc, "shard-001.tar", "read failed at byte", "4 retries")
@@ -236,8 +245,6 @@ def test_a_server_killed_mid_shard_and_one_that_closes_early_are_errors_not_earl
             proc = run_cli(*argv, "--output-dir", tmp_path / "run", "--no-progress")
         one_line(proc, "shard-001.tar", "read failed at byte")
         assert len([w for w in said if "retrying" in str(w.message)]) == 1  # said once
-    finally:
-        server.shutdown()
     proc = subprocess.Popen(
         [sys.executable, "-c", SERVER, str(folder), str(ROOT / "tests")],
         stdout=subprocess.PIPE, text=True,
