@@ -53,7 +53,8 @@ def stat(line: str, name: str) -> int:
 def both_ranks(out: str, batches: int, image_bytes: int) -> None:
     """A 2-rank run's closing lines, ``rank R of 2: K batches, <stats>``, from each rank: each
     took ``batches`` batches and moved ``image_bytes`` of images."""
-    lines = dict(re.findall(r"rank (\d) of 2: (.*)", out))
+    # two processes print to one pipe: a line of one may run on into the other's
+    lines = dict(re.findall(r"rank (\d) of 2: (.*?)(?=rank \d of 2:|$)", out, re.M))
     assert sorted(lines) == ["0", "1"], out[-2000:]
     for line in lines.values():
         assert line.startswith(f"{batches} batches"), line
