@@ -192,9 +192,9 @@ def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
     """One nvJPEG call for the batch: ``(H, W, C)`` views, sizes checked."""
     files, sizes, dev = batch.files(), batch.sizes.tolist(), batch.device
     todo = [i for i in range(len(files)) if i not in batch.decoded]
-    heads = batch.heads or [None] * len(files)
+    heads = batch.heads or jpeg_headers([f.numpy() for f in files])  # at once, not one by one
     for i in todo:
-        _refuse_bomb(batch, i, heads[i] or jpeg_header(files[i].numpy()))
+        _refuse_bomb(batch, i, heads[i])
     try:
         done = dict(zip(todo, read([files[i] for i in todo], batch.channels, dev)))
     except RuntimeError as err:  # name the first file that does not decode

@@ -23,10 +23,11 @@ import numpy as np
 import torch
 
 from .data import Encoded
-from .decode import decoder
+from .decode import _MODES, decoder
 from .errors import BatchError, FormatError, check, numbers_of, refuse
 from .fields import Field, Name
 from .jpegheader import JPEG_SIDE, jpeg_headers, too_big
+from .transforms import INTERPOLATIONS
 
 _said: set[Name] = set()  # fields whose non-JPEG files were announced
 
@@ -112,7 +113,7 @@ def jpeg(
             (one_or_three, "latecast.jpeg(channels=...)", channels, "1, 3 or None"),
         ]
     )
-    how = check(interpolation, "latecast.jpeg(interpolation=...)", ("bilinear", "bicubic"))
+    how = check(interpolation, "latecast.jpeg(interpolation=...)", tuple(INTERPOLATIONS))
     return Jpeg(hw, None if channels is None else int(channels), how)
 
 
@@ -234,7 +235,7 @@ class JpegFile(Field):
 
 def host_decode(name: Name, i: int, data: bytes | np.ndarray, channels: int) -> torch.Tensor:
     """A file that is no JPEG, decoded on the host, upright: ``(channels, H, W)`` uint8."""
-    mode = {1: "GRAY", 3: "RGB"}[channels]
+    mode = _MODES[channels]
     t = torch.from_numpy(np.frombuffer(data, np.uint8).copy())  # a rare file: writable
     try:
         if decoder().startswith("torchcodec"):

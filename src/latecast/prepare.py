@@ -14,6 +14,7 @@ import torch
 
 from .data import Batch, Encoded
 from .decode import decode
+from .fields import Mask
 from .transforms import Augment, Moves, normalize, resized_crop
 
 Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
@@ -138,7 +139,7 @@ class Prepare:
         (moves, colour), sizes = draw(first), sizes_of(first)
         for i in pixels:
             f, x = plans[i], values[i]
-            if f.category != "image":  # a mask
+            if isinstance(f, Mask):
                 out[i] = f.finish(self._mask(moves or Moves(None, None, None, None), x, size))
                 continue
             same = x is first or torch.equal(sizes_of(x), sizes)

@@ -312,10 +312,10 @@ class Float32(Mover):
             yield x, y
 
 
-def labels_of(ds: Dataset | EncodedDataset, at: np.ndarray) -> tuple[Field, Taken]:
-    """A batch's narrow labels as a field of the packer (``1``: after the images)."""
+def label_field(ds: Dataset | EncodedDataset, n: int) -> Integer:
+    """``n`` of a dataset's narrow labels as a field of the packer (``1``: after the images)."""
     dtype = _TORCH[ds.labels.dtype.name]
-    return Integer(1, dtype, (len(at),), dtype), Taken(ds.labels, at)
+    return Integer(1, dtype, (n,), dtype)
 
 
 _TORCH = {"uint8": torch.uint8, "uint16": torch.uint16}  # a Dataset's label dtypes
@@ -337,7 +337,7 @@ class Uint8(Mover):
         plans = self.plans.get(len(at))
         if plans is None:
             image = Image(0, torch.uint8, (len(at), *ds.image_shape))
-            plans = self.plans[len(at)] = [image, labels_of(ds, at)[0]]
+            plans = self.plans[len(at)] = [image, label_field(ds, len(at))]
         return pack(self.ring, plans, [Taken(ds.images, at), Taken(ds.labels, at)], self.stats)
 
     def batches(self, index_batches):
@@ -454,8 +454,8 @@ class Jpeg(Mover):
             if names is None and self.unread is not None and self.unread[at].any():
                 self._first_read(at, files)
             jpeg = JpegFile.of_store(ds, files, at, idx, names)
-            label, labels = labels_of(ds, at)
-            s = pack(self.ring, [jpeg, label], [files, labels], self.stats)
+            label = label_field(ds, len(at))
+            s = pack(self.ring, [jpeg, label], [files, Taken(ds.labels, at)], self.stats)
             yield tuple(unpack(self.ring, s))
 
     def _first_read(self, idx: np.ndarray, files: list[np.ndarray]) -> None:
