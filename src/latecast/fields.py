@@ -90,6 +90,7 @@ class Field:
     category = "other"  # which TransferStats counter its bytes go to: image, label, other
     what = "as is"  # the kind, in messages
     pixels = False  # moved by the batch's one geometric draw
+    draws = False  # finished by ``prepared``, with the batch's seeded generators
     on_host = False  # its bytes stay in the pinned slot, where its decoder reads them
 
     @classmethod
@@ -128,6 +129,17 @@ class Field:
     def finish(self, x: torch.Tensor) -> torch.Tensor:
         """What the model takes (pixel fields are finished by ``Prepare.fields``)."""
         return x
+
+    def frames(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (as ``view`` gave it) as ``(N, H, W, C)`` images the batch's geometric draw is
+        made on, where this field is the first pixel field (a clip: one frame of each)."""
+        return x
+
+    def prepared(self, x: torch.Tensor, prepare: Any, moves: Any) -> torch.Tensor:
+        """What the model takes, for a kind that sets ``draws``: ``x`` with the batch's geometric
+        draw ``moves`` (None: none; a pixel kind) and ``prepare``'s generators, seeded for this
+        batch (``prepare.generator(x.device)``: where the images' colour draw starts)."""
+        raise NotImplementedError(f"{type(self).__name__} sets draws but has no prepared()")
 
 
 @dataclass(frozen=True)

@@ -118,13 +118,16 @@ class Prepare:
     def fields(self, plans: list, values: list, where: tuple, device: torch.device) -> list:
         """A batch's fields (plans, values on the device) made what the model takes, seeded by
         ``where`` (epoch, rank, batch). Pixel fields share one geometric draw (masks by nearest
-        neighbour) and images one colour draw; images of another size draw their own."""
-        out = [None if f is None or f.pixels else f.finish(v) for f, v in zip(plans, values)]
+        neighbour) and images one colour draw; images of another size draw their own. A kind
+        that ``draws`` finishes itself (``Field.prepared``) with the draw and the generators."""
+        mine = [f is not None and (f.pixels or f.draws) for f in plans]
+        out = [None if m or f is None else f.finish(v) for f, v, m in zip(plans, values, mine)]
         pixels = [i for i, f in enumerate(plans) if f is not None and f.pixels]
-        if not pixels:
+        if not any(mine):
             return out
         files = [i for i in pixels if isinstance(values[i], Encoded)]
-        first = values[(files or pixels)[0]]
+        lead = (files or pixels or [None])[0]
+        first = None if lead is None else plans[lead].frames(values[lead])
         size = plans[files[0]].size if files else None  # the masks': the images' as they come
         self.seek(*where)
         self.next_batch(device)
@@ -136,11 +139,16 @@ class Prepare:
             host.set_state(seeded[1])
             return self.moves(x), g.get_state()
 
-        (moves, colour), sizes = draw(first), sizes_of(first)
-        for i in pixels:
+        (moves, colour), sizes = (draw(first), sizes_of(first)) if pixels else ((None, None), None)
+        for i in (i for i, m in enumerate(mine) if m):
             f, x = plans[i], values[i]
             if isinstance(f, Mask):
                 out[i] = f.finish(self._mask(moves or Moves(None, None, None, None), x, size))
+                continue
+            if f.draws:
+                g.set_state(seeded[0] if colour is None else colour)
+                host.set_state(seeded[1])
+                out[i] = f.prepared(x, self, moves if f.pixels else None)
                 continue
             same = x is first or torch.equal(sizes_of(x), sizes)
             m, state = (moves, colour) if same else draw(x)
