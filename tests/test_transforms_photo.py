@@ -76,10 +76,11 @@ def test_resized_crop_takes_images_of_different_sizes():
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_augment_draws_its_resized_crop_boxes_on_the_host(device):
-    """One path, as Prepare takes it: crop_boxes on a CPU generator (for a device generator:
-    torch's default CPU one), then resized_crop; nothing is drawn on the device."""
+    """One path, as Prepare takes it: the boxes drawn on a CPU generator (for a device
+    generator: torch's default CPU one), then resized_crop; nothing is drawn on the device."""
     x, aug = photos(8, 20, 24).to(device), Augment(resized_crop=0.3)
-    boxes = aug.crop_boxes(torch.tensor([[20, 24]]).expand(8, 2), torch.Generator().manual_seed(3))
+    sizes, host = torch.tensor([[20, 24]]).expand(8, 2), torch.Generator().manual_seed(3)
+    boxes = resized_crop_params(sizes, (0.3, 1.0), generator=host)
     g = torch.Generator(device=device).manual_seed(3)
     torch.manual_seed(3)
     before = g.get_state()

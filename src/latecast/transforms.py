@@ -1,22 +1,15 @@
-"""Pure batched transforms on the device.
+"""Pure batched transforms on the device, and the ``--augment`` / ``--mix`` settings.
 
-Every function takes a whole batch and returns a new tensor; randomness is drawn per
-sample on ``images.device`` from an optional ``torch.Generator``. Images are uint8
-``(N, H, W, C)`` as they come off the bus; ``normalize`` is the last step and produces
-``(N, C, H, W)`` floats. A random op has two halves, as in torchvision v2: ``*_params``
-draws each image's parameters, and a pure function applies them (``translate``, ``flip``,
-``erase``, ``color_jitter``, ``resized_crop``). ``Augment`` chains them on the uint8 batch
-(on a CPU device by copies of whole rows, ``_windows`` and ``_zero_squares``: the same
-pixels); ``Erasing`` and ``Mix`` (MixUp, CutMix) run after ``normalize``, on floats.
-
-A batch is checked once, where it comes in: by ``Augment``, ``Erasing``, ``Mix``, the Loader
-and ``wrap``; the applying halves and ``Augment.pixels`` take it checked.
+uint8 ``(N, H, W, C)`` images in, a new tensor out; ``normalize`` makes ``(N, C, H, W)``
+floats, which ``Erasing`` and ``Mix`` take. A random op has two halves, as in torchvision v2:
+``*_params`` draws each image's parameters on ``images.device`` from an optional generator, a
+pure function applies them. A batch is checked once, where it comes in (``normalize``,
+``Augment``, ``Erasing``, ``Mix``: one ConfigError); the applying halves take it as checked.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -31,30 +24,25 @@ _affine_cache: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
 _CPU_CHUNK = 2**19  # bytes of uint8 images per addcmul on the CPU: its float copy stays in cache
 
 
-def _scale_shift(
-    mean: tuple[float, ...], std: tuple[float, ...], channels: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x/255 - mean)/std == x*scale + shift``; built (and checked) once per (device,
-    channels, mean, std)."""
+def _scale_shift(mean, std, channels: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Cached ``(1, C, 1, 1)`` float32 ``scale, shift`` (computed in float64) with ``(x/255 -
+    mean)/std == x*scale + shift``; ConfigError unless C (or 1) finite values each, std > 0."""
     try:
         key = (str(device), channels, tuple(map(float, mean)), tuple(map(float, std)))
     except (TypeError, ValueError):
-        raise ConfigError(
-            f"normalize: mean and std must be sequences of numbers, got {mean!r:.60}/{std!r:.60}"
-        ) from None
+        key = None
     if key not in _affine_cache:
-        m, s = key[2], key[3]
+        m, s = key[2:] if key else ((), ())
         if len(m) == len(s) == 1:  # one value for every channel, as torchvision's Normalize
             m, s = m * channels, s * channels
         if not (len(m) == len(s) == channels and all(map(math.isfinite, m + s)) and min(s) > 0):
             raise ConfigError(
-                f"normalize: {channels} channels need {channels} (or 1) finite mean and std "
-                f"values (std > 0), got {mean}/{std}"
+                f"normalize: mean and std must be sequences of numbers, {channels} channels need "
+                f"{channels} (or 1) finite values each (std > 0), got {mean!r:.60}/{std!r:.60}"
             )
         m, s = torch.tensor(m, dtype=torch.float64), torch.tensor(s, dtype=torch.float64)
         scale = (1.0 / (255.0 * s)).to(device, torch.float32).view(1, -1, 1, 1)  # (1, C, 1, 1)
-        shift = (-m / s).to(device, torch.float32).view(1, -1, 1, 1)
-        _affine_cache[key] = (scale, shift)
+        _affine_cache[key] = scale, (-m / s).to(device, torch.float32).view(1, -1, 1, 1)
     return _affine_cache[key]
 
 
@@ -67,38 +55,32 @@ def normalize(
     channels_last: bool = False,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """uint8 ``(N, H, W, C)`` -> normalized ``(N, C, H, W)`` in ``dtype``, in one fused op.
-
-    Equals torchvision's ``ToTensor()`` + ``Normalize(mean, std)`` within 1e-6 in float32:
-    ``x * scale + shift`` with constants computed in float64, written straight into the
-    output by one ``addcmul`` (on the CPU ``_CPU_CHUNK`` bytes of images at a time). The
-    values are part of the resume contract (``tests/test_resume_compat.py``): keep the op.
+    """uint8 ``(N, H, W, C)`` -> ``(x/255 - mean)/std`` as ``(N, C, H, W)`` ``dtype`` in one
+    ``addcmul``: torchvision's ``ToTensor()`` + ``Normalize(mean, std)`` within 1e-6 in float32
+    (values resumed runs rely on). ConfigError on a bad argument.
 
     Args:
         images: uint8 ``(N, H, W, C)`` on any device.
-        mean, std: per-channel statistics in [0, 1] units.
+        mean, std: per channel (or one for all), in [0, 1] units; std > 0.
         dtype: float32, bfloat16 or float16 (computed in float32, rounded once at the end).
         channels_last: return ``torch.channels_last`` memory format (NHWC in memory).
-        out: write here instead (``(N, C, H, W)``, its own dtype and layout win): a static
-            buffer reused every batch.
+        out: write here instead (``(N, C, H, W)``; its own dtype and layout win).
 
     Example:
-        >>> x = torch.randint(0, 256, (8, 28, 28, 1), dtype=torch.uint8)
-        >>> normalize(x, (0.1307,), (0.3081,)).shape
+        >>> normalize(torch.zeros(8, 28, 28, 1, dtype=torch.uint8), (0.13,), (0.31,)).shape
         torch.Size([8, 1, 28, 28])
     """
     if not (isinstance(images, torch.Tensor) and images.dtype == torch.uint8 and images.ndim == 4):
         _check_batch(images, "normalize", None)  # (the Loader and wrap checked theirs)
-    flag = isinstance(channels_last, (bool, np.bool_))
+    flag, tensor = isinstance(channels_last, (bool, np.bool_)), isinstance(out, torch.Tensor)
     refuse([(flag, "channels_last", channels_last, "a bool")])
+    refuse([(out is None or tensor, "normalize out", out, "a tensor or None")])
     n, h, w, c = images.shape
+    dtype = check(out.dtype if tensor else dtype, "normalize dtype", FLOATS)
     if out is None:
         fmt = torch.channels_last if channels_last else torch.contiguous_format
-        dtype = check(dtype, "normalize dtype", FLOATS)
         out = torch.empty((n, c, h, w), dtype=dtype, device=images.device, memory_format=fmt)
-    refuse([(isinstance(out, torch.Tensor), "normalize out", out, "a tensor or None")])
-    check(out.dtype, "normalize dtype", FLOATS)
-    if out.shape != (n, c, h, w):
+    elif out.shape != (n, c, h, w):
         raise ConfigError(f"normalize out must be {(n, c, h, w)}, got {tuple(out.shape)}")
     scale, shift = _scale_shift(mean, std, c, images.device)
     x = images.permute(0, 3, 1, 2)  # (N, H, W, C) -> (N, C, H, W) view, NHWC in memory
@@ -116,8 +98,8 @@ _FILLS = ("zero", "reflect")
 
 
 def _check_batch(images: torch.Tensor, fn: str, generator, floats: bool = False) -> None:
-    """uint8 ``(N, H, W, C)`` images (``floats``: normalized ``(N, C, H, W)``, what ``Mix``
-    and ``Erasing`` take) and a generator on their device, or one ConfigError."""
+    """ConfigError naming ``fn`` unless ``images`` is uint8 ``(N, H, W, C)`` (``floats``: float
+    ``(N, C, H, W)``) and ``generator`` None or a Generator on their device."""
     tensor = isinstance(images, torch.Tensor)
     kind = tensor and (images.is_floating_point() if floats else images.dtype == torch.uint8)
     if not (kind and images.ndim == 4):
@@ -127,10 +109,8 @@ def _check_batch(images: torch.Tensor, fn: str, generator, floats: bool = False)
     gen = generator is None or isinstance(generator, torch.Generator)
     refuse([(gen, f"{fn}: generator", generator, "a torch.Generator or None")])
     if generator is not None and generator.device.type != images.device.type:
-        raise ConfigError(
-            f"{fn}: the generator is on {generator.device} but the images are on "
-            f"{images.device}; create it with torch.Generator(device=images.device)"
-        )
+        where = f"{generator.device} but the images are on {images.device}"
+        raise ConfigError(f"{fn}: the generator is on {where}; make it on images.device")
 
 
 def crop_params(images: torch.Tensor, padding: int, generator=None) -> torch.Tensor:
@@ -140,9 +120,8 @@ def crop_params(images: torch.Tensor, padding: int, generator=None) -> torch.Ten
 
 
 def translate(images: torch.Tensor, shifts: torch.Tensor, *, fill: str = "zero") -> torch.Tensor:
-    """Move image ``i`` by ``shifts[i] = (dy, dx)``: output pixel ``(y, x)`` is input pixel
-    ``(y + dy, x + dx)``; outside the image 0 (``fill="zero"``) or mirrored as ``np.pad``'s
-    ``"reflect"``. A crop of the padded image at a random offset is ``crop_params``'s shift."""
+    """Image ``i``'s pixel ``(y, x)`` <- its ``(y + dy, x + dx)``, ``shifts[i] = (dy, dx)``;
+    outside it 0 (``fill="zero"``) or mirrored as ``np.pad``'s ``"reflect"``."""
     n, h, w, _ = images.shape
     check(fill, "fill", _FILLS)
     dev = images.device
@@ -167,7 +146,7 @@ def flip(images: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def cutout_params(images: torch.Tensor, generator=None) -> torch.Tensor:
-    """``(N, 2)`` int64 ``(cy, cx)``: each square's center, anywhere in the image."""
+    """``(N, 2)`` int64 ``(cy, cx)``: each square's centre, anywhere in the image."""
     n, h, w, _ = images.shape
     cy = torch.randint(0, h, (n,), generator=generator, device=images.device)
     cx = torch.randint(0, w, (n,), generator=generator, device=images.device)
@@ -175,8 +154,8 @@ def cutout_params(images: torch.Tensor, generator=None) -> torch.Tensor:
 
 
 def erase(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tensor:
-    """Zero a ``size x size`` square per image: rows ``cy - size//2 .. cy - size//2 + size - 1``
-    (columns alike) around ``centers[i] = (cy, cx)``, clipped at the borders."""
+    """Zero rows and columns ``c - size//2 ..< c - size//2 + size`` around each image's
+    ``centers[i] = (cy, cx)``, clipped at the borders."""
     _, h, w, _ = images.shape
     top_left = centers - size // 2  # (N, 2)
     ys, xs = torch.arange(h, device=images.device), torch.arange(w, device=images.device)
@@ -186,10 +165,9 @@ def erase(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tenso
 
 
 def _windows(x: torch.Tensor, shifts, flips, fill: str) -> torch.Tensor:
-    """``translate``, then ``flip`` (either None: off), equal to them, by copies of whole rows
-    (a gather copies one value at a time on the CPU): pad once, add the flipped images
-    flipped (one moved by ``dx`` is its flip moved by ``-dx``), then one ``index_select`` of
-    overlapping windows of that buffer."""
+    """``translate`` then ``flip`` (None: off) by copies of whole rows (a CPU gather copies
+    value by value): pad once, add the flipped images flipped (one moved by ``dx`` is its flip
+    moved by ``-dx``), then one ``index_select`` of overlapping windows."""
     n, h, w, c = x.shape
     shifts = x.new_zeros(n, 2, dtype=torch.long) if shifts is None else shifts
     flipped = torch.arange(0) if flips is None else flips.nonzero()[:, 0]
@@ -214,8 +192,7 @@ def _windows(x: torch.Tensor, shifts, flips, fill: str) -> torch.Tensor:
 
 
 def _zero_squares(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tensor:
-    """``erase``, equal to it, the CPU's way: only the squares' pixels are written, by index
-    (``masked_fill`` reads a mask of every pixel)."""
+    """``erase``, writing only the squares' pixels (the CPU's way)."""
     n, h, w, c = images.shape
     lo = (centers - size // 2).clamp(min=0)[:, :, None]  # (N, 2, 1) first row and column
     hi = (centers - size // 2 + size).minimum(torch.tensor([h, w]))[:, :, None] - 1  # last
@@ -225,10 +202,9 @@ def _zero_squares(images: torch.Tensor, centers: torch.Tensor, size: int) -> tor
 
 
 def erasing_params(images: torch.Tensor, p: float, scale, ratio, generator=None) -> torch.Tensor:
-    """``(N, 4)`` int64 ``(top, left, height, width)``: torchvision ``RandomErasing``'s draw
-    for normalized ``(N, C, H, W)`` images, batched: with probability ``p``, the first of 10
-    tries of an area in ``scale`` (of H * W) and a log-uniform aspect ratio in ``ratio`` that
-    fits; height and width 0 where an image is not erased."""
+    """``(N, 4)`` int64 ``(top, left, height, width)``, torchvision ``RandomErasing``'s draw for
+    ``(N, C, H, W)``: with probability ``p`` the first of 10 tries (area fraction in ``scale``,
+    log-uniform aspect in ``ratio``) that fits; height and width 0 where none."""
     n, _, h, w = images.shape
     u = torch.rand(n, 23, generator=generator, device=images.device)  # 10 tries, 3 more
     area = h * w * (scale[0] + (scale[1] - scale[0]) * u[:, :10])
@@ -245,9 +221,8 @@ def erasing_params(images: torch.Tensor, p: float, scale, ratio, generator=None)
 
 
 def erase_boxes(images: torch.Tensor, boxes: torch.Tensor, fill) -> torch.Tensor:
-    """Each image's box ``(top, left, height, width)`` set to ``fill`` (a number, a
-    per-channel ``(C, 1, 1)`` or per-pixel ``(N, C, H, W)`` tensor): torchvision's
-    ``F.erase(image, top, left, height, width, v)``, for the whole batch at once."""
+    """Each image's box ``(top, left, height, width)`` set to ``fill`` (a number, ``(C, 1, 1)`` or
+    ``(N, C, H, W)``): torchvision's ``F.erase``, for the whole batch at once."""
     _, _, h, w = images.shape
     top, left, hs, ws = boxes.to(images.device).T[..., None]  # each (N, 1)
     ys, xs = torch.arange(h, device=images.device), torch.arange(w, device=images.device)
@@ -273,10 +248,9 @@ INTERPOLATIONS = {  # name -> torch's uint8 kernel on the CPU (torchvision v2 us
 def resized_crop_params(
     sizes: torch.Tensor, scale: tuple[float, float], ratio=RATIO, generator=None
 ) -> torch.Tensor:
-    """``(N, 4)`` int64 ``(top, left, height, width)``: torchvision's RandomResizedCrop box
-    for each image of ``sizes`` (``(N, 2)`` ``(H, W)``), on ``sizes.device``: the first of 10
-    tries (area fraction in ``scale``, log-uniform aspect in ``ratio``) that fits, placed
-    uniformly; if none fits, the centre crop with the aspect ratio clamped to ``ratio``."""
+    """``(N, 4)`` int64 ``(top, left, height, width)``, torchvision's RandomResizedCrop box for
+    each of ``sizes`` (``(N, 2)`` (H, W)): of 10 tries (area fraction in ``scale``, log-uniform
+    aspect in ``ratio``) the first that fits, placed uniformly; else the centre crop."""
     dev, n = sizes.device, len(sizes)
     hi, wi = sizes[:, :1].double(), sizes[:, 1:].double()  # (N, 1)
     u = torch.rand(n, 10, generator=generator, device=dev, dtype=torch.float64)
@@ -297,9 +271,8 @@ def resized_crop_params(
 
 
 def centre_boxes(sizes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """``(N, 4)`` boxes that ``resized_crop`` turns into "scale to cover ``size``, then crop
-    the centre" (what ``latecast convert`` does for raw stores): the largest centred box
-    with the aspect ratio of ``size``."""
+    """``(N, 4)`` boxes: the largest centred box of each of ``sizes`` with ``size``'s aspect
+    (``resized_crop`` by them scales to cover ``size``, then crops the centre)."""
     hw = sizes.double()  # (N, 2)
     target = torch.tensor(size, dtype=torch.float64, device=sizes.device)
     scale = (target / hw).max(1, keepdim=True).values  # (N, 1) cover factor
@@ -313,11 +286,9 @@ def resized_crop(
     size: tuple[int, int],
     interpolation: str = "bilinear",
 ) -> torch.Tensor:
-    """Crop image ``i`` to ``boxes[i] = (top, left, height, width)`` and resize it to ``size``
-    (H, W) with antialias, ``interpolation`` bilinear or bicubic: torchvision v2's
-    ``resized_crop`` within 1 grey level. ``images``: uint8 ``(N, H, W, C)`` or a sequence of
-    ``(H_i, W_i, C)``; ``boxes``: ``(N, 4)`` int64 on the CPU. Each crop is resized on its
-    own, into its slot (``crop_into``)."""
+    """uint8 ``(N, *size, C)``: image ``i`` of ``(N, H, W, C)`` or ``[(H_i, W_i, C)]`` uint8
+    cropped to ``boxes[i]`` (``(N, 4)`` int64 on the CPU) and resized with antialias, bilinear
+    or bicubic: torchvision v2's within 1 grey level. ConfigError on other input."""
     n, size = len(images), tuple(size)
     if n == 0 or images[0].dtype != torch.uint8 or images[0].ndim != 3:
         raise ConfigError("resized_crop expects uint8 (H, W, C) images")
@@ -329,8 +300,7 @@ def resized_crop(
 
 
 def crop_into(image: torch.Tensor, box, dst: torch.Tensor, interpolation="bilinear") -> None:
-    """``resized_crop`` of one ``(H, W, C)`` image into ``dst`` (``(H', W', C)``, e.g. a
-    slot of a batch), no other copy."""
+    """``resized_crop`` of one ``(H, W, C)`` image into ``dst`` (a batch's slot), no copy."""
     top, left, h, w = box
     crop = image[top : top + h, left : left + w]
     if crop.shape == dst.shape:
@@ -346,9 +316,8 @@ def crop_into(image: torch.Tensor, box, dst: torch.Tensor, interpolation="biline
 
 
 def nearest_crop(x: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """Crop ``x[i]`` (``(N, H, W, C)``, any dtype) to ``boxes[i] = (top, left, height, width)``
-    and resize it to ``size`` by nearest neighbour, as ``F.interpolate(mode="nearest")``
-    (output pixel ``d`` reads ``floor(d * in / out)``): one gather, values kept (masks)."""
+    """``x[i]`` (``(N, H, W, C)``, any dtype) cropped to ``boxes[i]``, resized to ``size`` as
+    ``F.interpolate(mode="nearest")`` (one gather: values kept, for masks)."""
     dev = x.device
     boxes = boxes.to(dev, non_blocking=True)  # from pageable memory: staged, no device sync
     top, left, h, w = boxes[:, :, None].unbind(1)  # each (N, 1)
@@ -360,8 +329,7 @@ def nearest_crop(x: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) ->
 def color_jitter_params(
     images: torch.Tensor, brightness: float, contrast: float, saturation: float, generator=None
 ) -> torch.Tensor:
-    """``(N, 3)`` float32 factors per image, each uniform in ``[max(0, 1 - s), 1 + s]``
-    (torchvision's ``ColorJitter`` ranges) for brightness, contrast and saturation."""
+    """``(N, 3)`` float32 factors per image, each uniform in ``[max(0, 1 - s), 1 + s]``."""
     s = torch.tensor([brightness, contrast, saturation], device=images.device)
     u = torch.rand(len(images), 3, generator=generator, device=images.device)
     low = (1 - s).clamp(min=0)
@@ -369,16 +337,15 @@ def color_jitter_params(
 
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
-    """torchvision's uint8 grayscale of float ``(N, H, W, C)`` values, floored: ``(N, H, W, 1)``."""
+    """torchvision's uint8 grayscale of float ``(N, H, W, C)``, floored: ``(N, H, W, 1)``."""
     if x.shape[3] == 1:
         return x
     return (x[..., :1] * 0.2989 + x[..., 1:2] * 0.587 + x[..., 2:] * 0.114).floor_()
 
 
 def color_jitter(images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
-    """Brightness, then contrast, then saturation (a fixed order; torchvision's ``ColorJitter``
-    shuffles it) by ``factors[i]`` (``(N, 3)``) per image, each torchvision v2's ``adjust_*``
-    on uint8 within 1 grey level. Saturation leaves 1-channel images as they are."""
+    """Brightness, contrast, then saturation by ``factors[i]``, as torchvision v2's ``adjust_*``
+    on uint8 within 1 grey level (in a fixed order). ConfigError unless 1 or 3 channels."""
     if images.shape[3] not in (1, 3):  # torchvision's adjust_* refuse them too (RGBA, say)
         raise ConfigError(f"color jitter takes 1 or 3 channels, got {tuple(images.shape)}")
     b, c, s = factors.float().T[..., None, None, None]  # each (N, 1, 1, 1)
@@ -391,9 +358,8 @@ def color_jitter(images: torch.Tensor, factors: torch.Tensor) -> torch.Tensor:
 
 
 def alternating_flip_params(indices: torch.Tensor, epoch: int, seed: int = 0) -> torch.Tensor:
-    """``(N,)`` bool on ``indices.device``: airbench's alternating flip. Dataset sample ``i``
-    is flipped in epoch 0 when a hash of ``(seed, i)`` says so (half of them), and in every
-    later epoch exactly when it was not in the one before."""
+    """``(N,)`` bool, airbench's alternating flip: sample ``i`` flipped in epoch 0 when a hash
+    of ``(seed, i)`` says so (half of them), then in every other epoch."""
     x = indices.long() + seed * 0x9E3779B97F4A7C15 % 2**61  # int64 arithmetic wraps
     for mult, shift in ((0xBF58476D1CE4E5B9 - 2**64, 30), (0x94D049BB133111EB - 2**64, 27)):
         x = (x ^ (x >> shift)) * mult
@@ -402,8 +368,7 @@ def alternating_flip_params(indices: torch.Tensor, epoch: int, seed: int = 0) ->
 
 @dataclass(frozen=True)
 class Moves:
-    """One batch's geometric draws of an ``Augment`` (None where off), drawn once and applied
-    alike to its images and to their per-pixel fields (``wrap``'s masks)."""
+    """A batch's geometric draws (None: off), for its images and per-pixel fields alike."""
 
     augment: Augment | None  # None: no draw (a mask only resized to its JPEG images' size)
     boxes: torch.Tensor | None  # (N, 4) resized-crop (top, left, height, width), on the CPU
@@ -411,22 +376,21 @@ class Moves:
     flips: torch.Tensor | None  # (N,) bool, True: flipped left-right
 
     def shift_and_flip(self, x: torch.Tensor) -> torch.Tensor:
-        """The crop, then the flips, on ``(N, H, W, C)`` of any dtype: gathers, or on the CPU
-        copies of rows (``_windows``); exact either way."""
-        (h, w), aug = x.shape[1:3], self.augment  # reflect: the one setting the size limits
+        """The crop, then the flips, on ``(N, H, W, C)`` of any dtype (on the CPU ``_windows``,
+        equal); ConfigError for reflect padding past the image."""
+        (h, w), aug = x.shape[1:3], self.augment
         if self.shifts is not None and aug.fill == "reflect" and aug.crop >= min(h, w):
             msg = f"needs padding < {min(h, w)} for {h}x{w} images, got {aug.crop}"
             raise ConfigError(f"crop fill='reflect' {msg}")
         if x.device.type == "cpu" and (self.shifts is not None or self.flips is not None):
-            return _windows(x, self.shifts, self.flips, self.augment.fill)
+            return _windows(x, self.shifts, self.flips, aug.fill)
         if self.shifts is not None:
-            x = translate(x, self.shifts, fill=self.augment.fill)
+            x = translate(x, self.shifts, fill=aug.fill)
         return x if self.flips is None else flip(x, self.flips)
 
     def mask(self, x: torch.Tensor, size: tuple[int, int] | None = None) -> torch.Tensor:
-        """All of them on a per-pixel field ``(N, H, W, C)`` of any dtype, to ``size`` (default:
-        its own), the resized crop (else the centre boxes, for another size) by nearest
-        neighbour: every value is one of the field's, never a blend."""
+        """All of them on a per-pixel field ``(N, H, W, C)``, to ``size`` (default: its own) by
+        nearest neighbour (values kept): the resized crop, else the centre box to resize."""
         size, boxes = tuple(size or x.shape[1:3]), self.boxes
         if boxes is None and size != tuple(x.shape[1:3]):
             boxes = centre_boxes(torch.tensor([x.shape[1:3]]).expand(len(x), 2), size)
@@ -435,19 +399,15 @@ class Moves:
         return self.shift_and_flip(x)
 
 
-_AUGMENT_NUMBERS = dict(crop=(int, None), flip=(float, 1), cutout=(int, None))
-_AUGMENT_NUMBERS |= dict(resized_crop=(float, 1), jitter=(float, None))  # kind, upper bound
+_AUGMENT_RULES = dict(crop=(int, 0), flip=(float, 0, 1), cutout=(int, 0), fill=(_FILLS,))
+_AUGMENT_RULES |= dict(resized_crop=(float, 0, 1), jitter=(float, 0), altflip=(bool,))
 
 
 @dataclass(frozen=True)
 class Augment:
-    """Per-sample augmentation of uint8 ``(N, H, W, C)`` batches: resized crop -> crop ->
-    flip or alternating flip -> colour jitter -> cutout. Settings are checked on
-    construction; ``Augment.parse(str(aug)) == aug``.
-
-    ``moves`` draws the geometric part once per batch, so masks can follow the images
-    (``Moves.mask``); the resized crop is applied first (JPEG batches: while decoding), then
-    ``pixels`` does the rest, on the images' device.
+    """Per-sample augmentation of uint8 ``(N, H, W, C)`` batches: resized crop, crop, flip or
+    alternating flip, colour jitter, cutout. ConfigError on a bad setting; ``Augment.parse(
+    str(aug)) == aug``. ``moves`` draws the geometry once per batch, ``pixels`` does the rest.
 
     Example:
         >>> aug = Augment(crop=4, flip=0.5, cutout=8)
@@ -464,22 +424,14 @@ class Augment:
     altflip: bool = False  # alternating flip (airbench); instead of flip
 
     def __post_init__(self) -> None:
-        for name, (kind, high) in _AUGMENT_NUMBERS.items():  # each >= 0
-            object.__setattr__(self, name, check(getattr(self, name), name, kind, 0, high))
-        object.__setattr__(self, "fill", check(self.fill, "fill", _FILLS))
-        check(self.altflip, "altflip", bool)
+        for name, rule in _AUGMENT_RULES.items():  # (kind, low, high) or (values allowed,)
+            object.__setattr__(self, name, check(getattr(self, name), name, *rule))
         if self.altflip and self.flip:
             raise ConfigError("choose flip or altflip, not both")
 
     @classmethod
     def parse(cls, spec: str) -> Augment | None:
-        """An ``Augment`` from the command line's ``--augment``, None for ``""`` or ``"none"``:
-        comma-separated names, each optionally ``=value`` (else ``_AUGMENT_DEFAULTS``'s).
-
-        Example:
-            >>> Augment.parse("crop=2,flip") == Augment(crop=2, flip=0.5)
-            True
-        """
+        """``--augment``'s ``name[=value],...`` (``_AUGMENT_DEFAULTS``), None for ""/none."""
         given = _parse(spec, _AUGMENT_DEFAULTS, "augmentation")
         return None if given is None else cls(**given)
 
@@ -488,46 +440,37 @@ class Augment:
         """Only device work, no host draws: a CUDA graph can capture it (``--graph``)."""
         return not (self.resized_crop or self.altflip)
 
-    def crop_boxes(self, sizes: torch.Tensor, generator=None) -> torch.Tensor | None:
-        """RandomResizedCrop boxes for images of ``sizes`` (``(N, 2)``, CPU), drawn on the CPU
-        ``generator``; None when off."""
-        if not self.resized_crop:
-            return None
-        return resized_crop_params(sizes, (self.resized_crop, 1.0), RATIO, generator)
-
     def moves(
         self, images, sizes, generator=None, host=None, *, epoch=0, indices=None, seed=0
     ) -> Moves:
-        """The geometric draws for ``images`` of ``sizes`` (``(N, 2)`` (H, W) as they come,
-        CPU): resized-crop boxes on ``host`` (a CPU generator), then crop shifts and flips on
-        ``generator`` (altflip: from the dataset ``indices``, ``epoch`` and ``seed``)."""
-        boxes = self.crop_boxes(sizes, host)
+        """The geometric draws for ``images`` of ``sizes`` (``(N, 2)``, CPU): resized-crop boxes
+        on ``host`` (a CPU generator), shifts and flips on ``generator``, altflip's from the
+        dataset ``indices`` (ConfigError without), ``epoch`` and ``seed``."""
+        scale = (self.resized_crop, 1.0)
+        boxes = resized_crop_params(sizes, scale, RATIO, host) if self.resized_crop else None
         shifts = crop_params(images, self.crop, generator) if self.crop else None
         flips = flip_params(images, self.flip, generator) if self.flip else None
         if self.altflip:
             if indices is None:
                 raise ConfigError("altflip needs the samples' dataset indices (Loader passes them)")
-            flips = alternating_flip_params(indices.cpu(), epoch, seed)  # one byte per image:
-            flips = flips.to(images.device)  # no pinning per batch for that
+            flips = alternating_flip_params(indices.cpu(), epoch, seed).to(images.device)
         return Moves(self, boxes, shifts, flips)
 
     def __call__(
         self, images: torch.Tensor, generator=None, *, epoch: int = 0, indices=None, seed: int = 0
     ) -> torch.Tensor:
-        """All of it: the boxes drawn on ``generator`` if it is a CPU one, else on torch's
-        default CPU generator; the rest on ``generator``."""
+        """``moves``, resized crop, ``pixels``: the boxes drawn on ``generator`` if it is a CPU
+        one (else torch's default), the rest on ``generator``."""
         _check_batch(images, "Augment", generator)
         n, h, w, _ = images.shape
-        cpu = generator is not None and generator.device.type == "cpu"
-        sizes, host = torch.tensor([[h, w]]).expand(n, 2), generator if cpu else None
+        host = generator if generator is not None and generator.device.type == "cpu" else None
+        sizes = torch.tensor([[h, w]]).expand(n, 2)
         moves = self.moves(images, sizes, generator, host, epoch=epoch, indices=indices, seed=seed)
-        if moves.boxes is not None:
-            images = resized_crop(images, moves.boxes, (h, w))
+        images = images if moves.boxes is None else resized_crop(images, moves.boxes, (h, w))
         return self.pixels(images, moves, generator)
 
     def pixels(self, images: torch.Tensor, moves: Moves, generator=None) -> torch.Tensor:
-        """Everything after the resized crop, on a checked batch: the crop and flips of
-        ``moves``, then colour jitter and cutout drawn on ``generator``."""
+        """``moves``' crop and flips, then jitter and cutout drawn on ``generator``."""
         images = moves.shift_and_flip(images)
         if self.jitter:
             j = self.jitter
@@ -551,7 +494,7 @@ _MIX_DEFAULTS = {"mixup": 1.0, "cutmix": 1.0}  # torchvision's default alphas
 
 
 def _parse(spec: str, defaults: dict, what: str) -> dict | None:
-    """``name[=value],...`` -> ``{name: value}`` typed as ``defaults``; None for ""/none."""
+    """``name[=value],...`` -> ``{name: value}`` typed as ``defaults`` (else ConfigError)."""
     spec = spec.strip().lower()
     if spec in ("", "none"):
         return None
@@ -569,14 +512,12 @@ def _parse(spec: str, defaults: dict, what: str) -> dict | None:
                 raise ValueError(value)
             given[name] = kind(value) if value else defaults[name]
         except ValueError:
-            raise ConfigError(
-                f"{what} {name}={value!r} in {spec!r} is not a valid {kind.__name__}"
-            ) from None
+            msg = f"{what} {name}={value!r} in {spec!r} is not a valid {kind.__name__}"
+            raise ConfigError(msg) from None
     return given
 
 
 # ---- after the normalize: random erasing, batch mixing -------------------------------------
-
 
 _VALUES = "a number (0: the mean), a sequence of them (one per channel) or 'random'"
 
@@ -588,9 +529,8 @@ def _rising(pair: tuple | None) -> bool:
 
 @dataclass(frozen=True)
 class Erasing:
-    """torchvision's ``RandomErasing`` per image, on the normalized ``(N, C, H, W)`` batch
-    (where timm's prefetch loader erases, ``--reprob``): ``value`` 0 (the mean), a value per
-    channel, or ``"random"``: normal per pixel (timm's ``--remode pixel``).
+    """torchvision's ``RandomErasing`` per image of a float ``(N, C, H, W)`` batch, where timm
+    erases: ``value`` 0 (the mean), one per channel, or ``"random"`` (normal per pixel).
 
     Example:
         >>> wrapped = latecast.wrap(dl, mean=MEAN, std=STD, erase=Erasing(p=0.25))
@@ -602,21 +542,20 @@ class Erasing:
     value: float | tuple[float, ...] | str = 0.0
 
     def __post_init__(self) -> None:
-        scale, ratio, value = numbers_of(self.scale), numbers_of(self.ratio), self.value
-        word = isinstance(value, str)
-        one = None if word else numbers_of([value] if isinstance(value, numbers.Real) else ())
-        many = None if word else numbers_of(value)
+        scale, ratio, v = numbers_of(self.scale), numbers_of(self.ratio), self.value
+        one, many = numbers_of([v]), numbers_of(v)
+        value = "random" if isinstance(v, str) and v == "random" else one[0] if one else many
         area = _rising(scale) and scale[1] <= 1
         refuse(
             [
                 (area, "Erasing scale", self.scale, "(a, b) with 0 < a <= b <= 1"),
                 (_rising(ratio), "Erasing ratio", self.ratio, "(a, b) with 0 < a <= b"),
-                (value == "random" if word else one or many, "Erasing value", value, _VALUES),
+                (value is not None, "Erasing value", v, _VALUES),
             ]
         )
-        fields = dict(p=check(self.p, "Erasing p", float, 0, 1), scale=scale, ratio=ratio)
-        for name, v in {**fields, "value": value if word else one[0] if one else many}.items():
-            object.__setattr__(self, name, v)
+        p = check(self.p, "Erasing p", float, 0, 1)
+        for name, x in dict(p=p, scale=scale, ratio=ratio, value=value).items():
+            object.__setattr__(self, name, x)
 
     def __call__(self, images: torch.Tensor, generator=None) -> torch.Tensor:
         _check_batch(images, "Erasing", generator, floats=True)
@@ -635,11 +574,9 @@ class Erasing:
 
 @dataclass(frozen=True)
 class Mix:
-    """MixUp and CutMix on a normalized batch, torchvision v2's way: one weight per batch
-    from Beta(alpha, alpha), each image mixed with the one before it in the batch, labels
-    turned into class probabilities (``cross_entropy`` takes them). With both on, each batch
-    gets one of the two. The draws are host numbers seeded from the batch's generator: no
-    device sync, and a resumed run draws the same.
+    """MixUp and CutMix on a float ``(N, C, H, W)`` batch, torchvision v2's way: a weight per
+    batch from Beta(alpha, alpha) (with both, one of the two), each image mixed with the one
+    before it, labels made class probabilities. Host draws seeded from the batch's generator.
 
     Example:
         >>> mix = Mix(classes=10, mixup=0.2)
@@ -659,9 +596,7 @@ class Mix:
 
     @classmethod
     def parse(cls, spec: str, classes: int) -> Mix | None:
-        """A ``Mix`` of ``classes`` from the command line's ``--mix`` (``"mixup=0.2"``,
-        ``"cutmix"``, ``"mixup,cutmix"``: alpha 1.0 where none is given), None for ``""`` or
-        ``"none"``."""
+        """``--mix``'s ``mixup[=alpha],cutmix[=alpha]`` (1.0), None for ""/none."""
         given = _parse(spec, _MIX_DEFAULTS, "mix")
         return None if given is None else cls(classes, **given)
 
@@ -670,7 +605,17 @@ class Mix:
         return ",".join(on) or "mixup=0"
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator=None):
-        self._check(images, labels)
+        """``(images, (N, classes) soft labels)`` from ``(N,)`` labels in ``0..classes-1``."""
+        _check_batch(images, "Mix", None, floats=True)
+        dtype = labels.dtype if torch.is_tensor(labels) else None
+        if dtype in (None, torch.bool) or dtype.is_floating_point or dtype.is_complex:
+            raise ConfigError(f"Mix expects integer labels, got {labels!r:.60}")
+        if labels.shape != images.shape[:1]:
+            raise ConfigError(f"Mix: {tuple(labels.shape)} labels for {len(images)} images")
+        if labels.device.type == "cpu" and len(labels):  # on CUDA it would sync
+            low, high = int(labels.min()), int(labels.max())
+            if low < 0 or high >= self.classes:
+                raise ConfigError(f"Mix: labels {low}..{high} outside 0..{self.classes - 1}")
         labels = labels.long()  # one_hot takes int64 only
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))  # a CPU draw: no sync
         rng = np.random.default_rng(seed)
@@ -690,19 +635,3 @@ class Mix:
             images = images * lam + other * (1 - lam)
         soft = F.one_hot(labels, self.classes).float()  # (N, classes)
         return images, soft * lam + soft.roll(1, 0) * (1 - lam)
-
-    def _check(self, images, labels) -> None:
-        """Float ``(N, C, H, W)`` images, ``(N,)`` integer labels in ``0..classes-1``, the range
-        checked on the CPU only (on CUDA it would sync; ``one_hot`` asserts there)."""
-        _check_batch(images, "Mix", None, floats=True)
-        dtype = labels.dtype if torch.is_tensor(labels) else None
-        if dtype in (None, torch.bool) or dtype.is_floating_point or dtype.is_complex:
-            raise ConfigError(f"Mix expects integer labels, got {labels!r:.60}")
-        if labels.shape != images.shape[:1]:
-            raise ConfigError(f"Mix: {tuple(labels.shape)} labels for {len(images)} images")
-        if labels.device.type == "cpu" and len(labels):
-            low, high = int(labels.min()), int(labels.max())
-            if low < 0 or high >= self.classes:
-                raise ConfigError(
-                    f"Mix: labels {low}..{high} outside 0..{self.classes - 1} (its classes)"
-                )
