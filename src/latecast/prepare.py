@@ -1,9 +1,8 @@
-"""The prepare stage, after the move: uint8 ``(N, H, W, C)`` on the device, or JPEG files,
-decoded to the training size, augmented on uint8, normalized into ``(N, C, H, W)`` float,
-erased and mixed. Batch ``k`` of an epoch draws from generators seeded from ``(seed, epoch,
-rank, k)`` (on the device; on the host for crop boxes and mixing), so a resumed run draws
-the same. ``next_batch`` seeds them (host only) and ``apply`` does the work, which a CUDA
-graph may capture.
+"""The prepare stage, after the move: uint8 ``(N, H, W, C)`` on the device (or JPEG files,
+decoded to the training size) augmented, normalized into ``(N, C, H, W)`` float, erased and
+mixed. Batch ``k`` draws from generators seeded from ``(seed, epoch, rank, k)`` (on the
+device; on the host for crop boxes and mixing), so a resumed run draws the same:
+``next_batch`` seeds them (host only), ``apply`` does the work (a CUDA graph may capture it).
 """
 
 from __future__ import annotations
@@ -30,12 +29,11 @@ def sizes_of(images: torch.Tensor | Encoded) -> torch.Tensor:
 
 
 class Prepare:
-    """Decode, augment, normalize, erase and mix a batch on its device:
-    ``prepare(images, labels, indices)`` (``indices``: the dataset's, on the CPU, for altflip).
-    ``mean``, ``std``: per channel, [0, 1] units; ``dtype``, ``channels_last``: the output's;
-    ``augment``, ``erase``: ``f(images, generator)`` before and after the normalize; ``mix``:
-    ``f(images, labels, generator)``; ``size``: the (H, W) JPEG batches are decoded to;
-    ``mask_fill``: what masks are padded with where a crop leaves no pixel."""
+    """``prepare(images, labels, indices)``: a batch decoded, augmented, normalized, erased and
+    mixed on its device (``indices``: the dataset's, CPU, for altflip). ``mean``, ``std``: per
+    channel, [0, 1] units; ``augment``, ``erase``: ``f(images, generator)`` before and after the
+    normalize; ``mix``: ``f(images, labels, generator)``; ``size``: the (H, W) JPEG batches are
+    decoded to; ``mask_fill``: masks' value where a crop leaves no pixel."""
 
     def __init__(
         self,
@@ -78,9 +76,9 @@ class Prepare:
     def apply(
         self, images, labels, indices=None, out: torch.Tensor | None = None, moves=None, size=None
     ) -> Batch:
-        """Decode (to ``size``, else the Loader's), augment with the generators as
-        ``next_batch`` seeded them (the geometric part by ``moves``, drawn here unless given),
-        normalize (into ``out`` when given), erase, mix."""
+        """Decode (to ``size``, else ``self.size``), augment with the generators as
+        ``next_batch`` seeded them (by ``moves``, drawn here unless given), normalize (into
+        ``out``), erase, mix."""
         g, host = self.generator(images.device), self.generator(_HOST)
         moves = self.moves(images, indices) if moves is None else moves
         images = self._to_size(images, moves, size or self.size)
@@ -99,8 +97,7 @@ class Prepare:
         return (images if out is None else out.copy_(images)), labels
 
     def moves(self, images: torch.Tensor | Encoded, indices=None) -> Moves | None:
-        """This batch's geometric draws (``Augment.moves``), made once for every pixel field;
-        None without an ``Augment``."""
+        """This batch's geometric draws (``Augment.moves``); None without an ``Augment``."""
         if not isinstance(self.augment, Augment):
             return None
         g, host = self.generator(images.device), self.generator(_HOST)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -239,10 +239,8 @@ def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
 # ---- photo augmentations: resized crop, colour jitter, alternating flip ------------------
 
 RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect ratios
-INTERPOLATIONS = {  # name -> torch's uint8 kernel on the CPU (torchvision v2 uses the same)
-    "bilinear": torch.ops.aten._upsample_bilinear2d_aa,
-    "bicubic": torch.ops.aten._upsample_bicubic2d_aa,
-}
+_AA = torch.ops.aten  # name -> torch's uint8 kernel on the CPU (torchvision v2 uses the same):
+INTERPOLATIONS = {"bilinear": _AA._upsample_bilinear2d_aa, "bicubic": _AA._upsample_bicubic2d_aa}
 
 
 def resized_crop_params(
@@ -432,8 +430,7 @@ class Augment:
     @classmethod
     def parse(cls, spec: str) -> Augment | None:
         """``--augment``'s ``name[=value],...`` (``_AUGMENT_DEFAULTS``), None for ""/none."""
-        given = _parse(spec, _AUGMENT_DEFAULTS, "augmentation")
-        return None if given is None else cls(**given)
+        return _parse(spec, _AUGMENT_DEFAULTS, "augmentation", cls)
 
     @property
     def capturable(self) -> bool:
@@ -481,20 +478,18 @@ class Augment:
         return images
 
     def __str__(self) -> str:
-        on = [f"{k}={v}" for k, v in vars(self).items() if v and v != "zero"]
-        return ",".join(on) or "crop=0"
+        return ",".join(f"{k}={v}" for k, v in vars(self).items() if v and v != "zero") or "crop=0"
 
 
-# ---- the --augment and --mix mini-languages: "name[=value],..." --------------------------
-
-# The value of a name given without "=value" (CIFAR-style settings); also gives its type.
+# --augment and --mix: "name[=value],...", a bare name the CIFAR-style value (and the type) here
 _AUGMENT_DEFAULTS = dict(crop=4, flip=0.5, cutout=8, fill="zero", resized_crop=0.35, jitter=0.4)
 _AUGMENT_DEFAULTS["altflip"] = True
 _MIX_DEFAULTS = {"mixup": 1.0, "cutmix": 1.0}  # torchvision's default alphas
 
 
-def _parse(spec: str, defaults: dict, what: str) -> dict | None:
-    """``name[=value],...`` -> ``{name: value}`` typed as ``defaults`` (else ConfigError)."""
+def _parse(spec: str, defaults: dict, what: str, make: Callable):
+    """``make(name=value, ...)`` from ``name[=value],...`` typed as ``defaults`` (else
+    ConfigError); None for ""/none."""
     spec = spec.strip().lower()
     if spec in ("", "none"):
         return None
@@ -514,7 +509,7 @@ def _parse(spec: str, defaults: dict, what: str) -> dict | None:
         except ValueError:
             msg = f"{what} {name}={value!r} in {spec!r} is not a valid {kind.__name__}"
             raise ConfigError(msg) from None
-    return given
+    return make(**given)
 
 
 # ---- after the normalize: random erasing, batch mixing -------------------------------------
@@ -546,13 +541,9 @@ class Erasing:
         one, many = numbers_of([v]), numbers_of(v)
         value = "random" if isinstance(v, str) and v == "random" else one[0] if one else many
         area = _rising(scale) and scale[1] <= 1
-        refuse(
-            [
-                (area, "Erasing scale", self.scale, "(a, b) with 0 < a <= b <= 1"),
-                (_rising(ratio), "Erasing ratio", self.ratio, "(a, b) with 0 < a <= b"),
-                (value is not None, "Erasing value", v, _VALUES),
-            ]
-        )
+        refuse([(area, "Erasing scale", self.scale, "(a, b) with 0 < a <= b <= 1")])
+        refuse([(_rising(ratio), "Erasing ratio", self.ratio, "(a, b) with 0 < a <= b")])
+        refuse([(value is not None, "Erasing value", v, _VALUES)])
         p = check(self.p, "Erasing p", float, 0, 1)
         for name, x in dict(p=p, scale=scale, ratio=ratio, value=value).items():
             object.__setattr__(self, name, x)
@@ -560,14 +551,12 @@ class Erasing:
     def __call__(self, images: torch.Tensor, generator=None) -> torch.Tensor:
         _check_batch(images, "Erasing", generator, floats=True)
         boxes = erasing_params(images, self.p, self.scale, self.ratio, generator)
-        fill = self.value
+        fill, c = self.value, images.shape[1]
         if fill == "random":
             fill = torch.randn(images.shape, generator=generator, device=images.device)
         elif isinstance(fill, tuple):
-            if len(fill) not in (1, images.shape[1]):
-                raise ConfigError(
-                    f"Erasing value {fill}: {len(fill)} values for {images.shape[1]} channels"
-                )
+            if len(fill) not in (1, c):
+                raise ConfigError(f"Erasing value {fill}: {len(fill)} values for {c} channels")
             fill = torch.tensor(fill)[:, None, None]  # (C, 1, 1)
         return erase_boxes(images, boxes, fill)
 
@@ -590,18 +579,16 @@ class Mix:
     cutmix: float = 0.0  # CutMix's Beta alpha (0: off)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "classes", check(self.classes, "classes", int, 1))
-        for name in ("mixup", "cutmix"):
-            object.__setattr__(self, name, check(getattr(self, name), name, float, 0))
+        for name, rule in dict(classes=(int, 1), mixup=(float, 0), cutmix=(float, 0)).items():
+            object.__setattr__(self, name, check(getattr(self, name), name, *rule))
 
     @classmethod
     def parse(cls, spec: str, classes: int) -> Mix | None:
         """``--mix``'s ``mixup[=alpha],cutmix[=alpha]`` (1.0), None for ""/none."""
-        given = _parse(spec, _MIX_DEFAULTS, "mix")
-        return None if given is None else cls(classes, **given)
+        return _parse(spec, _MIX_DEFAULTS, "mix", lambda **given: cls(classes, **given))
 
     def __str__(self) -> str:
-        on = [f"{k}={v}" for k, v in vars(self).items() if v and k != "classes"]
+        on = (f"{k}={v}" for k, v in vars(self).items() if v and k != "classes")
         return ",".join(on) or "mixup=0"
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor, generator=None):
@@ -616,7 +603,6 @@ class Mix:
             low, high = int(labels.min()), int(labels.max())
             if low < 0 or high >= self.classes:
                 raise ConfigError(f"Mix: labels {low}..{high} outside 0..{self.classes - 1}")
-        labels = labels.long()  # one_hot takes int64 only
         seed = int(torch.randint(0, 2**62, (1,), generator=generator))  # a CPU draw: no sync
         rng = np.random.default_rng(seed)
         cut = self.cutmix > 0 and (self.mixup == 0 or rng.random() < 0.5)
@@ -633,5 +619,5 @@ class Mix:
             lam = 1.0 - (y1 - y0) * (x1 - x0) / (h * w)
         elif self.mixup:
             images = images * lam + other * (1 - lam)
-        soft = F.one_hot(labels, self.classes).float()  # (N, classes)
+        soft = F.one_hot(labels.long(), self.classes).float()  # (N, classes); int64 only
         return images, soft * lam + soft.roll(1, 0) * (1 - lam)
