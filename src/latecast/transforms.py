@@ -1,11 +1,8 @@
-"""Pure batched transforms on the device, and the ``--augment`` / ``--mix`` settings.
-
-uint8 ``(N, H, W, C)`` images in, a new tensor out; ``normalize`` makes ``(N, C, H, W)``
-floats, which ``Erasing`` and ``Mix`` take. A random op has two halves, as in torchvision v2:
-``*_params`` draws each image's parameters on ``images.device`` from an optional generator, a
-pure function applies them. A batch is checked once, where it comes in (``normalize``,
-``Augment``, ``Erasing``, ``Mix``: one ConfigError); the applying halves take it as checked.
-"""
+"""Pure batched transforms on the device: uint8 ``(N, H, W, C)`` in, a new tensor out;
+``normalize`` makes ``(N, C, H, W)`` floats, which ``Erasing`` and ``Mix`` take. A random op
+has two halves, as in torchvision v2: ``*_params`` draws per image on ``images.device`` from an
+optional generator, a pure function applies. A batch is checked (ConfigError) where it comes
+in: ``normalize``, ``Augment``, ``Erasing``, ``Mix``; the applying halves take it checked."""
 
 from __future__ import annotations
 
@@ -55,9 +52,9 @@ def normalize(
     channels_last: bool = False,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """uint8 ``(N, H, W, C)`` -> ``(x/255 - mean)/std`` as ``(N, C, H, W)`` ``dtype`` in one
-    ``addcmul``: torchvision's ``ToTensor()`` + ``Normalize(mean, std)`` within 1e-6 in float32
-    (values resumed runs rely on). ConfigError on a bad argument.
+    """uint8 ``(N, H, W, C)`` -> ``(x/255 - mean)/std`` as ``(N, C, H, W)`` ``dtype``, one
+    ``addcmul``: torchvision's ``ToTensor()`` + ``Normalize`` within 1e-6 in float32 (resumed
+    runs rely on its values). ConfigError on a bad argument.
 
     Args:
         images: uint8 ``(N, H, W, C)`` on any device.
@@ -122,9 +119,8 @@ def crop_params(images: torch.Tensor, padding: int, generator=None) -> torch.Ten
 def translate(images: torch.Tensor, shifts: torch.Tensor, *, fill: str = "zero") -> torch.Tensor:
     """Image ``i``'s pixel ``(y, x)`` <- its ``(y + dy, x + dx)``, ``shifts[i] = (dy, dx)``;
     outside it 0 (``fill="zero"``) or mirrored as ``np.pad``'s ``"reflect"``."""
-    n, h, w, _ = images.shape
+    (n, h, w, _), dev = images.shape, images.device
     check(fill, "fill", _FILLS)
-    dev = images.device
     rows = torch.arange(h, device=dev) + shifts[:, :1]  # (N, H) source row of each output row
     cols = torch.arange(w, device=dev) + shifts[:, 1:]  # (N, W)
     batch = torch.arange(n, device=dev)[:, None, None]  # (N, 1, 1)
@@ -303,8 +299,7 @@ def crop_into(image: torch.Tensor, box, dst: torch.Tensor, interpolation="biline
     crop = image[top : top + h, left : left + w]
     if crop.shape == dst.shape:
         dst.copy_(crop)
-    elif dst.device.type == "cpu":  # torchvision's uint8 kernel, into the slot: its
-        # channels-last strides spare a planar result's HWC copy
+    elif dst.device.type == "cpu":  # torchvision's uint8 kernel, into the slot (no HWC copy)
         x, y = crop.permute(2, 0, 1)[None], dst.permute(2, 0, 1)[None]  # (1, C, h, w) views
         INTERPOLATIONS[interpolation].out(x, list(dst.shape[:2]), False, out=y)
     else:  # no uint8 kernel there: float, then round (bicubic overshoots: clamped first)
@@ -403,9 +398,9 @@ _AUGMENT_RULES |= dict(resized_crop=(float, 0, 1), jitter=(float, 0), altflip=(b
 
 @dataclass(frozen=True)
 class Augment:
-    """Per-sample augmentation of uint8 ``(N, H, W, C)`` batches: resized crop, crop, flip or
-    alternating flip, colour jitter, cutout. ConfigError on a bad setting; ``Augment.parse(
-    str(aug)) == aug``. ``moves`` draws the geometry once per batch, ``pixels`` does the rest.
+    """Per-sample augmentation of uint8 ``(N, H, W, C)``: resized crop, crop, flip or altflip,
+    colour jitter, cutout (ConfigError on a bad setting; ``parse(str(aug)) == aug``). ``moves``
+    draws the geometry once per batch (images and masks alike), ``pixels`` does the rest.
 
     Example:
         >>> aug = Augment(crop=4, flip=0.5, cutout=8)
@@ -517,11 +512,6 @@ def _parse(spec: str, defaults: dict, what: str, make: Callable):
 _VALUES = "a number (0: the mean), a sequence of them (one per channel) or 'random'"
 
 
-def _rising(pair: tuple | None) -> bool:
-    """Two numbers ``0 < a <= b`` (``numbers_of``: finite)."""
-    return pair is not None and len(pair) == 2 and 0 < pair[0] <= pair[1]
-
-
 @dataclass(frozen=True)
 class Erasing:
     """torchvision's ``RandomErasing`` per image of a float ``(N, C, H, W)`` batch, where timm
@@ -540,9 +530,10 @@ class Erasing:
         scale, ratio, v = numbers_of(self.scale), numbers_of(self.ratio), self.value
         one, many = numbers_of([v]), numbers_of(v)
         value = "random" if isinstance(v, str) and v == "random" else one[0] if one else many
-        area = _rising(scale) and scale[1] <= 1
+        area, aspect = (x is not None and len(x) == 2 and 0 < x[0] <= x[1] for x in (scale, ratio))
+        area = area and scale[1] <= 1  # a fraction of the image
         refuse([(area, "Erasing scale", self.scale, "(a, b) with 0 < a <= b <= 1")])
-        refuse([(_rising(ratio), "Erasing ratio", self.ratio, "(a, b) with 0 < a <= b")])
+        refuse([(aspect, "Erasing ratio", self.ratio, "(a, b) with 0 < a <= b")])
         refuse([(value is not None, "Erasing value", v, _VALUES)])
         p = check(self.p, "Erasing p", float, 0, 1)
         for name, x in dict(p=p, scale=scale, ratio=ratio, value=value).items():
