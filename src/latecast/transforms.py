@@ -235,7 +235,7 @@ def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
 # ---- photo augmentations: resized crop, colour jitter, alternating flip ------------------
 
 RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect ratios
-_AA = torch.ops.aten  # name -> torch's uint8 kernel on the CPU (torchvision v2 uses the same):
+_AA = torch.ops.aten  # INTERPOLATIONS: torch's uint8 kernels on the CPU, as torchvision v2's
 INTERPOLATIONS = {"bilinear": _AA._upsample_bilinear2d_aa, "bicubic": _AA._upsample_bicubic2d_aa}
 
 
