@@ -106,8 +106,8 @@ def _check_batch(images: torch.Tensor, fn: str, generator, floats: bool = False)
     gen = generator is None or isinstance(generator, torch.Generator)
     refuse([(gen, f"{fn}: generator", generator, "a torch.Generator or None")])
     if generator is not None and generator.device.type != images.device.type:
-        where = f"{generator.device} but the images are on {images.device}"
-        raise ConfigError(f"{fn}: the generator is on {where}; make it on images.device")
+        where = f"on {generator.device} but the images are on {images.device}"
+        raise ConfigError(f"{fn}: the generator is {where}: torch.Generator(device=images.device)")
 
 
 def crop_params(images: torch.Tensor, padding: int, generator=None) -> torch.Tensor:
