@@ -1,14 +1,6 @@
-"""Checkpoints: plain dicts, written atomically, read without unpickling code.
-
-A checkpoint holds everything an exact resume needs: model (unwrapped from DDP),
-optimizer, scheduler, step, the loader's epoch and position, the RNG states, the run's
-config and its metric history. The loader's augmentation generators need no saved state:
-they are reseeded per batch from (seed, epoch, rank, batch).
-
-Writes go to a temporary file in the same folder, which is flushed, fsynced and then
-``os.replace``d onto the target, so a crash mid-save leaves the previous checkpoint intact
-(docs/RELIABILITY.md row 19). Reads use ``torch.load(weights_only=True, map_location="cpu")``:
-tensors, numbers, strings, lists and dicts only (row 20).
+"""Checkpoints: plain dicts holding all an exact resume needs (model unwrapped from DDP,
+optimizer, scheduler, step, the loader's position, RNG states, config, history), written
+atomically (row 19) and read with ``weights_only=True``: plain data only (row 20).
 """
 
 from __future__ import annotations

@@ -1,22 +1,12 @@
 """One training step, data included, captured once in a CUDA graph and replayed
-(``latecast train --graph``).
+(``latecast train --graph``): the resident batch's gather, augmentation and normalize
+(``Loader.fill``), forward, loss, backward and the SGD update. Per step the host stages the
+batch (``Loader.staged``), writes the learning rate into a device tensor, replays, and steps
+the schedule; the loss stays on the device.
 
-The small CNN's step on the H200 is about 2.7 ms of GPU work spread over ~100 kernels, plus
-4-6 more from the data path; launched one by one from Python, the GPU waits on the host.
-Replaying a graph launches them all at once. The graph holds the static resident batch's
-gather, augmentation and normalize (``Loader.fill``), forward, loss, backward and the SGD
-update. Per step the host only stages the batch (a device-to-device copy of its indices and
-the augmentation generator's seed: ``Loader.staged``), writes the learning rate into a
-device tensor (``fill_``: no sync), replays, and steps the schedule. The loss stays on the
-device; the loop reads it every ``log_every`` steps.
-
-``torch.optim.SGD`` reads its learning rate as a Python number, which a graph would freeze
-at its capture-time value (and it has no ``capturable`` flag). ``nesterov_sgd`` is its
-update (Nesterov momentum, L2 weight decay, no dampening) with the learning rate read from a
-device tensor, on the optimizer's own momentum buffers, so checkpoints stay those of
-``torch.optim.SGD`` and a run may resume with or without ``--graph``. Its rounding differs
-from ``torch.optim.SGD``'s by the order of operations only (the lr product is rounded once
-more); a replay equals the same update run eagerly (``tests/test_gpu.py``).
+``torch.optim.SGD`` reads its lr as a Python number, which a graph would freeze: ``nesterov_sgd``
+is its update with the lr read from a device tensor, on the optimizer's own momentum buffers,
+so checkpoints stay ``torch.optim.SGD``'s and a run may resume with or without ``--graph``.
 """
 
 from __future__ import annotations

@@ -39,11 +39,9 @@ def start(device: str, timeout: float) -> tuple[torch.device, bool, bool]:
 
 
 def end() -> None:
-    """Destroy the process group, then collect what still held it (a DDP model, its last
-    all-reduce) while Python runs. Freed as Python exits instead, a gloo worker thread that
-    takes the GIL there is unwound and aborts the process now and then ("terminate called
-    without an active exception", pytorch/pytorch#179291: 3 of 20 two-rank runs of a bare DDP
-    script; none of 20 with the model freed first). The caller drops its references first."""
+    """Destroy the process group, then collect what still held it (a DDP model) while Python
+    runs: freed at exit, gloo's threads may abort the process (pytorch/pytorch#179291). The
+    caller drops its references first."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     gc.collect()

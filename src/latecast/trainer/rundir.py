@@ -1,22 +1,10 @@
-"""A training run's output folder (``--output-dir``): checked before any work, held by one
-run at a time, and never silently given to a new run while it holds a previous one's files
-(docs/RELIABILITY.md rows 72-74).
-
-- ``check_path``: the folder can be created and written (not a file, not under a file,
-  names within the filesystem's limits, not read-only), without writing anything.
-- ``write``: the run's files (``config.json``, ``metrics.jsonl``, ``summary.json``), each
-  replaced whole (atomically), so a killed run never leaves one that cannot be verified.
-- ``claim`` (a run, before its data loads) takes ``OUT/.latecast.lock`` with ``fcntl.flock``
-  for the run's life; the file names the holder (pid, host, start). The kernel drops the
-  lock when the process dies, even by ``kill -9``, so a stale file never blocks; the file
-  itself stays, but a run that stopped before writing anything removes the folder it made.
-  ``check`` (``--check``) only looks: it writes nothing.
-- A previous run (any of ``RUN_FILES`` in the folder) is continued with ``--resume`` or
-  replaced with ``--overwrite``, which moves only files latecast verifiably wrote, and only
-  aside (``OUT/.latecast-replaced``) until the new run has saved its first checkpoint:
-  then they are removed; a new run that fails before puts them back. ``kill -9`` in between
-  leaves both, and the next run settles them the same way before anything else (``settle``):
-  one whole run, the new one if it has a checkpoint, the previous one otherwise.
+"""A training run's output folder (``--output-dir``), rows 72-74 of docs/RELIABILITY.md:
+``check_path`` (creatable and writable, nothing written), ``write`` (a run's JSON files,
+replaced whole), ``claim`` (held by one run through ``fcntl.flock`` on ``OUT/.latecast.lock``;
+the kernel drops it when the process dies). A previous run (any of ``RUN_FILES``) is continued
+with ``--resume`` or replaced with ``--overwrite``, which moves only files latecast verifiably
+wrote, aside (``ASIDE``) until the new run's first checkpoint, then removes them; a run that
+fails before puts them back, and after ``kill -9`` the next run settles them (``settle``).
 """
 
 from __future__ import annotations
