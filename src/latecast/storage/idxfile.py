@@ -1,13 +1,7 @@
-"""Strict reader and writer for IDX files, the format of MNIST, Fashion-MNIST and KMNIST.
-
-An IDX file is a magic ``00 00 <type> <ndim>``, then ``ndim`` big-endian uint32
-dimensions, then the values, big-endian, in C order. Files usually come gzipped; a gzip
-stream is recognised by its first bytes (``1f 8b``), not by its name, and decompressed
-transparently.
-
-The header is checked against the file's size *before* anything is allocated, with
-Python ints, so a hostile header (2^31 x 2^31) costs nothing. Every problem is a
-``FormatError`` that names the file, what was expected and what was found.
+"""Strict reader and writer for IDX files (MNIST, Fashion-MNIST, KMNIST): a magic
+``00 00 <type> <ndim>``, ``ndim`` big-endian uint32 dimensions, then the values, big-endian, in
+C order; gzip recognised by its first bytes. The header is checked against the file's size
+before anything is allocated. Every problem is a ``FormatError`` naming the file.
 """
 
 from __future__ import annotations
@@ -47,10 +41,7 @@ ROLES: dict[str, int] = {"images": 3, "labels": 1}
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read an IDX file (gzipped or not) into a native-byte-order numpy array.
-
-    Args:
-        path: the file; gzip is detected from its bytes, whatever its name.
+    """An IDX file (gzip detected from its bytes) as a native-byte-order numpy array.
 
     Example:
         >>> labels = read_idx("train-labels-idx1-ubyte.gz")  # uint8 (60000,)
@@ -141,8 +132,8 @@ def _parse(f: BinaryIO, name: str, size: int | None, limit: int) -> np.ndarray:
 
 
 def check_role(array: np.ndarray, role: str, name: str) -> np.ndarray:
-    """Check that ``array`` (read from file ``name``) fits ``role``: ``"images"`` are uint8
-    ``(N, H, W)``, ``"labels"`` uint8 ``(N,)``. Returns ``array``.
+    """``array`` (read from ``name``) once it fits ``role``: ``"images"`` uint8 ``(N, H, W)``,
+    ``"labels"`` uint8 ``(N,)``.
 
     Example:
         >>> images = check_role(read_idx(path), "images", str(path))
@@ -160,12 +151,8 @@ def check_role(array: np.ndarray, role: str, name: str) -> np.ndarray:
 
 
 def write_idx(path: str | os.PathLike, array: np.ndarray, *, compress: bool = False) -> None:
-    """Write ``array`` as an IDX file, atomically (a temp file renamed over ``path``).
-
-    Args:
-        path: destination; an existing file is replaced only once the new one is complete.
-        array: uint8, int8, int16, int32, float32 or float64, 1 to 32 dimensions.
-        compress: gzip the file (deterministic: no timestamp in the gzip header).
+    """``array`` (uint8, int8, int16, int32, float32 or float64, 1 to 32 dimensions) as an
+    IDX file at ``path``, atomically; ``compress``: gzipped, with no timestamp.
 
     Example:
         >>> write_idx("labels-idx1-ubyte.gz", np.arange(10, dtype=np.uint8), compress=True)

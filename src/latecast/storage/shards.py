@@ -1,26 +1,17 @@
-"""WebDataset tar shards read through fsspec (local paths, ``http(s)://``, ``s3://`` through
-s3fs, ``gs://`` where gcsfs is installed), and their index.
+"""WebDataset tar shards read through fsspec (local, ``http(s)://``, ``s3://``, ``gs://``),
+and their index.
 
-A shard is read as a stream of 512-byte tar records by ``Tar`` (members named ``./x.jpg`` are
-``x.jpg``; a gzipped shard, ``.tar.gz``, is unpacked as it streams), and members are grouped
-into samples by WebDataset's key rule: the path up to the first dot of the file name. Nothing
-ends early without a word: a shard that ends inside a header or a member, or before its tar
-end-of-archive blocks, or before the length its source announced (Content-Length, the file
-size, the index), is a ``FormatError`` naming the shard and the byte. A read that fails on
-the way (a dropped connection, a server gone, a timeout, a 503), and asking a shard's size,
-is retried (``Retry``: from the byte it reached), ``len(RETRY_WAITS)`` times with backoff,
-said once in a warning; then it is an error.
+``Tar`` reads a shard as a stream of 512-byte records (gzip unpacked as it streams); members
+group into samples by WebDataset's key rule. A shard that ends early (inside a header or a
+member, before its end-of-archive blocks, or before its announced length) is a
+``FormatError`` naming the shard and the byte. Failed reads and size queries are retried from
+the byte reached (``Retry``, ``RETRY_WAITS``), said once.
 
-The index (``latecast index SPEC``, or ``train`` on shards without one: ``index.json`` beside
-the shards, else in the cache; in wids' shard-index layout, ``__kind__`` and a ``shardlist``
-of ``url``, ``nsamples``, ``filesize``) adds per shard its SHA-256, the channels of its JPEG
-files and per sample its key, label (``.cls``), CRC-32 (``checksum``: its members' names and
-bytes) and the byte offset of its first tar header, so a reader can start at any sample.
-Indexing refuses a key written twice and a JPEG over ``MAX_PIXELS``. Training, ``info`` and
-resume trust it: a shard of another length than its index says is refused when opened
-(every shard before the first step), a sample whose key, offset, label or CRC-32 differs
-from it when read (whatever part of the shard is read: a rank's, a resume's), and a shard
-read whole whose SHA-256 differs, at its end. An older index without CRC-32s is said once.
+The index (``latecast index``, or ``train`` without one: ``index.json`` beside the shards,
+else in the cache; wids' shard-index layout) adds per shard its SHA-256 and channels, per
+sample its key, label, CRC-32 (``checksum``) and first header's offset, so a reader starts at
+any sample. Reads are checked against it: a shard's length when opened, each sample's key,
+offset, label and CRC-32 as read, a shard read whole by its SHA-256.
 """
 
 from __future__ import annotations
@@ -96,6 +87,13 @@ def expand(spec: str) -> list[str]:
     return sorted(fs.unstrip_protocol(p) for p in fs.glob(path))
 
 
+def _expanded(spec: str) -> list[str]:
+    urls = expand(spec)
+    if not urls:
+        raise ConfigError(f"{spec}: no shards match it")
+    return urls
+
+
 def _transient(err: BaseException) -> bool:
     """A failure worth a retry: the network's, not a missing or forbidden file."""
     if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError)):
@@ -166,12 +164,10 @@ class Source:
 
     def _open(self) -> None:
         http = self.url.startswith(("http://", "https://"))
-        # over HTTP with the size given: fsspec asks no HEAD, whose failure (a server gone)
-        # it would report as a missing file
-        # elsewhere (s3fs, gcsfs) 8 MiB a request: s3fs's default block is 50 MiB
+        # HTTP with the size given asks no HEAD (whose failure fsspec calls a missing file);
+        # elsewhere 8 MiB a request (s3fs's default block is 50 MiB)
         sized = {"block_size": 0, "size": self.size} if http else {"block_size": 8 * CHUNK}
-        # kept at once: a skip that fails below leaves it to close() (else its response is
-        # never released, and aiohttp says "Unclosed connection" as the process exits)
+        # kept at once: a skip that fails below leaves it to close() (aiohttp's connection)
         self.f = f = self.fs.open(self.path, "rb", **sized)
         if http:
             for left in range(self.pos, 0, -CHUNK):
@@ -484,13 +480,10 @@ def index_path(urls: list[str], spec: str) -> str:
 def write_index(
     spec: str, output: str | None = None, progress: bool = False
 ) -> tuple[str, list[dict]]:
-    """Index the shards of ``spec`` (each read whole): ``index.json`` beside them (or at
-    ``output``), written atomically; entries of other shards already in it are kept. Returns
-    where it went and the entries of ``spec``'s shards; ``progress``: a tqdm bar over the
-    shards on a terminal."""
-    urls = expand(spec)
-    if not urls:
-        raise ConfigError(f"{spec}: no shards match it")
+    """Index the shards of ``spec`` (each read whole) into ``index.json`` beside them (or
+    ``output``), atomically, keeping other shards' entries; ``(where, spec's entries)``.
+    ``progress``: a tqdm bar on a terminal."""
+    urls = _expanded(spec)
     path = output or index_path(urls, spec)
     if output is None and path.startswith(("http://", "https://")):
         raise ConfigError(
@@ -530,12 +523,9 @@ def _read_json(path: str, missing_ok: bool = False) -> dict:
 
 
 def read_index(spec: str) -> list[Shard]:
-    """The shards of ``spec`` as their index gives them, in ``spec``'s order. Without one it is
-    built first (``find_index``), said in one line. An older index without per-sample CRC-32s
-    is said once: it checks a shard only when one is read whole."""
-    urls = expand(spec)
-    if not urls:
-        raise ConfigError(f"{spec}: no shards match it")
+    """The shards of ``spec`` as their index gives them, in ``spec``'s order; without an index
+    one is built first (said). An older index without per-sample CRC-32s is said once."""
+    urls = _expanded(spec)
     path, found = find_index(urls, spec)
     if not found:
         warnings.warn(

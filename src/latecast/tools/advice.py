@@ -1,23 +1,15 @@
 """The edits ``latecast doctor`` proposes, found in the script's own source with ``ast``:
-each is a hunk of whole lines, before and after, that a person applies by hand and a test
-applies as written (tests/test_doctor.py runs the result against the hand conversion).
+hunks of whole lines, before and after, to apply as written (tests/test_doctor.py does).
 
-- **a DataLoader's 8-bit images**: its transform's ``ToTensor()`` and the ``Normalize`` right
-  after it become ``PILToTensor()`` (the line each was made at is recorded as the script
-  runs), and *every* DataLoader whose transform holds that ``ToTensor`` (the test loader that
-  shares it too, made or not yet iterated) is passed through ``latecast.wrap`` with that
-  loader's own mean and std: wrapping only the loader that was seen moving would hand the
-  others uint8 images their model cannot take. A loader whose images doctor cannot make
-  uint8 is not wrapped for its labels alone: a ``wrap`` without mean/std would leave the
-  images unnormalized once made uint8 by hand.
-- **batches made per call** (nanoGPT's ``get_batch``): the statement that moves them, and
-  each statement beside it that moves the same tensors into the same names (the other
-  branch of ``if device_type == 'cuda'``), becomes ``mover((x, y))``; the ``latecast.Mover``
-  is made once, before the top-level statement that holds them (a move that casts to int64,
-  ``x.to(d, torch.int64)``, too: the Mover hands integers out as int64). ``wrap`` would read
-  one batch ahead and move the script's global-RNG draws; the Mover draws nothing.
+- 8-bit images: the transform's ``ToTensor()`` (and the ``Normalize`` right after it) become
+  ``PILToTensor()``, and *every* DataLoader whose transform holds that ``ToTensor`` goes
+  through ``latecast.wrap`` with its own mean and std (a loader left out would hand its model
+  uint8). Labels alone are not wrapped where the images cannot be made uint8.
+- batches made per call (nanoGPT's ``get_batch``): the moving statement, and each beside it
+  moving the same tensors into the same names, becomes ``mover((x, y))`` with one
+  ``latecast.Mover`` made before it (``wrap`` would read ahead and move the script's draws).
 
-Where the source is not of these shapes the advice stays in words, and says so.
+Elsewhere the advice stays in words, and says so.
 """
 
 from __future__ import annotations
@@ -211,10 +203,9 @@ def _assigned(src: Source, node: ast.AST) -> str:
 
 def mover(src: Source, line: int, device: str) -> str | None:
     """The statement at ``line`` that moves tensors made per call (``x, y = x.to(d),
-    y.to(d)``, ``return x.to(d)``), and each beside it that moves the same tensors into the
-    same names, made ``mover((x, y))``; the Mover made once before the top-level statement
-    that holds them, on the moves' own device where it is a module's name, else on
-    ``device``. Else why not."""
+    y.to(d)``, ``return x.to(d)``), and each that moves the same tensors into the same names,
+    made ``mover((x, y))``; the Mover made before their top-level statement, on the moves'
+    device where it is a module's name, else on ``device``. Else why not."""
     stmts = [
         s
         for s in ast.walk(src.tree)
@@ -317,10 +308,9 @@ def _global(src: Source, expr: ast.AST, function: ast.AST | None, before: int) -
 
 
 class Advice:
-    """The edits for the sites that could cross narrower, gathered file by file; each
-    site's ``change`` said with them, or why doctor cannot write them. ``loaders`` are every
-    DataLoader the script made (``observe.LoaderSeen``), ``short`` names a file as the report does,
-    ``cuda``: whether this machine has one (a script that chose the CPU keeps it)."""
+    """The edits for the sites that could cross narrower, file by file, or why doctor cannot
+    write them. ``loaders``: every ``observe.LoaderSeen``; ``short`` names a file as the
+    report does; ``cuda``: whether this machine has one (a script that chose the CPU keeps it)."""
 
     def __init__(self, loaders: list, short: Callable[[str], str], cuda: bool) -> None:
         self.loaders, self.short, self.cuda = loaders, short, cuda

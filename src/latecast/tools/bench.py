@@ -1,26 +1,17 @@
-"""Benchmarks: latecast against the plain torchvision ``DataLoader`` loop, in one run.
+"""``latecast bench``: latecast against the plain torchvision ``DataLoader`` loop, in one run.
 
-(a) Loader throughput: images/s delivered as normalized batches ready on the device, for
-    each transfer strategy, torchvision's ``DataLoader`` + ``ToTensor()`` + ``Normalize`` at
-    0, 2 and ``os.cpu_count()`` workers, an upper bound (a uint8 batch already on the device,
-    only normalized) and a bandwidth reference (a numpy uint8 gather, nothing else).
-(b) End to end: the same model, optimizer and schedule trained through the usual loop and
-    through latecast; seconds per epoch and seconds to 99% test accuracy.
-(c) Host->device bytes per epoch per strategy, from each mover's ``epoch_bytes`` and checked
-    against what a ``Loader`` counts over one real epoch.
-(d) Your own data: ``latecast.wrap`` over a torchvision ``ImageFolder`` DataLoader yielding
-    uint8 against the usual float32 one (the dataset's first images written as PNGs):
-    images/s, host CPU seconds per epoch (main process and workers) and bytes per epoch.
-(f) Photos streamed: a WebDataset DataLoader of 500x375 JPEGs, decode + RandomResizedCrop(224)
-    + flip + normalize the usual way (PIL and torchvision in the workers, float32 across)
-    against ``wrap`` with a JPEG field (decoded on the device): ``photo_rows.py``.
-(e) With ``--kernels``: the prepare kernel alone, a uint8 batch already on the device made
-    normalized float three ways: two passes (a float copy, then the dtype and layout change),
-    the one fused ``addcmul`` latecast runs, and that ``normalize`` under ``torch.compile``.
+(a) Loader images/s, normalized batches on the device: each mover, torchvision's
+    ``DataLoader`` at 0, 2 and ``os.cpu_count()`` workers, an upper bound (a uint8 batch
+    already on the device) and a bandwidth reference (a numpy uint8 gather).
+(b) End to end: ``train``'s model, optimizer and schedule through the usual loop and through
+    latecast: seconds per epoch and to 99% test accuracy.
+(c) Host->device bytes per epoch per mover, ``epoch_bytes`` beside what a Loader counts.
+(d) ``wrap`` over an ``ImageFolder`` DataLoader of PNGs against the usual float32 one, and
+(f) photos streamed from WebDataset shards, decoded in the workers or by ``wrap`` on the
+    device (``photo_rows.py``): images/s, host CPU seconds and bytes per epoch.
+(e) ``--kernels``: the normalize kernel alone, two passes, fused, compiled.
 
-Every timing is one warm-up pass, then ``repeats`` passes with the device synchronized
-before and after each; we report the median and the min/max. Ratios come from one run:
-absolute times on a shared machine are not comparable across runs.
+Each timing: a warm-up pass, then ``repeats`` passes between device syncs; median and range.
 """
 
 from __future__ import annotations
@@ -139,9 +130,8 @@ def write_image_folder(ds: Dataset, n: int, root: Path) -> Path:
 
 
 def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict:
-    """``wrap`` over an ``ImageFolder`` DataLoader that yields uint8 (``PILToTensor``) against
-    the usual ``ToTensor() + Normalize`` one: the same PNGs, workers, batch size and order.
-    Per epoch: images/s, host CPU seconds (main process + workers) and host->device bytes."""
+    """``wrap`` over an ``ImageFolder`` DataLoader yielding uint8 (``PILToTensor``) against the
+    usual ``ToTensor() + Normalize`` one, the same PNGs, workers, batch size and order."""
     import tempfile
 
     from torchvision import datasets
@@ -175,23 +165,9 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
         }
         moved = wrapped.stats  # of every batch it read: the same share of each is its bytes
         del usual, wrapped  # stop their workers before the folder goes
-    usual_bytes = float32_bytes(ds, n)  # float32 images, int64 labels
-    h2d = {
-        "folder-float32": usual_bytes,
-        "folder-wrap": n * moved.h2d_bytes // (moved.image_bytes // math.prod(ds.image_shape)),
-    }
-    return {
-        "images": n,
-        "workers": cfg.folder_workers,
-        **{
-            name: {
-                "images_per_s": [k / t for k, t, _ in timed],
-                "cpu_seconds_per_epoch": [c * n / k for k, _, c in timed],  # passes may be cut
-                "h2d_bytes_per_epoch": h2d[name],
-            }
-            for name, timed in runs.items()
-        },
-    }
+    read = moved.image_bytes // math.prod(ds.image_shape)  # images wrap read, every pass
+    h2d = {"folder-float32": float32_bytes(ds, n), "folder-wrap": n * moved.h2d_bytes // read}
+    return {"images": n, "workers": cfg.folder_workers, **measure.host_rows(runs, n, h2d)}
 
 
 # ---- (b) end to end ----------------------------------------------------------------------
@@ -199,15 +175,9 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
 
 def settings(cfg: BenchConfig, device: torch.device) -> TrainConfig:
     """``latecast train``'s config with the bench's settings on top (the preset fills the rest)."""
+    same = {k: getattr(cfg, k) for k in ("dataset", "preset", "lr", "augment", "seed")}
     return TrainConfig(
-        dataset=cfg.dataset,
-        preset=cfg.preset,
-        epochs=cfg.e2e_epochs,
-        lr=cfg.lr,
-        batch_size=cfg.e2e_batch_size,
-        augment=cfg.augment,
-        seed=cfg.seed,
-        device=str(device),
+        **same, epochs=cfg.e2e_epochs, batch_size=cfg.e2e_batch_size, device=str(device)
     )
 
 
@@ -261,16 +231,9 @@ def end_to_end(
     usual = fit(
         lambda: measure.to_device(dl, device), steps, ds, test, config, device, cfg.limit_batches
     )
-    loader = Loader(
-        ds,
-        config.batch_size,
-        device=device,
-        transfer="auto",
-        seed=cfg.seed,
-        augment=aug,
-        channels_last=config.channels_last,
-        dtype=torch.bfloat16 if config.amp else torch.float32,
-    )
+    dtype = torch.bfloat16 if config.amp else torch.float32
+    out = dict(device=device, dtype=dtype, channels_last=config.channels_last)
+    loader = Loader(ds, config.batch_size, seed=cfg.seed, augment=aug, **out)
     ours = fit(measure.epochs(loader), steps, ds, test, config, device, cfg.limit_batches)
     return {
         "usual-loop": {**usual, "workers": workers},
@@ -282,9 +245,8 @@ def end_to_end(
 
 
 def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[str, dict]:
-    """Each mover's ``epoch_bytes`` (the torchvision loop moves what ``float32`` moves), and
-    what a Loader counts over one real epoch (its second: the first holds start-up uploads),
-    images and labels apart."""
+    """Each mover's ``epoch_bytes`` (torchvision's: ``float32``'s) and what a Loader counts
+    over its second epoch (the first holds start-up uploads), images and labels apart."""
     out = {"torchvision": {"per_epoch": float32_bytes(ds, len(ds)), "once": 0}}
     for name in movers_for(ds):
         mover = MOVERS[name]
@@ -325,8 +287,8 @@ def _two_pass(mean: tuple[float, ...], std: tuple[float, ...], device: torch.dev
 
 def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict[str, dict]:
     """Microseconds per batch (median of ``repeats`` x 20 calls, after 3) of each way to
-    normalize, for the Loader's default output (float32 NCHW) and the train preset's
-    (channels_last; bf16 on CUDA), with its largest difference from the fused result."""
+    normalize, for float32 NCHW and the train preset's output, with its largest difference
+    from the fused result."""
     x = torch.randint(0, 256, (cfg.batch_size, *ds.image_shape), dtype=torch.uint8, device=device)
     h, w, c = ds.image_shape
     compiled = torch.compile(transforms.normalize, dynamic=False)
@@ -425,11 +387,12 @@ def bench(cfg: BenchConfig) -> dict:
     return result
 
 
-def _host_rows(section: dict, prefix: str, fewer: str) -> list[list[str]]:
-    """A table's rows for the loaders named ``prefix...`` of a host-CPU section (ImageFolder,
+def _host_table(section: dict, prefix: str, fewer: str) -> str:
+    """The table of the loaders named ``prefix...`` of a host-CPU section (ImageFolder,
     WebDataset photos): bytes "fewer" against the section's ``float32`` loader."""
     usual = section[f"{prefix}float32"]["h2d_bytes_per_epoch"]
-    return [
+    head = "loader|images/s|min .. max|host CPU s/epoch|bytes/epoch|fewer".split("|")
+    rows = [
         [
             k,
             f"{np.median(v['images_per_s']):,.0f}",
@@ -441,6 +404,7 @@ def _host_rows(section: dict, prefix: str, fewer: str) -> list[list[str]]:
         for k, v in section.items()
         if k.startswith(prefix)
     ]
+    return measure.markdown_table(head, rows)
 
 
 def report_markdown(r: dict) -> list[str]:
@@ -479,29 +443,21 @@ def report_markdown(r: dict) -> list[str]:
         ]
     if r["image_folder"]:
         folder = r["image_folder"]
-        rows = _host_rows(folder, "folder-", ".2f")
         parts += [
             f"Your own data: an ImageFolder of {folder['images']:,} PNGs, DataLoader with "
             f"{folder['workers']} workers, batch {c['batch_size']}; host CPU: main "
             "process and workers together, per epoch (median)",
-            measure.markdown_table(
-                ["loader", "images/s", "min .. max", "host CPU s/epoch", "bytes/epoch", "fewer"],
-                rows,
-            ),
+            _host_table(folder, "folder-", ".2f"),
         ]
     if r.get("webdataset_photos"):
         photos = r["webdataset_photos"]
-        rows = _host_rows(photos, "photos-", ".1f")
         h, w = photos["photo"]
         parts += [
             f"Photos streamed: {photos['images']:,} JPEGs of {w}x{h} in WebDataset shards "
             f"({photos['reader']}), {photos['workers']} workers, batch {c['batch_size']}, "
             f"RandomResizedCrop({photos['crop']}) + flip + normalize; wrap's decoder "
             f"{photos['decoder']}; host CPU: main process and workers, per epoch (median)",
-            measure.markdown_table(
-                ["loader", "images/s", "min .. max", "host CPU s/epoch", "bytes/epoch", "fewer"],
-                rows,
-            ),
+            _host_table(photos, "photos-", ".1f"),
         ]
     if r["prepare_kernel_us"]:
         rows = [

@@ -1,38 +1,11 @@
 """``latecast doctor``: run anyone's training script, unmodified, and say what crosses the
-host->device bus wider than it needs to, and the change that narrows it.
+host->device bus wider than it needs to, and the change that narrows it (docs/doctor.md).
 
-The script runs as ``__main__`` in this process (``runpy``) under an ``Observer``, a
-``TorchFunctionMode`` that sees every ``Tensor.to(device)``, ``.cuda()``, ``copy_`` from
-host memory into a device tensor and ``torch.tensor``/``as_tensor(..., device=)`` made on
-the main thread (DataLoader workers and its pin-memory thread only prepare batches; the
-move is the script's). Each move is charged to the script's own line (the innermost frame
-outside torch, latecast and the installed libraries). The first ``TENSORS`` tensors of each
-site are sampled, ``VALUES`` values a channel of their first ``SAMPLES`` samples, evenly
-strided: no random draw, no write, so the script computes exactly what it computes alone.
-When the script stops (after ``--steps`` optimizer steps, through torch's global step hook,
-or at its end) each site's samples are classified:
-
-- floats that are ``(k/255 - mean)/std`` for integers k, per channel (what ``ToTensor()`` +
-  ``Normalize`` make of 8-bit pixels): they could cross as uint8, 4x fewer bytes than
-  float32; mean and std are recovered by a least-squares fit of the values on their grid;
-- integers, and floats holding only integers: the narrowest integer dtype that holds them;
-- bool and 1-byte dtypes: already narrow; other floats: nothing to gain.
-
-Without an accelerator ``.to(device)`` targets the CPU and moves nothing: those calls are
-recorded all the same, as what would cross the bus on a GPU, and the report says so. Moves
-torch makes itself, and latecast's own copies, are not the script's to change.
-
-The advice is edits (``advice.py``), so the script's own source is read with what the run
-showed (``observe.watching``): every DataLoader it makes, the line each ``ToTensor`` and
-``Normalize`` of their transforms is made at, and which loader handed out each tensor that
-moves. A transform made to yield uint8 means every loader that shares it is wrapped, moved
-or not; tensors no DataLoader handed out are batches made per call, for ``latecast.Mover``.
-Moves with gradients off are evaluation's (``torch.no_grad``); ``--eval-steps`` ends the
-training pass after ``--steps`` (its DataLoader runs out, as at an epoch's end) to watch the
-evaluation after it.
-
-Here: the verdict and the report. ``launch.py`` runs the script as python would,
-``observe.py`` is what doctor sees of it, ``advice.py`` writes the edits.
+``launch.py`` runs the script as python would, ``observe.py`` records each move per line of
+the script with a bounded sample of its values, ``advice.py`` writes the edits. Here: the
+verdict per site (8-bit pixels ``(k/255 - mean)/std``: uint8, 4x fewer bytes than float32;
+integers: the narrowest dtype that holds them; else nothing to gain) and the report. On a
+machine without an accelerator the ``.to(device)`` calls are counted as what would cross.
 """
 
 from __future__ import annotations
@@ -71,9 +44,8 @@ class DoctorConfig:
 
 
 class ScriptError(LatecastError):
-    """The doctored script raised or exited with a non-zero status: its own error, doctor's
-    ``result`` (what it moved until then: ``--json`` prints it with the error) and the exit
-    code the script has alone (1 for an exception, as python's)."""
+    """The script raised or exited non-zero: its error, doctor's ``result`` so far (``--json``
+    prints it) and the script's own exit code."""
 
     def __init__(self, message: str, result: dict) -> None:
         super().__init__(message)
@@ -85,13 +57,9 @@ class ScriptError(LatecastError):
 
 def grid(u: np.ndarray, eps: float) -> tuple[float, float] | None:
     """``(mean, std)`` when every value of ``u`` is ``(k/255 - mean)/std`` for integers k in
-    0..255 within the rounding of a float with machine epsilon ``eps``, else None.
-
-    The step between levels is first the smallest gap that rounding leaves sharp (float16
-    blurs gaps far from zero), then refitted by least squares over a window of levels
-    around it that widens 4x a pass, so no level is given the wrong k. The darkest value
-    seen is taken as k = 0, unless another k makes a mean of at most 4 decimals (as
-    Normalize constants are written) and that one does not."""
+    0..255 within the rounding of a float with machine epsilon ``eps``, else None. The step
+    is the smallest sharp gap, refitted by least squares over a window of levels widening 4x
+    a pass; the darkest value is k = 0 unless another k gives a mean of 4 decimals."""
     levels = np.unique(u)
     gaps = np.diff(levels)
     sharp = gaps > 100 * eps * np.maximum(np.abs(levels[:-1]), np.abs(levels[1:]))
@@ -190,10 +158,9 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
 
 
 def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
-    """The result: the sites of the training steps (per step) and of evaluation (moved with
-    gradients off, per batch) with their verdicts, the total per training step, the moves
-    made only before the first step (the model's ``.to(device)``: once, not per step), and
-    the DataLoaders the script made."""
+    """The result: the training steps' sites (per step) and evaluation's (per batch) with
+    their verdicts, the total per step, the moves made only before the first step, and the
+    DataLoaders the script made."""
     steps, sites, evaluation, setup, advised = obs.steps, [], [], [], []
     for s in obs.sites.values():
         row = {"site": s.where, "dtype": _name(s.dtype), "shape": list(s.shape)}
@@ -337,9 +304,8 @@ def report(r: dict, cfg: DoctorConfig) -> str:
 def doctor(
     cfg: DoctorConfig, command: list[str], *, show: bool = True, debug: bool = False
 ) -> dict:
-    """``latecast doctor``: check the options, run the script, and where ``show`` (rank 0)
-    print the report (and write ``doctor.md``); the result. A script that fails is one
-    ``ScriptError`` that carries the result."""
+    """Run the script; where ``show`` (rank 0) print the report (and write ``doctor.md``);
+    the result. A script that fails is one ``ScriptError`` carrying the result."""
     if cfg.profile and not torch.cuda.is_available():
         raise ConfigError("--profile needs CUDA (it times Memcpy HtoD on the GPU): none here")
     if cfg.profile and cfg.steps < WARMUP + PROFILED:

@@ -1,7 +1,6 @@
 """Running anyone's script as ``python [OPTIONS] script ARGS`` would, inside ``latecast
-doctor``'s own process (``runpy``, as ``__main__``): what follows ``--``, python's own
-options before the script, the stop after ``--steps``, the script's exit, its exception
-(a DataLoader worker's too) and its warnings as its own, and everything put back after.
+doctor``'s process (``runpy``, as ``__main__``), stopped after ``--steps``; its exit, errors and
+warnings its own, and everything put back after.
 """
 
 from __future__ import annotations
@@ -160,8 +159,7 @@ def python_formatwarning(message, category, filename, lineno, line=None) -> str:
 
 def run_script(script: Script, obs: Observer, cfg, debug: bool) -> dict:
     """Run the script as ``__main__`` under ``obs`` until it ends or ``cfg.steps`` optimizer
-    steps are done: how it ended, its exit status and its error (reported, never swallowed).
-    The working directory, ``sys.argv`` and ``sys.path`` are put back after."""
+    steps are done: how it ended, its exit status and error; cwd, argv and path put back."""
     profiler = Profiler() if cfg.profile else None
 
     def step(optimizer, args, kwargs) -> None:
@@ -209,7 +207,7 @@ def run_script(script: Script, obs: Observer, cfg, debug: bool) -> dict:
         os.chdir(saved[2])
         if profiler:
             profiler.close()
-        _release_group()
+        group.end()  # a script stopped at --steps never destroys its process group
     return {
         "ended": ended,
         "exit_status": status,
@@ -242,13 +240,6 @@ def _raised(err: Exception, start: Path) -> str:
         tb = tb.tb_next
     first = (text.splitlines() or [""])[0]
     return f"raised {name}: {first} ({at})"
-
-
-def _release_group() -> None:
-    """A script stopped at ``--steps`` never reaches its ``destroy_process_group()``, and
-    its DDP model, held by its functions' globals until the collector runs at exit, keeps the
-    group alive: released here, while Python runs (``group.end``)."""
-    group.end()
 
 
 class Profiler:

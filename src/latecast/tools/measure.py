@@ -98,6 +98,19 @@ def cpu_seconds() -> float:
     return total
 
 
+def host_rows(runs: dict[str, list], n: int, h2d: dict[str, int]) -> dict[str, dict]:
+    """Per row of ``runs`` (``passes``' results over ``n`` images an epoch): images/s, host
+    CPU seconds per epoch (a pass may be cut short) and ``h2d``'s bytes per epoch."""
+    return {
+        name: {
+            "images_per_s": [k / t for k, t, _ in timed],
+            "cpu_seconds_per_epoch": [c * n / k for k, _, c in timed],
+            "h2d_bytes_per_epoch": h2d[name],
+        }
+        for name, timed in runs.items()
+    }
+
+
 def epochs(loader: Loader) -> Callable[[], Iterator[Batch]]:
     """Each call starts the loader's next epoch at its first batch (a pass cut short leaves
     a Loader mid-epoch: ``iter`` would resume there)."""

@@ -1,9 +1,7 @@
 """What ``latecast doctor`` sees of a script as it runs: every host->device move, charged
-to the script's own line (``Observer``, a ``TorchFunctionMode``), and the DataLoaders it
-makes, the batches each hands out and the lines their transforms' parts are made at
-(``watching``). Read-only: a bounded, evenly strided sample of the first tensors of each
-site, no random draw; the methods doctor watches through are the originals, called as they
-were, and put back after. See ``doctor.py`` for what is made of it.
+to the script's own line (``Observer``, a ``TorchFunctionMode``), and its DataLoaders, their
+batches and where their transforms are made (``watching``). Read-only: a bounded, strided
+sample of the first tensors of each site, no random draw, every original method called.
 """
 
 from __future__ import annotations
@@ -94,14 +92,11 @@ class Marks:
 
 
 class Observer(TorchFunctionMode):
-    """Records every host->device move made under it, per site (doctor.py's docstring).
-    torch's own moves (``_torchs_own``) are not the script's; a move inside latecast is
-    latecast's own copy, and what latecast hands out is on the device already (on a CPU,
-    the script's ``.to(device)`` of it moves nothing on a GPU either). So is what a move
-    at another site handed out (a batch accelerate's loader moved, moved again by the
-    script): on a CPU ``.to("cpu")`` hands back its own tensor, so one host tensor moved
-    at two sites counts once; moved again at its own site (a host constant each step), it
-    counts each time, as it crosses each time on a GPU."""
+    """Records every host->device move made under it, per site. Not the script's: torch's
+    own moves (``_torchs_own``); latecast's copies are marked as latecast's. What a move
+    handed out (by latecast, or at another site) is on the device already: moved again
+    elsewhere it is not counted; moved again at its own site (a host constant each step),
+    it counts each time, as it crosses each time on a GPU."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -235,12 +230,9 @@ MADE_AT = ("ToTensor", "Normalize")  # the transforms whose line doctor's advice
 
 @contextlib.contextmanager
 def watching(obs: Observer, cfg) -> Iterator[None]:
-    """While the script runs: each DataLoader it makes (where, and its dataset's transform),
-    the batches each hands out, the line each ``ToTensor``/``Normalize`` is made at (once
-    torchvision's transforms are imported, by whoever imports them); and with
-    ``--eval-steps``, the training pass ended after ``--steps`` and the evaluation that
-    follows watched. Read-only: every method is the original, called as it was, and put back
-    after."""
+    """While the script runs: each DataLoader it makes, the batches each hands out, the line
+    each ``ToTensor``/``Normalize`` is made at; with ``--eval-steps`` the training pass ended
+    after ``--steps`` and the evaluation watched. The originals are called and put back."""
     from torch.utils.data import DataLoader
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -354,11 +346,9 @@ def script_frame(frame):
 
 
 def _loader(loader, frame, made: Marks) -> LoaderSeen:
-    """What doctor keeps of a DataLoader the script made at ``frame``: its dataset's
-    transform's parts and the lines they were made at, read from instance dictionaries only
-    (no property of the script's runs), through Subset and ConcatDataset. A joint transform
-    of (image, target) pairs (``transforms=``, a segmentation preset of the script's own)
-    is read through the first of its attributes that is a ``Compose``."""
+    """What doctor keeps of a DataLoader made at ``frame``: its dataset's transform's parts
+    and where each was made, read from instance dictionaries only (through Subset and
+    ConcatDataset; a joint ``transforms=`` through its first ``Compose`` attribute)."""
     todo, transform, holder = [vars(loader).get("dataset")], None, None
     for _ in range(8):
         if not todo or transform is not None:

@@ -1,16 +1,8 @@
-"""``latecast bench``'s photo rows: a WebDataset DataLoader of photos (generated, 500x375,
-in tar shards) trained the ImageNet way, decode + RandomResizedCrop(224) + flip + normalize,
-two ways with the same shards, workers and batch size:
-
-- ``photos-float32``, the usual way: the workers decode each JPEG with PIL and run
-  torchvision's transforms; float32 batches cross the bus.
-- ``photos-wrap``: the workers only read and batch the files (no decoding); ``latecast.wrap``
-  sends the JPEG bytes across and decodes, crops, flips and normalizes on the device.
-
-Per epoch: images/s, host CPU seconds (main process and workers) and host->device bytes.
-On a CPU "device" the decode only moves (from the workers into the main process's decoder
-threads); on CUDA it leaves the host. Without webdataset installed the shards are read by a
-plain ``tarfile`` reader instead (``reader`` in the JSON says which).
+"""``latecast bench``'s photo rows: generated 500x375 JPEGs in WebDataset tar shards,
+decode + RandomResizedCrop(224) + flip + normalize, with the same shards, workers and batch:
+``photos-float32`` (PIL and torchvision in the workers, float32 across) and ``photos-wrap``
+(the workers batch the files; ``latecast.wrap`` decodes on the device). Without webdataset
+the shards are read by a plain ``tarfile`` reader (``reader`` in the JSON says which).
 """
 
 from __future__ import annotations
@@ -153,11 +145,9 @@ def photo_rows(n: int, batch: int, workers: int, repeats: int, seed: int, device
         moved = wrapped.stats
         jpeg_bytes = sum(Path(p).stat().st_size for p in paths)  # about: the tar headers too
         del usual, files, wrapped
-    usual_bytes = n * (3 * CROP * CROP * 4 + 8)  # float32 images, int64 labels
-    h2d = {  # wrap's: of every batch it read, the same share of each is its bytes
-        "photos-float32": usual_bytes,
-        "photos-wrap": usual_bytes * moved.h2d_bytes // moved.usual_bytes,
-    }
+    usual = n * (3 * CROP * CROP * 4 + 8)  # float32 images, int64 labels
+    # wrap's: of every batch it read, the same share of each is its bytes
+    h2d = {"photos-float32": usual, "photos-wrap": usual * moved.h2d_bytes // moved.usual_bytes}
     return {
         "images": n,
         "photo": list(PHOTO),
@@ -166,12 +156,5 @@ def photo_rows(n: int, batch: int, workers: int, repeats: int, seed: int, device
         "reader": reader,
         "decoder": decoder_on(device),
         "shard_bytes": jpeg_bytes,
-        **{
-            name: {
-                "images_per_s": [k / t for k, t, _ in timed],
-                "cpu_seconds_per_epoch": [c * n / k for k, _, c in timed],
-                "h2d_bytes_per_epoch": h2d[name],
-            }
-            for name, timed in runs.items()
-        },
+        **measure.host_rows(runs, n, h2d),
     }

@@ -1,20 +1,12 @@
-"""The profiler comparison: the same training steps once per data path, under ``torch.profiler``.
+"""``latecast profile``: the same training steps once per data path, under ``torch.profiler``.
 
-This is the measurement latecast started from: in an MNIST loop, ``Memcpy HtoD`` took a
-visible share of the step, and casting after the copy cut it by about 4x. Rows: latecast's
-strategies, ``baseline`` (torchvision ``ToTensor()+Normalize`` + ``DataLoader`` +
-``.to(device)``, the usual code) and ``baseline-u8`` (the same ``DataLoader`` over uint8
-tensors, ``.float() / 255`` and normalize after the copy).
-
-Each row: a fresh model of ``latecast train``'s recipe (same seed), ``wait + warmup``
-unrecorded steps, then ``steps`` recorded ones with ``record_function`` ranges ``data``
-(fetching the batch; for latecast's rows a real ``Loader``'s whole work), ``h2d`` (the copy;
-inside ``data`` for latecast's rows), ``normalize`` (``baseline-u8``) and ``step``.
-Host timers give step time, data wait (wall time until the batch is ready on the device)
-and the CPU seconds spent preparing it; the Chrome trace of the recorded steps gives device
-kernel time and each ``Memcpy HtoD (Pinned|Pageable -> Device)`` row with its bytes.
-Numbers are per recorded step and include the profiler's overhead: this is a picture of
-where time goes, ``latecast bench`` is the benchmark.
+Rows: latecast's movers, ``baseline`` (torchvision ``ToTensor()+Normalize``, ``DataLoader``,
+``.to(device)``) and ``baseline-u8`` (uint8 tensors, ``.float() / 255`` and normalize after the
+copy). Each row: a fresh model of ``latecast train``'s recipe, ``1 + warmup`` unrecorded steps,
+then ``steps`` recorded with ``record_function`` ranges ``data``, ``h2d``, ``normalize`` and
+``step``. Host timers give step time, data wait and the CPU seconds preparing the batch; the
+Chrome trace gives kernel time and each ``Memcpy HtoD`` with its bytes. Per recorded step,
+profiler overhead included: a picture of where time goes; ``latecast bench`` is the benchmark.
 """
 
 from __future__ import annotations
@@ -226,49 +218,34 @@ def _memcpy_cell(row: dict, kind: str) -> str:
 
 
 def report_markdown(r: dict) -> list[str]:
-    rows = []
-    for name, v in r["rows"].items():
-        prof_bytes = NO_DEVICE if v["memcpy"] is None else f"{v['profiler_bytes_per_step']:,.0f}"
-        rows.append(
-            [
-                name,
-                f"{v['step_ms']:.2f}",
-                f"{v['kernel_ms']:.2f}",
-                _memcpy_cell(v, "Pinned"),
-                _memcpy_cell(v, "Pageable"),
-                f"{v['h2d_bytes_per_step']:,.0f}",
-                prof_bytes,
-                f"{v['data_cpu_ms']:.2f}",
-                f"{v['data_wait_ms']:.2f} ({v['data_wait_pct']:.1f}%)",
-            ]
-        )
-    header = [
-        "row",
-        "step ms",
-        f"{_kernels(r)} ms",
-        "Memcpy HtoD Pinned",
-        "Memcpy HtoD Pageable",
-        "bytes h2d (loader)",
-        "bytes h2d (profiler)",
-        "data CPU ms",
-        "data wait ms (% step)",
+    rows = [
+        [
+            name,
+            f"{v['step_ms']:.2f}",
+            f"{v['kernel_ms']:.2f}",
+            _memcpy_cell(v, "Pinned"),
+            _memcpy_cell(v, "Pageable"),
+            f"{v['h2d_bytes_per_step']:,.0f}",
+            NO_DEVICE if v["memcpy"] is None else f"{v['profiler_bytes_per_step']:,.0f}",
+            f"{v['data_cpu_ms']:.2f}",
+            f"{v['data_wait_ms']:.2f} ({v['data_wait_pct']:.1f}%)",
+        ]
+        for name, v in r["rows"].items()
     ]
+    header = f"row|step ms|{_kernels(r)} ms|Memcpy HtoD Pinned|Memcpy HtoD Pageable|bytes h2d "
+    header += "(loader)|bytes h2d (profiler)|data CPU ms|data wait ms (% step)"
     c = r["config"]
     return [
         f"{c['steps']} recorded steps per row after {1 + c['warmup']} unrecorded, batch "
         f"{c['batch_size']}. Times per step, under the profiler.",
-        measure.markdown_table(header, rows),
+        measure.markdown_table(header.split("|"), rows),
     ]
 
 
 def panels(r: dict) -> list[measure.Panel]:
     """Step time per row, and its parts side by side (on a GPU they overlap: async copies,
     queued kernels)."""
-    part = {
-        _kernels(r): "kernel_ms",
-        "memcpy HtoD": "memcpy_ms",
-        "data wait": "data_wait_ms",
-    }
+    part = {_kernels(r): "kernel_ms", "memcpy HtoD": "memcpy_ms", "data wait": "data_wait_ms"}
     parts = {k: {n: v.get(f, 0.0) for n, v in r["rows"].items()} for k, f in part.items()}
     steps = {"step": {n: v["step_ms"] for n, v in r["rows"].items()}}
     return [("ms per step", steps, False), ("ms per step, by part", parts, False)]
@@ -290,12 +267,8 @@ def profile(cfg: ProfileConfig) -> dict:
     for name in names:
         rows[name] = profile_row(ds, name, device, cfg, out)
         print(f"profiled {name}: {rows[name]['step_ms']:.2f} ms/step", flush=True)
-    bad = [
-        k
-        for k, v in rows.items()
-        for f in ("step_ms", "kernel_ms")
-        if not (math.isfinite(v[f]) and v[f] > 0)
-    ]
+    timed = ("step_ms", "kernel_ms")
+    bad = [k for k, v in rows.items() if not all(math.isfinite(v[f]) and v[f] > 0 for f in timed)]
     result = {
         "config": asdict(cfg),
         **measure.run_info(device),
