@@ -83,10 +83,15 @@ c4a38c50a1bc5f3a1c5537f2155ab9d68f9f25eb1ed8d9ddda3db29a59bca1dd  cifar10/cifar-
 """  # noqa: E501
 
 
+def _sums(text: str) -> dict[str, str]:
+    """``{path: SHA-256}`` from ``sha256sum``'s lines."""
+    words = text.split()  # hash, path, hash, path, ...
+    return dict(zip(words[1::2], words[::2]))
+
+
 def _pins(dataset: str) -> dict[str, str]:
     """``{file name: SHA-256}`` of ``dataset``'s downloads, from ``_PINS``."""
-    rows = (line.split() for line in _PINS.strip().splitlines())
-    return {path.split("/")[1]: h for h, path in rows if path.split("/")[0] == dataset}
+    return {p.split("/")[1]: h for p, h in _sums(_PINS).items() if p.split("/")[0] == dataset}
 
 
 _TORONTO = ("https://www.cs.toronto.edu/~kriz/",)
@@ -272,8 +277,7 @@ def _decode(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
 def _check_bundled(path: Path) -> None:
     digest = hashlib.sha256(path.read_bytes()).hexdigest()  # at most 10 MB, read once per decode
     sums_file = BUNDLED / "SHA256SUMS"
-    words = sums_file.read_text().split()  # hash, name, hash, name, ...
-    sums = dict(zip(words[1::2], words[::2]))
+    sums = _sums(sums_file.read_text())
     if sums.get(path.name) != digest:
         raise FormatError(
             f"{path}: SHA-256 {digest} does not match {sums.get(path.name)} listed in "

@@ -22,14 +22,8 @@ from ..errors import ConfigError, FormatError
 from .fileio import atomic_write
 
 # type code -> dtype as stored (big-endian), from the IDX description on the MNIST page
-TYPES: dict[int, np.dtype] = {
-    0x08: np.dtype("u1"),
-    0x09: np.dtype("i1"),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
+_CODES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+TYPES: dict[int, np.dtype] = {code: np.dtype(t) for code, t in _CODES.items()}
 _VALID = ", ".join(f"0x{code:02X} ({dt.name})" for code, dt in TYPES.items())
 # deflate never compresses better than about 1032:1, so a gzip of n bytes cannot hold more
 # than ~1032 n bytes: a header promising more is rejected before decompressing anything

@@ -217,14 +217,8 @@ def mover(src: Source, line: int, device: str) -> str | None:
     if not moved:
         return f"the move at line {line} is not `x = x.to(device)`, `return x.to(device)`"
     stmt, (receivers, where) = stmts[-1], moved
-    function = next(
-        (
-            p
-            for p in _ancestors(src, stmt)
-            if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef))
-        ),
-        None,
-    )
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef)
+    function = next((p for p in _ancestors(src, stmt) if isinstance(p, scopes)), None)
     same = [stmt] + [
         s
         for s in ast.walk(function or src.tree)

@@ -60,9 +60,6 @@ class BenchConfig(measure.MeasureConfig):
     output_dir: str = option("runs/bench", "bench.json, bench.md and bench.png go here")
 
 
-# ---- (a) loader throughput ---------------------------------------------------------------
-
-
 def _upper_bound(ds: Dataset, cfg: BenchConfig, device: torch.device) -> Iterator[Batch]:
     """A uint8 batch already on the device: the only work left is augment + normalize."""
     x = torch.randint(0, 256, (cfg.batch_size, *ds.image_shape), dtype=torch.uint8, device=device)
@@ -87,7 +84,7 @@ def _gather(ds: Dataset, cfg: BenchConfig, epoch: int) -> Iterator[Batch]:
 def loader_throughput(
     ds: Dataset, cfg: BenchConfig, device: torch.device
 ) -> dict[str, list[float]]:
-    """images/s of every loader, ``repeats`` timed passes each."""
+    """(a) images/s of every loader, ``repeats`` timed passes each."""
     n = cfg.limit_batches or -(-len(ds) // cfg.batch_size)
     aug = transforms.Augment.parse(cfg.augment)
     out: dict[str, list[float]] = {}
@@ -114,9 +111,6 @@ def loader_throughput(
     return out
 
 
-# ---- (d) your own data: an ImageFolder DataLoader, the usual way and through wrap --------
-
-
 def write_image_folder(ds: Dataset, n: int, root: Path) -> Path:
     """The first ``n`` images of ``ds`` as lossless PNGs, ``root/<label>/<i>.png``."""
     from PIL import Image
@@ -130,7 +124,7 @@ def write_image_folder(ds: Dataset, n: int, root: Path) -> Path:
 
 
 def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict:
-    """``wrap`` over an ``ImageFolder`` DataLoader yielding uint8 (``PILToTensor``) against the
+    """(d) ``wrap`` over an ``ImageFolder`` DataLoader yielding uint8 (``PILToTensor``) against the
     usual ``ToTensor() + Normalize`` one, the same PNGs, workers, batch size and order."""
     import tempfile
 
@@ -168,9 +162,6 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
     read = moved.image_bytes // math.prod(ds.image_shape)  # images wrap read, every pass
     h2d = {"folder-float32": float32_bytes(ds, n), "folder-wrap": n * moved.h2d_bytes // read}
     return {"images": n, "workers": cfg.folder_workers, **measure.host_rows(runs, n, h2d)}
-
-
-# ---- (b) end to end ----------------------------------------------------------------------
 
 
 def settings(cfg: BenchConfig, device: torch.device) -> TrainConfig:
@@ -220,7 +211,7 @@ def end_to_end(
     device: torch.device,
     workers: int,
 ) -> dict[str, dict]:
-    """The usual loop (torchvision DataLoader at ``workers``) and latecast (``auto``)."""
+    """(b) The usual loop (torchvision DataLoader at ``workers``) and latecast (``auto``)."""
     aug = transforms.Augment.parse(config.augment)
     # Persistent workers: their start-up is not paid every epoch (flatters the usual loop).
     dl = measure.torchvision_loader(
@@ -241,11 +232,8 @@ def end_to_end(
     }
 
 
-# ---- (c) bytes ---------------------------------------------------------------------------
-
-
 def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[str, dict]:
-    """Each mover's ``epoch_bytes`` (torchvision's: ``float32``'s) and what a Loader counts
+    """(c) Each mover's ``epoch_bytes`` (torchvision's: ``float32``'s) and what a Loader counts
     over its second epoch (the first holds start-up uploads), images and labels apart."""
     out = {"torchvision": {"per_epoch": float32_bytes(ds, len(ds)), "once": 0}}
     for name in movers_for(ds):
@@ -267,9 +255,6 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
     return out
 
 
-# ---- (e) the prepare kernel ----------------------------------------------------------------
-
-
 def _two_pass(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> Callable:
     """How ``normalize`` worked before the fused form: addcmul on a float copy, then the
     dtype and layout change (two more passes over the batch)."""
@@ -286,7 +271,7 @@ def _two_pass(mean: tuple[float, ...], std: tuple[float, ...], device: torch.dev
 
 
 def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict[str, dict]:
-    """Microseconds per batch (median of ``repeats`` x 20 calls, after 3) of each way to
+    """(e) Microseconds per batch (median of ``repeats`` x 20 calls, after 3) of each way to
     normalize, for float32 NCHW and the train preset's output, with its largest difference
     from the fused result."""
     x = torch.randint(0, 256, (cfg.batch_size, *ds.image_shape), dtype=torch.uint8, device=device)
@@ -320,9 +305,6 @@ def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict
             ways[name] = {"us": float(np.median(times)), "max_diff": diff}
         result[f"{str(dtype).removeprefix('torch.')} {'channels_last' if cl else 'NCHW'}"] = ways
     return result
-
-
-# ---- the command -------------------------------------------------------------------------
 
 
 def bench(cfg: BenchConfig) -> dict:

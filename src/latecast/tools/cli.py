@@ -31,6 +31,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
+_TYPES = {"int": int, "float": float}  # an option's type by its field's kind (else str)
+
+
 def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None]:
     """An ``add`` function declaring one flag per field of the config dataclass ``name`` in
     ``latecast.module``: ``--name-with-dashes``, its type, default and help from the field
@@ -49,20 +52,10 @@ def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None
                 continue
             names = [n for n in (meta["short"], "--" + f.name.replace("_", "-")) if n]
             if kind(f) == "bool":
-                p.add_argument(
-                    *names,
-                    action=argparse.BooleanOptionalAction,
-                    default=default,
-                    help=meta["help"],
-                )
+                how = {"action": argparse.BooleanOptionalAction}
             else:
-                p.add_argument(
-                    *names,
-                    type={"int": int, "float": float}.get(kind(f), str),
-                    default=default,
-                    metavar=meta["metavar"],
-                    help=meta["help"] + shown,
-                )
+                how = {"type": _TYPES.get(kind(f), str), "metavar": meta["metavar"]}
+            p.add_argument(*names, default=default, help=meta["help"] + shown, **how)
 
     return add
 
@@ -71,9 +64,6 @@ def _config(cls, args: argparse.Namespace):
     """Build the dataclass ``cls`` from the parsed flags that share its field names."""
     given = vars(args)
     return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
-
-
-# -- train -------------------------------------------------------------------------------
 
 
 def _run_train(args: argparse.Namespace) -> dict:
@@ -134,9 +124,6 @@ def _print_check(found: dict) -> None:
         f"{c['epochs']} epochs of {found['steps_per_epoch']} steps at batch {c['batch_size']} "
         f"on {found['device']} ({found['transfer']}); in {c['output_dir']} it {start}"
     )
-
-
-# -- info --------------------------------------------------------------------------------
 
 
 def _add_info(p: argparse.ArgumentParser) -> None:
@@ -202,9 +189,6 @@ def _run_info(args: argparse.Namespace) -> dict:
     return {"dataset": args.dataset, **info, **({"verified": verified} if args.verify else {})}
 
 
-# -- index -------------------------------------------------------------------------------
-
-
 def _add_index(p: argparse.ArgumentParser) -> None:
     shards = "WebDataset tar shards: path/shard-*.tar, http://.../shard-{000..009}.tar, s3://..."
     output = "default: index.json beside the shards; over HTTP give it, then upload it there"
@@ -224,9 +208,6 @@ def _run_index(args: argparse.Namespace) -> dict:
     )
     return {"index": path, "shards": len(entries), "samples": samples, "bytes": size,
             "empty": empty}  # fmt: skip
-
-
-# -- profile -----------------------------------------------------------------------------
 
 
 def _need_bench_extra(command: str) -> None:
@@ -254,9 +235,6 @@ def _run_profile(args: argparse.Namespace) -> dict:
     return result
 
 
-# -- bench -------------------------------------------------------------------------------
-
-
 def _run_bench(args: argparse.Namespace) -> dict:
     from .bench import BenchConfig, bench
 
@@ -264,9 +242,6 @@ def _run_bench(args: argparse.Namespace) -> dict:
     result = bench(_config(BenchConfig, args))
     print(f"wrote bench.json, bench.md and bench.png to {args.output_dir}")
     return result
-
-
-# -- convert -----------------------------------------------------------------------------
 
 
 def _run_convert(args: argparse.Namespace) -> dict:
@@ -302,9 +277,6 @@ def _run_convert(args: argparse.Namespace) -> dict:
     }
 
 
-# -- doctor ------------------------------------------------------------------------------
-
-
 def _add_doctor(p: argparse.ArgumentParser) -> None:
     _options("tools.doctor", "DoctorConfig")(p)
     p.add_argument(
@@ -323,38 +295,23 @@ def _run_doctor(args: argparse.Namespace) -> dict:
     return doctor(_config(DoctorConfig, args), args.script, show=rank0, debug=args.debug)
 
 
-COMMANDS = {
-    "train": (
-        _options("trainer.loop", "TrainConfig"),
-        _run_train,
-        "train a reference model (default: bundled MNIST)",
-    ),
-    "info": (_add_info, _run_info, "dataset shapes and bytes per epoch per strategy"),
-    "index": (
-        _add_index,
-        _run_index,
-        "index WebDataset shards ahead, once for many runs (train does it if not)",
-    ),
-    "profile": (
-        _options("tools.profiling", "ProfileConfig"),
-        _run_profile,
-        "each transfer strategy under torch.profiler, vs the usual loop",
-    ),
-    "bench": (
-        _options("tools.bench", "BenchConfig"),
-        _run_bench,
-        "loader and training throughput vs torchvision's DataLoader",
-    ),
-    "convert": (
-        _options("storage.convert", "ConvertConfig"),
-        _run_convert,
-        "an image folder into a compact store (uint8 pixels or JPEG bytes)",
-    ),
-    "doctor": (
-        _add_doctor,
-        _run_doctor,
-        "run your training script: what crosses host->device, and what could",
-    ),
+COMMANDS = {  # name: (declares its options, runs it)
+    "train": (_options("trainer.loop", "TrainConfig"), _run_train),
+    "info": (_add_info, _run_info),
+    "index": (_add_index, _run_index),
+    "profile": (_options("tools.profiling", "ProfileConfig"), _run_profile),
+    "bench": (_options("tools.bench", "BenchConfig"), _run_bench),
+    "convert": (_options("storage.convert", "ConvertConfig"), _run_convert),
+    "doctor": (_add_doctor, _run_doctor),
+}
+HELP = {
+    "train": "train a reference model (default: bundled MNIST)",
+    "info": "dataset shapes and bytes per epoch per strategy",
+    "index": "index WebDataset shards ahead, once for many runs (train does it if not)",
+    "profile": "each transfer strategy under torch.profiler, vs the usual loop",
+    "bench": "loader and training throughput vs torchvision's DataLoader",
+    "convert": "an image folder into a compact store (uint8 pixels or JPEG bytes)",
+    "doctor": "run your training script: what crosses host->device, and what could",
 }
 
 
@@ -376,8 +333,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"latecast {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (add, _, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
+    for name, (add, _) in COMMANDS.items():
+        p = sub.add_parser(name, help=HELP[name], description=HELP[name])
         if name == command:
             add(p)
             _common(p)

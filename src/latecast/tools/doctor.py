@@ -23,7 +23,7 @@ from ..trainer.rundir import check_path
 from .advice import Advice, Edit
 from .launch import PROFILED, WARMUP, run_script, target
 from .observe import Observer, Site, short_path
-from .text import human_bytes
+from .text import human_bytes, markdown_table
 
 
 @dataclass(frozen=True)
@@ -50,9 +50,6 @@ class ScriptError(LatecastError):
     def __init__(self, message: str, result: dict) -> None:
         super().__init__(message)
         self.result, self.exit_code = result, result["exit_status"]
-
-
-# -- what the values are -------------------------------------------------------------------
 
 
 def grid(u: np.ndarray, eps: float) -> tuple[float, float] | None:
@@ -154,9 +151,6 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
     return f"{now} {why}: nothing to gain"
 
 
-# -- the verdict ---------------------------------------------------------------------------
-
-
 def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
     """The result: the training steps' sites (per step) and evaluation's (per batch) with
     their verdicts, the total per step, the moves made only before the first step, and the
@@ -214,17 +208,6 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
     }
 
 
-def _table(rows: list[list[str]]) -> list[str]:
-    """A markdown table with its columns padded, as readable in a terminal as in a file."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
-    return [
-        line(rows[0]),
-        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-        *map(line, rows[1:]),
-    ]
-
-
 def _nothing(r: dict) -> str:
     if all(s["latecast"] for s in r["sites"] + r["evaluation"]):
         return "latecast moves every batch"
@@ -269,11 +252,11 @@ def report(r: dict, cfg: DoctorConfig) -> str:
         t = r["total"]
         total = f"{human_bytes(t['bytes_per_step'])} -> {human_bytes(t['bytes_per_step_then'])}"
         total_row = ["total", "", "", "", total, f"{t['factor']:.1f}x"]
-        lines += ["", *_table([head, *_rows(r["sites"], "step"), total_row])]
+        lines += ["", markdown_table(head, [*_rows(r["sites"], "step"), total_row], pad=True)]
     if r["evaluation"]:
         head = "site|batches|crosses now|could cross|bytes/batch now -> then|factor".split("|")
         lines += ["", "evaluation (moved with gradients off):"]
-        lines += _table([head, *_rows(r["evaluation"], "batch")])
+        lines.append(markdown_table(head, _rows(r["evaluation"], "batch"), pad=True))
     changes = [s for s in r["sites"] + r["evaluation"] if s["factor"] > 1]
     if r["error"] and not r["steps"]:  # no verdict on a training step that never ran
         lines += ["", f"no optimizer step ran: the script {r['error']} before its first step"]

@@ -24,6 +24,7 @@ from ..loader import Loader
 from ..storage.options import DATASET_HELP, option, validate
 from ..transfer import Batch
 from ..transforms import Augment
+from .text import markdown_table  # noqa: F401 (the reports' tables, benchmarks/ import it here)
 
 # x label, {part: {row: value}} (a row's parts stacked, in this order), log scale
 Panel = tuple[str, dict[str, dict[str, float]], bool]
@@ -41,9 +42,6 @@ class MeasureConfig:
 
     def __post_init__(self) -> None:
         validate(self)
-
-
-# ---- timing --------------------------------------------------------------------------------
 
 
 def sync(device: torch.device) -> None:
@@ -150,9 +148,6 @@ def run_info(device: torch.device) -> dict:
     }
 
 
-# ---- the usual loop: torchvision's DataLoader ----------------------------------------------
-
-
 class PILImages(torch.utils.data.Dataset):
     """What torchvision's ``MNIST``/``CIFAR10.__getitem__`` do: one PIL image per sample
     through ``transform``, label as a Python int. The usual code, fed the same arrays."""
@@ -236,14 +231,6 @@ def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]
     """The usual loop's ``images.to(device), labels.to(device)``."""
     for x, y in batches:
         yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-
-
-# ---- the report ----------------------------------------------------------------------------
-
-
-def markdown_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
 
 
 def span(values: Iterable[float], fmt: str = ",.0f") -> str:

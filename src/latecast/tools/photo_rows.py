@@ -54,14 +54,8 @@ class Usual:
     def __init__(self) -> None:
         from torchvision import transforms as T
 
-        self.tf = T.Compose(
-            [
-                T.RandomResizedCrop(CROP),
-                T.RandomHorizontalFlip(),
-                T.ToTensor(),
-                T.Normalize(MEAN, STD),
-            ]
-        )
+        crop = [T.RandomResizedCrop(CROP), T.RandomHorizontalFlip()]
+        self.tf = T.Compose([*crop, T.ToTensor(), T.Normalize(MEAN, STD)])
 
     def __call__(self, data: bytes) -> torch.Tensor:
         from PIL import Image

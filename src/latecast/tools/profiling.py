@@ -64,14 +64,11 @@ class ProfileConfig(measure.MeasureConfig):
         return names
 
 
-# ---- the batch sources, one per row; each yields (images, labels, bytes copied) ----------
-
-
 def _latecast(
     ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig, channels_last: bool
 ) -> Iterator:
-    """A ``Loader`` on mover ``name``: its whole work (order, copy, prepare) under ``data``,
-    its copy inside as ``h2d`` (the mover's label)."""
+    """``(images, labels, bytes copied)`` of a ``Loader`` on mover ``name``: its whole work
+    under ``data``, its copy inside as ``h2d`` (the mover's label)."""
     loader = Loader(
         ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed, channels_last=channels_last
     )
@@ -116,9 +113,6 @@ def _fetched(batches: Iterable) -> Iterator:
             if batch is None:
                 break
             yield batch
-
-
-# ---- one row -------------------------------------------------------------------------
 
 
 def trace_totals(path: Path) -> tuple[float, dict[str, dict]]:
@@ -203,9 +197,6 @@ def profile_row(
         row["memcpy_count"] = sum(v["count"] for v in row["memcpy"].values())
         row["profiler_bytes_per_step"] = sum(v["bytes"] for v in row["memcpy"].values())
     return row
-
-
-# ---- report --------------------------------------------------------------------------
 
 
 def _memcpy_cell(row: dict, kind: str) -> str:

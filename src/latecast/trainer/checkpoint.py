@@ -24,24 +24,10 @@ _REQUIRED = ("model", "optimizer", "scheduler", "step", "loader", "rng", "config
 # TrainConfig fields (plus world_size) that must match to continue a run: they decide
 # which samples are seen in which order and what each step computes. The rest (device,
 # transfer, output_dir, logging, timeouts) may change between the two halves of a run.
-RUN_FIELDS = (
-    "dataset",
-    "limit_train",
-    "model",
-    "epochs",
-    "batch_size",
-    "lr",
-    "momentum",
-    "weight_decay",
-    "label_smoothing",
-    "augment",
-    "mix",
-    "amp",
-    "channels_last",
-    "seed",
-    "shuffle_buffer",
-    "world_size",
-    "data_fingerprint",  # data.fingerprint of the training split: other data, another run (row 77)
+# data_fingerprint: data.fingerprint of the training split: other data, another run (row 77).
+RUN_FIELDS = tuple(
+    "dataset limit_train model epochs batch_size lr momentum weight_decay label_smoothing "
+    "augment mix amp channels_last seed shuffle_buffer world_size data_fingerprint".split()
 )
 # Run fields added since checkpoints were first written, with the value every older
 # checkpoint's run had: an older checkpoint lacking one is compared as having it.
