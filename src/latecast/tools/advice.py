@@ -42,10 +42,9 @@ class Source:
     def __init__(self, path: str) -> None:
         with tokenize.open(path) as f:  # as Python reads it: its coding line, else UTF-8
             text = f.read()
-        self.path, self.lines, self.tree = path, text.splitlines(), ast.parse(text)
+        self.path, self.text, self.lines, self.tree = path, text, text.splitlines(), ast.parse(text)
         self.parent = {c: p for p in ast.walk(self.tree) for c in ast.iter_child_nodes(p)}
         self.spans: list[tuple[int, int, int, int, str]] = []
-        self.text = text
 
     def segment(self, node: ast.AST) -> str:
         return ast.get_source_segment(self.text, node)
@@ -79,23 +78,16 @@ class Source:
             node = self.parent[node]
         return node
 
-    def imported(self, module: str) -> str | None:
-        """The name the module is imported under at its top (``import latecast as lc``)."""
+    def import_line(self, module: str) -> str:
+        """The name ``module`` is imported under at the top (``import latecast as lc``), its
+        ``import`` added after the last one there where it has none."""
         for stmt in self.tree.body:
             for alias in stmt.names if isinstance(stmt, ast.Import) else ():
                 if alias.name == module:
                     return alias.asname or module
-        return None
-
-    def import_line(self, module: str) -> str:
-        """The name of ``module`` here, its ``import`` added after the last one at the top
-        where it has none."""
-        name = self.imported(module)
-        if name is None:
-            last = [s for s in self.tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
-            self.insert(last[-1].end_lineno + 1 if last else 1, f"import {module}")
-            name = module
-        return name
+        last = [s for s in self.tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
+        self.insert(last[-1].end_lineno + 1 if last else 1, f"import {module}")
+        return module
 
     def edits(self, shown: str) -> list[Edit]:
         """The replacements as hunks of whole lines, overlapping ones merged, in order."""

@@ -326,20 +326,14 @@ def bench(cfg: BenchConfig) -> dict:
     e2e: dict[str, dict] = {}
     if cfg.e2e_epochs:
         # The usual loop gets the worker count that delivered the most images/s in (a).
-        workers = (
-            cfg.e2e_workers
-            if cfg.e2e_workers is not None
-            else {"torchvision-w0": 0, "torchvision-w2": 2}.get(best_tv, os.cpu_count() or 1)
-        )
+        fastest = {"torchvision-w0": 0, "torchvision-w2": 2}.get(best_tv, os.cpu_count() or 1)
+        workers = fastest if cfg.e2e_workers is None else cfg.e2e_workers
         test = load_dataset(cfg.dataset, "test", root=cfg.data_root)
         e2e = end_to_end(ds, test, cfg, config, device, workers)
     folder = image_folder_rows(ds, cfg, device) if cfg.folder_images else {}
     n = min(cfg.webdataset_photos, (cfg.limit_batches or 10**9) * cfg.batch_size)
-    photos = (
-        photo_rows(n, cfg.batch_size, cfg.folder_workers, cfg.repeats, cfg.seed, device)
-        if n
-        else {}
-    )
+    photo_args = (cfg.batch_size, cfg.folder_workers, cfg.repeats, cfg.seed, device)
+    photos = photo_rows(n, *photo_args) if n else {}
     nbytes = bytes_per_epoch(ds, device, cfg.batch_size)
     kernels = prepare_kernels(ds, cfg, device) if cfg.kernels else {}
     f32, u8 = nbytes["float32"], nbytes["uint8"]

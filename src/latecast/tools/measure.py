@@ -163,9 +163,8 @@ class PILImages(torch.utils.data.Dataset):
         from PIL import Image
 
         img = np.asarray(self.images[i])  # (H, W, C)
-        return self.transform(Image.fromarray(img[..., 0] if self.gray else img)), int(
-            self.labels[i]
-        )
+        image = Image.fromarray(img[..., 0] if self.gray else img)
+        return self.transform(image), int(self.labels[i])
 
 
 def torchvision_loader(
@@ -182,20 +181,14 @@ def torchvision_loader(
     with ``augment``, torchvision's per-image equivalents first (cutout: ``RandomErasing``)."""
     from torchvision import transforms as T  # the `bench` extra
 
-    h, w, _ = ds.image_shape
-    pil, tensor = [], []
-    if augment is not None and augment.crop:
-        pil.append(
-            T.RandomCrop(
-                (h, w),
-                padding=augment.crop,
-                padding_mode="reflect" if augment.fill == "reflect" else "constant",
-            )
-        )
-    if augment is not None and augment.flip:
-        pil.append(T.RandomHorizontalFlip(augment.flip))
-    if augment is not None and augment.cutout:
-        area = augment.cutout**2 / (h * w)
+    (h, w, _), aug, pil, tensor = ds.image_shape, augment or Augment(), [], []
+    if aug.crop:
+        fill = "reflect" if aug.fill == "reflect" else "constant"
+        pil.append(T.RandomCrop((h, w), padding=aug.crop, padding_mode=fill))
+    if aug.flip:
+        pil.append(T.RandomHorizontalFlip(aug.flip))
+    if aug.cutout:
+        area = aug.cutout**2 / (h * w)
         tensor.append(T.RandomErasing(p=1.0, scale=(area, area), ratio=(1.0, 1.0)))
     tf = T.Compose([*pil, T.ToTensor(), *tensor, T.Normalize(ds.mean, ds.std)])
     pin = device.type == "cuda" if pin is None else pin
@@ -204,26 +197,28 @@ def torchvision_loader(
 
 def dataloader(
     samples: torch.utils.data.Dataset,
-    batch_size: int,
+    batch_size: int | None,
     workers: int,
-    seed: int,
+    seed: int | None,
     persistent: bool,
-    pin: bool,
+    pin: bool = False,
+    **kwargs,
 ) -> torch.utils.data.DataLoader:
-    """A shuffled ``DataLoader`` as the usual loop builds one."""
+    """A ``DataLoader`` as the usual loop builds one, shuffled by ``seed`` (None: in order)."""
     # Forked workers inherit this process's CUDA state; one that frees a CUDA tensor (a
     # pinned buffer of an earlier row, collected as garbage) aborts with "CUDA error:
     # initialization error" (seen on the H200). Spawned workers start clean.
     spawn = workers > 0 and torch.cuda.is_initialized()
+    if seed is not None:
+        kwargs.update(shuffle=True, generator=torch.Generator().manual_seed(seed))
     return torch.utils.data.DataLoader(
         samples,
         batch_size=batch_size,
-        shuffle=True,
         num_workers=workers,
-        generator=torch.Generator().manual_seed(seed),
         pin_memory=pin,
         persistent_workers=persistent and workers > 0,
         multiprocessing_context="spawn" if spawn else None,
+        **kwargs,
     )
 
 

@@ -63,10 +63,6 @@ class Usual:
         return self.tf(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
-def _label(data: bytes) -> int:
-    return int(data)
-
-
 def _files(samples: list) -> tuple[list, torch.Tensor]:  # the wrap row's batches: bytes kept
     return [s[0] for s in samples], torch.tensor([s[1] for s in samples])
 
@@ -88,20 +84,13 @@ class TarPhotos(torch.utils.data.IterableDataset):
                     parts[m.name.rsplit(".", 1)[1]] = tar.extractfile(m).read()
                     if len(parts) == 2:
                         jpg, cls = parts.pop("jpg"), parts.pop("cls")
-                        yield (self.image(jpg) if self.image else jpg), _label(cls)
+                        yield (self.image(jpg) if self.image else jpg), int(cls)
 
 
 def loaders(paths: list[str], batch: int, workers: int) -> tuple[str, object, object]:
     """(reader, the usual DataLoader, the DataLoader whose batches wrap takes). Workers stay
-    alive between passes, so ``measure.cpu_seconds`` counts them; spawned once CUDA is up
-    (see ``measure.dataloader``)."""
-    spawn = workers > 0 and torch.cuda.is_initialized()
-    DataLoader = functools.partial(
-        torch.utils.data.DataLoader,
-        num_workers=workers,
-        persistent_workers=workers > 0,
-        multiprocessing_context="spawn" if spawn else None,
-    )
+    alive between passes, so ``measure.cpu_seconds`` counts them."""
+    DataLoader = functools.partial(measure.dataloader, workers=workers, seed=None, persistent=True)
     try:
         import webdataset as wds
     except ImportError:
@@ -113,7 +102,7 @@ def loaders(paths: list[str], batch: int, workers: int) -> tuple[str, object, ob
         return (
             wds.WebDataset(paths, shardshuffle=False, empty_check=False)
             .to_tuple("jpg", "cls")
-            .map_tuple(image, _label)
+            .map_tuple(image, int)
             .batched(batch, partial=True)
         )
 
