@@ -312,11 +312,7 @@ def _read_idx_split(paths: list[Path], spec: Spec, n_classes: int) -> tuple[np.n
 def parse_cifar(data: bytes, name: str, record: int = 3073) -> tuple[np.ndarray, np.ndarray]:
     """CIFAR binary records (``data``: the whole file, ``name`` in messages) as uint8 images
     ``(N, 32, 32, 3)`` and labels ``(N,)``: a record is its label byte(s), then the R, G, B
-    32x32 planes; CIFAR-100's (``record=3074``) coarse then fine label: the fine one.
-
-    Example:
-        >>> images, labels = parse_cifar(Path("test_batch.bin").read_bytes(), "test_batch.bin")
-    """
+    32x32 planes; CIFAR-100's (``record=3074``) coarse then fine label: the fine one."""
     if not data:
         raise FormatError(f"{name}: empty file, expected {record}-byte CIFAR records")
     n, rest = divmod(len(data), record)

@@ -30,13 +30,7 @@ def download(
     ``sha256``: streamed into ``<dest>.part``, renamed once the hash matches; a failing
     mirror is said and the next tried. https:// only (http:// to 127.0.0.1/localhost, never
     through a redirect); ``timeout``: seconds to connect and per read. ``DownloadError``
-    listing every mirror's failure when all fail.
-
-    Example:
-        >>> pins = DATASETS["cifar10"].sha256
-        >>> download(["https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"],
-        ...          "data/cifar-10-binary.tar.gz", pins["cifar-10-binary.tar.gz"])
-    """
+    listing every mirror's failure when all fail."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
@@ -120,11 +114,7 @@ def extract_tar(
 ) -> list[Path]:
     """The ``wanted`` regular files of a tar ``archive`` extracted under ``dest``, each
     atomically, once every member is checked: an absolute name, a ``..``, a link or a device
-    refuses the whole archive (``FormatError``) before anything is written.
-
-    Example:
-        >>> extract_tar("cifar-10-binary.tar.gz", "data", {"cifar-10-batches-bin/test_batch.bin"})
-    """
+    refuses the whole archive (``FormatError``) before anything is written."""
     archive, dest = Path(archive), Path(dest)
     written = []
     try:

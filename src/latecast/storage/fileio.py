@@ -18,13 +18,7 @@ from ..errors import ConfigError, WriteError
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """Yield a temp file next to ``path``; on success fsync it and ``os.replace`` it onto ``path``.
-
-    An exception (or a crash) leaves ``path`` as it was: the previous file, or nothing.
-
-    Example:
-        >>> with atomic_write("meta.json") as f:
-        ...     f.write(b"{}")
-    """
+    An exception (or a crash) leaves ``path`` as it was: the previous file, or nothing."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     owner = f"{socket.gethostname()}-{os.getpid()}"  # whose temp file: see _clean_temps

@@ -35,11 +35,7 @@ ROLES: dict[str, int] = {"images": 3, "labels": 1}
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """An IDX file (gzip detected from its bytes) as a native-byte-order numpy array.
-
-    Example:
-        >>> labels = read_idx("train-labels-idx1-ubyte.gz")  # uint8 (60000,)
-    """
+    """An IDX file (gzip detected from its bytes) as a native-byte-order numpy array."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -49,12 +45,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 
 def parse_idx(data: bytes, name: str) -> np.ndarray:
-    """Parse the bytes of an IDX file (gzipped or not); ``name`` is used in error messages.
-
-    Example:
-        >>> parse_idx(b"\\0\\0\\x08\\x01\\0\\0\\0\\x02\\x07\\x09", "two.idx")
-        array([7, 9], dtype=uint8)
-    """
+    """The bytes of an IDX file (gzipped or not) as ``read_idx`` reads it; ``name`` in messages."""
     return _read(io.BytesIO(data), len(data), name)
 
 
@@ -127,11 +118,7 @@ def _parse(f: BinaryIO, name: str, size: int | None, limit: int) -> np.ndarray:
 
 def check_role(array: np.ndarray, role: str, name: str) -> np.ndarray:
     """``array`` (read from ``name``) once it fits ``role``: ``"images"`` uint8 ``(N, H, W)``,
-    ``"labels"`` uint8 ``(N,)``.
-
-    Example:
-        >>> images = check_role(read_idx(path), "images", str(path))
-    """
+    ``"labels"`` uint8 ``(N,)``."""
     ndim = ROLES[role]
     if array.dtype != np.uint8 or array.ndim != ndim:
         kind = next((r for r, n in ROLES.items() if n == array.ndim), "data")
@@ -146,11 +133,7 @@ def check_role(array: np.ndarray, role: str, name: str) -> np.ndarray:
 
 def write_idx(path: str | os.PathLike, array: np.ndarray, *, compress: bool = False) -> None:
     """``array`` (uint8, int8, int16, int32, float32 or float64, 1 to 32 dimensions) as an
-    IDX file at ``path``, atomically; ``compress``: gzipped, with no timestamp.
-
-    Example:
-        >>> write_idx("labels-idx1-ubyte.gz", np.arange(10, dtype=np.uint8), compress=True)
-    """
+    IDX file at ``path``, atomically; ``compress``: gzipped, with no timestamp."""
     array = np.asarray(array)
     code = next((c for c, dt in TYPES.items() if dt.str[1:] == array.dtype.str[1:]), None)
     if code is None:

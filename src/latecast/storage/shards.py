@@ -152,10 +152,9 @@ def shard_size(url: str) -> int | None:
 
 
 class Source:
-    """One shard's bytes from byte ``start`` (to ``size`` when known), read through fsspec;
-    hashed (SHA-256) when read from byte 0. A read that fails is retried from the byte it
-    reached (``RETRY_WAITS``), said once; over HTTP a shard is read from its start, the bytes
-    before ``start`` dropped (fsspec's HTTP stream cannot seek)."""
+    """One shard's bytes from byte ``start`` (to ``size`` when known), hashed (SHA-256) when
+    read from byte 0; a failed read is retried from the byte reached. Over HTTP the bytes
+    before ``start`` are read and dropped (fsspec's HTTP stream cannot seek)."""
 
     def __init__(self, url: str, size: int | None, start: int = 0) -> None:
         self.url, self.size, self.pos, self.f, self.retry = url, size, start, None, Retry(url)
@@ -559,9 +558,8 @@ def read_index(spec: str) -> list[Shard]:
 
 
 def find_index(urls: list[str], spec: str) -> tuple[str, bool]:
-    """``(path, exists)`` of the index of ``urls``: ``index.json`` beside them if it is
-    there, or if they are local in a folder this process may write; else a file in the cache
-    (``$LATECAST_CACHE``) named by the shards' URLs and sizes."""
+    """``(path, exists)`` of the index of ``urls``: ``index.json`` beside them if there, or if
+    that folder is local and writable; else a cache file named by the shards' URLs and sizes."""
     beside = index_path(urls, spec)
     fs, where = filesystem(beside)
     if fs.exists(where):

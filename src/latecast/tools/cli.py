@@ -90,21 +90,13 @@ def _run_train(args: argparse.Namespace) -> dict:
     )
     # float32 is 0 when a resumed run had nothing left to train; more than float32 when the
     # resident upload of the whole dataset outweighs the few samples trained since
-    versus = (
-        ""
-        if not f32
-        else f" ({1 - moved / f32:.0%} less)"
-        if moved <= f32
-        else f" ({moved / f32:.1f}x as much)"
-    )
+    r = moved / max(f32, 1)
+    versus = (f" ({1 - r:.0%} less)" if r <= 1 else f" ({r:.1f}x as much)") if f32 else ""
+    jpeg = summary["transfer"] == "jpeg"  # compressed bytes: decoded uint8 the other comparison
+    uint8 = f", uint8 {human_bytes(summary['h2d_bytes_uint8'])}" if jpeg else ""
     print(
         f"host->device: {human_bytes(moved)} moved; float32 would have moved "
-        f"{human_bytes(f32)}{versus}"
-        + (  # JPEG: compressed bytes; decoded uint8 is the other comparison
-            f", uint8 {human_bytes(summary['h2d_bytes_uint8'])}"
-            if summary["transfer"] == "jpeg"
-            else ""
-        )
+        f"{human_bytes(f32)}{versus}{uint8}"
     )
     return summary
 
