@@ -141,10 +141,8 @@ def to_uint8(src: Source, to_tensor: int, normalize: int | None) -> str | None:
         return f"the transforms after ToTensor() ({names}) work on its floats"
     prefix = src.segment(tt.func)[: -len("ToTensor")]
     if isinstance(tt.func, ast.Name):  # from torchvision.transforms import ToTensor
-        importer = next(
-            (s for s in src.tree.body if isinstance(s, ast.ImportFrom) and "ToTensor" in _names(s)),
-            None,
-        )
+        imports = [s for s in src.tree.body if isinstance(s, ast.ImportFrom)]
+        importer = next((s for s in imports if "ToTensor" in _names(s)), None)
         if importer is None:
             return "ToTensor is not imported by name at the top of its file"
         if "PILToTensor" not in _names(importer):

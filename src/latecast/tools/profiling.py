@@ -50,11 +50,8 @@ class ProfileConfig(measure.MeasureConfig):
         self.rows()
 
     def rows(self) -> list[str]:
-        names = (
-            list(ROWS)
-            if self.transfer == "all"
-            else [t.strip() for t in self.transfer.split(",") if t.strip()]
-        )
+        given = [t.strip() for t in self.transfer.split(",") if t.strip()]
+        names = list(ROWS) if self.transfer == "all" else given
         bad = [n for n in names if n not in ROWS]
         if bad or not names:
             raise ConfigError(

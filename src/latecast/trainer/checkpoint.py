@@ -133,19 +133,9 @@ def save(
     """Checkpoint a run: the mirror of ``restore``, the one place the schema is written.
     ``parts``: ``model``, ``optimizer``, ``scheduler`` and ``loader``, by their state dicts."""
     state = {name: part.state_dict() for name, part in parts.items()}
-    progress_ = {f.name: getattr(progress, f.name) for f in fields(Progress)}
-    save_checkpoint(
-        path,
-        {
-            **state,
-            **progress_,
-            "epoch": parts["loader"].epoch,
-            "rng": rng_state(),
-            "config": config,
-            "world_size": world,
-            "data_fingerprint": data_fingerprint,
-        },
-    )
+    state.update({f.name: getattr(progress, f.name) for f in fields(Progress)})
+    state.update(epoch=parts["loader"].epoch, rng=rng_state(), config=config, world_size=world)
+    save_checkpoint(path, {**state, "data_fingerprint": data_fingerprint})
 
 
 def restore(path: Path, run: dict, parts: dict) -> Progress:

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import distributed
@@ -196,17 +197,11 @@ def _autocast(device: torch.device, amp: bool):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(amp), cache_enabled=False)
 
 
-def loss_of(
-    model: torch.nn.Module,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    label_smoothing: float,
-    amp: bool,
-) -> torch.Tensor:
-    """The batch's loss: forward under bf16 autocast when ``amp``, then cross-entropy (labels
-    ``IGNORE`` count nowhere). What ``--compile`` compiles: model and loss together."""
+def loss_of(model: nn.Module, images: Tensor, labels: Tensor, smooth: float, amp: bool) -> Tensor:
+    """The batch's loss: forward (bf16 autocast when ``amp``), cross-entropy with label smoothing
+    ``smooth`` (labels ``IGNORE`` count nowhere). ``--compile`` compiles it whole."""
     with _autocast(images.device, amp):
-        return F.cross_entropy(model(images), labels, label_smoothing=label_smoothing)
+        return F.cross_entropy(model(images), labels, label_smoothing=smooth)
 
 
 def compiled(fn, device: torch.device, graph: bool):
@@ -234,9 +229,7 @@ def train_step(
     return loss.detach()
 
 
-def evaluate(
-    model: torch.nn.Module, batches: Iterable[Batch], amp: bool = False
-) -> tuple[int, int]:
+def evaluate(model: nn.Module, batches: Iterable[Batch], amp: bool = False) -> tuple[int, int]:
     """(correct, total) over ``batches`` in eval mode, padding (label ``IGNORE``) left out
     of both; one host sync at the end."""
     model.eval()

@@ -65,14 +65,10 @@ def resnet9(
     num_classes: int,
     widths: tuple[int, int, int, int] = (64, 128, 256, 512),
 ) -> nn.Module:
-    """The ResNet-9 of the DAWNBench CIFAR-10 entries (Page, 2018): 94% in about 24 epochs.
-
-    prep conv, then three stages of conv-bn-relu + 2x2 pool, residual pairs after the first
-    and the last; global max pool and a linear head scaled by 1/8 (it trains faster).
-    Inputs larger than 64 px: the prep conv has stride 2 and a 2x2 max pool follows (as
-    ResNet's stem), so the body runs on a quarter of the side (at 224 px about 1.2 GMAC an
-    image instead of 18).
-    """
+    """The ResNet-9 of the DAWNBench CIFAR-10 entries (Page, 2018): a prep conv, three stages
+    of conv-bn-relu + 2x2 pool, residual pairs after the first and the last, global max pool,
+    a linear head scaled by 1/8. Above 64 px a stride-2 prep conv and a 2x2 max pool first
+    (ResNet's stem): the body runs on a quarter of the side."""
     c = in_shape[0]
     w0, w1, w2, w3 = widths
     large = max(in_shape[1:]) > 64
