@@ -208,12 +208,7 @@ def run_script(script: Script, obs: Observer, cfg, debug: bool) -> dict:
         if profiler:
             profiler.close()
         group.end()  # a script stopped at --steps never destroys its process group
-    return {
-        "ended": ended,
-        "exit_status": status,
-        "error": error,
-        "profile": profiler and profiler.result,
-    }
+    return dict(ended=ended, exit_status=status, error=error, profile=profiler and profiler.result)
 
 
 # torch re-raises an exception of a DataLoader worker (or its pin-memory thread) in the main

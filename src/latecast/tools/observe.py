@@ -239,72 +239,64 @@ def watching(obs: Observer, cfg) -> Iterator[None]:
     made, iterators, undo = Marks(), Marks(), []
 
     def patch(owner: type, name: str, wrapper: Callable) -> None:
+        """``owner.name`` calls ``wrapper(original, self, ...)`` until put back."""
         original = owner.__dict__.get(name)
         if original is not None:  # (a torchvision without its own ToTensor.__init__: none)
+
+            def patched(self, *args, **kwargs):
+                return wrapper(original, self, *args, **kwargs)
+
             undo.append((owner, name, original))
-            setattr(owner, name, functools.wraps(original)(wrapper(original)))
+            setattr(owner, name, functools.wraps(original)(patched))
 
-    def made_at(original: Callable) -> Callable:
-        def init(self, *args, **kwargs) -> None:
-            original(self, *args, **kwargs)
-            frame = script_frame(sys._getframe(1))
-            made.add(self, frame and (frame.f_code.co_filename, frame.f_lineno))
-
-        return init
+    def made_at(original: Callable, self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        frame = script_frame(sys._getframe(1))
+        made.add(self, frame and (frame.f_code.co_filename, frame.f_lineno))
 
     def transforms(module) -> None:
         for name in MADE_AT:
             patch(getattr(module, name), "__init__", made_at)
 
-    def loader_init(original: Callable) -> Callable:
-        def init(self, *args, **kwargs) -> None:
-            original(self, *args, **kwargs)
-            frame = script_frame(sys._getframe(1))
-            if frame is not None:
-                obs.loaders.append(_loader(self, frame, made))
-                obs.loader_of.add(self, len(obs.loaders) - 1)
+    def loader_init(original: Callable, self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        frame = script_frame(sys._getframe(1))
+        if frame is not None:
+            obs.loaders.append(_loader(self, frame, made))
+            obs.loader_of.add(self, len(obs.loaders) - 1)
 
-        return init
+    def loader_iter(original: Callable, self):
+        iterator = original(self)
+        iterators.add(iterator, (obs.loader_of.get(self), obs.ending))
+        return iterator
 
-    def loader_iter(original: Callable) -> Callable:
-        def it(self):
-            iterator = original(self)
-            iterators.add(iterator, (obs.loader_of.get(self), obs.ending))
-            return iterator
-
-        return it
-
-    def loader_next(original: Callable) -> Callable:
-        def next_(self):
-            loader, late = iterators.get(self) or (None, False)
-            if obs.ending and not late:  # the training pass, ended after --steps
-                raise StopIteration
-            if obs.ending and obs.eval_batches >= cfg.eval_steps:
+    def loader_next(original: Callable, self):
+        loader, late = iterators.get(self) or (None, False)
+        if obs.ending and not late:  # the training pass, ended after --steps
+            raise StopIteration
+        if obs.ending and obs.eval_batches >= cfg.eval_steps:
+            obs.stopped = "eval"
+            raise Stop
+        try:
+            batch = original(self)
+        except StopIteration:
+            if obs.ending:  # the evaluation's loader is done: stop before what follows
                 obs.stopped = "eval"
-                raise Stop
-            try:
-                batch = original(self)
-            except StopIteration:
-                if obs.ending:  # the evaluation's loader is done: stop before what follows
-                    obs.stopped = "eval"
-                    raise Stop from None
-                raise
-            obs.eval_batches += obs.ending
-            if loader is not None:
-                for t in _tensors(batch):
-                    obs.batches.add(t, loader)
-            return batch
-
-        return next_
+                raise Stop from None
+            raise
+        obs.eval_batches += obs.ending
+        if loader is not None:
+            for t in _tensors(batch):
+                obs.batches.add(t, loader)
+        return batch
 
     patch(DataLoader, "__init__", loader_init)
     patch(DataLoader, "__iter__", loader_iter)
     patch(_BaseDataLoaderIter, "__next__", loader_next)
-    finder = None
+    finder = AfterImport(TRANSFORMS, transforms)
     if TRANSFORMS in sys.modules:
         transforms(sys.modules[TRANSFORMS])
     else:
-        finder = AfterImport(TRANSFORMS, transforms)
         sys.meta_path.insert(0, finder)
     try:
         yield

@@ -35,9 +35,8 @@ ADDED = {"mix": "", "shuffle_buffer": 1024}
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
-    """Write ``state`` (plain dict) to ``path`` atomically, tagged with the format version;
-    a full disk or an unwritable folder is a ``CheckpointError`` naming ``path``, with the
-    previous file left as it was and no temporary file left beside it (row 19)."""
+    """``state`` (plain dict) to ``path`` atomically, tagged with the format version; a failed
+    write is a ``CheckpointError`` naming ``path``, the previous file kept (row 19)."""
     try:
         with atomic_write(path) as f:
             f = stops.watched(f, "checkpoint-write")  # (a test's point inside the write)
@@ -97,8 +96,7 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
 
 
 def resume_path(resume: str | None, latest: Path, say: bool = True) -> Path | None:
-    """The checkpoint to continue from: ``resume`` itself, or for ``"auto"`` ``latest``
-    when it exists (else a fresh start, said when ``say``)."""
+    """``resume``, or for ``"auto"`` ``latest`` when it exists (else None, said when ``say``)."""
     if resume is None:
         return None
     if resume != "auto":
@@ -139,9 +137,8 @@ def save(
 
 
 def restore(path: Path, run: dict, parts: dict) -> Progress:
-    """Load the checkpoint at ``path`` into ``parts`` (as for ``save``) once it is known to
-    come from the same run (``run``: this run's config plus ``world_size`` and
-    ``data_fingerprint``); its progress."""
+    """The checkpoint at ``path`` loaded into ``parts`` once it is known to be of the same run
+    (``run``: the config, ``world_size``, ``data_fingerprint``); its progress."""
     state = load_checkpoint(path)
     saved = {**state["config"], **{k: state.get(k) for k in ("world_size", "data_fingerprint")}}
     unprinted = saved["data_fingerprint"] is None  # written before fingerprints (0.1.0)
@@ -173,8 +170,7 @@ def restore(path: Path, run: dict, parts: dict) -> Progress:
 
 
 def check_same_run(path: str | os.PathLike, saved: dict, now: dict) -> None:
-    """Refuse to continue from ``saved`` (config dict + world_size) under a run that differs
-    in any of ``RUN_FIELDS``, listing every field that differs (docs/RELIABILITY.md row 21)."""
+    """Refuse ``saved`` under a run that differs in any of ``RUN_FIELDS``, listing each (row 21)."""
     saved = {**ADDED, **saved}
     differ = [
         f"{k} {saved.get(k)!r} (checkpoint) != {now.get(k)!r} (now)"
@@ -194,8 +190,7 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore what ``rng_state`` saved; CUDA states only when this machine has as many
-    devices (a CUDA run resumed on the CPU keeps going without them)."""
+    """Restore what ``rng_state`` saved; CUDA's only where there are as many devices."""
     torch.set_rng_state(state["cpu"])
     cuda = state.get("cuda")
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():

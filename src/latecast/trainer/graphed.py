@@ -40,12 +40,9 @@ def nesterov_sgd(
 
 
 class GraphedStep:
-    """The whole training step of ``model`` on ``loader``'s static resident batches: built
-    and warmed up (eagerly, on a side stream, then every weight, BatchNorm statistic and
-    momentum buffer put back), then ``capture`` once; each call replays it.
-
-    Use with ``Loader.staged()``: ``for _ in loader.staged(): loss = step()``.
-    """
+    """The whole training step of ``model`` on ``loader``'s static resident batches, warmed
+    up (its state put back), then ``capture``d once; each call replays it:
+    ``for _ in loader.staged(): loss = step()``."""
 
     def __init__(
         self,
@@ -85,8 +82,7 @@ class GraphedStep:
         return loss.detach()
 
     def _warm_up(self) -> None:
-        """``WARMUP_STEPS`` eager steps on a side stream (as ``torch.cuda.graph`` asks), then
-        the state put back in place, addresses kept."""
+        """``WARMUP_STEPS`` eager steps on a side stream, then the state put back in place."""
         saved = {k: v.clone() for k, v in self.model.state_dict().items()}
         buffers = [b.clone() for b in self.buffers]
         side = torch.cuda.Stream(self.loader.device)
@@ -117,8 +113,7 @@ class GraphedStep:
         self.graph = graph
 
     def __call__(self, images: torch.Tensor | None = None, labels=None) -> torch.Tensor:
-        """Replay one step on the batch ``Loader.staged`` just staged (``images`` and
-        ``labels`` are those static buffers, ignored). The loss, on the device."""
+        """Replay one step on the batch ``Loader.staged`` staged (arguments ignored); the loss."""
         self.lr.fill_(self.group["lr"])  # a kernel with the value as argument: no sync
         self.graph.replay()
         with warnings.catch_warnings():  # torch warns once of "lr_scheduler.step() before

@@ -40,8 +40,7 @@ _KEYS = {  # what a file latecast wrote holds, per JSON name
 
 
 def check_path(out: str) -> Path:
-    """``out`` as a Path once it is known that a run can create and write it; one
-    ``ConfigError`` naming it otherwise. Writes nothing."""
+    """``out`` as a Path once a run can create and write it, else ``ConfigError``; no writes."""
     if not out:
         raise ConfigError("output_dir is empty: name a folder")
     path = Path(out)
@@ -132,9 +131,8 @@ def _put_back(folder: Path, out: Path) -> None:
 
 @contextlib.contextmanager
 def _held(out: str) -> Iterator[Path]:
-    """``out`` created and its lock taken (naming this process) for the block. Folders it
-    created are removed after the block when it left nothing in them but the lock file (a
-    run that stopped before writing anything leaves no folder behind)."""
+    """``out`` created and its lock taken (naming this process) for the block; folders it
+    created are removed after it when they hold nothing but the lock file."""
     path = check_path(out)
     made = [p for p in (path, *path.parents) if not os.path.lexists(p)]  # leaf first
     try:
@@ -168,9 +166,8 @@ def _held(out: str) -> Iterator[Path]:
 
 
 def write(out: str, name: str, value: dict | list[dict]) -> None:
-    """``OUT/name`` written whole or not at all (a kill mid-write leaves the previous one, so
-    the file stays one that ``--overwrite`` can verify): a JSON object, indented, or for
-    ``.jsonl`` one JSON row a line. A failed write is one line naming the file."""
+    """``OUT/name`` written whole or not at all: a JSON object, indented, or for ``.jsonl`` one
+    JSON row a line; a failed write is a ``WriteError`` naming the file."""
     path = Path(out) / name
     rows = name.endswith(".jsonl")
     text = "".join(json.dumps(r) + "\n" for r in value) if rows else json.dumps(value, indent=2)
@@ -187,8 +184,7 @@ def _read(fd: int) -> str:
 
 
 def _lock(fd: int, path: Path, mode: int) -> None:
-    """Take ``mode`` on ``fd`` or raise naming the run that holds it; a shared lock (for
-    ``check``) is only a probe and is released at once."""
+    """Take ``mode`` on ``fd`` or raise naming the run that holds it (``LOCK_SH``: a probe)."""
     if not fcntl:
         return
     try:
