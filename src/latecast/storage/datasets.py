@@ -242,8 +242,7 @@ def _find(name: str, spec: Spec, split: str, root: Path) -> list[Path]:
 
 
 def _cached(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
-    """The split memory-mapped from its cache store; decoded and rewritten if that is damaged
-    or was made from other files (path, size, mtime)."""
+    """The split memory-mapped from its cache store, rewritten if damaged or of other files."""
     identity = "; ".join(
         f"{p.resolve()} ({st.st_size} bytes, mtime_ns {st.st_mtime_ns})"
         for p, st in ((p, p.stat()) for p in sources)

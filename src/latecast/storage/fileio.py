@@ -84,8 +84,8 @@ def _alive(pid: int) -> bool:
 
 
 def _clean_temps(path: Path) -> None:
-    """Remove ``.NAME.HOST-PID.XXXXXXXX.tmp`` files of ``path`` that writers on this host,
-    now dead (killed mid-write), left; a live writer's, or another host's, stay."""
+    """Remove the ``.NAME.HOST-PID.XXXXXXXX.tmp`` files of ``path`` that dead writers on this
+    host left (a live writer's, or another host's, stay)."""
     prefix, host = f".{path.name}.", socket.gethostname()
     for p in path.parent.iterdir():
         if not (p.name.startswith(prefix) and p.name.endswith(".tmp")):

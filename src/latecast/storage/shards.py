@@ -69,8 +69,8 @@ def filesystem(url: str):
 
 
 def expand(spec: str) -> list[str]:
-    """``shard-{000..009}.tar`` -> the ten names (zero-padded as written); a pattern's ``*`` and
-    ``?`` -> the files matching it, sorted (local, or through fsspec for ``s3://``...)."""
+    """``shard-{000..009}.tar`` -> the ten names (padded as written); ``*``, ``?`` -> the files
+    matching, sorted (local, or through fsspec)."""
     m = _BRACES.search(spec)
     if m:
         a, b = m.groups()
@@ -105,9 +105,8 @@ def _transient(err: BaseException) -> bool:
 
 
 class Retry:
-    """Runs steps on one shard's source, each retried ``len(RETRY_WAITS)`` times with backoff
-    while it fails the network's way (``_transient``), said once (a warning) for the source;
-    then, or on any other failure, one ``FormatError`` naming the shard."""
+    """Runs steps on one shard's source, retried with backoff (``RETRY_WAITS``) while they fail
+    the network's way, said once; then, or on another failure, a ``FormatError`` naming it."""
 
     def __init__(self, url: str) -> None:
         self.url, self.said = url, False
@@ -145,8 +144,7 @@ class Retry:
 
 
 def shard_size(url: str) -> int | None:
-    """The shard's length as its source announces it (None: unknown), asked as reads are
-    (retried, ``Retry``); a shard that is not there is one line naming it."""
+    """The shard's length as its source announces it (None: unknown), retried as reads are."""
     fs, path = filesystem(url)
     return Retry(url)(lambda: fs.size(path), lambda: "asking its size failed")
 
@@ -176,8 +174,7 @@ class Source:
             f.seek(self.pos)
 
     def read(self, n: int = CHUNK) -> bytes:
-        """Up to ``n`` bytes; ``b""`` only at the end (``size`` reached, or the source's end
-        when its size is unknown)."""
+        """Up to ``n`` bytes; ``b""`` only at the end (``size`` reached, or the source's end)."""
         if self.size is not None:
             n = min(n, self.size - self.pos)
             if n <= 0:
@@ -298,8 +295,7 @@ def _long_name(kind: bytes, data: bytes) -> str | None:
 
 
 def samples(tar: Tar) -> Iterator[tuple[int, str, dict[str, bytes]]]:
-    """``(offset, key, {extension: data})`` of each sample: consecutive members sharing
-    WebDataset's key."""
+    """``(offset, key, {extension: data})`` per sample: members sharing WebDataset's key."""
     offset, key, fields = 0, None, {}
     for at, name, data in tar.members():
         found = _KEY.match(name)
@@ -419,8 +415,7 @@ class Shard:
             )
 
     def _whole(self, src: Source, count: int) -> None:
-        """After the end-of-archive blocks of a shard read from byte 0: its count, length and
-        SHA-256 against the index."""
+        """A shard read whole: its count, length and SHA-256 against the index."""
         found = src.hash.hexdigest()
         if count != len(self) or src.pos != self.size or found != self.sha256:
             raise FormatError(

@@ -36,8 +36,7 @@ class Edit:
 
 
 class Source:
-    """One file of the script: its lines, its tree, and the replacements gathered for it,
-    at ``ast``'s positions (lines from 1, columns in UTF-8 bytes)."""
+    """One file of the script: its lines, tree and replacements (at ``ast``'s positions)."""
 
     def __init__(self, path: str) -> None:
         with tokenize.open(path) as f:  # as Python reads it: its coding line, else UTF-8
@@ -104,8 +103,7 @@ class Source:
         ]
 
     def _applied(self, first: int, last: int, spans: list) -> list[str]:
-        """Lines ``first..last`` with ``spans`` replaced (from the last, so that the offsets
-        of those before still hold)."""
+        """Lines ``first..last`` with ``spans`` replaced (from the last: earlier offsets hold)."""
         rows = [x.encode() for x in self.lines[first - 1 : last]]
         starts = [sum(len(r) + 1 for r in rows[:i]) for i in range(len(rows))]
         text = b"\n".join(rows)
@@ -268,8 +266,8 @@ def _all_names(tree: ast.AST) -> set[str]:
 
 
 def _global(src: Source, expr: ast.AST, function: ast.AST | None, before: int) -> bool:
-    """Whether every name ``expr`` reads is a module's, assigned at its top (outside any
-    function or class) before line ``before``, and none is the function's own."""
+    """Whether every name ``expr`` reads is assigned at the module's top before ``before``,
+    and none is ``function``'s own."""
     names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
     own: set[str] = set()
     if function is not None:
@@ -379,8 +377,7 @@ class Advice:
         return self.converted[made]
 
     def wrap(self, i: int, site, normalize: bool) -> str | None:
-        """Loader ``i`` through ``latecast.wrap``, with its transform's mean and std where
-        latecast now normalizes, and the script's device where it is not latecast's own."""
+        """Loader ``i`` through ``latecast.wrap``, with its mean and std where ``normalize``."""
         x = self.loaders[i]
         stats = normalize and x.normalize  # (ToTensor() alone: scaled to [0, 1], as wrap does)
         options = [f"mean={stats[0]!r}, std={stats[1]!r}"] if stats else []
@@ -392,8 +389,7 @@ class Advice:
         return None
 
     def device(self, site) -> str:
-        """``device=`` for latecast: the CPU where the script moved to it on a machine with
-        CUDA, else ``"auto"`` (``cuda:LOCAL_RANK``, or the CPU where there is no CUDA)."""
+        """``device=``: the CPU where the script moved to it though CUDA is here, else auto."""
         return '"cpu"' if self.cuda and site.targets == {"cpu"} else '"auto"'
 
     def named(self, i: int) -> str:

@@ -181,8 +181,7 @@ def fit(
     device: torch.device,
     limit: int | None,
 ) -> dict:
-    """Train a fresh model on one ``batches()`` per epoch with ``train``'s own recipe and
-    step; time each epoch between device syncs, evaluate outside the timer."""
+    """A fresh model trained on ``batches()`` per epoch with ``train``'s recipe, timed."""
     config, model, opt, sched = recipe(config, ds, device, steps_per_epoch)
     test_loader = Loader(test, 1000, device=device, shuffle=False, pad=False)
     seconds, accuracy = [], []
@@ -256,8 +255,7 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
 
 
 def _two_pass(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> Callable:
-    """How ``normalize`` worked before the fused form: addcmul on a float copy, then the
-    dtype and layout change (two more passes over the batch)."""
+    """Normalize in two passes: addcmul on a float copy, then the dtype and layout change."""
     m, s = torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
     scale = (1 / (255 * s)).to(device, torch.float32).view(1, -1, 1, 1)  # (1, C, 1, 1)
     shift = (-m / s).to(device, torch.float32).view(1, -1, 1, 1)
@@ -384,8 +382,7 @@ def _host_table(section: dict, prefix: str, fewer: str) -> str:
 
 
 def report_markdown(r: dict) -> list[str]:
-    """The tables of ``bench``'s result, each under its title (``write_report`` puts the
-    run's machine and revision on top)."""
+    """The tables of ``bench``'s result, each under its title."""
     c, speed, best = r["config"], r["loader_images_per_s"], r["best_torchvision"]
     ranges = r["loader_images_per_s_range"]
     rows = [

@@ -31,10 +31,7 @@ class DoctorConfig:
     module: str | None = option(None, "run a module, as python -m MODULE", short="-m")
     steps: int = option(50, "stop the script after this many optimizer steps", low=1)
     eval_steps: int = option(
-        0,
-        "after --steps, end the training pass and watch up to this many batches of the "
-        "evaluation that follows (0: stop at --steps)",
-        low=0,
+        0, "after --steps, end the training pass; watch N batches of the evaluation after", low=0
     )
     output_dir: str | None = option(None, "also write doctor.md there")
     profile: bool = option(False, "CUDA: torch.profiler over a few steps, Memcpy HtoD vs kernels")
@@ -152,9 +149,8 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
 
 
 def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
-    """The result: the training steps' sites (per step) and evaluation's (per batch) with
-    their verdicts, the total per step, the moves made only before the first step, and the
-    DataLoaders the script made."""
+    """The result: the sites of the training steps (per step) and of evaluation (per batch)
+    with verdicts and totals, the moves before the first step, the script's DataLoaders."""
     steps, sites, evaluation, setup, advised = obs.steps, [], [], [], []
     for s in obs.sites.values():
         row = {"site": s.where, "dtype": _name(s.dtype), "shape": list(s.shape)}
@@ -189,11 +185,9 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
         "sites": sites,
         "evaluation": evaluation,
         "setup": setup,
-        "total": {
-            "bytes_per_step": now,
-            "bytes_per_step_then": then,
-            "factor": now / then if then else 1.0,
-        },
+        "total": dict(
+            bytes_per_step=now, bytes_per_step_then=then, factor=now / then if then else 1.0
+        ),
         "edits": [asdict(e) for e in advice.edits()],
         "loaders": [
             {

@@ -126,9 +126,7 @@ def _in_effect(letter: str, value: str | None) -> bool:
 
 @contextlib.contextmanager
 def as_python_would(flags: list[tuple[str, str | None]]) -> Iterator[None]:
-    """The script's run as ``python FLAGS script`` runs it: ``-u``, ``-W``, ``-B`` applied,
-    and its warnings shown as Python shows them (``file:line: Category: message``), not as
-    the command line shows latecast's own; all put back after."""
+    """``-u``, ``-W``, ``-B`` applied and warnings shown as Python shows them, put back after."""
     streams = [s for s in (sys.stdout, sys.stderr) if hasattr(s, "reconfigure")]
     saved = sys.dont_write_bytecode, warnings.formatwarning
     buffering = [(s.line_buffering, s.write_through) for s in streams]
@@ -150,8 +148,7 @@ def as_python_would(flags: list[tuple[str, str | None]]) -> Iterator[None]:
 
 
 def python_formatwarning(message, category, filename, lineno, line=None) -> str:
-    """A warning as Python's own ``warnings.formatwarning`` shows it (the command line
-    replaces that function with one line of its own for latecast's warnings)."""
+    """A warning as Python's own ``warnings.formatwarning`` shows it (the CLI replaces it)."""
     line = linecache.getline(filename, lineno) if line is None else line
     source = f"  {line.strip()}\n" if line and line.strip() else ""
     return f"{filename}:{lineno}: {category.__name__}: {message}\n{source}"
@@ -238,8 +235,7 @@ def _raised(err: Exception, start: Path) -> str:
 
 
 class Profiler:
-    """``torch.profiler`` over the ``PROFILED`` steps after ``WARMUP`` (CUDA): the time
-    ``Memcpy HtoD`` takes against kernel time, per step."""
+    """``torch.profiler`` over ``PROFILED`` steps after ``WARMUP``: Memcpy HtoD and kernel ms."""
 
     def __init__(self) -> None:
         self.prof, self.result = None, None

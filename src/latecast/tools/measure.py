@@ -54,9 +54,7 @@ def passes(
     make_iter: Callable[[], Iterator], n_batches: int, repeats: int, device: torch.device
 ) -> list[tuple[int, float, float]]:
     """(images, seconds, host CPU seconds) of each timed pass over ``n_batches`` batches, after
-    a warm-up pass of at most 20 (enough to start workers and allocators; a full torchvision
-    epoch costs minutes). The CPU count starts before ``make_iter``: workers reset by it
-    start preparing batches at once."""
+    a warm-up pass of at most 20; CPU counted from before ``make_iter`` (workers start there)."""
     out = []
     for r in range(repeats + 1):
         cpu0 = cpu_seconds()
@@ -110,8 +108,7 @@ def host_rows(runs: dict[str, list], n: int, h2d: dict[str, int]) -> dict[str, d
 
 
 def epochs(loader: Loader) -> Callable[[], Iterator[Batch]]:
-    """Each call starts the loader's next epoch at its first batch (a pass cut short leaves
-    a Loader mid-epoch: ``iter`` would resume there)."""
+    """Each call starts the loader's next epoch from its first batch (not mid-epoch)."""
     count = itertools.count(loader.epoch + 1)
 
     def start() -> Iterator[Batch]:
@@ -237,9 +234,8 @@ def span(values: Iterable[float], fmt: str = ",.0f") -> str:
 def write_report(
     r: dict, command: str, sections: list[str], panels: list[Panel], files: list[Path]
 ) -> None:
-    """The result ``r`` of ``latecast command`` as JSON, as markdown (the run's machine and
-    revision, then ``sections``; also printed) and ``panels`` as a PNG, to ``files`` (the
-    three paths in that order)."""
+    """``r`` of ``latecast command`` to ``files``: JSON, markdown (machine and revision, then
+    ``sections``; also printed) and ``panels`` as a PNG."""
     md = (
         f"`latecast {command}` on {r['device']} ({r['gpu'] or r['cpu']}), torch {r['torch']}, "
         f"git {r['git']}, {r['date']}: " + "\n\n".join(sections)

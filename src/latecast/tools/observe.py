@@ -30,9 +30,7 @@ _PACKAGE = str(Path(__file__).parents[1])  # latecast's own files (an editable i
 
 
 class Stop(BaseException):
-    """Stops the script (after ``--steps`` steps, or the evaluation ``--eval-steps``
-    watches): not an ``Exception``, so the script's own ``except Exception`` lets it
-    through."""
+    """Stops the script: not an ``Exception``, so the script's ``except Exception`` lets it by."""
 
 
 @dataclass
@@ -71,9 +69,8 @@ class LoaderSeen:
 
 
 class Marks:
-    """Objects of the script (tensors, loaders, transforms) marked while they live, each with
-    a value: by identity (a tensor's ``==`` compares its elements), forgotten as each is
-    freed; the objects themselves are never written to."""
+    """The script's objects marked with a value while they live, by identity (a tensor's
+    ``==`` compares elements); the objects themselves are never written to."""
 
     def __init__(self) -> None:
         self.marked: dict[int, tuple[weakref.ref, object]] = {}
@@ -165,10 +162,8 @@ class Observer(TorchFunctionMode):
 
 
 def _torchs_own(module: str) -> bool:
-    """A move torch makes of a tensor it keeps on the device (``clip_grad_norm_`` gathering
-    its norms, an optimizer's state): on a CPU it looks like one of the script's. What a
-    module's ``.to()`` moves, and what DDP and DataParallel move to their devices, is the
-    script's."""
+    """A move torch makes of a tensor it keeps on the device (``clip_grad_norm_``'s norms);
+    a module's ``.to()`` and what DDP and DataParallel move are the script's."""
     return (module == "torch" or module.startswith("torch.")) and not module.startswith(
         ("torch.nn.modules.", "torch.nn.parallel.")
     )
@@ -211,8 +206,7 @@ def is_library(path: str) -> bool:
 
 
 def short_path(path: str, start: Path) -> str:
-    """``path`` relative to ``start``, where doctor was started (the script may change
-    directory), or whole where it lies outside."""
+    """``path`` relative to ``start`` (where doctor started), or whole where it lies outside."""
     p = Path(path)
     return str(p.relative_to(start)) if p.is_absolute() and p.is_relative_to(start) else path
 
