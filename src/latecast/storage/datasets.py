@@ -96,7 +96,7 @@ def _pins(dataset: str) -> dict[str, str]:
 
 _TORONTO = ("https://www.cs.toronto.edu/~kriz/",)
 # Fashion-MNIST's own S3 mirror is plain http, so it is not listed.
-DATASETS: dict[str, Spec] = {
+_SPECS = {
     "mnist": Spec("idx", _IDX_FILES, ("MNIST/raw",), tuple("0123456789"), bundled=True),
     "fashion-mnist": Spec(
         "idx",
@@ -107,7 +107,6 @@ DATASETS: dict[str, Spec] = {
             "https://storage.googleapis.com/tensorflow/tf-keras-datasets/",
             "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
         ),
-        sha256=_pins("fashion-mnist"),
     ),
     "kmnist": Spec(
         "idx",
@@ -115,7 +114,6 @@ DATASETS: dict[str, Spec] = {
         ("KMNIST/raw",),
         tuple("o ki su tsu na ha ma ya re wo".split()),
         mirrors=("https://codh.rois.ac.jp/kmnist/dataset/kmnist/",),
-        sha256=_pins("kmnist"),
     ),
     "cifar10": Spec(
         "cifar",
@@ -127,7 +125,6 @@ DATASETS: dict[str, Spec] = {
         archive="cifar-10-binary.tar.gz",
         class_file="batches.meta.txt",
         pickle_names=("cifar-10-batches-py", "cifar-10-python.tar.gz"),
-        sha256=_pins("cifar10"),
     ),
     "cifar100": Spec(
         "cifar",
@@ -140,9 +137,9 @@ DATASETS: dict[str, Spec] = {
         record=3074,
         class_file="fine_label_names.txt",
         pickle_names=("cifar-100-python", "cifar-100-python.tar.gz"),
-        sha256=_pins("cifar100"),
     ),
 }
+DATASETS: dict[str, Spec] = {name: replace(s, sha256=_pins(name)) for name, s in _SPECS.items()}
 BUNDLED = Path(__file__).parent.parent / "bundled"  # latecast/bundled: package data
 
 

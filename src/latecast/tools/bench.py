@@ -406,13 +406,11 @@ def report_markdown(r: dict) -> list[str]:
             ]
             for k, v in r["end_to_end"].items()
         ]
-        recipe = r["recipe"]
+        recipe, head = r["recipe"], "loop|s/epoch|min .. max|test acc per epoch|s to 99%"
         parts += [
             f"End to end: {recipe['model']}, SGD + one-cycle, batch "
             f"{recipe['batch_size']} (preset {recipe['preset']})",
-            measure.markdown_table(
-                ["loop", "s/epoch", "min .. max", "test acc per epoch", "s to 99%"], rows
-            ),
+            measure.markdown_table(head.split("|"), rows),
         ]
     if r["image_folder"]:
         folder = r["image_folder"]
@@ -454,12 +452,8 @@ def report_markdown(r: dict) -> list[str]:
         ]
         for k, v in r["h2d_detail"].items()
     ]
-    return parts + [
-        "Host->device bytes per epoch",
-        measure.markdown_table(
-            ["path", "per epoch", "once", "counted over 1 epoch", "fewer than float32"], rows
-        ),
-    ]
+    head = "path|per epoch|once|counted over 1 epoch|fewer than float32".split("|")
+    return [*parts, "Host->device bytes per epoch", measure.markdown_table(head, rows)]
 
 
 def panels(r: dict) -> list[measure.Panel]:

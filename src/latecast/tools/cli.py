@@ -159,11 +159,8 @@ def _run_info(args: argparse.Namespace) -> dict:
         from ..decode import decoder
 
         info["decoder"] = decoder()
-    stored = (
-        "uint8"
-        if tr["encoding"] == "raw"
-        else f"{tr['encoding']} ({human_bytes(tr['image_bytes'])}, decoded by {info['decoder']})"
-    )
+    coded = f"{tr['encoding']} ({human_bytes(tr['image_bytes'])}, decoded by {info.get('decoder')})"
+    stored = "uint8" if tr["encoding"] == "raw" else coded
     print(
         f"{args.dataset}: train {tr['samples']} x {tuple(tr['image_shape'])} {stored}, "
         f"test {info['test']['samples']}, {tr['classes']} classes, "
@@ -220,10 +217,8 @@ def _run_profile(args: argparse.Namespace) -> dict:
 
     _need_bench_extra("profile")
     result = profile(_config(ProfileConfig, args))
-    print(
-        f"wrote report.md, report.json, profile.png and {len(result['rows'])} traces to "
-        f"{args.output_dir}"
-    )
+    rows = len(result["rows"])
+    print(f"wrote report.md, report.json, profile.png and {rows} traces to {args.output_dir}")
     return result
 
 

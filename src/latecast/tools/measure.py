@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -130,10 +131,8 @@ def run_info(device: torch.device) -> dict:
     except OSError:
         git = ""
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")),
-        platform.machine(),
-    )
+    found = re.search(r"^model name[^:]*:(.*)$", cpuinfo, re.M)
+    cpu = found[1].strip() if found else platform.machine()
     return {
         "device": str(device),
         "cpu": cpu,
