@@ -1,7 +1,5 @@
-"""Known datasets as compact uint8 arrays: bundled MNIST, local files, verified downloads.
-
-``load_dataset(name, split)`` finds a dataset's original files (bundled, under ``root`` in
-the original or torchvision layout, or downloaded against a pinned SHA-256), decodes them once,
+"""Known datasets as compact uint8 arrays: ``load_dataset`` finds the original files
+(bundled MNIST, under ``root``, or downloaded against a pinned SHA-256), decodes them once,
 strictly (binary formats only: CIFAR's pickles could run code), and keeps each split as a
 store in the cache (``$LATECAST_CACHE``), memory-mapped by later loads (MNIST: ~4 ms, not ~1 s).
 """
@@ -63,12 +61,9 @@ _CIFAR100_CLASSES = tuple(
     willow_tree wolf woman worm""".split()
 )
 
-# SHA-256 pins, as `sha256sum` prints them. torchvision's datasets source (datasets/mnist.py,
-# cifar.py) lists only MD5s; these are the SHA-256s in torchvision's prototype datasets
-# (_builtin/mnist.py: Fashion-MNIST, KMNIST) and, for the CIFAR binary archives (MD5
-# c32a1d4a..., 03b5dce0...), torchvision-ruby and MLDatasets.jl. Each agrees in at least two
-# independent public sources; none could be recomputed here (no network). MNIST is bundled
-# (bundled/SHA256SUMS) and never downloaded.
+# SHA-256 pins, as `sha256sum` prints them, each as at least two public sources give it:
+# torchvision's prototype datasets (Fashion-MNIST, KMNIST), torchvision-ruby and MLDatasets.jl
+# (the CIFAR binary archives). MNIST is bundled (bundled/SHA256SUMS), never downloaded.
 _PINS = """
 3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84  fashion-mnist/train-images-idx3-ubyte.gz
 a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845  fashion-mnist/train-labels-idx1-ubyte.gz

@@ -1,17 +1,11 @@
 """WebDataset tar shards read through fsspec (local, ``http(s)://``, ``s3://``, ``gs://``),
 and their index.
 
-``Tar`` reads a shard as a stream of 512-byte records (gzip unpacked as it streams); members
-group into samples by WebDataset's key rule. A shard that ends early (inside a header or a
-member, before its end-of-archive blocks, or before its announced length) is a
-``FormatError`` naming the shard and the byte. Failed reads and size queries are retried from
-the byte reached (``Retry``, ``RETRY_WAITS``), said once.
-
-The index (``latecast index``, or ``train`` without one: ``index.json`` beside the shards,
-else in the cache; wids' shard-index layout) adds per shard its SHA-256 and channels, per
-sample its key, label, CRC-32 (``checksum``) and first header's offset, so a reader starts at
-any sample. Reads are checked against it: a shard's length when opened, each sample's key,
-offset, label and CRC-32 as read, a shard read whole by its SHA-256.
+``Tar`` streams a shard's 512-byte records (gzip unpacked as it goes); members group into
+samples by WebDataset's key rule. A shard cut short is a ``FormatError`` naming it and the
+byte; failed reads are retried from the byte reached (``Retry``), said once. The index
+(``latecast index``, or ``train`` without one; wids' layout) adds each shard's SHA-256 and
+channels and each sample's key, label, CRC-32 and offset: reads are checked against it.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The edits ``latecast doctor`` proposes, found in the script's own source with ``ast``:
-hunks of whole lines, before and after, to apply as written (tests/test_doctor.py does).
-
-- 8-bit images: the transform's ``ToTensor()`` (and the ``Normalize`` right after it) become
-  ``PILToTensor()``, and *every* DataLoader whose transform holds that ``ToTensor`` goes
-  through ``latecast.wrap`` with its own mean and std (a loader left out would hand its model
-  uint8). Labels alone are not wrapped where the images cannot be made uint8.
-- batches made per call (nanoGPT's ``get_batch``): the moving statement, and each beside it
-  moving the same tensors into the same names, becomes ``mover((x, y))`` with one
-  ``latecast.Mover`` made before it (``wrap`` would read ahead and move the script's draws).
-
-Elsewhere the advice stays in words, and says so.
+"""The edits ``latecast doctor`` proposes, found in the script's source with ``ast``: hunks of
+whole lines to apply as written (tests/test_doctor.py does). 8-bit images: the transform's
+``ToTensor()`` (and its ``Normalize``) become ``PILToTensor()`` and *every* DataLoader sharing
+that ``ToTensor`` goes through ``latecast.wrap`` with its mean and std. Batches made per call
+(nanoGPT's ``get_batch``): the statements moving them become ``mover((x, y))``, one
+``latecast.Mover`` made before. Elsewhere the advice stays in words, and says so.
 """
 
 from __future__ import annotations
@@ -168,9 +162,8 @@ def _is_normalize(src: Source, node: ast.AST, line: int) -> bool:
 
 
 def wrap(src: Source, line: int, cls: str, options: str) -> str | None:
-    """The DataLoader made at ``line`` passed through ``latecast.wrap(..., options)``
-    (nothing where it is already): the name it is assigned to, or ``""``; None where there
-    is no one call of it at that line."""
+    """The DataLoader made at ``line`` through ``latecast.wrap(..., options)`` (unless it is):
+    the name it is assigned to, or ``""``; None where there is no one call of it there."""
     found = src.calls(line, (cls, "DataLoader"))
     if len(found) != 1:
         return None
@@ -290,9 +283,8 @@ def _global(src: Source, expr: ast.AST, function: ast.AST | None, before: int) -
 
 
 class Advice:
-    """The edits for the sites that could cross narrower, file by file, or why doctor cannot
-    write them. ``loaders``: every ``observe.LoaderSeen``; ``short`` names a file as the
-    report does; ``cuda``: whether this machine has one (a script that chose the CPU keeps it)."""
+    """The edits for the sites that could cross narrower, or why doctor cannot write them.
+    ``loaders``: the ``observe.LoaderSeen``; ``short`` names a file; ``cuda``: whether here."""
 
     def __init__(self, loaders: list, short: Callable[[str], str], cuda: bool) -> None:
         self.loaders, self.short, self.cuda = loaders, short, cuda

@@ -1,16 +1,12 @@
 """``latecast bench``: latecast against the plain torchvision ``DataLoader`` loop, in one run.
 
 (a) Loader images/s, normalized batches on the device: each mover, torchvision's
-    ``DataLoader`` at 0, 2 and ``os.cpu_count()`` workers, an upper bound (a uint8 batch
-    already on the device) and a bandwidth reference (a numpy uint8 gather).
-(b) End to end: ``train``'s model, optimizer and schedule through the usual loop and through
-    latecast: seconds per epoch and to 99% test accuracy.
-(c) Host->device bytes per epoch per mover, ``epoch_bytes`` beside what a Loader counts.
-(d) ``wrap`` over an ``ImageFolder`` DataLoader of PNGs against the usual float32 one, and
-(f) photos streamed from WebDataset shards, decoded in the workers or by ``wrap`` on the
-    device (``photo_rows.py``): images/s, host CPU seconds and bytes per epoch.
+    ``DataLoader`` at 0, 2 and all-core workers, an upper bound and a numpy gather.
+(b) End to end: ``train``'s recipe through the usual loop and through latecast.
+(c) Host->device bytes per epoch per mover.
+(d) ``wrap`` over an ``ImageFolder`` DataLoader against the usual float32 one, and
+(f) photos from WebDataset shards (``photo_rows.py``): images/s, host CPU s, bytes.
 (e) ``--kernels``: the normalize kernel alone, two passes, fused, compiled.
-
 Each timing: a warm-up pass, then ``repeats`` passes between device syncs; median and range.
 """
 

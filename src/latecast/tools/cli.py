@@ -329,8 +329,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _one_line(text: object) -> str:
-    """``text`` on one line: control characters (newlines in a file name, terminal escapes)
-    shown escaped, as ``repr`` would."""
+    """``text`` on one line, control characters escaped as ``repr`` would."""
     return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], str(text).strip())
 
 
@@ -350,9 +349,8 @@ def _strict(value):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit code. Ctrl-C at any point, even while torch is still
-    importing (``build_parser`` imports the command's module), is one line and exit code
-    130 (row 79)."""
+    """Run one command; its exit code. Ctrl-C at any point, even while torch is importing,
+    is one line and exit code 130 (row 79)."""
     if "torch" not in sys.modules and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):
         os.environ["GOMP_SPINCOUNT"] = "2000"  # read once, as torch loads: see threads.py
     try:

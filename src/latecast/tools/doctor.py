@@ -1,11 +1,8 @@
 """``latecast doctor``: run anyone's training script, unmodified, and say what crosses the
 host->device bus wider than it needs to, and the change that narrows it (docs/doctor.md).
-
-``launch.py`` runs the script as python would, ``observe.py`` records each move per line of
-the script with a bounded sample of its values, ``advice.py`` writes the edits. Here: the
-verdict per site (8-bit pixels ``(k/255 - mean)/std``: uint8, 4x fewer bytes than float32;
-integers: the narrowest dtype that holds them; else nothing to gain) and the report. On a
-machine without an accelerator the ``.to(device)`` calls are counted as what would cross.
+``launch.py`` runs it, ``observe.py`` records each move per line, ``advice.py`` writes the
+edits; here the verdict per site (8-bit pixels ``(k/255 - mean)/std``: uint8; integers: the
+narrowest dtype holding them) and the report. Without a GPU ``.to(device)`` counts as a move.
 """
 
 from __future__ import annotations

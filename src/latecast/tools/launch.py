@@ -31,8 +31,7 @@ WARMUP, PROFILED = 2, 3  # --profile: steps before the profiler starts, steps it
 
 @dataclass(frozen=True)
 class Script:
-    """What follows ``--``: a script's path or a module's name, its arguments, and the
-    interpreter's own options given before it (``python -u -W ignore train.py``)."""
+    """What follows ``--``: a script's path or a module, its arguments, python's options."""
 
     kind: str  # "path" | "module"
     name: str

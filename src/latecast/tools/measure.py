@@ -1,7 +1,6 @@
-"""What ``latecast bench`` and ``latecast profile`` (and the scripts in ``benchmarks/``)
-measure with: their shared options, timed passes between device syncs, the host CPU count,
-the machine and revision saved next to every number, the usual torchvision ``DataLoader``
-both compare against, and one report writer (JSON, markdown tables, a bar plot).
+"""What ``bench``, ``profile`` and ``benchmarks/`` measure with: shared options, timed passes
+between device syncs, host CPU seconds, the run's machine and revision, the torchvision
+``DataLoader`` baseline, one report writer (JSON, markdown, a bar plot).
 """
 
 from __future__ import annotations

@@ -89,11 +89,9 @@ class Marks:
 
 
 class Observer(TorchFunctionMode):
-    """Records every host->device move made under it, per site. Not the script's: torch's
-    own moves (``_torchs_own``); latecast's copies are marked as latecast's. What a move
-    handed out (by latecast, or at another site) is on the device already: moved again
-    elsewhere it is not counted; moved again at its own site (a host constant each step),
-    it counts each time, as it crosses each time on a GPU."""
+    """Records every host->device move made under it, per site, but torch's own
+    (``_torchs_own``); latecast's copies are marked so. What a move handed out is on the
+    device: moved again at another site it is not counted, at its own site it is each time."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -302,8 +300,7 @@ def watching(obs: Observer, cfg) -> Iterator[None]:
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
-    """Calls ``then(module)`` once the module ``name`` is imported, by whoever imports it
-    (doctor imports none of torchvision itself: 3-4 s for a script that may not use it)."""
+    """Calls ``then(module)`` once the module ``name`` is imported, by whoever imports it."""
 
     def __init__(self, name: str, then: Callable) -> None:
         self.name, self.then = name, then

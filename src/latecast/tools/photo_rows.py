@@ -1,8 +1,6 @@
-"""``latecast bench``'s photo rows: generated 500x375 JPEGs in WebDataset tar shards,
-decode + RandomResizedCrop(224) + flip + normalize, with the same shards, workers and batch:
-``photos-float32`` (PIL and torchvision in the workers, float32 across) and ``photos-wrap``
-(the workers batch the files; ``latecast.wrap`` decodes on the device). Without webdataset
-the shards are read by a plain ``tarfile`` reader (``reader`` in the JSON says which).
+"""``latecast bench``'s photo rows: generated 500x375 JPEGs in WebDataset shards, decoded,
+RandomResizedCrop(224), flipped and normalized by the workers (``photos-float32``) or by
+``latecast.wrap`` on the device (``photos-wrap``); read by webdataset, else by ``tarfile``.
 """
 
 from __future__ import annotations
@@ -48,8 +46,7 @@ def write_shards(n: int, root: Path, seed: int) -> list[str]:
 
 
 class Usual:
-    """A worker's work the usual way: PIL decode, RandomResizedCrop + flip, ToTensor +
-    Normalize (a class, not a lambda: spawned workers pickle it)."""
+    """A worker's work the usual way (a class: spawned workers pickle it)."""
 
     def __init__(self) -> None:
         from torchvision import transforms as T
@@ -68,8 +65,7 @@ def _files(samples: list) -> tuple[list, torch.Tensor]:  # the wrap row's batche
 
 
 class TarPhotos(torch.utils.data.IterableDataset):
-    """The shards' ``(jpg, cls)`` pairs, each worker its own shards: the reader used when
-    webdataset is not installed."""
+    """The shards' ``(jpg, cls)`` pairs, a worker's own shards (without webdataset)."""
 
     def __init__(self, paths: list[str], image=None) -> None:
         self.paths, self.image = paths, image

@@ -1,12 +1,10 @@
 """``latecast profile``: the same training steps once per data path, under ``torch.profiler``.
 
-Rows: latecast's movers, ``baseline`` (torchvision ``ToTensor()+Normalize``, ``DataLoader``,
-``.to(device)``) and ``baseline-u8`` (uint8 tensors, ``.float() / 255`` and normalize after the
-copy). Each row: a fresh model of ``latecast train``'s recipe, ``1 + warmup`` unrecorded steps,
-then ``steps`` recorded with ``record_function`` ranges ``data``, ``h2d``, ``normalize`` and
-``step``. Host timers give step time, data wait and the CPU seconds preparing the batch; the
-Chrome trace gives kernel time and each ``Memcpy HtoD`` with its bytes. Per recorded step,
-profiler overhead included: a picture of where time goes; ``latecast bench`` is the benchmark.
+Rows: latecast's movers, ``baseline`` (torchvision ``ToTensor()+Normalize``, ``.to(device)``)
+and ``baseline-u8`` (uint8 tensors normalized after the copy). Each: a fresh model of
+``latecast train``'s recipe, ``1 + warmup`` unrecorded steps, ``steps`` recorded with ranges
+``data``, ``h2d``, ``normalize``, ``step``: step time, data wait and CPU from host timers, kernel
+and ``Memcpy HtoD`` time and bytes from the Chrome trace. A picture, not the benchmark.
 """
 
 from __future__ import annotations
@@ -132,8 +130,7 @@ def trace_totals(path: Path) -> tuple[float, dict[str, dict]]:
 def profile_row(
     ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig, out: Path
 ) -> dict:
-    """Train ``1 + warmup + steps`` steps of a fresh model on row ``name``'s batches, with
-    ``latecast train``'s step and recipe for the dataset."""
+    """``1 + warmup + steps`` steps of ``latecast train``'s recipe on row ``name``'s batches."""
     skip = 1 + cfg.warmup
     settings = TrainConfig(
         dataset=cfg.dataset, epochs=1, seed=cfg.seed, batch_size=cfg.batch_size, device=str(device)
@@ -231,8 +228,7 @@ def report_markdown(r: dict) -> list[str]:
 
 
 def panels(r: dict) -> list[measure.Panel]:
-    """Step time per row, and its parts side by side (on a GPU they overlap: async copies,
-    queued kernels)."""
+    """Step time per row, and its parts side by side (on a GPU they overlap)."""
     part = {_kernels(r): "kernel_ms", "memcpy HtoD": "memcpy_ms", "data wait": "data_wait_ms"}
     parts = {k: {n: v.get(f, 0.0) for n, v in r["rows"].items()} for k, f in part.items()}
     steps = {"step": {n: v["step_ms"] for n, v in r["rows"].items()}}

@@ -1,12 +1,9 @@
 """One training step, data included, captured once in a CUDA graph and replayed
 (``latecast train --graph``): the resident batch's gather, augmentation and normalize
-(``Loader.fill``), forward, loss, backward and the SGD update. Per step the host stages the
-batch (``Loader.staged``), writes the learning rate into a device tensor, replays, and steps
-the schedule; the loss stays on the device.
-
-``torch.optim.SGD`` reads its lr as a Python number, which a graph would freeze: ``nesterov_sgd``
-is its update with the lr read from a device tensor, on the optimizer's own momentum buffers,
-so checkpoints stay ``torch.optim.SGD``'s and a run may resume with or without ``--graph``.
+(``Loader.fill``), forward, loss, backward and the SGD update; per step the host stages the
+batch (``Loader.staged``), sets the lr on the device, replays and steps the schedule.
+``nesterov_sgd`` is ``torch.optim.SGD``'s update with the lr read from a device tensor (a graph
+would freeze a Python number), on its own momentum buffers: checkpoints stay SGD's.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Training: one readable loop over a latecast ``Loader``, evaluation, checkpoints, DDP.
 
-``train(TrainConfig(...))`` is what ``latecast train`` runs; ``train_step`` and ``evaluate``
-are the step and evaluation ``bench`` and ``profile`` use too. Batches are static (the
-partial last training batch dropped, the last test batch padded and masked), so
-``--compile`` meets one shape and ``--graph`` captures the whole step. ``clock_seconds``
-runs from the first step to the end of the final evaluation (per-epoch evaluations and
-checkpoints timed apart); start-up is reported beside it. Under ``torchrun`` each process
-trains a ``DistributedDataParallel`` copy on its share (NCCL on CUDA, gloo on CPU); rank 0
-alone writes; test accuracy is summed over ranks from unpadded shards.
+``train(TrainConfig(...))`` is ``latecast train``; ``train_step`` and ``evaluate`` serve
+``bench`` and ``profile`` too. Static batches (one shape: ``--compile``, ``--graph``).
+``clock_seconds``: first step to the end of the final evaluation, start-up beside it. Under
+``torchrun`` each process trains a DDP copy on its share; rank 0 alone writes.
 """
 
 from __future__ import annotations
@@ -593,10 +589,8 @@ def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tupl
     config, loader, progress = run.config, run.loader, run.progress
     loader.set_epoch(epoch)  # on resume the same epoch: the position is kept
     t0 = time.perf_counter()
-    # A mid-epoch checkpoint carries the loss summed so far in its epoch.
-    losses = LossTracker(
-        loader.device, run.distributed, progress.epoch_loss_sum, progress.epoch_seen
-    )
+    so_far = progress.epoch_loss_sum, progress.epoch_seen  # a mid-epoch checkpoint's
+    losses = LossTracker(loader.device, run.distributed, *so_far)
     show = run.lead and config.progress and sys.stdout.isatty()
     bar = _progress(batches(), len(loader), f"epoch {epoch + 1}/{config.epochs}", show)
     for images, labels in bar:
@@ -608,11 +602,8 @@ def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tupl
             epoch_loss = losses.mean(run.last_good)
             if show:
                 bar.set_postfix(loss=f"{epoch_loss:.4f}")
-        if (
-            config.checkpoint_every
-            and progress.step % config.checkpoint_every == 0
-            and loader.epoch == epoch  # the last batch moved it on: the epoch's end saves
-        ):
+        every = config.checkpoint_every  # (after the last batch, the epoch's end saves)
+        if every and progress.step % every == 0 and loader.epoch == epoch:
             losses.mean(run.last_good)  # never save a NaN
             progress.epoch_loss_sum, progress.epoch_seen = losses.sum.cpu(), losses.seen
             run.save("checkpoint.pt")

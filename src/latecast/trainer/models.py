@@ -18,22 +18,13 @@ from ..errors import ConfigError
 def mlp(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """Two hidden layers of 256: ~98% on MNIST, a floor for the data path, not a contender."""
     c, h, w = in_shape
-    return nn.Sequential(
-        nn.Flatten(),
-        nn.Linear(c * h * w, 256),
-        nn.ReLU(),
-        nn.Linear(256, 256),
-        nn.ReLU(),
-        nn.Linear(256, num_classes),
-    )
+    hidden = [nn.Flatten(), nn.Linear(c * h * w, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU()]
+    return nn.Sequential(*hidden, nn.Linear(256, num_classes))
 
 
 def _conv_bn(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False),
-        nn.BatchNorm2d(cout),
-        nn.ReLU(inplace=True),
-    )
+    conv = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+    return nn.Sequential(conv, nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
 
 
 def cnn(in_shape: tuple[int, int, int], num_classes: int, width: int = 32) -> nn.Module:

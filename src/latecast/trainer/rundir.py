@@ -1,10 +1,8 @@
 """A training run's output folder (``--output-dir``), rows 72-74 of docs/RELIABILITY.md:
-``check_path`` (creatable and writable, nothing written), ``write`` (a run's JSON files,
-replaced whole), ``claim`` (held by one run through ``fcntl.flock`` on ``OUT/.latecast.lock``;
-the kernel drops it when the process dies). A previous run (any of ``RUN_FILES``) is continued
-with ``--resume`` or replaced with ``--overwrite``, which moves only files latecast verifiably
-wrote, aside (``ASIDE``) until the new run's first checkpoint, then removes them; a run that
-fails before puts them back, and after ``kill -9`` the next run settles them (``settle``).
+``check_path`` (writable, nothing written), ``write`` (JSON files replaced whole), ``claim``
+(one run at a time: ``fcntl.flock`` on ``OUT/.latecast.lock``). A previous run (``RUN_FILES``)
+is continued (``--resume``) or replaced (``--overwrite``): only files latecast verifiably
+wrote, kept aside until the new run's first checkpoint, put back if it fails (``settle``).
 """
 
 from __future__ import annotations
