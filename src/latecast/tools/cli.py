@@ -121,12 +121,9 @@ def _print_check(found: dict) -> None:
 def _add_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", nargs="?", default="mnist", help=DATASET_HELP)
     p.add_argument("--data-root", default=None, help="folder with the dataset's files")
-    p.add_argument(
-        "--verify",
-        action="store_true",
-        help="read every image byte: each JPEG file's structure, and the SHA-256 kept when "
-        "the store was written (shards: every shard whole against its index)",
-    )
+    verify = "read every image byte: each JPEG file's structure, and the SHA-256 kept when "
+    verify += "the store was written (shards: every shard whole against its index)"
+    p.add_argument("--verify", action="store_true", help=verify)
 
 
 def _run_info(args: argparse.Namespace) -> dict:

@@ -120,18 +120,11 @@ class Observer(TorchFunctionMode):
         if moved is not None and (ours or not self.latecasts.get(moved[0])):
             # with gradients off: evaluation (Module.to moves its parameters so too)
             evaluation = not torch.is_grad_enabled() and not caller.startswith("torch.nn.")
-            self._record(*moved, out, latecast=ours, evaluation=evaluation)
+            self._record(moved, out, latecast=ours, evaluation=evaluation)
         return out
 
-    def _record(
-        self,
-        t: torch.Tensor,
-        dtype: torch.dtype,
-        target: str,
-        out: torch.Tensor,
-        latecast: bool,
-        evaluation: bool,
-    ) -> None:
+    def _record(self, moved: tuple, out: torch.Tensor, latecast: bool, evaluation: bool) -> None:
+        t, dtype, target = moved  # as _moved found it
         axis = 1 if t.dim() == 4 and t.shape[1] in CHANNELS else None
         axis = 3 if t.dim() == 4 and axis is None and t.shape[3] in CHANNELS else axis
         # the script's own line (x.to(d), y.to(d) on one line: two sites, by instruction)
