@@ -12,6 +12,7 @@ Each timing: a warm-up pass, then ``repeats`` passes between device syncs; media
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -82,28 +83,25 @@ def loader_throughput(
 ) -> dict[str, list[float]]:
     """(a) images/s of every loader, ``repeats`` timed passes each."""
     n = cfg.limit_batches or -(-len(ds) // cfg.batch_size)
+    rates = functools.partial(measure.rates, n_batches=n, repeats=cfg.repeats, device=device)
     aug = transforms.Augment.parse(cfg.augment)
     out: dict[str, list[float]] = {}
     for name in movers_for(ds):
         loader = Loader(
             ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed, augment=aug
         )
-        out[name] = measure.rates(measure.epochs(loader), n, cfg.repeats, device)
+        out[name] = rates(measure.epochs(loader))
     cores = os.cpu_count() or 1
     for label, workers in (("torchvision-w0", 0), ("torchvision-w2", 2), ("torchvision-wN", cores)):
         # Persistent workers: start-up is not timed, which flatters torchvision.
         dl = measure.torchvision_loader(
             ds, cfg.batch_size, workers, device, cfg.seed, persistent=True, augment=aug
         )
-        out[label] = measure.rates(
-            lambda dl=dl: measure.to_device(iter(dl), device), n, cfg.repeats, device
-        )
+        out[label] = rates(lambda dl=dl: measure.to_device(iter(dl), device))
         del dl  # stop its workers before the next setting starts its own
-    out["upper-bound"] = measure.rates(
-        lambda: _upper_bound(ds, cfg, device), n, cfg.repeats, device
-    )
+    out["upper-bound"] = rates(lambda: _upper_bound(ds, cfg, device))
     count = itertools.count()
-    out["gather"] = measure.rates(lambda: _gather(ds, cfg, next(count)), n, cfg.repeats, device)
+    out["gather"] = rates(lambda: _gather(ds, cfg, next(count)))
     return out
 
 

@@ -81,9 +81,7 @@ def _usual(ds: Dataset, device: torch.device, cfg: ProfileConfig, uint8: bool) -
     if uint8:  # (N, C, H, W) uint8 in memory, as people hold it (`MNIST(...).data.unsqueeze(1)`)
         images = torch.from_numpy(np.array(ds.images)).permute(0, 3, 1, 2).contiguous()
         data = torch.utils.data.TensorDataset(images, torch.from_numpy(np.array(ds.labels)))
-        dl = measure.dataloader(
-            data, cfg.batch_size, cfg.workers, cfg.seed, persistent=False, pin=False
-        )
+        dl = measure.dataloader(data, cfg.batch_size, cfg.workers, cfg.seed, persistent=False)
         mean = torch.tensor(ds.mean, device=device).view(1, -1, 1, 1)  # (1, C, 1, 1)
         std = torch.tensor(ds.std, device=device).view(1, -1, 1, 1)
     else:

@@ -672,11 +672,8 @@ def _summary(run: Run, tally: _Tally) -> dict:
     return {
         "test_accuracy": progress.history[-1]["test_accuracy"] if progress.history else math.nan,
         "train_seconds": progress.train_seconds,
-        # the record clock: the steps (mid-epoch checkpoints included) + the final evaluation
         "clock_seconds": progress.train_seconds + tally.final_eval,
         "final_eval_seconds": tally.final_eval,
-        # this process's, off the clock: every evaluation (the final one too) and the
-        # epoch-end checkpoint writes
         "eval_seconds": tally.eval_seconds,
         "save_seconds": tally.save_seconds,
         "startup_seconds": sum(run.startup.values()),
