@@ -72,8 +72,7 @@ class Source:
         return node
 
     def import_line(self, module: str) -> str:
-        """The name ``module`` is imported under at the top (``import latecast as lc``), its
-        ``import`` added after the last one there where it has none."""
+        """The name ``module`` is imported under at the top, its ``import`` added if none."""
         for stmt in self.tree.body:
             for alias in stmt.names if isinstance(stmt, ast.Import) else ():
                 if alias.name == module:
@@ -347,8 +346,7 @@ class Advice:
         return None
 
     def convert(self, i: int, site) -> str | None:
-        """Loader ``i``'s transform made to yield uint8, and every loader that uses it (by
-        the line its ``ToTensor`` was made at) wrapped with its own mean and std."""
+        """Loader ``i``'s transform made to yield uint8, every loader using it wrapped."""
         parts = self.loaders[i].transform
         made = next((at for name, at in parts if name == "ToTensor"), None)
         normalize = next((at for name, at in parts if name == "Normalize"), None)

@@ -35,9 +35,8 @@ _TYPES = {"int": int, "float": float}  # an option's type by its field's kind (e
 
 
 def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None]:
-    """An ``add`` function declaring one flag per field of the config dataclass ``name`` in
-    ``latecast.module``: ``--name-with-dashes``, its type, default and help from the field
-    (``config.option``). Imported when called: torch loads inside ``main``'s handlers."""
+    """An ``add`` declaring a flag per field of the dataclass ``latecast.module.name``
+    (``options.option``), importing it only when called (torch loads with most)."""
 
     def add(p: argparse.ArgumentParser) -> None:
         cls = getattr(importlib.import_module(f"latecast.{module}"), name)
@@ -309,8 +308,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser, with the options of ``command`` alone: declaring a command's options
-    imports its module (torch, for most), so ``latecast --help`` imports none of them."""
+    """The parser, with the options of ``command`` alone (``latecast --help`` imports none)."""
     parser = _Parser(
         prog="latecast",
         description=("Move bytes, not floats: uint8 batches to the device, normalized there."),

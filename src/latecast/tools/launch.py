@@ -40,8 +40,7 @@ class Script:
 
 
 def target(cfg, command: list[str]) -> Script:
-    """The script from what follows ``--``; one line for a script or module that is not
-    there, a launcher doctor cannot look inside, or an interpreter option it cannot apply."""
+    """The script after ``--``; ``ConfigError`` for one not there, torchrun, or a bad option."""
     cmd = command[1:] if command[:1] == ["--"] else list(command)
     flags: list[tuple[str, str | None]] = []
     if not cfg.module and cmd and re.fullmatch(r"python[\d.]*", Path(cmd[0]).name):
@@ -154,8 +153,7 @@ def python_formatwarning(message, category, filename, lineno, line=None) -> str:
 
 
 def run_script(script: Script, obs: Observer, cfg, debug: bool) -> dict:
-    """Run the script as ``__main__`` under ``obs`` until it ends or ``cfg.steps`` optimizer
-    steps are done: how it ended, its exit status and error; cwd, argv and path put back."""
+    """The script run as ``__main__`` under ``obs`` to its end or ``cfg.steps``: how it ended."""
     profiler = Profiler() if cfg.profile else None
 
     def step(optimizer, args, kwargs) -> None:

@@ -215,9 +215,8 @@ MADE_AT = ("ToTensor", "Normalize")  # the transforms whose line doctor's advice
 
 @contextlib.contextmanager
 def watching(obs: Observer, cfg) -> Iterator[None]:
-    """While the script runs: each DataLoader it makes, the batches each hands out, the line
-    each ``ToTensor``/``Normalize`` is made at; with ``--eval-steps`` the training pass ended
-    after ``--steps`` and the evaluation watched. The originals are called and put back."""
+    """While the script runs: its DataLoaders, their batches, where each ``ToTensor`` and
+    ``Normalize`` is made; ``--eval-steps``' end of the training pass. Originals put back."""
     from torch.utils.data import DataLoader
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
