@@ -1,14 +1,7 @@
-"""Known datasets as compact uint8 arrays: bundled MNIST, local files, verified downloads.
-
-``load_dataset(name, split)`` finds a dataset's original files (MNIST bundled in the
-package, a ``root`` folder in the original or torchvision layout, or a download checked
-against a pinned SHA-256), decodes them once, strictly, and keeps each split as a store
-(``store.py``) in a cache (``$LATECAST_CACHE``, default ``~/.cache/latecast``). Later loads
-memory-map that store: MNIST loads in about 4 ms instead of about 1 s to gunzip, decode
-and compute the mean/std, and no pixel is read until a batch needs it.
-
-Only binary formats are read. CIFAR's pickle "python version" is refused: unpickling a
-downloaded file can run arbitrary code.
+"""Known datasets as compact uint8 arrays: ``load_dataset`` finds the original files
+(bundled MNIST, under ``root``, or downloaded against a pinned SHA-256), decodes them once,
+strictly (binary formats only: CIFAR's pickles could run code), and keeps each split as a
+store in the cache (``$LATECAST_CACHE``), memory-mapped by later loads (MNIST: ~4 ms, not ~1 s).
 """
 
 from __future__ import annotations
@@ -68,12 +61,9 @@ _CIFAR100_CLASSES = tuple(
     willow_tree wolf woman worm""".split()
 )
 
-# SHA-256 pins, as `sha256sum` prints them. torchvision's datasets source (datasets/mnist.py,
-# cifar.py) lists only MD5s; these are the SHA-256s in torchvision's prototype datasets
-# (_builtin/mnist.py: Fashion-MNIST, KMNIST) and, for the CIFAR binary archives (MD5
-# c32a1d4a..., 03b5dce0...), torchvision-ruby and MLDatasets.jl. Each agrees in at least two
-# independent public sources; none could be recomputed here (no network). MNIST is bundled
-# (bundled/SHA256SUMS) and never downloaded.
+# SHA-256 pins, as `sha256sum` prints them, each as at least two public sources give it:
+# torchvision's prototype datasets (Fashion-MNIST, KMNIST), torchvision-ruby and MLDatasets.jl
+# (the CIFAR binary archives). MNIST is bundled (bundled/SHA256SUMS), never downloaded.
 _PINS = """
 3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84  fashion-mnist/train-images-idx3-ubyte.gz
 a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845  fashion-mnist/train-labels-idx1-ubyte.gz
@@ -88,15 +78,20 @@ c4a38c50a1bc5f3a1c5537f2155ab9d68f9f25eb1ed8d9ddda3db29a59bca1dd  cifar10/cifar-
 """  # noqa: E501
 
 
+def _sums(text: str) -> dict[str, str]:
+    """``{path: SHA-256}`` from ``sha256sum``'s lines."""
+    words = text.split()  # hash, path, hash, path, ...
+    return dict(zip(words[1::2], words[::2]))
+
+
 def _pins(dataset: str) -> dict[str, str]:
     """``{file name: SHA-256}`` of ``dataset``'s downloads, from ``_PINS``."""
-    rows = (line.split() for line in _PINS.strip().splitlines())
-    return {path.split("/")[1]: h for h, path in rows if path.split("/")[0] == dataset}
+    return {p.split("/")[1]: h for p, h in _sums(_PINS).items() if p.split("/")[0] == dataset}
 
 
 _TORONTO = ("https://www.cs.toronto.edu/~kriz/",)
 # Fashion-MNIST's own S3 mirror is plain http, so it is not listed.
-DATASETS: dict[str, Spec] = {
+_SPECS = {
     "mnist": Spec("idx", _IDX_FILES, ("MNIST/raw",), tuple("0123456789"), bundled=True),
     "fashion-mnist": Spec(
         "idx",
@@ -107,7 +102,6 @@ DATASETS: dict[str, Spec] = {
             "https://storage.googleapis.com/tensorflow/tf-keras-datasets/",
             "https://raw.githubusercontent.com/zalandoresearch/fashion-mnist/master/data/fashion/",
         ),
-        sha256=_pins("fashion-mnist"),
     ),
     "kmnist": Spec(
         "idx",
@@ -115,7 +109,6 @@ DATASETS: dict[str, Spec] = {
         ("KMNIST/raw",),
         tuple("o ki su tsu na ha ma ya re wo".split()),
         mirrors=("https://codh.rois.ac.jp/kmnist/dataset/kmnist/",),
-        sha256=_pins("kmnist"),
     ),
     "cifar10": Spec(
         "cifar",
@@ -127,7 +120,6 @@ DATASETS: dict[str, Spec] = {
         archive="cifar-10-binary.tar.gz",
         class_file="batches.meta.txt",
         pickle_names=("cifar-10-batches-py", "cifar-10-python.tar.gz"),
-        sha256=_pins("cifar10"),
     ),
     "cifar100": Spec(
         "cifar",
@@ -140,9 +132,9 @@ DATASETS: dict[str, Spec] = {
         record=3074,
         class_file="fine_label_names.txt",
         pickle_names=("cifar-100-python", "cifar-100-python.tar.gz"),
-        sha256=_pins("cifar100"),
     ),
 }
+DATASETS: dict[str, Spec] = {name: replace(s, sha256=_pins(name)) for name, s in _SPECS.items()}
 BUNDLED = Path(__file__).parent.parent / "bundled"  # latecast/bundled: package data
 
 
@@ -242,8 +234,7 @@ def _find(name: str, spec: Spec, split: str, root: Path) -> list[Path]:
 
 
 def _cached(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
-    """The split memory-mapped from its cache store; decoded and rewritten if that is damaged
-    or was made from other files (path, size, mtime)."""
+    """The split memory-mapped from its cache store, rewritten if damaged or of other files."""
     identity = "; ".join(
         f"{p.resolve()} ({st.st_size} bytes, mtime_ns {st.st_mtime_ns})"
         for p, st in ((p, p.stat()) for p in sources)
@@ -258,10 +249,7 @@ def _cached(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
         for file in (META, IMAGES, LABELS):  # our own cache entry: replaced, even when damaged
             (folder / file).unlink(missing_ok=True)
         return open_store(write_store(ds, folder, source=identity))
-    except (
-        OSError,
-        LatecastError,
-    ) as e:  # a read-only home still gets its data, only slower next time
+    except (OSError, LatecastError) as e:  # a read-only home still gets its data, slower
         warnings.warn(
             f"cannot write the dataset cache {folder}: {e}; it will be decoded again", stacklevel=3
         )
@@ -280,10 +268,7 @@ def _decode(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
 def _check_bundled(path: Path) -> None:
     digest = hashlib.sha256(path.read_bytes()).hexdigest()  # at most 10 MB, read once per decode
     sums_file = BUNDLED / "SHA256SUMS"
-    sums = {
-        f: h
-        for h, f in (line.split() for line in sums_file.read_text().splitlines() if line.strip())
-    }
+    sums = _sums(sums_file.read_text())
     if sums.get(path.name) != digest:
         raise FormatError(
             f"{path}: SHA-256 {digest} does not match {sums.get(path.name)} listed in "
@@ -316,16 +301,9 @@ def _read_idx_split(paths: list[Path], spec: Spec, n_classes: int) -> tuple[np.n
 
 
 def parse_cifar(data: bytes, name: str, record: int = 3073) -> tuple[np.ndarray, np.ndarray]:
-    """Decode CIFAR binary records into uint8 images ``(N, 32, 32, 3)`` and labels ``(N,)``.
-
-    ``data`` is the whole file, ``name`` names it in messages. A record is its label byte(s),
-    then 3072 pixel bytes: the red, green and blue 32x32 planes. CIFAR-10 records are 3073
-    bytes; CIFAR-100 records (``record=3074``) hold a coarse then a fine label, and the fine
-    one is returned.
-
-    Example:
-        >>> images, labels = parse_cifar(Path("test_batch.bin").read_bytes(), "test_batch.bin")
-    """
+    """CIFAR binary records (``data``: the whole file, ``name`` in messages) as uint8 images
+    ``(N, 32, 32, 3)`` and labels ``(N,)``: a record is its label byte(s), then the R, G, B
+    32x32 planes; CIFAR-100's (``record=3074``) coarse then fine label: the fine one."""
     if not data:
         raise FormatError(f"{name}: empty file, expected {record}-byte CIFAR records")
     n, rest = divmod(len(data), record)
@@ -345,10 +323,9 @@ def _read_cifar_split(
 ) -> tuple[np.ndarray, np.ndarray]:
     parts = []
     for path in paths:
-        images, labels = parse_cifar(path.read_bytes(), str(path), spec.record)
-        check_labels(labels, n_classes, path)
-        parts.append((images, labels))
-    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+        parts.append(parse_cifar(path.read_bytes(), str(path), spec.record))
+        check_labels(parts[-1][1], n_classes, path)
+    return tuple(np.concatenate(p) for p in zip(*parts))
 
 
 _READERS = {"idx": _read_idx_split, "cifar": _read_cifar_split}

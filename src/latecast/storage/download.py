@@ -26,27 +26,11 @@ _CHUNK = 1 << 20
 def download(
     urls: Sequence[str], dest: str | os.PathLike, sha256: str, *, timeout: float = 60.0
 ) -> Path:
-    """Download a file from the first mirror that serves it with the pinned SHA-256.
-
-    Each try streams into ``<dest>.part``, renamed onto ``dest`` only once the hash matches.
-    A failing mirror (HTTP error, timeout, HTML page, dropped connection, wrong hash) is
-    recorded and the next one tried. Only https:// is used; plain http:// only to
-    127.0.0.1/localhost (test servers), and never through a redirect.
-
-    Args:
-        urls: full URLs of the same file, tried in order.
-        dest: where the file goes.
-        sha256: its expected SHA-256 (hex).
-        timeout: seconds to wait to connect and for each read.
-
-    Returns:
-        ``dest``. Raises ``DownloadError`` listing every mirror's failure when all fail.
-
-    Example:
-        >>> pins = DATASETS["cifar10"].sha256
-        >>> download(["https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz"],
-        ...          "data/cifar-10-binary.tar.gz", pins["cifar-10-binary.tar.gz"])
-    """
+    """``dest``, downloaded from the first of ``urls`` that serves it with the SHA-256
+    ``sha256``: streamed into ``<dest>.part``, renamed once the hash matches; a failing
+    mirror is said and the next tried. https:// only (http:// to 127.0.0.1/localhost, never
+    through a redirect); ``timeout``: seconds to connect and per read. ``DownloadError``
+    listing every mirror's failure when all fail."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
@@ -128,20 +112,9 @@ def _reason(e: BaseException, timeout: float) -> str:
 def extract_tar(
     archive: str | os.PathLike, dest: str | os.PathLike, wanted: set[str]
 ) -> list[Path]:
-    """Extract the ``wanted`` regular files of a tar archive; refuse unsafe archives outright.
-
-    Every member is checked before anything is written: an absolute name, a ``..``
-    component, a link or a device rejects the whole archive. Only members named in
-    ``wanted`` are extracted, each atomically.
-
-    Args:
-        archive: a tar file, compressed or not.
-        dest: folder the member paths are relative to.
-        wanted: member names (``"cifar-10-batches-bin/test_batch.bin"``) to extract.
-
-    Example:
-        >>> extract_tar("cifar-10-binary.tar.gz", "data", {"cifar-10-batches-bin/test_batch.bin"})
-    """
+    """The ``wanted`` regular files of a tar ``archive`` extracted under ``dest``, each
+    atomically, once every member is checked: an absolute name, a ``..``, a link or a device
+    refuses the whole archive (``FormatError``) before anything is written."""
     archive, dest = Path(archive), Path(dest)
     written = []
     try:

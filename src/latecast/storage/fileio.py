@@ -18,13 +18,7 @@ from ..errors import ConfigError, WriteError
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """Yield a temp file next to ``path``; on success fsync it and ``os.replace`` it onto ``path``.
-
-    An exception (or a crash) leaves ``path`` as it was: the previous file, or nothing.
-
-    Example:
-        >>> with atomic_write("meta.json") as f:
-        ...     f.write(b"{}")
-    """
+    An exception (or a crash) leaves ``path`` as it was: the previous file, or nothing."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     owner = f"{socket.gethostname()}-{os.getpid()}"  # whose temp file: see _clean_temps
@@ -90,8 +84,8 @@ def _alive(pid: int) -> bool:
 
 
 def _clean_temps(path: Path) -> None:
-    """Remove ``.NAME.HOST-PID.XXXXXXXX.tmp`` files of ``path`` that writers on this host,
-    now dead (killed mid-write), left; a live writer's, or another host's, stay."""
+    """Remove the ``.NAME.HOST-PID.XXXXXXXX.tmp`` files of ``path`` that dead writers on this
+    host left (a live writer's, or another host's, stay)."""
     prefix, host = f".{path.name}.", socket.gethostname()
     for p in path.parent.iterdir():
         if not (p.name.startswith(prefix) and p.name.endswith(".tmp")):

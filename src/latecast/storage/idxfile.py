@@ -1,13 +1,7 @@
-"""Strict reader and writer for IDX files, the format of MNIST, Fashion-MNIST and KMNIST.
-
-An IDX file is a magic ``00 00 <type> <ndim>``, then ``ndim`` big-endian uint32
-dimensions, then the values, big-endian, in C order. Files usually come gzipped; a gzip
-stream is recognised by its first bytes (``1f 8b``), not by its name, and decompressed
-transparently.
-
-The header is checked against the file's size *before* anything is allocated, with
-Python ints, so a hostile header (2^31 x 2^31) costs nothing. Every problem is a
-``FormatError`` that names the file, what was expected and what was found.
+"""Strict reader and writer for IDX files (MNIST, Fashion-MNIST, KMNIST): a magic
+``00 00 <type> <ndim>``, ``ndim`` big-endian uint32 dimensions, then the values, big-endian, in
+C order; gzip recognised by its first bytes. The header is checked against the file's size
+before anything is allocated. Every problem is a ``FormatError`` naming the file.
 """
 
 from __future__ import annotations
@@ -28,14 +22,8 @@ from ..errors import ConfigError, FormatError
 from .fileio import atomic_write
 
 # type code -> dtype as stored (big-endian), from the IDX description on the MNIST page
-TYPES: dict[int, np.dtype] = {
-    0x08: np.dtype("u1"),
-    0x09: np.dtype("i1"),
-    0x0B: np.dtype(">i2"),
-    0x0C: np.dtype(">i4"),
-    0x0D: np.dtype(">f4"),
-    0x0E: np.dtype(">f8"),
-}
+_CODES = {0x08: "u1", 0x09: "i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+TYPES: dict[int, np.dtype] = {code: np.dtype(t) for code, t in _CODES.items()}
 _VALID = ", ".join(f"0x{code:02X} ({dt.name})" for code, dt in TYPES.items())
 # deflate never compresses better than about 1032:1, so a gzip of n bytes cannot hold more
 # than ~1032 n bytes: a header promising more is rejected before decompressing anything
@@ -47,14 +35,7 @@ ROLES: dict[str, int] = {"images": 3, "labels": 1}
 
 
 def read_idx(path: str | os.PathLike) -> np.ndarray:
-    """Read an IDX file (gzipped or not) into a native-byte-order numpy array.
-
-    Args:
-        path: the file; gzip is detected from its bytes, whatever its name.
-
-    Example:
-        >>> labels = read_idx("train-labels-idx1-ubyte.gz")  # uint8 (60000,)
-    """
+    """An IDX file (gzip detected from its bytes) as a native-byte-order numpy array."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -64,12 +45,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 
 def parse_idx(data: bytes, name: str) -> np.ndarray:
-    """Parse the bytes of an IDX file (gzipped or not); ``name`` is used in error messages.
-
-    Example:
-        >>> parse_idx(b"\\0\\0\\x08\\x01\\0\\0\\0\\x02\\x07\\x09", "two.idx")
-        array([7, 9], dtype=uint8)
-    """
+    """The bytes of an IDX file (gzipped or not) as ``read_idx`` reads it; ``name`` in messages."""
     return _read(io.BytesIO(data), len(data), name)
 
 
@@ -141,12 +117,8 @@ def _parse(f: BinaryIO, name: str, size: int | None, limit: int) -> np.ndarray:
 
 
 def check_role(array: np.ndarray, role: str, name: str) -> np.ndarray:
-    """Check that ``array`` (read from file ``name``) fits ``role``: ``"images"`` are uint8
-    ``(N, H, W)``, ``"labels"`` uint8 ``(N,)``. Returns ``array``.
-
-    Example:
-        >>> images = check_role(read_idx(path), "images", str(path))
-    """
+    """``array`` (read from ``name``) once it fits ``role``: ``"images"`` uint8 ``(N, H, W)``,
+    ``"labels"`` uint8 ``(N,)``."""
     ndim = ROLES[role]
     if array.dtype != np.uint8 or array.ndim != ndim:
         kind = next((r for r, n in ROLES.items() if n == array.ndim), "data")
@@ -160,16 +132,8 @@ def check_role(array: np.ndarray, role: str, name: str) -> np.ndarray:
 
 
 def write_idx(path: str | os.PathLike, array: np.ndarray, *, compress: bool = False) -> None:
-    """Write ``array`` as an IDX file, atomically (a temp file renamed over ``path``).
-
-    Args:
-        path: destination; an existing file is replaced only once the new one is complete.
-        array: uint8, int8, int16, int32, float32 or float64, 1 to 32 dimensions.
-        compress: gzip the file (deterministic: no timestamp in the gzip header).
-
-    Example:
-        >>> write_idx("labels-idx1-ubyte.gz", np.arange(10, dtype=np.uint8), compress=True)
-    """
+    """``array`` (uint8, int8, int16, int32, float32 or float64, 1 to 32 dimensions) as an
+    IDX file at ``path``, atomically; ``compress``: gzipped, with no timestamp."""
     array = np.asarray(array)
     code = next((c for c, dt in TYPES.items() if dt.str[1:] == array.dtype.str[1:]), None)
     if code is None:

@@ -1,9 +1,6 @@
-"""Settings declared once. Each option of a command is a field of a frozen dataclass with
-its default, help text and allowed range (``option``); ``tools/cli.py`` builds the command
-line from the fields and ``validate`` checks every value in ``__post_init__``.
-
-Here, below the trainer and the tools, because ``convert``'s own settings are declared the
-same way and ``storage`` imports only the core and itself.
+"""Settings declared once: each command option is a field of a frozen dataclass (``option``:
+default, help, allowed range); ``tools/cli.py`` builds the command line from the fields and
+``validate`` checks every value. In ``storage/`` because ``ConvertConfig`` is declared so too.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""WebDataset tar shards read through fsspec (local paths, ``http(s)://``, ``s3://`` through
-s3fs, ``gs://`` where gcsfs is installed), and their index.
+"""WebDataset tar shards read through fsspec (local, ``http(s)://``, ``s3://``, ``gs://``),
+and their index.
 
-A shard is read as a stream of 512-byte tar records by ``Tar`` (members named ``./x.jpg`` are
-``x.jpg``; a gzipped shard, ``.tar.gz``, is unpacked as it streams), and members are grouped
-into samples by WebDataset's key rule: the path up to the first dot of the file name. Nothing
-ends early without a word: a shard that ends inside a header or a member, or before its tar
-end-of-archive blocks, or before the length its source announced (Content-Length, the file
-size, the index), is a ``FormatError`` naming the shard and the byte. A read that fails on
-the way (a dropped connection, a server gone, a timeout, a 503), and asking a shard's size,
-is retried (``Retry``: from the byte it reached), ``len(RETRY_WAITS)`` times with backoff,
-said once in a warning; then it is an error.
-
-The index (``latecast index SPEC``, or ``train`` on shards without one: ``index.json`` beside
-the shards, else in the cache; in wids' shard-index layout, ``__kind__`` and a ``shardlist``
-of ``url``, ``nsamples``, ``filesize``) adds per shard its SHA-256, the channels of its JPEG
-files and per sample its key, label (``.cls``), CRC-32 (``checksum``: its members' names and
-bytes) and the byte offset of its first tar header, so a reader can start at any sample.
-Indexing refuses a key written twice and a JPEG over ``MAX_PIXELS``. Training, ``info`` and
-resume trust it: a shard of another length than its index says is refused when opened
-(every shard before the first step), a sample whose key, offset, label or CRC-32 differs
-from it when read (whatever part of the shard is read: a rank's, a resume's), and a shard
-read whole whose SHA-256 differs, at its end. An older index without CRC-32s is said once.
+``Tar`` streams a shard's 512-byte records (gzip unpacked as it goes); members group into
+samples by WebDataset's key rule. A shard cut short is a ``FormatError`` naming it and the
+byte; failed reads are retried from the byte reached (``Retry``), said once. The index
+(``latecast index``, or ``train`` without one; wids' layout) adds each shard's SHA-256 and
+channels and each sample's key, label, CRC-32 and offset: reads are checked against it.
 """
 
 from __future__ import annotations
@@ -78,8 +63,8 @@ def filesystem(url: str):
 
 
 def expand(spec: str) -> list[str]:
-    """``shard-{000..009}.tar`` -> the ten names (zero-padded as written); a pattern's ``*`` and
-    ``?`` -> the files matching it, sorted (local, or through fsspec for ``s3://``...)."""
+    """``shard-{000..009}.tar`` -> the ten names (padded as written); ``*``, ``?`` -> the files
+    matching, sorted (local, or through fsspec)."""
     m = _BRACES.search(spec)
     if m:
         a, b = m.groups()
@@ -96,6 +81,13 @@ def expand(spec: str) -> list[str]:
     return sorted(fs.unstrip_protocol(p) for p in fs.glob(path))
 
 
+def _expanded(spec: str) -> list[str]:
+    urls = expand(spec)
+    if not urls:
+        raise ConfigError(f"{spec}: no shards match it")
+    return urls
+
+
 def _transient(err: BaseException) -> bool:
     """A failure worth a retry: the network's, not a missing or forbidden file."""
     if isinstance(err, (FileNotFoundError, PermissionError, IsADirectoryError)):
@@ -107,9 +99,8 @@ def _transient(err: BaseException) -> bool:
 
 
 class Retry:
-    """Runs steps on one shard's source, each retried ``len(RETRY_WAITS)`` times with backoff
-    while it fails the network's way (``_transient``), said once (a warning) for the source;
-    then, or on any other failure, one ``FormatError`` naming the shard."""
+    """Runs steps on one shard's source, retried with backoff (``RETRY_WAITS``) while they fail
+    the network's way, said once; then, or on another failure, a ``FormatError`` naming it."""
 
     def __init__(self, url: str) -> None:
         self.url, self.said = url, False
@@ -147,17 +138,15 @@ class Retry:
 
 
 def shard_size(url: str) -> int | None:
-    """The shard's length as its source announces it (None: unknown), asked as reads are
-    (retried, ``Retry``); a shard that is not there is one line naming it."""
+    """The shard's length as its source announces it (None: unknown), retried as reads are."""
     fs, path = filesystem(url)
     return Retry(url)(lambda: fs.size(path), lambda: "asking its size failed")
 
 
 class Source:
-    """One shard's bytes from byte ``start`` (to ``size`` when known), read through fsspec;
-    hashed (SHA-256) when read from byte 0. A read that fails is retried from the byte it
-    reached (``RETRY_WAITS``), said once; over HTTP a shard is read from its start, the bytes
-    before ``start`` dropped (fsspec's HTTP stream cannot seek)."""
+    """One shard's bytes from byte ``start`` (to ``size`` when known), hashed (SHA-256) when
+    read from byte 0; a failed read is retried from the byte reached. Over HTTP the bytes
+    before ``start`` are read and dropped (fsspec's HTTP stream cannot seek)."""
 
     def __init__(self, url: str, size: int | None, start: int = 0) -> None:
         self.url, self.size, self.pos, self.f, self.retry = url, size, start, None, Retry(url)
@@ -166,12 +155,10 @@ class Source:
 
     def _open(self) -> None:
         http = self.url.startswith(("http://", "https://"))
-        # over HTTP with the size given: fsspec asks no HEAD, whose failure (a server gone)
-        # it would report as a missing file
-        # elsewhere (s3fs, gcsfs) 8 MiB a request: s3fs's default block is 50 MiB
+        # HTTP with the size given asks no HEAD (whose failure fsspec calls a missing file);
+        # elsewhere 8 MiB a request (s3fs's default block is 50 MiB)
         sized = {"block_size": 0, "size": self.size} if http else {"block_size": 8 * CHUNK}
-        # kept at once: a skip that fails below leaves it to close() (else its response is
-        # never released, and aiohttp says "Unclosed connection" as the process exits)
+        # kept at once: a skip that fails below leaves it to close() (aiohttp's connection)
         self.f = f = self.fs.open(self.path, "rb", **sized)
         if http:
             for left in range(self.pos, 0, -CHUNK):
@@ -181,8 +168,7 @@ class Source:
             f.seek(self.pos)
 
     def read(self, n: int = CHUNK) -> bytes:
-        """Up to ``n`` bytes; ``b""`` only at the end (``size`` reached, or the source's end
-        when its size is unknown)."""
+        """Up to ``n`` bytes; ``b""`` only at the end (``size`` reached, or the source's end)."""
         if self.size is not None:
             n = min(n, self.size - self.pos)
             if n <= 0:
@@ -303,8 +289,7 @@ def _long_name(kind: bytes, data: bytes) -> str | None:
 
 
 def samples(tar: Tar) -> Iterator[tuple[int, str, dict[str, bytes]]]:
-    """``(offset, key, {extension: data})`` of each sample: consecutive members sharing
-    WebDataset's key."""
+    """``(offset, key, {extension: data})`` per sample: members sharing WebDataset's key."""
     offset, key, fields = 0, None, {}
     for at, name, data in tar.members():
         found = _KEY.match(name)
@@ -424,8 +409,7 @@ class Shard:
             )
 
     def _whole(self, src: Source, count: int) -> None:
-        """After the end-of-archive blocks of a shard read from byte 0: its count, length and
-        SHA-256 against the index."""
+        """A shard read whole: its count, length and SHA-256 against the index."""
         found = src.hash.hexdigest()
         if count != len(self) or src.pos != self.size or found != self.sha256:
             raise FormatError(
@@ -484,13 +468,10 @@ def index_path(urls: list[str], spec: str) -> str:
 def write_index(
     spec: str, output: str | None = None, progress: bool = False
 ) -> tuple[str, list[dict]]:
-    """Index the shards of ``spec`` (each read whole): ``index.json`` beside them (or at
-    ``output``), written atomically; entries of other shards already in it are kept. Returns
-    where it went and the entries of ``spec``'s shards; ``progress``: a tqdm bar over the
-    shards on a terminal."""
-    urls = expand(spec)
-    if not urls:
-        raise ConfigError(f"{spec}: no shards match it")
+    """Index the shards of ``spec`` (each read whole) into ``index.json`` beside them (or
+    ``output``), atomically, keeping other shards' entries; ``(where, spec's entries)``.
+    ``progress``: a tqdm bar on a terminal."""
+    urls = _expanded(spec)
     path = output or index_path(urls, spec)
     if output is None and path.startswith(("http://", "https://")):
         raise ConfigError(
@@ -530,12 +511,9 @@ def _read_json(path: str, missing_ok: bool = False) -> dict:
 
 
 def read_index(spec: str) -> list[Shard]:
-    """The shards of ``spec`` as their index gives them, in ``spec``'s order. Without one it is
-    built first (``find_index``), said in one line. An older index without per-sample CRC-32s
-    is said once: it checks a shard only when one is read whole."""
-    urls = expand(spec)
-    if not urls:
-        raise ConfigError(f"{spec}: no shards match it")
+    """The shards of ``spec`` as their index gives them, in ``spec``'s order; without an index
+    one is built first (said). An older index without per-sample CRC-32s is said once."""
+    urls = _expanded(spec)
     path, found = find_index(urls, spec)
     if not found:
         warnings.warn(
@@ -569,9 +547,8 @@ def read_index(spec: str) -> list[Shard]:
 
 
 def find_index(urls: list[str], spec: str) -> tuple[str, bool]:
-    """``(path, exists)`` of the index of ``urls``: ``index.json`` beside them if it is
-    there, or if they are local in a folder this process may write; else a file in the cache
-    (``$LATECAST_CACHE``) named by the shards' URLs and sizes."""
+    """``(path, exists)`` of the index of ``urls``: ``index.json`` beside them if there, or if
+    that folder is local and writable; else a cache file named by the shards' URLs and sizes."""
     beside = index_path(urls, spec)
     fs, where = filesystem(beside)
     if fs.exists(where):

@@ -1,23 +1,9 @@
-"""The edits ``latecast doctor`` proposes, found in the script's own source with ``ast``:
-each is a hunk of whole lines, before and after, that a person applies by hand and a test
-applies as written (tests/test_doctor.py runs the result against the hand conversion).
-
-- **a DataLoader's 8-bit images**: its transform's ``ToTensor()`` and the ``Normalize`` right
-  after it become ``PILToTensor()`` (the line each was made at is recorded as the script
-  runs), and *every* DataLoader whose transform holds that ``ToTensor`` (the test loader that
-  shares it too, made or not yet iterated) is passed through ``latecast.wrap`` with that
-  loader's own mean and std: wrapping only the loader that was seen moving would hand the
-  others uint8 images their model cannot take. A loader whose images doctor cannot make
-  uint8 is not wrapped for its labels alone: a ``wrap`` without mean/std would leave the
-  images unnormalized once made uint8 by hand.
-- **batches made per call** (nanoGPT's ``get_batch``): the statement that moves them, and
-  each statement beside it that moves the same tensors into the same names (the other
-  branch of ``if device_type == 'cuda'``), becomes ``mover((x, y))``; the ``latecast.Mover``
-  is made once, before the top-level statement that holds them (a move that casts to int64,
-  ``x.to(d, torch.int64)``, too: the Mover hands integers out as int64). ``wrap`` would read
-  one batch ahead and move the script's global-RNG draws; the Mover draws nothing.
-
-Where the source is not of these shapes the advice stays in words, and says so.
+"""The edits ``latecast doctor`` proposes, found in the script's source with ``ast``: hunks of
+whole lines to apply as written (tests/test_doctor.py does). 8-bit images: the transform's
+``ToTensor()`` (and its ``Normalize``) become ``PILToTensor()`` and *every* DataLoader sharing
+that ``ToTensor`` goes through ``latecast.wrap`` with its mean and std. Batches made per call
+(nanoGPT's ``get_batch``): the statements moving them become ``mover((x, y))``, one
+``latecast.Mover`` made before. Elsewhere the advice stays in words, and says so.
 """
 
 from __future__ import annotations
@@ -44,16 +30,14 @@ class Edit:
 
 
 class Source:
-    """One file of the script: its lines, its tree, and the replacements gathered for it,
-    at ``ast``'s positions (lines from 1, columns in UTF-8 bytes)."""
+    """One file of the script: its lines, tree and replacements (at ``ast``'s positions)."""
 
     def __init__(self, path: str) -> None:
         with tokenize.open(path) as f:  # as Python reads it: its coding line, else UTF-8
             text = f.read()
-        self.path, self.lines, self.tree = path, text.splitlines(), ast.parse(text)
+        self.path, self.text, self.lines, self.tree = path, text, text.splitlines(), ast.parse(text)
         self.parent = {c: p for p in ast.walk(self.tree) for c in ast.iter_child_nodes(p)}
         self.spans: list[tuple[int, int, int, int, str]] = []
-        self.text = text
 
     def segment(self, node: ast.AST) -> str:
         return ast.get_source_segment(self.text, node)
@@ -87,23 +71,15 @@ class Source:
             node = self.parent[node]
         return node
 
-    def imported(self, module: str) -> str | None:
-        """The name the module is imported under at its top (``import latecast as lc``)."""
+    def import_line(self, module: str) -> str:
+        """The name ``module`` is imported under at the top, its ``import`` added if none."""
         for stmt in self.tree.body:
             for alias in stmt.names if isinstance(stmt, ast.Import) else ():
                 if alias.name == module:
                     return alias.asname or module
-        return None
-
-    def import_line(self, module: str) -> str:
-        """The name of ``module`` here, its ``import`` added after the last one at the top
-        where it has none."""
-        name = self.imported(module)
-        if name is None:
-            last = [s for s in self.tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
-            self.insert(last[-1].end_lineno + 1 if last else 1, f"import {module}")
-            name = module
-        return name
+        last = [s for s in self.tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
+        self.insert(last[-1].end_lineno + 1 if last else 1, f"import {module}")
+        return module
 
     def edits(self, shown: str) -> list[Edit]:
         """The replacements as hunks of whole lines, overlapping ones merged, in order."""
@@ -120,8 +96,7 @@ class Source:
         ]
 
     def _applied(self, first: int, last: int, spans: list) -> list[str]:
-        """Lines ``first..last`` with ``spans`` replaced (from the last, so that the offsets
-        of those before still hold)."""
+        """Lines ``first..last`` with ``spans`` replaced (from the last: earlier offsets hold)."""
         rows = [x.encode() for x in self.lines[first - 1 : last]]
         starts = [sum(len(r) + 1 for r in rows[:i]) for i in range(len(rows))]
         text = b"\n".join(rows)
@@ -157,10 +132,8 @@ def to_uint8(src: Source, to_tensor: int, normalize: int | None) -> str | None:
         return f"the transforms after ToTensor() ({names}) work on its floats"
     prefix = src.segment(tt.func)[: -len("ToTensor")]
     if isinstance(tt.func, ast.Name):  # from torchvision.transforms import ToTensor
-        importer = next(
-            (s for s in src.tree.body if isinstance(s, ast.ImportFrom) and "ToTensor" in _names(s)),
-            None,
-        )
+        imports = [s for s in src.tree.body if isinstance(s, ast.ImportFrom)]
+        importer = next((s for s in imports if "ToTensor" in _names(s)), None)
         if importer is None:
             return "ToTensor is not imported by name at the top of its file"
         if "PILToTensor" not in _names(importer):
@@ -188,9 +161,8 @@ def _is_normalize(src: Source, node: ast.AST, line: int) -> bool:
 
 
 def wrap(src: Source, line: int, cls: str, options: str) -> str | None:
-    """The DataLoader made at ``line`` passed through ``latecast.wrap(..., options)``
-    (nothing where it is already): the name it is assigned to, or ``""``; None where there
-    is no one call of it at that line."""
+    """The DataLoader made at ``line`` through ``latecast.wrap(..., options)`` (unless it is):
+    the name it is assigned to, or ``""``; None where there is no one call of it there."""
     found = src.calls(line, (cls, "DataLoader"))
     if len(found) != 1:
         return None
@@ -211,10 +183,9 @@ def _assigned(src: Source, node: ast.AST) -> str:
 
 def mover(src: Source, line: int, device: str) -> str | None:
     """The statement at ``line`` that moves tensors made per call (``x, y = x.to(d),
-    y.to(d)``, ``return x.to(d)``), and each beside it that moves the same tensors into the
-    same names, made ``mover((x, y))``; the Mover made once before the top-level statement
-    that holds them, on the moves' own device where it is a module's name, else on
-    ``device``. Else why not."""
+    y.to(d)``, ``return x.to(d)``), and each that moves the same tensors into the same names,
+    made ``mover((x, y))``; the Mover made before their top-level statement, on the moves'
+    device where it is a module's name, else on ``device``. Else why not."""
     stmts = [
         s
         for s in ast.walk(src.tree)
@@ -226,14 +197,8 @@ def mover(src: Source, line: int, device: str) -> str | None:
     if not moved:
         return f"the move at line {line} is not `x = x.to(device)`, `return x.to(device)`"
     stmt, (receivers, where) = stmts[-1], moved
-    function = next(
-        (
-            p
-            for p in _ancestors(src, stmt)
-            if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef))
-        ),
-        None,
-    )
+    scopes = (ast.FunctionDef, ast.AsyncFunctionDef)
+    function = next((p for p in _ancestors(src, stmt) if isinstance(p, scopes)), None)
     same = [stmt] + [
         s
         for s in ast.walk(function or src.tree)
@@ -293,8 +258,8 @@ def _all_names(tree: ast.AST) -> set[str]:
 
 
 def _global(src: Source, expr: ast.AST, function: ast.AST | None, before: int) -> bool:
-    """Whether every name ``expr`` reads is a module's, assigned at its top (outside any
-    function or class) before line ``before``, and none is the function's own."""
+    """Whether every name ``expr`` reads is assigned at the module's top before ``before``,
+    and none is ``function``'s own."""
     names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
     own: set[str] = set()
     if function is not None:
@@ -317,10 +282,8 @@ def _global(src: Source, expr: ast.AST, function: ast.AST | None, before: int) -
 
 
 class Advice:
-    """The edits for the sites that could cross narrower, gathered file by file; each
-    site's ``change`` said with them, or why doctor cannot write them. ``loaders`` are every
-    DataLoader the script made (``observe.LoaderSeen``), ``short`` names a file as the report does,
-    ``cuda``: whether this machine has one (a script that chose the CPU keeps it)."""
+    """The edits for the sites that could cross narrower, or why doctor cannot write them.
+    ``loaders``: the ``observe.LoaderSeen``; ``short`` names a file; ``cuda``: whether here."""
 
     def __init__(self, loaders: list, short: Callable[[str], str], cuda: bool) -> None:
         self.loaders, self.short, self.cuda = loaders, short, cuda
@@ -383,8 +346,7 @@ class Advice:
         return None
 
     def convert(self, i: int, site) -> str | None:
-        """Loader ``i``'s transform made to yield uint8, and every loader that uses it (by
-        the line its ``ToTensor`` was made at) wrapped with its own mean and std."""
+        """Loader ``i``'s transform made to yield uint8, every loader using it wrapped."""
         parts = self.loaders[i].transform
         made = next((at for name, at in parts if name == "ToTensor"), None)
         normalize = next((at for name, at in parts if name == "Normalize"), None)
@@ -405,8 +367,7 @@ class Advice:
         return self.converted[made]
 
     def wrap(self, i: int, site, normalize: bool) -> str | None:
-        """Loader ``i`` through ``latecast.wrap``, with its transform's mean and std where
-        latecast now normalizes, and the script's device where it is not latecast's own."""
+        """Loader ``i`` through ``latecast.wrap``, with its mean and std where ``normalize``."""
         x = self.loaders[i]
         stats = normalize and x.normalize  # (ToTensor() alone: scaled to [0, 1], as wrap does)
         options = [f"mean={stats[0]!r}, std={stats[1]!r}"] if stats else []
@@ -418,8 +379,7 @@ class Advice:
         return None
 
     def device(self, site) -> str:
-        """``device=`` for latecast: the CPU where the script moved to it on a machine with
-        CUDA, else ``"auto"`` (``cuda:LOCAL_RANK``, or the CPU where there is no CUDA)."""
+        """``device=``: the CPU where the script moved to it though CUDA is here, else auto."""
         return '"cpu"' if self.cuda and site.targets == {"cpu"} else '"auto"'
 
     def named(self, i: int) -> str:

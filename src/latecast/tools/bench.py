@@ -1,30 +1,18 @@
-"""Benchmarks: latecast against the plain torchvision ``DataLoader`` loop, in one run.
+"""``latecast bench``: latecast against the plain torchvision ``DataLoader`` loop, in one run.
 
-(a) Loader throughput: images/s delivered as normalized batches ready on the device, for
-    each transfer strategy, torchvision's ``DataLoader`` + ``ToTensor()`` + ``Normalize`` at
-    0, 2 and ``os.cpu_count()`` workers, an upper bound (a uint8 batch already on the device,
-    only normalized) and a bandwidth reference (a numpy uint8 gather, nothing else).
-(b) End to end: the same model, optimizer and schedule trained through the usual loop and
-    through latecast; seconds per epoch and seconds to 99% test accuracy.
-(c) Host->device bytes per epoch per strategy, from each mover's ``epoch_bytes`` and checked
-    against what a ``Loader`` counts over one real epoch.
-(d) Your own data: ``latecast.wrap`` over a torchvision ``ImageFolder`` DataLoader yielding
-    uint8 against the usual float32 one (the dataset's first images written as PNGs):
-    images/s, host CPU seconds per epoch (main process and workers) and bytes per epoch.
-(f) Photos streamed: a WebDataset DataLoader of 500x375 JPEGs, decode + RandomResizedCrop(224)
-    + flip + normalize the usual way (PIL and torchvision in the workers, float32 across)
-    against ``wrap`` with a JPEG field (decoded on the device): ``photo_rows.py``.
-(e) With ``--kernels``: the prepare kernel alone, a uint8 batch already on the device made
-    normalized float three ways: two passes (a float copy, then the dtype and layout change),
-    the one fused ``addcmul`` latecast runs, and that ``normalize`` under ``torch.compile``.
-
-Every timing is one warm-up pass, then ``repeats`` passes with the device synchronized
-before and after each; we report the median and the min/max. Ratios come from one run:
-absolute times on a shared machine are not comparable across runs.
+(a) Loader images/s, normalized batches on the device: each mover, torchvision's
+    ``DataLoader`` at 0, 2 and all-core workers, an upper bound and a numpy gather.
+(b) End to end: ``train``'s recipe through the usual loop and through latecast.
+(c) Host->device bytes per epoch per mover.
+(d) ``wrap`` over an ``ImageFolder`` DataLoader against the usual float32 one, and
+(f) photos from WebDataset shards (``photo_rows.py``): images/s, host CPU s, bytes.
+(e) ``--kernels``: the normalize kernel alone, two passes, fused, compiled.
+Each timing: a warm-up pass, then ``repeats`` passes between device syncs; median and range.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -69,9 +57,6 @@ class BenchConfig(measure.MeasureConfig):
     output_dir: str = option("runs/bench", "bench.json, bench.md and bench.png go here")
 
 
-# ---- (a) loader throughput ---------------------------------------------------------------
-
-
 def _upper_bound(ds: Dataset, cfg: BenchConfig, device: torch.device) -> Iterator[Batch]:
     """A uint8 batch already on the device: the only work left is augment + normalize."""
     x = torch.randint(0, 256, (cfg.batch_size, *ds.image_shape), dtype=torch.uint8, device=device)
@@ -96,34 +81,28 @@ def _gather(ds: Dataset, cfg: BenchConfig, epoch: int) -> Iterator[Batch]:
 def loader_throughput(
     ds: Dataset, cfg: BenchConfig, device: torch.device
 ) -> dict[str, list[float]]:
-    """images/s of every loader, ``repeats`` timed passes each."""
+    """(a) images/s of every loader, ``repeats`` timed passes each."""
     n = cfg.limit_batches or -(-len(ds) // cfg.batch_size)
+    rates = functools.partial(measure.rates, n_batches=n, repeats=cfg.repeats, device=device)
     aug = transforms.Augment.parse(cfg.augment)
     out: dict[str, list[float]] = {}
     for name in movers_for(ds):
         loader = Loader(
             ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed, augment=aug
         )
-        out[name] = measure.rates(measure.epochs(loader), n, cfg.repeats, device)
+        out[name] = rates(measure.epochs(loader))
     cores = os.cpu_count() or 1
     for label, workers in (("torchvision-w0", 0), ("torchvision-w2", 2), ("torchvision-wN", cores)):
         # Persistent workers: start-up is not timed, which flatters torchvision.
         dl = measure.torchvision_loader(
             ds, cfg.batch_size, workers, device, cfg.seed, persistent=True, augment=aug
         )
-        out[label] = measure.rates(
-            lambda dl=dl: measure.to_device(iter(dl), device), n, cfg.repeats, device
-        )
+        out[label] = rates(lambda dl=dl: measure.to_device(iter(dl), device))
         del dl  # stop its workers before the next setting starts its own
-    out["upper-bound"] = measure.rates(
-        lambda: _upper_bound(ds, cfg, device), n, cfg.repeats, device
-    )
+    out["upper-bound"] = rates(lambda: _upper_bound(ds, cfg, device))
     count = itertools.count()
-    out["gather"] = measure.rates(lambda: _gather(ds, cfg, next(count)), n, cfg.repeats, device)
+    out["gather"] = rates(lambda: _gather(ds, cfg, next(count)))
     return out
-
-
-# ---- (d) your own data: an ImageFolder DataLoader, the usual way and through wrap --------
 
 
 def write_image_folder(ds: Dataset, n: int, root: Path) -> Path:
@@ -139,9 +118,8 @@ def write_image_folder(ds: Dataset, n: int, root: Path) -> Path:
 
 
 def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict:
-    """``wrap`` over an ``ImageFolder`` DataLoader that yields uint8 (``PILToTensor``) against
-    the usual ``ToTensor() + Normalize`` one: the same PNGs, workers, batch size and order.
-    Per epoch: images/s, host CPU seconds (main process + workers) and host->device bytes."""
+    """(d) ``wrap`` over an ``ImageFolder`` DataLoader yielding uint8 (``PILToTensor``) against the
+    usual ``ToTensor() + Normalize`` one, the same PNGs, workers, batch size and order."""
     import tempfile
 
     from torchvision import datasets
@@ -175,39 +153,16 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
         }
         moved = wrapped.stats  # of every batch it read: the same share of each is its bytes
         del usual, wrapped  # stop their workers before the folder goes
-    usual_bytes = float32_bytes(ds, n)  # float32 images, int64 labels
-    h2d = {
-        "folder-float32": usual_bytes,
-        "folder-wrap": n * moved.h2d_bytes // (moved.image_bytes // math.prod(ds.image_shape)),
-    }
-    return {
-        "images": n,
-        "workers": cfg.folder_workers,
-        **{
-            name: {
-                "images_per_s": [k / t for k, t, _ in timed],
-                "cpu_seconds_per_epoch": [c * n / k for k, _, c in timed],  # passes may be cut
-                "h2d_bytes_per_epoch": h2d[name],
-            }
-            for name, timed in runs.items()
-        },
-    }
-
-
-# ---- (b) end to end ----------------------------------------------------------------------
+    read = moved.image_bytes // math.prod(ds.image_shape)  # images wrap read, every pass
+    h2d = {"folder-float32": float32_bytes(ds, n), "folder-wrap": n * moved.h2d_bytes // read}
+    return {"images": n, "workers": cfg.folder_workers, **measure.host_rows(runs, n, h2d)}
 
 
 def settings(cfg: BenchConfig, device: torch.device) -> TrainConfig:
     """``latecast train``'s config with the bench's settings on top (the preset fills the rest)."""
+    same = {k: getattr(cfg, k) for k in ("dataset", "preset", "lr", "augment", "seed")}
     return TrainConfig(
-        dataset=cfg.dataset,
-        preset=cfg.preset,
-        epochs=cfg.e2e_epochs,
-        lr=cfg.lr,
-        batch_size=cfg.e2e_batch_size,
-        augment=cfg.augment,
-        seed=cfg.seed,
-        device=str(device),
+        **same, epochs=cfg.e2e_epochs, batch_size=cfg.e2e_batch_size, device=str(device)
     )
 
 
@@ -220,8 +175,7 @@ def fit(
     device: torch.device,
     limit: int | None,
 ) -> dict:
-    """Train a fresh model on one ``batches()`` per epoch with ``train``'s own recipe and
-    step; time each epoch between device syncs, evaluate outside the timer."""
+    """A fresh model trained on ``batches()`` per epoch with ``train``'s recipe, timed."""
     config, model, opt, sched = recipe(config, ds, device, steps_per_epoch)
     test_loader = Loader(test, 1000, device=device, shuffle=False, pad=False)
     seconds, accuracy = [], []
@@ -250,7 +204,7 @@ def end_to_end(
     device: torch.device,
     workers: int,
 ) -> dict[str, dict]:
-    """The usual loop (torchvision DataLoader at ``workers``) and latecast (``auto``)."""
+    """(b) The usual loop (torchvision DataLoader at ``workers``) and latecast (``auto``)."""
     aug = transforms.Augment.parse(config.augment)
     # Persistent workers: their start-up is not paid every epoch (flatters the usual loop).
     dl = measure.torchvision_loader(
@@ -261,16 +215,9 @@ def end_to_end(
     usual = fit(
         lambda: measure.to_device(dl, device), steps, ds, test, config, device, cfg.limit_batches
     )
-    loader = Loader(
-        ds,
-        config.batch_size,
-        device=device,
-        transfer="auto",
-        seed=cfg.seed,
-        augment=aug,
-        channels_last=config.channels_last,
-        dtype=torch.bfloat16 if config.amp else torch.float32,
-    )
+    dtype = torch.bfloat16 if config.amp else torch.float32
+    out = dict(device=device, dtype=dtype, channels_last=config.channels_last)
+    loader = Loader(ds, config.batch_size, seed=cfg.seed, augment=aug, **out)
     ours = fit(measure.epochs(loader), steps, ds, test, config, device, cfg.limit_batches)
     return {
         "usual-loop": {**usual, "workers": workers},
@@ -278,13 +225,9 @@ def end_to_end(
     }
 
 
-# ---- (c) bytes ---------------------------------------------------------------------------
-
-
 def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[str, dict]:
-    """Each mover's ``epoch_bytes`` (the torchvision loop moves what ``float32`` moves), and
-    what a Loader counts over one real epoch (its second: the first holds start-up uploads),
-    images and labels apart."""
+    """(c) Each mover's ``epoch_bytes`` (torchvision's: ``float32``'s) and what a Loader counts
+    over its second epoch (the first holds start-up uploads), images and labels apart."""
     out = {"torchvision": {"per_epoch": float32_bytes(ds, len(ds)), "once": 0}}
     for name in movers_for(ds):
         mover = MOVERS[name]
@@ -305,12 +248,8 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
     return out
 
 
-# ---- (e) the prepare kernel ----------------------------------------------------------------
-
-
 def _two_pass(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> Callable:
-    """How ``normalize`` worked before the fused form: addcmul on a float copy, then the
-    dtype and layout change (two more passes over the batch)."""
+    """Normalize in two passes: addcmul on a float copy, then the dtype and layout change."""
     m, s = torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
     scale = (1 / (255 * s)).to(device, torch.float32).view(1, -1, 1, 1)  # (1, C, 1, 1)
     shift = (-m / s).to(device, torch.float32).view(1, -1, 1, 1)
@@ -324,9 +263,9 @@ def _two_pass(mean: tuple[float, ...], std: tuple[float, ...], device: torch.dev
 
 
 def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict[str, dict]:
-    """Microseconds per batch (median of ``repeats`` x 20 calls, after 3) of each way to
-    normalize, for the Loader's default output (float32 NCHW) and the train preset's
-    (channels_last; bf16 on CUDA), with its largest difference from the fused result."""
+    """(e) Microseconds per batch (median of ``repeats`` x 20 calls, after 3) of each way to
+    normalize, for float32 NCHW and the train preset's output, with its largest difference
+    from the fused result."""
     x = torch.randint(0, 256, (cfg.batch_size, *ds.image_shape), dtype=torch.uint8, device=device)
     h, w, c = ds.image_shape
     compiled = torch.compile(transforms.normalize, dynamic=False)
@@ -360,9 +299,6 @@ def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict
     return result
 
 
-# ---- the command -------------------------------------------------------------------------
-
-
 def bench(cfg: BenchConfig) -> dict:
     """Run (a) to (e); write bench.json, bench.md, bench.png to ``cfg.output_dir``."""
     device = resolve_device(cfg.device)
@@ -382,20 +318,14 @@ def bench(cfg: BenchConfig) -> dict:
     e2e: dict[str, dict] = {}
     if cfg.e2e_epochs:
         # The usual loop gets the worker count that delivered the most images/s in (a).
-        workers = (
-            cfg.e2e_workers
-            if cfg.e2e_workers is not None
-            else {"torchvision-w0": 0, "torchvision-w2": 2}.get(best_tv, os.cpu_count() or 1)
-        )
+        fastest = {"torchvision-w0": 0, "torchvision-w2": 2}.get(best_tv, os.cpu_count() or 1)
+        workers = fastest if cfg.e2e_workers is None else cfg.e2e_workers
         test = load_dataset(cfg.dataset, "test", root=cfg.data_root)
         e2e = end_to_end(ds, test, cfg, config, device, workers)
     folder = image_folder_rows(ds, cfg, device) if cfg.folder_images else {}
     n = min(cfg.webdataset_photos, (cfg.limit_batches or 10**9) * cfg.batch_size)
-    photos = (
-        photo_rows(n, cfg.batch_size, cfg.folder_workers, cfg.repeats, cfg.seed, device)
-        if n
-        else {}
-    )
+    photo_args = (cfg.batch_size, cfg.folder_workers, cfg.repeats, cfg.seed, device)
+    photos = photo_rows(n, *photo_args) if n else {}
     nbytes = bytes_per_epoch(ds, device, cfg.batch_size)
     kernels = prepare_kernels(ds, cfg, device) if cfg.kernels else {}
     f32, u8 = nbytes["float32"], nbytes["uint8"]
@@ -425,11 +355,12 @@ def bench(cfg: BenchConfig) -> dict:
     return result
 
 
-def _host_rows(section: dict, prefix: str, fewer: str) -> list[list[str]]:
-    """A table's rows for the loaders named ``prefix...`` of a host-CPU section (ImageFolder,
+def _host_table(section: dict, prefix: str, fewer: str) -> str:
+    """The table of the loaders named ``prefix...`` of a host-CPU section (ImageFolder,
     WebDataset photos): bytes "fewer" against the section's ``float32`` loader."""
     usual = section[f"{prefix}float32"]["h2d_bytes_per_epoch"]
-    return [
+    head = "loader|images/s|min .. max|host CPU s/epoch|bytes/epoch|fewer".split("|")
+    rows = [
         [
             k,
             f"{np.median(v['images_per_s']):,.0f}",
@@ -441,11 +372,11 @@ def _host_rows(section: dict, prefix: str, fewer: str) -> list[list[str]]:
         for k, v in section.items()
         if k.startswith(prefix)
     ]
+    return measure.markdown_table(head, rows)
 
 
 def report_markdown(r: dict) -> list[str]:
-    """The tables of ``bench``'s result, each under its title (``write_report`` puts the
-    run's machine and revision on top)."""
+    """The tables of ``bench``'s result, each under its title."""
     c, speed, best = r["config"], r["loader_images_per_s"], r["best_torchvision"]
     ranges = r["loader_images_per_s_range"]
     rows = [
@@ -469,39 +400,29 @@ def report_markdown(r: dict) -> list[str]:
             ]
             for k, v in r["end_to_end"].items()
         ]
-        recipe = r["recipe"]
+        recipe, head = r["recipe"], "loop|s/epoch|min .. max|test acc per epoch|s to 99%"
         parts += [
             f"End to end: {recipe['model']}, SGD + one-cycle, batch "
             f"{recipe['batch_size']} (preset {recipe['preset']})",
-            measure.markdown_table(
-                ["loop", "s/epoch", "min .. max", "test acc per epoch", "s to 99%"], rows
-            ),
+            measure.markdown_table(head.split("|"), rows),
         ]
     if r["image_folder"]:
         folder = r["image_folder"]
-        rows = _host_rows(folder, "folder-", ".2f")
         parts += [
             f"Your own data: an ImageFolder of {folder['images']:,} PNGs, DataLoader with "
             f"{folder['workers']} workers, batch {c['batch_size']}; host CPU: main "
             "process and workers together, per epoch (median)",
-            measure.markdown_table(
-                ["loader", "images/s", "min .. max", "host CPU s/epoch", "bytes/epoch", "fewer"],
-                rows,
-            ),
+            _host_table(folder, "folder-", ".2f"),
         ]
     if r.get("webdataset_photos"):
         photos = r["webdataset_photos"]
-        rows = _host_rows(photos, "photos-", ".1f")
         h, w = photos["photo"]
         parts += [
             f"Photos streamed: {photos['images']:,} JPEGs of {w}x{h} in WebDataset shards "
             f"({photos['reader']}), {photos['workers']} workers, batch {c['batch_size']}, "
             f"RandomResizedCrop({photos['crop']}) + flip + normalize; wrap's decoder "
             f"{photos['decoder']}; host CPU: main process and workers, per epoch (median)",
-            measure.markdown_table(
-                ["loader", "images/s", "min .. max", "host CPU s/epoch", "bytes/epoch", "fewer"],
-                rows,
-            ),
+            _host_table(photos, "photos-", ".1f"),
         ]
     if r["prepare_kernel_us"]:
         rows = [
@@ -525,12 +446,8 @@ def report_markdown(r: dict) -> list[str]:
         ]
         for k, v in r["h2d_detail"].items()
     ]
-    return parts + [
-        "Host->device bytes per epoch",
-        measure.markdown_table(
-            ["path", "per epoch", "once", "counted over 1 epoch", "fewer than float32"], rows
-        ),
-    ]
+    head = "path|per epoch|once|counted over 1 epoch|fewer than float32".split("|")
+    return [*parts, "Host->device bytes per epoch", measure.markdown_table(head, rows)]
 
 
 def panels(r: dict) -> list[measure.Panel]:

@@ -31,10 +31,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
 
 
+_TYPES = {"int": int, "float": float}  # an option's type by its field's kind (else str)
+
+
 def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None]:
-    """An ``add`` function declaring one flag per field of the config dataclass ``name`` in
-    ``latecast.module``: ``--name-with-dashes``, its type, default and help from the field
-    (``config.option``). Imported when called: torch loads inside ``main``'s handlers."""
+    """An ``add`` declaring a flag per field of the dataclass ``latecast.module.name``
+    (``options.option``), importing it only when called (torch loads with most)."""
 
     def add(p: argparse.ArgumentParser) -> None:
         cls = getattr(importlib.import_module(f"latecast.{module}"), name)
@@ -49,20 +51,10 @@ def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None
                 continue
             names = [n for n in (meta["short"], "--" + f.name.replace("_", "-")) if n]
             if kind(f) == "bool":
-                p.add_argument(
-                    *names,
-                    action=argparse.BooleanOptionalAction,
-                    default=default,
-                    help=meta["help"],
-                )
+                how = {"action": argparse.BooleanOptionalAction}
             else:
-                p.add_argument(
-                    *names,
-                    type={"int": int, "float": float}.get(kind(f), str),
-                    default=default,
-                    metavar=meta["metavar"],
-                    help=meta["help"] + shown,
-                )
+                how = {"type": _TYPES.get(kind(f), str), "metavar": meta["metavar"]}
+            p.add_argument(*names, default=default, help=meta["help"] + shown, **how)
 
     return add
 
@@ -71,9 +63,6 @@ def _config(cls, args: argparse.Namespace):
     """Build the dataclass ``cls`` from the parsed flags that share its field names."""
     given = vars(args)
     return cls(**{f.name: given[f.name] for f in fields(cls) if f.name in given})
-
-
-# -- train -------------------------------------------------------------------------------
 
 
 def _run_train(args: argparse.Namespace) -> dict:
@@ -100,21 +89,13 @@ def _run_train(args: argparse.Namespace) -> dict:
     )
     # float32 is 0 when a resumed run had nothing left to train; more than float32 when the
     # resident upload of the whole dataset outweighs the few samples trained since
-    versus = (
-        ""
-        if not f32
-        else f" ({1 - moved / f32:.0%} less)"
-        if moved <= f32
-        else f" ({moved / f32:.1f}x as much)"
-    )
+    r = moved / max(f32, 1)
+    versus = (f" ({1 - r:.0%} less)" if r <= 1 else f" ({r:.1f}x as much)") if f32 else ""
+    jpeg = summary["transfer"] == "jpeg"  # compressed bytes: decoded uint8 the other comparison
+    uint8 = f", uint8 {human_bytes(summary['h2d_bytes_uint8'])}" if jpeg else ""
     print(
         f"host->device: {human_bytes(moved)} moved; float32 would have moved "
-        f"{human_bytes(f32)}{versus}"
-        + (  # JPEG: compressed bytes; decoded uint8 is the other comparison
-            f", uint8 {human_bytes(summary['h2d_bytes_uint8'])}"
-            if summary["transfer"] == "jpeg"
-            else ""
-        )
+        f"{human_bytes(f32)}{versus}{uint8}"
     )
     return summary
 
@@ -136,18 +117,12 @@ def _print_check(found: dict) -> None:
     )
 
 
-# -- info --------------------------------------------------------------------------------
-
-
 def _add_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("dataset", nargs="?", default="mnist", help=DATASET_HELP)
     p.add_argument("--data-root", default=None, help="folder with the dataset's files")
-    p.add_argument(
-        "--verify",
-        action="store_true",
-        help="read every image byte: each JPEG file's structure, and the SHA-256 kept when "
-        "the store was written (shards: every shard whole against its index)",
-    )
+    verify = "read every image byte: each JPEG file's structure, and the SHA-256 kept when "
+    verify += "the store was written (shards: every shard whole against its index)"
+    p.add_argument("--verify", action="store_true", help=verify)
 
 
 def _run_info(args: argparse.Namespace) -> dict:
@@ -180,11 +155,8 @@ def _run_info(args: argparse.Namespace) -> dict:
         from ..decode import decoder
 
         info["decoder"] = decoder()
-    stored = (
-        "uint8"
-        if tr["encoding"] == "raw"
-        else f"{tr['encoding']} ({human_bytes(tr['image_bytes'])}, decoded by {info['decoder']})"
-    )
+    coded = f"{tr['encoding']} ({human_bytes(tr['image_bytes'])}, decoded by {info.get('decoder')})"
+    stored = "uint8" if tr["encoding"] == "raw" else coded
     print(
         f"{args.dataset}: train {tr['samples']} x {tuple(tr['image_shape'])} {stored}, "
         f"test {info['test']['samples']}, {tr['classes']} classes, "
@@ -200,9 +172,6 @@ def _run_info(args: argparse.Namespace) -> dict:
             + (hashed if isinstance(hashed, str) else "every image read" + said)
         )
     return {"dataset": args.dataset, **info, **({"verified": verified} if args.verify else {})}
-
-
-# -- index -------------------------------------------------------------------------------
 
 
 def _add_index(p: argparse.ArgumentParser) -> None:
@@ -226,9 +195,6 @@ def _run_index(args: argparse.Namespace) -> dict:
             "empty": empty}  # fmt: skip
 
 
-# -- profile -----------------------------------------------------------------------------
-
-
 def _need_bench_extra(command: str) -> None:
     """profile and bench compare against torchvision and plot with matplotlib."""
     from ..errors import ConfigError
@@ -247,14 +213,9 @@ def _run_profile(args: argparse.Namespace) -> dict:
 
     _need_bench_extra("profile")
     result = profile(_config(ProfileConfig, args))
-    print(
-        f"wrote report.md, report.json, profile.png and {len(result['rows'])} traces to "
-        f"{args.output_dir}"
-    )
+    rows = len(result["rows"])
+    print(f"wrote report.md, report.json, profile.png and {rows} traces to {args.output_dir}")
     return result
-
-
-# -- bench -------------------------------------------------------------------------------
 
 
 def _run_bench(args: argparse.Namespace) -> dict:
@@ -264,9 +225,6 @@ def _run_bench(args: argparse.Namespace) -> dict:
     result = bench(_config(BenchConfig, args))
     print(f"wrote bench.json, bench.md and bench.png to {args.output_dir}")
     return result
-
-
-# -- convert -----------------------------------------------------------------------------
 
 
 def _run_convert(args: argparse.Namespace) -> dict:
@@ -302,9 +260,6 @@ def _run_convert(args: argparse.Namespace) -> dict:
     }
 
 
-# -- doctor ------------------------------------------------------------------------------
-
-
 def _add_doctor(p: argparse.ArgumentParser) -> None:
     _options("tools.doctor", "DoctorConfig")(p)
     p.add_argument(
@@ -323,38 +278,23 @@ def _run_doctor(args: argparse.Namespace) -> dict:
     return doctor(_config(DoctorConfig, args), args.script, show=rank0, debug=args.debug)
 
 
-COMMANDS = {
-    "train": (
-        _options("trainer.loop", "TrainConfig"),
-        _run_train,
-        "train a reference model (default: bundled MNIST)",
-    ),
-    "info": (_add_info, _run_info, "dataset shapes and bytes per epoch per strategy"),
-    "index": (
-        _add_index,
-        _run_index,
-        "index WebDataset shards ahead, once for many runs (train does it if not)",
-    ),
-    "profile": (
-        _options("tools.profiling", "ProfileConfig"),
-        _run_profile,
-        "each transfer strategy under torch.profiler, vs the usual loop",
-    ),
-    "bench": (
-        _options("tools.bench", "BenchConfig"),
-        _run_bench,
-        "loader and training throughput vs torchvision's DataLoader",
-    ),
-    "convert": (
-        _options("storage.convert", "ConvertConfig"),
-        _run_convert,
-        "an image folder into a compact store (uint8 pixels or JPEG bytes)",
-    ),
-    "doctor": (
-        _add_doctor,
-        _run_doctor,
-        "run your training script: what crosses host->device, and what could",
-    ),
+COMMANDS = {  # name: (declares its options, runs it)
+    "train": (_options("trainer.loop", "TrainConfig"), _run_train),
+    "info": (_add_info, _run_info),
+    "index": (_add_index, _run_index),
+    "profile": (_options("tools.profiling", "ProfileConfig"), _run_profile),
+    "bench": (_options("tools.bench", "BenchConfig"), _run_bench),
+    "convert": (_options("storage.convert", "ConvertConfig"), _run_convert),
+    "doctor": (_add_doctor, _run_doctor),
+}
+HELP = {
+    "train": "train a reference model (default: bundled MNIST)",
+    "info": "dataset shapes and bytes per epoch per strategy",
+    "index": "index WebDataset shards ahead, once for many runs (train does it if not)",
+    "profile": "each transfer strategy under torch.profiler, vs the usual loop",
+    "bench": "loader and training throughput vs torchvision's DataLoader",
+    "convert": "an image folder into a compact store (uint8 pixels or JPEG bytes)",
+    "doctor": "run your training script: what crosses host->device, and what could",
 }
 
 
@@ -368,16 +308,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The parser, with the options of ``command`` alone: declaring a command's options
-    imports its module (torch, for most), so ``latecast --help`` imports none of them."""
+    """The parser, with the options of ``command`` alone (``latecast --help`` imports none)."""
     parser = _Parser(
         prog="latecast",
         description=("Move bytes, not floats: uint8 batches to the device, normalized there."),
     )
     parser.add_argument("--version", action="version", version=f"latecast {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, (add, _, help_) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_, description=help_)
+    for name, (add, _) in COMMANDS.items():
+        p = sub.add_parser(name, help=HELP[name], description=HELP[name])
         if name == command:
             add(p)
             _common(p)
@@ -385,8 +324,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _one_line(text: object) -> str:
-    """``text`` on one line: control characters (newlines in a file name, terminal escapes)
-    shown escaped, as ``repr`` would."""
+    """``text`` on one line, control characters escaped as ``repr`` would."""
     return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], str(text).strip())
 
 
@@ -406,9 +344,8 @@ def _strict(value):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its exit code. Ctrl-C at any point, even while torch is still
-    importing (``build_parser`` imports the command's module), is one line and exit code
-    130 (row 79)."""
+    """Run one command; its exit code. Ctrl-C at any point, even while torch is importing,
+    is one line and exit code 130 (row 79)."""
     if "torch" not in sys.modules and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):
         os.environ["GOMP_SPINCOUNT"] = "2000"  # read once, as torch loads: see threads.py
     try:

@@ -1,38 +1,8 @@
 """``latecast doctor``: run anyone's training script, unmodified, and say what crosses the
-host->device bus wider than it needs to, and the change that narrows it.
-
-The script runs as ``__main__`` in this process (``runpy``) under an ``Observer``, a
-``TorchFunctionMode`` that sees every ``Tensor.to(device)``, ``.cuda()``, ``copy_`` from
-host memory into a device tensor and ``torch.tensor``/``as_tensor(..., device=)`` made on
-the main thread (DataLoader workers and its pin-memory thread only prepare batches; the
-move is the script's). Each move is charged to the script's own line (the innermost frame
-outside torch, latecast and the installed libraries). The first ``TENSORS`` tensors of each
-site are sampled, ``VALUES`` values a channel of their first ``SAMPLES`` samples, evenly
-strided: no random draw, no write, so the script computes exactly what it computes alone.
-When the script stops (after ``--steps`` optimizer steps, through torch's global step hook,
-or at its end) each site's samples are classified:
-
-- floats that are ``(k/255 - mean)/std`` for integers k, per channel (what ``ToTensor()`` +
-  ``Normalize`` make of 8-bit pixels): they could cross as uint8, 4x fewer bytes than
-  float32; mean and std are recovered by a least-squares fit of the values on their grid;
-- integers, and floats holding only integers: the narrowest integer dtype that holds them;
-- bool and 1-byte dtypes: already narrow; other floats: nothing to gain.
-
-Without an accelerator ``.to(device)`` targets the CPU and moves nothing: those calls are
-recorded all the same, as what would cross the bus on a GPU, and the report says so. Moves
-torch makes itself, and latecast's own copies, are not the script's to change.
-
-The advice is edits (``advice.py``), so the script's own source is read with what the run
-showed (``observe.watching``): every DataLoader it makes, the line each ``ToTensor`` and
-``Normalize`` of their transforms is made at, and which loader handed out each tensor that
-moves. A transform made to yield uint8 means every loader that shares it is wrapped, moved
-or not; tensors no DataLoader handed out are batches made per call, for ``latecast.Mover``.
-Moves with gradients off are evaluation's (``torch.no_grad``); ``--eval-steps`` ends the
-training pass after ``--steps`` (its DataLoader runs out, as at an epoch's end) to watch the
-evaluation after it.
-
-Here: the verdict and the report. ``launch.py`` runs the script as python would,
-``observe.py`` is what doctor sees of it, ``advice.py`` writes the edits.
+host->device bus wider than it needs to, and the change that narrows it (docs/doctor.md).
+``launch.py`` runs it, ``observe.py`` records each move per line, ``advice.py`` writes the
+edits; here the verdict per site (8-bit pixels ``(k/255 - mean)/std``: uint8; integers: the
+narrowest dtype holding them) and the report. Without a GPU ``.to(device)`` counts as a move.
 """
 
 from __future__ import annotations
@@ -50,7 +20,7 @@ from ..trainer.rundir import check_path
 from .advice import Advice, Edit
 from .launch import PROFILED, WARMUP, run_script, target
 from .observe import Observer, Site, short_path
-from .text import human_bytes
+from .text import human_bytes, markdown_table
 
 
 @dataclass(frozen=True)
@@ -58,10 +28,7 @@ class DoctorConfig:
     module: str | None = option(None, "run a module, as python -m MODULE", short="-m")
     steps: int = option(50, "stop the script after this many optimizer steps", low=1)
     eval_steps: int = option(
-        0,
-        "after --steps, end the training pass and watch up to this many batches of the "
-        "evaluation that follows (0: stop at --steps)",
-        low=0,
+        0, "after --steps, end the training pass; watch N batches of the evaluation after", low=0
     )
     output_dir: str | None = option(None, "also write doctor.md there")
     profile: bool = option(False, "CUDA: torch.profiler over a few steps, Memcpy HtoD vs kernels")
@@ -71,27 +38,19 @@ class DoctorConfig:
 
 
 class ScriptError(LatecastError):
-    """The doctored script raised or exited with a non-zero status: its own error, doctor's
-    ``result`` (what it moved until then: ``--json`` prints it with the error) and the exit
-    code the script has alone (1 for an exception, as python's)."""
+    """The script raised or exited non-zero: its error, doctor's ``result`` so far (``--json``
+    prints it) and the script's own exit code."""
 
     def __init__(self, message: str, result: dict) -> None:
         super().__init__(message)
         self.result, self.exit_code = result, result["exit_status"]
 
 
-# -- what the values are -------------------------------------------------------------------
-
-
 def grid(u: np.ndarray, eps: float) -> tuple[float, float] | None:
     """``(mean, std)`` when every value of ``u`` is ``(k/255 - mean)/std`` for integers k in
-    0..255 within the rounding of a float with machine epsilon ``eps``, else None.
-
-    The step between levels is first the smallest gap that rounding leaves sharp (float16
-    blurs gaps far from zero), then refitted by least squares over a window of levels
-    around it that widens 4x a pass, so no level is given the wrong k. The darkest value
-    seen is taken as k = 0, unless another k makes a mean of at most 4 decimals (as
-    Normalize constants are written) and that one does not."""
+    0..255 within the rounding of a float with machine epsilon ``eps``, else None. The step
+    is the smallest sharp gap, refitted by least squares over a window of levels widening 4x
+    a pass; the darkest value is k = 0 unless another k gives a mean of 4 decimals."""
     levels = np.unique(u)
     gaps = np.diff(levels)
     sharp = gaps > 100 * eps * np.maximum(np.abs(levels[:-1]), np.abs(levels[1:]))
@@ -186,14 +145,9 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
     return f"{now} {why}: nothing to gain"
 
 
-# -- the verdict ---------------------------------------------------------------------------
-
-
 def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
-    """The result: the sites of the training steps (per step) and of evaluation (moved with
-    gradients off, per batch) with their verdicts, the total per training step, the moves
-    made only before the first step (the model's ``.to(device)``: once, not per step), and
-    the DataLoaders the script made."""
+    """The result: the sites of the training steps (per step) and of evaluation (per batch)
+    with verdicts and totals, the moves before the first step, the script's DataLoaders."""
     steps, sites, evaluation, setup, advised = obs.steps, [], [], [], []
     for s in obs.sites.values():
         row = {"site": s.where, "dtype": _name(s.dtype), "shape": list(s.shape)}
@@ -228,11 +182,9 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
         "sites": sites,
         "evaluation": evaluation,
         "setup": setup,
-        "total": {
-            "bytes_per_step": now,
-            "bytes_per_step_then": then,
-            "factor": now / then if then else 1.0,
-        },
+        "total": dict(
+            bytes_per_step=now, bytes_per_step_then=then, factor=now / then if then else 1.0
+        ),
         "edits": [asdict(e) for e in advice.edits()],
         "loaders": [
             {
@@ -245,17 +197,6 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
             for x in obs.loaders
         ],
     }
-
-
-def _table(rows: list[list[str]]) -> list[str]:
-    """A markdown table with its columns padded, as readable in a terminal as in a file."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
-    return [
-        line(rows[0]),
-        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-        *map(line, rows[1:]),
-    ]
 
 
 def _nothing(r: dict) -> str:
@@ -302,11 +243,11 @@ def report(r: dict, cfg: DoctorConfig) -> str:
         t = r["total"]
         total = f"{human_bytes(t['bytes_per_step'])} -> {human_bytes(t['bytes_per_step_then'])}"
         total_row = ["total", "", "", "", total, f"{t['factor']:.1f}x"]
-        lines += ["", *_table([head, *_rows(r["sites"], "step"), total_row])]
+        lines += ["", markdown_table(head, [*_rows(r["sites"], "step"), total_row], pad=True)]
     if r["evaluation"]:
         head = "site|batches|crosses now|could cross|bytes/batch now -> then|factor".split("|")
         lines += ["", "evaluation (moved with gradients off):"]
-        lines += _table([head, *_rows(r["evaluation"], "batch")])
+        lines.append(markdown_table(head, _rows(r["evaluation"], "batch"), pad=True))
     changes = [s for s in r["sites"] + r["evaluation"] if s["factor"] > 1]
     if r["error"] and not r["steps"]:  # no verdict on a training step that never ran
         lines += ["", f"no optimizer step ran: the script {r['error']} before its first step"]
@@ -337,9 +278,8 @@ def report(r: dict, cfg: DoctorConfig) -> str:
 def doctor(
     cfg: DoctorConfig, command: list[str], *, show: bool = True, debug: bool = False
 ) -> dict:
-    """``latecast doctor``: check the options, run the script, and where ``show`` (rank 0)
-    print the report (and write ``doctor.md``); the result. A script that fails is one
-    ``ScriptError`` that carries the result."""
+    """Run the script; where ``show`` (rank 0) print the report (and write ``doctor.md``);
+    the result. A script that fails is one ``ScriptError`` carrying the result."""
     if cfg.profile and not torch.cuda.is_available():
         raise ConfigError("--profile needs CUDA (it times Memcpy HtoD on the GPU): none here")
     if cfg.profile and cfg.steps < WARMUP + PROFILED:

@@ -1,7 +1,6 @@
 """Running anyone's script as ``python [OPTIONS] script ARGS`` would, inside ``latecast
-doctor``'s own process (``runpy``, as ``__main__``): what follows ``--``, python's own
-options before the script, the stop after ``--steps``, the script's exit, its exception
-(a DataLoader worker's too) and its warnings as its own, and everything put back after.
+doctor``'s process (``runpy``, as ``__main__``), stopped after ``--steps``; its exit, errors and
+warnings its own, and everything put back after.
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ WARMUP, PROFILED = 2, 3  # --profile: steps before the profiler starts, steps it
 
 @dataclass(frozen=True)
 class Script:
-    """What follows ``--``: a script's path or a module's name, its arguments, and the
-    interpreter's own options given before it (``python -u -W ignore train.py``)."""
+    """What follows ``--``: a script's path or a module, its arguments, python's options."""
 
     kind: str  # "path" | "module"
     name: str
@@ -42,8 +40,7 @@ class Script:
 
 
 def target(cfg, command: list[str]) -> Script:
-    """The script from what follows ``--``; one line for a script or module that is not
-    there, a launcher doctor cannot look inside, or an interpreter option it cannot apply."""
+    """The script after ``--``; ``ConfigError`` for one not there, torchrun, or a bad option."""
     cmd = command[1:] if command[:1] == ["--"] else list(command)
     flags: list[tuple[str, str | None]] = []
     if not cfg.module and cmd and re.fullmatch(r"python[\d.]*", Path(cmd[0]).name):
@@ -127,9 +124,7 @@ def _in_effect(letter: str, value: str | None) -> bool:
 
 @contextlib.contextmanager
 def as_python_would(flags: list[tuple[str, str | None]]) -> Iterator[None]:
-    """The script's run as ``python FLAGS script`` runs it: ``-u``, ``-W``, ``-B`` applied,
-    and its warnings shown as Python shows them (``file:line: Category: message``), not as
-    the command line shows latecast's own; all put back after."""
+    """``-u``, ``-W``, ``-B`` applied and warnings shown as Python shows them, put back after."""
     streams = [s for s in (sys.stdout, sys.stderr) if hasattr(s, "reconfigure")]
     saved = sys.dont_write_bytecode, warnings.formatwarning
     buffering = [(s.line_buffering, s.write_through) for s in streams]
@@ -151,17 +146,14 @@ def as_python_would(flags: list[tuple[str, str | None]]) -> Iterator[None]:
 
 
 def python_formatwarning(message, category, filename, lineno, line=None) -> str:
-    """A warning as Python's own ``warnings.formatwarning`` shows it (the command line
-    replaces that function with one line of its own for latecast's warnings)."""
+    """A warning as Python's own ``warnings.formatwarning`` shows it (the CLI replaces it)."""
     line = linecache.getline(filename, lineno) if line is None else line
     source = f"  {line.strip()}\n" if line and line.strip() else ""
     return f"{filename}:{lineno}: {category.__name__}: {message}\n{source}"
 
 
 def run_script(script: Script, obs: Observer, cfg, debug: bool) -> dict:
-    """Run the script as ``__main__`` under ``obs`` until it ends or ``cfg.steps`` optimizer
-    steps are done: how it ended, its exit status and its error (reported, never swallowed).
-    The working directory, ``sys.argv`` and ``sys.path`` are put back after."""
+    """The script run as ``__main__`` under ``obs`` to its end or ``cfg.steps``: how it ended."""
     profiler = Profiler() if cfg.profile else None
 
     def step(optimizer, args, kwargs) -> None:
@@ -209,13 +201,8 @@ def run_script(script: Script, obs: Observer, cfg, debug: bool) -> dict:
         os.chdir(saved[2])
         if profiler:
             profiler.close()
-        _release_group()
-    return {
-        "ended": ended,
-        "exit_status": status,
-        "error": error,
-        "profile": profiler and profiler.result,
-    }
+        group.end()  # a script stopped at --steps never destroys its process group
+    return dict(ended=ended, exit_status=status, error=error, profile=profiler and profiler.result)
 
 
 # torch re-raises an exception of a DataLoader worker (or its pin-memory thread) in the main
@@ -244,16 +231,8 @@ def _raised(err: Exception, start: Path) -> str:
     return f"raised {name}: {first} ({at})"
 
 
-def _release_group() -> None:
-    """A script stopped at ``--steps`` never reaches its ``destroy_process_group()``, and
-    its DDP model, held by its functions' globals until the collector runs at exit, keeps the
-    group alive: released here, while Python runs (``group.end``)."""
-    group.end()
-
-
 class Profiler:
-    """``torch.profiler`` over the ``PROFILED`` steps after ``WARMUP`` (CUDA): the time
-    ``Memcpy HtoD`` takes against kernel time, per step."""
+    """``torch.profiler`` over ``PROFILED`` steps after ``WARMUP``: Memcpy HtoD and kernel ms."""
 
     def __init__(self) -> None:
         self.prof, self.result = None, None

@@ -1,7 +1,6 @@
-"""What ``latecast bench`` and ``latecast profile`` (and the scripts in ``benchmarks/``)
-measure with: their shared options, timed passes between device syncs, the host CPU count,
-the machine and revision saved next to every number, the usual torchvision ``DataLoader``
-both compare against, and one report writer (JSON, markdown tables, a bar plot).
+"""What ``bench``, ``profile`` and ``benchmarks/`` measure with: shared options, timed passes
+between device syncs, host CPU seconds, the run's machine and revision, the torchvision
+``DataLoader`` baseline, one report writer (JSON, markdown, a bar plot).
 """
 
 from __future__ import annotations
@@ -10,6 +9,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import subprocess
 import time
 from dataclasses import dataclass
@@ -24,6 +24,7 @@ from ..loader import Loader
 from ..storage.options import DATASET_HELP, option, validate
 from ..transfer import Batch
 from ..transforms import Augment
+from .text import markdown_table  # noqa: F401 (the reports' tables, benchmarks/ import it here)
 
 # x label, {part: {row: value}} (a row's parts stacked, in this order), log scale
 Panel = tuple[str, dict[str, dict[str, float]], bool]
@@ -43,9 +44,6 @@ class MeasureConfig:
         validate(self)
 
 
-# ---- timing --------------------------------------------------------------------------------
-
-
 def sync(device: torch.device) -> None:
     """Wait for queued device work, so a host timer measures it (no-op on CPU)."""
     if device.type == "cuda":
@@ -56,9 +54,7 @@ def passes(
     make_iter: Callable[[], Iterator], n_batches: int, repeats: int, device: torch.device
 ) -> list[tuple[int, float, float]]:
     """(images, seconds, host CPU seconds) of each timed pass over ``n_batches`` batches, after
-    a warm-up pass of at most 20 (enough to start workers and allocators; a full torchvision
-    epoch costs minutes). The CPU count starts before ``make_iter``: workers reset by it
-    start preparing batches at once."""
+    a warm-up pass of at most 20; CPU counted from before ``make_iter`` (workers start there)."""
     out = []
     for r in range(repeats + 1):
         cpu0 = cpu_seconds()
@@ -98,9 +94,21 @@ def cpu_seconds() -> float:
     return total
 
 
+def host_rows(runs: dict[str, list], n: int, h2d: dict[str, int]) -> dict[str, dict]:
+    """Per row of ``runs`` (``passes``' results over ``n`` images an epoch): images/s, host
+    CPU seconds per epoch (a pass may be cut short) and ``h2d``'s bytes per epoch."""
+    return {
+        name: {
+            "images_per_s": [k / t for k, t, _ in timed],
+            "cpu_seconds_per_epoch": [c * n / k for k, _, c in timed],
+            "h2d_bytes_per_epoch": h2d[name],
+        }
+        for name, timed in runs.items()
+    }
+
+
 def epochs(loader: Loader) -> Callable[[], Iterator[Batch]]:
-    """Each call starts the loader's next epoch at its first batch (a pass cut short leaves
-    a Loader mid-epoch: ``iter`` would resume there)."""
+    """Each call starts the loader's next epoch from its first batch (not mid-epoch)."""
     count = itertools.count(loader.epoch + 1)
 
     def start() -> Iterator[Batch]:
@@ -122,10 +130,8 @@ def run_info(device: torch.device) -> dict:
     except OSError:
         git = ""
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in cpuinfo.splitlines() if ln.startswith("model name")),
-        platform.machine(),
-    )
+    found = re.search(r"^model name[^:]*:(.*)$", cpuinfo, re.M)
+    cpu = found[1].strip() if found else platform.machine()
     return {
         "device": str(device),
         "cpu": cpu,
@@ -135,9 +141,6 @@ def run_info(device: torch.device) -> dict:
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
-
-
-# ---- the usual loop: torchvision's DataLoader ----------------------------------------------
 
 
 class PILImages(torch.utils.data.Dataset):
@@ -155,9 +158,8 @@ class PILImages(torch.utils.data.Dataset):
         from PIL import Image
 
         img = np.asarray(self.images[i])  # (H, W, C)
-        return self.transform(Image.fromarray(img[..., 0] if self.gray else img)), int(
-            self.labels[i]
-        )
+        image = Image.fromarray(img[..., 0] if self.gray else img)
+        return self.transform(image), int(self.labels[i])
 
 
 def torchvision_loader(
@@ -174,20 +176,14 @@ def torchvision_loader(
     with ``augment``, torchvision's per-image equivalents first (cutout: ``RandomErasing``)."""
     from torchvision import transforms as T  # the `bench` extra
 
-    h, w, _ = ds.image_shape
-    pil, tensor = [], []
-    if augment is not None and augment.crop:
-        pil.append(
-            T.RandomCrop(
-                (h, w),
-                padding=augment.crop,
-                padding_mode="reflect" if augment.fill == "reflect" else "constant",
-            )
-        )
-    if augment is not None and augment.flip:
-        pil.append(T.RandomHorizontalFlip(augment.flip))
-    if augment is not None and augment.cutout:
-        area = augment.cutout**2 / (h * w)
+    (h, w, _), aug, pil, tensor = ds.image_shape, augment or Augment(), [], []
+    if aug.crop:
+        fill = "reflect" if aug.fill == "reflect" else "constant"
+        pil.append(T.RandomCrop((h, w), padding=aug.crop, padding_mode=fill))
+    if aug.flip:
+        pil.append(T.RandomHorizontalFlip(aug.flip))
+    if aug.cutout:
+        area = aug.cutout**2 / (h * w)
         tensor.append(T.RandomErasing(p=1.0, scale=(area, area), ratio=(1.0, 1.0)))
     tf = T.Compose([*pil, T.ToTensor(), *tensor, T.Normalize(ds.mean, ds.std)])
     pin = device.type == "cuda" if pin is None else pin
@@ -196,26 +192,28 @@ def torchvision_loader(
 
 def dataloader(
     samples: torch.utils.data.Dataset,
-    batch_size: int,
+    batch_size: int | None,
     workers: int,
-    seed: int,
+    seed: int | None,
     persistent: bool,
-    pin: bool,
+    pin: bool = False,
+    **kwargs,
 ) -> torch.utils.data.DataLoader:
-    """A shuffled ``DataLoader`` as the usual loop builds one."""
+    """A ``DataLoader`` as the usual loop builds one, shuffled by ``seed`` (None: in order)."""
     # Forked workers inherit this process's CUDA state; one that frees a CUDA tensor (a
     # pinned buffer of an earlier row, collected as garbage) aborts with "CUDA error:
     # initialization error" (seen on the H200). Spawned workers start clean.
     spawn = workers > 0 and torch.cuda.is_initialized()
+    if seed is not None:
+        kwargs.update(shuffle=True, generator=torch.Generator().manual_seed(seed))
     return torch.utils.data.DataLoader(
         samples,
         batch_size=batch_size,
-        shuffle=True,
         num_workers=workers,
-        generator=torch.Generator().manual_seed(seed),
         pin_memory=pin,
         persistent_workers=persistent and workers > 0,
         multiprocessing_context="spawn" if spawn else None,
+        **kwargs,
     )
 
 
@@ -223,14 +221,6 @@ def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]
     """The usual loop's ``images.to(device), labels.to(device)``."""
     for x, y in batches:
         yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-
-
-# ---- the report ----------------------------------------------------------------------------
-
-
-def markdown_table(header: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return "\n".join(lines + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
 
 
 def span(values: Iterable[float], fmt: str = ",.0f") -> str:
@@ -242,9 +232,8 @@ def span(values: Iterable[float], fmt: str = ",.0f") -> str:
 def write_report(
     r: dict, command: str, sections: list[str], panels: list[Panel], files: list[Path]
 ) -> None:
-    """The result ``r`` of ``latecast command`` as JSON, as markdown (the run's machine and
-    revision, then ``sections``; also printed) and ``panels`` as a PNG, to ``files`` (the
-    three paths in that order)."""
+    """``r`` of ``latecast command`` to ``files``: JSON, markdown (machine and revision, then
+    ``sections``; also printed) and ``panels`` as a PNG."""
     md = (
         f"`latecast {command}` on {r['device']} ({r['gpu'] or r['cpu']}), torch {r['torch']}, "
         f"git {r['git']}, {r['date']}: " + "\n\n".join(sections)

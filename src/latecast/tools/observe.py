@@ -1,9 +1,7 @@
 """What ``latecast doctor`` sees of a script as it runs: every host->device move, charged
-to the script's own line (``Observer``, a ``TorchFunctionMode``), and the DataLoaders it
-makes, the batches each hands out and the lines their transforms' parts are made at
-(``watching``). Read-only: a bounded, evenly strided sample of the first tensors of each
-site, no random draw; the methods doctor watches through are the originals, called as they
-were, and put back after. See ``doctor.py`` for what is made of it.
+to the script's own line (``Observer``, a ``TorchFunctionMode``), and its DataLoaders, their
+batches and where their transforms are made (``watching``). Read-only: a bounded, strided
+sample of the first tensors of each site, no random draw, every original method called.
 """
 
 from __future__ import annotations
@@ -32,9 +30,7 @@ _PACKAGE = str(Path(__file__).parents[1])  # latecast's own files (an editable i
 
 
 class Stop(BaseException):
-    """Stops the script (after ``--steps`` steps, or the evaluation ``--eval-steps``
-    watches): not an ``Exception``, so the script's own ``except Exception`` lets it
-    through."""
+    """Stops the script: not an ``Exception``, so the script's ``except Exception`` lets it by."""
 
 
 @dataclass
@@ -73,9 +69,8 @@ class LoaderSeen:
 
 
 class Marks:
-    """Objects of the script (tensors, loaders, transforms) marked while they live, each with
-    a value: by identity (a tensor's ``==`` compares its elements), forgotten as each is
-    freed; the objects themselves are never written to."""
+    """The script's objects marked with a value while they live, by identity (a tensor's
+    ``==`` compares elements); the objects themselves are never written to."""
 
     def __init__(self) -> None:
         self.marked: dict[int, tuple[weakref.ref, object]] = {}
@@ -94,14 +89,9 @@ class Marks:
 
 
 class Observer(TorchFunctionMode):
-    """Records every host->device move made under it, per site (doctor.py's docstring).
-    torch's own moves (``_torchs_own``) are not the script's; a move inside latecast is
-    latecast's own copy, and what latecast hands out is on the device already (on a CPU,
-    the script's ``.to(device)`` of it moves nothing on a GPU either). So is what a move
-    at another site handed out (a batch accelerate's loader moved, moved again by the
-    script): on a CPU ``.to("cpu")`` hands back its own tensor, so one host tensor moved
-    at two sites counts once; moved again at its own site (a host constant each step), it
-    counts each time, as it crosses each time on a GPU."""
+    """Records every host->device move made under it, per site, but torch's own
+    (``_torchs_own``); latecast's copies are marked so. What a move handed out is on the
+    device: moved again at another site it is not counted, at its own site it is each time."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -130,18 +120,11 @@ class Observer(TorchFunctionMode):
         if moved is not None and (ours or not self.latecasts.get(moved[0])):
             # with gradients off: evaluation (Module.to moves its parameters so too)
             evaluation = not torch.is_grad_enabled() and not caller.startswith("torch.nn.")
-            self._record(*moved, out, latecast=ours, evaluation=evaluation)
+            self._record(moved, out, latecast=ours, evaluation=evaluation)
         return out
 
-    def _record(
-        self,
-        t: torch.Tensor,
-        dtype: torch.dtype,
-        target: str,
-        out: torch.Tensor,
-        latecast: bool,
-        evaluation: bool,
-    ) -> None:
+    def _record(self, moved: tuple, out: torch.Tensor, latecast: bool, evaluation: bool) -> None:
+        t, dtype, target = moved  # as _moved found it
         axis = 1 if t.dim() == 4 and t.shape[1] in CHANNELS else None
         axis = 3 if t.dim() == 4 and axis is None and t.shape[3] in CHANNELS else axis
         # the script's own line (x.to(d), y.to(d) on one line: two sites, by instruction)
@@ -170,10 +153,8 @@ class Observer(TorchFunctionMode):
 
 
 def _torchs_own(module: str) -> bool:
-    """A move torch makes of a tensor it keeps on the device (``clip_grad_norm_`` gathering
-    its norms, an optimizer's state): on a CPU it looks like one of the script's. What a
-    module's ``.to()`` moves, and what DDP and DataParallel move to their devices, is the
-    script's."""
+    """A move torch makes of a tensor it keeps on the device (``clip_grad_norm_``'s norms);
+    a module's ``.to()`` and what DDP and DataParallel move are the script's."""
     return (module == "torch" or module.startswith("torch.")) and not module.startswith(
         ("torch.nn.modules.", "torch.nn.parallel.")
     )
@@ -216,8 +197,7 @@ def is_library(path: str) -> bool:
 
 
 def short_path(path: str, start: Path) -> str:
-    """``path`` relative to ``start``, where doctor was started (the script may change
-    directory), or whole where it lies outside."""
+    """``path`` relative to ``start`` (where doctor started), or whole where it lies outside."""
     p = Path(path)
     return str(p.relative_to(start)) if p.is_absolute() and p.is_relative_to(start) else path
 
@@ -235,84 +215,72 @@ MADE_AT = ("ToTensor", "Normalize")  # the transforms whose line doctor's advice
 
 @contextlib.contextmanager
 def watching(obs: Observer, cfg) -> Iterator[None]:
-    """While the script runs: each DataLoader it makes (where, and its dataset's transform),
-    the batches each hands out, the line each ``ToTensor``/``Normalize`` is made at (once
-    torchvision's transforms are imported, by whoever imports them); and with
-    ``--eval-steps``, the training pass ended after ``--steps`` and the evaluation that
-    follows watched. Read-only: every method is the original, called as it was, and put back
-    after."""
+    """While the script runs: its DataLoaders, their batches, where each ``ToTensor`` and
+    ``Normalize`` is made; ``--eval-steps``' end of the training pass. Originals put back."""
     from torch.utils.data import DataLoader
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
     made, iterators, undo = Marks(), Marks(), []
 
     def patch(owner: type, name: str, wrapper: Callable) -> None:
+        """``owner.name`` calls ``wrapper(original, self, ...)`` until put back."""
         original = owner.__dict__.get(name)
         if original is not None:  # (a torchvision without its own ToTensor.__init__: none)
+
+            def patched(self, *args, **kwargs):
+                return wrapper(original, self, *args, **kwargs)
+
             undo.append((owner, name, original))
-            setattr(owner, name, functools.wraps(original)(wrapper(original)))
+            setattr(owner, name, functools.wraps(original)(patched))
 
-    def made_at(original: Callable) -> Callable:
-        def init(self, *args, **kwargs) -> None:
-            original(self, *args, **kwargs)
-            frame = script_frame(sys._getframe(1))
-            made.add(self, frame and (frame.f_code.co_filename, frame.f_lineno))
-
-        return init
+    def made_at(original: Callable, self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        frame = script_frame(sys._getframe(1))
+        made.add(self, frame and (frame.f_code.co_filename, frame.f_lineno))
 
     def transforms(module) -> None:
         for name in MADE_AT:
             patch(getattr(module, name), "__init__", made_at)
 
-    def loader_init(original: Callable) -> Callable:
-        def init(self, *args, **kwargs) -> None:
-            original(self, *args, **kwargs)
-            frame = script_frame(sys._getframe(1))
-            if frame is not None:
-                obs.loaders.append(_loader(self, frame, made))
-                obs.loader_of.add(self, len(obs.loaders) - 1)
+    def loader_init(original: Callable, self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        frame = script_frame(sys._getframe(1))
+        if frame is not None:
+            obs.loaders.append(_loader(self, frame, made))
+            obs.loader_of.add(self, len(obs.loaders) - 1)
 
-        return init
+    def loader_iter(original: Callable, self):
+        iterator = original(self)
+        iterators.add(iterator, (obs.loader_of.get(self), obs.ending))
+        return iterator
 
-    def loader_iter(original: Callable) -> Callable:
-        def it(self):
-            iterator = original(self)
-            iterators.add(iterator, (obs.loader_of.get(self), obs.ending))
-            return iterator
-
-        return it
-
-    def loader_next(original: Callable) -> Callable:
-        def next_(self):
-            loader, late = iterators.get(self) or (None, False)
-            if obs.ending and not late:  # the training pass, ended after --steps
-                raise StopIteration
-            if obs.ending and obs.eval_batches >= cfg.eval_steps:
+    def loader_next(original: Callable, self):
+        loader, late = iterators.get(self) or (None, False)
+        if obs.ending and not late:  # the training pass, ended after --steps
+            raise StopIteration
+        if obs.ending and obs.eval_batches >= cfg.eval_steps:
+            obs.stopped = "eval"
+            raise Stop
+        try:
+            batch = original(self)
+        except StopIteration:
+            if obs.ending:  # the evaluation's loader is done: stop before what follows
                 obs.stopped = "eval"
-                raise Stop
-            try:
-                batch = original(self)
-            except StopIteration:
-                if obs.ending:  # the evaluation's loader is done: stop before what follows
-                    obs.stopped = "eval"
-                    raise Stop from None
-                raise
-            obs.eval_batches += obs.ending
-            if loader is not None:
-                for t in _tensors(batch):
-                    obs.batches.add(t, loader)
-            return batch
-
-        return next_
+                raise Stop from None
+            raise
+        obs.eval_batches += obs.ending
+        if loader is not None:
+            for t in _tensors(batch):
+                obs.batches.add(t, loader)
+        return batch
 
     patch(DataLoader, "__init__", loader_init)
     patch(DataLoader, "__iter__", loader_iter)
     patch(_BaseDataLoaderIter, "__next__", loader_next)
-    finder = None
+    finder = AfterImport(TRANSFORMS, transforms)
     if TRANSFORMS in sys.modules:
         transforms(sys.modules[TRANSFORMS])
     else:
-        finder = AfterImport(TRANSFORMS, transforms)
         sys.meta_path.insert(0, finder)
     try:
         yield
@@ -324,8 +292,7 @@ def watching(obs: Observer, cfg) -> Iterator[None]:
 
 
 class AfterImport(importlib.abc.MetaPathFinder):
-    """Calls ``then(module)`` once the module ``name`` is imported, by whoever imports it
-    (doctor imports none of torchvision itself: 3-4 s for a script that may not use it)."""
+    """Calls ``then(module)`` once the module ``name`` is imported, by whoever imports it."""
 
     def __init__(self, name: str, then: Callable) -> None:
         self.name, self.then = name, then
@@ -354,11 +321,9 @@ def script_frame(frame):
 
 
 def _loader(loader, frame, made: Marks) -> LoaderSeen:
-    """What doctor keeps of a DataLoader the script made at ``frame``: its dataset's
-    transform's parts and the lines they were made at, read from instance dictionaries only
-    (no property of the script's runs), through Subset and ConcatDataset. A joint transform
-    of (image, target) pairs (``transforms=``, a segmentation preset of the script's own)
-    is read through the first of its attributes that is a ``Compose``."""
+    """What doctor keeps of a DataLoader made at ``frame``: its dataset's transform's parts
+    and where each was made, read from instance dictionaries only (through Subset and
+    ConcatDataset; a joint ``transforms=`` through its first ``Compose`` attribute)."""
     todo, transform, holder = [vars(loader).get("dataset")], None, None
     for _ in range(8):
         if not todo or transform is not None:

@@ -1,16 +1,6 @@
-"""``latecast bench``'s photo rows: a WebDataset DataLoader of photos (generated, 500x375,
-in tar shards) trained the ImageNet way, decode + RandomResizedCrop(224) + flip + normalize,
-two ways with the same shards, workers and batch size:
-
-- ``photos-float32``, the usual way: the workers decode each JPEG with PIL and run
-  torchvision's transforms; float32 batches cross the bus.
-- ``photos-wrap``: the workers only read and batch the files (no decoding); ``latecast.wrap``
-  sends the JPEG bytes across and decodes, crops, flips and normalizes on the device.
-
-Per epoch: images/s, host CPU seconds (main process and workers) and host->device bytes.
-On a CPU "device" the decode only moves (from the workers into the main process's decoder
-threads); on CUDA it leaves the host. Without webdataset installed the shards are read by a
-plain ``tarfile`` reader instead (``reader`` in the JSON says which).
+"""``latecast bench``'s photo rows: generated 500x375 JPEGs in WebDataset shards, decoded,
+RandomResizedCrop(224), flipped and normalized by the workers (``photos-float32``) or by
+``latecast.wrap`` on the device (``photos-wrap``); read by webdataset, else by ``tarfile``.
 """
 
 from __future__ import annotations
@@ -56,20 +46,13 @@ def write_shards(n: int, root: Path, seed: int) -> list[str]:
 
 
 class Usual:
-    """A worker's work the usual way: PIL decode, RandomResizedCrop + flip, ToTensor +
-    Normalize (a class, not a lambda: spawned workers pickle it)."""
+    """A worker's work the usual way (a class: spawned workers pickle it)."""
 
     def __init__(self) -> None:
         from torchvision import transforms as T
 
-        self.tf = T.Compose(
-            [
-                T.RandomResizedCrop(CROP),
-                T.RandomHorizontalFlip(),
-                T.ToTensor(),
-                T.Normalize(MEAN, STD),
-            ]
-        )
+        crop = [T.RandomResizedCrop(CROP), T.RandomHorizontalFlip()]
+        self.tf = T.Compose([*crop, T.ToTensor(), T.Normalize(MEAN, STD)])
 
     def __call__(self, data: bytes) -> torch.Tensor:
         from PIL import Image
@@ -77,17 +60,12 @@ class Usual:
         return self.tf(Image.open(io.BytesIO(data)).convert("RGB"))
 
 
-def _label(data: bytes) -> int:
-    return int(data)
-
-
 def _files(samples: list) -> tuple[list, torch.Tensor]:  # the wrap row's batches: bytes kept
     return [s[0] for s in samples], torch.tensor([s[1] for s in samples])
 
 
 class TarPhotos(torch.utils.data.IterableDataset):
-    """The shards' ``(jpg, cls)`` pairs, each worker its own shards: the reader used when
-    webdataset is not installed."""
+    """The shards' ``(jpg, cls)`` pairs, a worker's own shards (without webdataset)."""
 
     def __init__(self, paths: list[str], image=None) -> None:
         self.paths, self.image = paths, image
@@ -102,20 +80,13 @@ class TarPhotos(torch.utils.data.IterableDataset):
                     parts[m.name.rsplit(".", 1)[1]] = tar.extractfile(m).read()
                     if len(parts) == 2:
                         jpg, cls = parts.pop("jpg"), parts.pop("cls")
-                        yield (self.image(jpg) if self.image else jpg), _label(cls)
+                        yield (self.image(jpg) if self.image else jpg), int(cls)
 
 
 def loaders(paths: list[str], batch: int, workers: int) -> tuple[str, object, object]:
     """(reader, the usual DataLoader, the DataLoader whose batches wrap takes). Workers stay
-    alive between passes, so ``measure.cpu_seconds`` counts them; spawned once CUDA is up
-    (see ``measure.dataloader``)."""
-    spawn = workers > 0 and torch.cuda.is_initialized()
-    DataLoader = functools.partial(
-        torch.utils.data.DataLoader,
-        num_workers=workers,
-        persistent_workers=workers > 0,
-        multiprocessing_context="spawn" if spawn else None,
-    )
+    alive between passes, so ``measure.cpu_seconds`` counts them."""
+    DataLoader = functools.partial(measure.dataloader, workers=workers, seed=None, persistent=True)
     try:
         import webdataset as wds
     except ImportError:
@@ -127,7 +98,7 @@ def loaders(paths: list[str], batch: int, workers: int) -> tuple[str, object, ob
         return (
             wds.WebDataset(paths, shardshuffle=False, empty_check=False)
             .to_tuple("jpg", "cls")
-            .map_tuple(image, _label)
+            .map_tuple(image, int)
             .batched(batch, partial=True)
         )
 
@@ -153,11 +124,9 @@ def photo_rows(n: int, batch: int, workers: int, repeats: int, seed: int, device
         moved = wrapped.stats
         jpeg_bytes = sum(Path(p).stat().st_size for p in paths)  # about: the tar headers too
         del usual, files, wrapped
-    usual_bytes = n * (3 * CROP * CROP * 4 + 8)  # float32 images, int64 labels
-    h2d = {  # wrap's: of every batch it read, the same share of each is its bytes
-        "photos-float32": usual_bytes,
-        "photos-wrap": usual_bytes * moved.h2d_bytes // moved.usual_bytes,
-    }
+    usual = n * (3 * CROP * CROP * 4 + 8)  # float32 images, int64 labels
+    # wrap's: of every batch it read, the same share of each is its bytes
+    h2d = {"photos-float32": usual, "photos-wrap": usual * moved.h2d_bytes // moved.usual_bytes}
     return {
         "images": n,
         "photo": list(PHOTO),
@@ -166,12 +135,5 @@ def photo_rows(n: int, batch: int, workers: int, repeats: int, seed: int, device
         "reader": reader,
         "decoder": decoder_on(device),
         "shard_bytes": jpeg_bytes,
-        **{
-            name: {
-                "images_per_s": [k / t for k, t, _ in timed],
-                "cpu_seconds_per_epoch": [c * n / k for k, _, c in timed],
-                "h2d_bytes_per_epoch": h2d[name],
-            }
-            for name, timed in runs.items()
-        },
+        **measure.host_rows(runs, n, h2d),
     }

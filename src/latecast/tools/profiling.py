@@ -1,20 +1,10 @@
-"""The profiler comparison: the same training steps once per data path, under ``torch.profiler``.
+"""``latecast profile``: the same training steps once per data path, under ``torch.profiler``.
 
-This is the measurement latecast started from: in an MNIST loop, ``Memcpy HtoD`` took a
-visible share of the step, and casting after the copy cut it by about 4x. Rows: latecast's
-strategies, ``baseline`` (torchvision ``ToTensor()+Normalize`` + ``DataLoader`` +
-``.to(device)``, the usual code) and ``baseline-u8`` (the same ``DataLoader`` over uint8
-tensors, ``.float() / 255`` and normalize after the copy).
-
-Each row: a fresh model of ``latecast train``'s recipe (same seed), ``wait + warmup``
-unrecorded steps, then ``steps`` recorded ones with ``record_function`` ranges ``data``
-(fetching the batch; for latecast's rows a real ``Loader``'s whole work), ``h2d`` (the copy;
-inside ``data`` for latecast's rows), ``normalize`` (``baseline-u8``) and ``step``.
-Host timers give step time, data wait (wall time until the batch is ready on the device)
-and the CPU seconds spent preparing it; the Chrome trace of the recorded steps gives device
-kernel time and each ``Memcpy HtoD (Pinned|Pageable -> Device)`` row with its bytes.
-Numbers are per recorded step and include the profiler's overhead: this is a picture of
-where time goes, ``latecast bench`` is the benchmark.
+Rows: latecast's movers, ``baseline`` (torchvision ``ToTensor()+Normalize``, ``.to(device)``)
+and ``baseline-u8`` (uint8 tensors normalized after the copy). Each: a fresh model of
+``latecast train``'s recipe, ``1 + warmup`` unrecorded steps, ``steps`` recorded with ranges
+``data``, ``h2d``, ``normalize``, ``step``: step time, data wait and CPU from host timers, kernel
+and ``Memcpy HtoD`` time and bytes from the Chrome trace. A picture, not the benchmark.
 """
 
 from __future__ import annotations
@@ -58,11 +48,8 @@ class ProfileConfig(measure.MeasureConfig):
         self.rows()
 
     def rows(self) -> list[str]:
-        names = (
-            list(ROWS)
-            if self.transfer == "all"
-            else [t.strip() for t in self.transfer.split(",") if t.strip()]
-        )
+        given = [t.strip() for t in self.transfer.split(",") if t.strip()]
+        names = list(ROWS) if self.transfer == "all" else given
         bad = [n for n in names if n not in ROWS]
         if bad or not names:
             raise ConfigError(
@@ -72,14 +59,11 @@ class ProfileConfig(measure.MeasureConfig):
         return names
 
 
-# ---- the batch sources, one per row; each yields (images, labels, bytes copied) ----------
-
-
 def _latecast(
     ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig, channels_last: bool
 ) -> Iterator:
-    """A ``Loader`` on mover ``name``: its whole work (order, copy, prepare) under ``data``,
-    its copy inside as ``h2d`` (the mover's label)."""
+    """``(images, labels, bytes copied)`` of a ``Loader`` on mover ``name``: its whole work
+    under ``data``, its copy inside as ``h2d`` (the mover's label)."""
     loader = Loader(
         ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed, channels_last=channels_last
     )
@@ -97,9 +81,7 @@ def _usual(ds: Dataset, device: torch.device, cfg: ProfileConfig, uint8: bool) -
     if uint8:  # (N, C, H, W) uint8 in memory, as people hold it (`MNIST(...).data.unsqueeze(1)`)
         images = torch.from_numpy(np.array(ds.images)).permute(0, 3, 1, 2).contiguous()
         data = torch.utils.data.TensorDataset(images, torch.from_numpy(np.array(ds.labels)))
-        dl = measure.dataloader(
-            data, cfg.batch_size, cfg.workers, cfg.seed, persistent=False, pin=False
-        )
+        dl = measure.dataloader(data, cfg.batch_size, cfg.workers, cfg.seed, persistent=False)
         mean = torch.tensor(ds.mean, device=device).view(1, -1, 1, 1)  # (1, C, 1, 1)
         std = torch.tensor(ds.std, device=device).view(1, -1, 1, 1)
     else:
@@ -126,9 +108,6 @@ def _fetched(batches: Iterable) -> Iterator:
             yield batch
 
 
-# ---- one row -------------------------------------------------------------------------
-
-
 def trace_totals(path: Path) -> tuple[float, dict[str, dict]]:
     """(device kernel µs, {"Memcpy HtoD (...)": {us, count, bytes}}) from a Chrome trace."""
     kernel_us, memcpy = 0.0, {}
@@ -149,8 +128,7 @@ def trace_totals(path: Path) -> tuple[float, dict[str, dict]]:
 def profile_row(
     ds: Dataset, name: str, device: torch.device, cfg: ProfileConfig, out: Path
 ) -> dict:
-    """Train ``1 + warmup + steps`` steps of a fresh model on row ``name``'s batches, with
-    ``latecast train``'s step and recipe for the dataset."""
+    """``1 + warmup + steps`` steps of ``latecast train``'s recipe on row ``name``'s batches."""
     skip = 1 + cfg.warmup
     settings = TrainConfig(
         dataset=cfg.dataset, epochs=1, seed=cfg.seed, batch_size=cfg.batch_size, device=str(device)
@@ -213,9 +191,6 @@ def profile_row(
     return row
 
 
-# ---- report --------------------------------------------------------------------------
-
-
 def _memcpy_cell(row: dict, kind: str) -> str:
     if row["memcpy"] is None:
         return NO_DEVICE
@@ -226,49 +201,33 @@ def _memcpy_cell(row: dict, kind: str) -> str:
 
 
 def report_markdown(r: dict) -> list[str]:
-    rows = []
-    for name, v in r["rows"].items():
-        prof_bytes = NO_DEVICE if v["memcpy"] is None else f"{v['profiler_bytes_per_step']:,.0f}"
-        rows.append(
-            [
-                name,
-                f"{v['step_ms']:.2f}",
-                f"{v['kernel_ms']:.2f}",
-                _memcpy_cell(v, "Pinned"),
-                _memcpy_cell(v, "Pageable"),
-                f"{v['h2d_bytes_per_step']:,.0f}",
-                prof_bytes,
-                f"{v['data_cpu_ms']:.2f}",
-                f"{v['data_wait_ms']:.2f} ({v['data_wait_pct']:.1f}%)",
-            ]
-        )
-    header = [
-        "row",
-        "step ms",
-        f"{_kernels(r)} ms",
-        "Memcpy HtoD Pinned",
-        "Memcpy HtoD Pageable",
-        "bytes h2d (loader)",
-        "bytes h2d (profiler)",
-        "data CPU ms",
-        "data wait ms (% step)",
+    rows = [
+        [
+            name,
+            f"{v['step_ms']:.2f}",
+            f"{v['kernel_ms']:.2f}",
+            _memcpy_cell(v, "Pinned"),
+            _memcpy_cell(v, "Pageable"),
+            f"{v['h2d_bytes_per_step']:,.0f}",
+            NO_DEVICE if v["memcpy"] is None else f"{v['profiler_bytes_per_step']:,.0f}",
+            f"{v['data_cpu_ms']:.2f}",
+            f"{v['data_wait_ms']:.2f} ({v['data_wait_pct']:.1f}%)",
+        ]
+        for name, v in r["rows"].items()
     ]
+    header = f"row|step ms|{_kernels(r)} ms|Memcpy HtoD Pinned|Memcpy HtoD Pageable|bytes h2d "
+    header += "(loader)|bytes h2d (profiler)|data CPU ms|data wait ms (% step)"
     c = r["config"]
     return [
         f"{c['steps']} recorded steps per row after {1 + c['warmup']} unrecorded, batch "
         f"{c['batch_size']}. Times per step, under the profiler.",
-        measure.markdown_table(header, rows),
+        measure.markdown_table(header.split("|"), rows),
     ]
 
 
 def panels(r: dict) -> list[measure.Panel]:
-    """Step time per row, and its parts side by side (on a GPU they overlap: async copies,
-    queued kernels)."""
-    part = {
-        _kernels(r): "kernel_ms",
-        "memcpy HtoD": "memcpy_ms",
-        "data wait": "data_wait_ms",
-    }
+    """Step time per row, and its parts side by side (on a GPU they overlap)."""
+    part = {_kernels(r): "kernel_ms", "memcpy HtoD": "memcpy_ms", "data wait": "data_wait_ms"}
     parts = {k: {n: v.get(f, 0.0) for n, v in r["rows"].items()} for k, f in part.items()}
     steps = {"step": {n: v["step_ms"] for n, v in r["rows"].items()}}
     return [("ms per step", steps, False), ("ms per step, by part", parts, False)]
@@ -290,12 +249,8 @@ def profile(cfg: ProfileConfig) -> dict:
     for name in names:
         rows[name] = profile_row(ds, name, device, cfg, out)
         print(f"profiled {name}: {rows[name]['step_ms']:.2f} ms/step", flush=True)
-    bad = [
-        k
-        for k, v in rows.items()
-        for f in ("step_ms", "kernel_ms")
-        if not (math.isfinite(v[f]) and v[f] > 0)
-    ]
+    timed = ("step_ms", "kernel_ms")
+    bad = [k for k, v in rows.items() if not all(math.isfinite(v[f]) and v[f] > 0 for f in timed)]
     result = {
         "config": asdict(cfg),
         **measure.run_info(device),

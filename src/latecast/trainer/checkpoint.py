@@ -1,14 +1,6 @@
-"""Checkpoints: plain dicts, written atomically, read without unpickling code.
-
-A checkpoint holds everything an exact resume needs: model (unwrapped from DDP),
-optimizer, scheduler, step, the loader's epoch and position, the RNG states, the run's
-config and its metric history. The loader's augmentation generators need no saved state:
-they are reseeded per batch from (seed, epoch, rank, batch).
-
-Writes go to a temporary file in the same folder, which is flushed, fsynced and then
-``os.replace``d onto the target, so a crash mid-save leaves the previous checkpoint intact
-(docs/RELIABILITY.md row 19). Reads use ``torch.load(weights_only=True, map_location="cpu")``:
-tensors, numbers, strings, lists and dicts only (row 20).
+"""Checkpoints: plain dicts holding all an exact resume needs (model unwrapped from DDP,
+optimizer, scheduler, step, the loader's position, RNG states, config, history), written
+atomically (row 19) and read with ``weights_only=True``: plain data only (row 20).
 """
 
 from __future__ import annotations
@@ -32,24 +24,10 @@ _REQUIRED = ("model", "optimizer", "scheduler", "step", "loader", "rng", "config
 # TrainConfig fields (plus world_size) that must match to continue a run: they decide
 # which samples are seen in which order and what each step computes. The rest (device,
 # transfer, output_dir, logging, timeouts) may change between the two halves of a run.
-RUN_FIELDS = (
-    "dataset",
-    "limit_train",
-    "model",
-    "epochs",
-    "batch_size",
-    "lr",
-    "momentum",
-    "weight_decay",
-    "label_smoothing",
-    "augment",
-    "mix",
-    "amp",
-    "channels_last",
-    "seed",
-    "shuffle_buffer",
-    "world_size",
-    "data_fingerprint",  # data.fingerprint of the training split: other data, another run (row 77)
+# data_fingerprint: data.fingerprint of the training split: other data, another run (row 77).
+RUN_FIELDS = tuple(
+    "dataset limit_train model epochs batch_size lr momentum weight_decay label_smoothing "
+    "augment mix amp channels_last seed shuffle_buffer world_size data_fingerprint".split()
 )
 # Run fields added since checkpoints were first written, with the value every older
 # checkpoint's run had: an older checkpoint lacking one is compared as having it.
@@ -57,9 +35,8 @@ ADDED = {"mix": "", "shuffle_buffer": 1024}
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
-    """Write ``state`` (plain dict) to ``path`` atomically, tagged with the format version;
-    a full disk or an unwritable folder is a ``CheckpointError`` naming ``path``, with the
-    previous file left as it was and no temporary file left beside it (row 19)."""
+    """``state`` (plain dict) to ``path`` atomically, tagged with the format version; a failed
+    write is a ``CheckpointError`` naming ``path``, the previous file kept (row 19)."""
     try:
         with atomic_write(path) as f:
             f = stops.watched(f, "checkpoint-write")  # (a test's point inside the write)
@@ -119,8 +96,7 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
 
 
 def resume_path(resume: str | None, latest: Path, say: bool = True) -> Path | None:
-    """The checkpoint to continue from: ``resume`` itself, or for ``"auto"`` ``latest``
-    when it exists (else a fresh start, said when ``say``)."""
+    """``resume``, or for ``"auto"`` ``latest`` when it exists (else None, said when ``say``)."""
     if resume is None:
         return None
     if resume != "auto":
@@ -155,25 +131,14 @@ def save(
     """Checkpoint a run: the mirror of ``restore``, the one place the schema is written.
     ``parts``: ``model``, ``optimizer``, ``scheduler`` and ``loader``, by their state dicts."""
     state = {name: part.state_dict() for name, part in parts.items()}
-    progress_ = {f.name: getattr(progress, f.name) for f in fields(Progress)}
-    save_checkpoint(
-        path,
-        {
-            **state,
-            **progress_,
-            "epoch": parts["loader"].epoch,
-            "rng": rng_state(),
-            "config": config,
-            "world_size": world,
-            "data_fingerprint": data_fingerprint,
-        },
-    )
+    state.update({f.name: getattr(progress, f.name) for f in fields(Progress)})
+    state.update(epoch=parts["loader"].epoch, rng=rng_state(), config=config, world_size=world)
+    save_checkpoint(path, {**state, "data_fingerprint": data_fingerprint})
 
 
 def restore(path: Path, run: dict, parts: dict) -> Progress:
-    """Load the checkpoint at ``path`` into ``parts`` (as for ``save``) once it is known to
-    come from the same run (``run``: this run's config plus ``world_size`` and
-    ``data_fingerprint``); its progress."""
+    """The checkpoint at ``path`` loaded into ``parts`` once it is known to be of the same run
+    (``run``: the config, ``world_size``, ``data_fingerprint``); its progress."""
     state = load_checkpoint(path)
     saved = {**state["config"], **{k: state.get(k) for k in ("world_size", "data_fingerprint")}}
     unprinted = saved["data_fingerprint"] is None  # written before fingerprints (0.1.0)
@@ -205,8 +170,7 @@ def restore(path: Path, run: dict, parts: dict) -> Progress:
 
 
 def check_same_run(path: str | os.PathLike, saved: dict, now: dict) -> None:
-    """Refuse to continue from ``saved`` (config dict + world_size) under a run that differs
-    in any of ``RUN_FIELDS``, listing every field that differs (docs/RELIABILITY.md row 21)."""
+    """Refuse ``saved`` under a run that differs in any of ``RUN_FIELDS``, listing each (row 21)."""
     saved = {**ADDED, **saved}
     differ = [
         f"{k} {saved.get(k)!r} (checkpoint) != {now.get(k)!r} (now)"
@@ -226,8 +190,7 @@ def rng_state() -> dict:
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore what ``rng_state`` saved; CUDA states only when this machine has as many
-    devices (a CUDA run resumed on the CPU keeps going without them)."""
+    """Restore what ``rng_state`` saved; CUDA's only where there are as many devices."""
     torch.set_rng_state(state["cpu"])
     cuda = state.get("cuda")
     if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():

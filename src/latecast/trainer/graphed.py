@@ -1,22 +1,9 @@
 """One training step, data included, captured once in a CUDA graph and replayed
-(``latecast train --graph``).
-
-The small CNN's step on the H200 is about 2.7 ms of GPU work spread over ~100 kernels, plus
-4-6 more from the data path; launched one by one from Python, the GPU waits on the host.
-Replaying a graph launches them all at once. The graph holds the static resident batch's
-gather, augmentation and normalize (``Loader.fill``), forward, loss, backward and the SGD
-update. Per step the host only stages the batch (a device-to-device copy of its indices and
-the augmentation generator's seed: ``Loader.staged``), writes the learning rate into a
-device tensor (``fill_``: no sync), replays, and steps the schedule. The loss stays on the
-device; the loop reads it every ``log_every`` steps.
-
-``torch.optim.SGD`` reads its learning rate as a Python number, which a graph would freeze
-at its capture-time value (and it has no ``capturable`` flag). ``nesterov_sgd`` is its
-update (Nesterov momentum, L2 weight decay, no dampening) with the learning rate read from a
-device tensor, on the optimizer's own momentum buffers, so checkpoints stay those of
-``torch.optim.SGD`` and a run may resume with or without ``--graph``. Its rounding differs
-from ``torch.optim.SGD``'s by the order of operations only (the lr product is rounded once
-more); a replay equals the same update run eagerly (``tests/test_gpu.py``).
+(``latecast train --graph``): the resident batch's gather, augmentation and normalize
+(``Loader.fill``), forward, loss, backward and the SGD update; per step the host stages the
+batch (``Loader.staged``), sets the lr on the device, replays and steps the schedule.
+``nesterov_sgd`` is ``torch.optim.SGD``'s update with the lr read from a device tensor (a graph
+would freeze a Python number), on its own momentum buffers: checkpoints stay SGD's.
 """
 
 from __future__ import annotations
@@ -50,12 +37,9 @@ def nesterov_sgd(
 
 
 class GraphedStep:
-    """The whole training step of ``model`` on ``loader``'s static resident batches: built
-    and warmed up (eagerly, on a side stream, then every weight, BatchNorm statistic and
-    momentum buffer put back), then ``capture`` once; each call replays it.
-
-    Use with ``Loader.staged()``: ``for _ in loader.staged(): loss = step()``.
-    """
+    """The whole training step of ``model`` on ``loader``'s static resident batches, warmed
+    up (its state put back), then ``capture``d once; each call replays it:
+    ``for _ in loader.staged(): loss = step()``."""
 
     def __init__(
         self,
@@ -95,8 +79,7 @@ class GraphedStep:
         return loss.detach()
 
     def _warm_up(self) -> None:
-        """``WARMUP_STEPS`` eager steps on a side stream (as ``torch.cuda.graph`` asks), then
-        the state put back in place, addresses kept."""
+        """``WARMUP_STEPS`` eager steps on a side stream, then the state put back in place."""
         saved = {k: v.clone() for k, v in self.model.state_dict().items()}
         buffers = [b.clone() for b in self.buffers]
         side = torch.cuda.Stream(self.loader.device)
@@ -127,8 +110,7 @@ class GraphedStep:
         self.graph = graph
 
     def __call__(self, images: torch.Tensor | None = None, labels=None) -> torch.Tensor:
-        """Replay one step on the batch ``Loader.staged`` just staged (``images`` and
-        ``labels`` are those static buffers, ignored). The loss, on the device."""
+        """Replay one step on the batch ``Loader.staged`` staged (arguments ignored); the loss."""
         self.lr.fill_(self.group["lr"])  # a kernel with the value as argument: no sync
         self.graph.replay()
         with warnings.catch_warnings():  # torch warns once of "lr_scheduler.step() before

@@ -15,8 +15,7 @@ from ..errors import ConfigError
 
 
 def start(device: str, timeout: float) -> tuple[torch.device, bool, bool]:
-    """(device, distributed, own_group) for ``latecast train``: under torchrun
-    (``WORLD_SIZE`` set) join the process group, waiting at most ``timeout`` seconds."""
+    """(device, distributed, own_group); under torchrun the process group joined (``timeout`` s)."""
     dev = resolve_device(device)
     if dist.is_available() and dist.is_initialized():
         return dev, True, False  # the caller's group: theirs to destroy
@@ -39,11 +38,9 @@ def start(device: str, timeout: float) -> tuple[torch.device, bool, bool]:
 
 
 def end() -> None:
-    """Destroy the process group, then collect what still held it (a DDP model, its last
-    all-reduce) while Python runs. Freed as Python exits instead, a gloo worker thread that
-    takes the GIL there is unwound and aborts the process now and then ("terminate called
-    without an active exception", pytorch/pytorch#179291: 3 of 20 two-rank runs of a bare DDP
-    script; none of 20 with the model freed first). The caller drops its references first."""
+    """Destroy the process group, then collect what still held it (a DDP model) while Python
+    runs: freed at exit, gloo's threads may abort the process (pytorch/pytorch#179291). The
+    caller drops its references first."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     gc.collect()
@@ -58,17 +55,15 @@ def gather(values: list[int], device: torch.device) -> list[list[int]]:
 
 
 def sync_buffers(model: torch.nn.Module, distributed: bool) -> None:
-    """Copy rank 0's BatchNorm running statistics to every rank (DDP does this at each
-    forward; after the last step they differ again) so all ranks hold the same weights."""
+    """Rank 0's BatchNorm running statistics copied to every rank (DDP does it per forward)."""
     if distributed:
         for buffer in model.buffers():
             dist.broadcast(buffer, 0)
 
 
 def peer_failure(err: RuntimeError) -> bool:
-    """A collective that failed because a peer died or timed out. Collectives called here
-    raise ``DistError``; DDP's gradient all-reduce fails inside autograd, which re-raises
-    the backend's message as a plain ``RuntimeError``."""
+    """A collective that failed because a peer died or timed out (``DistError``, or DDP's
+    all-reduce re-raised by autograd as a plain ``RuntimeError``)."""
     text = str(err).lower()
     return isinstance(err, dist.DistError) or any(
         s in text for s in ("gloo", "nccl", "timed out", "connection closed", "connection reset")

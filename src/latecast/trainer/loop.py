@@ -1,25 +1,9 @@
 """Training: one readable loop over a latecast ``Loader``, evaluation, checkpoints, DDP.
 
-``train(TrainConfig(...))`` is what ``latecast train`` runs. The defaults train the small
-``cnn`` on the bundled MNIST to >= 99% test accuracy in 3 epochs (about 20 s an epoch on a
-2-core CPU; seconds on a GPU). SGD with Nesterov momentum under a triangular one-cycle
-schedule. ``train_step`` and ``evaluate`` are the one step and the one evaluation that
-``bench`` and ``profile`` use too, so all three train the same way for the same config.
-
-Batches are static (``Loader(static=True)``): the same shape every step, the partial last
-training batch dropped, the last test batch padded and masked, so ``--compile`` never
-meets a new shape and ``--graph`` can capture the whole step (``graphed.py``). Time is
-stated the way records state it: ``clock_seconds`` runs from the first step to the end of
-the final evaluation (the per-epoch evaluations and checkpoint writes in between are timed
-apart, like a record's logging); start-up (data, upload, warm-up with compilation and cuDNN
-autotuning, graph capture) is reported beside it, never inside it.
-
-Under ``torchrun`` every process joins the process group (NCCL on CUDA, one device per
-process: ``cuda:LOCAL_RANK``; gloo on CPU) and trains a ``DistributedDataParallel`` copy of
-the model on its own share of every epoch. BatchNorm is plain DDP: batch statistics per
-rank, running statistics copied from rank 0 (at each forward, and before every evaluation
-and save). Rank 0 alone logs, writes metrics and checkpoints; test accuracy is summed over
-ranks from unpadded shards, so it equals single-process accuracy on the same weights.
+``train(TrainConfig(...))`` is ``latecast train``; ``train_step`` and ``evaluate`` serve
+``bench`` and ``profile`` too. Static batches (one shape: ``--compile``, ``--graph``).
+``clock_seconds``: first step to the end of the final evaluation, start-up beside it. Under
+``torchrun`` each process trains a DDP copy on its share; rank 0 alone writes.
 """
 
 from __future__ import annotations
@@ -37,6 +21,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import distributed
@@ -56,45 +41,17 @@ _PRESET_HELP = (
     "resized crops); default: by image"
 )
 
-# Defaults by kind of image. "gray": 28x28 digits and clothes, the small cnn reaches 99% on
-# MNIST in 3 epochs. "colour": 32x32 RGB, the ResNet-9 recipe of the DAWNBench CIFAR-10
-# entries (batch 512, peak lr 0.4, label smoothing 0.2, crop+flip+cutout, bf16).
-# "photo": larger images (a JPEG store of photos), ResNet-9 (with a stride-4 stem above 64
-# px), RandomResizedCrop + flip, the usual ImageNet-style label smoothing 0.1; a starting
-# point, not tuned: no accuracy has been measured with it.
-# channels_last everywhere: NHWC convolutions ran the MNIST cnn 2x faster on a 2-core CPU
-# (18 vs 39 s an epoch) and suit tensor cores on CUDA.
+# Defaults by kind of image: "gray" (28x28: the small cnn, 99% on MNIST in 3 epochs),
+# "colour" (32x32 RGB: the DAWNBench CIFAR-10 ResNet-9 recipe), "photo" (larger: a starting
+# point, untuned). channels_last everywhere (benchmarks/RESULTS.md: 2x on the CPU cnn).
+_PRESET_KEYS = ("model", "epochs", "batch_size", "lr", "label_smoothing", "augment", "amp")
 PRESETS: dict[str, dict] = {
-    "gray": dict(
-        model="cnn",
-        epochs=3,
-        batch_size=128,
-        lr=0.1,
-        label_smoothing=0.0,
-        augment="",
-        amp=False,
-        channels_last=True,
-    ),
-    "colour": dict(
-        model="resnet9",
-        epochs=16,
-        batch_size=512,
-        lr=0.4,
-        label_smoothing=0.2,
-        augment="crop=4,flip,cutout=8,fill=reflect",
-        amp=True,
-        channels_last=True,
-    ),
-    "photo": dict(
-        model="resnet9",
-        epochs=16,
-        batch_size=256,
-        lr=0.2,
-        label_smoothing=0.1,
-        augment="resized_crop=0.35,flip",
-        amp=True,
-        channels_last=True,
-    ),
+    name: {**dict(zip(_PRESET_KEYS, values)), "channels_last": True}
+    for name, values in {
+        "gray": ("cnn", 3, 128, 0.1, 0.0, "", False),
+        "colour": ("resnet9", 16, 512, 0.4, 0.2, "crop=4,flip,cutout=8,fill=reflect", True),
+        "photo": ("resnet9", 16, 256, 0.2, 0.1, "resized_crop=0.35,flip", True),
+    }.items()
 }
 _PRESET_SIZE = 32  # gray and colour are tuned on images up to 32x32; larger ones: photo
 
@@ -146,8 +103,8 @@ class TrainConfig:
 
 
 def resolve_config(config: TrainConfig, train_set: Dataset, device: torch.device) -> TrainConfig:
-    """Fill the fields left at None from the preset (by default the one for ``train_set``'s
-    kind of image); bf16 autocast only on CUDA, where it pays off on tensor cores."""
+    """The fields left at None filled from the preset (default: by ``train_set``'s images);
+    bf16 autocast only on CUDA."""
     h, w, c = train_set.image_shape
     if config.preset is None and c not in (1, 3):
         raise ConfigError(
@@ -175,9 +132,8 @@ def load_splits(config: TrainConfig) -> tuple[Dataset, Dataset]:
 
 
 def _first(ds: Dataset | EncodedDataset, n: int | None) -> Dataset | EncodedDataset:
-    """The first ``n`` samples: every per-sample array (one row a sample: images, labels, a
-    JPEG store's sizes and CRC-32s) cut with them, a JPEG store's files by their offsets;
-    mean/std and the digest stay those of the whole split as written."""
+    """The first ``n`` samples (every per-sample array cut, a JPEG store's files by their
+    offsets); mean/std and the digest stay the whole split's."""
     if n is None or n >= len(ds):
         return ds
     if isinstance(ds, StreamedDataset):
@@ -208,10 +164,8 @@ def model_and_optimizer(
 
 
 def recipe(config: TrainConfig, train_set: Dataset, device: torch.device, steps_per_epoch: int):
-    """``latecast train``'s recipe, for ``bench`` and ``profile`` to train the same way:
-    ``config`` resolved for ``train_set`` (the preset fills what is unset), then a fresh
-    model, optimizer and schedule from ``config.seed`` (the same initial weights for every
-    data path compared). Returns ``(config, model, opt, sched)``."""
+    """``latecast train``'s recipe for ``bench`` and ``profile``: ``(config, model, opt,
+    sched)``, ``config`` resolved for ``train_set``, the model seeded by ``config.seed``."""
     config = resolve_config(config, train_set, device)
     torch.manual_seed(config.seed)
     return (config, *model_and_optimizer(config, train_set, device, steps_per_epoch))
@@ -221,8 +175,7 @@ def one_cycle(
     opt: torch.optim.Optimizer, total_steps: int, warmup: float = 0.25, start: float = 0.04
 ) -> torch.optim.lr_scheduler.LambdaLR:
     """Triangular one-cycle: linear from ``start`` x lr up to lr over the first ``warmup`` of
-    the steps, then linearly down to 0. (``OneCycleLR`` divides by zero on runs of 2 or 4
-    steps; this shape is defined for any length.)"""
+    the steps, then down to 0; defined for any length (``OneCycleLR`` is not)."""
     total = max(total_steps, 1)
     peak = max(1, round(warmup * total))
 
@@ -240,24 +193,16 @@ def _autocast(device: torch.device, amp: bool):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(amp), cache_enabled=False)
 
 
-def loss_of(
-    model: torch.nn.Module,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    label_smoothing: float,
-    amp: bool,
-) -> torch.Tensor:
-    """The batch's loss: forward under bf16 autocast when ``amp``, then cross-entropy (labels
-    ``IGNORE`` count nowhere). What ``--compile`` compiles: model and loss together."""
+def loss_of(model: nn.Module, images: Tensor, labels: Tensor, smooth: float, amp: bool) -> Tensor:
+    """The batch's loss: forward (bf16 autocast when ``amp``), cross-entropy with label smoothing
+    ``smooth`` (labels ``IGNORE`` count nowhere). ``--compile`` compiles it whole."""
     with _autocast(images.device, amp):
-        return F.cross_entropy(model(images), labels, label_smoothing=label_smoothing)
+        return F.cross_entropy(model(images), labels, label_smoothing=smooth)
 
 
 def compiled(fn, device: torch.device, graph: bool):
-    """``torch.compile`` for small steps: on CUDA, mode ``reduce-overhead`` (inductor wraps
-    forward and backward in its own CUDA graphs, so the launches of ~100 small kernels leave
-    the host); under ``--graph`` our capture does that for the whole step, and the CPU has
-    no graphs: the default mode there."""
+    """``torch.compile``: mode ``reduce-overhead`` (inductor's CUDA graphs) on CUDA unless
+    ``--graph`` captures the whole step; the default mode elsewhere."""
     small_steps = device.type == "cuda" and not graph
     return torch.compile(fn, mode="reduce-overhead" if small_steps else None)
 
@@ -271,9 +216,7 @@ def train_step(
     config: TrainConfig,
     loss_fn=loss_of,
 ) -> torch.Tensor:
-    """One step of ``config``'s recipe (resolved): ``loss_fn`` (``loss_of`` or its compiled
-    form), backward, optimizer and schedule step. Returns the loss, detached and still on
-    the device (no host sync)."""
+    """One step of ``config``'s (resolved) recipe; the loss, detached, on the device."""
     loss = loss_fn(model, images, labels, config.label_smoothing, config.amp)
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -282,9 +225,7 @@ def train_step(
     return loss.detach()
 
 
-def evaluate(
-    model: torch.nn.Module, batches: Iterable[Batch], amp: bool = False
-) -> tuple[int, int]:
+def evaluate(model: nn.Module, batches: Iterable[Batch], amp: bool = False) -> tuple[int, int]:
     """(correct, total) over ``batches`` in eval mode, padding (label ``IGNORE``) left out
     of both; one host sync at the end."""
     model.eval()
@@ -301,17 +242,11 @@ def evaluate(
 
 
 class LossTracker:
-    """An epoch's training loss, summed on the device (no host sync per step) and read
-    every ``log_every`` steps; a loss that is not finite stops the run naming its step
-    (docs/RELIABILITY.md row 30). ``mean`` is collective under DDP: all ranks stop together."""
+    """An epoch's training loss, summed on the device and read every ``log_every`` steps; a
+    loss that is not finite stops the run naming its step (row 30). ``mean`` is collective
+    under DDP: all ranks stop together."""
 
-    def __init__(
-        self,
-        device: torch.device,
-        distributed: bool,
-        loss_sum: torch.Tensor | None = None,
-        seen: int = 0,
-    ) -> None:
+    def __init__(self, device, distributed: bool, loss_sum=None, seen: int = 0) -> None:
         self.sum = torch.zeros((), device=device) if loss_sum is None else loss_sum.to(device)
         self.seen, self.distributed = seen, distributed
         self.first_bad = torch.full((), math.inf, dtype=torch.float64, device=device)
@@ -364,14 +299,8 @@ class Run:
         return self.loader.rank == 0
 
     @property
-    def parts(self) -> dict:
-        """What a checkpoint holds the state of."""
-        return {
-            "model": self.model,
-            "optimizer": self.opt,
-            "scheduler": self.sched,
-            "loader": self.loader,
-        }
+    def parts(self) -> dict:  # what a checkpoint holds the state of
+        return dict(model=self.model, optimizer=self.opt, scheduler=self.sched, loader=self.loader)
 
     def save(self, name: str) -> None:
         """Checkpoint ``OUTPUT_DIR/name`` (collective: BatchNorm statistics first; rank 0
@@ -394,8 +323,7 @@ class Run:
 
 
 def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Run:
-    """Data (the same on every rank), the resolved config, loaders, model and optimizer,
-    and the state to continue from when resuming."""
+    """Data (the same on every rank), resolved config, loaders, model, optimizer, resume."""
     _, rank, world = distributed.placement(device)
     torch.manual_seed(config.seed)
     train_set, test_set = load_splits(config)
@@ -413,16 +341,9 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
         device=device, transfer=c.transfer, dtype=dtype, channels_last=c.channels_last,
         static=not streamed,
     )  # fmt: skip
-    aug = Augment.parse(c.augment)
-    loader = Loader(
-        train_set,
-        c.batch_size,
-        seed=c.seed,
-        augment=aug,
-        order=c.order,
-        mix=Mix.parse(c.mix, train_set.num_classes),
-        **shared,
-    )
+    mix = Mix.parse(c.mix, train_set.num_classes)
+    own = dict(seed=c.seed, augment=Augment.parse(c.augment), order=c.order, mix=mix)
+    loader = Loader(train_set, c.batch_size, **own, **shared)
     eval_batch = min(c.eval_batch_size, len(test_set))  # a larger one is the same single batch
     test_loader = Loader(test_set, eval_batch, shuffle=False, pad=False, **shared)
     if c.graph:
@@ -446,9 +367,8 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
 
 
 def _check_fits(config: TrainConfig, train_set: Dataset, test_set: Dataset, world: int) -> None:
-    """Refuse before the first step what would fail or mislead later: splits of different
-    shapes or classes, a batch larger than a process's share, a model deeper than the
-    images allow (docs/RELIABILITY.md row 75)."""
+    """Refuse before the first step: splits of different shapes or classes, a batch larger
+    than a process's share, a model deeper than the images allow (row 75)."""
     where, num_classes = config.dataset, train_set.num_classes
     if test_set.image_shape != train_set.image_shape:
         shapes = " vs ".join("x".join(map(str, s.image_shape)) for s in (train_set, test_set))
@@ -466,20 +386,18 @@ def _check_fits(config: TrainConfig, train_set: Dataset, test_set: Dataset, worl
             f"process has (every step takes a full batch); choose --batch-size {share} or less"
         )
     h, w, c = train_set.image_shape
-    smallest = batch  # static batches: the partial last one is dropped
-    try:
+    try:  # static batches: every one full
         with torch.device("meta"):  # shapes only: nothing allocated, no random draws
-            MODELS[config.model]((c, h, w), num_classes)(torch.zeros(smallest, c, h, w))
+            MODELS[config.model]((c, h, w), num_classes)(torch.zeros(batch, c, h, w))
     except (RuntimeError, ValueError) as err:
         raise ConfigError(
             f"model {config.model} cannot train on {h}x{w}x{c} images in batches of "
-            f"{smallest} ({str(err).strip().splitlines()[0]}); choose another --model"
+            f"{batch} ({str(err).strip().splitlines()[0]}); choose another --model"
         ) from None
 
 
 def _check_graph(config: TrainConfig, loader: Loader, distributed_: bool) -> None:
-    """What ``--graph`` needs, in one place: one process on a CUDA device, the resident
-    mover (the whole step on the device) and device work only (nothing drawn on the host)."""
+    """What ``--graph`` needs: one process on CUDA, the resident mover, device work only."""
     if loader.device.type != "cuda" or distributed_:
         raise ConfigError(
             f"--graph captures the training step in a CUDA graph: it needs one process on a "
@@ -500,10 +418,8 @@ def _check_graph(config: TrainConfig, loader: Loader, distributed_: bool) -> Non
 
 
 def _rehearse(loader: Loader) -> None:
-    """The first step's data path, in miniature, so that what it cannot do fails in set-up
-    (and so under ``--check``, which runs the same set-up), never at the first step: the
-    epoch's order (block sizes), then augment, normalize and mix on two blank images on the
-    run's device. Every batch reseeds its generators: no draw of the run moves."""
+    """The first step's data path in miniature (the epoch's order, then prepare on two blank
+    images), so what it cannot do fails in set-up and under ``--check``; no draw moves."""
     loader.index_batches()
     (h, w, c), n = loader.dataset.image_shape, min(2, len(loader.dataset))
     images = torch.zeros(n, h, w, c, dtype=torch.uint8, device=loader.device)
@@ -512,15 +428,8 @@ def _rehearse(loader: Loader) -> None:
 
 def _check_same_data(train_set: Dataset, test_set: Dataset, device: torch.device) -> None:
     """Every rank must hold the same data (sizes and label sums compared; row 23)."""
-    rows = group.gather(
-        [
-            len(train_set),
-            len(test_set),
-            int(train_set.labels.sum(dtype=np.int64)),
-            int(test_set.labels.sum(dtype=np.int64)),
-        ],
-        device,
-    )
+    sums = [int(s.labels.sum(dtype=np.int64)) for s in (train_set, test_set)]
+    rows = group.gather([len(train_set), len(test_set), *sums], device)
     if any(r != rows[0] for r in rows):
         raise ConfigError(
             "ranks hold different data ([train size, test size, train label "
@@ -542,10 +451,8 @@ def _check_same_start(step: int, device: torch.device) -> None:
 
 
 def train(config: TrainConfig) -> dict:
-    """Train ``config.model`` on ``config.dataset``; return the summary (also saved as JSON).
-
-    Under ``torchrun`` this process trains its share with DDP; the process group is
-    destroyed on the way out, also on error.
+    """Train ``config.model`` on ``config.dataset``; the summary (also saved as JSON). Under
+    ``torchrun`` this process trains its share; the process group is destroyed on the way out.
 
     Example:
         >>> summary = train(TrainConfig(model="mlp", epochs=1, output_dir="runs/mlp"))
@@ -607,8 +514,7 @@ def _checked(run: Run, replaced: list[str]) -> dict:
 
 
 def _train(run: Run) -> dict:
-    """The run top to bottom: start-up (off the clock), then per epoch train, evaluate,
-    record and save; the summary."""
+    """Start-up (off the clock), then per epoch train, evaluate, record, save; the summary."""
     step, batches = _start(run)
     if run.lead:
         _begin(run)
@@ -636,9 +542,8 @@ class _Tally:
 
 
 def _start(run: Run) -> tuple[Callable, Callable[[], Iterable[Batch]]]:
-    """Start-up, timed apart: the data on the device (resident), DDP, the step compiled
-    (``--compile``) or captured (``--graph``) and warmed up. The step and the epoch's
-    batches (``--graph``: staged only, the graph fills them)."""
+    """Start-up, timed apart (upload, DDP, compile or capture, warm-up); the step and the
+    epoch's batches (``--graph``: staged only, the graph fills them)."""
     config, loader, device = run.config, run.loader, run.loader.device
     lap, todo = _stopwatch(device), loader.epoch < config.epochs  # finished: nothing to do
     for part in (loader, run.test_loader) if todo else ():
@@ -665,8 +570,7 @@ def _start(run: Run) -> tuple[Callable, Callable[[], Iterable[Batch]]]:
 
 
 def _begin(run: Run) -> None:
-    """Rank 0: the run's config in its folder, its history so far (rebuilt from the
-    checkpoint on resume: no duplicate or missing epochs), and where it resumes."""
+    """Rank 0: the run's config and its history so far in its folder; where it resumes."""
     loader, out = run.loader, run.config.output_dir
     where = {"world_size": loader.world_size, "transfer": loader.transfer}
     rundir.write(out, "config.json", {**asdict(run.config), **where, "device": str(loader.device)})
@@ -681,15 +585,12 @@ def _begin(run: Run) -> None:
 
 
 def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tuple[float, float]:
-    """One epoch's steps (on resume from the saved position); its mean loss and seconds.
-    The loss is read (a host sync) every ``log_every`` steps and before every save."""
+    """One epoch's steps (from the saved position); its mean loss and seconds."""
     config, loader, progress = run.config, run.loader, run.progress
     loader.set_epoch(epoch)  # on resume the same epoch: the position is kept
     t0 = time.perf_counter()
-    # A mid-epoch checkpoint carries the loss summed so far in its epoch.
-    losses = LossTracker(
-        loader.device, run.distributed, progress.epoch_loss_sum, progress.epoch_seen
-    )
+    so_far = progress.epoch_loss_sum, progress.epoch_seen  # a mid-epoch checkpoint's
+    losses = LossTracker(loader.device, run.distributed, *so_far)
     show = run.lead and config.progress and sys.stdout.isatty()
     bar = _progress(batches(), len(loader), f"epoch {epoch + 1}/{config.epochs}", show)
     for images, labels in bar:
@@ -701,11 +602,8 @@ def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tupl
             epoch_loss = losses.mean(run.last_good)
             if show:
                 bar.set_postfix(loss=f"{epoch_loss:.4f}")
-        if (
-            config.checkpoint_every
-            and progress.step % config.checkpoint_every == 0
-            and loader.epoch == epoch  # the last batch moved it on: the epoch's end saves
-        ):
+        every = config.checkpoint_every  # (after the last batch, the epoch's end saves)
+        if every and progress.step % every == 0 and loader.epoch == epoch:
             losses.mean(run.last_good)  # never save a NaN
             progress.epoch_loss_sum, progress.epoch_seen = losses.sum.cpu(), losses.seen
             run.save("checkpoint.pt")
@@ -719,8 +617,7 @@ def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tupl
 
 
 def _evaluate(run: Run, tally: _Tally) -> float:
-    """Test accuracy over every rank's unpadded test share (docs/RELIABILITY.md row 24),
-    timed: the last evaluation is the final one, on the clock."""
+    """Test accuracy over every rank's unpadded test share (row 24), timed."""
     stops.at("evaluate")
     t0 = time.perf_counter()
     group.sync_buffers(run.model, run.distributed)
@@ -736,8 +633,7 @@ def _evaluate(run: Run, tally: _Tally) -> float:
 
 
 def _record(run: Run, epoch: int, loss: float, accuracy: float, seconds: float) -> None:
-    """The epoch's row in the history (saved with the checkpoint), in ``metrics.jsonl`` and
-    on stdout (rank 0)."""
+    """The epoch's row in the history, ``metrics.jsonl`` and stdout (rank 0)."""
     config, loader = run.config, run.loader
     run.progress.history.append(
         {
@@ -759,8 +655,7 @@ def _record(run: Run, epoch: int, loss: float, accuracy: float, seconds: float) 
 
 
 def _save(run: Run, accuracy: float, tally: _Tally) -> None:
-    """The epoch's checkpoints, timed apart: best.pt first, so a crash between the two
-    saves redoes this epoch."""
+    """The epoch's checkpoints, timed apart: best.pt first (a crash between redoes it)."""
     t0 = time.perf_counter()
     if accuracy > run.progress.best_accuracy:
         run.progress.best_accuracy = accuracy
@@ -772,19 +667,13 @@ def _save(run: Run, accuracy: float, tally: _Tally) -> None:
 def _summary(run: Run, tally: _Tally) -> dict:
     """What the run did: accuracy, the record clock and what was kept off it, bytes moved."""
     config, loader, progress = run.config, run.loader, run.progress
-    stats, test_stats, samples = (
-        loader.stats,
-        run.test_loader.stats,
-        tally.samples + tally.evaluated,
-    )
+    stats, test_stats = loader.stats, run.test_loader.stats
+    samples = tally.samples + tally.evaluated
     return {
         "test_accuracy": progress.history[-1]["test_accuracy"] if progress.history else math.nan,
         "train_seconds": progress.train_seconds,
-        # the record clock: the steps (mid-epoch checkpoints included) + the final evaluation
         "clock_seconds": progress.train_seconds + tally.final_eval,
         "final_eval_seconds": tally.final_eval,
-        # this process's, off the clock: every evaluation (the final one too) and the
-        # epoch-end checkpoint writes
         "eval_seconds": tally.eval_seconds,
         "save_seconds": tally.save_seconds,
         "startup_seconds": sum(run.startup.values()),
@@ -811,10 +700,9 @@ def _summary(run: Run, tally: _Tally) -> dict:
 
 
 def warm_up(model: torch.nn.Module, loader: Loader, config: TrainConfig, loss_fn=loss_of) -> None:
-    """One ``loss_fn`` forward and backward on a zero batch of the training shape before the
-    clock starts, then weights and BatchNorm statistics put back exactly: CUDA's one-time
-    costs (cuBLAS/cuDNN handles, kernel loading, cuDNN autotuning: about a second on the
-    H200) and ``torch.compile``'s compilation are start-up, not training."""
+    """One ``loss_fn`` forward and backward on a zero batch of the training shape, weights
+    and BatchNorm statistics put back exactly: CUDA's one-time costs and compilation are
+    start-up, not training."""
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     h, w, c = loader.dataset.image_shape
     fmt = torch.channels_last if loader.channels_last else torch.contiguous_format
@@ -845,8 +733,7 @@ def _stopwatch(device: torch.device):
 
 
 def _progress(batches: Iterable[Batch], total: int, desc: str, show: bool):
-    """A tqdm bar over ``batches`` on a terminal; else the batches themselves (tqdm is
-    imported only here, so batch jobs and minimal environments run without it)."""
+    """A tqdm bar over ``batches`` when ``show``, else the batches (tqdm imported only then)."""
     if not show:
         return batches
     from tqdm import tqdm

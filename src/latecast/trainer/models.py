@@ -18,22 +18,13 @@ from ..errors import ConfigError
 def mlp(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """Two hidden layers of 256: ~98% on MNIST, a floor for the data path, not a contender."""
     c, h, w = in_shape
-    return nn.Sequential(
-        nn.Flatten(),
-        nn.Linear(c * h * w, 256),
-        nn.ReLU(),
-        nn.Linear(256, 256),
-        nn.ReLU(),
-        nn.Linear(256, num_classes),
-    )
+    hidden = [nn.Flatten(), nn.Linear(c * h * w, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU()]
+    return nn.Sequential(*hidden, nn.Linear(256, num_classes))
 
 
 def _conv_bn(cin: int, cout: int, stride: int = 1) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False),
-        nn.BatchNorm2d(cout),
-        nn.ReLU(inplace=True),
-    )
+    conv = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+    return nn.Sequential(conv, nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
 
 
 def cnn(in_shape: tuple[int, int, int], num_classes: int, width: int = 32) -> nn.Module:
@@ -65,14 +56,10 @@ def resnet9(
     num_classes: int,
     widths: tuple[int, int, int, int] = (64, 128, 256, 512),
 ) -> nn.Module:
-    """The ResNet-9 of the DAWNBench CIFAR-10 entries (Page, 2018): 94% in about 24 epochs.
-
-    prep conv, then three stages of conv-bn-relu + 2x2 pool, residual pairs after the first
-    and the last; global max pool and a linear head scaled by 1/8 (it trains faster).
-    Inputs larger than 64 px: the prep conv has stride 2 and a 2x2 max pool follows (as
-    ResNet's stem), so the body runs on a quarter of the side (at 224 px about 1.2 GMAC an
-    image instead of 18).
-    """
+    """The ResNet-9 of the DAWNBench CIFAR-10 entries (Page, 2018): a prep conv, three stages
+    of conv-bn-relu + 2x2 pool, residual pairs after the first and the last, global max pool,
+    a linear head scaled by 1/8. Above 64 px a stride-2 prep conv and a 2x2 max pool first
+    (ResNet's stem): the body runs on a quarter of the side."""
     c = in_shape[0]
     w0, w1, w2, w3 = widths
     large = max(in_shape[1:]) > 64

@@ -1,22 +1,8 @@
-"""A training run's output folder (``--output-dir``): checked before any work, held by one
-run at a time, and never silently given to a new run while it holds a previous one's files
-(docs/RELIABILITY.md rows 72-74).
-
-- ``check_path``: the folder can be created and written (not a file, not under a file,
-  names within the filesystem's limits, not read-only), without writing anything.
-- ``write``: the run's files (``config.json``, ``metrics.jsonl``, ``summary.json``), each
-  replaced whole (atomically), so a killed run never leaves one that cannot be verified.
-- ``claim`` (a run, before its data loads) takes ``OUT/.latecast.lock`` with ``fcntl.flock``
-  for the run's life; the file names the holder (pid, host, start). The kernel drops the
-  lock when the process dies, even by ``kill -9``, so a stale file never blocks; the file
-  itself stays, but a run that stopped before writing anything removes the folder it made.
-  ``check`` (``--check``) only looks: it writes nothing.
-- A previous run (any of ``RUN_FILES`` in the folder) is continued with ``--resume`` or
-  replaced with ``--overwrite``, which moves only files latecast verifiably wrote, and only
-  aside (``OUT/.latecast-replaced``) until the new run has saved its first checkpoint:
-  then they are removed; a new run that fails before puts them back. ``kill -9`` in between
-  leaves both, and the next run settles them the same way before anything else (``settle``):
-  one whole run, the new one if it has a checkpoint, the previous one otherwise.
+"""A training run's output folder (``--output-dir``), rows 72-74 of docs/RELIABILITY.md:
+``check_path`` (writable, nothing written), ``write`` (JSON files replaced whole), ``claim``
+(one run at a time: ``fcntl.flock`` on ``OUT/.latecast.lock``). A previous run (``RUN_FILES``)
+is continued (``--resume``) or replaced (``--overwrite``): only files latecast verifiably
+wrote, kept aside until the new run's first checkpoint, put back if it fails (``settle``).
 """
 
 from __future__ import annotations
@@ -52,8 +38,7 @@ _KEYS = {  # what a file latecast wrote holds, per JSON name
 
 
 def check_path(out: str) -> Path:
-    """``out`` as a Path once it is known that a run can create and write it; one
-    ``ConfigError`` naming it otherwise. Writes nothing."""
+    """``out`` as a Path once a run can create and write it, else ``ConfigError``; no writes."""
     if not out:
         raise ConfigError("output_dir is empty: name a folder")
     path = Path(out)
@@ -144,9 +129,8 @@ def _put_back(folder: Path, out: Path) -> None:
 
 @contextlib.contextmanager
 def _held(out: str) -> Iterator[Path]:
-    """``out`` created and its lock taken (naming this process) for the block. Folders it
-    created are removed after the block when it left nothing in them but the lock file (a
-    run that stopped before writing anything leaves no folder behind)."""
+    """``out`` created and its lock taken (naming this process) for the block; folders it
+    created are removed after it when they hold nothing but the lock file."""
     path = check_path(out)
     made = [p for p in (path, *path.parents) if not os.path.lexists(p)]  # leaf first
     try:
@@ -180,9 +164,8 @@ def _held(out: str) -> Iterator[Path]:
 
 
 def write(out: str, name: str, value: dict | list[dict]) -> None:
-    """``OUT/name`` written whole or not at all (a kill mid-write leaves the previous one, so
-    the file stays one that ``--overwrite`` can verify): a JSON object, indented, or for
-    ``.jsonl`` one JSON row a line. A failed write is one line naming the file."""
+    """``OUT/name`` written whole or not at all: a JSON object, indented, or for ``.jsonl`` one
+    JSON row a line; a failed write is a ``WriteError`` naming the file."""
     path = Path(out) / name
     rows = name.endswith(".jsonl")
     text = "".join(json.dumps(r) + "\n" for r in value) if rows else json.dumps(value, indent=2)
@@ -199,8 +182,7 @@ def _read(fd: int) -> str:
 
 
 def _lock(fd: int, path: Path, mode: int) -> None:
-    """Take ``mode`` on ``fd`` or raise naming the run that holds it; a shared lock (for
-    ``check``) is only a probe and is released at once."""
+    """Take ``mode`` on ``fd`` or raise naming the run that holds it (``LOCK_SH``: a probe)."""
     if not fcntl:
         return
     try:

@@ -1,13 +1,10 @@
 """Named moments of a run, where a test stops it exactly (tests/test_safety.py, test_resume.py).
 
-``LATECAST_STOP_AT=NAME[@N][:SIGNAL]`` makes the process send itself ``SIGNAL`` (``INT``, a
-Ctrl-C, by default; ``KILL``; ``STOP``) the ``N``-th time (1 by default) it reaches ``at(NAME)``,
-so a test reaches the phase it names however busy the machine, without timing it. The names:
-``data`` (the splits about to load), ``step`` (each training step, before it runs),
-``config`` (the run's ``config.json`` written), ``aside`` (``--overwrite`` has moved the
-previous run aside), ``checkpoint-write`` (inside a checkpoint's ``torch.save``: its file
-begun, not finished), ``checkpoint`` (``checkpoint.pt`` saved whole), ``evaluate``. Unset, as
-outside tests, a point reads one environment variable.
+``LATECAST_STOP_AT=NAME[@N][:SIGNAL]``: the process sends itself ``SIGNAL`` (``INT`` by default,
+``KILL``, ``STOP``) the ``N``-th time (1) it reaches ``at(NAME)``. The names: ``data`` (the
+splits about to load), ``step`` (before each), ``config`` (``config.json`` written), ``aside``
+(``--overwrite`` moved the previous run aside), ``checkpoint-write`` (inside ``torch.save``),
+``checkpoint`` (``checkpoint.pt`` saved whole), ``evaluate``. Unset: one environment read.
 """
 
 from __future__ import annotations
