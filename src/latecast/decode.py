@@ -1,12 +1,11 @@
-"""JPEG files decoded where the pixels are used and cropped to the training size in the same
-step (``decode``): the prepare stage's first step for JPEG stores and ``wrap``'s JPEG fields.
+"""JPEG files decoded where the pixels are used, cropped to the training size in the same step
+(``decode``): the prepare stage's first step for JPEG stores and ``wrap``'s JPEG fields.
 
 A CUDA device's batch is one nvJPEG call of ``decoder()``; a CPU device's files are decoded by
-``cpu_decoder()`` on ``threads.pool``, each straight into its slot of the batch. Every decoder
-gives the same pixels, upright (EXIF orientation applied, as Pillow's ``exif_transpose``).
-libjpeg reports damaged data only as text written from C to fd 2, so a batch decodes with fd 2
-sent to a temporary file (``_fd2``) and each file that made libjpeg speak is named in one
-Python warning (``_named``), never in libjpeg's words.
+``cpu_decoder()`` on ``threads.pool``, each into its slot of the batch. Every decoder gives the
+same pixels, upright (EXIF orientation applied, as Pillow's ``exif_transpose``). libjpeg says
+a file is damaged only in text written to fd 2, so a batch decodes with fd 2 sent to a
+temporary file (``_fd2``), and each file that made libjpeg speak is named in one warning.
 """
 
 from __future__ import annotations
@@ -34,18 +33,15 @@ _fd2_lock = threading.Lock()  # fd 2 is the process's: one redirection at a time
 
 DECODERS = ("torchcodec", "torchvision")
 _MODES = {1: "GRAY", 3: "RGB"}  # channels -> the decoders' colour mode
-# EXIF orientation -> the turn that shows the image upright, on (C, H, W): Pillow's
-# exif_transpose (2 FLIP_LEFT_RIGHT, 3 ROTATE_180, 4 FLIP_TOP_BOTTOM, 5 TRANSPOSE,
-# 6 ROTATE_270, 7 TRANSVERSE, 8 ROTATE_90; rot90 with k=1 turns counter-clockwise)
-_TURNS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
-    2: lambda x: x.flip(2),
-    3: lambda x: x.flip(1, 2),
-    4: lambda x: x.flip(1),
-    5: lambda x: x.transpose(1, 2),
-    6: lambda x: x.rot90(-1, (1, 2)),
-    7: lambda x: x.transpose(1, 2).flip(1, 2),
-    8: lambda x: x.rot90(1, (1, 2)),
-}
+
+
+def _turned(image: torch.Tensor, orientation: int, h: int = 1) -> torch.Tensor:
+    """``image`` (its height on axis ``h``, its width on ``h + 1``) as it shows upright under
+    EXIF ``orientation`` 1-8, as Pillow's ``exif_transpose`` turns it."""
+    if orientation >= 5:  # 5-8: a quarter turn, the transpose and one of 1-4's flips
+        image = image.transpose(h, h + 1)
+    flips = ((), (h + 1,), (h, h + 1), (h,))[(orientation - 1) % 4]
+    return image.flip(flips) if flips else image
 
 
 def _at_least(version: str, wanted: tuple[int, int]) -> bool:
@@ -82,8 +78,8 @@ def decoder() -> str:
 @lru_cache(maxsize=None)
 def cpu_decoder() -> str:
     """The decoder of JPEG batches on a CPU device: ``"simplejpeg <version>"`` where
-    simplejpeg >= 1.8 imports and ``LATECAST_DECODER`` is unset (libjpeg-turbo, as
-    TorchCodec: the same pixels at less cost a file), else ``decoder()``."""
+    simplejpeg >= 1.8 (libjpeg-turbo, as TorchCodec: the same pixels) imports and
+    ``LATECAST_DECODER`` is unset, else ``decoder()``."""
     if not os.environ.get("LATECAST_DECODER"):
         try:
             import simplejpeg
@@ -130,22 +126,17 @@ def _one(channels: int) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def _upright(file: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
     """torchvision's ``(C, H, W)`` decoding of ``file`` turned by its EXIF orientation."""
-    turn = _TURNS.get((jpeg_header(file.numpy()) or (0, 0, 0, 1))[3])
-    return image if turn is None else turn(image)
+    return _turned(image, (jpeg_header(file.numpy()) or (0, 0, 0, 1))[3])
 
 
-def _turbo(
-    data: np.ndarray, channels: int, into: np.ndarray | None, head: tuple | None = None
-) -> tuple[np.ndarray | None, bool]:
-    """simplejpeg's decoding of one file, upright ``(H, W, C)`` (``into`` itself, a slot of
-    the batch, when the file fits it as stored), and whether libjpeg warned (damaged data:
-    decoded again leniently, as the other decoders do). ``head``: its ``jpeg_header`` if read.
-    ``(None, False)`` leaves the file to ``decoder()``: an unreadable header, 4 channels
-    (CMYK: simplejpeg's conversion is 1-2 grey levels off TorchCodec's), or a file it cannot
-    decode (12-bit), which the other then names."""
+def _turbo(data: np.ndarray, channels: int, into: np.ndarray | None, head: tuple | None):
+    """simplejpeg's decoding of one file with header ``head``, upright ``(H, W, C)`` (``into``
+    itself, a slot of the batch, where the file fits it as stored), and whether libjpeg warned
+    (damaged data: decoded again leniently, as the other decoders do). ``(None, False)``
+    leaves the file to ``decoder()``: no readable header, 4 channels (CMYK: simplejpeg's
+    conversion is 1-2 grey levels off TorchCodec's), or a file it cannot decode (12-bit)."""
     import simplejpeg
 
-    head = head or jpeg_header(data)  # (H, W, channels, orientation), upright
     if head is None or head[2] == 4:
         return None, False
     fits = into is not None and head[3] == 1 and into.shape[:2] == head[:2]
@@ -158,10 +149,7 @@ def _turbo(
             image, damaged = simplejpeg.decode_jpeg(data, _MODES[channels], strict=False), True
         except ValueError:
             return None, False
-    turn = _TURNS.get(head[3])
-    if turn is not None:  # (H, W, C) as (C, H, W) for the turn, and back
-        image = turn(torch.from_numpy(image).permute(2, 0, 1)).permute(1, 2, 0).numpy()
-    return image, damaged
+    return (image if head[3] == 1 else _turned(torch.from_numpy(image), head[3], 0)), damaged
 
 
 def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = None):
@@ -216,46 +204,42 @@ def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
 def _decode_cpu(
     batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None
 ) -> tuple[torch.Tensor, list]:
-    """The batch decoded by ``count()`` threads, each taking a contiguous share of the files:
-    each image is decoded into its slot where it fits it as stored, else copied there (every
-    file at the training size, uncropped: CIFAR's) or cropped into it (``crop_into``).
+    """The batch decoded by ``count()`` threads, each taking a contiguous share of the files,
+    each image into its slot: decoded there where it fits it as stored, else copied there
+    (every file at the training size, uncropped: CIFAR's) or cropped into it (``crop_into``).
     Returns the batch and the files simplejpeg found damaged."""
-    n, one = len(batch), _one(batch.channels)
+    n, channels, one = len(batch), batch.channels, _one(batch.channels)
     whole = bool((batch.sizes == torch.tensor(size)).all()) and (
         boxes is None or bool((boxes == torch.tensor([0, 0, *size])).all())
     )  # every file the training size, none cropped: no boxes
     sizes = [list(size)] * n if whole else batch.sizes.tolist()
-    boxes = None if whole else (centre_boxes(batch.sizes, size) if boxes is None else boxes)
-    turbo, damaged, heads = cpu_decoder().startswith("simplejpeg"), [], batch.heads or [None] * n
+    if not whole:
+        boxes = (centre_boxes(batch.sizes, size) if boxes is None else boxes).tolist()
+    turbo, damaged = cpu_decoder().startswith("simplejpeg"), []
     if turbo:  # numpy views: a tenth of a tensor view's cost
         data = batch.data.numpy()
         files = [data[a:b] for a, b in zip(batch.offsets, batch.offsets[1:])]
     else:
         files = batch.files()
-    out = torch.empty((n, *size, batch.channels), dtype=torch.uint8)
-    # headers of files that decode into their slot as they are: the training size, upright
-    fits, want = {(*size, 1, 1), (*size, 3, 1)}, (*size, batch.channels)
-    plain_head = (*size, batch.channels, 1) if batch.plain and whole else None  # read none
-    if turbo and batch.heads is None and plain_head is None:
-        heads = jpeg_headers(files)
+    plain = (*size, channels, 1) if batch.plain and whole else None  # every file's header
+    heads = batch.heads or (jpeg_headers(files) if turbo and not plain else [None] * n)
+    out = torch.empty((n, *size, channels), dtype=torch.uint8)
     if turbo:
         import simplejpeg
 
-    def upright(i: int, into: np.ndarray | None = None):  # (H, W, C), a tensor or an array
-        image = batch.decoded.get(i)
-        if image is None:
+    def upright(i: int, into: np.ndarray | None = None):  # (H, W, C): a tensor or an array
+        if i in batch.decoded:  # wrap's file that is no JPEG, decoded on the host
+            image = batch.decoded[i].permute(1, 2, 0)
+        else:
             file = files[i] if turbo else files[i].numpy()
-            _refuse_bomb(batch, i, heads[i] or jpeg_header(file))
-        if image is None and turbo:
-            image, bad = _turbo(files[i], batch.channels, into, heads[i])
+            _refuse_bomb(batch, i, head := heads[i] or jpeg_header(file))
+            image, bad = _turbo(file, channels, into, head) if turbo else (None, False)
             damaged.extend([i] * bad)
-        elif image is not None:
-            image = image.permute(1, 2, 0).numpy()
-        if image is None:
-            try:
-                image = one(torch.from_numpy(files[i]) if turbo else files[i]).permute(1, 2, 0)
-            except RuntimeError as bad:
-                raise _undecodable(batch, i, bad) from None
+            if image is None:
+                try:
+                    image = one(torch.from_numpy(file) if turbo else files[i]).permute(1, 2, 0)
+                except RuntimeError as err:
+                    raise _undecodable(batch, i, err) from None
         _check_size(image.shape[:2], sizes[i], batch, i)
         return image
 
@@ -266,22 +250,20 @@ def _decode_cpu(
             return
         slots = out.numpy()  # numpy views of the slots: a tenth of a tensor view's cost
         for i in rows:
-            if whole and turbo and i not in batch.decoded:  # the hot loop: straight into the slot
-                if (heads[i] or plain_head) in fits:
-                    try:
-                        if simplejpeg.decode_jpeg(files[i], space, buffer=slots[i]).shape == want:
-                            continue
-                    except ValueError:  # damaged: decoded again below, leniently, and named
-                        pass
-            if whole:
-                slot = slots[i]
-                image = upright(i, slot)
-                if image is not slot:  # not decoded in its slot
-                    slot[...] = image
-            else:
+            if whole and (heads[i] or plain) in fits and i not in batch.decoded:  # hot loop
+                try:
+                    if simplejpeg.decode_jpeg(files[i], space, buffer=slots[i]).shape == want:
+                        continue
+                except ValueError:  # damaged: decoded again below, leniently, and named
+                    pass
+            if not whole:
                 crop_into(torch.as_tensor(upright(i)), boxes[i], out[i], batch.interpolation)
+            elif (image := upright(i, slot := slots[i])) is not slot:  # not decoded in its slot
+                slot[...] = image
 
-    space, threads, boxes = _MODES[batch.channels], count(), None if whole else boxes.tolist()
+    # the headers of files that decode into their slot as they are: the training size, upright
+    fits, want = {(*size, 1, 1), (*size, 3, 1)}, (*size, channels)
+    space, threads = _MODES[channels], count()
     step = -(-n // threads) or 1  # contiguous shares: an error names the first bad file
     shares = [range(a, min(a + step, n)) for a in range(0, n, step)]
     if len(shares) > 1:
@@ -307,10 +289,9 @@ def _check_size(hw: torch.Size, size: list[int], batch: Encoded, i: int) -> None
     are drawn from those (too large: out of the image; too small: the wrong crop)."""
     if list(hw) != size:
         raise FormatError(
-            f"{batch.sample(i)}: the file is "
-            f"{hw[0]}x{hw[1]}, sizes.npy says {size[0]}x{size[1]} "
-            f"(an edited store, or one written when convert ignored EXIF orientation: "
-            f"convert it again)"
+            f"{batch.sample(i)}: the file is {hw[0]}x{hw[1]}, sizes.npy says {size[0]}x"
+            f"{size[1]} (an edited store, or one written when convert ignored EXIF "
+            "orientation: convert it again)"
         )
 
 
@@ -318,15 +299,11 @@ def _named(said: str, batch: Encoded, out: torch.Tensor, known: list = ()) -> to
     """``out``, after one warning per file of ``batch`` that libjpeg warned about: ``known``
     (simplejpeg's), and those found by decoding each again alone when fd 2 ``said``
     anything; text no file makes again was not libjpeg's: passed on to fd 2."""
-    if not said and not known:
-        return out
     says = libjpeg_says(batch.files(), batch.channels) if said else []
-    damaged = sorted({*known, *(i for i, text in enumerate(says) if text)})
-    for i in damaged:
+    for i in sorted({*known, *(i for i, text in enumerate(says) if text)}):
         warnings.warn(
-            f"{batch.sample(i)}: damaged JPEG data (libjpeg decodes "
-            f"it with a warning, part of the image is wrong); `latecast info --verify` checks "
-            f"a store",
+            f"{batch.sample(i)}: damaged JPEG data (libjpeg decodes it with a warning, part of "
+            "the image is wrong); `latecast info --verify` checks a store",
             stacklevel=4,
         )
     if said and not any(says):
@@ -337,15 +314,13 @@ def _named(said: str, batch: Encoded, out: torch.Tensor, known: list = ()) -> to
 def libjpeg_says(files: list, channels: int) -> list[str]:
     """What libjpeg writes to fd 2 while ``decoder()`` decodes each file alone on the CPU
     ("" for a clean or empty file); a file it cannot decode raises ``RuntimeError``."""
-    said = []
-    for f in files:
-        if not len(f):  # wrap: a file decoded on the host (no JPEG) stands empty here
-            said.append("")
-            continue
-        with _fd2() as text, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Python's own (torchvision's deprecation) stay out
-            read([f], channels, torch.device("cpu"))
-        said.append(text[0])
+    said = [""] * len(files)
+    for k, f in enumerate(files):
+        if len(f):  # wrap: a file decoded on the host (no JPEG) stands empty here
+            with _fd2() as text, warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Python's own (torchvision's deprecation) out
+                read([f], channels, torch.device("cpu"))
+            said[k] = text[0]
     return said
 
 
