@@ -18,7 +18,7 @@ import tempfile
 import threading
 import warnings
 from functools import lru_cache
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -129,21 +129,18 @@ def _upright(file: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
     return _turned(image, (jpeg_header(file.numpy()) or (0, 0, 0, 1))[3])
 
 
-def _turbo(data: np.ndarray, channels: int, into: np.ndarray | None, head: tuple | None):
-    """simplejpeg's decoding of one file with header ``head``, upright ``(H, W, C)`` (``into``
-    itself, a slot of the batch, where the file fits it as stored), and whether libjpeg warned
-    (damaged data: decoded again leniently, as the other decoders do). ``(None, False)``
-    leaves the file to ``decoder()``: no readable header, 4 channels (CMYK: simplejpeg's
-    conversion is 1-2 grey levels off TorchCodec's), or a file it cannot decode (12-bit)."""
+def _turbo(data: np.ndarray, channels: int, head: tuple | None) -> tuple[Any, bool]:
+    """simplejpeg's decoding of one file with header ``head``, upright ``(H, W, C)``, and
+    whether libjpeg warned (damaged data: decoded again leniently, as the other decoders do).
+    ``(None, False)`` leaves the file to ``decoder()``: no readable header, 4 channels (CMYK:
+    simplejpeg's conversion is 1-2 grey levels off TorchCodec's), or a file it cannot decode
+    (12-bit)."""
     import simplejpeg
 
     if head is None or head[2] == 4:
         return None, False
-    fits = into is not None and head[3] == 1 and into.shape[:2] == head[:2]
-    buffer = into if fits else None
     try:
-        image, damaged = simplejpeg.decode_jpeg(data, _MODES[channels], buffer=buffer), False
-        image = image if buffer is None else buffer  # the same pixels: its own view
+        image, damaged = simplejpeg.decode_jpeg(data, _MODES[channels]), False
     except ValueError:  # strict (the default): raised for libjpeg's warnings too
         try:
             image, damaged = simplejpeg.decode_jpeg(data, _MODES[channels], strict=False), True
@@ -216,28 +213,24 @@ def _decode_cpu(
     if not whole:
         boxes = (centre_boxes(batch.sizes, size) if boxes is None else boxes).tolist()
     turbo, damaged = cpu_decoder().startswith("simplejpeg"), []
-    if turbo:  # numpy views: a tenth of a tensor view's cost
-        data = batch.data.numpy()
-        files = [data[a:b] for a, b in zip(batch.offsets, batch.offsets[1:])]
-    else:
-        files = batch.files()
-    plain = (*size, channels, 1) if batch.plain and whole else None  # every file's header
-    heads = batch.heads or (jpeg_headers(files) if turbo and not plain else [None] * n)
+    data = batch.data.numpy()  # numpy views of the files: a tenth of a tensor view's cost
+    files = [data[a:b] for a, b in zip(batch.offsets, batch.offsets[1:])]
+    plain = (*size, channels, 1) if batch.plain and whole and turbo else None  # every header
+    heads = batch.heads or ([None] * n if plain else jpeg_headers(files))
     out = torch.empty((n, *size, channels), dtype=torch.uint8)
     if turbo:
         import simplejpeg
 
-    def upright(i: int, into: np.ndarray | None = None):  # (H, W, C): a tensor or an array
+    def upright(i: int):  # file i as (H, W, C): a tensor, or simplejpeg's array
         if i in batch.decoded:  # wrap's file that is no JPEG, decoded on the host
             image = batch.decoded[i].permute(1, 2, 0)
         else:
-            file = files[i] if turbo else files[i].numpy()
-            _refuse_bomb(batch, i, head := heads[i] or jpeg_header(file))
-            image, bad = _turbo(file, channels, into, head) if turbo else (None, False)
+            _refuse_bomb(batch, i, head := heads[i] or jpeg_header(files[i]))
+            image, bad = _turbo(files[i], channels, head) if turbo else (None, False)
             damaged.extend([i] * bad)
             if image is None:
                 try:
-                    image = one(torch.from_numpy(file) if turbo else files[i]).permute(1, 2, 0)
+                    image = one(torch.from_numpy(files[i])).permute(1, 2, 0)
                 except RuntimeError as err:
                     raise _undecodable(batch, i, err) from None
         _check_size(image.shape[:2], sizes[i], batch, i)
@@ -245,21 +238,20 @@ def _decode_cpu(
 
     def part(rows: range) -> None:
         if whole and not turbo:  # one copy for the share
-            images = [torch.as_tensor(upright(i)) for i in rows]
-            torch.stack(images, out=out[rows.start : rows.stop])
+            torch.stack([upright(i) for i in rows], out=out[rows.start : rows.stop])
             return
         slots = out.numpy()  # numpy views of the slots: a tenth of a tensor view's cost
         for i in rows:
-            if whole and (heads[i] or plain) in fits and i not in batch.decoded:  # hot loop
-                try:
+            if whole and (heads[i] or plain) in fits and i not in batch.decoded:  # the hot loop
+                try:  # straight into its slot
                     if simplejpeg.decode_jpeg(files[i], space, buffer=slots[i]).shape == want:
                         continue
                 except ValueError:  # damaged: decoded again below, leniently, and named
                     pass
-            if not whole:
+            if whole:
+                slots[i] = upright(i)
+            else:
                 crop_into(torch.as_tensor(upright(i)), boxes[i], out[i], batch.interpolation)
-            elif (image := upright(i, slot := slots[i])) is not slot:  # not decoded in its slot
-                slot[...] = image
 
     # the headers of files that decode into their slot as they are: the training size, upright
     fits, want = {(*size, 1, 1), (*size, 3, 1)}, (*size, channels)
