@@ -1,11 +1,8 @@
-"""JPEG files decoded where the pixels are used, cropped to the training size in the same step
-(``decode``): the prepare stage's first step for JPEG stores and ``wrap``'s JPEG fields.
-
-A CUDA device's batch is one nvJPEG call of ``decoder()``; a CPU device's files are decoded by
-``cpu_decoder()`` on ``threads.pool``, each into its slot of the batch. Every decoder gives the
-same pixels, upright (EXIF orientation applied, as Pillow's ``exif_transpose``). libjpeg says
-a file is damaged only in text written to fd 2, so a batch decodes with fd 2 sent to a
-temporary file (``_fd2``), and each file that made libjpeg speak is named in one warning.
+"""JPEG files decoded where the pixels are used and cropped to the training size (``decode``):
+one nvJPEG call a batch on a GPU (``decoder()``), each file into its slot of the batch on the
+CPU (``cpu_decoder()``, ``threads.pool``). Every decoder gives the same pixels, upright (EXIF
+orientation applied). libjpeg says a file is damaged only on fd 2: a batch decodes with fd 2
+sent to a temporary file (``_fd2``), and each file that made libjpeg speak is named once.
 """
 
 from __future__ import annotations
@@ -33,6 +30,7 @@ _fd2_lock = threading.Lock()  # fd 2 is the process's: one redirection at a time
 
 DECODERS = ("torchcodec", "torchvision")
 _MODES = {1: "GRAY", 3: "RGB"}  # channels -> the decoders' colour mode
+_LEAST = {"torchcodec": (0, 16), "torchvision": (0, 0), "simplejpeg": (1, 8)}  # 1.8: buffer=
 
 
 def _turned(image: torch.Tensor, orientation: int, h: int = 1) -> torch.Tensor:
@@ -44,8 +42,13 @@ def _turned(image: torch.Tensor, orientation: int, h: int = 1) -> torch.Tensor:
     return image.flip(flips) if flips else image
 
 
-def _at_least(version: str, wanted: tuple[int, int]) -> bool:
-    return tuple(map(int, version.split("+")[0].split(".")[:2])) >= wanted
+def _version(name: str) -> str | None:
+    """The version of ``name`` where it imports and is at least ``_LEAST[name]``, else None."""
+    try:
+        version = __import__(name).__version__.split("+")[0]
+        return version if tuple(map(int, version.split(".")[:2])) >= _LEAST[name] else None
+    except Exception:  # absent, or a build whose libraries do not load
+        return None
 
 
 @lru_cache(maxsize=None)
@@ -56,14 +59,8 @@ def decoder() -> str:
     asked = os.environ.get("LATECAST_DECODER", "")
     if asked not in ("", *DECODERS):
         raise ConfigError(f"LATECAST_DECODER={asked!r}: give one of {', '.join(DECODERS)}")
-    for name in [asked] if asked else DECODERS:
-        try:
-            version = __import__(name).__version__.split("+")[0]
-            if name == "torchvision" or _at_least(version, (0, 16)):
-                break
-        except Exception:  # absent, or a build whose libraries do not load
-            continue
-    else:
+    name = next((n for n in ([asked] if asked else DECODERS) if _version(n)), None)
+    if name is None:
         raise ConfigError(
             f"decoding JPEG files needs {asked or 'TorchCodec >= 0.16 or torchvision'}: "
             "pip install 'latecast[photos]'"
@@ -72,7 +69,7 @@ def decoder() -> str:
         warnings.filterwarnings(
             "ignore", "The image decoding and encoding capabilities", DeprecationWarning
         )
-    return f"{name} {version}"
+    return f"{name} {_version(name)}"
 
 
 @lru_cache(maxsize=None)
@@ -80,15 +77,8 @@ def cpu_decoder() -> str:
     """The decoder of JPEG batches on a CPU device: ``"simplejpeg <version>"`` where
     simplejpeg >= 1.8 (libjpeg-turbo, as TorchCodec: the same pixels) imports and
     ``LATECAST_DECODER`` is unset, else ``decoder()``."""
-    if not os.environ.get("LATECAST_DECODER"):
-        try:
-            import simplejpeg
-
-            if _at_least(simplejpeg.__version__, (1, 8)):  # buffer= and strict=
-                return f"simplejpeg {simplejpeg.__version__}"
-        except Exception:  # absent, or a build that does not load
-            pass
-    return decoder()
+    version = None if os.environ.get("LATECAST_DECODER") else _version("simplejpeg")
+    return f"simplejpeg {version}" if version else decoder()
 
 
 def decoder_on(device: torch.device) -> str:
@@ -100,33 +90,26 @@ def read(files: list[torch.Tensor], channels: int, device: torch.device) -> list
     """JPEG files (1-D uint8 on the CPU) -> ``(channels, H, W)`` uint8 images on ``device``,
     upright, by ``decoder()``: one batched call on a GPU, one call per file on the CPU.
     Raises ``RuntimeError`` for a file it cannot decode."""
-    if torch.device(device).type == "cpu" or not files:
-        return list(map(_one(channels), files))
+    cpu = torch.device(device).type == "cpu"
+    return list(map(_one(channels), files)) if cpu or not files else _one(channels, device)(files)
+
+
+def _one(channels: int, device: torch.device | str = "cpu") -> Callable:
+    """``decoder()``'s call for one file on the CPU, else for a list of files on ``device``:
+    ``(channels, H, W)`` uint8, upright."""
     mode = _MODES[channels]
     if decoder().startswith("torchcodec"):
         from torchcodec.decoders import decode_jpeg
 
-        return decode_jpeg(files, mode=mode, device=device)
+        return functools.partial(decode_jpeg, mode=mode, device=device)
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    return list(map(_upright, files, decode_jpeg(files, ImageReadMode[mode], device)))
+    def upright(f: torch.Tensor, image: torch.Tensor) -> torch.Tensor:  # torchvision's: no EXIF
+        return _turned(image, (jpeg_header(f.numpy()) or (0, 0, 0, 1))[3])
 
-
-def _one(channels: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``decoder()`` for one file on the CPU: ``(channels, H, W)`` uint8, upright."""
-    mode = _MODES[channels]
-    if decoder().startswith("torchcodec"):
-        from torchcodec.decoders import decode_jpeg
-
-        return functools.partial(decode_jpeg, mode=mode)
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    return lambda f: _upright(f, decode_jpeg(f, ImageReadMode[mode]))
-
-
-def _upright(file: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-    """torchvision's ``(C, H, W)`` decoding of ``file`` turned by its EXIF orientation."""
-    return _turned(image, (jpeg_header(file.numpy()) or (0, 0, 0, 1))[3])
+    if device == "cpu":
+        return lambda f: upright(f, decode_jpeg(f, ImageReadMode[mode]))
+    return lambda fs: list(map(upright, fs, decode_jpeg(fs, ImageReadMode[mode], device)))
 
 
 def _turbo(data: np.ndarray, channels: int, head: tuple | None) -> tuple[Any, bool]:
@@ -159,9 +142,6 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
         size: the training size ``(H, W)``.
         boxes: ``(n, 4)`` int64 ``(top, left, height, width)`` in the stored images, on the
             CPU (e.g. ``transforms.resized_crop_params``); None: ``centre_boxes``.
-
-    Example:
-        >>> images = decode(batch, (224, 224))  # (n, 224, 224, 3) uint8
     """
     with _fd2() as said, one_thread():
         if batch.device.type == "cpu":
@@ -178,8 +158,8 @@ def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
     files, sizes, dev = batch.files(), batch.sizes.tolist(), batch.device
     todo = [i for i in range(len(files)) if i not in batch.decoded]
     heads = batch.heads or jpeg_headers([f.numpy() for f in files])  # at once, not one by one
-    for i in todo:
-        _refuse_bomb(batch, i, heads[i])
+    for i in todo:  # refused from its header before decoding
+        _refuse(batch, i, too_big(heads[i]))
     try:
         done = dict(zip(todo, read([files[i] for i in todo], batch.channels, dev)))
     except RuntimeError as err:  # name the first file that does not decode
@@ -187,7 +167,7 @@ def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
             try:
                 read([files[i]], batch.channels, torch.device("cpu"))
             except RuntimeError as bad:
-                raise _undecodable(batch, i, bad) from None
+                _refuse(batch, i, f"not a decodable JPEG ({bad})")
         raise FormatError(
             f"{batch.source}: the batch did not decode on {dev}, though each file "
             f"does on the CPU ({err})"
@@ -201,10 +181,9 @@ def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
 def _decode_cpu(
     batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None
 ) -> tuple[torch.Tensor, list]:
-    """The batch decoded by ``count()`` threads, each taking a contiguous share of the files,
-    each image into its slot: decoded there where it fits it as stored, else copied there
-    (every file at the training size, uncropped: CIFAR's) or cropped into it (``crop_into``).
-    Returns the batch and the files simplejpeg found damaged."""
+    """The batch decoded by ``count()`` threads, each a contiguous share, each file into its
+    slot: decoded there, copied (every file at the training size, uncropped: CIFAR's) or cropped
+    into it (``crop_into``). Returns the batch and the files simplejpeg found damaged."""
     n, channels, one = len(batch), batch.channels, _one(batch.channels)
     whole = bool((batch.sizes == torch.tensor(size)).all()) and (
         boxes is None or bool((boxes == torch.tensor([0, 0, *size])).all())
@@ -225,14 +204,14 @@ def _decode_cpu(
         if i in batch.decoded:  # wrap's file that is no JPEG, decoded on the host
             image = batch.decoded[i].permute(1, 2, 0)
         else:
-            _refuse_bomb(batch, i, head := heads[i] or jpeg_header(files[i]))
+            _refuse(batch, i, too_big(head := heads[i] or jpeg_header(files[i])))
             image, bad = _turbo(files[i], channels, head) if turbo else (None, False)
             damaged.extend([i] * bad)
             if image is None:
                 try:
                     image = one(torch.from_numpy(files[i])).permute(1, 2, 0)
                 except RuntimeError as err:
-                    raise _undecodable(batch, i, err) from None
+                    _refuse(batch, i, f"not a decodable JPEG ({err})")
         _check_size(image.shape[:2], sizes[i], batch, i)
         return image
 
@@ -265,26 +244,19 @@ def _decode_cpu(
     return out, sorted(damaged)
 
 
-def _refuse_bomb(batch: Encoded, i: int, head: tuple | None) -> None:
-    """File ``i``, refused from its header before decoding where it says too many pixels (a
-    store's file swapped since it was written: its recorded size is not what it decodes to)."""
-    if why := too_big(head):
-        raise FormatError(f"{batch.sample(i)}: {why}")
-
-
-def _undecodable(batch: Encoded, i: int, err: Exception) -> FormatError:
-    return FormatError(f"{batch.sample(i)}: not a decodable JPEG ({err})")
+def _refuse(batch: Encoded, i: int, why: str | None) -> None:
+    """A FormatError naming file ``i`` of ``batch`` and ``why``, when there is a why."""
+    if why:
+        raise FormatError(f"{batch.sample(i)}: {why}") from None
 
 
 def _check_size(hw: torch.Size, size: list[int], batch: Encoded, i: int) -> None:
     """A decoded image's ``(H, W)`` must be what sizes.npy gives its file: the crop boxes
     are drawn from those (too large: out of the image; too small: the wrong crop)."""
     if list(hw) != size:
-        raise FormatError(
-            f"{batch.sample(i)}: the file is {hw[0]}x{hw[1]}, sizes.npy says {size[0]}x"
-            f"{size[1]} (an edited store, or one written when convert ignored EXIF "
-            "orientation: convert it again)"
-        )
+        _refuse(batch, i, f"the file is {hw[0]}x{hw[1]}, sizes.npy says {size[0]}x{size[1]} "
+                "(an edited store, or one written when convert ignored EXIF orientation: "
+                "convert it again)")  # fmt: skip
 
 
 def _named(said: str, batch: Encoded, out: torch.Tensor, known: list = ()) -> torch.Tensor:
@@ -318,9 +290,8 @@ def libjpeg_says(files: list, channels: int) -> list[str]:
 
 @contextlib.contextmanager
 def _fd2() -> Iterator[list[str]]:
-    """Send fd 2 to a temporary file while the block runs; the text written there is then
-    ``said[0]`` of the yielded list (what C code such as libjpeg printed, and whatever
-    another thread wrote meanwhile: ``_named`` passes that on)."""
+    """fd 2 sent to a temporary file while the block runs; what was written there (by libjpeg,
+    or another thread meanwhile: ``_named`` passes that on) is then the yielded list's item."""
     said: list[str] = []
     with _fd2_lock, tempfile.TemporaryFile() as tmp:
         sys.stderr.flush()
