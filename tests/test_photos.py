@@ -334,6 +334,19 @@ def test_a_corrupt_file_is_one_error_naming_the_field_and_the_position():
         next(iter(latecast.wrap([{"img": junk}], device="cpu")))
 
 
+def test_a_damaged_file_of_a_field_is_named_by_the_field_and_its_position(decoder):
+    """libjpeg's warning about a wrap field's file names it as its errors do (the field and
+    the position in the batch), under each CPU decoder."""
+    import latecast
+    from _helpers import damage_scan
+
+    files = [jpeg(smooth(64, 64, i)) for i in range(3)]
+    files[1] = damage_scan(files[1])
+    said = r"field 'img': the file at position 1 in the batch: damaged JPEG data"
+    with pytest.warns(UserWarning, match=said):
+        next(iter(latecast.wrap([{"img": files}], device="cpu")))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_cuda_wrap_equals_the_store_and_turned_files_are_upright(mixed_files):
