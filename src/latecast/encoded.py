@@ -147,15 +147,11 @@ def _read(name: Name, k: int, path: Any) -> np.ndarray:
 def recognised(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
     """An undeclared field's files, when it is a list of files any of which starts with the
     JPEG signature (rows read from their paths: the first alone); else None."""
-    if not isinstance(value, (list, tuple, np.ndarray)):
-        return None
-    for k in range(len(value)):
+    for k in range(len(value) if isinstance(value, (list, tuple, np.ndarray)) else 0):
         head = files_of(value[k : k + 1], name)
-        if head is None:
-            return None
-        if bytes(head[0][:3]) == b"\xff\xd8\xff":
+        if head is not None and bytes(head[0][:3]) == b"\xff\xd8\xff":
             return files_of(value, name)
-        if isinstance(value[k], dict):
+        if head is None or isinstance(value[k], dict):
             return None
     return None
 
