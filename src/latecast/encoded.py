@@ -31,6 +31,17 @@ _said: set[Name] = set()  # fields whose non-JPEG files were announced
 
 
 @dataclass(frozen=True)
+class At:
+    """Field ``name``'s files in messages, by their position in the batch (``At(name)[i]``;
+    ``Encoded.names`` of a ``wrap`` field's batch)."""
+
+    name: Name
+
+    def __getitem__(self, i: int) -> str:
+        return f"field {self.name!r}: the file at position {i} in the batch"
+
+
+@dataclass(frozen=True)
 class Jpeg:
     """A JPEG field's declaration (``jpeg``); ``plan`` reads each file's header on the host
     (a BatchError naming the field and the file for one it cannot take)."""
@@ -101,8 +112,8 @@ def jpeg(
     ok = size is None or (hw and len(hw) == 2 and 1 <= min(hw) <= max(hw) <= JPEG_SIDE)
     sides = f"an integer N or (H, W) of integers in 1..{JPEG_SIDE} (None: the files' own)"
     one_or_three = channels is None or numbers_of([channels], int) in ((1,), (3,))
-    refuse([(ok, "latecast.jpeg(size=...)", size, sides)])
-    refuse([(one_or_three, "latecast.jpeg(channels=...)", channels, "1, 3 or None")])
+    refuse([(ok, "latecast.jpeg(size=...)", size, sides),
+            (one_or_three, "latecast.jpeg(channels=...)", channels, "1, 3 or None")])  # fmt: skip
     how = check(interpolation, "latecast.jpeg(interpolation=...)", tuple(INTERPOLATIONS))
     return Jpeg(hw, None if channels is None else int(channels), how)
 
@@ -243,17 +254,6 @@ def host_decode(name: Name, i: int, data: bytes | np.ndarray, channels: int) -> 
                       "the host; such files of this field are not said again",
                       stacklevel=2)  # fmt: skip
     return image
-
-
-@dataclass(frozen=True)
-class At:
-    """Field ``name``'s files in messages, by their position in the batch (``At(name)[i]``;
-    ``Encoded.names`` of a ``wrap`` field's batch)."""
-
-    name: Name
-
-    def __getitem__(self, i: int) -> str:
-        return f"field {self.name!r}: the file at position {i} in the batch"
 
 
 @contextlib.contextmanager
