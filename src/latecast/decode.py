@@ -144,17 +144,15 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
             CPU (e.g. ``transforms.resized_crop_params``); None: ``centre_boxes``.
     """
     with _fd2() as said, one_thread():
-        if batch.device.type == "cpu":
-            images, damaged = _decode_cpu(batch, tuple(size), boxes)
-        else:
-            boxes = centre_boxes(batch.sizes, size) if boxes is None else boxes
-            images = resized_crop(_decode_gpu(batch), boxes, size, batch.interpolation)
-            damaged = []
+        on = _decode_cpu if batch.device.type == "cpu" else _decode_gpu
+        images, damaged = on(batch, tuple(size), boxes)
     return _named(said[0], batch, images, damaged)
 
 
-def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
-    """One nvJPEG call for the batch: ``(H, W, C)`` views, sizes checked."""
+def _decode_gpu(
+    batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None
+) -> tuple[torch.Tensor, list]:
+    """One nvJPEG call for the batch, sizes checked, then ``resized_crop``; no damaged list."""
     files, sizes, dev = batch.files(), batch.sizes.tolist(), batch.device
     todo = [i for i in range(len(files)) if i not in batch.decoded]
     heads = batch.heads or jpeg_headers([f.numpy() for f in files])  # at once, not one by one
@@ -175,7 +173,9 @@ def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
     images = [done[i] if i in done else batch.decoded[i].to(dev) for i in range(len(files))]
     for i, im in enumerate(images):
         _check_size(im.shape[1:], sizes[i], batch, i)
-    return [im.permute(1, 2, 0) for im in images]
+    boxes = centre_boxes(batch.sizes, size) if boxes is None else boxes
+    hwc = [im.permute(1, 2, 0) for im in images]
+    return resized_crop(hwc, boxes, size, batch.interpolation), []
 
 
 def _decode_cpu(
