@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _helpers import smooth
+from _helpers import damage_scan, smooth
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
@@ -338,7 +338,6 @@ def test_a_damaged_file_of_a_field_is_named_by_the_field_and_its_position(decode
     """libjpeg's warning about a wrap field's file names it as its errors do (the field and
     the position in the batch), under each CPU decoder."""
     import latecast
-    from _helpers import damage_scan
 
     files = [jpeg(smooth(64, 64, i)) for i in range(3)]
     files[1] = damage_scan(files[1])
