@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _helpers import smooth
+from _helpers import damage_scan, smooth
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
@@ -332,6 +332,18 @@ def test_a_corrupt_file_is_one_error_naming_the_field_and_the_position():
         next(iter(latecast.wrap([{"img": cut}], device="cpu")))
     with pytest.raises(BatchError, match=r"field 'img': the file at position 3 in the batch"):
         next(iter(latecast.wrap([{"img": junk}], device="cpu")))
+
+
+def test_a_damaged_file_of_a_field_is_named_by_the_field_and_its_position(decoder):
+    """libjpeg's warning about a wrap field's file names it as its errors do (the field and
+    the position in the batch), under each CPU decoder."""
+    import latecast
+
+    files = [jpeg(smooth(64, 64, i)) for i in range(3)]
+    files[1] = damage_scan(files[1])
+    said = r"field 'img': the file at position 1 in the batch: damaged JPEG data"
+    with pytest.warns(UserWarning, match=said):
+        next(iter(latecast.wrap([{"img": files}], device="cpu")))
 
 
 @pytest.mark.gpu

@@ -1,12 +1,8 @@
-"""JPEG files decoded where the pixels are used and cropped to the training size in the same
-step (``decode``): the prepare stage's first step for JPEG stores and ``wrap``'s JPEG fields.
-
-A CUDA device's batch is one nvJPEG call of ``decoder()``; a CPU device's files are decoded by
-``cpu_decoder()`` on ``threads.pool``, each straight into its slot of the batch. Every decoder
-gives the same pixels, upright (EXIF orientation applied, as Pillow's ``exif_transpose``).
-libjpeg reports damaged data only as text written from C to fd 2, so a batch decodes with fd 2
-sent to a temporary file (``_fd2``) and each file that made libjpeg speak is named in one
-Python warning (``_named``), never in libjpeg's words.
+"""JPEG files decoded where the pixels are used and cropped to the training size (``decode``):
+one nvJPEG call a batch on a GPU (``decoder()``), each file into its slot of the batch on the
+CPU (``cpu_decoder()``, ``threads.pool``). Every decoder gives the same pixels, upright (EXIF
+orientation applied). libjpeg says a file is damaged only on fd 2: a batch decodes with fd 2
+sent to a temporary file (``_fd2``), and each file that made libjpeg speak is named once.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import tempfile
 import threading
 import warnings
 from functools import lru_cache
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -34,22 +30,25 @@ _fd2_lock = threading.Lock()  # fd 2 is the process's: one redirection at a time
 
 DECODERS = ("torchcodec", "torchvision")
 _MODES = {1: "GRAY", 3: "RGB"}  # channels -> the decoders' colour mode
-# EXIF orientation -> the turn that shows the image upright, on (C, H, W): Pillow's
-# exif_transpose (2 FLIP_LEFT_RIGHT, 3 ROTATE_180, 4 FLIP_TOP_BOTTOM, 5 TRANSPOSE,
-# 6 ROTATE_270, 7 TRANSVERSE, 8 ROTATE_90; rot90 with k=1 turns counter-clockwise)
-_TURNS: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
-    2: lambda x: x.flip(2),
-    3: lambda x: x.flip(1, 2),
-    4: lambda x: x.flip(1),
-    5: lambda x: x.transpose(1, 2),
-    6: lambda x: x.rot90(-1, (1, 2)),
-    7: lambda x: x.transpose(1, 2).flip(1, 2),
-    8: lambda x: x.rot90(1, (1, 2)),
-}
+_LEAST = {"torchcodec": (0, 16), "torchvision": (0, 0), "simplejpeg": (1, 8)}  # 1.8: buffer=
 
 
-def _at_least(version: str, wanted: tuple[int, int]) -> bool:
-    return tuple(map(int, version.split("+")[0].split(".")[:2])) >= wanted
+def _turned(image: torch.Tensor, orientation: int, h: int = 1) -> torch.Tensor:
+    """``image`` (its height on axis ``h``, its width on ``h + 1``) as it shows upright under
+    EXIF ``orientation`` 1-8, as Pillow's ``exif_transpose`` turns it."""
+    if orientation >= 5:  # 5-8: a quarter turn, the transpose and one of 1-4's flips
+        image = image.transpose(h, h + 1)
+    flips = ((), (h + 1,), (h, h + 1), (h,))[(orientation - 1) % 4]
+    return image.flip(flips) if flips else image
+
+
+def _version(name: str) -> str | None:
+    """The version of ``name`` where it imports and is at least ``_LEAST[name]``, else None."""
+    try:
+        version = __import__(name).__version__.split("+")[0]
+        return version if tuple(map(int, version.split(".")[:2])) >= _LEAST[name] else None
+    except Exception:  # absent, or a build whose libraries do not load
+        return None
 
 
 @lru_cache(maxsize=None)
@@ -60,14 +59,8 @@ def decoder() -> str:
     asked = os.environ.get("LATECAST_DECODER", "")
     if asked not in ("", *DECODERS):
         raise ConfigError(f"LATECAST_DECODER={asked!r}: give one of {', '.join(DECODERS)}")
-    for name in [asked] if asked else DECODERS:
-        try:
-            version = __import__(name).__version__.split("+")[0]
-            if name == "torchvision" or _at_least(version, (0, 16)):
-                break
-        except Exception:  # absent, or a build whose libraries do not load
-            continue
-    else:
+    name = next((n for n in ([asked] if asked else DECODERS) if _version(n)), None)
+    if name is None:
         raise ConfigError(
             f"decoding JPEG files needs {asked or 'TorchCodec >= 0.16 or torchvision'}: "
             "pip install 'latecast[photos]'"
@@ -76,23 +69,16 @@ def decoder() -> str:
         warnings.filterwarnings(
             "ignore", "The image decoding and encoding capabilities", DeprecationWarning
         )
-    return f"{name} {version}"
+    return f"{name} {_version(name)}"
 
 
 @lru_cache(maxsize=None)
 def cpu_decoder() -> str:
     """The decoder of JPEG batches on a CPU device: ``"simplejpeg <version>"`` where
-    simplejpeg >= 1.8 imports and ``LATECAST_DECODER`` is unset (libjpeg-turbo, as
-    TorchCodec: the same pixels at less cost a file), else ``decoder()``."""
-    if not os.environ.get("LATECAST_DECODER"):
-        try:
-            import simplejpeg
-
-            if _at_least(simplejpeg.__version__, (1, 8)):  # buffer= and strict=
-                return f"simplejpeg {simplejpeg.__version__}"
-        except Exception:  # absent, or a build that does not load
-            pass
-    return decoder()
+    simplejpeg >= 1.8 (libjpeg-turbo, as TorchCodec: the same pixels) imports and
+    ``LATECAST_DECODER`` is unset, else ``decoder()``."""
+    version = None if os.environ.get("LATECAST_DECODER") else _version("simplejpeg")
+    return f"simplejpeg {version}" if version else decoder()
 
 
 def decoder_on(device: torch.device) -> str:
@@ -104,64 +90,46 @@ def read(files: list[torch.Tensor], channels: int, device: torch.device) -> list
     """JPEG files (1-D uint8 on the CPU) -> ``(channels, H, W)`` uint8 images on ``device``,
     upright, by ``decoder()``: one batched call on a GPU, one call per file on the CPU.
     Raises ``RuntimeError`` for a file it cannot decode."""
-    if torch.device(device).type == "cpu" or not files:
-        return list(map(_one(channels), files))
+    cpu = torch.device(device).type == "cpu"
+    return list(map(_one(channels), files)) if cpu or not files else _one(channels, device)(files)
+
+
+def _one(channels: int, device: torch.device | str = "cpu") -> Callable:
+    """``decoder()``'s call for one file on the CPU, else for a list of files on ``device``:
+    ``(channels, H, W)`` uint8, upright."""
     mode = _MODES[channels]
     if decoder().startswith("torchcodec"):
         from torchcodec.decoders import decode_jpeg
 
-        return decode_jpeg(files, mode=mode, device=device)
+        return functools.partial(decode_jpeg, mode=mode, device=device)
     from torchvision.io import ImageReadMode, decode_jpeg
 
-    return list(map(_upright, files, decode_jpeg(files, ImageReadMode[mode], device)))
+    def upright(f: torch.Tensor, image: torch.Tensor) -> torch.Tensor:  # torchvision's: no EXIF
+        return _turned(image, (jpeg_header(f.numpy()) or (0, 0, 0, 1))[3])
+
+    if device == "cpu":
+        return lambda f: upright(f, decode_jpeg(f, ImageReadMode[mode]))
+    return lambda fs: list(map(upright, fs, decode_jpeg(fs, ImageReadMode[mode], device)))
 
 
-def _one(channels: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``decoder()`` for one file on the CPU: ``(channels, H, W)`` uint8, upright."""
-    mode = _MODES[channels]
-    if decoder().startswith("torchcodec"):
-        from torchcodec.decoders import decode_jpeg
-
-        return functools.partial(decode_jpeg, mode=mode)
-    from torchvision.io import ImageReadMode, decode_jpeg
-
-    return lambda f: _upright(f, decode_jpeg(f, ImageReadMode[mode]))
-
-
-def _upright(file: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-    """torchvision's ``(C, H, W)`` decoding of ``file`` turned by its EXIF orientation."""
-    turn = _TURNS.get((jpeg_header(file.numpy()) or (0, 0, 0, 1))[3])
-    return image if turn is None else turn(image)
-
-
-def _turbo(
-    data: np.ndarray, channels: int, into: np.ndarray | None, head: tuple | None = None
-) -> tuple[np.ndarray | None, bool]:
-    """simplejpeg's decoding of one file, upright ``(H, W, C)`` (``into`` itself, a slot of
-    the batch, when the file fits it as stored), and whether libjpeg warned (damaged data:
-    decoded again leniently, as the other decoders do). ``head``: its ``jpeg_header`` if read.
-    ``(None, False)`` leaves the file to ``decoder()``: an unreadable header, 4 channels
-    (CMYK: simplejpeg's conversion is 1-2 grey levels off TorchCodec's), or a file it cannot
-    decode (12-bit), which the other then names."""
+def _turbo(data: np.ndarray, channels: int, head: tuple | None) -> tuple[Any, bool]:
+    """simplejpeg's decoding of one file with header ``head``, upright ``(H, W, C)``, and
+    whether libjpeg warned (damaged data: decoded again leniently, as the other decoders do).
+    ``(None, False)`` leaves the file to ``decoder()``: no readable header, 4 channels (CMYK:
+    simplejpeg's conversion is 1-2 grey levels off TorchCodec's), or a file it cannot decode
+    (12-bit)."""
     import simplejpeg
 
-    head = head or jpeg_header(data)  # (H, W, channels, orientation), upright
     if head is None or head[2] == 4:
         return None, False
-    fits = into is not None and head[3] == 1 and into.shape[:2] == head[:2]
-    buffer = into if fits else None
     try:
-        image, damaged = simplejpeg.decode_jpeg(data, _MODES[channels], buffer=buffer), False
-        image = image if buffer is None else buffer  # the same pixels: its own view
+        image, damaged = simplejpeg.decode_jpeg(data, _MODES[channels]), False
     except ValueError:  # strict (the default): raised for libjpeg's warnings too
         try:
             image, damaged = simplejpeg.decode_jpeg(data, _MODES[channels], strict=False), True
         except ValueError:
             return None, False
-    turn = _TURNS.get(head[3])
-    if turn is not None:  # (H, W, C) as (C, H, W) for the turn, and back
-        image = turn(torch.from_numpy(image).permute(2, 0, 1)).permute(1, 2, 0).numpy()
-    return image, damaged
+    return (image if head[3] == 1 else _turned(torch.from_numpy(image), head[3], 0)), damaged
 
 
 def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = None):
@@ -174,27 +142,22 @@ def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = N
         size: the training size ``(H, W)``.
         boxes: ``(n, 4)`` int64 ``(top, left, height, width)`` in the stored images, on the
             CPU (e.g. ``transforms.resized_crop_params``); None: ``centre_boxes``.
-
-    Example:
-        >>> images = decode(batch, (224, 224))  # (n, 224, 224, 3) uint8
     """
     with _fd2() as said, one_thread():
-        if batch.device.type == "cpu":
-            images, damaged = _decode_cpu(batch, tuple(size), boxes)
-        else:
-            boxes = centre_boxes(batch.sizes, size) if boxes is None else boxes
-            images = resized_crop(_decode_gpu(batch), boxes, size, batch.interpolation)
-            damaged = []
+        on = _decode_cpu if batch.device.type == "cpu" else _decode_gpu
+        images, damaged = on(batch, tuple(size), boxes)
     return _named(said[0], batch, images, damaged)
 
 
-def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
-    """One nvJPEG call for the batch: ``(H, W, C)`` views, sizes checked."""
+def _decode_gpu(
+    batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None
+) -> tuple[torch.Tensor, list]:
+    """One nvJPEG call for the batch, sizes checked, then ``resized_crop``; no damaged list."""
     files, sizes, dev = batch.files(), batch.sizes.tolist(), batch.device
     todo = [i for i in range(len(files)) if i not in batch.decoded]
     heads = batch.heads or jpeg_headers([f.numpy() for f in files])  # at once, not one by one
-    for i in todo:
-        _refuse_bomb(batch, i, heads[i])
+    for i in todo:  # refused from its header before decoding
+        _refuse(batch, i, too_big(heads[i]))
     try:
         done = dict(zip(todo, read([files[i] for i in todo], batch.channels, dev)))
     except RuntimeError as err:  # name the first file that does not decode
@@ -202,7 +165,7 @@ def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
             try:
                 read([files[i]], batch.channels, torch.device("cpu"))
             except RuntimeError as bad:
-                raise _undecodable(batch, i, bad) from None
+                _refuse(batch, i, f"not a decodable JPEG ({bad})")
         raise FormatError(
             f"{batch.source}: the batch did not decode on {dev}, though each file "
             f"does on the CPU ({err})"
@@ -210,78 +173,68 @@ def _decode_gpu(batch: Encoded) -> list[torch.Tensor]:
     images = [done[i] if i in done else batch.decoded[i].to(dev) for i in range(len(files))]
     for i, im in enumerate(images):
         _check_size(im.shape[1:], sizes[i], batch, i)
-    return [im.permute(1, 2, 0) for im in images]
+    boxes = centre_boxes(batch.sizes, size) if boxes is None else boxes
+    hwc = [im.permute(1, 2, 0) for im in images]
+    return resized_crop(hwc, boxes, size, batch.interpolation), []
 
 
 def _decode_cpu(
     batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None
 ) -> tuple[torch.Tensor, list]:
-    """The batch decoded by ``count()`` threads, each taking a contiguous share of the files:
-    each image is decoded into its slot where it fits it as stored, else copied there (every
-    file at the training size, uncropped: CIFAR's) or cropped into it (``crop_into``).
-    Returns the batch and the files simplejpeg found damaged."""
-    n, one = len(batch), _one(batch.channels)
+    """The batch decoded by ``count()`` threads, each a contiguous share, each file into its
+    slot: decoded there, copied (every file at the training size, uncropped: CIFAR's) or cropped
+    into it (``crop_into``). Returns the batch and the files simplejpeg found damaged."""
+    n, channels, one = len(batch), batch.channels, _one(batch.channels)
     whole = bool((batch.sizes == torch.tensor(size)).all()) and (
         boxes is None or bool((boxes == torch.tensor([0, 0, *size])).all())
     )  # every file the training size, none cropped: no boxes
     sizes = [list(size)] * n if whole else batch.sizes.tolist()
-    boxes = None if whole else (centre_boxes(batch.sizes, size) if boxes is None else boxes)
-    turbo, damaged, heads = cpu_decoder().startswith("simplejpeg"), [], batch.heads or [None] * n
-    if turbo:  # numpy views: a tenth of a tensor view's cost
-        data = batch.data.numpy()
-        files = [data[a:b] for a, b in zip(batch.offsets, batch.offsets[1:])]
-    else:
-        files = batch.files()
-    out = torch.empty((n, *size, batch.channels), dtype=torch.uint8)
-    # headers of files that decode into their slot as they are: the training size, upright
-    fits, want = {(*size, 1, 1), (*size, 3, 1)}, (*size, batch.channels)
-    plain_head = (*size, batch.channels, 1) if batch.plain and whole else None  # read none
-    if turbo and batch.heads is None and plain_head is None:
-        heads = jpeg_headers(files)
+    if not whole:
+        boxes = (centre_boxes(batch.sizes, size) if boxes is None else boxes).tolist()
+    turbo, damaged = cpu_decoder().startswith("simplejpeg"), []
+    data = batch.data.numpy()  # numpy views of the files: a tenth of a tensor view's cost
+    files = [data[a:b] for a, b in zip(batch.offsets, batch.offsets[1:])]
+    plain = (*size, channels, 1) if batch.plain and whole and turbo else None  # every header
+    heads = batch.heads or ([None] * n if plain else jpeg_headers(files))
+    out = torch.empty((n, *size, channels), dtype=torch.uint8)
     if turbo:
         import simplejpeg
 
-    def upright(i: int, into: np.ndarray | None = None):  # (H, W, C), a tensor or an array
-        image = batch.decoded.get(i)
-        if image is None:
-            file = files[i] if turbo else files[i].numpy()
-            _refuse_bomb(batch, i, heads[i] or jpeg_header(file))
-        if image is None and turbo:
-            image, bad = _turbo(files[i], batch.channels, into, heads[i])
+    def upright(i: int):  # file i as (H, W, C): a tensor, or simplejpeg's array
+        if i in batch.decoded:  # wrap's file that is no JPEG, decoded on the host
+            image = batch.decoded[i].permute(1, 2, 0)
+        else:
+            _refuse(batch, i, too_big(head := heads[i] or jpeg_header(files[i])))
+            image, bad = _turbo(files[i], channels, head) if turbo else (None, False)
             damaged.extend([i] * bad)
-        elif image is not None:
-            image = image.permute(1, 2, 0).numpy()
-        if image is None:
-            try:
-                image = one(torch.from_numpy(files[i]) if turbo else files[i]).permute(1, 2, 0)
-            except RuntimeError as bad:
-                raise _undecodable(batch, i, bad) from None
+            if image is None:
+                try:
+                    image = one(torch.from_numpy(files[i])).permute(1, 2, 0)
+                except RuntimeError as err:
+                    _refuse(batch, i, f"not a decodable JPEG ({err})")
         _check_size(image.shape[:2], sizes[i], batch, i)
         return image
 
     def part(rows: range) -> None:
         if whole and not turbo:  # one copy for the share
-            images = [torch.as_tensor(upright(i)) for i in rows]
-            torch.stack(images, out=out[rows.start : rows.stop])
+            torch.stack([upright(i) for i in rows], out=out[rows.start : rows.stop])
             return
         slots = out.numpy()  # numpy views of the slots: a tenth of a tensor view's cost
         for i in rows:
-            if whole and turbo and i not in batch.decoded:  # the hot loop: straight into the slot
-                if (heads[i] or plain_head) in fits:
-                    try:
-                        if simplejpeg.decode_jpeg(files[i], space, buffer=slots[i]).shape == want:
-                            continue
-                    except ValueError:  # damaged: decoded again below, leniently, and named
-                        pass
+            if whole and (heads[i] or plain) in fits and i not in batch.decoded:  # the hot loop
+                try:  # straight into its slot
+                    if simplejpeg.decode_jpeg(files[i], space, buffer=slots[i]).shape == want:
+                        continue
+                except ValueError:  # damaged: decoded again below, leniently, and named
+                    pass
             if whole:
-                slot = slots[i]
-                image = upright(i, slot)
-                if image is not slot:  # not decoded in its slot
-                    slot[...] = image
+                slots[i] = upright(i)
             else:
                 crop_into(torch.as_tensor(upright(i)), boxes[i], out[i], batch.interpolation)
 
-    space, threads, boxes = _MODES[batch.channels], count(), None if whole else boxes.tolist()
+    # the headers of files that decode into their slot as they are: the training size, upright
+    fits, want = {(*size, 1, 1), (*size, 3, 1)}, (*size, channels)
+    space, threads = _MODES[channels], count()
     step = -(-n // threads) or 1  # contiguous shares: an error names the first bad file
     shares = [range(a, min(a + step, n)) for a in range(0, n, step)]
     if len(shares) > 1:
@@ -291,42 +244,30 @@ def _decode_cpu(
     return out, sorted(damaged)
 
 
-def _refuse_bomb(batch: Encoded, i: int, head: tuple | None) -> None:
-    """File ``i``, refused from its header before decoding where it says too many pixels (a
-    store's file swapped since it was written: its recorded size is not what it decodes to)."""
-    if why := too_big(head):
-        raise FormatError(f"{batch.sample(i)}: {why}")
-
-
-def _undecodable(batch: Encoded, i: int, err: Exception) -> FormatError:
-    return FormatError(f"{batch.sample(i)}: not a decodable JPEG ({err})")
+def _refuse(batch: Encoded, i: int, why: str | None) -> None:
+    """A FormatError naming file ``i`` of ``batch`` and ``why``, when there is a why."""
+    if why:
+        raise FormatError(f"{batch.sample(i)}: {why}") from None
 
 
 def _check_size(hw: torch.Size, size: list[int], batch: Encoded, i: int) -> None:
     """A decoded image's ``(H, W)`` must be what sizes.npy gives its file: the crop boxes
     are drawn from those (too large: out of the image; too small: the wrong crop)."""
     if list(hw) != size:
-        raise FormatError(
-            f"{batch.sample(i)}: the file is "
-            f"{hw[0]}x{hw[1]}, sizes.npy says {size[0]}x{size[1]} "
-            f"(an edited store, or one written when convert ignored EXIF orientation: "
-            f"convert it again)"
-        )
+        _refuse(batch, i, f"the file is {hw[0]}x{hw[1]}, sizes.npy says {size[0]}x{size[1]} "
+                "(an edited store, or one written when convert ignored EXIF orientation: "
+                "convert it again)")  # fmt: skip
 
 
 def _named(said: str, batch: Encoded, out: torch.Tensor, known: list = ()) -> torch.Tensor:
     """``out``, after one warning per file of ``batch`` that libjpeg warned about: ``known``
     (simplejpeg's), and those found by decoding each again alone when fd 2 ``said``
     anything; text no file makes again was not libjpeg's: passed on to fd 2."""
-    if not said and not known:
-        return out
     says = libjpeg_says(batch.files(), batch.channels) if said else []
-    damaged = sorted({*known, *(i for i, text in enumerate(says) if text)})
-    for i in damaged:
+    for i in sorted({*known, *(i for i, text in enumerate(says) if text)}):
         warnings.warn(
-            f"{batch.sample(i)}: damaged JPEG data (libjpeg decodes "
-            f"it with a warning, part of the image is wrong); `latecast info --verify` checks "
-            f"a store",
+            f"{batch.sample(i)}: damaged JPEG data (libjpeg decodes it with a warning, part of "
+            "the image is wrong); `latecast info --verify` checks a store",
             stacklevel=4,
         )
     if said and not any(says):
@@ -337,23 +278,20 @@ def _named(said: str, batch: Encoded, out: torch.Tensor, known: list = ()) -> to
 def libjpeg_says(files: list, channels: int) -> list[str]:
     """What libjpeg writes to fd 2 while ``decoder()`` decodes each file alone on the CPU
     ("" for a clean or empty file); a file it cannot decode raises ``RuntimeError``."""
-    said = []
-    for f in files:
-        if not len(f):  # wrap: a file decoded on the host (no JPEG) stands empty here
-            said.append("")
-            continue
-        with _fd2() as text, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Python's own (torchvision's deprecation) stay out
-            read([f], channels, torch.device("cpu"))
-        said.append(text[0])
+    said = [""] * len(files)
+    for k, f in enumerate(files):
+        if len(f):  # wrap: a file decoded on the host (no JPEG) stands empty here
+            with _fd2() as text, warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Python's own (torchvision's deprecation) out
+                read([f], channels, torch.device("cpu"))
+            said[k] = text[0]
     return said
 
 
 @contextlib.contextmanager
 def _fd2() -> Iterator[list[str]]:
-    """Send fd 2 to a temporary file while the block runs; the text written there is then
-    ``said[0]`` of the yielded list (what C code such as libjpeg printed, and whatever
-    another thread wrote meanwhile: ``_named`` passes that on)."""
+    """fd 2 sent to a temporary file while the block runs; what was written there (by libjpeg,
+    or another thread meanwhile: ``_named`` passes that on) is then the yielded list's item."""
     said: list[str] = []
     with _fd2_lock, tempfile.TemporaryFile() as tmp:
         sys.stderr.flush()

@@ -1,8 +1,7 @@
-"""The JPEG kind: a field of compressed files (a list of ``bytes``, 1-D uint8 tensors or
-arrays, or Hugging Face ``{"bytes": ..., "path": ...}`` dicts) crosses as the files, packed
-back to back, and is decoded on the device as a JPEG store's batch is, to the same pixels.
-Recognised by the JPEG signature, or declared ``fields={"jpg": latecast.jpeg(...)}``; a
-file that is no JPEG is decoded on the host.
+"""The JPEG kind: a field of files (a list of ``bytes``, 1-D uint8 tensors or arrays, or
+Hugging Face ``{"bytes": ..., "path": ...}`` dicts) crosses as the files back to back and is
+decoded on the device as a JPEG store's batch is. Recognised by the JPEG signature, or declared
+``fields={"jpg": latecast.jpeg(...)}``; a file that is no JPEG is decoded on the host.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ import itertools
 import math
 import numbers
 import os
-import re
 import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -30,6 +28,17 @@ from .jpegheader import JPEG_SIDE, jpeg_headers, too_big
 from .transforms import INTERPOLATIONS
 
 _said: set[Name] = set()  # fields whose non-JPEG files were announced
+
+
+@dataclass(frozen=True)
+class At:
+    """Field ``name``'s files in messages, by their position in the batch (``At(name)[i]``;
+    ``Encoded.names`` of a ``wrap`` field's batch)."""
+
+    name: Name
+
+    def __getitem__(self, i: int) -> str:
+        return f"field {self.name!r}: the file at position {i} in the batch"
 
 
 @dataclass(frozen=True)
@@ -57,14 +66,11 @@ class Jpeg:
         heads = jpeg_headers(files)
         for i, h in enumerate(heads):
             if why := too_big(h):  # refused from its header, before decoding
-                raise BatchError(f"field {name!r}: the file at position {i} in the batch: {why}")
+                raise BatchError(f"{At(name)[i]}: {why}")
         grey = all(h is not None and h[2] == 1 for h in heads)
         channels = self.channels or (1 if grey else 3)
-        decoded = {
-            i: host_decode(name, i, f, channels)
-            for i, (f, h) in enumerate(zip(files, heads))
-            if h is None
-        }
+        no_jpeg = [i for i, h in enumerate(heads) if h is None]
+        decoded = {i: host_decode(name, i, files[i], channels) for i in no_jpeg}
         sizes = [tuple(decoded[i].shape[1:]) if h is None else h[:2] for i, h in enumerate(heads)]
         size = self.size or (sizes[0] if len(set(sizes)) == 1 else None)
         if size is None:
@@ -105,14 +111,9 @@ def jpeg(
     hw = numbers_of((size, size) if isinstance(size, numbers.Integral) else size, int)
     ok = size is None or (hw and len(hw) == 2 and 1 <= min(hw) <= max(hw) <= JPEG_SIDE)
     sides = f"an integer N or (H, W) of integers in 1..{JPEG_SIDE} (None: the files' own)"
-    grey = isinstance(channels, numbers.Integral) and not isinstance(channels, bool)
-    one_or_three = channels is None or (grey and channels in (1, 3))
-    refuse(
-        [
-            (ok, "latecast.jpeg(size=...)", size, sides),
-            (one_or_three, "latecast.jpeg(channels=...)", channels, "1, 3 or None"),
-        ]
-    )
+    one_or_three = channels is None or numbers_of([channels], int) in ((1,), (3,))
+    refuse([(ok, "latecast.jpeg(size=...)", size, sides),
+            (one_or_three, "latecast.jpeg(channels=...)", channels, "1, 3 or None")])  # fmt: skip
     how = check(interpolation, "latecast.jpeg(interpolation=...)", tuple(INTERPOLATIONS))
     return Jpeg(hw, None if channels is None else int(channels), how)
 
@@ -149,23 +150,19 @@ def _read(name: Name, k: int, path: Any) -> np.ndarray:
     except (OSError, TypeError, ValueError) as err:
         why = getattr(err, "strerror", None) or err
         raise BatchError(
-            f"field {name!r}: the file at position {k} in the batch has no bytes and its path "
-            f"{path!r:.1000} does not read here ({why}); give the files' bytes"
+            f"{At(name)[k]} has no bytes and its path {path!r:.1000} does not read here ({why}); "
+            "give the files' bytes"
         ) from None
 
 
 def recognised(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
     """An undeclared field's files, when it is a list of files any of which starts with the
     JPEG signature (rows read from their paths: the first alone); else None."""
-    if not isinstance(value, (list, tuple, np.ndarray)):
-        return None
-    for k in range(len(value)):
+    for k in range(len(value) if isinstance(value, (list, tuple, np.ndarray)) else 0):
         head = files_of(value[k : k + 1], name)
-        if head is None:
-            return None
-        if bytes(head[0][:3]) == b"\xff\xd8\xff":
+        if head is not None and bytes(head[0][:3]) == b"\xff\xd8\xff":
             return files_of(value, name)
-        if isinstance(value[k], dict):
+        if head is None or isinstance(value[k], dict):
             return None
     return None
 
@@ -193,10 +190,10 @@ class JpegFile(Field):
     @classmethod
     def of_store(cls, ds, files: list, at: np.ndarray, idx: torch.Tensor, names) -> JpegFile:
         """A batch ``at`` of a JPEG store's (or a stream's) ``files``, as the packer takes it."""
-        n, where = len(files), f"{ds.name}/{ds.split}"
         sizes = torch.from_numpy(ds.sizes[at].astype(np.int64))
-        f = cls(0, torch.uint8, (n,), None, files, sizes, tuple(ds.size), ds.channels,
-                source=where, indices=idx, names=names, plain=ds.plain)  # fmt: skip
+        f = cls(0, torch.uint8, (len(files),), None, files, sizes, tuple(ds.size), ds.channels,
+                source=f"{ds.name}/{ds.split}", indices=idx, names=names,
+                plain=ds.plain)  # fmt: skip
         lengths = ds.offsets[at + 1] - ds.offsets[at]  # the files' offsets at once, not len()s
         vars(f)["offsets"] = np.concatenate([[0], np.cumsum(lengths)]).tolist()  # cached
         return f
@@ -227,10 +224,10 @@ class JpegFile(Field):
     def view(self, raw: torch.Tensor, device: torch.device) -> Encoded:
         """The files (``raw``: host bytes) as a batch for ``Prepare`` to decode on ``device``."""
         idx = torch.arange(len(self.files)) if self.indices is None else self.indices
-        source = self.source or f"field {self.name!r}"  # "SOURCE: sample K"; K: the position
-        return Encoded(raw, self.offsets, self.sizes, idx, self.channels, device, source,
-                       self.decoded, self.names, self.heads, self.plain,
-                       self.interpolation)  # fmt: skip
+        names = self.names or (None if self.source else At(self.name))  # a file in messages
+        return Encoded(raw, self.offsets, self.sizes, idx, self.channels, device,
+                       self.source or f"field {self.name!r}", self.decoded, names, self.heads,
+                       self.plain, self.interpolation)  # fmt: skip
 
 
 def host_decode(name: Name, i: int, data: bytes | np.ndarray, channels: int) -> torch.Tensor:
@@ -247,27 +244,22 @@ def host_decode(name: Name, i: int, data: bytes | np.ndarray, channels: int) -> 
 
             image = decode_image(t, ImageReadMode[mode], apply_exif_orientation=True)
     except (RuntimeError, ValueError) as err:  # torch's ops, TorchCodec's format sniffing
-        raise BatchError(
-            f"field {name!r}: the file at position {i} in the batch is not a readable image "
-            f"({str(err).splitlines()[-1][:200]})"
-        ) from None
+        why = str(err).splitlines()[-1][:200]
+        raise BatchError(f"{At(name)[i]} is not a readable image ({why})") from None
     if image.ndim == 4:  # an animation: its first frame
         image = image[0]
     if name not in _said:
         _said.add(name)
-        warnings.warn(
-            f"field {name!r}: a file that is no JPEG (at position {i}) is decoded on the host; "
-            "such files of this field are not said again",
-            stacklevel=2,
-        )
+        warnings.warn(f"field {name!r}: a file that is no JPEG (at position {i}) is decoded on "
+                      "the host; such files of this field are not said again",
+                      stacklevel=2)  # fmt: skip
     return image
 
 
 @contextlib.contextmanager
 def named() -> Iterator[None]:
-    """A file that does not decode: one BatchError naming the field and the file's position."""
+    """A file of a ``wrap`` field that does not decode (a FormatError naming it): a BatchError."""
     try:
         yield
     except FormatError as err:
-        why = re.sub(r": sample (\d+)", r": the file at position \1 in the batch", str(err))
-        raise BatchError(why) from None
+        raise BatchError(str(err)) from None

@@ -1,9 +1,6 @@
-"""latecast's exceptions: one type per family, all subclasses of ``LatecastError``.
-
-Every message names the file or value, what was expected and what was found, so the CLI
-can print it as one line (exit code 1) without a traceback. ``check``, ``refuse`` and
-``numbers_of`` are how the Python API's entry points check their arguments.
-"""
+"""latecast's exceptions, one type per family under ``LatecastError``, each message one line
+naming the file or value, what was expected and what was found (the CLI prints it, exit code
+1); ``check``, ``refuse`` and ``numbers_of``: how the entry points check their arguments."""
 
 from __future__ import annotations
 
@@ -42,14 +39,12 @@ class CheckpointError(LatecastError):
 
 
 class TrainingError(LatecastError):
-    """Training diverged (NaN/inf loss), a distributed peer failed, or its output could not
-    be written (a full disk, a folder gone read-only)."""
+    """Training diverged (NaN/inf loss), a distributed peer failed, or its output failed."""
 
 
 class BatchError(LatecastError):
-    """A batch from a wrapped iterable (``latecast.wrap``) that cannot cross as it was
-    declared: float images where uint8 was declared, a value out of range, an ambiguous
-    layout. The message names the field."""
+    """A batch from ``latecast.wrap``'s iterable that cannot cross as it was declared (float
+    images where uint8 was, a value out of range, an ambiguous layout), naming the field."""
 
 
 def numbers_of(value: Any, kind: type = float) -> tuple | None:
@@ -76,12 +71,7 @@ def check(value: Any, name: str, kind: Any = int, low=None, high=None, *, above=
     """``value`` if it is a ``kind``, else one ConfigError naming ``name`` and the value:
     ``int`` (numpy's too, never a bool) or finite ``float``, returned as that type, within
     ``low <= value <= high`` and ``above < value < below`` (None: no bound); ``bool``; ``str``
-    (no NUL: no file or name holds one); or a tuple of the values allowed (equal, of its type).
-
-    Example:
-        >>> check(0.5, "flip", float, 0, 1)
-        0.5
-    """
+    (no NUL: no file or name holds one); or a tuple of the values allowed (equal, of its type)."""
     if isinstance(kind, tuple):
         for v in kind:
             if isinstance(value, type(v)) and value == v:  # never numpy's array of answers
@@ -91,7 +81,7 @@ def check(value: Any, name: str, kind: Any = int, low=None, high=None, *, above=
     ok = isinstance(value, want) and (kind is bool or not isinstance(value, bool))
     if ok and kind is str and "\0" in value:
         raise ConfigError(f"{name} must not contain a NUL character, got {value!r:.60}")
-    given = dict(low=low, above=above, high=high, below=below)
+    given = dict(low=low, above=above, high=high, below=below)  # in the message's order
     bounds = [(*_BOUNDS[k], b) for k, b in given.items() if b is not None]
     if ok and kind in (int, float):
         ok = math.isfinite(value) and all(test(value, b) for _, test, b in bounds)
@@ -102,8 +92,7 @@ def check(value: Any, name: str, kind: Any = int, low=None, high=None, *, above=
 
 
 def refuse(checks: list[tuple[bool, str, Any, str]]) -> None:
-    """One ConfigError for the first ``(accepted?, argument, its value, what is accepted)``
-    that is not accepted: how the Python API's entry points check their arguments."""
+    """One ConfigError for the first ``(accepted?, argument, value, what is accepted)`` refused."""
     for ok, name, value, accepted in checks:
         if not ok:
             raise ConfigError(f"{name} must be {accepted}, got {value!r:.60}")

@@ -9,27 +9,26 @@ from typing import Iterable
 JPEG_SIDE = 65_535  # pixels: the largest height or width a JPEG file can have
 MAX_PIXELS = 10_000 * 10_000  # larger images are refused from their header, before decoding
 SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_FRAME = struct.Struct(">HHB")  # a frame header's height, width and channels
 
 
 def too_big(head: tuple | None) -> str | None:
-    """What is said of an image whose header says ``(H, W, ...)`` over ``MAX_PIXELS`` (a
-    decompression bomb: decoding would allocate it all), else None."""
+    """Why an image whose header says ``(H, W, ...)`` is refused: over ``MAX_PIXELS`` (a
+    decompression bomb), else None."""
     if head is None or head[0] * head[1] <= MAX_PIXELS:
         return None
     return f"{head[1]}x{head[0]} image is larger than the {MAX_PIXELS:,} pixels allowed"
 
 
 def jpeg_header(data) -> tuple[int, int, int, int] | None:
-    """``(H, W, channels, EXIF orientation)`` of a JPEG file (any buffer of its bytes), H
-    and W as it shows upright (orientation applied); None for what is not a readable JPEG.
-    Reads the markers up to the frame header, no pixels."""
+    """``(H, W, channels, EXIF orientation)`` of a JPEG file (any buffer of its bytes), H and W
+    as it shows upright; None for what is not a readable JPEG. Reads no pixels."""
     return _walk(data)[0]
 
 
 def jpeg_headers(files: Iterable) -> list[tuple[int, int, int, int] | None]:
-    """``jpeg_header`` of each file, the same answers, faster for one encoder's files: a file
-    that starts as the last one walked, up to its frame header (the same markers, tables and
-    EXIF block), has its frame header at the same place and is read there, not walked."""
+    """``jpeg_header`` of each file: a file that starts as the last one walked, up to its frame
+    header (one encoder's: the same markers, tables and EXIF), is read there, not walked."""
     out: list = []
     prefix, at, orientation = b"", 0, 1
     for data in files:
@@ -41,9 +40,6 @@ def jpeg_headers(files: Iterable) -> list[tuple[int, int, int, int] | None]:
         prefix = bytes(memoryview(data).cast("B")[: at + 2]) if head else b""
         orientation = head[3] if head else 1
     return out
-
-
-_FRAME = struct.Struct(">HHB")  # a frame header's height, width and channels
 
 
 def _starts(data, prefix: bytes) -> bool:

@@ -1,15 +1,11 @@
-"""The threads latecast's own CPU work runs on: each batch's work (gather, decode, augment,
-normalize) inside ``one_thread()``, at one intra-op thread; JPEG files decoded by ``count()``
-Python threads (``pool``), each at one intra-op thread. torch's OpenMP threads spin-wait for
-each other at every op, which beside a busy process made every CPU path slower than one
-thread (``benchmarks/threads.py``, RESULTS.md); Python threads that wait sleep. For the
-model's ops the ``latecast`` command sets ``GOMP_SPINCOUNT=2000`` before torch loads: an
-OpenMP thread spins 2,000 times, not 300,000, before it sleeps.
-"""
+"""The threads latecast's own CPU work runs on: a batch's work at one intra-op thread
+(``one_thread``: torch's OpenMP threads spin-wait at every op, which beside a busy process made
+every CPU path slower, ``benchmarks/threads.py``), JPEG files on ``count()`` Python threads."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Iterator
@@ -17,14 +13,12 @@ from typing import Iterator
 import torch
 
 _outer = threading.local()  # .threads: the caller's count, while inside one_thread
-_pools: dict[int, ThreadPoolExecutor] = {}
 
 
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
-    """The block's torch ops (in this thread) at one intra-op thread; the caller's count
-    afterwards. Nested: the outer one holds. Usable as a decorator. A thread whose first
-    torch op runs meanwhile starts at one too (``set_num_threads`` sets that count)."""
+    """The block's torch ops at one intra-op thread, the caller's count restored after (the
+    outer one holds where nested). Usable as a decorator."""
     threads = torch.get_num_threads()
     if getattr(_outer, "threads", None) or threads == 1:
         yield
@@ -39,14 +33,11 @@ def one_thread() -> Iterator[None]:
 
 
 def count() -> int:
-    """The caller's ``torch.get_num_threads()``, also inside ``one_thread``: how many Python
-    threads latecast splits its CPU work over."""
+    """The caller's ``torch.get_num_threads()``, inside ``one_thread`` too."""
     return getattr(_outer, "threads", None) or torch.get_num_threads()
 
 
+@functools.lru_cache(maxsize=None)
 def pool(threads: int) -> ThreadPoolExecutor:
-    """A pool of ``threads`` Python threads, each at one intra-op thread (use it inside
-    ``one_thread``: the start of each of its threads sets the count there, restored at exit)."""
-    if threads not in _pools:
-        _pools[threads] = ThreadPoolExecutor(threads, "latecast", torch.set_num_threads, (1,))
-    return _pools[threads]
+    """``threads`` Python threads at one intra-op thread each (use it inside ``one_thread``)."""
+    return ThreadPoolExecutor(threads, "latecast", torch.set_num_threads, (1,))
