@@ -1,15 +1,7 @@
-"""The Loader: a source's index batches (which samples, in what order, on which rank), moved
-(``transfer.py``) and prepared on the device (``prepare.py``).
-
-A source plans the epochs. ``Order``, an in-memory dataset's, is ``DistributedSampler``'s: a
-permutation from ``seed + epoch`` (``randperm`` on a CPU generator, or ``block_order``'s),
-padded by wrapping around to a multiple of the world size, rank ``r`` taking
-``indices[r::world]``. A stream brings its own (``storage/stream.py``).
-
-Static batches (``static=True``): every batch the same shape in the same two buffers, so a
-compiled model sees one shape and a CUDA graph can capture a whole step; on ``resident`` a
-step's data work is ``fill`` (gather, augment, normalize on the device, no host sync).
-"""
+"""The Loader: a source's index batches (which samples, in what order, on which rank; an
+in-memory dataset's is ``Order``, ``DistributedSampler``'s, a stream brings its own), moved
+(``transfer.py``) and prepared on the device (``prepare.py``). Static batches: one shape in
+two buffers, so a CUDA graph can capture a step (on ``resident``: ``staged`` and ``fill``)."""
 
 from __future__ import annotations
 
@@ -133,21 +125,16 @@ class Epochs:
 class Order:
     """The source of a ``Dataset`` or ``EncodedDataset`` of ``n`` samples: ``epoch_order`` cut
     into batches, this rank's last partial one dropped with ``drop_last`` (or ``static`` and
-    ``pad``). A Loader's source gives ``order`` (its name, saved), ``elastic`` (a resume may
-    change the world size), ``count``, ``batches``, ``feed`` and the state's methods below."""
+    ``pad``). Every source gives the Loader what this one does: ``order`` (its name, saved),
+    ``elastic`` (a resume may change the world size) and the methods below."""
 
     elastic = False
 
     def __init__(self, n, batch_size, *, shuffle, seed, pad, order, drop_last, static) -> None:
         sizes = parse_order(order)
         self.order = "random" if sizes is None else "block:{}:{}".format(*sizes)
-        self.n, self.batch_size, self.shuffle, self.seed, self.pad = (
-            n,
-            batch_size,
-            shuffle,
-            seed,
-            pad,
-        )
+        self.n, self.batch_size, self.pad = n, batch_size, pad
+        self.args = dict(seed=seed, shuffle=shuffle, pad=pad, order=self.order)  # epoch_order's
         self.drop_last = drop_last or (static and pad)
 
     def count(self, epoch: int, rank: int, world: int) -> tuple[int, int]:
@@ -157,25 +144,20 @@ class Order:
 
     def batches(self, epoch: int, rank: int, world: int, position: int) -> list[torch.Tensor]:
         """``rank``'s index batches (CPU int64) of ``epoch``, from batch ``position`` on."""
-        args = dict(shuffle=self.shuffle, pad=self.pad, order=self.order)
-        order = epoch_order(
-            self.n, seed=self.seed, epoch=epoch, rank=rank, world_size=world, **args
-        )
+        order = epoch_order(self.n, epoch=epoch, rank=rank, world_size=world, **self.args)
         batches = list(torch.split(order, self.batch_size))
         if self.drop_last and batches and len(batches[-1]) < self.batch_size:
             batches.pop()
         return batches[position:]
 
-    def feed(self, batches: list, epoch: int, rank: int, world: int, position: int) -> Iterable:
-        """What the mover takes for ``batches``: the index batches themselves."""
+    def feed(self, batches: list, *where: int) -> Iterable:  # what the mover takes for them
         return batches
 
-    def state_dict(self, epoch: int) -> dict:
-        """The source's own part of the Loader's state."""
+    def state_dict(self, epoch: int) -> dict:  # the source's own part of the Loader's state
         return {}
 
     def load_state_dict(self, state: dict, epoch: int, position: int, world: int) -> int:
-        """Continue from ``state`` (checked) on ``world`` ranks: the position to start at."""
+        """Continue from ``state`` (checked) on ``world`` ranks: the batch to start at."""
         return position
 
 
@@ -183,34 +165,32 @@ class Loader(Epochs):
     """Batches of ``(images, labels)`` ready on the device: images normalized float
     ``(N, C, H, W)``, labels int64. ``len()`` and ``set_epoch()`` work as with a
     ``DataLoader`` over a ``DistributedSampler``; the epoch also advances by itself after
-    each complete pass. Rank, world size and device are resolved at the first pass
-    (``distributed.placement``): a Loader built before a launcher's processes exist still
-    gets its own share and device. Bad arguments: one ConfigError naming the first.
+    each complete pass. Rank, world size and device are resolved at the first pass, so a
+    Loader built before a launcher's processes exist gets its own. A bad argument: one
+    ConfigError naming it.
 
     Args:
-        dataset: a ``Dataset`` (uint8 images, narrow labels), an ``EncodedDataset`` (JPEG
-            files, decoded to ``dataset.size`` on the device), or a split that brings its own
-            source (``source(batch_size, **options)``, as ``Order``: a stream of shards, read
-            batch by batch, its own order, every sample once an epoch, the last batches shorter).
+        dataset: a ``Dataset`` (uint8 images), an ``EncodedDataset`` (JPEG files, decoded to
+            ``dataset.size`` on the device), or a split with its own ``source(batch_size,
+            **options)`` (a stream of shards: its own order, every sample once an epoch).
         batch_size: samples per batch, per rank.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
-        transfer: ``"float32"``, ``"uint8"``, ``"prefetch"``, ``"resident"``, ``"jpeg"`` (the
-            one for encoded stores) or ``"auto"``.
+        transfer: ``"float32"`` (the usual way), ``"uint8"``, ``"prefetch"``, ``"resident"``,
+            ``"jpeg"`` (encoded stores) or ``"auto"`` (``transfer.resolve``).
         shuffle, seed: a new permutation per epoch from ``seed + epoch``.
         drop_last: drop this rank's last partial batch.
-        dtype, channels_last: float32, bfloat16 or float16 output; in channels_last format.
+        dtype, channels_last: float32, bfloat16 or float16 output, in channels_last format.
         rank, world_size: this process's share; default from the process group or launcher.
-        augment: uint8 -> uint8 ``f(images, generator)`` on the device before the normalize
-            (``transforms.Augment``).
-        pad: pad the order to a multiple of the world size (training); ``False`` for
-            evaluation, so no sample is counted twice.
+        augment: uint8 -> uint8 ``f(images, generator)`` before the normalize (``Augment``).
+        pad: wrap the order to a multiple of the world size (training); ``False``: each
+            sample on one rank only (evaluation).
         order: ``"random"``, or ``"block:BLOCK:WINDOW"`` for stores bigger than RAM
             (``block_order``; ``"block"`` is ``"block:32:256"``).
-        mix: ``f(images, labels, generator)`` after the normalize, e.g. ``transforms.Mix``
-            (MixUp/CutMix); labels become class probabilities.
-        static: every batch ``batch_size`` long, in the same two buffers (overwritten by
-            the next batch): training loaders (``pad=True``) drop the partial last batch,
-            evaluation loaders pad it with labels ``IGNORE``.
+        mix: ``f(images, labels, generator)`` after the normalize (``transforms.Mix``);
+            labels become class probabilities.
+        static: every batch ``batch_size`` long, in the same two buffers (overwritten by the
+            next): training (``pad=True``) drops a partial last batch, evaluation pads it
+            with labels ``IGNORE``.
 
     Example:
         >>> train = latecast.load_dataset("mnist")
@@ -240,25 +220,18 @@ class Loader(Epochs):
         kinds = "a latecast Dataset (load_dataset, open_store, from_arrays)"
         refuse([(isinstance(dataset, Split), "dataset", dataset, kinds)])
         flags = dict(shuffle=shuffle, drop_last=drop_last, channels_last=channels_last, pad=pad)
-        classes = dataset.num_classes
-        refuse(
-            [
-                (whole(batch_size, 1), "batch_size", batch_size, "an integer in 1..2**63-1"),
-                (whole(seed), "seed", seed, "an integer in 0..2**63-1"),
-                (isinstance(transfer, str), "transfer", transfer, "a transfer name (a string)"),
-                (any(dtype is d for d in FLOATS), "dtype", dtype, ", ".join(map(str, FLOATS))),
-                (augment is None or callable(augment), "augment", augment, "f(images, generator)"),
-                (mix is None or callable(mix), "mix", mix, "f(images, labels, generator)"),
-                (
-                    not isinstance(mix, Mix) or mix.classes == classes,
-                    *("mix", mix, f"a Mix of the dataset's {classes} classes"),
-                ),
-                *[
-                    (isinstance(v, (bool, np.bool_)), k, v, "True or False")
-                    for k, v in {**flags, "static": static}.items()
-                ],
-            ]
-        )
+        flags, k = {**flags, "static": static}, dataset.num_classes
+        mixes = f"a Mix of the dataset's {k} classes"
+        refuse([
+            (whole(batch_size, 1), "batch_size", batch_size, "an integer in 1..2**63-1"),
+            (whole(seed), "seed", seed, "an integer in 0..2**63-1"),
+            (isinstance(transfer, str), "transfer", transfer, "a transfer name (a string)"),
+            (any(dtype is d for d in FLOATS), "dtype", dtype, ", ".join(map(str, FLOATS))),
+            (augment is None or callable(augment), "augment", augment, "f(images, generator)"),
+            (mix is None or callable(mix), "mix", mix, "f(images, labels, generator)"),
+            (not isinstance(mix, Mix) or mix.classes == k, "mix", mix, mixes),
+            *[(isinstance(v, (bool, np.bool_)), n, v, "True or False") for n, v in flags.items()],
+        ])  # fmt: skip
         batch_size, seed = int(batch_size), int(seed)  # numpy ints too (torch's seed wants int)
         if len(dataset) == 0:
             raise ConfigError(f"{dataset.name}/{dataset.split} is empty")
@@ -292,17 +265,9 @@ class Loader(Epochs):
         device, transfer, rank, world = self._asked
         return placement(device, rank, world)
 
-    @property
-    def device(self) -> torch.device:
-        return self._placement()[0]
-
-    @property
-    def rank(self) -> int:
-        return self._placement()[1]
-
-    @property
-    def world_size(self) -> int:
-        return self._placement()[2]
+    device = property(lambda self: self._placement()[0])
+    rank = property(lambda self: self._placement()[1])
+    world_size = property(lambda self: self._placement()[2])
 
     @property
     def transfer(self) -> str:
@@ -352,27 +317,20 @@ class Loader(Epochs):
 
     def state_dict(self) -> dict:
         """Where the loader is: epoch and batches already yielded in it (plain values)."""
-        return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "world_size": self.world_size,
-            "num_samples": len(self.dataset),
-            "order": self.order,
-            **self.source.state_dict(self.epoch),
-        }
+        state = dict(epoch=self.epoch, position=self.position, seed=self.seed)
+        state.update(batch_size=self.batch_size, world_size=self.world_size)
+        state.update(num_samples=len(self.dataset), order=self.order)
+        return {**state, **self.source.state_dict(self.epoch)}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next pass starts at its epoch and position."""
         epoch, position = self._saved(state)
-        mine, same = self.state_dict(), ("seed", "batch_size", "world_size", "num_samples")
-        differ = [
-            k
-            for k in (*same, "order")
-            if not (k == "world_size" and self.source.elastic)
-            and state.get(k, "random" if k == "order" else None) != mine[k]  # older: random
-        ]
+        mine = self.state_dict()
+        keys = ["seed", "batch_size", "world_size", "num_samples", "order"]
+        if self.source.elastic:  # a stream splits what is left over any number of ranks
+            keys.remove("world_size")
+        older = dict(order="random")  # saved before the order was
+        differ = [k for k in keys if state.get(k, older.get(k)) != mine[k]]
         if differ:
             raise ConfigError(
                 "loader state does not match this loader: "
@@ -441,10 +399,7 @@ class Loader(Epochs):
                 yield (x, y, n) if host else (*self.prepare(x, y, idx), n)
                 continue
             images, labels = self._buffers
-            if host:
-                images[:n].copy_(x)
-            else:
-                _, y = self.prepare(x, y, idx, out=images[:n])
+            _, y = (images[:n].copy_(x), y) if host else self.prepare(x, y, idx, out=images[:n])
             labels[:n].copy_(y)
             yield (*self._masked(n), n)
 
