@@ -195,7 +195,8 @@ class Source:
     def __init__(self, stream, batch_size, *, shuffle, seed, order, drop_last, **_) -> None:
         refuse([(order == "random", "order", order, "random for a stream (its own)"),
                 (not drop_last, "drop_last", drop_last, "False for a stream")])  # fmt: skip
-        self.stream, self.batch_size, self.order = stream, batch_size, stream.order
+        self.stream, self.batch_size = stream, batch_size
+        self.order = f"shards,buffer:{stream.buffer}"  # as saved: another buffer, another order
         self.args = dict(shuffle=shuffle, seed=seed)
         self.resume: tuple | None = None  # a resumed epoch and what remained of it
         self.planned: tuple = (None, None)  # the last plan and what it was made for
@@ -238,25 +239,16 @@ class Source:
 @dataclass(frozen=True, eq=False)
 class StreamedDataset(Split):
     """A split of indexed WebDataset shards (``open_shards``): JPEG files read as the batches
-    are taken, never all held, moved and prepared as a JPEG store's.
+    are taken, never all held, moved and prepared as a JPEG store's (``Split``'s fields: every
+    sample's labels)."""
 
-    Args:
-        name, split, labels, classes, mean, std: as for ``Dataset`` (every sample's labels).
-        size, channels: as for ``EncodedDataset``.
-        file_bytes: the JPEG files' bytes, all together.
-        digest: what identifies the content (the index's hashes of its shards).
-        shards: the split's shards, as the index gives them.
-        buffer: samples shuffled together (JPEG files a rank holds at most).
-        limit: train on the first ``limit`` samples only (``--limit-train``).
-    """
-
-    size: tuple[int, int]
-    channels: int
-    file_bytes: int
-    digest: str = ""
-    shards: tuple = ()
-    buffer: int = BUFFER
-    limit: int | None = None
+    size: tuple[int, int]  # as EncodedDataset's
+    channels: int  # as EncodedDataset's
+    file_bytes: int  # the JPEG files' bytes, all together
+    digest: str = ""  # what identifies the content: the index's hashes of its shards
+    shards: tuple = ()  # the split's shards, as the index gives them
+    buffer: int = BUFFER  # samples shuffled together (JPEG files a rank holds at most)
+    limit: int | None = None  # train on the first `limit` samples only (--limit-train)
     encoding = "jpeg"
 
     @property
@@ -266,10 +258,6 @@ class StreamedDataset(Split):
     @property
     def image_bytes(self) -> int:
         return self.file_bytes
-
-    @property
-    def order(self) -> str:
-        return f"shards,buffer:{self.buffer}"
 
     @property
     def counts(self) -> list[int]:
