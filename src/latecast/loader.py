@@ -244,7 +244,8 @@ class Loader(Epochs):
         self.dataset, self.batch_size, self.static, self.seed = dataset, batch_size, static, seed
         self.shuffle, self.pad, self.augment = shuffle, pad, augment
         self.dtype, self.channels_last = dtype, channels_last
-        self._asked = (device, transfer, rank, world_size)
+        self._asked, self._transfer = (device, rank, world_size), transfer
+        self._where: tuple | None = None  # (device, rank, world), resolved by start()
         placement(device, rank, world_size)  # bad values fail here, not at the first pass
         self.prepare = Prepare(
             dataset.mean, dataset.std, dtype=dtype, channels_last=channels_last, augment=augment,
@@ -260,10 +261,7 @@ class Loader(Epochs):
     # -- where: resolved at the first pass; before it, what the environment says now -----
 
     def _placement(self) -> tuple[torch.device, int, int]:
-        if self._mover is not None:
-            return self._mover.device, self._rank, self._world
-        device, transfer, rank, world = self._asked
-        return placement(device, rank, world)
+        return self._where or placement(*self._asked)
 
     device = property(lambda self: self._placement()[0])
     rank = property(lambda self: self._placement()[1])
@@ -274,7 +272,7 @@ class Loader(Epochs):
         """The mover's name (``auto`` resolved)."""
         if self._mover is not None:
             return self._mover.name
-        return resolve(self._asked[1], self.dataset, self.device)
+        return resolve(self._transfer, self.dataset, self.device)
 
     @property
     def stats(self) -> TransferStats:
@@ -288,8 +286,9 @@ class Loader(Epochs):
         """Resolve the placement, make the mover (``resident`` uploads the dataset here) and
         the static buffers; the first pass does it, call it to keep it out of a timer."""
         if self._mover is None:
-            device, self._rank, self._world = self._placement()
-            cls = MOVERS[resolve(self._asked[1], self.dataset, device)]
+            self._where = placement(*self._asked)
+            device = self._where[0]
+            cls = MOVERS[resolve(self._transfer, self.dataset, device)]
             self._mover = cls(self.dataset, device, self.batch_size)
             self._mover.stats.decoder = decoder_on(device) if cls.encoded else ""  # may fail here
             if self.static:
@@ -374,7 +373,7 @@ class Loader(Epochs):
 
     def _pass(self, fill: bool) -> Iterator[Batch]:
         mover = self.start()
-        self.prepare.seek(self.epoch, self._rank, self.position)
+        self.prepare.seek(self.epoch, self._where[1], self.position)
         todo = self.index_batches()
         resident = self.static and isinstance(mover, Resident)
         it = self._resident(mover, todo, fill) if resident else self._moved(mover, todo)
@@ -390,8 +389,7 @@ class Loader(Epochs):
         """Moved, then prepared on the device; ``float32``, the usual pipeline, is handed its
         batches gathered and prepared on the host. Static: written into the buffers."""
         host = mover.takes_prepared
-        where = (self.epoch, self._rank, self._world, self.position)
-        fed = self.source.feed(batches, *where)
+        fed = self.source.feed(batches, self.epoch, *self._where[1:], self.position)
         fed = (self.prepare(*mover.gather(i), i) for i in batches) if host else fed
         for idx, (x, y) in zip(batches, mover.batches(fed)):
             n = len(idx)
