@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from dataclasses import fields
 
 import numpy as np
 import pytest
@@ -208,6 +209,48 @@ def test_empty_pass_moves_to_the_next_epoch():
     loader = Loader(small(n=100, shape=(2, 2, 1)), 32, device="cpu")
     loader.load_state_dict({**loader.state_dict(), "position": 4})  # the epoch's 4 batches done
     assert collect(loader) == [] and (loader.epoch, loader.position) == (1, 0)
+
+
+class Backwards:
+    """A source of its own (the protocol ``loader.Order`` states): every sample once an epoch,
+    last first, in batches of ``batch_size``; ``position`` saved as the state's ``"done"``."""
+
+    order, elastic = "backwards", False
+
+    def __init__(self, n, batch_size, **options) -> None:
+        self.n, self.batch_size = n, batch_size
+
+    def count(self, epoch, rank, world):
+        return self.n, math.ceil(self.n / self.batch_size)
+
+    def batches(self, epoch, rank, world, position):
+        return list(torch.arange(self.n).flip(0).split(self.batch_size))[position:]
+
+    def feed(self, batches, *where):
+        return batches
+
+    def state_dict(self, epoch):
+        return {"done": "yes"}
+
+    def load_state_dict(self, state, epoch, position, world):
+        return position
+
+
+class Reversed(latecast.Dataset):
+    def source(self, batch_size, **options):
+        return Backwards(len(self), batch_size, **options)
+
+
+def test_a_dataset_with_a_source_of_its_own_is_read_in_its_order():
+    """The Loader asks the source for its batches, counts and state: no branch of its own."""
+    ds = small(n=10, shape=(2, 2, 1))
+    loader = Loader(Reversed(**{f.name: getattr(ds, f.name) for f in fields(ds)}), 4, device="cpu")
+    assert (len(loader), loader.num_samples) == (3, 10)
+    assert [y.tolist() for _, y in loader] == [[9, 8, 7, 6], [5, 4, 3, 2], [1, 0]]
+    state = loader.state_dict()
+    assert state["order"] == "backwards" and state["done"] == "yes"
+    loader.load_state_dict({**state, "position": 2})
+    assert [y.tolist() for _, y in loader] == [[1, 0]]
 
 
 # -- movers ------------------------------------------------------------------------------

@@ -28,13 +28,14 @@ import numpy as np
 import pytest
 import torch
 
-from latecast.data import fingerprint, from_arrays
+from latecast.data import from_arrays
 from latecast.errors import CheckpointError, ConfigError, FormatError
 from latecast.loader import Loader
 from latecast.storage.datasets import load_dataset
 from latecast.storage.store import open_store, verify, write_store
 from latecast.tools.cli import _strict
 from latecast.trainer import checkpoint as ckpt
+from latecast.trainer.checkpoint import fingerprint
 from latecast.trainer.loop import TrainConfig
 from latecast.trainer.rundir import ASIDE, LOCK, MOVING, RUN_FILES
 from latecast.transforms import Mix, normalize
@@ -459,7 +460,8 @@ def test_a_checkpoint_without_a_fingerprint_resumes_checked_by_name_and_size(tmp
 
 def test_fingerprint_is_the_same_in_another_process_and_follows_content(tmp_path):
     ds = load_dataset("mnist", "train")
-    code = "from latecast import load_dataset; from latecast.data import fingerprint\n"
+    code = "from latecast import load_dataset\n"
+    code += "from latecast.trainer.checkpoint import fingerprint\n"
     code += "print(fingerprint(load_dataset('mnist', 'train')))"
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert other.stdout.strip() == fingerprint(ds), other.stderr

@@ -1,21 +1,7 @@
-"""The loader: which samples, in what order, in which batches, on which rank (the source),
-then moved (``transfer.py``) and prepared on the device (``prepare.py``).
-
-Order follows ``torch.utils.data.DistributedSampler`` exactly: a permutation from
-``seed + epoch`` (``torch.randperm`` on a CPU generator), padded by wrapping around to a
-multiple of the world size, and rank ``r`` takes ``indices[r::world]``. Every rank thus
-sees the same permutation and the same number of batches. ``order="block:32:256"`` swaps
-the permutation for ``block_order``'s, which reads a store bigger than RAM mostly in
-sequence; padding and sharding stay the same.
-
-Static batches (``static=True``, what ``latecast train`` uses): every batch has the same
-shape and lives in the same two buffers, so a compiled model never sees a new shape and a
-CUDA graph can capture a whole step. With ``resident`` a step's data work is a slice of the
-epoch's device permutation copied into a static index, then ``fill``: gather, augment,
-normalize into the buffers, all on the device, no host sync. Other movers keep their host
-work and copy (``float32``) or normalize (``uint8``, ``prefetch``) their batch into the
-buffers: same shapes and storage, but nothing a graph can capture.
-"""
+"""The Loader: a source's index batches (which samples, in what order, on which rank; an
+in-memory dataset's is ``Order``, ``DistributedSampler``'s, a stream brings its own), moved
+(``transfer.py``) and prepared on the device (``prepare.py``). Static batches: one shape in
+two buffers, so a CUDA graph can capture a step (on ``resident``: ``staged`` and ``fill``)."""
 
 from __future__ import annotations
 
@@ -24,12 +10,13 @@ import numbers
 import re
 import time
 from dataclasses import replace
+from functools import partial
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
 
-from .data import Batch, Dataset, EncodedDataset, StreamedDataset
+from .data import Batch, Split
 from .decode import decoder_on
 from .distributed import placement
 from .errors import ConfigError, refuse
@@ -75,23 +62,11 @@ def block_order(n: int, *, seed: int, epoch: int, block: int, window: int) -> to
 
 
 def epoch_order(
-    n: int,
-    *,
-    seed: int,
-    epoch: int,
-    shuffle: bool = True,
-    rank: int = 0,
-    world_size: int = 1,
-    pad: bool = True,
-    order: str = "random",
+    n: int, *, seed: int, epoch: int, shuffle=True, rank=0, world_size=1, pad=True, order="random"
 ) -> torch.Tensor:
-    """Indices rank ``rank`` visits in ``epoch``, as ``DistributedSampler`` would give them;
-    with ``order="block:BLOCK:WINDOW"`` from ``block_order``'s permutation instead of
-    ``randperm``'s.
-
-    ``pad=True`` wraps around so every rank gets ``ceil(n / world_size)`` indices;
-    ``pad=False`` (evaluation) gives each index to exactly one rank, shares may differ by one.
-    """
+    """The indices of ``range(n)`` rank ``rank`` visits in ``epoch``, as ``DistributedSampler``
+    gives them (``order``: ``parse_order``'s). ``pad=True`` wraps around so every rank gets
+    ``ceil(n / world_size)``; ``pad=False`` (evaluation) gives each index to one rank only."""
     sizes = parse_order(order)
     if shuffle and sizes:
         indices = block_order(n, seed=seed, epoch=epoch, block=sizes[0], window=sizes[1])
@@ -106,11 +81,10 @@ def epoch_order(
     return indices[rank::world_size]
 
 
-def gather(dataset: Dataset, idx: torch.Tensor) -> Batch:
-    """Samples ``idx`` on the host as a ``DataLoader`` collates them: uint8 ``(n, H, W, C)``
-    images, int64 labels (the usual pipeline's input, before it prepares on the host)."""
-    i = idx.numpy()
-    return torch.from_numpy(dataset.images[i]), torch.from_numpy(dataset.labels[i].astype(np.int64))
+def whole(value: Any, low: int = 0) -> bool:
+    """Whether ``value`` is an integer (numpy's too, not a bool) in ``low..2**63-1``."""
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    return ok and low <= value < 2**63
 
 
 class Epochs:
@@ -119,8 +93,7 @@ class Epochs:
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` from the next pass on (like ``DistributedSampler``)."""
-        whole = isinstance(epoch, numbers.Integral) and not isinstance(epoch, bool)
-        refuse([(whole and 0 <= epoch < 2**63, "epoch", epoch, "an integer in 0..2**63-1")])
+        refuse([(whole(epoch), "epoch", epoch, "an integer in 0..2**63-1")])
         if epoch != self.epoch:
             self.epoch, self.position = int(epoch), 0
 
@@ -129,8 +102,8 @@ class Epochs:
         """``(epoch, position)`` of a ``state_dict()`` (which also holds ``more``), or one
         ConfigError: not a dict, or not their numbers."""
         got = state if isinstance(state, dict) else {}
-        whole = [isinstance(got.get(k), numbers.Integral) for k in ("epoch", "position")]
-        ok = all(whole) and min(got["epoch"], got["position"]) >= 0 and set(more) <= set(got)
+        ints = [isinstance(got.get(k), numbers.Integral) for k in ("epoch", "position")]
+        ok = all(ints) and min(got["epoch"], got["position"]) >= 0 and set(more) <= set(got)
         keys = ", ".join(("epoch", "position", *more))
         refuse([(ok, "state", state, f"a state_dict() of this loader: {keys}, counts >= 0")])
         return int(got["epoch"]), int(got["position"])
@@ -149,64 +122,75 @@ class Epochs:
             self.epoch, self.position = self.epoch + 1, 0
 
 
-def check_arguments(dataset, transfer, dtype, augment, mix, flags: dict[str, Any]) -> None:
-    """What the Loader's first pass would otherwise fail on, checked when it is built."""
-    kinds = "a latecast Dataset (load_dataset, open_store, from_arrays)"
-    ok = isinstance(dataset, (Dataset, EncodedDataset, StreamedDataset))
-    refuse([(ok, "dataset", dataset, kinds)])
-    classes = dataset.num_classes
-    refuse(
-        [
-            (isinstance(transfer, str), "transfer", transfer, "a transfer name (a string)"),
-            (any(dtype is d for d in FLOATS), "dtype", dtype, ", ".join(map(str, FLOATS))),
-            (augment is None or callable(augment), "augment", augment, "f(images, generator)"),
-            (mix is None or callable(mix), "mix", mix, "f(images, labels, generator)"),
-            (
-                not isinstance(mix, Mix) or mix.classes == classes,
-                "mix",
-                mix,
-                f"a Mix of the dataset's {classes} classes",
-            ),
-            *[(isinstance(v, (bool, np.bool_)), k, v, "True or False") for k, v in flags.items()],
-        ]
-    )
+class Order:
+    """The source of a ``Dataset`` or ``EncodedDataset`` of ``n`` samples: ``epoch_order`` cut
+    into batches, this rank's last partial one dropped with ``drop_last`` (or ``static`` and
+    ``pad``). Every source gives the Loader what this one does: ``order`` (its name, saved),
+    ``elastic`` (a resume may change the world size) and the methods below."""
+
+    elastic = False
+
+    def __init__(self, n, batch_size, *, shuffle, seed, pad, order, drop_last, static) -> None:
+        sizes = parse_order(order)
+        self.order = "random" if sizes is None else "block:{}:{}".format(*sizes)
+        self.n, self.batch_size, self.pad = n, batch_size, pad
+        self.args = dict(seed=seed, shuffle=shuffle, pad=pad, order=self.order)  # epoch_order's
+        self.drop_last = drop_last or (static and pad)
+
+    def count(self, epoch: int, rank: int, world: int) -> tuple[int, int]:
+        """``(samples, batches)`` of ``rank`` in ``epoch`` (samples dropped too)."""
+        m = math.ceil(self.n / world) if self.pad else len(range(rank, self.n, world))
+        return m, m // self.batch_size if self.drop_last else math.ceil(m / self.batch_size)
+
+    def batches(self, epoch: int, rank: int, world: int, position: int) -> list[torch.Tensor]:
+        """``rank``'s index batches (CPU int64) of ``epoch``, from batch ``position`` on."""
+        order = epoch_order(self.n, epoch=epoch, rank=rank, world_size=world, **self.args)
+        batches = list(torch.split(order, self.batch_size))
+        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
+            batches.pop()
+        return batches[position:]
+
+    def feed(self, batches: list, *where: int) -> Iterable:  # what the mover takes for them
+        return batches
+
+    def state_dict(self, epoch: int) -> dict:  # the source's own part of the Loader's state
+        return {}
+
+    def load_state_dict(self, state: dict, epoch: int, position: int, world: int) -> int:
+        """Continue from ``state`` (checked) on ``world`` ranks: the batch to start at."""
+        return position
 
 
 class Loader(Epochs):
     """Batches of ``(images, labels)`` ready on the device: images normalized float
     ``(N, C, H, W)``, labels int64. ``len()`` and ``set_epoch()`` work as with a
     ``DataLoader`` over a ``DistributedSampler``; the epoch also advances by itself after
-    each complete pass, so calling ``set_epoch`` is optional.
-
-    Rank, world size and device are resolved at the first pass (``distributed.placement``),
-    so a Loader built before a launcher's processes exist still gets its own share and device.
+    each complete pass. Rank, world size and device are resolved at the first pass, so a
+    Loader built before a launcher's processes exist gets its own. A bad argument: one
+    ConfigError naming it.
 
     Args:
-        dataset: a ``Dataset`` (uint8 images, narrow labels) or an ``EncodedDataset`` (JPEG
-            files, decoded to ``dataset.size`` by the prepare stage), or a
-            ``StreamedDataset`` (JPEG files its source reads batch by batch: its own order
-            and shares, every sample once an epoch, the last batches shorter).
+        dataset: a ``Dataset`` (uint8 images), an ``EncodedDataset`` (JPEG files, decoded to
+            ``dataset.size`` on the device), or a split with its own ``source(batch_size,
+            **options)`` (a stream of shards: its own order, every sample once an epoch).
         batch_size: samples per batch, per rank.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
-        transfer: ``"float32"``, ``"uint8"``, ``"prefetch"``, ``"resident"``, ``"jpeg"`` (the
-            one for encoded stores) or ``"auto"``.
+        transfer: ``"float32"`` (the usual way), ``"uint8"``, ``"prefetch"``, ``"resident"``,
+            ``"jpeg"`` (encoded stores) or ``"auto"`` (``transfer.resolve``).
         shuffle, seed: a new permutation per epoch from ``seed + epoch``.
         drop_last: drop this rank's last partial batch.
-        dtype: float32, bfloat16 or float16 output.
-        channels_last: output in ``torch.channels_last`` memory format.
+        dtype, channels_last: float32, bfloat16 or float16 output, in channels_last format.
         rank, world_size: this process's share; default from the process group or launcher.
-        augment: optional uint8 -> uint8 batch function ``f(images, generator)`` applied on
-            the device before the normalize (see ``transforms.Augment``).
-        pad: pad the order to a multiple of the world size (training); ``False`` for
-            evaluation, so no sample is counted twice.
-        order: ``"random"``, or ``"block:BLOCK:WINDOW"`` for stores bigger than RAM (see
-            ``block_order``: blocks of BLOCK samples, WINDOW blocks shuffled together;
-            ``"block"`` is ``"block:32:256"``).
-        mix: optional ``f(images, labels, generator)`` after the normalize, e.g.
-            ``transforms.Mix`` (MixUp/CutMix); labels become class probabilities.
-        static: every batch ``batch_size`` long, in the same two buffers (overwritten by
-            the next batch): training loaders (``pad=True``) drop the partial last batch,
-            evaluation loaders pad it with labels ``IGNORE``.
+        augment: uint8 -> uint8 ``f(images, generator)`` before the normalize (``Augment``).
+        pad: wrap the order to a multiple of the world size (training); ``False``: each
+            sample on one rank only (evaluation).
+        order: ``"random"``, or ``"block:BLOCK:WINDOW"`` for stores bigger than RAM
+            (``block_order``; ``"block"`` is ``"block:32:256"``).
+        mix: ``f(images, labels, generator)`` after the normalize (``transforms.Mix``);
+            labels become class probabilities.
+        static: every batch ``batch_size`` long, in the same two buffers (overwritten by the
+            next): training (``pad=True``) drops a partial last batch, evaluation pads it
+            with labels ``IGNORE``.
 
     Example:
         >>> train = latecast.load_dataset("mnist")
@@ -216,7 +200,7 @@ class Loader(Epochs):
 
     def __init__(
         self,
-        dataset: Dataset | EncodedDataset,
+        dataset: Split,
         batch_size: int,
         device: str | torch.device = "auto",
         transfer: str = "auto",
@@ -233,78 +217,62 @@ class Loader(Epochs):
         mix: Mixing | None = None,
         static: bool = False,
     ) -> None:
-        for name, value, low in (("batch_size", batch_size, 1), ("seed", seed, 0)):
-            if (
-                not isinstance(value, numbers.Integral)
-                or isinstance(value, bool)
-                or not low <= value < 2**63
-            ):
-                raise ConfigError(f"{name} must be an integer in {low}..2**63-1, got {value!r}")
-        batch_size, seed = int(batch_size), int(seed)  # numpy ints too (torch's seed wants int)
+        kinds = "a latecast Dataset (load_dataset, open_store, from_arrays)"
+        refuse([(isinstance(dataset, Split), "dataset", dataset, kinds)])
         flags = dict(shuffle=shuffle, drop_last=drop_last, channels_last=channels_last, pad=pad)
-        check_arguments(dataset, transfer, dtype, augment, mix, {**flags, "static": static})
+        flags, k = {**flags, "static": static}, dataset.num_classes
+        mixes = f"a Mix of the dataset's {k} classes"
+        refuse([
+            (whole(batch_size, 1), "batch_size", batch_size, "an integer in 1..2**63-1"),
+            (whole(seed), "seed", seed, "an integer in 0..2**63-1"),
+            (isinstance(transfer, str), "transfer", transfer, "a transfer name (a string)"),
+            (any(dtype is d for d in FLOATS), "dtype", dtype, ", ".join(map(str, FLOATS))),
+            (augment is None or callable(augment), "augment", augment, "f(images, generator)"),
+            (mix is None or callable(mix), "mix", mix, "f(images, labels, generator)"),
+            (not isinstance(mix, Mix) or mix.classes == k, "mix", mix, mixes),
+            *[(isinstance(v, (bool, np.bool_)), n, v, "True or False") for n, v in flags.items()],
+        ])  # fmt: skip
+        batch_size, seed = int(batch_size), int(seed)  # numpy ints too (torch's seed wants int)
         if len(dataset) == 0:
             raise ConfigError(f"{dataset.name}/{dataset.split} is empty")
         if transfer != "auto":
             resolve(transfer, dataset, torch.device("cpu"))  # raises, listing valid names
-        sizes = parse_order(order)
-        self.order = "random" if sizes is None else "block:{}:{}".format(*sizes)  # as saved
-        self.streamed = isinstance(dataset, StreamedDataset)  # its source plans the epochs
-        if self.streamed:  # its own order; no sample dropped
-            refuse([(order == "random", "order", order, "random for a stream (its own)"),
-                    (not drop_last, "drop_last", drop_last, "False for a stream")])  # fmt: skip
-            self.order = dataset.order
-        self.dataset, self.batch_size, self.static = dataset, batch_size, static
-        self.drop_last = drop_last or (static and pad and not self.streamed)  # streams: none
-        self.shuffle, self.seed, self.pad, self.augment = shuffle, seed, pad, augment
+        make = getattr(dataset, "source", None) or partial(Order, len(dataset))
+        self.source = make(batch_size, shuffle=shuffle, seed=seed, pad=pad, order=order,
+                           drop_last=drop_last, static=static)  # fmt: skip
+        self.order = self.source.order  # as saved
+        self.dataset, self.batch_size, self.static, self.seed = dataset, batch_size, static, seed
+        self.shuffle, self.pad, self.augment = shuffle, pad, augment
         self.dtype, self.channels_last = dtype, channels_last
-        self._asked = (device, transfer, rank, world_size)
+        self._asked, self._transfer = (device, rank, world_size), transfer
+        self._where: tuple | None = None  # (device, rank, world), resolved by start()
         placement(device, rank, world_size)  # bad values fail here, not at the first pass
         self.prepare = Prepare(
-            dataset.mean,
-            dataset.std,
-            dtype=dtype,
-            channels_last=channels_last,
-            augment=augment,
-            seed=seed,
-            size=dataset.image_shape[:2],
-            mix=mix,
-        )
+            dataset.mean, dataset.std, dtype=dtype, channels_last=channels_last, augment=augment,
+            seed=seed, size=dataset.image_shape[:2], mix=mix,
+        )  # fmt: skip
         self.epoch, self.position = 0, 0  # position: batches of `epoch` already yielded
         self._mover: Mover | None = None
         self._batches, self._samples, self._wait = 0, 0, 0.0
         self._buffers: Batch | None = None  # static: (images, labels), allocated once
         self._index: torch.Tensor | None = None  # static resident: this step's samples
         self._indices: torch.Tensor | None = None  # ... and their CPU indices (altflip)
-        self._resume: tuple | None = None  # a stream's (epoch, what remains of it) on resume
-        self._planned: tuple = (None, None)  # a stream's last plan and what it was made for
 
     # -- where: resolved at the first pass; before it, what the environment says now -----
 
     def _placement(self) -> tuple[torch.device, int, int]:
-        if self._mover is not None:
-            return self._mover.device, self._rank, self._world
-        device, transfer, rank, world = self._asked
-        return placement(device, rank, world)
+        return self._where or placement(*self._asked)
 
-    @property
-    def device(self) -> torch.device:
-        return self._placement()[0]
-
-    @property
-    def rank(self) -> int:
-        return self._placement()[1]
-
-    @property
-    def world_size(self) -> int:
-        return self._placement()[2]
+    device = property(lambda self: self._placement()[0])
+    rank = property(lambda self: self._placement()[1])
+    world_size = property(lambda self: self._placement()[2])
 
     @property
     def transfer(self) -> str:
         """The mover's name (``auto`` resolved)."""
         if self._mover is not None:
             return self._mover.name
-        return resolve(self._asked[1], self.dataset, self.device)
+        return resolve(self._transfer, self.dataset, self.device)
 
     @property
     def stats(self) -> TransferStats:
@@ -318,8 +286,9 @@ class Loader(Epochs):
         """Resolve the placement, make the mover (``resident`` uploads the dataset here) and
         the static buffers; the first pass does it, call it to keep it out of a timer."""
         if self._mover is None:
-            device, self._rank, self._world = self._placement()
-            cls = MOVERS[resolve(self._asked[1], self.dataset, device)]
+            self._where = placement(*self._asked)
+            device = self._where[0]
+            cls = MOVERS[resolve(self._transfer, self.dataset, device)]
             self._mover = cls(self.dataset, device, self.batch_size)
             self._mover.stats.decoder = decoder_on(device) if cls.encoded else ""  # may fail here
             if self.static:
@@ -335,92 +304,43 @@ class Loader(Epochs):
                 self._index = torch.zeros(b, dtype=torch.int64, device=device)
         return self._mover
 
-    # -- which samples, in what order -----------------------------------------------------
-
-    def plan(self):
-        """A stream's plan of this epoch for this rank (``StreamedDataset.plan``)."""
-        asked = (self.epoch, self.rank, self.world_size, self._remaining())
-        if self._planned[1] != asked:
-            args = dict(shuffle=self.shuffle, seed=self.seed, remaining=asked[3])
-            plan = self.dataset.plan(*asked[:3], self.batch_size, **args)
-            self._planned = (plan, asked)
-        return self._planned[0]
+    # -- which samples, in what order: the source's ----------------------------------------
 
     @property
     def num_samples(self) -> int:
         """Samples this rank visits per epoch."""
-        if self.streamed:
-            return sum(self.plan().sizes)
-        n, rank, w = len(self.dataset), self.rank, self.world_size
-        return math.ceil(n / w) if self.pad else len(range(rank, n, w))
+        return self.source.count(self.epoch, self.rank, self.world_size)[0]
 
     def __len__(self) -> int:
-        if self.streamed:
-            return len(self.plan().sizes)
-        m, b = self.num_samples, self.batch_size
-        return m // b if self.drop_last else math.ceil(m / b)
+        return self.source.count(self.epoch, self.rank, self.world_size)[1]
 
     def state_dict(self) -> dict:
-        """Where the loader is: epoch and batches already yielded in it (plain ints)."""
-        return {
-            "epoch": self.epoch,
-            "position": self.position,
-            "seed": self.seed,
-            "batch_size": self.batch_size,
-            "world_size": self.world_size,
-            "num_samples": len(self.dataset),
-            "order": self.order,
-            **({"remaining": self._remaining()} if self.streamed else {}),
-        }
-
-    def _remaining(self) -> list | None:
-        """What a stream's plan of this epoch was made from: intervals of positions in the
-        epoch's order (None: all of it)."""
-        resume = self._resume
-        return resume[1] if resume and resume[0] == self.epoch else None
+        """Where the loader is: epoch and batches already yielded in it (plain values)."""
+        state = dict(epoch=self.epoch, position=self.position, seed=self.seed)
+        state.update(batch_size=self.batch_size, world_size=self.world_size)
+        state.update(num_samples=len(self.dataset), order=self.order)
+        return {**state, **self.source.state_dict(self.epoch)}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state``: the next pass starts at its epoch and position."""
         epoch, position = self._saved(state)
         mine = self.state_dict()
-        differ = [
-            k
-            for k in ("seed", "batch_size", "world_size", "num_samples", "order")
-            if not (k == "world_size" and self.streamed)  # a stream re-splits what is left
-            and state.get(k, "random" if k == "order" else None) != mine[k]  # older: random
-        ]
+        keys = ["seed", "batch_size", "world_size", "num_samples", "order"]
+        if self.source.elastic:  # a stream splits what is left over any number of ranks
+            keys.remove("world_size")
+        older = dict(order="random")  # saved before the order was
+        differ = [k for k in keys if state.get(k, older.get(k)) != mine[k]]
         if differ:
             raise ConfigError(
                 "loader state does not match this loader: "
                 + ", ".join(f"{k} {state.get(k)!r} != {mine[k]!r}" for k in differ)
             )
-        self.epoch, self.position = epoch, position
-        if self.streamed:
-            remaining, world = state.get("remaining"), int(state["world_size"])
-            if world != self.world_size:  # what every rank of the saved run had left
-                args = dict(shuffle=self.shuffle, seed=self.seed, remaining=remaining)
-                saved = self.dataset.plan(self.epoch, 0, world, self.batch_size, **args)
-                remaining, self.position = saved.left(self.position), 0
-            self._resume = (self.epoch, remaining)
+        self.epoch = epoch
+        self.position = self.source.load_state_dict(state, epoch, position, self.world_size)
 
     def index_batches(self) -> list[torch.Tensor]:
         """This epoch's index batches for this rank (CPU int64), from ``position`` on."""
-        if self.streamed:
-            return self.plan().batches()[self.position :]
-        order = epoch_order(
-            len(self.dataset),
-            seed=self.seed,
-            epoch=self.epoch,
-            shuffle=self.shuffle,
-            rank=self.rank,
-            world_size=self.world_size,
-            pad=self.pad,
-            order=self.order,
-        )
-        batches = list(torch.split(order, self.batch_size))
-        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
-            batches.pop()
-        return batches[self.position :]
+        return self.source.batches(self.epoch, self.rank, self.world_size, self.position)
 
     def __iter__(self) -> Iterator[Batch]:
         return self._count(self._pass(fill=True))
@@ -453,7 +373,7 @@ class Loader(Epochs):
 
     def _pass(self, fill: bool) -> Iterator[Batch]:
         mover = self.start()
-        self.prepare.seek(self.epoch, self._rank, self.position)
+        self.prepare.seek(self.epoch, self._where[1], self.position)
         todo = self.index_batches()
         resident = self.static and isinstance(mover, Resident)
         it = self._resident(mover, todo, fill) if resident else self._moved(mover, todo)
@@ -469,19 +389,15 @@ class Loader(Epochs):
         """Moved, then prepared on the device; ``float32``, the usual pipeline, is handed its
         batches gathered and prepared on the host. Static: written into the buffers."""
         host = mover.takes_prepared
-        fed = (self.prepare(*gather(self.dataset, i), i) for i in batches) if host else batches
-        if self.streamed:  # the source reads each batch's files
-            fed = self.plan().read(self.position)
+        fed = self.source.feed(batches, self.epoch, *self._where[1:], self.position)
+        fed = (self.prepare(*mover.gather(i), i) for i in batches) if host else fed
         for idx, (x, y) in zip(batches, mover.batches(fed)):
             n = len(idx)
             if not self.static:
                 yield (x, y, n) if host else (*self.prepare(x, y, idx), n)
                 continue
             images, labels = self._buffers
-            if host:
-                images[:n].copy_(x)
-            else:
-                _, y = self.prepare(x, y, idx, out=images[:n])
+            _, y = (images[:n].copy_(x), y) if host else self.prepare(x, y, idx, out=images[:n])
             labels[:n].copy_(y)
             yield (*self._masked(n), n)
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
-from .data import Batch, Dataset, EncodedDataset, StreamedDataset
+from .data import Batch, Dataset, EncodedDataset
 from .decode import decoder_on
 from .encoded import JpegFile
 from .errors import ConfigError, DeviceError
@@ -293,10 +293,18 @@ class Mover:
 
 
 class Float32(Mover):
-    """The baseline: batches the Loader gathered and prepared on the host, copied as they are."""
+    """The baseline: batches the Loader gathered (``gather``) and prepared on the host, copied
+    as they are."""
 
     name = "float32"
     takes_prepared = True
+
+    def gather(self, idx: torch.Tensor) -> Batch:
+        """Samples ``idx`` on the host as a ``DataLoader`` collates them: uint8 ``(n, H, W, C)``
+        images, int64 labels."""
+        i = idx.numpy()
+        ds = self.dataset
+        return torch.from_numpy(ds.images[i]), torch.from_numpy(ds.labels[i].astype(np.int64))
 
     @staticmethod
     def epoch_bytes(dataset: Dataset) -> dict[str, int]:
@@ -444,7 +452,7 @@ class Jpeg(Mover):
 
     def batches(self, index_batches):
         """Index batches of a store; for a stream, the ``(EncodedDataset, ids, names)`` of
-        each batch its source read (``StreamedDataset``)."""
+        each batch its source read (``storage.stream``)."""
         for item in index_batches:
             ds, idx, names = (self.dataset, item, None) if torch.is_tensor(item) else item
             at = idx.numpy() if names is None else np.arange(len(idx))
@@ -486,7 +494,7 @@ MOVERS: dict[str, type[Mover]] = {m.name: m for m in (Float32, Uint8, Prefetch, 
 
 def movers_for(dataset: Dataset | EncodedDataset) -> list[str]:
     """The movers that move this kind of dataset (``jpeg`` alone for an encoded store)."""
-    encoded = isinstance(dataset, (EncodedDataset, StreamedDataset))
+    encoded = not isinstance(dataset, Dataset)  # JPEG files: a store's or a stream's
     return [name for name, m in MOVERS.items() if m.encoded == encoded]
 
 
@@ -494,7 +502,7 @@ def resolve(name: str, dataset: Dataset | EncodedDataset, device: torch.device) 
     """``auto``: ``jpeg`` for an encoded store, else ``resident`` where the dataset fits, else
     ``prefetch``. Another name is checked against ``MOVERS`` and the dataset (ConfigError)."""
     if name == "auto":
-        if isinstance(dataset, (EncodedDataset, StreamedDataset)):
+        if not isinstance(dataset, Dataset):
             return "jpeg"
         return "resident" if Resident.fits(dataset, device)[0] else "prefetch"
     if name not in MOVERS:

@@ -36,8 +36,8 @@ from typing import Iterator
 
 import numpy as np
 
-from ..data import EncodedDataset, StreamedDataset, mean_std
-from ..errors import ConfigError, FormatError
+from ..data import EncodedDataset, Split, mean_std
+from ..errors import ConfigError, FormatError, refuse
 from .shards import Shard, read_index
 from .store import jpeg_problem
 
@@ -186,23 +186,78 @@ def ahead_by_thread(items: Iterator, depth: int) -> Iterator:
         worker.join()
 
 
+class Source:
+    """A stream's epochs for a ``Loader`` (the source protocol of ``loader.Order``): each a
+    ``Plan`` of the epoch and what remains of it, kept while asked for the same."""
+
+    elastic = True  # a resume splits what is left of its epoch over any number of ranks
+
+    def __init__(self, stream, batch_size, *, shuffle, seed, order, drop_last, **_) -> None:
+        refuse([(order == "random", "order", order, "random for a stream (its own)"),
+                (not drop_last, "drop_last", drop_last, "False for a stream")])  # fmt: skip
+        self.stream, self.batch_size = stream, batch_size
+        self.order = f"shards,buffer:{stream.buffer}"  # as saved: another buffer, another order
+        self.args = dict(shuffle=shuffle, seed=seed)
+        self.resume: tuple | None = None  # a resumed epoch and what remained of it
+        self.planned: tuple = (None, None)  # the last plan and what it was made for
+
+    def plan(self, epoch: int, rank: int, world: int) -> Plan:
+        asked = (epoch, rank, world, self.remaining(epoch))
+        if self.planned[1] != asked:
+            plan = Plan(self.stream, *asked[:3], self.batch_size, remaining=asked[3], **self.args)
+            self.planned = (plan, asked)
+        return self.planned[0]
+
+    def remaining(self, epoch: int) -> list | None:
+        """Intervals of positions in ``epoch``'s order its plans are made from (None: all)."""
+        return self.resume[1] if self.resume and self.resume[0] == epoch else None
+
+    def count(self, epoch: int, rank: int, world: int) -> tuple[int, int]:
+        sizes = self.plan(epoch, rank, world).sizes
+        return sum(sizes), len(sizes)
+
+    def batches(self, epoch: int, rank: int, world: int, position: int) -> list:
+        return self.plan(epoch, rank, world).batches()[position:]
+
+    def feed(self, batches: list, epoch: int, rank: int, world: int, position: int):
+        """``(EncodedDataset, ids, names)`` of each batch, read as the ``jpeg`` mover asks."""
+        return self.plan(epoch, rank, world).read(position)
+
+    def state_dict(self, epoch: int) -> dict:
+        return {"remaining": self.remaining(epoch)}
+
+    def load_state_dict(self, state: dict, epoch: int, position: int, world: int) -> int:
+        remaining, saved = state.get("remaining"), int(state["world_size"])
+        if saved != world:  # what every rank of the saved run had left
+            args = dict(remaining=remaining, **self.args)
+            remaining = Plan(self.stream, epoch, 0, saved, self.batch_size, **args).left(position)
+            position = 0
+        self.resume = (epoch, remaining)
+        return position
+
+
 @dataclass(frozen=True, eq=False)
-class ShardStream(StreamedDataset):
-    """A split of indexed WebDataset shards (``open_shards``).
+class StreamedDataset(Split):
+    """A split of indexed WebDataset shards (``open_shards``): JPEG files read as the batches
+    are taken, never all held, moved and prepared as a JPEG store's (``Split``'s fields: every
+    sample's labels)."""
 
-    Args:
-        shards: the split's shards, as the index gives them.
-        buffer: samples shuffled together (JPEG files a rank holds at most).
-        limit: train on the first ``limit`` samples only (``--limit-train``).
-    """
-
-    shards: tuple = ()
-    buffer: int = BUFFER
-    limit: int | None = None
+    size: tuple[int, int]  # as EncodedDataset's
+    channels: int  # as EncodedDataset's
+    file_bytes: int  # the JPEG files' bytes, all together
+    digest: str = ""  # what identifies the content: the index's hashes of its shards
+    shards: tuple = ()  # the split's shards, as the index gives them
+    buffer: int = BUFFER  # samples shuffled together (JPEG files a rank holds at most)
+    limit: int | None = None  # train on the first `limit` samples only (--limit-train)
+    encoding = "jpeg"
 
     @property
-    def order(self) -> str:
-        return f"shards,buffer:{self.buffer}"
+    def image_shape(self) -> tuple[int, int, int]:
+        return (*self.size, self.channels)
+
+    @property
+    def image_bytes(self) -> int:
+        return self.file_bytes
 
     @property
     def counts(self) -> list[int]:
@@ -212,11 +267,11 @@ class ShardStream(StreamedDataset):
             left -= counts[-1]
         return counts
 
-    def plan(self, epoch, rank, world, batch_size, *, shuffle, seed, remaining=None) -> Plan:
-        return Plan(self, epoch, rank, world, batch_size, shuffle=shuffle, seed=seed,
-                    remaining=remaining)  # fmt: skip
+    def source(self, batch_size: int, **options) -> Source:
+        """The Loader's source of this split (``Source``)."""
+        return Source(self, batch_size, **options)
 
-    def first(self, n: int) -> ShardStream:
+    def first(self, n: int) -> StreamedDataset:
         return replace(self, limit=n, labels=self.labels[:n])
 
     def files(self, S: np.ndarray, positions: np.ndarray) -> Iterator[tuple[int, tuple]]:
@@ -247,7 +302,7 @@ class ShardStream(StreamedDataset):
         return ds, [f[3] for f in files]
 
 
-def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> ShardStream:
+def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> StreamedDataset:
     """The ``split`` of the shards named by ``spec``, streamed: ``train`` (every shard but the
     last) or ``test`` (the last). Empty shards are skipped, each said once. Refused in one
     line: a shard of the split gone or of another size than the index says, a test label
@@ -279,7 +334,7 @@ def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> ShardS
     size, mean, std = _measured(train, spec)
     labels = np.concatenate([s.labels for s in part])
     channels = 1 if all(s.channels == 1 for s in train) else 3
-    return ShardStream(
+    return StreamedDataset(
         name=spec, split=split, labels=labels.astype(np.uint8 if classes <= 256 else np.uint16),
         classes=tuple(map(str, range(classes))), mean=mean, std=std, size=size,
         channels=channels, file_bytes=sum(s.size for s in part), digest=_digest(part),
@@ -338,7 +393,7 @@ def _measured(train: list[Shard], spec: str) -> tuple:
     return _stats[key]
 
 
-def verify(ds: ShardStream) -> str:
+def verify(ds: StreamedDataset) -> str:
     """Read every shard of ``ds`` whole against its index; what was checked, in words."""
     for shard in ds.shards:
         for k, jpg, _, _ in shard.read(np.arange(len(shard))):

@@ -126,7 +126,6 @@ def _add_info(p: argparse.ArgumentParser) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> dict:
-    from ..data import StreamedDataset
     from ..storage import stream
     from ..storage.datasets import load_dataset
     from ..storage.store import verify
@@ -135,7 +134,7 @@ def _run_info(args: argparse.Namespace) -> dict:
     info, verified = {}, {}
     for split in ("train", "test"):
         ds = load_dataset(args.dataset, split, root=args.data_root)
-        if args.verify and isinstance(ds, StreamedDataset):  # shards: against their index
+        if args.verify and isinstance(ds, stream.StreamedDataset):  # shards: against their index
             verified[split] = stream.verify(ds)
         elif args.verify:
             verified[split] = verify(ds, f"{args.dataset} ({split} split)")

@@ -5,14 +5,17 @@ atomically (row 19) and read with ``weights_only=True``: plain data only (row 20
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from ..data import Dataset, EncodedDataset
 from ..errors import CheckpointError, LatecastError
 from ..storage.fileio import atomic_write
 from . import stops
@@ -24,7 +27,7 @@ _REQUIRED = ("model", "optimizer", "scheduler", "step", "loader", "rng", "config
 # TrainConfig fields (plus world_size) that must match to continue a run: they decide
 # which samples are seen in which order and what each step computes. The rest (device,
 # transfer, output_dir, logging, timeouts) may change between the two halves of a run.
-# data_fingerprint: data.fingerprint of the training split: other data, another run (row 77).
+# data_fingerprint: fingerprint() of the training split: other data, another run (row 77).
 RUN_FIELDS = tuple(
     "dataset limit_train model epochs batch_size lr momentum weight_decay label_smoothing "
     "augment mix amp channels_last seed shuffle_buffer world_size data_fingerprint".split()
@@ -32,6 +35,27 @@ RUN_FIELDS = tuple(
 # Run fields added since checkpoints were first written, with the value every older
 # checkpoint's run had: an older checkpoint lacking one is compared as having it.
 ADDED = {"mix": "", "shuffle_buffer": 1024}
+
+
+def fingerprint(ds: Dataset | EncodedDataset, samples: int = 64, sampled: bool = False) -> str:
+    """What identifies a split's content, as 16 hex digits, equal on every process and
+    machine: its shapes, mean/std, every label (a JPEG store: every file's offset) and its
+    images' SHA-256 recorded when written (``ds.digest``), else (or with ``sampled``, the
+    older runs' form) ``samples`` images spread evenly over it."""
+    n = len(ds)
+    picks = sorted({i * (n - 1) // max(samples - 1, 1) for i in range(min(samples, n))})
+    h = hashlib.sha256(repr([len(ds), ds.image_shape, *map(float, (*ds.mean, *ds.std))]).encode())
+    h.update(ds.labels.astype(ds.labels.dtype.newbyteorder("<")).tobytes())
+    if isinstance(ds, EncodedDataset):
+        h.update(ds.offsets.astype("<i8").tobytes())
+    if ds.digest and not sampled:
+        h.update(ds.digest.encode())
+    elif isinstance(ds, EncodedDataset):
+        for i in picks:
+            h.update(ds.data[ds.offsets[i] : ds.offsets[i + 1]].tobytes())
+    else:
+        h.update(np.ascontiguousarray(ds.images[picks]).tobytes())
+    return h.hexdigest()[:16]
 
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:

@@ -25,14 +25,16 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import distributed
-from ..data import Dataset, EncodedDataset, StreamedDataset, fingerprint
+from ..data import Dataset, EncodedDataset
 from ..errors import CheckpointError, ConfigError, TrainingError
 from ..loader import IGNORE, Loader, parse_order
 from ..storage.datasets import load_dataset
 from ..storage.options import DATASET_HELP, option, validate
+from ..storage.stream import StreamedDataset
 from ..transfer import MOVERS, Batch, float32_bytes, uint8_bytes
 from ..transforms import Augment, Mix
 from . import checkpoint, graphed, group, rundir, stops
+from .checkpoint import fingerprint
 from .models import MODELS, build_model
 
 _PRESET = " (default: the preset's)"
