@@ -1,9 +1,7 @@
-"""Field kinds: what one field of a batch (a tensor or array, named by key or position)
-crosses as, and what it becomes on the device. ``Image``: uint8, normalized on the device;
-``Mask``: moved by the images' geometric draw; ``Integer``: crosses in the narrowest dtype that
-holds its values, widened on the device; ``AsIs``: as it is; ``JpegFile``: ``encoded.py``.
-A user's own kind is a ``Field`` subclass named in ``fields=``.
-"""
+"""Field kinds: what one field of a batch (named by key or position) crosses as and becomes on
+the device. ``Image``: uint8, normalized there; ``Mask``: moved by the images' geometric draw;
+``Integer``: the narrowest dtype that holds it, widened there; ``AsIs``: as it is; JPEG files:
+``encoded.py``. A kind of one's own is a ``Field`` subclass named in ``fields=``."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from typing import Any, Callable, NamedTuple, Union
 import numpy as np
 import torch
 
-from .errors import BatchError
+from .errors import BatchError, ConfigError
 from .transforms import FLOATS
 
 Name = Union[str, int]
@@ -52,22 +50,20 @@ def fits(dtype: torch.dtype, low: int, high: int) -> bool:
 
 
 def value_range(t: torch.Tensor) -> tuple[int, int]:
+    """The least and greatest of integers ``t`` ((0, 0) where empty)."""
     if t.numel() == 0:
         return (0, 0)
     if t.device.type != "cpu":  # a batch already on the device (Lightning): one sync
-        low, high = t.detach().long().aminmax()
-        return int(low), int(high)
+        return tuple(map(int, t.detach().long().aminmax()))
     a = t.detach().numpy()  # numpy: every integer dtype, on any torch >= 2.4
     return int(a.min()), int(a.max())
 
 
 def widen(raw: torch.Tensor, dtype: np.dtype) -> torch.Tensor:
-    """Integer bytes (uint8 on the device) holding ``dtype`` values as int64."""
-    if dtype == np.uint8:
-        return raw.long()
+    """Integer bytes (uint8 on the device) holding ``dtype`` values, as int64."""
     if dtype == np.uint16:  # through int16: torch 2.4 has few uint16 ops
         return raw.view(torch.int16).long() & 0xFFFF
-    return raw.view(getattr(torch, np.dtype(dtype).name)).long()
+    return (raw if dtype == np.uint8 else raw.view(getattr(torch, np.dtype(dtype).name))).long()
 
 
 @dataclass(frozen=True)
@@ -95,11 +91,11 @@ class Field:
 
     @classmethod
     def plan(cls, name: Name, value: torch.Tensor, options: Any) -> Field:
-        """The field as it arrives, on the host (``narrow`` may pick a narrower dtype)."""
+        """The field as it arrives, on the host (``options``: ``wrapper.Fields``)."""
         return cls(name, value.dtype, tuple(value.shape), value.dtype)
 
     def narrow(self, value: torch.Tensor, options: Any) -> Field:
-        """The field in the dtype it crosses in (the packer's choice); this one."""
+        """The field in the dtype it crosses in: this one."""
         return self
 
     @functools.cached_property  # asked by pack, unpack and the count
@@ -131,14 +127,14 @@ class Field:
         return x
 
     def frames(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (as ``view`` gave it) as ``(N, H, W, C)`` images the batch's geometric draw is
-        made on, where this field is the first pixel field (a clip: one frame of each)."""
+        """``x`` (as ``view`` gave it) as the ``(N, H, W, C)`` images the batch's geometric draw
+        is made on, where this is the batch's first pixel field (a clip: one frame of each)."""
         return x
 
     def prepared(self, x: torch.Tensor, prepare: Any, moves: Any) -> torch.Tensor:
-        """What the model takes, for a kind that sets ``draws``: ``x`` with the batch's geometric
-        draw ``moves`` (None: none; a pixel kind) and ``prepare``'s generators, seeded for this
-        batch (``prepare.generator(x.device)``: where the images' colour draw starts)."""
+        """What the model takes, for a kind that ``draws``: ``x`` under the batch's geometric
+        draw ``moves`` (None: none, or not a pixel kind), with ``prepare``'s generators seeded
+        for the batch (``prepare.generator(x.device)``: where the images' colour draw starts)."""
         raise NotImplementedError(f"{type(self).__name__} sets draws but has no prepared()")
 
 
@@ -234,17 +230,13 @@ class Declared:
                 "fields only"
             )
         seen = None
-        for d in (self.cross, self.out):
-            if not fits(d, *limits(t.dtype)):  # some value of t's dtype may not fit
-                seen = seen or value_range(t)
-                if not fits(d, *seen):
-                    raise BatchError(
-                        f"field {name!r}: values {seen[0]}..{seen[1]} do not fit the "
-                        f"declared {d} ({'..'.join(map(str, limits(d)))})"
-                    )
-        return replace(
-            Integer.plan(name, t, options), out=self.out, declared=(self.cross, self.out)
-        )
+        for d in (self.cross, self.out):  # where some value of t's dtype may not fit d:
+            if not fits(d, *limits(t.dtype)) and not fits(d, *(seen := seen or value_range(t))):
+                raise BatchError(
+                    f"field {name!r}: values {seen[0]}..{seen[1]} do not fit the declared {d} "
+                    f"({'..'.join(map(str, limits(d)))})"
+                )
+        return Integer(name, t.dtype, tuple(t.shape), t.dtype, self.out, (self.cross, self.out))
 
 
 @dataclass(frozen=True)
@@ -311,6 +303,26 @@ def narrowest(f: Field, value: torch.Tensor) -> Field:
 KINDS: dict[str, Callable] = {"image": Image.plan, "mask": Mask.plan}  # fields= by name
 
 
+def declaration(name: Name, spec: Any) -> Any:
+    """One entry of ``fields=`` as what plans it: ``plan(name, tensor, options) -> Field``, or
+    a declaration (``latecast.jpeg()``) whose ``plan`` takes what is no array too; anything
+    else is a ConfigError."""
+    if isinstance(spec, str) and spec in KINDS:
+        return KINDS[spec]
+    if isinstance(spec, type) and issubclass(spec, Field):  # a kind of the user's own
+        return spec.plan
+    if callable(getattr(spec, "plan", None)) and not isinstance(spec, type):
+        return spec
+    cross, out = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, torch.int64)
+    if not any(cross is d for d in NARROW) or not any(out is d for d in OUTS):
+        raise ConfigError(
+            f"fields[{name!r}] = {spec!r:.60}: give 'image', 'mask', latecast.jpeg(), an "
+            f"integer dtype to cross in ({', '.join(str(d) for d in NARROW)}), or (that "
+            "dtype, the output dtype: an integer or float one), or a Field kind"
+        )
+    return Declared(cross, out).plan
+
+
 def image_hint(name: Name, t: torch.Tensor) -> str | None:
     """What to change, for a 4-dim field that is not uint8 but holds images: floats in [0, 1]
     (``ToTensor()``'s), or integers in 0..255 with 3 or 4 channels (Hugging Face's); else None."""
@@ -362,12 +374,3 @@ def as_tensor(value: Any) -> torch.Tensor | None:
             except TypeError:  # strings, objects
                 return None
     return None
-
-
-def holds_arrays(value: Any) -> bool:
-    """A dict, list or tuple with a tensor or an array somewhere inside."""
-    if isinstance(value, dict):
-        return any(map(holds_arrays, value.values()))
-    if isinstance(value, (list, tuple)):
-        return any(map(holds_arrays, value))
-    return as_tensor(value) is not None

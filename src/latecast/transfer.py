@@ -13,7 +13,7 @@ import warnings
 import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -188,87 +188,6 @@ def ahead(items: Iterable) -> Iterator[tuple[Any, bool]]:
             raise
         yield item, after is END
         item = after
-
-
-class Behind:
-    """A read-ahead's source seen as if it were not read ahead, so what it signals as it
-    yields (accelerate's ``end_of_dataloader``) stays true of the batch in use: attributes
-    it sets while batch k + 1 is taken are put back while batch k is out (``show(0)``); where
-    its ``len()`` is known, it is run past its last batch (its end-of-pass code) only when the
-    next is asked for (``rest``) or the state saved (``finish``)."""
-
-    def __init__(self, source: Iterable) -> None:
-        self.it, self.attrs = iter(source), getattr(source, "__dict__", None)
-        self.length, self.taken = known_length(source), 0
-        self.changed: dict[str, tuple[Any, Any]] = {}  # by the last take: (before, after)
-        self.held: list = []  # taken before it was asked for (END: the source has ended)
-
-    def __iter__(self) -> Iterator[Any]:
-        while self.taken != self.length:
-            batch = self.take()
-            if batch is END:
-                return
-            yield batch
-            ended = self.changed.get("end_of_dataloader", (None, None))[1]  # set in taking it
-            if self.length is None and ended is True:
-                self.length = self.taken  # the source said it was its last (accelerate's)
-        self.show(1)  # the last batch goes out as the source left it
-
-    def take(self) -> Any:
-        """The source's next batch (or END), recording the attributes taking it changed."""
-        self.show(1)
-        if self.held:
-            return self.held.pop()
-        before = dict(self.attrs or {})
-        batch = next(self.it, END)
-        after = before if batch is END else self.attrs or {}
-        self.taken += batch is not END
-        self.changed = {
-            k: (before.get(k, END), v) for k, v in after.items() if before.get(k, END) is not v
-        }
-        self.changed.update((k, (v, END)) for k, v in before.items() if k not in after)
-        return batch
-
-    def show(self, which: int) -> None:
-        """The source's attributes as before (0) or after (1, for good) its last take."""
-        for k, values in self.changed.items():
-            if values[which] is END:
-                self.attrs.pop(k, None)
-            else:
-                self.attrs[k] = values[which]
-        self.changed = self.changed if which == 0 else {}
-
-    def ended(self) -> bool:
-        """Whether the source has no batch past its ``len()``; finding out runs its end."""
-        if self.taken == self.length and not self.held:
-            self.held.append(self.take())
-        return not self.held or self.held[0] is END
-
-    def finish(self, state: Callable[[], Any]) -> Any:
-        """``state()`` once the source has run to its end (the next pass's); where it yields
-        past its ``len()``, its state before that batch."""
-        before = state()
-        if self.ended():
-            return state()
-        self.show(0)  # the batch taken is not out yet
-        return before
-
-    def rest(self) -> Iterator[Any] | None:
-        """What the source yields past its ``len()``; None where it ended there."""
-        if self.ended():
-            return None
-        self.length = None
-        return iter(self)
-
-
-def known_length(source: Iterable) -> int | None:
-    """``len(source)``; None where it has none or guesses (a DataLoader of an IterableDataset)."""
-    if isinstance(getattr(source, "dataset", None), torch.utils.data.IterableDataset):
-        return None
-    try:
-        return len(source)
-    except TypeError:
-        return None
 
 
 class Mover:
