@@ -202,8 +202,23 @@ class Integer(Field):
     category, what = "label", "integer"
 
     @classmethod
-    def plan(cls, name: Name, t: torch.Tensor, options: Any) -> Field:
-        return super().plan(name, t, options) if integral(t.dtype) else AsIs.plan(name, t, options)
+    def plan(cls, name: Name, t: torch.Tensor, options: Any, cross=None, out=torch.int64) -> Field:
+        """Integers (else ``AsIs``); declared to cross as ``cross`` and come out as ``out``, of
+        integers only, whose values fit both (read only where ``t``'s dtype may not fit)."""
+        if not integral(t.dtype) and cross is None:
+            return AsIs.plan(name, t, options)
+        if not integral(t.dtype):
+            raise BatchError(
+                f"field {name!r} is {t.dtype}: fields= declares {cross} for integer fields only"
+            )
+        seen = None
+        for d in (cross, out) if cross else ():
+            if not fits(d, *limits(t.dtype)) and not fits(d, *(seen := seen or value_range(t))):
+                raise BatchError(
+                    f"field {name!r}: values {seen[0]}..{seen[1]} do not fit the declared {d} "
+                    f"({'..'.join(map(str, limits(d)))})"
+                )
+        return cls(name, t.dtype, tuple(t.shape), t.dtype, out, cross and (cross, out))
 
     def narrow(self, value: torch.Tensor, options: Any) -> Field:
         """The declared dtype, else the narrowest that holds the batch's values."""
@@ -212,31 +227,6 @@ class Integer(Field):
     def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
         x = widen(raw, numpy_dtype(self.dtype)).view(self.shape)
         return x if self.out == torch.int64 else x.to(self.out)
-
-
-@dataclass(frozen=True)
-class Declared:
-    """``fields={name: dtype}`` or ``(dtype it crosses in, dtype it comes out in)``."""
-
-    cross: torch.dtype
-    out: torch.dtype = torch.int64
-
-    def plan(self, name: Name, t: torch.Tensor, options: Any) -> Integer:
-        """Values that do not fit the declared dtypes are a BatchError (read only where the
-        source's dtype may hold such values)."""
-        if not integral(t.dtype):
-            raise BatchError(
-                f"field {name!r} is {t.dtype}: fields= declares {self.cross} for integer "
-                "fields only"
-            )
-        seen = None
-        for d in (self.cross, self.out):  # where some value of t's dtype may not fit d:
-            if not fits(d, *limits(t.dtype)) and not fits(d, *(seen := seen or value_range(t))):
-                raise BatchError(
-                    f"field {name!r}: values {seen[0]}..{seen[1]} do not fit the declared {d} "
-                    f"({'..'.join(map(str, limits(d)))})"
-                )
-        return Integer(name, t.dtype, tuple(t.shape), t.dtype, self.out, (self.cross, self.out))
 
 
 @dataclass(frozen=True)
@@ -320,7 +310,7 @@ def declaration(name: Name, spec: Any) -> Any:
             f"integer dtype to cross in ({', '.join(str(d) for d in NARROW)}), or (that "
             "dtype, the output dtype: an integer or float one), or a Field kind"
         )
-    return Declared(cross, out).plan
+    return functools.partial(Integer.plan, cross=cross, out=out)
 
 
 def image_hint(name: Name, t: torch.Tensor) -> str | None:

@@ -25,18 +25,14 @@ from .transfer import Ring, Sent, TransferStats, ahead, pack, unpack
 from .transforms import FLOATS, Augment, Erasing
 
 LAYOUTS = ("auto", "NHWC", "NCHW")
-KINDS = "{name: kind} or None"
 ALTFLIP = "without altflip (it needs each sample's dataset index, which only a Loader has)"
 MASKS = "a latecast.Augment where fields= declares a mask (its geometric draws move the mask)"
-CHANNELS = ", one per channel as mean/std"
 
 
 def holds_arrays(value: Any) -> bool:
     """A dict, list or tuple with a tensor or an array somewhere inside."""
-    if isinstance(value, dict):
-        return any(map(holds_arrays, value.values()))
-    if isinstance(value, (list, tuple)):
-        return any(map(holds_arrays, value))
+    if isinstance(value, (dict, list, tuple)):
+        return any(map(holds_arrays, value.values() if isinstance(value, dict) else value))
     return as_tensor(value) is not None
 
 
@@ -72,23 +68,23 @@ class Fields:
                 f"mean {self.mean!r} and std {self.std!r} are in [0, 1] units, as Normalize() "
                 "takes them after ToTensor(); in 0-255 units divide them by 255"
             )
-        aug, erase, flag, fields = self.augment, self.erase, self.channels_last, self.fields
-        refuse([(fields is None or isinstance(fields, dict), "fields", fields, "a dict " + KINDS)])
-        self.plans = {name: declaration(name, spec) for name, spec in (fields or {}).items()}
+        aug, erase, flag, spec = self.augment, self.erase, self.channels_last, self.fields
+        refuse([(spec is None or isinstance(spec, dict), "fields", spec, "a dict or None")])
+        self.plans = {name: declaration(name, kind) for name, kind in (spec or {}).items()}
         if any(isinstance(p, encoded.Jpeg) for p in self.plans.values()):
             encoded.decoder()  # a bad LATECAST_DECODER: its one error now, not at a batch
-        ours, value = isinstance(aug, Augment), getattr(erase, "value", None)
-        per_channel = not (isinstance(value, tuple) and mean and len(value) not in (1, len(mean)))
-        has_mask = any(p == Mask.plan for p in self.plans.values())
+        ours, value, n = isinstance(aug, Augment), getattr(erase, "value", None), len(mean or ())
+        ok = not (isinstance(value, tuple) and n and len(value) not in (1, n))  # erase.value
+        masks = any(p == Mask.plan for p in self.plans.values())
         refuse(
             [  # (accepted?, argument, its value, what is accepted)
                 (aug is None or callable(aug), "augment", aug, "f(images, generator)"),
                 (not (ours and aug.altflip), "augment", aug, ALTFLIP),
-                (ours or aug is None or not has_mask, "augment", aug, MASKS),
+                (ours or aug is None or not masks, "augment", aug, MASKS),
                 (isinstance(flag, (bool, np.bool_)), "channels_last", flag, "a bool"),
                 (erase is None or callable(erase), "erase", erase, "a latecast.Erasing or None"),
                 (self.mix is None or callable(self.mix), "mix", self.mix, "f(images, labels, g)"),
-                (per_channel, "erase.value", value, f"one number or {len(mean or ())}" + CHANNELS),
+                (ok, "erase.value", value, f"one number or {n}, one per channel as mean/std"),
             ]
         )
         check(self.dtype, "dtype", FLOATS)
@@ -111,8 +107,7 @@ class Fields:
     def plan(self, leaves: list[tuple]) -> tuple[list[Any], list[Field | None]]:
         """Each field's value (a tensor where it is an array) and its kind's plan (None: it
         passes through), dispatched once; then what the fields are held to together."""
-        missing = set(self.plans) - {name for name, _ in leaves}
-        if missing:
+        if missing := set(self.plans) - {name for name, _ in leaves}:
             raise BatchError(
                 f"fields= names {sorted(map(repr, missing))} but this batch has fields "
                 + ", ".join(repr(name) for name, _ in leaves)
@@ -135,14 +130,13 @@ class Fields:
                 )
             values.append(value if t is None else t)
             if hasattr(plan, "plan"):  # a declaration: takes what is no array too
-                f = plan.plan(name, values[-1], self)
-            elif t is None:
-                f = None  # not an array: it passes through
-            elif plan is None and t.dtype == torch.uint8 and t.ndim == 4:
-                f = Image.plan(name, t, self, declared=False)
+                plans.append(plan.plan(name, values[-1], self))
+            elif t is None or plan is not None:  # None: not an array, it passes through
+                plans.append(plan and plan(name, t, self))
+            elif t.dtype == torch.uint8 and t.ndim == 4:
+                plans.append(Image.plan(name, t, self, declared=False))
             else:
-                f = (plan or Integer.plan)(name, t, self)
-            plans.append(f)
+                plans.append(Integer.plan(name, t, self))
         self._look(values, plans)
         self._check(plans)
         return values, plans
@@ -154,8 +148,7 @@ class Fields:
         shaped like their pixels is a mask left behind (ConfigError)."""
         pixels = [f for f in plans if isinstance(f, (Image, Mask))]
         images = [f for f in pixels if isinstance(f, Image)]
-        guessed = [f.name for f in images if f.name not in self.plans]
-        if len(guessed) > 1:
+        if len(guessed := [f.name for f in images if f.name not in self.plans]) > 1:
             raise BatchError(
                 f"fields {', '.join(map(repr, guessed))} are all uint8 with 4 dims: declare which "
                 f"are masks and which images, e.g. fields={{{guessed[-1]!r}: 'mask'}} (a mask is "
@@ -185,8 +178,7 @@ class Fields:
         for f in files:
             other = [(k, a, b) for k, (a, b) in enumerate(f.sizes.tolist()) if (a, b) != (h, w)]
             bad = "its file at position {} is {}x{}".format(*other[0]) if other else ""
-            bad = f"it holds {len(f.files)} files" if len(f.files) != n else bad
-            if bad:
+            if bad := f"it holds {len(f.files)} files" if len(f.files) != n else bad:
                 raise BatchError(
                     f"field {m.name!r}: masks {(n, h, w)} are moved with the files of JPEG field "
                     f"{f.name!r} (by their decoding boxes), but {bad}"
@@ -204,12 +196,10 @@ class Fields:
         if self.looked and (images or not self.normalizes):
             return
         self.looked, named = True, [(f, t) for f, t in zip(plans, values) if f is not None]
-        hints = [
-            h
-            for f, t in named
-            if not isinstance(f, Image) and isinstance(t, torch.Tensor)
-            if (h := image_hint(f.name, t))
+        tensors = [
+            (f, t) for f, t in named if isinstance(t, torch.Tensor) and not isinstance(f, Image)
         ]
+        hints = [h for f, t in tensors if (h := image_hint(f.name, t))]
         if self.normalizes and not images:
             got = ", ".join(f"{f.name!r}: {t.dtype} {tuple(t.shape)}" for f, t in named)
             fix = "yield uint8 with PILToTensor() or ToImage(), or declare fields={name: 'image'}"
@@ -225,12 +215,9 @@ class Fields:
         ``ring`` and its copy started; ``Sent.extra``: ``(leaves, rebuild, *keep)``."""
         leaves, rebuild = split(batch)
         values, plans = self.plan(leaves)
-        s = pack(ring, self.narrow(plans, values), values, stats)
+        s = pack(ring, [f and f.narrow(v, self) for f, v in zip(plans, values)], values, stats)
         s.extra = (leaves, rebuild, *keep)
         return s
-
-    def narrow(self, plans: list[Field | None], values: list) -> list[Field | None]:
-        return [f and f.narrow(v, self) for f, v in zip(plans, values)]
 
     def finish_batch(self, plans: list, views: list, extra: tuple, where: tuple, device) -> Any:
         """The batch in its own form (``extra``: as ``send`` keeps it) from its fields' ``views``
@@ -271,6 +258,8 @@ class Wrapped(Epochs):
 
     __slots__ = ("batches", "fields", "_device", "epoch", "position", "_stats", "_ring", "_where")
     slots = 3  # one read by the copy in flight, one handed out, one being filled
+    mean = property(lambda self: self.fields.mean)  # for a second loader: wrap(dl, mean=w.mean)
+    std = property(lambda self: self.fields.std)
 
     def __init__(self, batches: Iterable, fields: Fields, device: str | torch.device) -> None:
         self.batches, self.fields, self._device = batches, fields, device
@@ -284,15 +273,6 @@ class Wrapped(Epochs):
     @property
     def device(self) -> torch.device:
         return self._where[0] if self._where else placement(self._device)[0]
-
-    @property
-    def mean(self) -> tuple[float, ...] | None:
-        """The mean it normalizes with, for a second loader: ``wrap(dl, mean=w.mean, ...)``."""
-        return self.fields.mean
-
-    @property
-    def std(self) -> tuple[float, ...] | None:
-        return self.fields.std
 
     @property
     def stats(self) -> TransferStats:
