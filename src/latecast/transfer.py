@@ -1,12 +1,11 @@
 """The move, between source and prepare: ``pack`` writes a batch's fields into one reused
-pinned buffer of a ``Ring`` and starts one copy, ``unpack`` views them on the device; every
-path (the Loader's movers, ``wrap``, ``Mover``, Lightning) takes it, and counts bytes there.
-The Loader's movers (``MOVERS``): ``float32`` (the baseline), ``uint8``, ``prefetch`` (read
-ahead on a side stream), ``resident`` (the dataset on the device), ``jpeg`` (a store's files).
-"""
+pinned buffer of a ``Ring`` and starts one copy, ``unpack`` views them on the device, and the
+bytes are counted there; the Loader's movers (``MOVERS``), ``wrap``, ``Mover`` and Lightning's
+hook all take it. ``resident`` (the dataset on the device) gathers there instead."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
@@ -49,16 +48,13 @@ class TransferStats:
     def count(self, plans: list[Field | None], copies: int, device=None) -> None:
         """A batch's fields as they crossed, in ``copies`` copies (to ``device``)."""
         for f in filter(None, plans):
-            counter = _COUNTERS[f.category]
+            counter = f"{f.category}_bytes"  # Field.category: image, label or other
             setattr(self, counter, getattr(self, counter) + f.nbytes)
             self.usual_bytes += f.usual_bytes
             if f.on_host:  # JPEG files: decoded on `device`
                 self.decoded_bytes += f.decoded_bytes
                 self.decoder = decoder_on(device)
         self.copies += copies
-
-
-_COUNTERS = {c: f"{c}_bytes" for c in ("image", "label", "other")}  # by Field.category
 
 
 def float32_bytes(dataset: Dataset, samples: int) -> int:
@@ -72,8 +68,7 @@ def uint8_bytes(dataset: Dataset | EncodedDataset, samples: int) -> int:
 
 
 def host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
-    """A reusable uint8 staging buffer, pinned when ``pin`` (else, or where pinning fails,
-    pageable: a warning)."""
+    """A uint8 staging buffer, pinned when ``pin`` (where pinning fails: pageable, a warning)."""
     if pin:
         try:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
@@ -92,23 +87,20 @@ class Ring:
     stream, which ``ready`` makes the consumer's stream wait for."""
 
     def __init__(self, slots: int, device: torch.device, side: bool = False) -> None:
-        self.device, self.cuda = device, device.type == "cuda"
+        self.device, self.cuda, self.turn = device, device.type == "cuda", 0
         self.buffers: list[torch.Tensor | None] = [None] * slots
         self.events = [torch.cuda.Event() if self.cuda else None for _ in range(slots)]
         self.used = [False] * slots  # an event waited on before it was recorded never returns
-        self.turn = 0
         self.side = torch.cuda.Stream(device) if side and self.cuda else None
 
     def stage(self, nbytes: int) -> tuple[int, torch.Tensor]:
         """The next slot and a host uint8 view of ``nbytes`` in it, free to write."""
-        i = self.turn % len(self.buffers)
-        self.turn += 1
+        i, self.turn = self.turn % len(self.buffers), self.turn + 1
         if self.used[i] and self.events[i] is not None:
             self.events[i].synchronize()  # the previous copy out of this buffer has finished
-        buf = self.buffers[i]
-        if buf is None or buf.numel() < nbytes:
-            buf = self.buffers[i] = host_buffer(nbytes, pin=self.cuda)
-        return i, buf[:nbytes]
+        if self.buffers[i] is None or self.buffers[i].numel() < nbytes:
+            self.buffers[i] = host_buffer(nbytes, pin=self.cuda)
+        return i, self.buffers[i][:nbytes]
 
     def send(self, i: int, host: torch.Tensor) -> torch.Tensor:
         """Copy slot ``i``'s ``host`` view to the device, on the side stream if there is one
@@ -146,8 +138,10 @@ def pack(ring: Ring, plans: list[Field | None], values: list, stats: TransferSta
     """The packer of every path: each planned field written into one slot of ``ring`` in the
     dtype it crosses in, one copy started, counted in ``stats``. Widest dtype first, so each
     field is aligned for its view; fields that stay on the host (JPEG files) last, not copied."""
-    order = [i for i, f in enumerate(plans) if f is not None]
-    order.sort(key=lambda i: (plans[i].on_host, -plans[i].dtype.itemsize))
+    order = sorted(
+        (i for i, f in enumerate(plans) if f is not None),
+        key=lambda i: (plans[i].on_host, -plans[i].dtype.itemsize),
+    )
     offsets, end, sent = [0] * len(plans), 0, 0
     for i in order:
         offsets[i], end = end, end + plans[i].nbytes
@@ -176,14 +170,13 @@ END = object()  # no more items
 
 def ahead(items: Iterable) -> Iterator[tuple[Any, bool]]:
     """Each item with whether it is the last, the next one taken before this one is handed
-    out (so its copy runs while this one is used). Where taking the next raises, this one is
-    handed out first."""
+    out (so its copy runs while this one is used); where taking it raises, after this one."""
     it = iter(items)
     item = next(it, END)
     while item is not END:
         try:
             after = next(it, END)
-        except Exception:  # the source fails at the next item: this one is handed out first
+        except Exception:
             yield item, False
             raise
         yield item, after is END
@@ -191,15 +184,20 @@ def ahead(items: Iterable) -> Iterator[tuple[Any, bool]]:
 
 
 class Mover:
-    """A Loader's mover: dataset, device, batch size and the byte counters."""
+    """A Loader's mover: ``batches`` on the device for its index batches; its byte counters."""
 
     name = ""
     takes_prepared = False  # float32 only: it moves batches the host gathered and prepared
     encoded = False  # moves an EncodedDataset (jpeg) rather than a Dataset of uint8 pixels
+    slots, side = 2, False  # its ring's, where it packs
 
     def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
         self.dataset, self.device, self.batch_size = dataset, device, batch_size
         self.stats = TransferStats()
+
+    @functools.cached_property
+    def ring(self) -> Ring:
+        return Ring(self.slots, self.device, self.side)
 
     @staticmethod
     def epoch_bytes(dataset: Dataset) -> dict[str, int]:
@@ -233,35 +231,31 @@ class Float32(Mover):
 
 def label_field(ds: Dataset | EncodedDataset, n: int) -> Integer:
     """``n`` of a dataset's narrow labels as a field of the packer (``1``: after the images)."""
-    dtype = _TORCH[ds.labels.dtype.name]
+    dtype = {"uint8": torch.uint8, "uint16": torch.uint16}[ds.labels.dtype.name]
     return Integer(1, dtype, (n,), dtype)
-
-
-_TORCH = {"uint8": torch.uint8, "uint16": torch.uint16}  # a Dataset's label dtypes
 
 
 class Uint8(Mover):
     """uint8 images + narrow labels, packed (``pack``) and moved in one copy."""
 
     name = "uint8"
-    slots, side = 2, False
-
-    def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
-        super().__init__(dataset, device, batch_size)
-        self.ring = Ring(self.slots, device, self.side)
-        self.plans: dict[int, list[Field]] = {}  # by batch length: every batch but the last
-
-    def _send(self, idx: torch.Tensor) -> Sent:
-        ds, at = self.dataset, idx.numpy()
-        plans = self.plans.get(len(at))
-        if plans is None:
-            image = Image(0, torch.uint8, (len(at), *ds.image_shape))
-            plans = self.plans[len(at)] = [image, label_field(ds, len(at))]
-        return pack(self.ring, plans, [Taken(ds.images, at), Taken(ds.labels, at)], self.stats)
 
     def batches(self, index_batches):
-        for idx in index_batches:
-            yield tuple(unpack(self.ring, self._send(idx)))
+        plans: dict[int, list[Field]] = {}  # by batch length: every batch but the last's
+        sent = (self._send(idx, plans) for idx in index_batches)
+        for s in (s for s, _ in ahead(sent)) if self.side else sent:
+            yield tuple(unpack(self.ring, s))
+
+    def _send(self, idx: torch.Tensor, plans: dict[int, list[Field]]) -> Sent:
+        ds, at = self.dataset, idx.numpy()
+        if len(at) not in plans:
+            plans[len(at)] = [
+                Image(0, torch.uint8, (len(at), *ds.image_shape)),
+                label_field(ds, len(at)),
+            ]
+        return pack(
+            self.ring, plans[len(at)], [Taken(ds.images, at), Taken(ds.labels, at)], self.stats
+        )
 
 
 class Prefetch(Uint8):
@@ -269,10 +263,6 @@ class Prefetch(Uint8):
 
     name = "prefetch"
     slots, side = 3, True  # one read by the copy in flight, one handed out, one being filled
-
-    def batches(self, index_batches):
-        for s, _ in ahead(self._send(idx) for idx in index_batches):
-            yield tuple(unpack(self.ring, s))
 
 
 def _free_bytes(device: torch.device) -> int:
@@ -336,24 +326,20 @@ class Resident(Mover):
         return order_dev
 
     def batches(self, index_batches):
-        if not len(index_batches):
-            return
-        order = self.order(index_batches)
-        for sel in torch.split(order, [len(i) for i in index_batches]):
-            yield self.images.index_select(0, sel), self.labels.index_select(0, sel)
+        if len(index_batches):
+            sizes = [len(i) for i in index_batches]
+            for sel in torch.split(self.order(index_batches), sizes):
+                yield self.images.index_select(0, sel), self.labels.index_select(0, sel)
 
 
 class Jpeg(Mover):
     """JPEG stores: a batch's files packed beside its narrow labels; the labels cross, the
     files stay in the pinned slot for the decoder (nvJPEG parses them on the host)."""
 
-    name = "jpeg"
-    encoded = True
-    slots = 2  # decoding finishes before the next batch is gathered (it syncs its own stream)
+    name, encoded = "jpeg", True  # its 2 slots: a batch is decoded before the next is gathered
 
     def __init__(self, dataset: EncodedDataset, device: torch.device, batch_size: int) -> None:
         super().__init__(dataset, device, batch_size)
-        self.ring = Ring(self.slots, device)
         crc = getattr(dataset, "crc32", None)  # a stream has none: its index checks its files
         self.unread = None if crc is None else np.ones(len(dataset), bool)
 
@@ -368,13 +354,13 @@ class Jpeg(Mover):
             ds, idx, names = (self.dataset, item, None) if torch.is_tensor(item) else item
             at = idx.numpy() if names is None else np.arange(len(idx))
             data = ds.data.view(np.ndarray)  # a plain view slices faster than a memmap
-            starts, ends = ds.offsets[at].tolist(), ds.offsets[at + 1].tolist()
-            files = [data[a:b] for a, b in zip(starts, ends)]
+            files = [
+                data[a:b] for a, b in zip(ds.offsets[at].tolist(), ds.offsets[at + 1].tolist())
+            ]
             if names is None and self.unread is not None and self.unread[at].any():
                 self._first_read(at, files)
-            jpeg = JpegFile.of_store(ds, files, at, idx, names)
-            label = label_field(ds, len(at))
-            s = pack(self.ring, [jpeg, label], [files, Taken(ds.labels, at)], self.stats)
+            plans = [JpegFile.of_store(ds, files, at, idx, names), label_field(ds, len(at))]
+            s = pack(self.ring, plans, [files, Taken(ds.labels, at)], self.stats)
             yield tuple(unpack(self.ring, s))
 
     def _first_read(self, idx: np.ndarray, files: list[np.ndarray]) -> None:
@@ -397,9 +383,7 @@ class Jpeg(Mover):
         self.unread[idx] = False
 
 
-# A dataset is "resident" only if it takes at most this share of free device memory.
-RESIDENT_FRACTION = 0.5
-
+RESIDENT_FRACTION = 0.5  # "resident" only where the dataset takes at most this of free memory
 MOVERS: dict[str, type[Mover]] = {m.name: m for m in (Float32, Uint8, Prefetch, Resident, Jpeg)}
 
 
