@@ -73,11 +73,8 @@ def host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
         try:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         except RuntimeError as err:  # pinned memory is a scarce OS resource
-            warnings.warn(
-                f"pinned host buffer of {nbytes} bytes failed ({err}); "
-                "using pageable memory, copies will be synchronous",
-                stacklevel=3,
-            )
+            why = f"pinned host buffer of {nbytes} bytes failed ({err}); using pageable memory"
+            warnings.warn(f"{why}, copies will be synchronous", stacklevel=3)
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
@@ -138,10 +135,8 @@ def pack(ring: Ring, plans: list[Field | None], values: list, stats: TransferSta
     """The packer of every path: each planned field written into one slot of ``ring`` in the
     dtype it crosses in, one copy started, counted in ``stats``. Widest dtype first, so each
     field is aligned for its view; fields that stay on the host (JPEG files) last, not copied."""
-    order = sorted(
-        (i for i, f in enumerate(plans) if f is not None),
-        key=lambda i: (plans[i].on_host, -plans[i].dtype.itemsize),
-    )
+    order = [i for i, f in enumerate(plans) if f is not None]
+    order.sort(key=lambda i: (plans[i].on_host, -plans[i].dtype.itemsize))
     offsets, end, sent = [0] * len(plans), 0, 0
     for i in order:
         offsets[i], end = end, end + plans[i].nbytes
@@ -193,7 +188,7 @@ class Mover:
 
     def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
         self.dataset, self.device, self.batch_size = dataset, device, batch_size
-        self.stats = TransferStats()
+        self.stats, self.plans = TransferStats(), {}  # plans: uint8's, by batch length
 
     @functools.cached_property
     def ring(self) -> Ring:
@@ -205,7 +200,14 @@ class Mover:
         return {"per_epoch": uint8_bytes(dataset, len(dataset)), "once": 0}
 
     def batches(self, index_batches: Sequence[torch.Tensor]) -> Iterator[Batch]:
-        """``(images, labels)`` on the device for ``index_batches`` (CPU int64)."""
+        """``(images, labels)`` on the device for ``index_batches`` (CPU int64): each batch
+        gathered, packed and sent (``side``: the next one's copy started first), unpacked."""
+        sent = (pack(self.ring, *self.gather(item), self.stats) for item in index_batches)
+        for s in (s for s, _ in ahead(sent)) if self.side else sent:
+            yield tuple(unpack(self.ring, s))
+
+    def gather(self, item: Any) -> tuple[list[Field], list]:
+        """A batch's fields planned and their values on the host, as ``pack`` takes them."""
         raise NotImplementedError
 
 
@@ -240,22 +242,11 @@ class Uint8(Mover):
 
     name = "uint8"
 
-    def batches(self, index_batches):
-        plans: dict[int, list[Field]] = {}  # by batch length: every batch but the last's
-        sent = (self._send(idx, plans) for idx in index_batches)
-        for s in (s for s, _ in ahead(sent)) if self.side else sent:
-            yield tuple(unpack(self.ring, s))
-
-    def _send(self, idx: torch.Tensor, plans: dict[int, list[Field]]) -> Sent:
+    def gather(self, idx: torch.Tensor) -> tuple[list[Field], list]:
         ds, at = self.dataset, idx.numpy()
-        if len(at) not in plans:
-            plans[len(at)] = [
-                Image(0, torch.uint8, (len(at), *ds.image_shape)),
-                label_field(ds, len(at)),
-            ]
-        return pack(
-            self.ring, plans[len(at)], [Taken(ds.images, at), Taken(ds.labels, at)], self.stats
-        )
+        if (n := len(at)) not in self.plans:  # by batch length: every batch but the last's
+            self.plans[n] = [Image(0, torch.uint8, (n, *ds.image_shape)), label_field(ds, n)]
+        return self.plans[n], [Taken(ds.images, at), Taken(ds.labels, at)]
 
 
 class Prefetch(Uint8):
@@ -347,21 +338,17 @@ class Jpeg(Mover):
     def epoch_bytes(dataset: EncodedDataset) -> dict[str, int]:
         return {"per_epoch": dataset.image_bytes + dataset.label_bytes, "once": 0}
 
-    def batches(self, index_batches):
-        """Index batches of a store; for a stream, the ``(EncodedDataset, ids, names)`` of
-        each batch its source read (``StreamedDataset``)."""
-        for item in index_batches:
-            ds, idx, names = (self.dataset, item, None) if torch.is_tensor(item) else item
-            at = idx.numpy() if names is None else np.arange(len(idx))
-            data = ds.data.view(np.ndarray)  # a plain view slices faster than a memmap
-            files = [
-                data[a:b] for a, b in zip(ds.offsets[at].tolist(), ds.offsets[at + 1].tolist())
-            ]
-            if names is None and self.unread is not None and self.unread[at].any():
-                self._first_read(at, files)
-            plans = [JpegFile.of_store(ds, files, at, idx, names), label_field(ds, len(at))]
-            s = pack(self.ring, plans, [files, Taken(ds.labels, at)], self.stats)
-            yield tuple(unpack(self.ring, s))
+    def gather(self, item: Any) -> tuple[list[Field], list]:
+        """An index batch of a store; for a stream, the ``(EncodedDataset, ids, names)`` of a
+        batch its source read (``StreamedDataset``)."""
+        ds, idx, names = (self.dataset, item, None) if torch.is_tensor(item) else item
+        at = idx.numpy() if names is None else np.arange(len(idx))
+        data = ds.data.view(np.ndarray)  # a plain view slices faster than a memmap
+        files = [data[a:b] for a, b in zip(ds.offsets[at].tolist(), ds.offsets[at + 1].tolist())]
+        if names is None and self.unread is not None and self.unread[at].any():
+            self._first_read(at, files)
+        plans = [JpegFile.of_store(ds, files, at, idx, names), label_field(ds, len(at))]
+        return plans, [files, Taken(ds.labels, at)]
 
     def _first_read(self, idx: np.ndarray, files: list[np.ndarray]) -> None:
         """Files read for the first time checked against their store's CRC-32 (damage libjpeg
@@ -395,22 +382,14 @@ def movers_for(dataset: Dataset | EncodedDataset) -> list[str]:
 
 def resolve(name: str, dataset: Dataset | EncodedDataset, device: torch.device) -> str:
     """``auto``: ``jpeg`` for an encoded store, else ``resident`` where the dataset fits, else
-    ``prefetch``. Another name is checked against ``MOVERS`` and the dataset (ConfigError)."""
-    if name == "auto":
-        if isinstance(dataset, (EncodedDataset, StreamedDataset)):
-            return "jpeg"
-        return "resident" if Resident.fits(dataset, device)[0] else "prefetch"
-    if name not in MOVERS:
-        raise ConfigError(
-            f"unknown transfer strategy {name!r}; valid: {', '.join(['auto', *MOVERS])}"
-        )
+    ``prefetch``; another name must be one of the movers that move this dataset (ConfigError)."""
     fit = movers_for(dataset)
+    jpeg, data = fit == ["jpeg"], f"{dataset.name}/{dataset.split}"
+    if name == "auto":
+        return "jpeg" if jpeg else "resident" if Resident.fits(dataset, device)[0] else "prefetch"
     if name not in fit:
-        jpeg = fit == ["jpeg"]
-        raise ConfigError(
-            f"transfer {name!r} does not move {dataset.name}/{dataset.split} "
-            f"({'a JPEG store' if jpeg else 'decoded uint8 pixels'}); valid: auto, "
-            + ", ".join(fit)
-            + (" (convert the folder with --encoding raw for the others)" if jpeg else "")
-        )
+        kind = "a JPEG store" if jpeg else "decoded uint8 pixels"
+        why = f"does not move {data} ({kind})" if name in MOVERS else "is unknown"
+        others = " (convert the folder with --encoding raw for the others)" if jpeg else ""
+        raise ConfigError(f"transfer {name!r} {why}; valid: auto, {', '.join(fit)}{others}")
     return name
