@@ -132,7 +132,7 @@ class Fields:
             if hasattr(plan, "plan"):  # a declaration: takes what is no array too
                 plans.append(plan.plan(name, values[-1], self))
             elif t is None or plan is not None:  # None: not an array, it passes through
-                plans.append(plan and plan(name, t, self))
+                plans.append(None if t is None else plan(name, t, self))
             elif t.dtype == torch.uint8 and t.ndim == 4:
                 plans.append(Image.plan(name, t, self, declared=False))
             else:
