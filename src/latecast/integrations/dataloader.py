@@ -21,7 +21,6 @@ class Forwarding(Wrapped):
     (``Behind``). Every attribute not latecast's (slots, methods, properties) is the source's."""
 
     __slots__ = ("_state", "_behind")  # the source's state after the batch out; its Behind
-    own = frozenset(Wrapped.__slots__ + __slots__)
 
     def __init__(self, batches: Iterable, fields: Fields, device: str | torch.device) -> None:
         super().__init__(batches, fields, device)
@@ -30,14 +29,14 @@ class Forwarding(Wrapped):
     def __getattr__(self, name: str) -> Any:
         """The source's attribute; ``state_dict`` and ``load_state_dict`` are latecast's
         where the source has them (Lightning and accelerate ask ``hasattr``)."""
-        if name in self.own or (name.startswith("__") and name.endswith("__")):
+        if name in OWN or (name.startswith("__") and name.endswith("__")):
             raise AttributeError(name)  # not set yet (copy, pickle): never the source's
         if name in ("state_dict", "load_state_dict") and hasattr(self.batches, name):
             return getattr(self, f"_{name}")
         return getattr(self.batches, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in self.own or getattr(getattr(type(self), name, None), "fset", None):
+        if name in OWN or getattr(getattr(type(self), name, None), "fset", None):
             object.__setattr__(self, name, value)
         else:
             setattr(self.batches, name, value)
@@ -111,6 +110,9 @@ class Forwarding(Wrapped):
     def _handing(self, s: Sent, last: bool) -> None:
         self._state = None if last else s.extra[2]  # the last: the next epoch's, the source's
         self._behind.show(0)  # the next batch is taken: the source as before it
+
+
+OWN = frozenset(Wrapped.__slots__ + Forwarding.__slots__)  # latecast's, not the source's
 
 
 class Behind:
