@@ -180,11 +180,10 @@ class Image(Field):
         channels = {"NHW": 1, "NHWC": shape[-1], "NCHW": shape[1]}[layout]
         means = len(options.prepare.mean)
         if means not in (1, channels):
+            mask = f"; a mask? declare it: fields={{{name!r}: 'mask'}}"
             raise BatchError(
                 f"field {name!r}: {channels} channels ({layout} {shape}) but {means} mean/std "
-                "values"
-                + ("; a mask? declare it: fields={" + f"{name!r}: 'mask'" + "}")
-                * (channels == 1 and not declared)
+                f"values{mask * (channels == 1 and not declared)}"
             )
         return cls(name, torch.uint8, shape, t.dtype, layout)
 
@@ -240,8 +239,6 @@ class Mask(Field):
     neighbour; crop padding ``fill`` or mirrored), nothing else; integers cross narrow."""
 
     layout: str = "NHW"
-    out: torch.dtype = torch.int64
-
     pixels, what = True, "mask"
     nhw = Image.nhw
 
@@ -256,8 +253,7 @@ class Mask(Field):
                 f"field {name!r} is declared a mask and must be (N, H, W) or (N, C, H, W), "
                 f"got {t.dtype} {tuple(t.shape)}"
             )
-        out = torch.int64 if integral(t.dtype) else t.dtype
-        return cls(name, t.dtype, tuple(t.shape), t.dtype, "NCHW" if t.ndim == 4 else "NHW", out)
+        return cls(name, t.dtype, tuple(t.shape), t.dtype, "NCHW" if t.ndim == 4 else "NHW")
 
     def narrow(self, value: torch.Tensor, options: Any) -> Field:
         return narrowest(self, value) if integral(self.dtype) else self
