@@ -260,6 +260,8 @@ class Wrapped(Epochs):
     slots = 3  # one read by the copy in flight, one handed out, one being filled
     mean = property(lambda self: self.fields.mean)  # for a second loader: wrap(dl, mean=w.mean)
     std = property(lambda self: self.fields.std)
+    device = property(lambda self: self._where[0] if self._where else placement(self._device)[0])
+    stats = property(lambda self: replace(self._stats))  # a copy: bytes by kind, copies, ...
 
     def __init__(self, batches: Iterable, fields: Fields, device: str | torch.device) -> None:
         self.batches, self.fields, self._device = batches, fields, device
@@ -269,15 +271,6 @@ class Wrapped(Epochs):
 
     def __len__(self) -> int:
         return len(self.batches)
-
-    @property
-    def device(self) -> torch.device:
-        return self._where[0] if self._where else placement(self._device)[0]
-
-    @property
-    def stats(self) -> TransferStats:
-        """Bytes by kind, copies, batches, data wait, and ``usual_bytes`` (moved as they came)."""
-        return replace(self._stats)
 
     def __iter__(self) -> Iterator[Any]:
         self._start()
