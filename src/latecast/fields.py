@@ -1,9 +1,7 @@
-"""Field kinds: what one field of a batch (a tensor or array, named by key or position)
-crosses as, and what it becomes on the device. ``Image``: uint8, normalized on the device;
-``Mask``: moved by the images' geometric draw; ``Integer``: crosses in the narrowest dtype that
-holds its values, widened on the device; ``AsIs``: as it is; ``JpegFile``: ``encoded.py``.
-A user's own kind is a ``Field`` subclass named in ``fields=``.
-"""
+"""Field kinds: what one field of a batch (named by key or position) crosses as and becomes on
+the device. ``Image``: uint8, normalized there; ``Mask``: moved by the images' geometric draw;
+``Integer``: the narrowest dtype that holds it, widened there; ``AsIs``: as it is; JPEG files:
+``encoded.py``. A kind of one's own is a ``Field`` subclass named in ``fields=``."""
 
 from __future__ import annotations
 
@@ -16,7 +14,7 @@ from typing import Any, Callable, NamedTuple, Union
 import numpy as np
 import torch
 
-from .errors import BatchError
+from .errors import BatchError, ConfigError
 from .transforms import FLOATS
 
 Name = Union[str, int]
@@ -52,22 +50,20 @@ def fits(dtype: torch.dtype, low: int, high: int) -> bool:
 
 
 def value_range(t: torch.Tensor) -> tuple[int, int]:
+    """The least and greatest of integers ``t`` ((0, 0) where empty)."""
     if t.numel() == 0:
         return (0, 0)
     if t.device.type != "cpu":  # a batch already on the device (Lightning): one sync
-        low, high = t.detach().long().aminmax()
-        return int(low), int(high)
+        return tuple(map(int, t.detach().long().aminmax()))
     a = t.detach().numpy()  # numpy: every integer dtype, on any torch >= 2.4
     return int(a.min()), int(a.max())
 
 
 def widen(raw: torch.Tensor, dtype: np.dtype) -> torch.Tensor:
-    """Integer bytes (uint8 on the device) holding ``dtype`` values as int64."""
-    if dtype == np.uint8:
-        return raw.long()
+    """Integer bytes (uint8 on the device) holding ``dtype`` values, as int64."""
     if dtype == np.uint16:  # through int16: torch 2.4 has few uint16 ops
         return raw.view(torch.int16).long() & 0xFFFF
-    return raw.view(getattr(torch, np.dtype(dtype).name)).long()
+    return (raw if dtype == np.uint8 else raw.view(getattr(torch, np.dtype(dtype).name))).long()
 
 
 @dataclass(frozen=True)
@@ -95,11 +91,11 @@ class Field:
 
     @classmethod
     def plan(cls, name: Name, value: torch.Tensor, options: Any) -> Field:
-        """The field as it arrives, on the host (``narrow`` may pick a narrower dtype)."""
+        """The field as it arrives, on the host (``options``: ``wrapper.Fields``)."""
         return cls(name, value.dtype, tuple(value.shape), value.dtype)
 
     def narrow(self, value: torch.Tensor, options: Any) -> Field:
-        """The field in the dtype it crosses in (the packer's choice); this one."""
+        """The field in the dtype it crosses in: this one."""
         return self
 
     @functools.cached_property  # asked by pack, unpack and the count
@@ -131,14 +127,14 @@ class Field:
         return x
 
     def frames(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (as ``view`` gave it) as ``(N, H, W, C)`` images the batch's geometric draw is
-        made on, where this field is the first pixel field (a clip: one frame of each)."""
+        """``x`` (as ``view`` gave it) as the ``(N, H, W, C)`` images the batch's geometric draw
+        is made on, where this is the batch's first pixel field (a clip: one frame of each)."""
         return x
 
     def prepared(self, x: torch.Tensor, prepare: Any, moves: Any) -> torch.Tensor:
-        """What the model takes, for a kind that sets ``draws``: ``x`` with the batch's geometric
-        draw ``moves`` (None: none; a pixel kind) and ``prepare``'s generators, seeded for this
-        batch (``prepare.generator(x.device)``: where the images' colour draw starts)."""
+        """What the model takes, for a kind that ``draws``: ``x`` under the batch's geometric
+        draw ``moves`` (None: none, or not a pixel kind), with ``prepare``'s generators seeded
+        for the batch (``prepare.generator(x.device)``: where the images' colour draw starts)."""
         raise NotImplementedError(f"{type(self).__name__} sets draws but has no prepared()")
 
 
@@ -184,11 +180,10 @@ class Image(Field):
         channels = {"NHW": 1, "NHWC": shape[-1], "NCHW": shape[1]}[layout]
         means = len(options.prepare.mean)
         if means not in (1, channels):
+            mask = f"; a mask? declare it: fields={{{name!r}: 'mask'}}"
             raise BatchError(
                 f"field {name!r}: {channels} channels ({layout} {shape}) but {means} mean/std "
-                "values"
-                + ("; a mask? declare it: fields={" + f"{name!r}: 'mask'" + "}")
-                * (channels == 1 and not declared)
+                f"values{mask * (channels == 1 and not declared)}"
             )
         return cls(name, torch.uint8, shape, t.dtype, layout)
 
@@ -206,8 +201,23 @@ class Integer(Field):
     category, what = "label", "integer"
 
     @classmethod
-    def plan(cls, name: Name, t: torch.Tensor, options: Any) -> Field:
-        return super().plan(name, t, options) if integral(t.dtype) else AsIs.plan(name, t, options)
+    def plan(cls, name: Name, t: torch.Tensor, options: Any, cross=None, out=torch.int64) -> Field:
+        """Integers (else ``AsIs``); declared to cross as ``cross`` and come out as ``out``, of
+        integers only, whose values fit both (read only where ``t``'s dtype may not fit)."""
+        if not integral(t.dtype) and cross is None:
+            return AsIs.plan(name, t, options)
+        if not integral(t.dtype):
+            raise BatchError(
+                f"field {name!r} is {t.dtype}: fields= declares {cross} for integer fields only"
+            )
+        seen = None
+        for d in (cross, out) if cross else ():
+            if not fits(d, *limits(t.dtype)) and not fits(d, *(seen := seen or value_range(t))):
+                raise BatchError(
+                    f"field {name!r}: values {seen[0]}..{seen[1]} do not fit the declared {d} "
+                    f"({'..'.join(map(str, limits(d)))})"
+                )
+        return cls(name, t.dtype, tuple(t.shape), t.dtype, out, cross and (cross, out))
 
     def narrow(self, value: torch.Tensor, options: Any) -> Field:
         """The declared dtype, else the narrowest that holds the batch's values."""
@@ -216,35 +226,6 @@ class Integer(Field):
     def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
         x = widen(raw, numpy_dtype(self.dtype)).view(self.shape)
         return x if self.out == torch.int64 else x.to(self.out)
-
-
-@dataclass(frozen=True)
-class Declared:
-    """``fields={name: dtype}`` or ``(dtype it crosses in, dtype it comes out in)``."""
-
-    cross: torch.dtype
-    out: torch.dtype = torch.int64
-
-    def plan(self, name: Name, t: torch.Tensor, options: Any) -> Integer:
-        """Values that do not fit the declared dtypes are a BatchError (read only where the
-        source's dtype may hold such values)."""
-        if not integral(t.dtype):
-            raise BatchError(
-                f"field {name!r} is {t.dtype}: fields= declares {self.cross} for integer "
-                "fields only"
-            )
-        seen = None
-        for d in (self.cross, self.out):
-            if not fits(d, *limits(t.dtype)):  # some value of t's dtype may not fit
-                seen = seen or value_range(t)
-                if not fits(d, *seen):
-                    raise BatchError(
-                        f"field {name!r}: values {seen[0]}..{seen[1]} do not fit the "
-                        f"declared {d} ({'..'.join(map(str, limits(d)))})"
-                    )
-        return replace(
-            Integer.plan(name, t, options), out=self.out, declared=(self.cross, self.out)
-        )
 
 
 @dataclass(frozen=True)
@@ -258,8 +239,6 @@ class Mask(Field):
     neighbour; crop padding ``fill`` or mirrored), nothing else; integers cross narrow."""
 
     layout: str = "NHW"
-    out: torch.dtype = torch.int64
-
     pixels, what = True, "mask"
     nhw = Image.nhw
 
@@ -274,8 +253,7 @@ class Mask(Field):
                 f"field {name!r} is declared a mask and must be (N, H, W) or (N, C, H, W), "
                 f"got {t.dtype} {tuple(t.shape)}"
             )
-        out = torch.int64 if integral(t.dtype) else t.dtype
-        return cls(name, t.dtype, tuple(t.shape), t.dtype, "NCHW" if t.ndim == 4 else "NHW", out)
+        return cls(name, t.dtype, tuple(t.shape), t.dtype, "NCHW" if t.ndim == 4 else "NHW")
 
     def narrow(self, value: torch.Tensor, options: Any) -> Field:
         return narrowest(self, value) if integral(self.dtype) else self
@@ -309,6 +287,26 @@ def narrowest(f: Field, value: torch.Tensor) -> Field:
 
 
 KINDS: dict[str, Callable] = {"image": Image.plan, "mask": Mask.plan}  # fields= by name
+
+
+def declaration(name: Name, spec: Any) -> Any:
+    """One entry of ``fields=`` as what plans it: ``plan(name, tensor, options) -> Field``, or
+    a declaration (``latecast.jpeg()``) whose ``plan`` takes what is no array too; anything
+    else is a ConfigError."""
+    if isinstance(spec, str) and spec in KINDS:
+        return KINDS[spec]
+    if isinstance(spec, type) and issubclass(spec, Field):  # a kind of the user's own
+        return spec.plan
+    if callable(getattr(spec, "plan", None)) and not isinstance(spec, type):
+        return spec
+    cross, out = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, torch.int64)
+    if not any(cross is d for d in NARROW) or not any(out is d for d in OUTS):
+        raise ConfigError(
+            f"fields[{name!r}] = {spec!r:.60}: give 'image', 'mask', latecast.jpeg(), an "
+            f"integer dtype to cross in ({', '.join(str(d) for d in NARROW)}), or (that "
+            "dtype, the output dtype: an integer or float one), or a Field kind"
+        )
+    return functools.partial(Integer.plan, cross=cross, out=out)
 
 
 def image_hint(name: Name, t: torch.Tensor) -> str | None:
@@ -362,12 +360,3 @@ def as_tensor(value: Any) -> torch.Tensor | None:
             except TypeError:  # strings, objects
                 return None
     return None
-
-
-def holds_arrays(value: Any) -> bool:
-    """A dict, list or tuple with a tensor or an array somewhere inside."""
-    if isinstance(value, dict):
-        return any(map(holds_arrays, value.values()))
-    if isinstance(value, (list, tuple)):
-        return any(map(holds_arrays, value))
-    return as_tensor(value) is not None

@@ -1,19 +1,18 @@
 """The move, between source and prepare: ``pack`` writes a batch's fields into one reused
-pinned buffer of a ``Ring`` and starts one copy, ``unpack`` views them on the device; every
-path (the Loader's movers, ``wrap``, ``Mover``, Lightning) takes it, and counts bytes there.
-The Loader's movers (``MOVERS``): ``float32`` (the baseline), ``uint8``, ``prefetch`` (read
-ahead on a side stream), ``resident`` (the dataset on the device), ``jpeg`` (a store's files).
-"""
+pinned buffer of a ``Ring`` and starts one copy, ``unpack`` views them on the device, and the
+bytes are counted there; the Loader's movers (``MOVERS``), ``wrap``, ``Mover`` and Lightning's
+hook all take it. ``resident`` (the dataset on the device) gathers there instead."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import warnings
 import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -49,16 +48,13 @@ class TransferStats:
     def count(self, plans: list[Field | None], copies: int, device=None) -> None:
         """A batch's fields as they crossed, in ``copies`` copies (to ``device``)."""
         for f in filter(None, plans):
-            counter = _COUNTERS[f.category]
+            counter = f"{f.category}_bytes"  # Field.category: image, label or other
             setattr(self, counter, getattr(self, counter) + f.nbytes)
             self.usual_bytes += f.usual_bytes
             if f.on_host:  # JPEG files: decoded on `device`
                 self.decoded_bytes += f.decoded_bytes
                 self.decoder = decoder_on(device)
         self.copies += copies
-
-
-_COUNTERS = {c: f"{c}_bytes" for c in ("image", "label", "other")}  # by Field.category
 
 
 def float32_bytes(dataset: Dataset, samples: int) -> int:
@@ -72,17 +68,13 @@ def uint8_bytes(dataset: Dataset | EncodedDataset, samples: int) -> int:
 
 
 def host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
-    """A reusable uint8 staging buffer, pinned when ``pin`` (else, or where pinning fails,
-    pageable: a warning)."""
+    """A uint8 staging buffer, pinned when ``pin`` (where pinning fails: pageable, a warning)."""
     if pin:
         try:
             return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
         except RuntimeError as err:  # pinned memory is a scarce OS resource
-            warnings.warn(
-                f"pinned host buffer of {nbytes} bytes failed ({err}); "
-                "using pageable memory, copies will be synchronous",
-                stacklevel=3,
-            )
+            why = f"pinned host buffer of {nbytes} bytes failed ({err}); using pageable memory"
+            warnings.warn(f"{why}, copies will be synchronous", stacklevel=3)
     return torch.empty(nbytes, dtype=torch.uint8)
 
 
@@ -92,23 +84,20 @@ class Ring:
     stream, which ``ready`` makes the consumer's stream wait for."""
 
     def __init__(self, slots: int, device: torch.device, side: bool = False) -> None:
-        self.device, self.cuda = device, device.type == "cuda"
+        self.device, self.cuda, self.turn = device, device.type == "cuda", 0
         self.buffers: list[torch.Tensor | None] = [None] * slots
         self.events = [torch.cuda.Event() if self.cuda else None for _ in range(slots)]
         self.used = [False] * slots  # an event waited on before it was recorded never returns
-        self.turn = 0
         self.side = torch.cuda.Stream(device) if side and self.cuda else None
 
     def stage(self, nbytes: int) -> tuple[int, torch.Tensor]:
         """The next slot and a host uint8 view of ``nbytes`` in it, free to write."""
-        i = self.turn % len(self.buffers)
-        self.turn += 1
+        i, self.turn = self.turn % len(self.buffers), self.turn + 1
         if self.used[i] and self.events[i] is not None:
             self.events[i].synchronize()  # the previous copy out of this buffer has finished
-        buf = self.buffers[i]
-        if buf is None or buf.numel() < nbytes:
-            buf = self.buffers[i] = host_buffer(nbytes, pin=self.cuda)
-        return i, buf[:nbytes]
+        if self.buffers[i] is None or self.buffers[i].numel() < nbytes:
+            self.buffers[i] = host_buffer(nbytes, pin=self.cuda)
+        return i, self.buffers[i][:nbytes]
 
     def send(self, i: int, host: torch.Tensor) -> torch.Tensor:
         """Copy slot ``i``'s ``host`` view to the device, on the side stream if there is one
@@ -176,111 +165,34 @@ END = object()  # no more items
 
 def ahead(items: Iterable) -> Iterator[tuple[Any, bool]]:
     """Each item with whether it is the last, the next one taken before this one is handed
-    out (so its copy runs while this one is used). Where taking the next raises, this one is
-    handed out first."""
+    out (so its copy runs while this one is used); where taking it raises, after this one."""
     it = iter(items)
     item = next(it, END)
     while item is not END:
         try:
             after = next(it, END)
-        except Exception:  # the source fails at the next item: this one is handed out first
+        except Exception:
             yield item, False
             raise
         yield item, after is END
         item = after
 
 
-class Behind:
-    """A read-ahead's source seen as if it were not read ahead, so what it signals as it
-    yields (accelerate's ``end_of_dataloader``) stays true of the batch in use: attributes
-    it sets while batch k + 1 is taken are put back while batch k is out (``show(0)``); where
-    its ``len()`` is known, it is run past its last batch (its end-of-pass code) only when the
-    next is asked for (``rest``) or the state saved (``finish``)."""
-
-    def __init__(self, source: Iterable) -> None:
-        self.it, self.attrs = iter(source), getattr(source, "__dict__", None)
-        self.length, self.taken = known_length(source), 0
-        self.changed: dict[str, tuple[Any, Any]] = {}  # by the last take: (before, after)
-        self.held: list = []  # taken before it was asked for (END: the source has ended)
-
-    def __iter__(self) -> Iterator[Any]:
-        while self.taken != self.length:
-            batch = self.take()
-            if batch is END:
-                return
-            yield batch
-            ended = self.changed.get("end_of_dataloader", (None, None))[1]  # set in taking it
-            if self.length is None and ended is True:
-                self.length = self.taken  # the source said it was its last (accelerate's)
-        self.show(1)  # the last batch goes out as the source left it
-
-    def take(self) -> Any:
-        """The source's next batch (or END), recording the attributes taking it changed."""
-        self.show(1)
-        if self.held:
-            return self.held.pop()
-        before = dict(self.attrs or {})
-        batch = next(self.it, END)
-        after = before if batch is END else self.attrs or {}
-        self.taken += batch is not END
-        self.changed = {
-            k: (before.get(k, END), v) for k, v in after.items() if before.get(k, END) is not v
-        }
-        self.changed.update((k, (v, END)) for k, v in before.items() if k not in after)
-        return batch
-
-    def show(self, which: int) -> None:
-        """The source's attributes as before (0) or after (1, for good) its last take."""
-        for k, values in self.changed.items():
-            if values[which] is END:
-                self.attrs.pop(k, None)
-            else:
-                self.attrs[k] = values[which]
-        self.changed = self.changed if which == 0 else {}
-
-    def ended(self) -> bool:
-        """Whether the source has no batch past its ``len()``; finding out runs its end."""
-        if self.taken == self.length and not self.held:
-            self.held.append(self.take())
-        return not self.held or self.held[0] is END
-
-    def finish(self, state: Callable[[], Any]) -> Any:
-        """``state()`` once the source has run to its end (the next pass's); where it yields
-        past its ``len()``, its state before that batch."""
-        before = state()
-        if self.ended():
-            return state()
-        self.show(0)  # the batch taken is not out yet
-        return before
-
-    def rest(self) -> Iterator[Any] | None:
-        """What the source yields past its ``len()``; None where it ended there."""
-        if self.ended():
-            return None
-        self.length = None
-        return iter(self)
-
-
-def known_length(source: Iterable) -> int | None:
-    """``len(source)``; None where it has none or guesses (a DataLoader of an IterableDataset)."""
-    if isinstance(getattr(source, "dataset", None), torch.utils.data.IterableDataset):
-        return None
-    try:
-        return len(source)
-    except TypeError:
-        return None
-
-
 class Mover:
-    """A Loader's mover: dataset, device, batch size and the byte counters."""
+    """A Loader's mover: ``batches`` on the device for its index batches; its byte counters."""
 
     name = ""
     takes_prepared = False  # float32 only: it moves batches the host gathered and prepared
     encoded = False  # moves an EncodedDataset (jpeg) rather than a Dataset of uint8 pixels
+    slots, side = 2, False  # its ring's, where it packs
 
     def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
         self.dataset, self.device, self.batch_size = dataset, device, batch_size
-        self.stats = TransferStats()
+        self.stats, self.plans = TransferStats(), {}  # plans: uint8's, by batch length
+
+    @functools.cached_property
+    def ring(self) -> Ring:
+        return Ring(self.slots, self.device, self.side)
 
     @staticmethod
     def epoch_bytes(dataset: Dataset) -> dict[str, int]:
@@ -288,7 +200,14 @@ class Mover:
         return {"per_epoch": uint8_bytes(dataset, len(dataset)), "once": 0}
 
     def batches(self, index_batches: Sequence[torch.Tensor]) -> Iterator[Batch]:
-        """``(images, labels)`` on the device for ``index_batches`` (CPU int64)."""
+        """``(images, labels)`` on the device for ``index_batches`` (CPU int64): each batch
+        gathered, packed and sent (``side``: the next one's copy started first), unpacked."""
+        sent = (pack(self.ring, *self.gather(item), self.stats) for item in index_batches)
+        for s in (s for s, _ in ahead(sent)) if self.side else sent:
+            yield tuple(unpack(self.ring, s))
+
+    def gather(self, item: Any) -> tuple[list[Field], list]:
+        """A batch's fields planned and their values on the host, as ``pack`` takes them."""
         raise NotImplementedError
 
 
@@ -322,35 +241,20 @@ class Float32(Mover):
 
 def label_field(ds: Dataset | EncodedDataset, n: int) -> Integer:
     """``n`` of a dataset's narrow labels as a field of the packer (``1``: after the images)."""
-    dtype = _TORCH[ds.labels.dtype.name]
+    dtype = {"uint8": torch.uint8, "uint16": torch.uint16}[ds.labels.dtype.name]
     return Integer(1, dtype, (n,), dtype)
-
-
-_TORCH = {"uint8": torch.uint8, "uint16": torch.uint16}  # a Dataset's label dtypes
 
 
 class Uint8(Mover):
     """uint8 images + narrow labels, packed (``pack``) and moved in one copy."""
 
     name = "uint8"
-    slots, side = 2, False
 
-    def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
-        super().__init__(dataset, device, batch_size)
-        self.ring = Ring(self.slots, device, self.side)
-        self.plans: dict[int, list[Field]] = {}  # by batch length: every batch but the last
-
-    def _send(self, idx: torch.Tensor) -> Sent:
+    def gather(self, idx: torch.Tensor) -> tuple[list[Field], list]:
         ds, at = self.dataset, idx.numpy()
-        plans = self.plans.get(len(at))
-        if plans is None:
-            image = Image(0, torch.uint8, (len(at), *ds.image_shape))
-            plans = self.plans[len(at)] = [image, label_field(ds, len(at))]
-        return pack(self.ring, plans, [Taken(ds.images, at), Taken(ds.labels, at)], self.stats)
-
-    def batches(self, index_batches):
-        for idx in index_batches:
-            yield tuple(unpack(self.ring, self._send(idx)))
+        if (n := len(at)) not in self.plans:  # by batch length: every batch but the last's
+            self.plans[n] = [Image(0, torch.uint8, (n, *ds.image_shape)), label_field(ds, n)]
+        return self.plans[n], [Taken(ds.images, at), Taken(ds.labels, at)]
 
 
 class Prefetch(Uint8):
@@ -358,10 +262,6 @@ class Prefetch(Uint8):
 
     name = "prefetch"
     slots, side = 3, True  # one read by the copy in flight, one handed out, one being filled
-
-    def batches(self, index_batches):
-        for s, _ in ahead(self._send(idx) for idx in index_batches):
-            yield tuple(unpack(self.ring, s))
 
 
 def _free_bytes(device: torch.device) -> int:
@@ -425,24 +325,20 @@ class Resident(Mover):
         return order_dev
 
     def batches(self, index_batches):
-        if not len(index_batches):
-            return
-        order = self.order(index_batches)
-        for sel in torch.split(order, [len(i) for i in index_batches]):
-            yield self.images.index_select(0, sel), self.labels.index_select(0, sel)
+        if len(index_batches):
+            sizes = [len(i) for i in index_batches]
+            for sel in torch.split(self.order(index_batches), sizes):
+                yield self.images.index_select(0, sel), self.labels.index_select(0, sel)
 
 
 class Jpeg(Mover):
     """JPEG stores: a batch's files packed beside its narrow labels; the labels cross, the
     files stay in the pinned slot for the decoder (nvJPEG parses them on the host)."""
 
-    name = "jpeg"
-    encoded = True
-    slots = 2  # decoding finishes before the next batch is gathered (it syncs its own stream)
+    name, encoded = "jpeg", True  # its 2 slots: a batch is decoded before the next is gathered
 
     def __init__(self, dataset: EncodedDataset, device: torch.device, batch_size: int) -> None:
         super().__init__(dataset, device, batch_size)
-        self.ring = Ring(self.slots, device)
         crc = getattr(dataset, "crc32", None)  # a stream has none: its index checks its files
         self.unread = None if crc is None else np.ones(len(dataset), bool)
 
@@ -450,21 +346,17 @@ class Jpeg(Mover):
     def epoch_bytes(dataset: EncodedDataset) -> dict[str, int]:
         return {"per_epoch": dataset.image_bytes + dataset.label_bytes, "once": 0}
 
-    def batches(self, index_batches):
-        """Index batches of a store; for a stream, the ``(EncodedDataset, ids, names)`` of
-        each batch its source read (``storage.stream``)."""
-        for item in index_batches:
-            ds, idx, names = (self.dataset, item, None) if torch.is_tensor(item) else item
-            at = idx.numpy() if names is None else np.arange(len(idx))
-            data = ds.data.view(np.ndarray)  # a plain view slices faster than a memmap
-            starts, ends = ds.offsets[at].tolist(), ds.offsets[at + 1].tolist()
-            files = [data[a:b] for a, b in zip(starts, ends)]
-            if names is None and self.unread is not None and self.unread[at].any():
-                self._first_read(at, files)
-            jpeg = JpegFile.of_store(ds, files, at, idx, names)
-            label = label_field(ds, len(at))
-            s = pack(self.ring, [jpeg, label], [files, Taken(ds.labels, at)], self.stats)
-            yield tuple(unpack(self.ring, s))
+    def gather(self, item: Any) -> tuple[list[Field], list]:
+        """An index batch of a store; for a stream, the ``(EncodedDataset, ids, names)`` of a
+        batch its source read (``StreamedDataset``)."""
+        ds, idx, names = (self.dataset, item, None) if torch.is_tensor(item) else item
+        at = idx.numpy() if names is None else np.arange(len(idx))
+        data = ds.data.view(np.ndarray)  # a plain view slices faster than a memmap
+        files = [data[a:b] for a, b in zip(ds.offsets[at].tolist(), ds.offsets[at + 1].tolist())]
+        if names is None and self.unread is not None and self.unread[at].any():
+            self._first_read(at, files)
+        plans = [JpegFile.of_store(ds, files, at, idx, names), label_field(ds, len(at))]
+        return plans, [files, Taken(ds.labels, at)]
 
     def _first_read(self, idx: np.ndarray, files: list[np.ndarray]) -> None:
         """Files read for the first time checked against their store's CRC-32 (damage libjpeg
@@ -486,9 +378,7 @@ class Jpeg(Mover):
         self.unread[idx] = False
 
 
-# A dataset is "resident" only if it takes at most this share of free device memory.
-RESIDENT_FRACTION = 0.5
-
+RESIDENT_FRACTION = 0.5  # "resident" only where the dataset takes at most this of free memory
 MOVERS: dict[str, type[Mover]] = {m.name: m for m in (Float32, Uint8, Prefetch, Resident, Jpeg)}
 
 
@@ -500,22 +390,14 @@ def movers_for(dataset: Dataset | EncodedDataset) -> list[str]:
 
 def resolve(name: str, dataset: Dataset | EncodedDataset, device: torch.device) -> str:
     """``auto``: ``jpeg`` for an encoded store, else ``resident`` where the dataset fits, else
-    ``prefetch``. Another name is checked against ``MOVERS`` and the dataset (ConfigError)."""
-    if name == "auto":
-        if not isinstance(dataset, Dataset):
-            return "jpeg"
-        return "resident" if Resident.fits(dataset, device)[0] else "prefetch"
-    if name not in MOVERS:
-        raise ConfigError(
-            f"unknown transfer strategy {name!r}; valid: {', '.join(['auto', *MOVERS])}"
-        )
+    ``prefetch``; another name must be one of the movers that move this dataset (ConfigError)."""
     fit = movers_for(dataset)
+    jpeg, data = fit == ["jpeg"], f"{dataset.name}/{dataset.split}"
+    if name == "auto":
+        return "jpeg" if jpeg else "resident" if Resident.fits(dataset, device)[0] else "prefetch"
     if name not in fit:
-        jpeg = fit == ["jpeg"]
-        raise ConfigError(
-            f"transfer {name!r} does not move {dataset.name}/{dataset.split} "
-            f"({'a JPEG store' if jpeg else 'decoded uint8 pixels'}); valid: auto, "
-            + ", ".join(fit)
-            + (" (convert the folder with --encoding raw for the others)" if jpeg else "")
-        )
+        kind = "a JPEG store" if jpeg else "decoded uint8 pixels"
+        why = f"does not move {data} ({kind})" if name in MOVERS else "is unknown"
+        others = " (convert the folder with --encoding raw for the others)" if jpeg else ""
+        raise ConfigError(f"transfer {name!r} {why}; valid: auto, {', '.join(fit)}{others}")
     return name

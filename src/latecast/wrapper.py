@@ -1,6 +1,6 @@
 """``wrap``'s core: any iterable of batches planned field by field (``fields.py``), packed
 and moved as the Loader's (``transfer.pack``), prepared on the device (``Prepare.fields``).
-``latecast.wrap`` itself is ``integrations/dataloader.py``."""
+``latecast.wrap`` itself, and what it forwards to a source, is ``integrations/dataloader.py``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -17,105 +17,30 @@ import torch
 from . import encoded
 from .distributed import placement
 from .errors import BatchError, ConfigError, check, numbers_of, refuse
-from .fields import (
-    KINDS,
-    NARROW,
-    OUTS,
-    AsIs,
-    Declared,
-    Field,
-    Image,
-    Integer,
-    Mask,
-    Name,
-    as_tensor,
-    holds_arrays,
-    image_hint,
-    split,
-)
+from .fields import Field, Image, Integer, Mask, as_tensor, declaration, image_hint, split
 from .loader import Epochs
 from .prepare import Augmentation, Mixing, Prepare
 from .threads import one_thread
-from .transfer import Behind, Ring, Sent, TransferStats, ahead, pack, unpack
+from .transfer import Ring, Sent, TransferStats, ahead, pack, unpack
 from .transforms import FLOATS, Augment, Erasing
 
 LAYOUTS = ("auto", "NHWC", "NCHW")
+ALTFLIP = "without altflip (it needs each sample's dataset index, which only a Loader has)"
+MASKS = "a latecast.Augment where fields= declares a mask (its geometric draws move the mask)"
 
 
-def declaration(name: Name, spec: Any) -> Any:
-    """One entry of ``fields=`` as what plans it, ``plan(name, value, options) -> Field``;
-    anything else is a ConfigError."""
-    if isinstance(spec, str) and spec in KINDS:
-        return KINDS[spec]
-    if isinstance(spec, type) and issubclass(spec, Field):  # a kind of the user's own
-        return spec.plan
-    if isinstance(spec, encoded.Jpeg):
-        encoded.decoder()  # a bad LATECAST_DECODER: its one error now, not at a batch
-        return spec
-    cross, out = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, torch.int64)
-    if not any(cross is d for d in NARROW) or not any(out is d for d in OUTS):
-        raise ConfigError(
-            f"fields[{name!r}] = {spec!r:.60}: give 'image', 'mask', latecast.jpeg(), an "
-            f"integer dtype to cross in ({', '.join(str(d) for d in NARROW)}), or (that "
-            "dtype, the output dtype: an integer or float one), or a Field kind"
-        )
-    return Declared(cross, out).plan
-
-
-def _channels(erase: Any, mean: tuple | None) -> bool:
-    """An ``Erasing`` value of numbers per channel has one per ``mean`` value (or one)."""
-    value = getattr(erase, "value", None)
-    return not (isinstance(value, tuple) and mean and len(value) not in (1, len(mean)))
-
-
-def _check_pixels(pixels: list[Field], declared: dict) -> None:
-    """Images and masks of one batch share (N, H, W); of two undeclared uint8 4-d fields one
-    is likely a mask: refused (BatchError)."""
-    pixels = [f for f in pixels if isinstance(f, (Image, Mask))]
-    guessed = [f.name for f in pixels if isinstance(f, Image) and f.name not in declared]
-    if len(guessed) > 1:
-        raise BatchError(
-            f"fields {', '.join(map(repr, guessed))} are all uint8 with 4 dims: declare which "
-            f"are masks and which images, e.g. fields={{{guessed[-1]!r}: 'mask'}} (a mask is "
-            "moved with the images, never normalized), or 'image' for each image"
-        )
-    if len({f.nhw for f in pixels}) > 1:
-        raise BatchError(
-            "the images and masks of a batch must have one (N, H, W), got "
-            + ", ".join(f"{f.name!r}: {f.nhw}" for f in pixels)
-        )
-
-
-def _check_masks(pixels: list[Field]) -> None:
-    """Masks beside JPEG fields: each file of the masks' size, every image of the batch coming
-    out at one size (BatchError)."""
-    masks = [f for f in pixels if isinstance(f, Mask)]
-    files = [f for f in pixels if f.on_host]
-    if not (masks and files):
-        return
-    m, (n, h, w) = masks[0], masks[0].nhw
-    for f in files:
-        other = [(k, a, b) for k, (a, b) in enumerate(f.sizes.tolist()) if (a, b) != (h, w)]
-        bad = "its file at position {} is {}x{}".format(*other[0]) if other else ""
-        bad = f"it holds {len(f.files)} files" if len(f.files) != n else bad
-        if bad:
-            raise BatchError(
-                f"field {m.name!r}: masks {(n, h, w)} are moved with the files of JPEG field "
-                f"{f.name!r} (by their decoding boxes), but {bad}"
-            )
-    outs = {f.size for f in files} | {f.nhw[1:] for f in pixels if isinstance(f, Image)}
-    if len(outs) > 1:
-        raise BatchError(
-            f"field {m.name!r}: masks come out at the size of their JPEG images, so every "
-            f"image of the batch must come out at one size, got {sorted(outs)}"
-        )
+def holds_arrays(value: Any) -> bool:
+    """A dict, list or tuple with a tensor or an array somewhere inside."""
+    if isinstance(value, (dict, list, tuple)):
+        return any(map(holds_arrays, value.values() if isinstance(value, dict) else value))
+    return as_tensor(value) is not None
 
 
 @dataclass
 class Fields:
-    """The options of ``wrap``, ``Mover`` and ``prepare_on_device`` (``wrap``'s Args), each
-    checked when given (ConfigError); a batch's fields planned (``plan``, ``narrow``) and
-    finished on the device (``finish``, ``mixed``) by them."""
+    """The options of ``wrap``, ``Mover`` and ``prepare_on_device`` (``wrap``'s Args), checked
+    when given (ConfigError); by them a batch is planned field by field on the host (``plan``,
+    ``narrow``), packed and sent (``send``) and finished on the device (``finish``)."""
 
     mean: tuple[float, ...] | None = None  # per channel, [0, 1] units; None: x / 255 alone
     std: tuple[float, ...] | None = None
@@ -143,62 +68,46 @@ class Fields:
                 f"mean {self.mean!r} and std {self.std!r} are in [0, 1] units, as Normalize() "
                 "takes them after ToTensor(); in 0-255 units divide them by 255"
             )
-        if self.fields is not None and not isinstance(self.fields, dict):
-            raise ConfigError(
-                f"fields must be a dict {{name: kind}} or None, got {self.fields!r:.60}"
-            )
-        self.plans = {name: declaration(name, spec) for name, spec in (self.fields or {}).items()}
-        aug, erase, flag = self.augment, self.erase, self.channels_last
-        ours = isinstance(aug, Augment)
-        check(self.dtype, "dtype", FLOATS)
-        check(self.layout, "layout", LAYOUTS)
-        seed = check(self.seed, "seed", int, 0, below=2**63)
-        check(self.mask_fill, "mask_fill", float)
-        per_channel = f"one number or {len(mean or ())}, one per channel as mean/std"
-        altflip = "without altflip (it needs each sample's dataset index, which only a Loader has)"
-        masks = (
-            "a latecast.Augment where fields= declares a mask (its geometric draws move the mask)"
-        )
-        has_mask = any(p == Mask.plan for p in self.plans.values())
+        aug, erase, flag, spec = self.augment, self.erase, self.channels_last, self.fields
+        refuse([(spec is None or isinstance(spec, dict), "fields", spec, "a dict or None")])
+        self.plans = {name: declaration(name, kind) for name, kind in (spec or {}).items()}
+        if any(isinstance(p, encoded.Jpeg) for p in self.plans.values()):
+            encoded.decoder()  # a bad LATECAST_DECODER: its one error now, not at a batch
+        ours, value, n = isinstance(aug, Augment), getattr(erase, "value", None), len(mean or ())
+        ok = not (isinstance(value, tuple) and n and len(value) not in (1, n))  # erase.value
+        masks = any(p == Mask.plan for p in self.plans.values())
         refuse(
             [  # (accepted?, argument, its value, what is accepted)
                 (aug is None or callable(aug), "augment", aug, "f(images, generator)"),
-                (not (ours and aug.altflip), "augment", aug, altflip),
-                (ours or aug is None or not has_mask, "augment", aug, masks),
+                (not (ours and aug.altflip), "augment", aug, ALTFLIP),
+                (ours or aug is None or not masks, "augment", aug, MASKS),
                 (isinstance(flag, (bool, np.bool_)), "channels_last", flag, "a bool"),
                 (erase is None or callable(erase), "erase", erase, "a latecast.Erasing or None"),
                 (self.mix is None or callable(self.mix), "mix", self.mix, "f(images, labels, g)"),
-                (_channels(erase, mean), "erase.value", getattr(erase, "value", 0), per_channel),
+                (ok, "erase.value", value, f"one number or {n}, one per channel as mean/std"),
             ]
         )
-        self.normalizes = mean is not None
-        self.looked = False  # at the first batch: fields that look like images but are not
-        self.mixing = True  # `mix` on; timm's loader.mixup_enabled switches it
-        self.prepare = Prepare(
-            (0.0,) if mean is None else mean,  # no mean/std: ToTensor() alone, x / 255
-            (1.0,) if std is None else std,
-            dtype=self.dtype,
-            channels_last=self.channels_last,
-            augment=self.augment,
-            seed=seed,
-            erase=self.erase,
-            mask_fill=self.mask_fill,
-        )
+        check(self.dtype, "dtype", FLOATS)
+        check(self.layout, "layout", LAYOUTS)
+        check(self.mask_fill, "mask_fill", float)
+        self.normalizes = mean is not None  # else ToTensor() alone: x / 255
+        self.looked, self.mixing = False, True  # mixing: timm's loader.mixup_enabled switch
+        same = {k: getattr(self, k) for k in ("dtype", "channels_last", "erase", "mask_fill")}
+        seed = check(self.seed, "seed", int, 0, below=2**63)
+        self.prepare = Prepare(mean or (0.0,), std or (1.0,), augment=aug, seed=seed, **same)
 
     @classmethod
     def of(cls, options: dict[str, Any]) -> Fields:
         """``Fields(**options)``; an unknown option is one ConfigError naming the known ones."""
         known = [f.name for f in dataclasses.fields(cls)]
-        for name in options:
-            if name not in known:
-                raise ConfigError(f"unknown option {name!r}; the options: {', '.join(known)}")
+        for name in [name for name in options if name not in known]:
+            raise ConfigError(f"unknown option {name!r}; the options: {', '.join(known)}")
         return cls(**options)
 
-    def plan(self, leaves: list[tuple[Name, Any]]) -> tuple[list[Any], list[Field | None]]:
+    def plan(self, leaves: list[tuple]) -> tuple[list[Any], list[Field | None]]:
         """Each field's value (a tensor where it is an array) and its kind's plan (None: it
-        passes through), dispatched once; then the checks a batch's fields are held to."""
-        missing = set(self.plans) - {name for name, _ in leaves}
-        if missing:
+        passes through), dispatched once; then what the fields are held to together."""
+        if missing := set(self.plans) - {name for name, _ in leaves}:
             raise BatchError(
                 f"fields= names {sorted(map(repr, missing))} but this batch has fields "
                 + ", ".join(repr(name) for name, _ in leaves)
@@ -206,75 +115,93 @@ class Fields:
         values, plans = [], []
         for name, value in leaves:
             t, plan = as_tensor(value), self.plans.get(name)
-            if plan is None and t is None and not self.moved:
-                plan = encoded.Jpeg() if encoded.recognised(value, name) is not None else None
+            if plan is None and t is None and not self.moved and encoded.recognised(value, name):
+                plan = encoded.Jpeg()
             if t is not None and t.device.type != "cpu" and not self.moved:
                 raise BatchError(
                     f"field {name!r} is already on {t.device}: wrap moves batches from host "
                     "memory; give it the DataLoader before anything moves them"
                 )
-            if t is None and not isinstance(plan, encoded.Jpeg) and holds_arrays(value):
+            if t is None and not hasattr(plan, "plan") and holds_arrays(value):
                 raise BatchError(
                     f"field {name!r} is a {type(value).__name__} holding tensors or arrays: wrap "
                     "moves the fields of a flat batch (a dict, tuple or list of tensors); "
                     "flatten it, e.g. {" + f"'{name}.x': tensor" + "}"
                 )
             values.append(value if t is None else t)
-            plans.append(self._plan(name, values[-1], t, plan))
+            if hasattr(plan, "plan"):  # a declaration: takes what is no array too
+                plans.append(plan.plan(name, values[-1], self))
+            elif t is None or plan is not None:  # None: not an array, it passes through
+                plans.append(None if t is None else plan(name, t, self))
+            elif t.dtype == torch.uint8 and t.ndim == 4:
+                plans.append(Image.plan(name, t, self, declared=False))
+            else:
+                plans.append(Integer.plan(name, t, self))
         self._look(values, plans)
-        pixels = [f for f in plans if f is not None and f.pixels]
-        _check_pixels(pixels, self.plans)
-        self._check_per_pixel(plans, pixels)
-        _check_masks(pixels)
+        self._check(plans)
         return values, plans
 
-    def _plan(self, name: Name, value: Any, t: torch.Tensor | None, plan) -> Field | None:
-        if isinstance(plan, encoded.Jpeg):
-            return plan.plan(name, value, self)
-        if t is None:
-            return None  # not an array: it passes through
-        if plan is not None:
-            return plan(name, t, self)
-        if t.dtype == torch.uint8 and t.ndim == 4:
-            return Image.plan(name, t, self, declared=False)
-        return Integer.plan(name, t, self)
-
-    def _check_per_pixel(self, plans: list[Field | None], pixels: list[Field]) -> None:
-        """An undeclared field shaped like the images' pixels, (N, H, W) or (N, 1, H, W), under
-        an augmentation that moves the images: a mask left behind, refused (ConfigError)."""
-        aug = self.augment
-        if not (isinstance(aug, Augment) and (aug.crop or aug.flip or aug.resized_crop)):
+    def _check(self, plans: list[Field | None]) -> None:
+        """Images and masks share (N, H, W); of two undeclared uint8 4-d fields one is likely a
+        mask; masks beside JPEG fields are each file's size, every image coming out at one
+        size (BatchError). Under an augmentation that moves the images, an undeclared field
+        shaped like their pixels is a mask left behind (ConfigError)."""
+        pixels = [f for f in plans if isinstance(f, (Image, Mask))]
+        images = [f for f in pixels if isinstance(f, Image)]
+        if len(guessed := [f.name for f in images if f.name not in self.plans]) > 1:
+            raise BatchError(
+                f"fields {', '.join(map(repr, guessed))} are all uint8 with 4 dims: declare which "
+                f"are masks and which images, e.g. fields={{{guessed[-1]!r}: 'mask'}} (a mask is "
+                "moved with the images, never normalized), or 'image' for each image"
+            )
+        if len({f.nhw for f in pixels}) > 1:
+            raise BatchError(
+                "the images and masks of a batch must have one (N, H, W), got "
+                + ", ".join(f"{f.name!r}: {f.nhw}" for f in pixels)
+            )
+        aug, shapes = self.augment, {f.nhw for f in images}
+        if isinstance(aug, Augment) and (aug.crop or aug.flip or aug.resized_crop):
+            shapes |= {(n, 1, h, w) for n, h, w in shapes}
+            for f in plans:
+                if f and not f.pixels and f.name not in self.plans and f.shape in shapes:
+                    raise ConfigError(
+                        f"field {f.name!r} {f.dtype} {f.shape} is shaped like the images' pixels, "
+                        "and augment= crops and flips the images but not it: declare it, "
+                        f"fields={{{f.name!r}: 'mask'}} (moved with the images), or give its "
+                        f"dtype, fields={{{f.name!r}: {f.dtype}}}, to leave it as it is"
+                    )
+        masks = [f for f in pixels if isinstance(f, Mask)]
+        files = [f for f in plans if f is not None and f.pixels and f.on_host]
+        if not (masks and files):
             return
-        shapes = {f.nhw for f in pixels if isinstance(f, Image)}
-        shapes |= {(n, 1, h, w) for n, h, w in shapes}
-        for f in plans:
-            if isinstance(f, (Integer, AsIs)) and f.name not in self.plans and f.shape in shapes:
-                raise ConfigError(
-                    f"field {f.name!r} {f.dtype} {f.shape} is shaped like the images' pixels, and "
-                    "augment= crops and flips the images but not it: declare it, "
-                    f"fields={{{f.name!r}: 'mask'}} (moved with the images), or give its dtype, "
-                    f"fields={{{f.name!r}: {f.dtype}}}, to leave it as it is"
+        m, (n, h, w) = masks[0], masks[0].nhw
+        for f in files:
+            other = [(k, a, b) for k, (a, b) in enumerate(f.sizes.tolist()) if (a, b) != (h, w)]
+            bad = "its file at position {} is {}x{}".format(*other[0]) if other else ""
+            if bad := f"it holds {len(f.files)} files" if len(f.files) != n else bad:
+                raise BatchError(
+                    f"field {m.name!r}: masks {(n, h, w)} are moved with the files of JPEG field "
+                    f"{f.name!r} (by their decoding boxes), but {bad}"
                 )
+        if len(outs := {f.size for f in files} | {f.nhw[1:] for f in images}) > 1:
+            raise BatchError(
+                f"field {m.name!r}: masks come out at the size of their JPEG images, so every "
+                f"image of the batch must come out at one size, got {sorted(outs)}"
+            )
 
     def _look(self, values: list, plans: list[Field | None]) -> None:
-        """At the first batch, and at every batch where mean/std are given but no field is an
-        image: fields that look like images but are not, said or refused."""
+        """At the first batch, and at each where mean/std are given but no field is an image:
+        fields that look like images but are not, said (UserWarning) or refused (BatchError)."""
         images = any(f is not None and f.category == "image" for f in plans)
         if self.looked and (images or not self.normalizes):
             return
-        self.looked = True
-        hints = [
-            h
-            for f, t in zip(plans, values)
-            if f is not None and not isinstance(f, Image) and isinstance(t, torch.Tensor)
-            if (h := image_hint(f.name, t))
+        self.looked, named = True, [(f, t) for f, t in zip(plans, values) if f is not None]
+        tensors = [
+            (f, t) for f, t in named if isinstance(t, torch.Tensor) and not isinstance(f, Image)
         ]
+        hints = [h for f, t in tensors if (h := image_hint(f.name, t))]
         if self.normalizes and not images:
-            got = ", ".join(
-                f"{f.name!r}: {t.dtype} {tuple(t.shape)}"
-                for f, t in zip(plans, values)
-                if f is not None
-            )
+            got = ", ".join(f"{f.name!r}: {t.dtype} {tuple(t.shape)}" for f, t in named)
             fix = "yield uint8 with PILToTensor() or ToImage(), or declare fields={name: 'image'}"
             raise BatchError(
                 f"mean/std were given but no field of this batch is a uint8 image ({got}); "
@@ -283,26 +210,21 @@ class Fields:
         for hint in hints:
             warnings.warn(f"latecast.wrap: {hint}", UserWarning, stacklevel=6)
 
-    def narrow(self, plans: list[Field | None], values: list) -> list[Field | None]:
-        """Each field in the dtype it crosses in (integers: the narrowest that holds them)."""
-        return [f if f is None else f.narrow(v, self) for f, v in zip(plans, values)]
-
     def send(self, ring: Ring, batch: Any, stats: TransferStats, *keep: Any) -> Sent:
-        """``batch`` planned, packed into ``ring`` and its copy started; ``Sent.extra`` is
-        ``(leaves, rebuild, *keep)``, what ``finish_batch`` rebuilds the batch from."""
+        """``batch`` planned, each field in the dtype it crosses in (``narrow``), packed into
+        ``ring`` and its copy started; ``Sent.extra``: ``(leaves, rebuild, *keep)``."""
         leaves, rebuild = split(batch)
         values, plans = self.plan(leaves)
-        s = pack(ring, self.narrow(plans, values), values, stats)
+        s = pack(ring, [f and f.narrow(v, self) for f, v in zip(plans, values)], values, stats)
         s.extra = (leaves, rebuild, *keep)
         return s
 
     def finish_batch(self, plans: list, views: list, extra: tuple, where: tuple, device) -> Any:
-        """The batch rebuilt in its own form from its fields' ``views`` on the device,
-        finished (``finish``) and mixed (``mixed``)."""
-        leaves, rebuild = extra[:2]
+        """The batch in its own form (``extra``: as ``send`` keeps it) from its fields' ``views``
+        on ``device``, finished (``finish``) and mixed (``mixed``)."""
         done = self.finish(plans, views, where, device)
-        values = [value if d is None else d for (_, value), d in zip(leaves, done)]
-        return rebuild(self.mixed(plans, values))
+        values = [value if d is None else d for (_, value), d in zip(extra[0], done)]
+        return extra[1](self.mixed(plans, values))
 
     @one_thread()  # latecast's own CPU work: threads.py
     def finish(self, plans: list, values: list, where: tuple, device: torch.device) -> list:
@@ -331,116 +253,24 @@ class Fields:
 
 
 class Wrapped(Epochs):
-    """An iterable of batches moved and prepared on the device; see ``wrap``. Every attribute
-    it does not own (``__slots__``, its methods and properties) is read from and written to
-    the source."""
+    """An iterable of batches moved and prepared on the device, each batch's copy started
+    before the one before it is handed out; see ``latecast.wrap``."""
 
-    __slots__ = ("batches", "fields", "_device", "epoch", "position", "_stats", "_ring")
-    __slots__ += ("_where", "_state", "_behind")
+    __slots__ = ("batches", "fields", "_device", "epoch", "position", "_stats", "_ring", "_where")
     slots = 3  # one read by the copy in flight, one handed out, one being filled
+    mean = property(lambda self: self.fields.mean)  # for a second loader: wrap(dl, mean=w.mean)
+    std = property(lambda self: self.fields.std)
+    device = property(lambda self: self._where[0] if self._where else placement(self._device)[0])
+    stats = property(lambda self: replace(self._stats))  # a copy: bytes by kind, copies, ...
 
     def __init__(self, batches: Iterable, fields: Fields, device: str | torch.device) -> None:
         self.batches, self.fields, self._device = batches, fields, device
         placement(device)  # a bad device fails here, not at the first pass
         self.epoch, self.position = 0, 0  # position: batches of `epoch` already yielded
         self._stats, self._ring, self._where = TransferStats(), None, None
-        self._state: Any = None  # the source's state after the last batch handed out
-        self._behind: Behind | None = None  # this pass's source, read ahead
-
-    def __getattr__(self, name: str) -> Any:
-        """The source's attribute; ``state_dict`` and ``load_state_dict`` are latecast's
-        where the source has them (Lightning and accelerate ask ``hasattr``)."""
-        if name in Wrapped.__slots__ or (name.startswith("__") and name.endswith("__")):
-            raise AttributeError(name)  # not set yet (copy, pickle): never the source's
-        if name in ("state_dict", "load_state_dict") and hasattr(self.batches, name):
-            return getattr(self, f"_{name}")
-        return getattr(self.batches, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in Wrapped.__slots__ or getattr(getattr(type(self), name, None), "fset", None):
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.batches, name, value)
 
     def __len__(self) -> int:
         return len(self.batches)
-
-    @property
-    def device(self) -> torch.device:
-        return self._where[0] if self._where else placement(self._device)[0]
-
-    @property
-    def mean(self) -> tuple[float, ...] | None:
-        """The mean it normalizes with, for a second loader: ``wrap(dl, mean=w.mean, ...)``."""
-        return self.fields.mean
-
-    @property
-    def std(self) -> tuple[float, ...] | None:
-        return self.fields.std
-
-    @property
-    def mixup_enabled(self) -> bool:
-        """timm's switch of its loader's mixing, for the mix wherever it lives: ``mix=``, else
-        the source's or its ``collate_fn``'s switch. False where nothing mixes; switching
-        that on is a ConfigError."""
-        owner, name = self._mixer()
-        return owner is not None and bool(getattr(owner, name))
-
-    @mixup_enabled.setter
-    def mixup_enabled(self, on: bool) -> None:
-        owner, name = self._mixer()
-        if owner is not None:
-            setattr(owner, name, on)
-        elif on:
-            raise ConfigError(
-                "mixup_enabled = True: nothing mixes here; give wrap mix=..., or a loader "
-                "whose collate_fn mixes and has mixup_enabled (timm's FastCollateMixup)"
-            )
-
-    def _mixer(self) -> tuple[Any, str]:
-        if self.fields.mix is not None:
-            return self.fields, "mixing"
-        for owner in (self.batches, getattr(self.batches, "collate_fn", None)):
-            if owner is not None and hasattr(owner, "mixup_enabled"):
-                return owner, "mixup_enabled"
-        return None, ""
-
-    @property
-    def stats(self) -> TransferStats:
-        """Bytes by kind, copies, batches, data wait, and ``usual_bytes`` (moved as they came)."""
-        return replace(self._stats)
-
-    def set_epoch(self, epoch: int) -> None:
-        """Seed augmentation from ``epoch``; passed on to the source's ``set_epoch``, else to
-        its sampler's and its dataset's."""
-        super().set_epoch(epoch)
-        source = self.batches
-        if callable(getattr(source, "set_epoch", None)):
-            source.set_epoch(epoch)
-            return
-        for obj in (getattr(source, "sampler", None), getattr(source, "dataset", None)):
-            if callable(getattr(obj, "set_epoch", None)):
-                obj.set_epoch(epoch)
-
-    def _state_dict(self) -> dict:
-        source = self._state
-        if source is None:  # after the last batch (the source run to its end), or before any
-            behind = self._behind
-            source = behind.finish(self.batches.state_dict) if behind else self.batches.state_dict()
-        return {"epoch": self.epoch, "position": self.position, "source": source}
-
-    def _source_state(self) -> Any:
-        """The source's state, or None where it keeps none."""
-        try:
-            return self.batches.state_dict() if hasattr(self.batches, "state_dict") else None
-        except AttributeError:  # accelerate's DataLoaderShard over a plain DataLoader
-            return None
-
-    def _load_state_dict(self, state: dict) -> None:
-        epoch, position = self._saved(state, "source")
-        self.batches.load_state_dict(state["source"])
-        self.epoch, self.position, self._state = epoch, position, None
-        self._behind = None
 
     def __iter__(self) -> Iterator[Any]:
         self._start()
@@ -452,27 +282,23 @@ class Wrapped(Epochs):
             self._ring = Ring(self.slots, self._where[0], side=True)
 
     def _finished(self) -> Iterator[tuple[Any, bool]]:
-        """Each batch finished on the device and whether it is the last, the next one's copy
-        started before (``ahead``), from a source that looks not read ahead (``Behind``)."""
-        source, stateful = Behind(self.batches), self._source_state() is not None
-        self._behind = source
-        yield from self._ahead(source, stateful)
-        rest = source.rest()  # past the last by len(): nothing, unless len() fell short
-        if rest is not None:  # then the epoch counted as ended at the last by len() goes on
-            self.epoch, self.position = self.epoch - 1, source.taken - 1
-            yield from self._ahead(rest, stateful)
+        return self._ahead(self.batches)
 
-    def _ahead(self, batches: Iterable, stateful: bool) -> Iterator[tuple[Any, bool]]:
-        state = self._source_state if stateful else lambda: None  # taken before reading on
+    def _ahead(self, batches: Iterable, state: Callable = lambda: None) -> Iterator:
+        """Each batch finished on the device and whether it is the last, the next one's copy
+        started before (``ahead``); ``state()``, taken as each batch is read, kept beside it
+        (``Sent.extra[2]``) for ``_handing``."""
         sent = (self.fields.send(self._ring, b, self._stats, state()) for b in batches)
         t0 = time.perf_counter()
         for s, last in ahead(sent):
             batch = self._finish(s)
             self._stats.wait_seconds += time.perf_counter() - t0
-            self._state = None if last else s.extra[2]  # the last: the next epoch's, the source's
-            self._behind.show(0)  # the next batch is taken: the source as before it
+            self._handing(s, last)
             yield batch, last
             t0 = time.perf_counter()
+
+    def _handing(self, s: Sent, last: bool) -> None:
+        """Batch ``s`` is about to be handed out (what ``integrations`` tell its source)."""
 
     def _finish(self, s: Sent) -> Any:
         self._stats.batches += 1
@@ -493,7 +319,7 @@ class Mover(Wrapped):
 
     def __init__(self, *, device: str | torch.device = "auto", **options: Any) -> None:
         super().__init__(None, Fields.of(options), device)
-        object.__setattr__(self, "_lock", threading.Lock())  # not the source's: it has none
+        self._lock = threading.Lock()
 
     def __call__(self, batch: Any) -> Any:
         with self._lock:

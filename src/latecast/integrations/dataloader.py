@@ -1,19 +1,200 @@
 """``latecast.wrap``: a ``DataLoader`` comes back as an instance of its own class (frameworks
-that look for one find it); any other iterable as the core's ``Wrapped``."""
+that look for one find it), any other iterable as a ``Forwarding``: the core's ``Wrapped``
+that forwards to its source what latecast does not own and hides its read-ahead."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.utils.data import DataLoader
 
 from ..errors import ConfigError
+from ..transfer import END, Sent
 from ..wrapper import Fields, Wrapped
 
 
-class WrappedLoader(Wrapped, DataLoader):
+class Forwarding(Wrapped):
+    """``wrap`` of any iterable: what latecast does not own (attributes, ``set_epoch``, a
+    source's state, timm's ``mixup_enabled``) forwarded to the source, read ahead unseen
+    (``Behind``). Every attribute not latecast's (slots, methods, properties) is the source's."""
+
+    __slots__ = ("_state", "_behind")  # the source's state after the batch out; its Behind
+
+    def __init__(self, batches: Iterable, fields: Fields, device: str | torch.device) -> None:
+        super().__init__(batches, fields, device)
+        self._state = self._behind = None
+
+    def __getattr__(self, name: str) -> Any:
+        """The source's attribute; ``state_dict`` and ``load_state_dict`` are latecast's
+        where the source has them (Lightning and accelerate ask ``hasattr``)."""
+        if name in OWN or (name.startswith("__") and name.endswith("__")):
+            raise AttributeError(name)  # not set yet (copy, pickle): never the source's
+        if name in ("state_dict", "load_state_dict") and hasattr(self.batches, name):
+            return getattr(self, f"_{name}")
+        return getattr(self.batches, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in OWN or getattr(getattr(type(self), name, None), "fset", None):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.batches, name, value)
+
+    @property
+    def mixup_enabled(self) -> bool:
+        """timm's switch of its loader's mixing, for the mix wherever it lives: ``mix=``, else
+        the source's or its ``collate_fn``'s switch. False where nothing mixes; switching
+        that on is a ConfigError."""
+        owner, name = self._mixer()
+        return owner is not None and bool(getattr(owner, name))
+
+    @mixup_enabled.setter
+    def mixup_enabled(self, on: bool) -> None:
+        owner, name = self._mixer()
+        if owner is not None:
+            setattr(owner, name, on)
+        elif on:
+            raise ConfigError(
+                "mixup_enabled = True: nothing mixes here; give wrap mix=..., or a loader "
+                "whose collate_fn mixes and has mixup_enabled (timm's FastCollateMixup)"
+            )
+
+    def _mixer(self) -> tuple[Any, str]:
+        if self.fields.mix is not None:
+            return self.fields, "mixing"
+        for owner in (self.batches, getattr(self.batches, "collate_fn", None)):
+            if owner is not None and hasattr(owner, "mixup_enabled"):
+                return owner, "mixup_enabled"
+        return None, ""
+
+    def set_epoch(self, epoch: int) -> None:
+        """Seed augmentation from ``epoch``; passed on to the source's ``set_epoch``, else to
+        its sampler's and its dataset's."""
+        super().set_epoch(epoch)
+        source = self.batches
+        if callable(getattr(source, "set_epoch", None)):
+            return source.set_epoch(epoch)
+        for obj in (getattr(source, "sampler", None), getattr(source, "dataset", None)):
+            if callable(getattr(obj, "set_epoch", None)):
+                obj.set_epoch(epoch)
+
+    def _state_dict(self) -> dict:
+        source = self._state
+        if source is None:  # after the last batch (the source run to its end), or before any
+            get = self.batches.state_dict
+            source = self._behind.finish(get) if self._behind else get()
+        return {"epoch": self.epoch, "position": self.position, "source": source}
+
+    def _load_state_dict(self, state: dict) -> None:
+        epoch, position = self._saved(state, "source")
+        self.batches.load_state_dict(state["source"])
+        self.epoch, self.position, self._state, self._behind = epoch, position, None, None
+
+    def _source_state(self) -> Any:
+        """The source's state, or None where it keeps none."""
+        try:
+            return self.batches.state_dict() if hasattr(self.batches, "state_dict") else None
+        except AttributeError:  # accelerate's DataLoaderShard over a plain DataLoader
+            return None
+
+    def _finished(self) -> Iterator[tuple[Any, bool]]:
+        source = self._behind = Behind(self.batches)
+        state = self._source_state if self._source_state() is not None else lambda: None
+        yield from self._ahead(source, state)
+        rest = source.rest()  # past the last by len(): nothing, unless len() fell short
+        if rest is not None:  # then the epoch counted as ended at the last by len() goes on
+            self.epoch, self.position = self.epoch - 1, source.taken - 1
+            yield from self._ahead(rest, state)
+
+    def _handing(self, s: Sent, last: bool) -> None:
+        self._state = None if last else s.extra[2]  # the last: the next epoch's, the source's
+        self._behind.show(0)  # the next batch is taken: the source as before it
+
+
+OWN = frozenset(Wrapped.__slots__ + Forwarding.__slots__)  # latecast's, not the source's
+
+
+class Behind:
+    """A read-ahead's source seen as if it were not read ahead, so what it signals as it
+    yields (accelerate's ``end_of_dataloader``) stays true of the batch in use: attributes
+    it sets while batch k + 1 is taken are put back while batch k is out (``show(0)``); where
+    its ``len()`` is known, it is run past its last batch (its end-of-pass code) only when the
+    next is asked for (``rest``) or the state saved (``finish``)."""
+
+    def __init__(self, source: Iterable) -> None:
+        self.it, self.attrs = iter(source), getattr(source, "__dict__", None)
+        self.length, self.taken = known_length(source), 0
+        self.changed: dict[str, tuple[Any, Any]] = {}  # by the last take: (before, after)
+        self.held: list = []  # taken before it was asked for (END: the source has ended)
+
+    def __iter__(self) -> Iterator[Any]:
+        while self.taken != self.length:
+            batch = self.take()
+            if batch is END:
+                return
+            yield batch
+            ended = self.changed.get("end_of_dataloader", (None, None))[1]  # set in taking it
+            if self.length is None and ended is True:
+                self.length = self.taken  # the source said it was its last (accelerate's)
+        self.show(1)  # the last batch goes out as the source left it
+
+    def take(self) -> Any:
+        """The source's next batch (or END), recording the attributes taking it changed."""
+        self.show(1)
+        if self.held:
+            return self.held.pop()
+        before = dict(self.attrs or {})
+        batch = next(self.it, END)
+        after = before if batch is END else self.attrs or {}
+        self.taken += batch is not END
+        pairs = ((k, (before.get(k, END), after.get(k, END))) for k in {*before, *after})
+        self.changed = {k: pair for k, pair in pairs if pair[0] is not pair[1]}
+        return batch
+
+    def show(self, which: int) -> None:
+        """The source's attributes as before (0) or after (1, for good) its last take."""
+        for k, values in self.changed.items():
+            if values[which] is END:
+                self.attrs.pop(k, None)
+            else:
+                self.attrs[k] = values[which]
+        self.changed = self.changed if which == 0 else {}
+
+    def ended(self) -> bool:
+        """Whether the source has no batch past its ``len()``; finding out runs its end."""
+        if self.taken == self.length and not self.held:
+            self.held.append(self.take())
+        return not self.held or self.held[0] is END
+
+    def finish(self, state: Callable[[], Any]) -> Any:
+        """``state()`` once the source has run to its end (the next pass's); where it yields
+        past its ``len()``, its state before that batch."""
+        before = state()
+        if self.ended():
+            return state()
+        self.show(0)  # the batch taken is not out yet
+        return before
+
+    def rest(self) -> Iterator[Any] | None:
+        """What the source yields past its ``len()``; None where it ended there."""
+        if self.ended():
+            return None
+        self.length = None
+        return iter(self)
+
+
+def known_length(source: Iterable) -> int | None:
+    """``len(source)``; None where it has none or guesses (a DataLoader of an IterableDataset)."""
+    if isinstance(getattr(source, "dataset", None), torch.utils.data.IterableDataset):
+        return None
+    try:
+        return len(source)
+    except TypeError:
+        return None
+
+
+class WrappedLoader(Forwarding, DataLoader):
     """``wrap`` of a ``DataLoader``: an instance of the loader's own class sharing its
     ``__dict__``. Re-made from arguments (Lightning's sampler injection), it makes a loader of
     the source's class and wraps it the same way."""
@@ -40,7 +221,7 @@ class WrappedLoader(Wrapped, DataLoader):
 
     def _adopt(self, loader: DataLoader) -> WrappedLoader:
         object.__setattr__(self, "__dict__", loader.__dict__)
-        Wrapped.__init__(self, loader, *self.options)
+        Forwarding.__init__(self, loader, *self.options)
         return self
 
 
@@ -53,11 +234,11 @@ def loader_class(cls: type, fields: Fields, device: str | torch.device) -> type:
     __init__.__signature__ = inspect.signature(cls.__init__)  # read by Lightning to re-make it
     body = {"__init__": __init__, "source": cls, "options": (fields, device)}
     if hasattr(cls, "state_dict"):  # else the source's own, one batch ahead, would answer
-        body.update(state_dict=Wrapped._state_dict, load_state_dict=Wrapped._load_state_dict)
+        body.update(state_dict=Forwarding._state_dict, load_state_dict=Forwarding._load_state_dict)
     return type(f"Wrapped{cls.__name__}", (WrappedLoader, cls), body)
 
 
-def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: Any) -> Wrapped:
+def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: Any) -> Forwarding:
     """Batches of ``batches`` on the device: every field of a batch in one pinned buffer and
     one copy (the next batch's on a side stream), uint8 images augmented and normalized there,
     integers widened after crossing narrow. Attributes other than latecast's own (``stats``,
@@ -97,4 +278,4 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
         raise ConfigError(f"{type(batches).__name__} is wrapped already: wrap its source once")
     if isinstance(batches, DataLoader):
         return object.__new__(loader_class(type(batches), spec, device))._adopt(batches)
-    return Wrapped(batches, spec, device)
+    return Forwarding(batches, spec, device)
