@@ -27,6 +27,7 @@ _EXPORTS = {
     "Loader": "loader",
     "Mover": "wrapper",
     "TrainConfig": "trainer.loop",
+    "clip": "video",
     "convert_folder": "storage.convert",
     "from_arrays": "data",
     "jpeg": "encoded",
