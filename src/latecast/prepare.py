@@ -146,8 +146,8 @@ class Prepare:
                 out[i] = f.finish(self._mask(moves or Moves(None, None, None, None), x, size))
                 continue
             if f.draws:
+                host.set_state(seeded[1])  # then g: on a CPU device they are one generator
                 g.set_state(seeded[0] if colour is None else colour)
-                host.set_state(seeded[1])
                 out[i] = f.prepared(x, self, moves if f.pixels else None)
                 continue
             same = x is first or torch.equal(sizes_of(x), sizes)
