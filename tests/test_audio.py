@@ -102,6 +102,23 @@ def test_ragged_and_padded_clips_come_out_padded_to_the_declared_length_with_the
     assert torch.equal(torch.cat([b[0].lengths for b in got]), lengths)
 
 
+@pytest.mark.parametrize("dtype, scale, zero", [(torch.uint8, 128, 128), (torch.int32, 2**31, 0)])
+def test_other_widths_are_scaled_as_torchaudio_load_scales_them(dtype, scale, zero):
+    """8-bit WAV (unsigned, silence at 128) and 32-bit PCM, padded beside their lengths to
+    more than their longest: the padding is silence, 0.0."""
+    info = torch.iinfo(dtype)
+    g = torch.Generator().manual_seed(0)
+    waves = torch.randint(info.min, info.max, (3, 2, 1000), dtype=torch.int64, generator=g)
+    lengths = torch.tensor([1000, 700, 10])
+    stored = waves.to(dtype)
+    spec = latecast.waveform(1200, dtype=dtype, pad=True, lengths="n")
+    out = latecast.Mover(device="cpu", fields={"a": spec})({"a": stored, "n": lengths})["a"]
+    want = (waves.double() - zero) / scale  # (x - 128) / 128, x / 2**31: torchaudio.load's
+    want = want * (torch.arange(1000) < lengths[:, None, None])
+    torch.testing.assert_close(out.audio, F.pad(want, (0, 200)).float(), atol=1e-6, rtol=0)
+    assert out.lengths.tolist() == lengths.tolist()
+
+
 def test_stereo_ragged_clips_keep_their_channels():
     waves = clips(3, [15000, 17000, 16100], channels=2)
     out = latecast.Mover(

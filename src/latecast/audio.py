@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from .errors import BatchError, ConfigError, check, refuse
 from .fields import Field, Name, as_tensor, fits, integral, limits, numpy_dtype, value_range
@@ -252,36 +253,44 @@ class Samples(Field):
         cropped where longer (the crop's offset drawn first), padded with zeros where shorter,
         scaled to [-1, 1], then a gain drawn in dB and clamped to [-1, 1] (torchaudio's Vol)."""
         samples, lens = x
-        spec, dev, n, c = self.spec, samples.device, self.n, self.channels
-        g = prepare.generator(dev)
-        if self.clips is not None:  # back to back: clip k starts where k - 1 ends
-            stride = lens
-            base = torch.cumsum(lens * c, 0) - lens * c
-        else:
-            stride = torch.full((n,), samples.shape[-1], device=dev)
-            base = torch.arange(n, device=dev) * stride * c
-            lens = stride if lens is None else lens
-        kept = lens.clamp(max=spec.length)
-        spare = lens - kept
-        if spec.crop == "random":
-            u = torch.rand(n, generator=g, device=dev, dtype=torch.float64)
-            start = torch.minimum((u * (spare + 1)).long(), spare)
-        else:
-            start = spare // 2 if spec.crop == "centre" else torch.zeros_like(spare)
-        t = torch.arange(spec.length, device=dev)
-        rows = torch.arange(c, device=dev)[:, None] * stride[:, None, None]  # (N, C, 1)
-        index = (base + start)[:, None, None] + rows + t  # (N, C, length) into the samples
-        inside = t < kept[:, None, None]
-        flat = samples.reshape(-1) if samples.numel() else samples.new_zeros(1)
-        wave = scaled(flat[torch.where(inside, index, 0)]).masked_fill(~inside, 0)
+        g = prepare.generator(samples.device)
+        wave, kept = self.cropped(samples, lens, g)
+        spec = self.spec
         if spec.gain is not None:
             low, high = spec.gain
-            db = torch.rand(n, generator=g, device=dev) * (high - low) + low
+            db = torch.rand(self.n, generator=g, device=wave.device) * (high - low) + low
             wave = (wave * 10 ** (db / 20)[:, None, None]).clamp(-1, 1)
         if spec.mel is not None:
             wave, kept = spec.mel(wave), spec.mel.frames(kept)
         wave = wave[:, 0] if self.mono else wave
         return Clips(wave, kept) if spec.pad else wave
+
+    def cropped(self, samples: torch.Tensor, lens, g) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(N, C, length)`` float clips and the samples kept of each (int64 ``(N,)``)."""
+        spec, dev, n, c = self.spec, samples.device, self.n, self.channels
+        width = samples.shape[-1]
+        if self.clips is None:
+            lens = torch.full((n,), width, device=dev) if lens is None else lens
+        kept = lens.clamp(max=spec.length)
+        spare = lens - kept
+        if spec.crop == "random":  # drawn where nothing is cropped too: the gain's draw follows
+            u = torch.rand(n, generator=g, device=dev, dtype=torch.float64)
+            start = torch.minimum((u * (spare + 1)).long(), spare)
+        else:
+            start = spare // 2 if spec.crop == "centre" else torch.zeros_like(spare)
+        t = torch.arange(spec.length, device=dev)
+        inside = t < kept[:, None, None]  # (N, 1, length)
+        if self.clips is None and width <= spec.length:  # rows: nothing to crop, one pad
+            wave = F.pad(scaled(samples.view(n, c, width)), (0, spec.length - width))
+            return (wave if self.lens is None else wave.masked_fill(~inside, 0)), kept
+        if self.clips is not None:  # back to back: clip k starts where clip k - 1 ends
+            stride, base = lens, torch.cumsum(lens * c, 0) - lens * c
+        else:
+            stride, base = torch.full_like(lens, width), torch.arange(n, device=dev) * width * c
+        rows = torch.arange(c, device=dev)[:, None] * stride[:, None, None]  # (N, C, 1)
+        index = (base + start)[:, None, None] + rows + t  # (N, C, length) into the samples
+        flat = samples.reshape(-1) if samples.numel() else samples.new_zeros(1)
+        return scaled(flat[torch.where(inside, index, 0)]).masked_fill(~inside, 0), kept
 
 
 def scaled(x: torch.Tensor) -> torch.Tensor:
