@@ -37,6 +37,7 @@ _EXPORTS = {
     "open_store": "storage.store",
     "PrepareOnDevice": "integrations.lightning",
     "train": "trainer.loop",
+    "waveform": "audio",
     "wrap": "integrations.dataloader",
 }
 __all__ = sorted(_EXPORTS)

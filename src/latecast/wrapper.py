@@ -52,8 +52,8 @@ def declaration(name: Name, spec: Any) -> Any:
     if isinstance(spec, encoded.Jpeg):
         encoded.decoder()  # a bad LATECAST_DECODER: its one error now, not at a batch
         return spec
-    if callable(getattr(spec, "plan", None)):  # a declared kind: latecast.clip(...)
-        return spec.plan
+    if callable(getattr(spec, "plan", None)):  # a kind's declaration: latecast.waveform(...), clip(...)
+        return spec
     cross, out = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, torch.int64)
     if not any(cross is d for d in NARROW) or not any(out is d for d in OUTS):
         raise ConfigError(
@@ -199,6 +199,7 @@ class Fields:
     def plan(self, leaves: list[tuple[Name, Any]]) -> tuple[list[Any], list[Field | None]]:
         """Each field's value (a tensor where it is an array) and its kind's plan (None: it
         passes through), dispatched once; then the checks a batch's fields are held to."""
+        self.leaves = leaves  # a declaration may read a field beside its own (audio's lengths)
         missing = set(self.plans) - {name for name, _ in leaves}
         if missing:
             raise BatchError(
@@ -215,7 +216,7 @@ class Fields:
                     f"field {name!r} is already on {t.device}: wrap moves batches from host "
                     "memory; give it the DataLoader before anything moves them"
                 )
-            if t is None and not isinstance(plan, encoded.Jpeg) and holds_arrays(value):
+            if t is None and not hasattr(plan, "plan") and holds_arrays(value):
                 raise BatchError(
                     f"field {name!r} is a {type(value).__name__} holding tensors or arrays: wrap "
                     "moves the fields of a flat batch (a dict, tuple or list of tensors); "
@@ -231,7 +232,7 @@ class Fields:
         return values, plans
 
     def _plan(self, name: Name, value: Any, t: torch.Tensor | None, plan) -> Field | None:
-        if isinstance(plan, encoded.Jpeg):
+        if hasattr(plan, "plan"):  # a declaration (jpeg(), waveform()): takes what is not an array
             return plan.plan(name, value, self)
         if t is None:
             return None  # not an array: it passes through
