@@ -29,6 +29,7 @@ _EXPORTS = {
     "TrainConfig": "trainer.loop",
     "convert_folder": "storage.convert",
     "from_arrays": "data",
+    "image16": "wide",
     "jpeg": "encoded",
     "jpeg_folder": "storage.folder",
     "load_dataset": "storage.datasets",

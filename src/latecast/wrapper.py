@@ -52,6 +52,8 @@ def declaration(name: Name, spec: Any) -> Any:
     if isinstance(spec, encoded.Jpeg):
         encoded.decoder()  # a bad LATECAST_DECODER: its one error now, not at a batch
         return spec
+    if callable(getattr(spec, "plan", None)) and not isinstance(spec, type):  # image16(), ...
+        return spec.plan
     cross, out = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, torch.int64)
     if not any(cross is d for d in NARROW) or not any(out is d for d in OUTS):
         raise ConfigError(
