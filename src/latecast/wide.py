@@ -82,8 +82,8 @@ class Image16:
         if len(ends) != 1:
             raise BatchError(
                 f"field {name!r}: 16-bit images {shape} are ambiguous, "
-                f"{'both' if ends else 'neither'} dim 1 and dim 3 look like channels; declare "
-                "latecast.image16(layout='NCHW') (or 'NHWC'), or channels=C"
+                f"{'both dim 1 and' if ends else 'neither dim 1 nor'} dim 3 look like channels; "
+                "declare latecast.image16(layout='NCHW') (or 'NHWC'), or channels=C"
             )
         return "NCHW" if ends == [1] else "NHWC"
 
