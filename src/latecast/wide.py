@@ -201,8 +201,10 @@ class Image16Field(Image):
             if moves.boxes is not None:
                 y = resized_crop_float(y, moves.boxes, tuple(y.shape[1:3]))
             y = moves.shift_and_flip(y)
+        n, h, w, c = y.shape
         fmt = torch.channels_last if prepare.channels_last else torch.contiguous_format
-        out = y.permute(0, 3, 1, 2).to(prepare.dtype, memory_format=fmt)  # (N, C, H, W)
+        out = torch.empty((n, c, h, w), dtype=prepare.dtype, device=y.device, memory_format=fmt)
+        out.copy_(y.permute(0, 3, 1, 2))  # one copy: the layout and the rounding to dtype
         if prepare.erase is not None:
             out = prepare.erase(out, prepare.generator(out.device))
         return out
@@ -210,7 +212,8 @@ class Image16Field(Image):
     def scaled(self, x: torch.Tensor) -> torch.Tensor:
         """``(clamp(x, window) - mean) / std`` of int16 bits ``x`` as float32, as torchvision's
         ``Normalize`` computes it on float32 (the same ops: equal bit for bit)."""
-        y = x.float()
+        y = torch.empty(x.shape, dtype=torch.float32, device=x.device).copy_(x)  # NHWC in
+        # memory, whatever x's strides: the CPU's crop and flip copy whole rows of it
         if self.dtype == torch.uint16:  # the bits read as int16: -1 is 65535
             y = y.remainder_(65536)
         if self.window is not None:
