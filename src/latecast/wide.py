@@ -212,10 +212,11 @@ class Image16Field(Image):
     def scaled(self, x: torch.Tensor) -> torch.Tensor:
         """``(clamp(x, window) - mean) / std`` of int16 bits ``x`` as float32, as torchvision's
         ``Normalize`` computes it on float32 (the same ops: equal bit for bit)."""
-        y = torch.empty(x.shape, dtype=torch.float32, device=x.device).copy_(x)  # NHWC in
-        # memory, whatever x's strides: the CPU's crop and flip copy whole rows of it
-        if self.dtype == torch.uint16:  # the bits read as int16: -1 is 65535
-            y = y.remainder_(65536)
+        unsigned = self.dtype == torch.uint16  # its bits as int16, top bit flipped: u - 32768
+        bits = x ^ -32768 if unsigned else x
+        y = torch.empty(x.shape, dtype=torch.float32, device=x.device).copy_(bits)  # NHWC in
+        if unsigned:  # memory, whatever x's strides: the CPU's crop and flip copy whole rows
+            y = y.add_(32768)  # exact: float32 holds every integer below 2**24
         if self.window is not None:
             y = y.clamp_(*self.window)
         mean, std = _constants(str(x.device), self.mean, self.std)
