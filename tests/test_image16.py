@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 import latecast
 from latecast.errors import BatchError, ConfigError
 from latecast.prepare import Prepare
+from latecast.transforms import Mix
 
 CPU = torch.device("cpu")
 CUDA = [
@@ -280,3 +281,20 @@ def test_a_torchgeo_style_segmentation_loop_trains_as_the_float32_pipeline():
     for a, b in zip(net_a.parameters(), net_b.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert ours.stats.image_bytes == 3 * tiles.nbytes  # three epochs, 2 bytes a pixel
+
+
+def test_erasing_and_mixing_run_on_the_16_bit_fields_output():
+    """``erase=`` and ``mix=`` take the normalized floats, as they take 8-bit images'."""
+    x = torch.full((4, 1, 8, 8), 30000, dtype=torch.uint16)
+    batch = {"x": x, "y": torch.tensor([0, 1, 2, 3])}
+    kind = {"x": latecast.image16(range=(0, 60000))}
+    erased = _plan_batch(batch, kind, erase=latecast.Erasing(p=1.0, value=-7.0))
+    assert (erased["x"] == -7.0).any() and (erased["x"] == 0.5).any()
+    mixed = _plan_batch(batch, kind, mix=Mix(classes=4, mixup=1.0))
+    assert mixed["y"].shape == (4, 4) and torch.allclose(
+        mixed["x"], torch.full_like(mixed["x"], 0.5)
+    )
+
+
+def _plan_batch(batch, kinds, **options):
+    return latecast.Mover(device="cpu", fields=kinds, **options)(batch)

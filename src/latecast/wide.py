@@ -61,7 +61,7 @@ class Image16:
         if len(mean) not in (1, channels):
             raise BatchError(f"field {name!r}: {channels} channels ({layout} {shape}) but "
                              f"{len(mean)} mean/std values")  # fmt: skip
-        if self.range and not fits_range(t.dtype, self.range):  # some value may lie outside
+        if self.range and not _covers(t.dtype, self.range):  # some value may lie outside
             low, high = value_range(t)
             if low < self.range[0] or high > self.range[1]:
                 raise BatchError(
@@ -151,7 +151,7 @@ def _stats(mean: tuple | None, std: tuple | None) -> bool:
     return bool(mean and std and len(mean) == len(std) and min(std) > 0)
 
 
-def fits_range(dtype: torch.dtype, declared: tuple) -> bool:
+def _covers(dtype: torch.dtype, declared: tuple) -> bool:
     """Every value of ``dtype`` lies in ``declared``: no batch need be read to check it."""
     least, most = limits(dtype)
     return declared[0] <= least and most <= declared[1]
