@@ -129,6 +129,7 @@ def image16(
     m = numbers_of([mean] if isinstance(mean, numbers.Real) else mean)
     s = numbers_of([std] if isinstance(std, numbers.Real) else std)
     whole = isinstance(channels, numbers.Integral) and not isinstance(channels, bool)
+    count = channels is None or whole and channels > 0
     pair, arg = "(low, high) of finite numbers, low < high", "latecast.image16({}=...)"
     stats = "both or neither, of one length, finite numbers, std > 0"
     refuse(
@@ -136,7 +137,7 @@ def image16(
             (range is None or _rising(rng), arg.format("range"), range, pair),
             (window is None or _rising(win), arg.format("window"), window, pair),
             (mean is None and std is None or _stats(m, s), arg.format("mean/std"), mean, stats),
-            (channels is None or whole and channels > 0, arg.format("channels"), channels, "> 0"),
+            (count, arg.format("channels"), channels, "an integer > 0"),
             (layout in LAYOUTS, arg.format("layout"), layout, " or ".join(LAYOUTS)),
         ]
     )
