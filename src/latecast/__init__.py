@@ -30,6 +30,7 @@ _EXPORTS = {
     "clip": "video",
     "convert_folder": "storage.convert",
     "from_arrays": "data",
+    "image16": "wide",
     "jpeg": "encoded",
     "jpeg_folder": "storage.folder",
     "load_dataset": "storage.datasets",

@@ -49,11 +49,10 @@ def declaration(name: Name, spec: Any) -> Any:
         return KINDS[spec]
     if isinstance(spec, type) and issubclass(spec, Field):  # a kind of the user's own
         return spec.plan
-    if isinstance(spec, encoded.Jpeg):
-        encoded.decoder()  # a bad LATECAST_DECODER: its one error now, not at a batch
-        return spec
-    if callable(getattr(spec, "plan", None)):  # a kind's declaration: latecast.waveform(...), clip(...)
-        return spec
+    if callable(getattr(spec, "plan", None)) and not isinstance(spec, type):
+        if isinstance(spec, encoded.Jpeg):
+            encoded.decoder()  # a bad LATECAST_DECODER: its one error now, not at a batch
+        return spec  # a kind's declaration: jpeg(), image16(), waveform(), clip()
     cross, out = spec if isinstance(spec, tuple) and len(spec) == 2 else (spec, torch.int64)
     if not any(cross is d for d in NARROW) or not any(out is d for d in OUTS):
         raise ConfigError(
