@@ -69,8 +69,9 @@ class Dataset(_Split):
         labels: ``(N,)`` uint8 class indices (uint16 where there are more than 256 classes).
         classes: class names, ``len(classes)`` is the number of classes.
         mean, std: per-channel statistics in [0, 1] units (of the *train* split), used by
-            the device-side normalize exactly like torchvision's ``Normalize(mean, std)``.
-        images: ``(N, H, W, C)`` uint8, possibly a read-only memmap.
+            the device-side normalize exactly like torchvision's ``Normalize(mean, std)``;
+            of uint16 images, in stored units (``latecast.image16``'s).
+        images: ``(N, H, W, C)`` uint8 (or uint16: ``wide.py``), possibly a read-only memmap.
         digest: SHA-256 of every image byte as the store was written (meta.json's
             ``images_sha256``), "" when unknown; ``fingerprint`` uses it.
     """
@@ -80,9 +81,9 @@ class Dataset(_Split):
 
     def __post_init__(self) -> None:
         im = self.images
-        if im.dtype != np.uint8 or im.ndim != 4:
+        if im.dtype not in (np.uint8, np.uint16) or im.ndim != 4:
             raise FormatError(
-                f"{self.name}/{self.split}: images must be uint8 (N, H, W, C), "
+                f"{self.name}/{self.split}: images must be uint8 or uint16 (N, H, W, C), "
                 f"got {im.dtype} with shape {tuple(im.shape)}"
             )
         super().__post_init__()
@@ -201,23 +202,27 @@ def channel_stats(
     images: np.ndarray, chunk: int = 8192
 ) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-channel mean and (population) std of uint8 ``(N, H, W, C)`` images in [0, 1]
-    units, summed in float64 over ``chunk`` images at a time (a memmap is read once)."""
+    units (uint16: in stored units), summed in float64 over ``chunk`` images at a time (a
+    memmap is read once)."""
     c = images.shape[3]
     sums, count = np.zeros((2, c)), 0
     for start in range(0, len(images), chunk):
         part = np.asarray(images[start : start + chunk], dtype=np.float64).reshape(-1, c)
         sums += part.sum(0), (part * part).sum(0)
         count += len(part)
-    return mean_std(sums, count)
+    return mean_std(sums, count, 255 if images.dtype == np.uint8 else 1)
 
 
-def mean_std(sums: np.ndarray, count: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and (population) std in [0, 1] units from ``sums`` (2, C): the sums of
-    uint8 pixel values and of their squares, over ``count`` pixels per channel."""
+def mean_std(
+    sums: np.ndarray, count: int, unit: int = 255
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and (population) std in units of ``unit`` (255: [0, 1] of uint8; 1:
+    the stored units) from ``sums`` (2, C): the sums of pixel values and of their squares,
+    over ``count`` pixels per channel."""
     if count == 0:
         raise FormatError("cannot compute mean/std of an empty dataset")
-    mean = np.asarray(sums[0], np.float64) / count / 255
-    std = np.sqrt(np.maximum(np.asarray(sums[1], np.float64) / count / 255**2 - mean * mean, 0))
+    mean = np.asarray(sums[0], np.float64) / count / unit
+    std = np.sqrt(np.maximum(np.asarray(sums[1], np.float64) / count / unit**2 - mean * mean, 0))
     return tuple(float(m) for m in mean), tuple(float(max(s, 1e-8)) for s in std)
 
 
@@ -233,7 +238,7 @@ def from_arrays(
 ) -> Dataset:
     """A ``Dataset`` from uint8 arrays or tensors people already have.
 
-    Accepts ``(N, H, W)`` or ``(N, H, W, C)`` uint8 images (numpy or torch, e.g.
+    Accepts ``(N, H, W)`` or ``(N, H, W, C)`` uint8 (or uint16) images (numpy or torch, e.g.
     ``torchvision.datasets.MNIST(...).data``) and integer labels. Missing ``mean``/``std``
     are computed from the images; missing ``classes`` are ``"0"`` .. ``str(max label)``.
 
@@ -251,9 +256,9 @@ def from_arrays(
             if images.shape[1] <= 4
             else f"{name}: images (N, H, W, C) have 1 to 4 channels, got shape {images.shape}"
         )
-    if images.ndim != 4 or images.dtype != np.uint8:
+    if images.ndim != 4 or images.dtype not in (np.uint8, np.uint16):
         raise FormatError(
-            f"{name}: images must be uint8 (N, H, W) or (N, H, W, C), "
+            f"{name}: images must be uint8 or uint16 (N, H, W) or (N, H, W, C), "
             f"got {images.dtype} {images.shape}"
         )
     if labels.ndim != 1 or labels.dtype.kind not in "iu":

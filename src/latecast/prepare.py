@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from . import wide
 from .data import Batch, Encoded
 from .decode import decode
 from .fields import Mask
@@ -80,7 +81,10 @@ class Prepare:
     ) -> Batch:
         """Decode (to ``size``, else the Loader's), augment with the generators as
         ``next_batch`` seeded them (the geometric part by ``moves``, drawn here unless given),
-        normalize (into ``out`` when given), erase, mix."""
+        normalize (into ``out`` when given), erase, mix. uint16 pixels (or their int16 bits):
+        ``wide.prepare_stored``."""
+        if getattr(images, "dtype", None) in (torch.int16, torch.uint16):  # a 16-bit Dataset's
+            return wide.prepare_stored(self, images, labels, indices, out, moves)
         g, host = self.generator(images.device), self.generator(_HOST)
         moves = self.moves(images, indices) if moves is None else moves
         images = self._to_size(images, moves, size or self.size)

@@ -9,6 +9,9 @@ Normalize first, then move: as MONAI (``ScaleIntensityRanged`` before its crops)
 (``Normalize`` first in its device-side augmentations) do, so a crop pads with 0 in the output
 units and a resized crop blends values already windowed (a clamp does not commute with it).
 Colour jitter and cutout are 8-bit ops: refused (``erase=`` runs on the output floats).
+
+A uint16 ``Dataset`` (a 16-bit store, ``latecast convert``) crosses the same way in the
+Loader: ``stored`` is its field, ``prepare_stored`` its prepare stage.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .errors import BatchError, ConfigError, numbers_of, refuse
-from .fields import Image, Name, limits, nhwc, value_range
+from .fields import Image, Name, Taken, limits, nhwc, value_range
 from .transforms import Augment, Moves
 
 DEEP = (torch.uint16, torch.int16)
@@ -186,7 +190,10 @@ class Image16Field(Image):
         return math.prod(self.shape) * 4
 
     def pack(self, dst: torch.Tensor, value: torch.Tensor) -> None:
-        """The stored bits, as int16 (torch 2.4 copies few uint16 tensors)."""
+        """The stored bits, as int16 (torch 2.4 copies few uint16 tensors); a Loader's
+        ``Taken`` rows gathered by numpy."""
+        if isinstance(value, Taken):
+            return super().pack(dst, value)
         dst.view(torch.int16).view(self.shape).copy_(value.view(torch.int16))
 
     def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -243,3 +250,28 @@ def resized_crop_float(x: torch.Tensor, boxes: torch.Tensor, size: tuple) -> tor
         y = F.interpolate(crop.permute(2, 0, 1)[None], size, mode="bilinear", antialias=True)
         out[i] = y[0].permute(1, 2, 0)
     return out
+
+
+def stored(mean: tuple, std: tuple, shape: tuple = ()) -> Image16Field:
+    """The field of ``shape`` ``(N, H, W, C)`` uint16 pixels of a ``Dataset`` (a 16-bit
+    store), normalized by its ``mean``/``std`` in stored units."""
+    return Image16Field("images", torch.uint16, shape, torch.uint16, "NHWC", mean, std)
+
+
+def bits(images: np.ndarray) -> np.ndarray:
+    """A Dataset's uint16 pixels as their int16 bits (what the device holds: torch 2.4 has
+    few uint16 ops); uint8 ones as they are."""
+    return images.view(np.int16) if images.dtype == np.uint16 else images
+
+
+def prepare_stored(prepare: Any, images, labels, indices=None, out=None, moves=None):
+    """``Prepare.apply`` of a uint16 Dataset's ``(N, H, W, C)`` batch (or its int16 bits):
+    the Augment's geometric draw, then ``Image16Field.prepared`` (into ``out`` when given),
+    then the mix. A ConfigError for an augment that does not apply to 16-bit values."""
+    _check_augment("images", prepare.augment)
+    x = images.view(torch.int16)
+    moves = prepare.moves(x, indices) if moves is None else moves
+    y = stored(prepare.mean, prepare.std).prepared(x, prepare, moves)
+    if prepare.mix is not None:
+        y, labels = prepare.mix(y, labels, prepare.generator(torch.device("cpu")))
+    return (y if out is None else out.copy_(y)), labels
