@@ -181,7 +181,7 @@ def _run_info(args: argparse.Namespace) -> dict:
 
         info["decoder"] = decoder()
     stored = (
-        "uint8"
+        str(ds.images.dtype)  # uint8, or uint16 (16-bit images)
         if tr["encoding"] == "raw"
         else f"{tr['encoding']} ({human_bytes(tr['image_bytes'])}, decoded by {info['decoder']})"
     )
