@@ -15,7 +15,7 @@ from latecast.data import from_arrays
 from latecast.errors import ConfigError, FormatError
 from latecast.loader import Loader
 from latecast.storage.convert import convert_folder
-from latecast.storage.store import open_store, verify
+from latecast.storage.store import open_store, verify, write_store
 from latecast.transforms import Augment
 
 Image = pytest.importorskip("PIL.Image")
@@ -72,12 +72,16 @@ def float32_pipeline(images: np.ndarray, mean, std) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("transfer", ["uint8", "prefetch", "resident", "float32"])
-def test_the_loader_moves_16_bit_batches_as_stored_equal_to_the_float32_pipeline(transfer):
+def test_the_loader_moves_16_bit_batches_as_stored_equal_to_the_float32_pipeline(
+    transfer, tmp_path
+):
     rng = np.random.default_rng(1)
     images = rng.integers(0, 65536, (10, 6, 8, 2), dtype=np.uint16)
-    ds = from_arrays(images, np.arange(10) % 3)  # mean/std in stored units
+    arrays = from_arrays(images, np.arange(10) % 3)  # mean/std in stored units
     every = images.reshape(-1, 2).astype(np.float64)
-    assert np.allclose(ds.mean, every.mean(0)) and np.allclose(ds.std, every.std(0))
+    assert np.allclose(arrays.mean, every.mean(0)) and np.allclose(arrays.std, every.std(0))
+    ds = open_store(write_store(arrays, tmp_path / "w"))  # the store's checks pass it
+    assert np.array_equal(ds.images, images) and (ds.mean, ds.std) == (arrays.mean, arrays.std)
     usual = float32_pipeline(images, ds.mean, ds.std)
     for static in (False, True):
         loader = Loader(ds, 4, device="cpu", transfer=transfer, shuffle=False, static=static)
