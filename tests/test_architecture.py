@@ -1,8 +1,8 @@
 """The package's shape, read from its source with ``ast`` (nothing is imported): no import
 cycle (imports by name, as the CLI imports each command's module, included), and the
-folder rule. The core (modules at the top of the package) imports nothing
-from the subpackages; ``storage`` imports only the core; ``trainer`` the core and storage;
-``tools`` anything. Nothing imports ``tools`` but ``tools`` and ``__main__``."""
+folder rule. The core (modules at the top of the package) imports nothing from the
+subpackages; ``integrations``, ``kinds`` and ``storage`` import only the core; ``trainer`` the
+core and storage; ``tools`` anything. Nothing imports ``tools`` but ``tools`` and ``__main__``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ PACKAGE = Path(importlib.util.find_spec("latecast").submodule_search_locations[0
 ALLOWED = {
     "": {""},
     "integrations": {"", "integrations"},
+    "kinds": {"", "kinds"},
     "storage": {"", "storage"},
     "trainer": {"", "storage", "trainer"},
     "tools": {"", "integrations", "storage", "trainer", "tools"},

@@ -231,7 +231,7 @@ def test_deep_greyscale_is_scaled_by_its_range_and_stays_one_channel(tmp_path):
     }
     save(src / "f8" / "x.png", np.full((6, 8), 7, np.uint8))  # 8 bits: kept as is
     Image.fromarray(np.full((6, 8), 4000, np.uint16)).save(src / "f8" / "flat.png")  # constant
-    ds = open_store(convert_folder(src, tmp_path / "s", test_fraction=0)[0])
+    ds = open_store(convert_folder(src, tmp_path / "s", test_fraction=0, depth="8")[0])
     assert ds.image_shape == (6, 8, 1)  # every image greyscale: one channel
     for name, pixels in expected.items():  # Pillow's convert("L") makes the first all 255
         assert np.array_equal(ds.images[ds.labels == ds.classes.index(name)][0, ..., 0], pixels)
@@ -239,7 +239,7 @@ def test_deep_greyscale_is_scaled_by_its_range_and_stays_one_channel(tmp_path):
     assert eight == [0, 7]  # the constant 16-bit image is 0, the 8-bit one untouched
     save(src / "g" / "nan.tif", np.full((6, 8), np.nan, np.float32))
     with pytest.raises(FormatError, match=r"g/nan\.tif: .*F image holds NaN or infinite values"):
-        convert_folder(src, tmp_path / "s2", test_fraction=0)
+        convert_folder(src, tmp_path / "s2", test_fraction=0, depth="8")
 
 
 def colour_folder(src: Path) -> dict[str, Path]:

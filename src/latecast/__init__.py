@@ -27,8 +27,10 @@ _EXPORTS = {
     "Loader": "loader",
     "Mover": "wrapper",
     "TrainConfig": "trainer.loop",
+    "clip": "kinds.video",
     "convert_folder": "storage.convert",
     "from_arrays": "data",
+    "image16": "wide",
     "jpeg": "encoded",
     "jpeg_folder": "storage.folder",
     "load_dataset": "storage.datasets",
@@ -36,6 +38,7 @@ _EXPORTS = {
     "open_store": "storage.store",
     "PrepareOnDevice": "integrations.lightning",
     "train": "trainer.loop",
+    "waveform": "kinds.audio",
     "wrap": "integrations.dataloader",
 }
 __all__ = sorted(_EXPORTS)

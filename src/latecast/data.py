@@ -66,13 +66,13 @@ class Split:
 class Dataset(Split):
     """Images and labels kept in their storage dtype, ready for a ``Loader``."""
 
-    images: np.ndarray  # (N, H, W, C) uint8, possibly a read-only memmap
+    images: np.ndarray  # (N, H, W, C) uint8 (or uint16, in stored units: wide.py), maybe a memmap
     digest: str = ""  # SHA-256 of every image byte as written (images_sha256), "": unknown
 
     def __post_init__(self) -> None:
         im, n = self.images, len(self.labels)
-        got = f"images must be uint8 (N, H, W, C), got {im.dtype} with shape {tuple(im.shape)}"
-        self._check((im.dtype == np.uint8 and im.ndim == 4, got))
+        got = f"images must be uint8 or uint16 (N, H, W, C), got {im.dtype} {tuple(im.shape)}"
+        self._check((im.dtype in (np.uint8, np.uint16) and im.ndim == 4, got))
         super().__post_init__()
         self._check((len(im) == n, f"{len(im)} images but {n} labels"))
 
@@ -126,32 +126,36 @@ class EncodedDataset(Split):
 
 def channel_stats(images: np.ndarray, chunk: int = 8192) -> tuple[tuple, tuple]:
     """Per-channel mean and (population) std of uint8 ``(N, H, W, C)`` images in [0, 1]
-    units, summed in float64 over ``chunk`` images at a time (a memmap is read once)."""
+    units (uint16: in stored units), summed in float64 over ``chunk`` images at a time (a
+    memmap is read once)."""
     c = images.shape[3]
     sums, count = np.zeros((2, c)), 0
     for start in range(0, len(images), chunk):
         part = np.asarray(images[start : start + chunk], dtype=np.float64).reshape(-1, c)
         sums += part.sum(0), (part * part).sum(0)
         count += len(part)
-    return mean_std(sums, count)
+    return mean_std(sums, count, 255 if images.dtype == np.uint8 else 1)
 
 
-def mean_std(sums: np.ndarray, count: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and (population) std in [0, 1] units from ``sums`` (2, C): the sums of
-    uint8 pixel values and of their squares, over ``count`` pixels per channel."""
+def mean_std(
+    sums: np.ndarray, count: int, unit: int = 255
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and (population) std in units of ``unit`` (255: [0, 1] of uint8; 1:
+    the stored units) from ``sums`` (2, C): the sums of pixel values and of their squares,
+    over ``count`` pixels per channel."""
     if count == 0:
         raise FormatError("cannot compute mean/std of an empty dataset")
-    mean = np.asarray(sums[0], np.float64) / count / 255
-    std = np.sqrt(np.maximum(np.asarray(sums[1], np.float64) / count / 255**2 - mean * mean, 0))
+    mean = np.asarray(sums[0], np.float64) / count / unit
+    std = np.sqrt(np.maximum(np.asarray(sums[1], np.float64) / count / unit**2 - mean * mean, 0))
     return tuple(float(m) for m in mean), tuple(float(max(s, 1e-8)) for s in std)
 
 
 def from_arrays(
     images, labels, *, name="arrays", split="train", classes=None, mean=None, std=None
 ) -> Dataset:
-    """A ``Dataset`` from uint8 ``(N, H, W)`` or ``(N, H, W, C)`` images (numpy or torch, e.g.
-    ``torchvision.datasets.MNIST(...).data``) and integer labels in 0..65535. Missing
-    ``mean``/``std`` are measured on the images; missing ``classes`` are ``"0"`` ..
+    """A ``Dataset`` from uint8 (or uint16) ``(N, H, W)`` or ``(N, H, W, C)`` images (numpy or
+    torch, e.g. ``torchvision.datasets.MNIST(...).data``) and integer labels in 0..65535.
+    Missing ``mean``/``std`` are measured on the images; missing ``classes`` are ``"0"`` ..
     ``str(max label)``. A FormatError naming ``name`` for anything else.
 
     Example:
@@ -169,8 +173,9 @@ def from_arrays(
             if images.shape[1] <= 4
             else f"images (N, H, W, C) have 1 to 4 channels, got shape {images.shape}"
         )
-    elif images.ndim != 4 or images.dtype != np.uint8:
-        bad = f"images must be uint8 (N, H, W) or (N, H, W, C), got {images.dtype} {images.shape}"
+    elif images.ndim != 4 or images.dtype not in (np.uint8, np.uint16):
+        bad = f"images must be uint8 or uint16 (N, H, W) or (N, H, W, C), got {images.dtype} "
+        bad += str(images.shape)
     elif labels.ndim != 1 or labels.dtype.kind not in "iu":
         bad = f"labels must be integers (N,), got {labels.dtype} {labels.shape}"
     elif labels.size and (labels.min() < 0 or labels.max() > np.iinfo(np.uint16).max):

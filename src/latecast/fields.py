@@ -311,7 +311,8 @@ def declaration(name: Name, spec: Any) -> Any:
 
 def image_hint(name: Name, t: torch.Tensor) -> str | None:
     """What to change, for a 4-dim field that is not uint8 but holds images: floats in [0, 1]
-    (``ToTensor()``'s), or integers in 0..255 with 3 or 4 channels (Hugging Face's); else None."""
+    (``ToTensor()``'s), integers in 0..255 with 3 or 4 channels (Hugging Face's), or 16-bit
+    integers (``image16``'s); else None."""
     channels = {t.shape[1], t.shape[3]} if t.ndim == 4 and t.numel() else set()
     if t.dtype.is_floating_point and channels & {1, 3, 4} and 0 <= t.min() and t.max() <= 1:
         return (
@@ -327,6 +328,12 @@ def image_hint(name: Name, t: torch.Tensor) -> str | None:
                 f"Hugging Face datasets formats uint8 ones: declare fields={{{name!r}: 'image'}} "
                 "(it crosses as uint8), or use ds.with_format('torch', dtype=torch.uint8)"
             )
+    if t.dtype in (torch.int16, torch.uint16) and channels:  # CT slices, bands, depth maps
+        return (
+            f"field {name!r} is {t.dtype} {tuple(t.shape)}: 16-bit images? declare fields="
+            f"{{{name!r}: latecast.image16(...)}} (they cross as stored and come out float); "
+            "as integers they come out int64"
+        )
     return None
 
 

@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from . import wide
 from .data import Batch, Encoded
 from .decode import decode
 from .fields import Mask
@@ -78,7 +79,9 @@ class Prepare:
     ) -> Batch:
         """Decode (to ``size``, else ``self.size``), augment with the generators as
         ``next_batch`` seeded them (by ``moves``, drawn here unless given), normalize (into
-        ``out``), erase, mix."""
+        ``out``), erase, mix. uint16 pixels (or their int16 bits): ``wide.prepare_stored``."""
+        if getattr(images, "dtype", None) in (torch.int16, torch.uint16):  # a 16-bit Dataset's
+            return wide.prepare_stored(self, images, labels, indices, out, moves)
         g, host = self.generator(images.device), self.generator(_HOST)
         moves = self.moves(images, indices) if moves is None else moves
         images = self._to_size(images, moves, size or self.size)
@@ -143,8 +146,8 @@ class Prepare:
                 out[i] = f.finish(self._mask(moves or Moves(None, None, None, None), x, size))
                 continue
             if f.draws:
+                host.set_state(seeded[1])  # then g: on a CPU device they are one generator
                 g.set_state(seeded[0] if colour is None else colour)
-                host.set_state(seeded[1])
                 out[i] = f.prepared(x, self, moves if f.pixels else None)
                 continue
             same = x is first or torch.equal(sizes_of(x), sizes)

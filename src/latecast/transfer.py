@@ -24,6 +24,7 @@ from .encoded import JpegFile
 from .errors import ConfigError, DeviceError
 from .fields import Field, Image, Integer, Taken, widen
 from .threads import count, pool
+from .wide import bits, stored
 
 
 @dataclass
@@ -64,7 +65,8 @@ def float32_bytes(dataset: Dataset, samples: int) -> int:
 
 def uint8_bytes(dataset: Dataset | EncodedDataset, samples: int) -> int:
     """Bytes the ``uint8`` path moves for ``samples`` images: uint8 pixels, narrow labels."""
-    return samples * (math.prod(dataset.image_shape) + dataset.labels.itemsize)
+    pixel = dataset.images.itemsize if isinstance(dataset, Dataset) else 1  # uint16: 2
+    return samples * (math.prod(dataset.image_shape) * pixel + dataset.labels.itemsize)
 
 
 def host_buffer(nbytes: int, pin: bool) -> torch.Tensor:
@@ -253,7 +255,10 @@ class Uint8(Mover):
     def gather(self, idx: torch.Tensor) -> tuple[list[Field], list]:
         ds, at = self.dataset, idx.numpy()
         if (n := len(at)) not in self.plans:  # by batch length: every batch but the last's
-            self.plans[n] = [Image(0, torch.uint8, (n, *ds.image_shape)), label_field(ds, n)]
+            shape = (n, *ds.image_shape)
+            deep = ds.images.dtype == np.uint16  # 16-bit: crosses as stored (wide.py)
+            image = stored(ds.mean, ds.std, shape) if deep else Image(0, torch.uint8, shape)
+            self.plans[n] = [image, label_field(ds, n)]
         return self.plans[n], [Taken(ds.images, at), Taken(ds.labels, at)]
 
 
@@ -301,13 +306,13 @@ class Resident(Mover):
         ok, sizes = self.fits(dataset, device)
         if not ok:
             raise DeviceError(f"resident: {sizes}; use --transfer prefetch")
-        self.images = self._upload(dataset.images)  # (N, H, W, C)
+        self.images = self._upload(bits(dataset.images))  # (N, H, W, C)
         self.labels = widen(self._upload(dataset.labels.view(np.uint8)), dataset.labels.dtype)
         self.stats.image_bytes += dataset.image_bytes
         self.stats.label_bytes += dataset.label_bytes
 
     def _upload(self, array: np.ndarray) -> torch.Tensor:
-        out = torch.empty(array.shape, dtype=torch.uint8, device=self.device)
+        out = torch.empty(array.shape, dtype=getattr(torch, array.dtype.name), device=self.device)
         step = max(1, self.CHUNK_BYTES // max(1, array[:1].nbytes))
         for start in range(0, len(array), step):
             part = torch.from_numpy(np.array(array[start : start + step]))  # 64 MiB at most

@@ -294,18 +294,22 @@ def resized_crop(
 
 
 def crop_into(image: torch.Tensor, box, dst: torch.Tensor, interpolation="bilinear") -> None:
-    """``resized_crop`` of one ``(H, W, C)`` image into ``dst`` (a batch's slot), no copy."""
+    """``resized_crop`` of one ``(H, W, C)`` image, or of a clip's ``(T, H, W, C)`` frames
+    alike, into ``dst`` (a batch's slot), no copy."""
     top, left, h, w = box
-    crop = image[top : top + h, left : left + w]
+    crop = image[..., top : top + h, left : left + w, :]
     if crop.shape == dst.shape:
         dst.copy_(crop)
-    elif dst.device.type == "cpu":  # torchvision's uint8 kernel, into the slot (no HWC copy)
-        x, y = crop.permute(2, 0, 1)[None], dst.permute(2, 0, 1)[None]  # (1, C, h, w) views
-        INTERPOLATIONS[interpolation].out(x, list(dst.shape[:2]), False, out=y)
+        return
+    x, y = (t.movedim(-1, -3) for t in (crop, dst))  # (C, h, w) or (T, C, h, w) views
+    x, y = (x, y) if x.ndim == 4 else (x[None], y[None])
+    if dst.device.type == "cpu":  # torchvision's uint8 kernel, into the slot (no HWC copy)
+        INTERPOLATIONS[interpolation].out(x, list(dst.shape[-3:-1]), False, out=y)
     else:  # no uint8 kernel there: float, then round (bicubic overshoots: clamped first)
-        x = crop.permute(2, 0, 1)[None].float()
-        y = F.interpolate(x, dst.shape[:2], mode=interpolation, antialias=True, align_corners=False)
-        dst.copy_(y.clamp_(0, 255).round_()[0].permute(1, 2, 0))
+        z = F.interpolate(
+            x.float(), y.shape[-2:], mode=interpolation, antialias=True, align_corners=False
+        )
+        y.copy_(z.clamp_(0, 255).round_())
 
 
 def nearest_crop(x: torch.Tensor, boxes: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

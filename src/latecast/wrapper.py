@@ -113,6 +113,7 @@ class Fields:
                 + ", ".join(repr(name) for name, _ in leaves)
             )
         values, plans = [], []
+        self.leaves = leaves  # the batch's fields, for a kind read beside another (lengths)
         for name, value in leaves:
             t, plan = as_tensor(value), self.plans.get(name)
             if plan is None and t is None and not self.moved and encoded.recognised(value, name):

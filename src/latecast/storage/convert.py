@@ -9,9 +9,9 @@ Two passes over a pool of processes, the files in the order they will be stored:
 2. decode: each file is read once and decoded fully by a worker (a truncated file fails
    here, not in training; a JPEG also by libjpeg, which Pillow does not let warn: see
    ``convert``), which hands back what the store keeps (uint8 pixels at the
-   training size, or JPEG bytes) and integer sums of the pixels for the mean/std. The parent
-   only appends those to the store's files, in order, so any worker count writes the same
-   store, byte for byte.
+   training size, uint16 for 16-bit images, or JPEG bytes) and integer sums of the pixels
+   for the mean/std. The parent only appends those to the store's files, in order, so any
+   worker count writes the same store, byte for byte.
 
 Workers are forked; from a process where another Python thread runs they come from a fork
 server instead, and a script calling ``convert`` then needs multiprocessing's usual
@@ -60,6 +60,7 @@ from .store import (
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 GREY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"}
 DEEP_MODES = {"I", "I;16", "I;16L", "I;16B", "I;16N", "F"}  # more than 8 bits per pixel
+SIXTEEN = {"I;16", "I;16L", "I;16B", "I;16N"}  # 16-bit greyscale (PNG, TIFF)
 TEST_FRACTION = 0.1  # held out of a plain class folder when --test-fraction is not given
 CHUNK = 32  # files per pool task: a task's overhead (~0.1 ms) is small beside 32 decodes
 
@@ -99,6 +100,13 @@ class ConvertConfig:
     )
     seed: int = option(0, "seed of the held-out split and of the stored order", low=0)
     workers: int | None = option(None, "decoding processes (default: the usable cores)", low=1)
+    depth: str = option(
+        "auto",
+        "bits a pixel in the store: 16 keeps 16-bit greyscale (I;16 PNG/TIFF, or 32-bit I "
+        "with values in 0..65535) as uint16, raw; 8 scales deeper greyscale from each image's "
+        "own min..max to 0..255. auto: 16 when every image is 16-bit, 8 when none is",
+        choices=("auto", "8", "16"),
+    )
     skip_bad: bool = option(False, "skip unreadable images, list them in OUT/skipped.txt")
     progress: bool = option(True, "tqdm bar (only on a terminal)")
 
@@ -129,6 +137,7 @@ class _Job:
     size: tuple[int, int]  # (H, W) of the training size
     mode: str  # "L" or "RGB": what the pixels (and so the mean/std) are
     quality: int
+    depth: int = 8  # bits a pixel stored: 16 (uint16, raw) or 8
 
 
 def convert_folder(
@@ -165,10 +174,17 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
         without a word, partly wrong), raises ``FormatError`` naming it, or with ``skip_bad``
         is left out and listed in ``out/skipped.txt``, one JSON object per line
         (``{"file": path relative to folder, "reason": ...}``: any file name reads back).
-      - pixels: 16-bit, 32-bit and float greyscale (``I;16``, ``I``, ``F``, ...) is scaled
-        linearly from each image's own min..max to 0..255 (a constant image becomes 0):
-        never clipped, which would turn a 16-bit image all white. Palette, CMYK and alpha
-        images become RGB as Pillow converts them (alpha dropped, as torchvision's
+      - depth: with ``depth="16"`` 16-bit greyscale (``I;16``, ``I;16B``, ...; or ``I``
+        whose values lie in 0..65535) is stored as it is, uint16, in a raw store (resized in
+        float32 and rounded where its size is not the training size), mean/std in stored
+        units; an image of another mode is a ``FormatError`` naming it. ``"auto"`` (the
+        default) is ``"16"`` when every image is ``I;16``, ``"8"`` when none is, and where
+        they mix a ``FormatError`` naming a file: a stray 8-bit image never turns every 16-bit
+        one into 8 bits unasked.
+      - pixels (``depth="8"``): 16-bit, 32-bit and float greyscale (``I;16``, ``I``, ``F``,
+        ...) is scaled linearly from each image's own min..max to 0..255 (a constant image
+        becomes 0): never clipped, which would turn a 16-bit image all white. Palette, CMYK
+        and alpha images become RGB as Pillow converts them (alpha dropped, as torchvision's
         ``ImageFolder`` does); EXIF orientation is applied (Pillow's ``exif_transpose``,
         what the device's decoder does to the JPEG files kept). Channels: 1 if every image
         is greyscale, else 3.
@@ -235,7 +251,8 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
                 )
                 if present is None:
                     present = np.bincount(labels, minlength=len(classes)) > 0
-                    stats = mean_std(sums, len(labels) * job.size[0] * job.size[1])
+                    pixels = len(labels) * job.size[0] * job.size[1]
+                    stats = mean_std(sums, pixels, 255 if job.depth == 8 else 1)
                     if not present.all():
                         empty = [c for c, p in zip(classes, present) if not p]
                         warnings.warn(
@@ -293,21 +310,45 @@ def _plan(folder: Path, config: ConvertConfig) -> tuple[tuple[str, ...], dict[st
 def _scan(config: ConvertConfig, splits: dict, headers: Callable) -> _Job:
     """Keep the files whose header reads (``headers(items)`` -> ``(item, ((H, W), grey?))``)
     in ``splits``, and decide from them how every image is stored."""
-    infos = []
+    infos, files = [], []
     for name, items in splits.items():
         heads = list(headers(items))
         splits[name], infos = [item for item, _ in heads], infos + [info for _, info in heads]
+        files += [path for (path, _), _ in heads]
         if not splits[name]:
             raise FormatError(
                 f"{config.folder} ({name or 'train'} split): no readable images "
                 f"(suffixes {sorted(IMAGE_SUFFIXES)})"
             )
-    shapes = Counter(hw for hw, _ in infos)
+    shapes, depth = Counter(hw for hw, *_ in infos), _depth(config.depth, files, infos)
+    encoding = config.encoding or ("raw" if len(shapes) == 1 or depth == 16 else "jpeg")
+    if depth == 16 and encoding != "raw":
+        raise ConfigError("16-bit images are stored raw (a JPEG holds 8 bits): --encoding raw")
     return _Job(
-        config.encoding or ("raw" if len(shapes) == 1 else "jpeg"),
+        encoding,
         config.hw or shapes.most_common(1)[0][0],
-        "L" if all(grey for _, grey in infos) else "RGB",
+        "L" if all(grey for _, grey, _ in infos) else "RGB",
         config.quality,
+        depth,
+    )
+
+
+def _depth(asked: str, files: list[Path], infos: list) -> int:
+    """Bits a pixel in the store (``ConvertConfig.depth``) from each file's mode (the third
+    of its ``infos``); a FormatError naming the first file that does not fit 16 bits where
+    16 are asked for, or where ``"auto"`` finds 16-bit images among others."""
+    modes = [mode for *_, mode in infos]
+    sixteen = [mode in SIXTEEN for mode in modes]
+    if asked == "8" or asked == "auto" and not any(sixteen):
+        return 8
+    takes = SIXTEEN | ({"I"} if asked == "16" else set())  # I: its values checked decoded
+    odd = next((i for i, mode in enumerate(modes) if mode not in takes), None)
+    if odd is None:
+        return 16
+    why = "--depth 16" if asked == "16" else f"{_shown(files[sixteen.index(True)])} (I;16)"
+    raise FormatError(
+        f"{_shown(files[odd])}: a {modes[odd]} image, not 16-bit greyscale as {why}; "
+        "--depth 8 stores every image in 8 bits (deeper ones scaled from their own min..max)"
     )
 
 
@@ -482,9 +523,9 @@ def _read(path: Path, fn: Callable, whole: bool):
 
 
 def _header(path: Path) -> tuple[tuple[int, int], bool] | FormatError:
-    """``((H, W), greyscale?)`` from the file's header (Pillow reads its first KBs only), H and
-    W as the image shows upright (EXIF orientation 5 to 8 turns it a quarter)."""
-    return _read(path, lambda im, _: (_upright_size(im), im.mode in GREY_MODES), False)
+    """``((H, W), greyscale?, mode)`` from the file's header (Pillow reads its first KBs
+    only), H and W as the image shows upright (EXIF orientation 5 to 8 turns it a quarter)."""
+    return _read(path, lambda im, _: (_upright_size(im), im.mode in GREY_MODES, im.mode), False)
 
 
 def _upright_size(im) -> tuple[int, int]:
@@ -514,10 +555,14 @@ def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndar
     # its own bytes go in a jpeg store when libjpeg decodes it cleanly, SOI to EOI
     kept = said == "" and im.mode in ("L", "RGB") and not jpeg_problem(data)
     im = ImageOps.exif_transpose(im)  # upright, as the decoders show the kept files
-    eight = _eight_bit(im)
-    pixels = np.asarray(_fit(eight.convert(job.mode), job.size)).reshape(*job.size, -1)
+    if job.depth == 16:
+        pixels = _sixteen(im, job.size)
+    else:
+        eight = _eight_bit(im)
+        pixels = np.asarray(_fit(eight.convert(job.mode), job.size)).reshape(*job.size, -1)
     flat = pixels.reshape(-1, pixels.shape[-1]).astype(np.int64)  # (H * W, C)
-    sums = np.stack([flat.sum(0), (flat * flat).sum(0)])
+    # Python ints: a split's 16-bit squares overflow int64 past ~2e9 pixels
+    sums = np.stack([flat.sum(0), (flat * flat).sum(0)]).astype(object)
     if job.encoding == "raw":
         return pixels.tobytes(), job.size, sums, True
     if kept:
@@ -556,6 +601,20 @@ def _eight_bit(im):
     return Image.fromarray(np.rint(scaled).astype(np.uint8))
 
 
+def _sixteen(im, size: tuple[int, int]) -> np.ndarray:
+    """uint16 ``(H, W, 1)`` of a 16-bit greyscale image (or an ``I`` one whose values fit) at
+    the training size: its own values, or where it has another size ``_fit`` in float32,
+    rounded. A FormatError for a value outside 0..65535."""
+    from PIL import Image
+
+    a = np.asarray(im)
+    if a.min() < 0 or a.max() > 65535:
+        raise FormatError(f"{im.mode} values {a.min()}..{a.max()} do not fit 16 bits (0..65535)")
+    if a.shape != size:
+        a = np.rint(np.asarray(_fit(Image.fromarray(a.astype(np.float32)), size)))
+    return a.clip(0, 65535).astype(np.uint16).reshape(*size, 1)
+
+
 def _fit(im, size: tuple[int, int]):
     """Scale to cover ``size`` (H, W) keeping the aspect ratio, then center-crop to it."""
     from PIL import Image
@@ -582,7 +641,8 @@ def _write_split(
     raw = job.encoding == "raw"
     path = folder / (IMAGES if raw else DATA)
     shape = (*job.size, 1 if job.mode == "L" else 3)  # (H, W, C)
-    header = npy_header(np.uint8, (count, *shape)) if raw else b""
+    dtype = np.uint16 if job.depth == 16 else np.uint8
+    header = npy_header(dtype, (count, *shape)) if raw else b""
     labels, offsets, sizes, sums, reencoded, digest = [], [0], [], 0, 0, hashlib.sha256()
     with open(path, "wb") as f:
         f.write(header)  # rewritten at the end for the count kept (at most ``count``)
@@ -596,7 +656,7 @@ def _write_split(
         if not labels:
             raise FormatError(f"{where}: no readable images")
         f.seek(0)
-        f.write(npy_header(np.uint8, (len(labels), *shape), len(header)) if raw else b"")
+        f.write(npy_header(dtype, (len(labels), *shape), len(header)) if raw else b"")
     if raw:
         images = np.load(path, mmap_mode="r")
         return {"images": images}, np.array(labels), sums, 0, digest.hexdigest()

@@ -5,7 +5,8 @@ A store is a folder with ``labels.npy`` (uint8, or uint16 past 256 classes), ``m
 classes, mean/std, source, ``images_sha256``: the SHA-256 of every image byte, hashed as they
 were written) and the images in one of two encodings:
 
-- ``raw``: ``images.npy``, uint8 ``(N, H, W, C)`` pixels (a ``Dataset``).
+- ``raw``: ``images.npy``, uint8 ``(N, H, W, C)`` pixels (a ``Dataset``); or uint16 (16-bit
+  images, ``convert``'s ``depth``), mean/std then in stored units.
 - ``jpeg``: ``data.bin``, the JPEG files back to back; ``offsets.npy`` (int64 ``(N + 1,)``,
   image ``i`` is ``data[offsets[i]:offsets[i + 1]]``) and ``sizes.npy`` (int32 ``(N, 2)``,
   each image's height and width); meta.json adds the training ``size``, ``channels`` and
@@ -345,14 +346,15 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
         arrays.update(_check_encoded(folder, meta, arrays, labels))
         channels = meta["channels"]
     mean, std = meta["mean"], meta["std"]
+    top = 65535 if encoding == "raw" and arrays["images"].dtype == np.uint16 else 1  # units
     if not (
         len(mean) == len(std) == channels
         and all(isinstance(v, (int, float)) for v in mean + std)
-        and all(0 <= m <= 1 for m in mean)
-        and all(0 < v <= 1 for v in std)
+        and all(0 <= m <= top for m in mean)
+        and all(0 < v <= top for v in std)
     ):
         raise FormatError(
-            f"{folder / META}: mean/std need {channels} channel values in [0, 1] "
+            f"{folder / META}: mean/std need {channels} channel values in [0, {top}] "
             f"(std > 0), got {mean}/{std}"
         )
     common = {

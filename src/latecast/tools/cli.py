@@ -155,7 +155,7 @@ def _run_info(args: argparse.Namespace) -> dict:
 
         info["decoder"] = decoder()
     coded = f"{tr['encoding']} ({human_bytes(tr['image_bytes'])}, decoded by {info.get('decoder')})"
-    stored = "uint8" if tr["encoding"] == "raw" else coded
+    stored = str(ds.images.dtype) if tr["encoding"] == "raw" else coded  # uint8 or uint16
     print(
         f"{args.dataset}: train {tr['samples']} x {tuple(tr['image_shape'])} {stored}, "
         f"test {info['test']['samples']}, {tr['classes']} classes, "

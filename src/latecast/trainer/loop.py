@@ -424,7 +424,10 @@ def _rehearse(loader: Loader) -> None:
     images), so what it cannot do fails in set-up and under ``--check``; no draw moves."""
     loader.index_batches()
     (h, w, c), n = loader.dataset.image_shape, min(2, len(loader.dataset))
-    images = torch.zeros(n, h, w, c, dtype=torch.uint8, device=loader.device)
+    ds = loader.dataset  # a 16-bit store's pixels come as their int16 bits
+    deep = isinstance(ds, Dataset) and ds.images.dtype == np.uint16
+    dtype = torch.int16 if deep else torch.uint8
+    images = torch.zeros(n, h, w, c, dtype=dtype, device=loader.device)
     loader.prepare(images, torch.zeros(n, dtype=torch.int64, device=loader.device), torch.arange(n))
 
 

@@ -1,0 +1,222 @@
+"""The video kind: a field of uint8 clips crosses as uint8 (a quarter of float32's bytes) and
+is cropped, flipped and normalized on the device, one geometric draw per clip for all its
+frames (as torchvision v2 transforms a video: parameters drawn once, applied to every frame).
+Declared ``fields={"video": latecast.clip(frames=16, size=112)}``; out ``(N, C, T, H, W)``
+float, what torchvision's video models take, or ``(N, T, C, H, W)``, what Hugging Face's
+(VideoMAE, TimeSformer) take. Compressed clips are not a kind here: decode them in the
+DataLoader's workers (TorchCodec) and let the frames cross.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import BatchError, ConfigError, check, numbers_of, refuse
+from ..fields import Field, Name, integral, value_range
+from ..transforms import (
+    Augment,
+    Moves,
+    _zero_squares,
+    color_jitter,
+    color_jitter_params,
+    crop_into,
+    cutout_params,
+    erase,
+    normalize,
+)
+
+# a layout's dims -> (N, T, H, W, C): what a clip is made on the device
+LAYOUTS = {"NTHWC": (0, 1, 2, 3, 4), "NTCHW": (0, 1, 3, 4, 2), "NCTHW": (0, 2, 3, 4, 1)}
+OUTS = ("NCTHW", "NTCHW")
+
+
+@dataclass(frozen=True)
+class Clip:
+    """A clip field's declaration (``clip``); ``plan`` checks each batch of clips against it
+    (a BatchError naming the field) and the options it is finished with (a ConfigError)."""
+
+    frames: int | None = None  # T of every clip; None: as they come
+    layout: str = "NTHWC"  # how a batch of clips arrives
+    size: tuple[int, int] | None = None  # the (H, W) out; None: the frames' own
+    out: str = "NCTHW"  # how it comes out
+
+    def plan(self, name: Name, t: torch.Tensor, options: Any) -> Clips:
+        shape = tuple(t.shape)
+        if t.ndim != 5 or not integral(t.dtype):
+            raise BatchError(
+                f"field {name!r} is declared clips {self.layout} and must be uint8 with 5 dims, "
+                f"got {t.dtype} {shape}; a DataLoader yields uint8 frames as decoders give them "
+                "(TorchCodec, torchvision.io), not ConvertImageDtype()'s floats"
+            )
+        if t.dtype != torch.uint8:  # int64 from a collate: crosses as uint8 if it fits
+            low, high = value_range(t)
+            if not (0 <= low and high <= 255):
+                raise BatchError(
+                    f"field {name!r} is declared clips: its {t.dtype} values {low}..{high} do "
+                    "not fit uint8 (0..255)"
+                )
+        n, frames, h, w, c = (shape[i] for i in LAYOUTS[self.layout])
+        if self.frames is not None and frames != self.frames:
+            than = "shorter" if frames < self.frames else "longer"
+            raise BatchError(
+                f"field {name!r}: clips of {frames} frames ({self.layout} {shape}), {than} than "
+                f"the {self.frames} declared"
+            )
+        size = self.size or (h, w)
+        if size[0] > h or size[1] > w:
+            raise BatchError(
+                f"field {name!r}: frames of {h}x{w} ({self.layout} {shape}) are smaller than "
+                f"the declared size {size[0]}x{size[1]}"
+            )
+        means = len(options.prepare.mean)
+        if means not in (1, c):
+            raise BatchError(f"field {name!r}: {c} channels ({self.layout} {shape}) but {means} "
+                             "mean/std values")  # fmt: skip
+        _check_options(name, options)
+        return Clips(name, torch.uint8, shape, t.dtype, self.layout, size, self.out)
+
+
+def _check_options(name: Name, options: Any) -> None:
+    """What finishes clips: a ``latecast.Augment`` (its draws made per clip), no ``erase`` or
+    ``mix`` (they take ``(N, C, H, W)`` images); else one ConfigError."""
+    aug = options.augment
+    for given, what in ((options.erase, "erase"), (options.mix, "mix")):
+        if given is not None:
+            raise ConfigError(f"field {name!r} is clips: {what}= takes (N, C, H, W) images, "
+                              "not clips; leave it out")  # fmt: skip
+    if not (aug is None or isinstance(aug, Augment)):
+        raise ConfigError(
+            f"field {name!r} is clips: augment= must be a latecast.Augment (drawn once per "
+            f"clip), got {aug!r:.60}"
+        )
+
+
+def clip(
+    frames: int | None = None,
+    layout: str = "NTHWC",
+    size: int | tuple[int, int] | None = None,
+    out: str = "NCTHW",
+) -> Clip:
+    """Declare a field of uint8 video clips for ``wrap(fields={name: latecast.clip(...)})``.
+
+    Args:
+        frames: the frames of every clip; a batch of clips with fewer (or more) is a
+            BatchError naming the field. None: as they come.
+        layout: how a batch arrives: ``"NTHWC"`` (torchvision.io, decord, PyAV),
+            ``"NTCHW"`` (TorchCodec, torchvision's ``output_format="TCHW"``), ``"NCTHW"``.
+        size: the ``(H, W)`` out, or one int: under an ``Augment`` with ``resized_crop``
+            RandomResizedCrop to it, under another ``Augment`` a random crop of it
+            (RandomCrop), without one the centre crop (CenterCrop); the same box for all
+            frames of a clip. None: the frames' own size.
+        out: ``"NCTHW"`` (torchvision's video models: r3d_18, r2plus1d_18, s3d, mvit,
+            swin3d) or ``"NTCHW"`` (Hugging Face's VideoMAE, TimeSformer), normalized floats
+            in wrap's ``dtype``.
+
+    Example:
+        >>> dl = DataLoader(kinetics, batch_size=24, num_workers=10)  # uint8 (T, C, H, W)
+        >>> train = latecast.wrap(dl, mean=MEAN, std=STD, augment=latecast.Augment(flip=0.5),
+        ...                       fields={0: latecast.clip(16, "NTCHW", size=112)})
+    """
+    hw = numbers_of((size, size) if isinstance(size, numbers.Integral) else size, int)
+    sides = "an integer N or (H, W) of integers >= 1 (None: the frames' own)"
+    count = frames is None or isinstance(frames, numbers.Integral) and frames >= 1
+    refuse(
+        [
+            (count and not isinstance(frames, bool), "latecast.clip(frames=...)", frames,
+             "an integer >= 1 or None"),
+            (size is None or (hw and len(hw) == 2 and min(hw) >= 1), "latecast.clip(size=...)",
+             size, sides),
+        ]
+    )  # fmt: skip
+    layout = check(layout, "latecast.clip(layout=...)", tuple(LAYOUTS))
+    out = check(out, "latecast.clip(out=...)", OUTS)
+    return Clip(None if frames is None else int(frames), layout, hw, out)
+
+
+@dataclass(frozen=True)
+class Clips(Field):
+    """A batch of uint8 clips: crosses as it arrived, made on the device as ``(N, T, H, W, C)``
+    (``view``), the batch's geometric draw made on each clip's first frame (``frames``)."""
+
+    layout: str = "NTHWC"
+    size: tuple[int, int] = (0, 0)  # the (H, W) out
+    out: str = "NCTHW"
+
+    category, what = "image", "clip"
+    pixels = draws = True
+
+    def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """``(N, T, H, W, C)``, whatever the layout it crossed in (a view)."""
+        return super().view(raw, device).permute(LAYOUTS[self.layout])
+
+    def frames(self, x: torch.Tensor) -> torch.Tensor:
+        return x[:, 0]  # (N, H, W, C): one draw per clip, for its frames' size
+
+    def prepared(self, x: torch.Tensor, prepare: Any, moves: Moves | None) -> torch.Tensor:
+        """Cropped to ``size`` (``boxes``), moved and coloured by ``moves`` and ``prepare``'s
+        generators, one draw per clip; normalized with ``prepare``'s mean/std into ``out``."""
+        n, t = x.shape[:2]
+        boxes = self.boxes(x, moves, prepare.generator(torch.device("cpu")))
+        if boxes is None:
+            x = x.contiguous()  # a copy only for clips that crossed in another layout
+        else:
+            out = x.new_empty((n, t, *self.size, x.shape[4]))
+            for i, box in enumerate(boxes.tolist()):  # a crop's size differs by clip
+                crop_into(x[i], box, out[i])
+            x = out
+        frames = x.view(n * t, *x.shape[2:])  # (N*T, H, W, C)
+        if moves is not None:
+            frames = clip_pixels(frames, n, moves, prepare.generator(x.device))
+        return self.normalized(frames, n, prepare)
+
+    def boxes(self, x: torch.Tensor, moves: Moves | None, host: torch.Generator):
+        """``(N, 4)`` ``(top, left, height, width)`` on the CPU, a box per clip: the resized
+        crop's of ``moves``, else a crop of ``size``, at random (``host``) under an
+        ``Augment``, in the centre (torchvision's ``CenterCrop`` rounding) without; None where
+        the clips keep their size."""
+        if moves is not None and moves.boxes is not None:
+            return moves.boxes
+        n, (h, w), (sh, sw) = len(x), x.shape[2:4], self.size
+        if (sh, sw) == (h, w):
+            return None
+        if moves is None:
+            at = torch.tensor([[round((h - sh) / 2), round((w - sw) / 2)]]).expand(n, 2)
+        else:  # RandomCrop's draw: each corner uniform where the crop fits
+            spare = torch.tensor([h - sh, w - sw], dtype=torch.float64)
+            at = (torch.rand(n, 2, generator=host, dtype=torch.float64) * (spare + 1)).long()
+        return torch.cat([at, torch.tensor([[sh, sw]]).expand(n, 2)], 1)
+
+    def normalized(self, frames: torch.Tensor, n: int, prepare: Any) -> torch.Tensor:
+        """uint8 ``(N*T, H, W, C)`` -> normalized ``out``, written by one ``normalize``: for
+        NCTHW the frames are taken as ``(N, T*H, W, C)`` images, whose ``(N, C, T*H, W)``
+        result is ``(N, C, T, H, W)``."""
+        nt, h, w, c = frames.shape
+        t, ncthw = nt // n, self.out == "NCTHW"
+        images = frames.view(n, t * h, w, c) if ncthw else frames
+        y = normalize(images, prepare.mean, prepare.std, dtype=prepare.dtype,
+                      channels_last=prepare.channels_last)  # fmt: skip
+        return y.view(n, c, t, h, w) if ncthw else y.view(n, t, c, h, w)
+
+
+def clip_pixels(frames: torch.Tensor, n: int, moves: Moves, generator) -> torch.Tensor:
+    """``Augment.pixels`` on ``n`` clips' frames (``(N*T, H, W, C)``, clip by clip): the crop
+    shifts and flips of ``moves``, colour jitter and cutout drawn once per clip on
+    ``generator`` (as for ``n`` images) and given to each of its frames."""
+    aug, t = moves.augment, len(frames) // n
+
+    def each(per_clip: torch.Tensor | None) -> torch.Tensor | None:  # (N, ...) -> (N*T, ...)
+        return None if per_clip is None else per_clip.repeat_interleave(t, 0)
+
+    frames = Moves(aug, None, each(moves.shifts), each(moves.flips)).shift_and_flip(frames)
+    first = frames[::t]  # (N, H, W, C): what the draws are made for
+    if aug.jitter:
+        j = aug.jitter
+        frames = color_jitter(frames, each(color_jitter_params(first, j, j, j, generator)))
+    if aug.cutout:
+        zero = _zero_squares if frames.device.type == "cpu" else erase
+        frames = zero(frames, each(cutout_params(first, generator)), aug.cutout)
+    return frames

@@ -1,0 +1,300 @@
+"""The audio kind (``latecast.waveform``): int16 clips cross as stored and come out as the usual
+float32 pipeline's (``torchaudio.load``'s x / 32768, cropped, padded, a gain, a log-mel) on the
+device; the bytes they save; bad input named; a speech-commands-style classifier trained on
+them as on the float32 pipeline's."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+import latecast
+from latecast.errors import BatchError, ConfigError
+
+try:
+    import torchaudio
+except ImportError:  # no hard dependency: the mel is checked against its formula below
+    torchaudio = None
+
+RATE = 16000
+
+
+def clips(n: int, sizes: list[int], channels: int | None = None, seed: int = 0) -> list:
+    """``n`` int16 clips of the given sizes (cycled): noise, some of it loud."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for k in range(n):
+        shape = (sizes[k % len(sizes)],) if channels is None else (channels, sizes[k % len(sizes)])
+        out.append(torch.randint(-20000, 20000, shape, dtype=torch.int16, generator=g))
+    return out
+
+
+def usual(clip: torch.Tensor, length: int, start: int = 0) -> torch.Tensor:
+    """The float32 pipeline's clip, in a DataLoader worker: as torchaudio.load normalizes it,
+    cropped at ``start`` or zero-padded at the end to ``length``."""
+    x = clip.float() / 32768
+    x = x[..., start : start + length]
+    return F.pad(x, (0, length - x.shape[-1]))
+
+
+class Clips(Dataset):
+    """Clips and their labels, as stored (``float32``: as the usual pipeline makes them)."""
+
+    def __init__(self, waves: list, length: int | None = None) -> None:
+        self.waves, self.length = waves, length
+
+    def __len__(self) -> int:
+        return len(self.waves)
+
+    def __getitem__(self, i: int):
+        w = self.waves[i]
+        return (w if self.length is None else usual(w, self.length)), i % 10
+
+
+def ragged(batch: list) -> tuple:
+    """A custom collate: the clips as a list (they differ in length), the labels stacked."""
+    return [w for w, _ in batch], torch.tensor([y for _, y in batch])
+
+
+def test_clips_of_one_length_cross_as_int16_and_equal_the_float32_pipeline():
+    waves = clips(12, [RATE + 400], channels=1)
+    stored = DataLoader(Clips(waves), batch_size=4)
+    floats = DataLoader(Clips([usual(w, RATE + 400)[..., 200:-200] for w in waves]), 4)
+    spec = {0: latecast.waveform(RATE, crop="centre")}
+    wrapped = latecast.wrap(stored, device="cpu", fields=spec)
+    mover = latecast.Mover(device="cpu", fields=spec)
+    for (x, y), (m, _), (want, label) in zip(wrapped, map(mover, stored), floats):
+        assert x.dtype == torch.float32 and x.shape == (4, 1, RATE)
+        torch.testing.assert_close(x, want.to("cpu"), atol=1e-6, rtol=0)
+        assert torch.equal(m, x) and torch.equal(y, label)
+    s = wrapped.stats
+    assert s.other_bytes == 12 * (RATE + 400) * 2  # int16, as stored
+    assert s.usual_bytes - s.label_bytes * 8 == 12 * (RATE + 400) * 4  # float32: 2.00x
+    assert (s.usual_bytes - 12 * 8) / s.other_bytes == 2.0
+
+
+def test_ragged_and_padded_clips_come_out_padded_to_the_declared_length_with_their_lengths():
+    sizes = [12000, RATE, 17000, 9000]
+    waves = clips(8, sizes)
+    want = torch.stack([usual(w, RATE) for w in waves])
+    lengths = torch.tensor([min(len(w), RATE) for w in waves])
+    loader = DataLoader(Clips(waves), batch_size=4, collate_fn=ragged)
+    spec = latecast.waveform(RATE, pad=True, crop="start")
+    got = list(latecast.wrap(loader, device="cpu", fields={0: spec}))
+    torch.testing.assert_close(torch.cat([b[0].audio for b in got]), want, atol=1e-6, rtol=0)
+    assert torch.equal(torch.cat([b[0].lengths for b in got]), lengths)
+
+    def padded(batch):  # torchaudio's tutorial shape: zero-padded to the longest, its lengths
+        waves, labels = ragged(batch)
+        n = torch.tensor([len(w) for w in waves])
+        return torch.nn.utils.rnn.pad_sequence(waves, batch_first=True), n, labels
+
+    loader = DataLoader(Clips(waves), batch_size=4, collate_fn=padded)
+    spec = latecast.waveform(RATE, pad=True, crop="start", lengths=1)
+    got = list(latecast.wrap(loader, device="cpu", fields={0: spec}))
+    torch.testing.assert_close(torch.cat([b[0].audio for b in got]), want, atol=1e-6, rtol=0)
+    assert torch.equal(torch.cat([b[0].lengths for b in got]), lengths)
+
+
+@pytest.mark.parametrize("dtype, scale, zero", [(torch.uint8, 128, 128), (torch.int32, 2**31, 0)])
+def test_other_widths_are_scaled_as_torchaudio_load_scales_them(dtype, scale, zero):
+    """8-bit WAV (unsigned, silence at 128) and 32-bit PCM, padded beside their lengths to
+    more than their longest: the padding is silence, 0.0."""
+    info = torch.iinfo(dtype)
+    g = torch.Generator().manual_seed(0)
+    waves = torch.randint(info.min, info.max, (3, 2, 1000), dtype=torch.int64, generator=g)
+    lengths = torch.tensor([1000, 700, 10])
+    stored = waves.to(dtype)
+    spec = latecast.waveform(1200, dtype=dtype, pad=True, lengths="n")
+    out = latecast.Mover(device="cpu", fields={"a": spec})({"a": stored, "n": lengths})["a"]
+    want = (waves.double() - zero) / scale  # (x - 128) / 128, x / 2**31: torchaudio.load's
+    want = want * (torch.arange(1000) < lengths[:, None, None])
+    torch.testing.assert_close(out.audio, F.pad(want, (0, 200)).float(), atol=1e-6, rtol=0)
+    assert out.lengths.tolist() == lengths.tolist()
+
+
+def test_stereo_ragged_clips_keep_their_channels():
+    waves = clips(3, [15000, 17000, 16100], channels=2)
+    out = latecast.Mover(
+        device="cpu", fields={"a": latecast.waveform(RATE, pad=True, crop="centre")}
+    )({"a": waves})["a"]
+    spare = [max(w.shape[-1] - RATE, 0) // 2 for w in waves]
+    want = torch.stack([usual(w, RATE, s) for w, s in zip(waves, spare)])
+    assert out.audio.shape == (3, 2, RATE)
+    torch.testing.assert_close(out.audio, want, atol=1e-6, rtol=0)
+    assert out.lengths.tolist() == [15000, RATE, RATE]
+
+
+def test_random_crops_and_gains_are_per_clip_in_range_and_the_same_for_the_same_seed():
+    waves = clips(6, [RATE + 300, RATE + 1000, RATE])
+    batch = ([w.numpy() for w in waves],)  # numpy arrays, as a collate of one's own gives them
+
+    def run(seed, gain=None, position=0):
+        mover = latecast.Mover(
+            device="cpu", seed=seed, fields={0: latecast.waveform(RATE, gain=gain)}
+        )
+        mover.position = position
+        return mover(batch)[0]
+
+    plain = run(0)
+    for k, (w, row) in enumerate(zip(waves, plain)):
+        windows = usual(w, len(w)).unfold(0, RATE, 1)  # every crop the clip has
+        assert (windows == row).all(1).sum() >= 1, f"clip {k} is no crop of itself"
+    assert torch.equal(run(0), plain) and not torch.equal(run(0, position=1), plain)
+    assert not torch.equal(run(1), plain)
+    loud = run(0, gain=(-6.0, 3.0))  # crops drawn first: the same crops, then a gain
+    per_clip = (loud / plain.where(plain != 0, 1)).median(1).values  # |samples| < 0.62: no clamp
+    torch.testing.assert_close(loud, plain * per_clip[:, None], rtol=1e-5, atol=1e-6)
+    assert (10 ** (-6 / 20) <= per_clip).all() and (per_clip <= 10 ** (3 / 20)).all()
+    assert per_clip.std() > 0  # drawn per clip
+
+
+def mel_reference(x: torch.Tensor, rate: int, n_fft: int, hop: int, n_mels: int) -> torch.Tensor:
+    """torchaudio's MelSpectrogram + AmplitudeToDB by their documented formulas, in float64:
+    reflect-padded frames, a periodic Hann window, |DFT|^2, HTK triangles from f_min 0 to
+    rate / 2 (torchaudio.functional.melscale_fbanks), 10 log10(max(x, 1e-10))."""
+    x = F.pad(x.double()[None], (n_fft // 2, n_fft // 2), mode="reflect")[0]
+    frames = x.unfold(-1, n_fft, hop)  # (..., frames, n_fft)
+    k = torch.arange(n_fft, dtype=torch.float64)
+    window = 0.5 - 0.5 * torch.cos(2 * math.pi * k / n_fft)
+    f = torch.arange(n_fft // 2 + 1, dtype=torch.float64)
+    angle = 2 * math.pi * f[:, None] * k[None] / n_fft
+    re, im = (frames * window) @ torch.cos(angle).T, (frames * window) @ torch.sin(angle).T
+    power = re**2 + im**2  # (..., frames, freqs)
+    hz = torch.linspace(0, rate // 2, n_fft // 2 + 1, dtype=torch.float64)
+    top = 2595 * math.log10(1 + (rate / 2) / 700)
+    edges = 700 * (10 ** (torch.linspace(0, top, n_mels + 2, dtype=torch.float64) / 2595) - 1)
+    bank = torch.zeros(len(hz), n_mels, dtype=torch.float64)
+    for m in range(n_mels):  # triangle m rises from edge m to m + 1, falls to m + 2
+        left, centre, right = edges[m : m + 3].tolist()
+        rise, fall = (hz - left) / (centre - left), (right - hz) / (right - centre)
+        bank[:, m] = torch.minimum(rise, fall).clamp(min=0)
+    return (10 * torch.log10((power @ bank).clamp(min=1e-10))).transpose(-1, -2)
+
+
+def test_the_log_mel_on_the_device_is_torchaudios_by_its_formula():
+    waves = torch.stack(clips(3, [RATE]))
+    spec = latecast.waveform(RATE, crop="start", mel=dict(n_fft=512, hop_length=160, n_mels=40))
+    got = latecast.Mover(device="cpu", fields={0: spec})((waves,))[0]
+    want = mel_reference(waves.float() / 32768, RATE, 512, 160, 40)
+    assert got.shape == (3, 40, RATE // 160 + 1)
+    torch.testing.assert_close(got.double(), want, atol=2e-3, rtol=1e-4)
+
+
+@pytest.mark.skipif(torchaudio is None, reason="torchaudio is not installed")
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"n_mels": 64, "f_min": 20.0, "f_max": 7600.0, "top_db": 80.0}, {"log": "log"}],
+)
+def test_the_log_mel_equals_torchaudios_in_the_workers(options):
+    waves = clips(4, [RATE + 800], channels=1)
+    loader = DataLoader(Clips(waves), batch_size=4)
+    spec = latecast.waveform(RATE, crop="centre", mel=options)
+    ((got, _),) = latecast.wrap(loader, device="cpu", fields={0: spec})
+    kw = {k: v for k, v in options.items() if k not in ("log", "top_db")}
+    mel, db = torchaudio.transforms.MelSpectrogram(RATE, **kw), torchaudio.transforms.AmplitudeToDB
+    log = (
+        (lambda s: torch.log(s + 1e-6)) if options.get("log") else db(top_db=options.get("top_db"))
+    )
+    want = torch.stack([log(mel(usual(w, RATE, 400))) for w in waves])  # (4, 1, n_mels, 81)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "value, spec, says",
+    [
+        (torch.zeros(2, RATE), {}, "is declared torch.int16 audio but is torch.float32"),
+        (torch.zeros(2, 1, 1, RATE, dtype=torch.int16), {}, "give (N, L) or (N, C, L)"),
+        (torch.zeros(RATE, dtype=torch.int16), {}, "give (N, L) or (N, C, L)"),
+        (torch.zeros(2, 9000, dtype=torch.int16), {}, "clip at position 0 has 9000 samples"),
+        ([torch.zeros(RATE, dtype=torch.int16)] * 2 + [torch.zeros(10, dtype=torch.int16)], {},
+         "clip at position 2 has 10 samples"),
+        (torch.full((2, RATE), 40000, dtype=torch.int32), {}, "samples 40000..40000 do not fit"),
+        (torch.full((2, RATE), -1, dtype=torch.int16), {"dtype": torch.uint8}, "-1..-1 do not fit"),
+        (["not a clip"], {}, "is declared audio but is list"),
+        (torch.zeros(2, RATE, dtype=torch.int16), {"lengths": "n"}, "lengths field 'n' must"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_batch_error_naming_the_field(value, spec, says):
+    mover = latecast.Mover(device="cpu", fields={"audio": latecast.waveform(RATE, **spec)})
+    with pytest.raises(BatchError, match="field 'audio'") as err:
+        mover({"audio": value, "n": torch.tensor([RATE + 1, 5])})
+    assert says in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ({"length": 0}, "length"),
+        ({"dtype": torch.float32}, "dtype"),
+        ({"crop": "middle"}, "crop"),
+        ({"gain": (3, -3)}, "gain"),
+        ({"mel": {"n_mel": 40}}, "unknown option 'n_mel'"),
+        ({"mel": {"f_max": 9000.0}}, "f_max"),
+        ({"mel": {"log": "ln"}}, "log"),
+        ({"length": 100, "mel": True}, "length"),
+    ],
+)
+def test_bad_options_are_one_config_error_naming_them(options, says):
+    with pytest.raises(ConfigError, match="latecast.waveform") as err:
+        latecast.waveform(**{"length": RATE, **options})
+    assert says in str(err.value)
+
+
+class M5(torch.nn.Module):
+    """The speech-commands classifier's shape (torchaudio's tutorial): strided conv on the raw
+    waveform, batch norm, pooling, a linear head over the classes; smaller."""
+
+    def __init__(self, classes: int = 10, width: int = 8) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv1d(1, width, kernel_size=80, stride=16)
+        self.bn1 = torch.nn.BatchNorm1d(width)
+        self.conv2 = torch.nn.Conv1d(width, width, kernel_size=3)
+        self.bn2 = torch.nn.BatchNorm1d(width)
+        self.fc = torch.nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool1d(F.relu(self.bn1(self.conv1(x))), 4)
+        x = F.max_pool1d(F.relu(self.bn2(self.conv2(x))), 4)
+        return F.log_softmax(self.fc(x.mean(-1)), -1)
+
+
+def train(model: torch.nn.Module, batches, wave=lambda x: x) -> list[float]:
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=1e-4)
+    losses = []
+    for x, y in batches:
+        loss = F.nll_loss(model(wave(x)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def test_a_speech_commands_classifier_trains_as_on_the_float32_pipeline():
+    """1-s int16 clips at 16 kHz, some shorter (padded, as the tutorial's collate pads them),
+    a few steps of the tutorial's optimizer: the same losses and weights as on float32."""
+    waves = clips(24, [RATE, 14000, 15500], channels=1, seed=3)
+    torch.manual_seed(0)
+    model = M5()
+    twin = copy.deepcopy(model)
+
+    def floats(batch):  # the usual: float32 in the worker, padded to 1 s
+        return torch.stack([usual(w, RATE) for w, _ in batch]), torch.tensor([y for _, y in batch])
+
+    usual_loader = DataLoader(Clips(waves), batch_size=8, shuffle=False, collate_fn=floats)
+    want = train(model, usual_loader)
+    loader = DataLoader(Clips(waves), batch_size=8, collate_fn=ragged)
+    spec = latecast.waveform(RATE, pad=True, crop="start")
+    wrapped = latecast.wrap(loader, device="cpu", fields={0: spec})
+    got = train(twin, wrapped, wave=lambda clips: clips.audio)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for p, q in zip(twin.parameters(), model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+    assert wrapped.stats.other_bytes < 24 * RATE * 4 / 2 + 24 * 8 + 1  # int16 and the lengths
