@@ -262,3 +262,13 @@ def test_a_file_of_no_images_or_labels_is_named(tmp_path, run_cli):
         f"latecast: error: {tmp_path}/train-images-idx3-ubyte: images of shape (0, 28, 28), "
         "that is none\n"
     )
+
+
+def test_a_header_of_a_zero_and_huge_dimensions_is_a_format_error():
+    """A flipped ndim byte can read the values as dimensions: one of them 0 (so the header
+    claims no bytes, and the file's size agrees) beside others whose product numpy cannot
+    hold. Found by the byte-flip property test: a ValueError from numpy, now a FormatError."""
+    dims = (3, 4, 2**31, 2**32 - 1, 2**20, 0, 2**31)
+    data = bytes([0, 0, 0x0E, len(dims)]) + struct.pack(f">{len(dims)}I", *dims)
+    with pytest.raises(FormatError, match=r"huge.idx: IDX header .* is no array numpy can hold"):
+        parse_idx(data, "huge.idx")

@@ -298,9 +298,10 @@ def test_bad_shards_are_one_line_each_and_odd_good_ones_read(tmp_path, run_cli):
     write_shard(bad / "b-001.tar", 10, 0)
     with pytest.warns(UserWarning, match="b-001.tar: no samples"):
         assert run_cli("index", f"{bad}/b-*.tar").rc == 0
-        proc = run_cli("train", f"{bad}/b-*.tar", "--check")
+        proc = run_cli("train", f"{bad}/b-*.tar", "--check", "--output-dir", tmp_path / "r")
     one_line(proc, "test shard", "b-001.tar", "no samples")
-    one_line(run_cli("train", bad / "b-000.tar", "--check"), "1 shard(s); give two or more")
+    one = run_cli("train", bad / "b-000.tar", "--check", "--output-dir", tmp_path / "r")
+    one_line(one, "1 shard(s); give two or more")
     one_line(run_cli("index", f"{bad}/none-*.tar"), "no shards match it")
     with tarfile.open(bad / "b-002.tar", "w") as tar:  # a sample without its label
         tar.addfile(tarfile.TarInfo("000009.jpg"), io.BytesIO(b""))

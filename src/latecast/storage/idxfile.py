@@ -112,8 +112,10 @@ def _parse(f: BinaryIO, name: str, size: int | None, limit: int) -> np.ndarray:
                 f"{name}: IDX header ({described}) needs {expected:,} bytes but "
                 f"{what} holds {actual:,} bytes"
             )
-    # (N, ...) big-endian -> native order; astype copies, so the result is writable
-    return np.frombuffer(payload, dtype).reshape(dims).astype(dtype.newbyteorder("="))
+    try:  # (N, ...) big-endian -> native order; astype copies, so the result is writable
+        return np.frombuffer(payload, dtype).reshape(dims).astype(dtype.newbyteorder("="))
+    except ValueError as e:  # a dimension 0 beside ones whose product numpy cannot hold
+        raise FormatError(f"{name}: IDX header ({described}) is no array numpy can hold") from e
 
 
 def check_role(array: np.ndarray, role: str, name: str) -> np.ndarray:
