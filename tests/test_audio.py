@@ -75,8 +75,8 @@ def test_clips_of_one_length_cross_as_int16_and_equal_the_float32_pipeline():
         assert torch.equal(m, x) and torch.equal(y, label)
     s = wrapped.stats
     assert s.other_bytes == 12 * (RATE + 400) * 2  # int16, as stored
-    assert s.usual_bytes - s.label_bytes * 8 == 12 * (RATE + 400) * 4  # float32: 2.00x
-    assert (s.usual_bytes - 12 * 8) / s.other_bytes == 2.0
+    assert s.usual_bytes - s.label_bytes * 8 == 12 * (RATE + 400) * 2  # as they arrived
+    assert 12 * (RATE + 400) * 4 / s.other_bytes == 2.0  # float32 (torchaudio.load's): 2.00x
 
 
 def test_ragged_and_padded_clips_come_out_padded_to_the_declared_length_with_their_lengths():

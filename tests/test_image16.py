@@ -156,8 +156,8 @@ def test_without_a_scale_it_is_todtype_scale_true(dtype):
 
 
 def test_a_range_maps_to_0_1_and_crosses_half_the_bytes_of_float32():
-    """Depth in millimetres, ``range=(0, 10000)``: x / 10000; image bytes 2 a pixel, the
-    usual (float32) 4: counted by the wrapped loader's stats."""
+    """Depth in millimetres, ``range=(0, 10000)``: x / 10000; image bytes 2 a pixel (float32's
+    4), counted by the wrapped loader's stats; ``usual_bytes`` is wrap's: as they arrived."""
     depth = torch.randint(0, 10001, (8, 1, 12, 10), generator=torch.Generator().manual_seed(3))
     batches = [{"depth": depth.to(torch.uint16), "y": torch.arange(8)}]
     w = latecast.wrap(batches, device="cpu", fields={"depth": latecast.image16(range=(0, 10000))})
@@ -165,8 +165,8 @@ def test_a_range_maps_to_0_1_and_crosses_half_the_bytes_of_float32():
     torch.testing.assert_close(out["depth"], depth.float() / 10000, atol=1e-6, rtol=0)
     s = w.stats
     assert s.image_bytes == depth.numel() * 2  # as stored
-    assert s.usual_bytes - 8 * 8 == depth.numel() * 4  # float32, beside int64 labels
-    assert (s.usual_bytes - 8 * 8) / s.image_bytes == 2.0
+    assert s.usual_bytes - 8 * 8 == depth.numel() * 2  # as they arrived, beside int64 labels
+    assert depth.float().numel() * 4 / s.image_bytes == 2.0  # float32's bytes, made on the host
 
 
 def _plan(value, kind, **options):

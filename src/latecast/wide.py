@@ -17,7 +17,6 @@ Loader: ``stored`` is its field, ``prepare_stored`` its prepare stage.
 from __future__ import annotations
 
 import functools
-import math
 import numbers
 from dataclasses import dataclass
 from typing import Any
@@ -184,10 +183,6 @@ class Image16Field(Image):
 
     what = "16-bit image"
     draws = True
-
-    @property
-    def usual_bytes(self) -> int:  # the usual way: float32 made on the host
-        return math.prod(self.shape) * 4
 
     def pack(self, dst: torch.Tensor, value: torch.Tensor) -> None:
         """The stored bits, as int16 (torch 2.4 copies few uint16 tensors); a Loader's

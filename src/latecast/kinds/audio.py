@@ -228,8 +228,8 @@ class Samples(Field):
 
     @property
     def usual_bytes(self) -> int:
-        """The same samples as float32 (``torchaudio.load``'s)."""
-        return math.prod(self.shape) * 4
+        """The samples as they arrived (``batch.to(device)``'s; a ragged list's, the same)."""
+        return self.cut
 
     def pack(self, dst: torch.Tensor, value: Any) -> None:
         """The samples, then the lengths (their bytes: ``dst`` may not be 8-aligned there)."""
