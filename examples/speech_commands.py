@@ -59,7 +59,7 @@ data = Commands(args.clips)
 
 # --8<-- [start:wrap]
 dl = DataLoader(data, batch_size=16, shuffle=True, collate_fn=ragged)  # int16 clips, ragged
-train = latecast.wrap(dl, fields={0: latecast.waveform(RATE, pad=True, mel=True)})
+train = latecast.wrap(dl, fields={0: latecast.waveform(16000, pad=True, mel=True)})  # 1 s
 # --8<-- [end:wrap]
 model = torch.nn.Sequential(  # (N, 128 mels, 81 frames) -> a word
     torch.nn.AdaptiveMaxPool1d(1),  # each band's loudest frame: the padding's -100 dB never wins

@@ -56,8 +56,13 @@ data = Clips(args.clips)
 
 # --8<-- [start:wrap]
 dl = DataLoader(data, batch_size=8, shuffle=True)  # uint8 (N, T, H, W, C)
-train = latecast.wrap(dl, mean=MEAN, std=STD, augment=latecast.Augment(flip=0.5),
-                      fields={0: latecast.clip(frames=8, size=32)})  # fmt: skip
+train = latecast.wrap(
+    dl,
+    mean=MEAN,
+    std=STD,
+    augment=latecast.Augment(flip=0.5),  # one draw a clip, for all its frames
+    fields={0: latecast.clip(frames=8, size=32)},  # a random 32x32 crop under the Augment
+)
 # --8<-- [end:wrap]
 model = torch.nn.Sequential(  # (N, 3, 8, 32, 32) -> a motion
     torch.nn.Conv3d(3, 8, 3, padding=1),
