@@ -116,6 +116,39 @@ def nanogpt(out: str) -> None:
     assert math.isfinite(loss + val) and moved == 2 * tokens and usual == 8 * tokens
 
 
+def steps_and_loss(out: str, steps: int) -> None:
+    """``K steps, loss A -> B``: all ``steps`` ran, the loss finite and lower at the end."""
+    ((ran, first, last),) = numbers(r"(\d+) steps, loss (\d+\.\d+) -> (\d+\.\d+)", out)
+    assert ran == steps and math.isfinite(first + last) and last < first, out[-2000:]
+
+
+def ct_segmentation(out: str) -> None:
+    steps_and_loss(out, 8)  # 2 epochs of 32 slices in batches of 8
+    out = out.replace(",", "")
+    ((moved, usual),) = numbers(
+        r"(\d+) image bytes crossed as int16 (\d+) as float32 \(2\.00x\)", out
+    )
+    assert moved == 2 * 32 * 64 * 64 * 2 and usual == 2 * moved  # 2 bytes a pixel, float32's 4
+    assert stat(out, "label_bytes") == 2 * 32 * 64 * 64  # the masks: one byte a pixel
+
+
+def speech_commands(out: str) -> None:
+    steps_and_loss(out, 6)  # 2 epochs of 48 clips in batches of 16
+    out = out.replace(",", "")
+    pattern = r"(\d+) samples of (\d+) clips: (\d+) bytes crossed .*? (\d+) as float32"
+    ((samples, clips, moved, usual),) = numbers(pattern, out)
+    assert clips == 96 and 96 * 12000 <= samples <= 96 * 16000  # ragged: 0.75 to 1 s
+    assert moved == 2 * samples + 8 * clips and usual == 4 * samples  # int16 and the lengths
+
+
+def video_clips(out: str) -> None:
+    steps_and_loss(out, 6)  # 2 epochs of 24 clips in batches of 8
+    out = out.replace(",", "")
+    pattern = r"(\d+) bytes crossed as uint8 (\d+) as float32 frames \(4\.00x\)"
+    ((moved, usual),) = numbers(pattern, out)
+    assert moved == 2 * 24 * 8 * 40 * 40 * 3 and usual == 4 * moved  # 40x40: cropped on the device
+
+
 @dataclass(frozen=True)
 class Example:
     needs: str  # the module it needs
@@ -151,6 +184,11 @@ EXAMPLES = {
         plain,
     ),
     "nanogpt_tokens.py": Example("torch", ("{path}", "--steps=5"), nanogpt),
+    "ct_segmentation.py": Example(
+        "torch", ("{path}", "--slices=32", "--epochs=2"), ct_segmentation
+    ),
+    "speech_commands.py": Example("torch", ("{path}", "--clips=48", "--epochs=2"), speech_commands),
+    "video_clips.py": Example("torch", ("{path}", "--clips=24", "--epochs=2"), video_clips),
 }
 
 
