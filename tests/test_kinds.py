@@ -3,7 +3,9 @@ defined in this file alone crosses and finishes through every path that packs a 
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch.utils.data import DataLoader, TensorDataset
 
 import latecast
 from latecast.fields import Field, Image, Taken
@@ -61,3 +63,58 @@ def test_the_loaders_packer_takes_the_same_kind():
     assert torch.equal(got_images, b["image"][rows])
     assert torch.equal(plans[1].finish(got_x), b["x"] * 2)
     assert (stats.image_bytes, stats.other_bytes, stats.copies) == (2 * 6 * 6 * 3, 8, 1)
+
+
+def test_the_new_kinds_under_the_lightning_hook_come_out_as_through_wrap():
+    """16-bit images with a mask, audio and a video clip in one batch, declared to a
+    ``PrepareOnDevice`` LightningModule under a real ``Trainer``: each training step sees
+    what ``wrap`` makes of the same batch (no augmentation: nothing drawn), and the bytes
+    counted are wrap's."""
+    pytest.importorskip("lightning")
+    import lightning as L
+    from _helpers import lightning_trainer
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(
+        torch.randint(-1024, 3000, (16, 1, 8, 8), dtype=torch.int16, generator=g),
+        torch.randint(0, 3, (16, 8, 8), generator=g),
+        torch.randint(-3000, 3000, (16, 1, 1600), dtype=torch.int16, generator=g),
+        torch.randint(0, 256, (16, 4, 8, 8, 3), dtype=torch.uint8, generator=g),
+        torch.randint(0, 2, (16,), generator=g),
+    )
+    fields = {
+        0: latecast.image16(window=(-1000, 400)),
+        1: "mask",
+        2: latecast.waveform(1600),
+        3: latecast.clip(frames=4),
+    }
+    seen = []
+
+    class Model(latecast.PrepareOnDevice, L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.prepare_on_device(fields=fields, mean=(0.5,), std=(0.25,))
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def training_step(self, batch, i):
+            seen.append([t.clone() for t in batch])
+            return self.w * batch[0].mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), 0.1)
+
+    model = Model()
+    lightning_trainer(max_steps=2, enable_checkpointing=False).fit(
+        model, DataLoader(data, batch_size=8)
+    )
+    wrapped = latecast.wrap(
+        DataLoader(data, batch_size=8), device="cpu", fields=fields, mean=(0.5,), std=(0.25,)
+    )
+    want = list(wrapped)
+    assert len(seen) == len(want) == 2
+    for got, ref in zip(seen, want):
+        floats, ints = torch.float32, torch.int64
+        assert [t.dtype for t in got] == [floats, ints, floats, floats, ints]
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert model.latecast_stats.h2d_bytes == wrapped.stats.h2d_bytes
