@@ -308,46 +308,45 @@ def _plan(folder: Path, config: ConvertConfig) -> tuple[tuple[str, ...], dict[st
 
 
 def _scan(config: ConvertConfig, splits: dict, headers: Callable) -> _Job:
-    """Keep the files whose header reads (``headers(items)`` -> ``(item, ((H, W), grey?))``)
+    """Keep the files whose header reads (``headers(items)`` -> ``(item, ((H, W), mode))``)
     in ``splits``, and decide from them how every image is stored."""
-    infos, files = [], []
+    heads = []
     for name, items in splits.items():
-        heads = list(headers(items))
-        splits[name], infos = [item for item, _ in heads], infos + [info for _, info in heads]
-        files += [path for (path, _), _ in heads]
+        split = list(headers(items))
+        splits[name], heads = [item for item, _ in split], heads + split
         if not splits[name]:
             raise FormatError(
                 f"{config.folder} ({name or 'train'} split): no readable images "
                 f"(suffixes {sorted(IMAGE_SUFFIXES)})"
             )
-    shapes, depth = Counter(hw for hw, *_ in infos), _depth(config.depth, files, infos)
+    modes = [(path, mode) for (path, _), (_, mode) in heads]
+    shapes, depth = Counter(hw for _, (hw, _) in heads), _depth(config.depth, modes)
     encoding = config.encoding or ("raw" if len(shapes) == 1 or depth == 16 else "jpeg")
     if depth == 16 and encoding != "raw":
         raise ConfigError("16-bit images are stored raw (a JPEG holds 8 bits): --encoding raw")
     return _Job(
         encoding,
         config.hw or shapes.most_common(1)[0][0],
-        "L" if all(grey for _, grey, _ in infos) else "RGB",
+        "L" if all(mode in GREY_MODES for _, mode in modes) else "RGB",
         config.quality,
         depth,
     )
 
 
-def _depth(asked: str, files: list[Path], infos: list) -> int:
-    """Bits a pixel in the store (``ConvertConfig.depth``) from each file's mode (the third
-    of its ``infos``); a FormatError naming the first file that does not fit 16 bits where
-    16 are asked for, or where ``"auto"`` finds 16-bit images among others."""
-    modes = [mode for *_, mode in infos]
-    sixteen = [mode in SIXTEEN for mode in modes]
-    if asked == "8" or asked == "auto" and not any(sixteen):
+def _depth(asked: str, modes: list[tuple[Path, str]]) -> int:
+    """Bits a pixel in the store (``ConvertConfig.depth``) from each file's ``(path, mode)``;
+    a FormatError naming the first file that does not fit 16 bits where 16 are asked for,
+    or where ``"auto"`` finds 16-bit images among others."""
+    first = next((path for path, mode in modes if mode in SIXTEEN), None)
+    if asked == "8" or asked == "auto" and first is None:
         return 8
     takes = SIXTEEN | ({"I"} if asked == "16" else set())  # I: its values checked decoded
-    odd = next((i for i, mode in enumerate(modes) if mode not in takes), None)
+    odd = next(((path, mode) for path, mode in modes if mode not in takes), None)
     if odd is None:
         return 16
-    why = "--depth 16" if asked == "16" else f"{_shown(files[sixteen.index(True)])} (I;16)"
+    why = "--depth 16" if asked == "16" else f"{_shown(first)} (I;16)"
     raise FormatError(
-        f"{_shown(files[odd])}: a {modes[odd]} image, not 16-bit greyscale as {why}; "
+        f"{_shown(odd[0])}: a {odd[1]} image, not 16-bit greyscale as {why}; "
         "--depth 8 stores every image in 8 bits (deeper ones scaled from their own min..max)"
     )
 
@@ -522,10 +521,10 @@ def _read(path: Path, fn: Callable, whole: bool):
         return FormatError(f"{_shown(path)}: not a readable image ({why})")
 
 
-def _header(path: Path) -> tuple[tuple[int, int], bool] | FormatError:
-    """``((H, W), greyscale?, mode)`` from the file's header (Pillow reads its first KBs
-    only), H and W as the image shows upright (EXIF orientation 5 to 8 turns it a quarter)."""
-    return _read(path, lambda im, _: (_upright_size(im), im.mode in GREY_MODES, im.mode), False)
+def _header(path: Path) -> tuple[tuple[int, int], str] | FormatError:
+    """``((H, W), mode)`` from the file's header (Pillow reads its first KBs only), H and W
+    as the image shows upright (EXIF orientation 5 to 8 turns it a quarter)."""
+    return _read(path, lambda im, _: (_upright_size(im), im.mode), False)
 
 
 def _upright_size(im) -> tuple[int, int]:
@@ -541,7 +540,7 @@ def _load(job: _Job, path: Path):
 def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndarray, bool]:
     """What one image adds to its split: the bytes stored (pixels at the training size; for
     jpeg the file itself when it is an 8-bit JPEG, else a re-encoding), its (H, W) as stored,
-    the int64 sums of its pixels and of their squares at the training size, (2, C), and
+    the sums of its pixels and of their squares at the training size, (2, C) Python ints, and
     whether the bytes are the file's own."""
     from PIL import ImageOps
 
