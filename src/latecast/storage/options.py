@@ -15,7 +15,7 @@ DATASET_HELP = (
     "WebDataset tar shards, streamed once indexed by latecast index (http://.../shard-{000..009}"
     ".tar, s3://..., path/shard-*.tar; the last is the test split)"
 )
-_KINDS = {"int": int, "float": float, "str": str, "bool": bool}
+TYPES = {"int": int, "float": float, "str": str, "bool": bool}  # a field's kind -> its type
 
 
 def option(
@@ -47,6 +47,6 @@ def validate(config: Any) -> None:
         value, choices = getattr(config, f.name), f.metadata.get("choices")
         if value is None and f.default is None:
             continue
-        want = _KINDS[kind(f)] if choices is None else tuple(choices)
+        want = TYPES[kind(f)] if choices is None else tuple(choices)
         bounds = {k: f.metadata.get(k) for k in ("low", "high", "above", "below")}
         object.__setattr__(config, f.name, check(value, f.name, want, **bounds))

@@ -22,16 +22,13 @@ from typing import Callable
 
 from .. import __version__
 from ..errors import LatecastError
-from ..storage.options import DATASET_HELP, kind
+from ..storage.options import DATASET_HELP, TYPES, kind
 from .text import human_bytes
 
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-
-
-_TYPES = {"int": int, "float": float}  # an option's type by its field's kind (else str)
 
 
 def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None]:
@@ -53,7 +50,7 @@ def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None
             if kind(f) == "bool":
                 how = {"action": argparse.BooleanOptionalAction}
             else:
-                how = {"type": _TYPES.get(kind(f), str), "metavar": meta["metavar"]}
+                how = {"type": TYPES[kind(f)], "metavar": meta["metavar"]}
             p.add_argument(*names, default=default, help=meta["help"] + shown, **how)
 
     return add
