@@ -57,11 +57,12 @@ class BenchConfig(measure.MeasureConfig):
     output_dir: str = option("runs/bench", "bench.json, bench.md and bench.png go here")
 
 
-def _upper_bound(ds: Dataset, cfg: BenchConfig, device: torch.device) -> Iterator[Batch]:
-    """A uint8 batch already on the device: the only work left is augment + normalize."""
+def _upper_bound(
+    ds: Dataset, cfg: BenchConfig, device: torch.device, aug: transforms.Augment | None
+) -> Iterator[Batch]:
+    """A uint8 batch already on the device: the only work left is ``aug`` + normalize."""
     x = torch.randint(0, 256, (cfg.batch_size, *ds.image_shape), dtype=torch.uint8, device=device)
     y = torch.zeros(cfg.batch_size, dtype=torch.int64, device=device)
-    aug = transforms.Augment.parse(cfg.augment)
     g = torch.Generator(device=device).manual_seed(cfg.seed)
     while True:
         yield transforms.normalize(x if aug is None else aug(x, g), ds.mean, ds.std), y
@@ -99,7 +100,7 @@ def loader_throughput(
         )
         out[label] = rates(lambda dl=dl: measure.to_device(iter(dl), device))
         del dl  # stop its workers before the next setting starts its own
-    out["upper-bound"] = rates(lambda: _upper_bound(ds, cfg, device))
+    out["upper-bound"] = rates(lambda: _upper_bound(ds, cfg, device, aug))
     count = itertools.count()
     out["gather"] = rates(lambda: _gather(ds, cfg, next(count)))
     return out
