@@ -226,12 +226,12 @@ class Image16Field(Image):
             y = y.add_(32768)  # exact: float32 holds every integer below 2**24
         if self.window is not None:
             y = y.clamp_(*self.window)
-        mean, std = _constants(str(x.device), self.mean, self.std)
+        mean, std = _constants(x.device, self.mean, self.std)
         return y.sub_(mean).div_(std)
 
 
 @functools.lru_cache(maxsize=64)  # per batch: a small host->device copy spared
-def _constants(device: str, mean: tuple, std: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+def _constants(device: torch.device, mean: tuple, std: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 ``mean`` and ``std`` on ``device``, ``(C,)``: broadcast over ``(N, H, W, C)``."""
     return tuple(torch.tensor(v, dtype=torch.float32, device=device) for v in (mean, std))
 
