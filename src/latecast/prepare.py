@@ -80,7 +80,7 @@ class Prepare:
         """Decode (to ``size``, else ``self.size``), augment with the generators as
         ``next_batch`` seeded them (by ``moves``, drawn here unless given), normalize (into
         ``out``), erase, mix. uint16 pixels (or their int16 bits): ``wide.prepare_stored``."""
-        if getattr(images, "dtype", None) in (torch.int16, torch.uint16):  # a 16-bit Dataset's
+        if getattr(images, "dtype", None) in wide.DEEP:  # a 16-bit Dataset's (or its bits)
             return wide.prepare_stored(self, images, labels, indices, out, moves)
         g, host = self.generator(images.device), self.generator(_HOST)
         moves = self.moves(images, indices) if moves is None else moves

@@ -195,18 +195,22 @@ class Image16Field(Image):
         """``(N, H, W, C)`` int16 bits, whatever the layout it crossed in."""
         return nhwc(raw.view(torch.int16).view(self.shape), self.layout)
 
-    def prepared(self, x: torch.Tensor, prepare: Any, moves: Moves | None) -> torch.Tensor:
-        """Float ``(N, C, H, W)`` in ``prepare``'s dtype and memory format: scaled, then the
-        resized crop (bilinear, antialiased: torchvision's on float tensors), crop and flips of
-        ``moves``, then ``prepare``'s erasing."""
+    def prepared(
+        self, x: torch.Tensor, prepare: Any, moves: Moves | None, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Float ``(N, C, H, W)`` in ``prepare``'s dtype and memory format (written into
+        ``out`` when given): scaled, then the resized crop (bilinear, antialiased:
+        torchvision's on float tensors), crop and flips of ``moves``, then ``prepare``'s
+        erasing."""
         y = self.scaled(x)  # float32 (N, H, W, C)
         if moves is not None:
             if moves.boxes is not None:
                 y = resized_crop_float(y, moves.boxes, tuple(y.shape[1:3]))
             y = moves.shift_and_flip(y)
-        n, h, w, c = y.shape
-        fmt = torch.channels_last if prepare.channels_last else torch.contiguous_format
-        out = torch.empty((n, c, h, w), dtype=prepare.dtype, device=y.device, memory_format=fmt)
+        if out is None:
+            n, h, w, c = y.shape
+            fmt = torch.channels_last if prepare.channels_last else torch.contiguous_format
+            out = torch.empty((n, c, h, w), dtype=prepare.dtype, device=y.device, memory_format=fmt)
         out.copy_(y.permute(0, 3, 1, 2))  # one copy: the layout and the rounding to dtype
         if prepare.erase is not None:
             out = prepare.erase(out, prepare.generator(out.device))
@@ -222,12 +226,12 @@ class Image16Field(Image):
             y = y.add_(32768)  # exact: float32 holds every integer below 2**24
         if self.window is not None:
             y = y.clamp_(*self.window)
-        mean, std = _constants(str(x.device), self.mean, self.std)
+        mean, std = _constants(x.device, self.mean, self.std)
         return y.sub_(mean).div_(std)
 
 
 @functools.lru_cache(maxsize=64)  # per batch: a small host->device copy spared
-def _constants(device: str, mean: tuple, std: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+def _constants(device: torch.device, mean: tuple, std: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     """float32 ``mean`` and ``std`` on ``device``, ``(C,)``: broadcast over ``(N, H, W, C)``."""
     return tuple(torch.tensor(v, dtype=torch.float32, device=device) for v in (mean, std))
 
@@ -266,7 +270,7 @@ def prepare_stored(prepare: Any, images, labels, indices=None, out=None, moves=N
     _check_augment("images", prepare.augment)
     x = images.view(torch.int16)
     moves = prepare.moves(x, indices) if moves is None else moves
-    y = stored(prepare.mean, prepare.std).prepared(x, prepare, moves)
+    y = stored(prepare.mean, prepare.std).prepared(x, prepare, moves, out)  # no second copy
     if prepare.mix is not None:
         y, labels = prepare.mix(y, labels, prepare.generator(torch.device("cpu")))
-    return (y if out is None else out.copy_(y)), labels
+    return (y if out is None or y is out else out.copy_(y)), labels
