@@ -514,3 +514,21 @@ def test_the_epochs_order_is_one_for_any_world_size_and_a_resume_leaves_what_was
             taken = np.concatenate([pl.ids[: sum(pl.sizes[:p])] for pl in plans])
             left = Plan(stream, epoch, 0, 1, batch, **{**args, "remaining": plans[0].left(p)})
             assert sorted([*taken, *left.ids]) == list(range(total))
+
+
+def test_a_stream_loaders_state_without_its_world_size_is_one_config_error(tmp_path, run_cli):
+    """A stream resumes on any number of ranks by splitting what the saving run's ranks had
+    left, so its state must say how many there were: without it (a hand-made or cut state),
+    one ConfigError naming ``world_size``, not a KeyError from inside the source."""
+    from latecast.errors import ConfigError
+    from latecast.loader import Loader
+    from latecast.storage.stream import open_shards
+
+    make_shards(tmp_path / "s")
+    assert run_cli("index", f"{tmp_path}/s/shard-*.tar").rc == 0
+    loader = Loader(open_shards(f"{tmp_path}/s/shard-*.tar"), 4, device="cpu", seed=0)
+    state = loader.state_dict()
+    del state["world_size"]
+    with pytest.raises(ConfigError, match=r"state\['world_size'\]"):
+        loader.load_state_dict(state)
+    loader.load_state_dict(loader.state_dict())  # whole, it loads

@@ -328,6 +328,8 @@ class Loader(Epochs):
         keys = ["seed", "batch_size", "world_size", "num_samples", "order"]
         if self.source.elastic:  # a stream splits what is left over any number of ranks
             keys.remove("world_size")
+            saved = state.get("world_size")
+            refuse([(whole(saved, 1), "state['world_size']", saved, "the saving run's ranks")])
         older = dict(order="random")  # saved before the order was
         differ = [k for k in keys if state.get(k, older.get(k)) != mine[k]]
         if differ:
