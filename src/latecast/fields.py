@@ -59,6 +59,18 @@ def value_range(t: torch.Tensor) -> tuple[int, int]:
     return int(a.min()), int(a.max())
 
 
+def check_fits(name: Name, t: torch.Tensor, *dtypes: torch.dtype, what: str = "values") -> None:
+    """BatchError naming field ``name`` unless integers ``t`` fit each of ``dtypes`` (its
+    values read once, only where ``t``'s dtype may not fit)."""
+    seen = None
+    for d in dtypes:
+        if not fits(d, *limits(t.dtype)) and not fits(d, *(seen := seen or value_range(t))):
+            raise BatchError(
+                f"field {name!r}: {what} {seen[0]}..{seen[1]} do not fit the declared {d} "
+                f"({'..'.join(map(str, limits(d)))})"
+            )
+
+
 def widen(raw: torch.Tensor, dtype: np.dtype) -> torch.Tensor:
     """Integer bytes (uint8 on the device) holding ``dtype`` values, as int64."""
     if dtype == np.uint16:  # through int16: torch 2.4 has few uint16 ops
@@ -210,13 +222,7 @@ class Integer(Field):
             raise BatchError(
                 f"field {name!r} is {t.dtype}: fields= declares {cross} for integer fields only"
             )
-        seen = None
-        for d in (cross, out) if cross else ():
-            if not fits(d, *limits(t.dtype)) and not fits(d, *(seen := seen or value_range(t))):
-                raise BatchError(
-                    f"field {name!r}: values {seen[0]}..{seen[1]} do not fit the declared {d} "
-                    f"({'..'.join(map(str, limits(d)))})"
-                )
+        check_fits(name, t, *((cross, out) if cross else ()))
         return cls(name, t.dtype, tuple(t.shape), t.dtype, out, cross and (cross, out))
 
     def narrow(self, value: torch.Tensor, options: Any) -> Field:
