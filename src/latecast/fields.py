@@ -71,6 +71,17 @@ def check_fits(name: Name, t: torch.Tensor, *dtypes: torch.dtype, what: str = "v
             )
 
 
+def check_bytes(name: Name, t: torch.Tensor, what: str) -> None:
+    """BatchError unless integers ``t``, a field declared ``what`` that crosses as uint8, hold
+    0..255 (read: call it only where ``t`` is not uint8)."""
+    low, high = value_range(t)
+    if not (0 <= low and high <= 255):
+        raise BatchError(
+            f"field {name!r} is declared {what}: its {t.dtype} values {low}..{high} do not fit "
+            "uint8 (0..255)"
+        )
+
+
 def widen(raw: torch.Tensor, dtype: np.dtype) -> torch.Tensor:
     """Integer bytes (uint8 on the device) holding ``dtype`` values, as int64."""
     if dtype == np.uint16:  # through int16: torch 2.4 has few uint16 ops
@@ -167,12 +178,7 @@ class Image(Field):
     def plan(cls, name: Name, t: torch.Tensor, options: Any, declared: bool = True) -> Image:
         shape = tuple(t.shape)
         if declared and integral(t.dtype) and t.dtype != torch.uint8 and t.ndim in (3, 4):
-            low, high = value_range(t)  # int64 from Hugging Face datasets: crosses as uint8
-            if not (0 <= low and high <= 255):
-                raise BatchError(
-                    f"field {name!r} is declared an image: its {t.dtype} values {low}..{high} "
-                    "do not fit uint8 (0..255)"
-                )
+            check_bytes(name, t, "an image")  # int64 from Hugging Face datasets: crosses as uint8
         elif t.dtype != torch.uint8 or t.ndim not in (3, 4):
             raise BatchError(
                 f"field {name!r} is {'declared ' if declared else ''}an image and must be uint8 "

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import BatchError, ConfigError, check, numbers_of, refuse
-from ..fields import Field, Name, integral, value_range
+from ..fields import Field, Name, check_bytes, integral
 from ..transforms import (
     Augment,
     Moves,
@@ -53,12 +53,7 @@ class Clip:
                 "(TorchCodec, torchvision.io), not ConvertImageDtype()'s floats"
             )
         if t.dtype != torch.uint8:  # int64 from a collate: crosses as uint8 if it fits
-            low, high = value_range(t)
-            if not (0 <= low and high <= 255):
-                raise BatchError(
-                    f"field {name!r} is declared clips: its {t.dtype} values {low}..{high} do "
-                    "not fit uint8 (0..255)"
-                )
+            check_bytes(name, t, "clips")
         n, frames, h, w, c = (shape[i] for i in LAYOUTS[self.layout])
         if self.frames is not None and frames != self.frames:
             than = "shorter" if frames < self.frames else "longer"
