@@ -270,6 +270,32 @@ def test_hugging_face_rows_of_files_on_disk_are_read_from_their_path(tmp_path):
             next(iter(latecast.wrap([(gone,)], device="cpu", fields=fields)))
 
 
+def test_rows_of_files_on_disk_are_each_read_once_a_batch(tmp_path):
+    """An undeclared field of ``{"bytes": None, "path": p}`` rows: recognised as JPEG by its
+    first file, then every file read once (they were read twice a batch: the recognising read
+    all of them, and the plan again), as Python's ``open`` audit events count them."""
+    import sys
+
+    import latecast
+
+    paths = [tmp_path / f"{i}.jpg" for i in range(4)]
+    for i, p in enumerate(paths):
+        p.write_bytes(jpeg(smooth(20, 30, i)))
+    opened: list[str] = []
+    here = str(tmp_path)
+    sys.addaudithook(  # for good (hooks cannot be removed): it counts only this test's files
+        lambda event, args: (
+            opened.append(str(args[0]))
+            if event == "open" and str(args[0]).startswith(here)
+            else None
+        )
+    )
+    rows = [{"bytes": None, "path": str(p)} for p in paths]
+    images, _ = next(iter(latecast.wrap([(rows, torch.arange(4))], device="cpu")))
+    assert images.shape == (4, 3, 20, 30)
+    assert sorted(opened) == sorted([str(paths[0])] + [str(p) for p in paths])  # the first twice
+
+
 def test_files_of_mixed_sizes_need_a_declared_size(mixed_files):
     import latecast
     from latecast.errors import BatchError

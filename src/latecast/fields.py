@@ -59,6 +59,29 @@ def value_range(t: torch.Tensor) -> tuple[int, int]:
     return int(a.min()), int(a.max())
 
 
+def check_fits(name: Name, t: torch.Tensor, *dtypes: torch.dtype, what: str = "values") -> None:
+    """BatchError naming field ``name`` unless integers ``t`` fit each of ``dtypes`` (its
+    values read once, only where ``t``'s dtype may not fit)."""
+    seen = None
+    for d in dtypes:
+        if not fits(d, *limits(t.dtype)) and not fits(d, *(seen := seen or value_range(t))):
+            raise BatchError(
+                f"field {name!r}: {what} {seen[0]}..{seen[1]} do not fit the declared {d} "
+                f"({'..'.join(map(str, limits(d)))})"
+            )
+
+
+def check_bytes(name: Name, t: torch.Tensor, what: str) -> None:
+    """BatchError unless integers ``t``, a field declared ``what`` that crosses as uint8, hold
+    0..255 (read: call it only where ``t`` is not uint8)."""
+    low, high = value_range(t)
+    if not (0 <= low and high <= 255):
+        raise BatchError(
+            f"field {name!r} is declared {what}: its {t.dtype} values {low}..{high} do not fit "
+            "uint8 (0..255)"
+        )
+
+
 def widen(raw: torch.Tensor, dtype: np.dtype) -> torch.Tensor:
     """Integer bytes (uint8 on the device) holding ``dtype`` values, as int64."""
     if dtype == np.uint16:  # through int16: torch 2.4 has few uint16 ops
@@ -155,12 +178,7 @@ class Image(Field):
     def plan(cls, name: Name, t: torch.Tensor, options: Any, declared: bool = True) -> Image:
         shape = tuple(t.shape)
         if declared and integral(t.dtype) and t.dtype != torch.uint8 and t.ndim in (3, 4):
-            low, high = value_range(t)  # int64 from Hugging Face datasets: crosses as uint8
-            if not (0 <= low and high <= 255):
-                raise BatchError(
-                    f"field {name!r} is declared an image: its {t.dtype} values {low}..{high} "
-                    "do not fit uint8 (0..255)"
-                )
+            check_bytes(name, t, "an image")  # int64 from Hugging Face datasets: crosses as uint8
         elif t.dtype != torch.uint8 or t.ndim not in (3, 4):
             raise BatchError(
                 f"field {name!r} is {'declared ' if declared else ''}an image and must be uint8 "
@@ -210,13 +228,7 @@ class Integer(Field):
             raise BatchError(
                 f"field {name!r} is {t.dtype}: fields= declares {cross} for integer fields only"
             )
-        seen = None
-        for d in (cross, out) if cross else ():
-            if not fits(d, *limits(t.dtype)) and not fits(d, *(seen := seen or value_range(t))):
-                raise BatchError(
-                    f"field {name!r}: values {seen[0]}..{seen[1]} do not fit the declared {d} "
-                    f"({'..'.join(map(str, limits(d)))})"
-                )
+        check_fits(name, t, *((cross, out) if cross else ()))
         return cls(name, t.dtype, tuple(t.shape), t.dtype, out, cross and (cross, out))
 
     def narrow(self, value: torch.Tensor, options: Any) -> Field:

@@ -465,19 +465,33 @@ class Augment:
         images = images if moves.boxes is None else resized_crop(images, moves.boxes, (h, w))
         return self.pixels(images, moves, generator)
 
-    def pixels(self, images: torch.Tensor, moves: Moves, generator=None) -> torch.Tensor:
-        """``moves``' crop and flips, then jitter and cutout drawn on ``generator``."""
+    def pixels(
+        self, images: torch.Tensor, moves: Moves, generator=None, frames: int = 1
+    ) -> torch.Tensor:
+        """``moves``' crop and flips, then jitter and cutout drawn on ``generator``. With
+        ``frames`` > 1 ``images`` are clips' frames, ``(N*T, H, W, C)`` clip by clip: each draw
+        (``moves``' too) is made per clip, for its ``frames`` frames alike."""
+        first = images  # (N, H, W, C): what the draws are made for
+        if frames > 1:  # a clip's shift and flip, for each of its frames
+            per_frame = (_frames(x, frames) for x in (moves.shifts, moves.flips))
+            moves, first = Moves(moves.augment, None, *per_frame), images[::frames]
         images = moves.shift_and_flip(images)
         if self.jitter:
             j = self.jitter
-            images = color_jitter(images, color_jitter_params(images, j, j, j, generator))
+            factors = color_jitter_params(first, j, j, j, generator)
+            images = color_jitter(images, _frames(factors, frames))
         if self.cutout:
             zero = _zero_squares if images.device.type == "cpu" else erase
-            images = zero(images, cutout_params(images, generator), self.cutout)
+            images = zero(images, _frames(cutout_params(first, generator), frames), self.cutout)
         return images
 
     def __str__(self) -> str:
         return ",".join(f"{k}={v}" for k, v in vars(self).items() if v and v != "zero") or "crop=0"
+
+
+def _frames(per_clip: torch.Tensor | None, frames: int) -> torch.Tensor | None:
+    """``(N, ...)`` draws as ``(N*T, ...)``, each clip's for its ``frames`` frames."""
+    return per_clip if frames == 1 or per_clip is None else per_clip.repeat_interleave(frames, 0)
 
 
 # --augment and --mix: "name[=value],...", a bare name the CIFAR-style value (and the type) here

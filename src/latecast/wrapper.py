@@ -116,8 +116,9 @@ class Fields:
         self.leaves = leaves  # the batch's fields, for a kind read beside another (lengths)
         for name, value in leaves:
             t, plan = as_tensor(value), self.plans.get(name)
-            if plan is None and t is None and not self.moved and encoded.recognised(value, name):
-                plan = encoded.Jpeg()
+            if plan is None and t is None and not self.moved:
+                files = encoded.recognised(value, name)  # read once: rows may be read from paths
+                plan, value = (plan, value) if files is None else (encoded.Jpeg(), files)
             if t is not None and t.device.type != "cpu" and not self.moved:
                 raise BatchError(
                     f"field {name!r} is already on {t.device}: wrap moves batches from host "

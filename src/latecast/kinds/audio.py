@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import BatchError, ConfigError, check, refuse
-from ..fields import Field, Name, as_tensor, fits, integral, limits, numpy_dtype, value_range
+from ..fields import Field, Name, as_tensor, check_fits, integral, numpy_dtype
 
 WIDTHS = (torch.int16, torch.int32, torch.int8, torch.uint8)  # what a field may be stored in
 CROPS = ("random", "centre", "start")
@@ -162,14 +162,7 @@ class Waveform:
                 f"field {name!r} is declared {self.dtype} audio but is {clip.dtype}: yield the "
                 "samples as stored (torchaudio.load(normalize=False), soundfile's dtype='int16')"
             )
-        if clip.dtype == self.dtype or fits(self.dtype, *limits(clip.dtype)):
-            return
-        seen = value_range(clip)
-        if not fits(self.dtype, *seen):
-            raise BatchError(
-                f"field {name!r}: samples {seen[0]}..{seen[1]} do not fit the declared "
-                f"{self.dtype} ({'..'.join(map(str, limits(self.dtype)))})"
-            )
+        check_fits(name, clip, self.dtype, what="samples")
 
     def _lengths(self, name: Name, t: torch.Tensor | None, clips: list, options: Any):
         """Each clip's samples as stored, int64 ``(N,)`` on the host."""

@@ -16,16 +16,11 @@ from typing import Any
 import torch
 
 from ..errors import BatchError, ConfigError, check, numbers_of, refuse
-from ..fields import Field, Name, integral, value_range
+from ..fields import Field, Name, check_bytes, integral
 from ..transforms import (
     Augment,
     Moves,
-    _zero_squares,
-    color_jitter,
-    color_jitter_params,
     crop_into,
-    cutout_params,
-    erase,
     normalize,
 )
 
@@ -53,12 +48,7 @@ class Clip:
                 "(TorchCodec, torchvision.io), not ConvertImageDtype()'s floats"
             )
         if t.dtype != torch.uint8:  # int64 from a collate: crosses as uint8 if it fits
-            low, high = value_range(t)
-            if not (0 <= low and high <= 255):
-                raise BatchError(
-                    f"field {name!r} is declared clips: its {t.dtype} values {low}..{high} do "
-                    "not fit uint8 (0..255)"
-                )
+            check_bytes(name, t, "clips")
         n, frames, h, w, c = (shape[i] for i in LAYOUTS[self.layout])
         if self.frames is not None and frames != self.frames:
             than = "shorter" if frames < self.frames else "longer"
@@ -206,17 +196,4 @@ def clip_pixels(frames: torch.Tensor, n: int, moves: Moves, generator) -> torch.
     """``Augment.pixels`` on ``n`` clips' frames (``(N*T, H, W, C)``, clip by clip): the crop
     shifts and flips of ``moves``, colour jitter and cutout drawn once per clip on
     ``generator`` (as for ``n`` images) and given to each of its frames."""
-    aug, t = moves.augment, len(frames) // n
-
-    def each(per_clip: torch.Tensor | None) -> torch.Tensor | None:  # (N, ...) -> (N*T, ...)
-        return None if per_clip is None else per_clip.repeat_interleave(t, 0)
-
-    frames = Moves(aug, None, each(moves.shifts), each(moves.flips)).shift_and_flip(frames)
-    first = frames[::t]  # (N, H, W, C): what the draws are made for
-    if aug.jitter:
-        j = aug.jitter
-        frames = color_jitter(frames, each(color_jitter_params(first, j, j, j, generator)))
-    if aug.cutout:
-        zero = _zero_squares if frames.device.type == "cpu" else erase
-        frames = zero(frames, each(cutout_params(first, generator)), aug.cutout)
-    return frames
+    return moves.augment.pixels(frames, moves, generator, frames=len(frames) // n)
