@@ -20,6 +20,7 @@ from .transforms import FLOATS
 Name = Union[str, int]
 NARROW = tuple(getattr(torch, n) for n in ("uint8", "int8", "uint16", "int16", "int32", "int64"))
 OUTS = NARROW + FLOATS + (torch.float64,)  # what a declared integer field may come out in
+LAYOUTS = ("auto", "NHWC", "NCHW")  # where images keep their channels (auto: recognised)
 
 
 class Taken(NamedTuple):

@@ -26,11 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from .errors import BatchError, ConfigError, numbers_of, refuse
-from .fields import Image, Name, Taken, limits, nhwc, value_range
+from .fields import LAYOUTS, Image, Name, Taken, limits, nhwc, value_range
 from .transforms import Augment, Moves
 
 DEEP = (torch.uint16, torch.int16)
-LAYOUTS = ("auto", "NHWC", "NCHW")
 
 
 @dataclass(frozen=True)

@@ -17,14 +17,13 @@ import torch
 from . import encoded
 from .distributed import placement
 from .errors import BatchError, ConfigError, check, numbers_of, refuse
-from .fields import Field, Image, Integer, Mask, as_tensor, declaration, image_hint, split
+from .fields import LAYOUTS, Field, Image, Integer, Mask, as_tensor, declaration, image_hint, split
 from .loader import Epochs
 from .prepare import Augmentation, Mixing, Prepare
 from .threads import one_thread
 from .transfer import Ring, Sent, TransferStats, ahead, pack, unpack
 from .transforms import FLOATS, Augment, Erasing
 
-LAYOUTS = ("auto", "NHWC", "NCHW")
 ALTFLIP = "without altflip (it needs each sample's dataset index, which only a Loader has)"
 MASKS = "a latecast.Augment where fields= declares a mask (its geometric draws move the mask)"
 
