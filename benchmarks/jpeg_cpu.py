@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np, torch
 torch.set_num_threads(1)
 from torchcodec.decoders._image_decoders import ImageReadMode, _decode_jpeg
-from latecast.data import Encoded
-from latecast.decode import decode
+from latecast.kinds.decode import Encoded
+from latecast.kinds.decode import decode
 from latecast.loader import Loader
 from latecast.transforms import Augment
 from latecast.transforms import resized_crop_params

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from latecast.data import EncodedDataset, channel_stats
+from latecast.data import channel_stats
+from latecast.kinds.jpegfiles import EncodedDataset
 
 SUFFIXES = {".jpg", ".jpeg"}
 

@@ -33,11 +33,12 @@ import torch
 from jpeg_folder import encoded_folder
 
 from latecast.distributed import resolve_device
+from latecast.kinds.jpeg import JpegStore
 from latecast.loader import Loader
 from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store
 from latecast.tools.measure import epochs, markdown_table, rates, run_info, to_device
-from latecast.transfer import Jpeg, float32_bytes, uint8_bytes
+from latecast.transfer import float32_bytes, uint8_bytes
 from latecast.transforms import Augment
 
 
@@ -123,7 +124,7 @@ def main() -> None:
     medians = {k: float(np.median(v)) for k, v in runs.items()}
     n = len(ds)
     nbytes = {
-        "jpeg": Jpeg.epoch_bytes(ds)["per_epoch"],
+        "jpeg": JpegStore.epoch_bytes(ds)["per_epoch"],
         "uint8": uint8_bytes(ds, n),
         "float32 (torchvision)": float32_bytes(ds, n),
     }

@@ -114,7 +114,7 @@ def silent_damage(jpeg: bytes) -> bytes:
     (the first such byte from the middle of the scan): some pixels wrong, nothing said."""
     import torch
 
-    from latecast.decode import libjpeg_says, read
+    from latecast.kinds.decode import libjpeg_says, read
 
     cpu, as_tensor = (
         torch.device("cpu"),

@@ -47,7 +47,7 @@ def _latecast_env(tmp_path_factory):
 def decoder(request, monkeypatch):
     """Each test once per decoder: simplejpeg (a CPU device's first choice), TorchCodec's,
     and torchvision's fallback (the one the GPU machine, without TorchCodec, runs)."""
-    from latecast import decode
+    from latecast.kinds import decode
 
     pytest.importorskip(request.param)
     if request.param != "simplejpeg":

@@ -1,8 +1,9 @@
 """The package's shape, read from its source with ``ast`` (nothing is imported): no import
 cycle (imports by name, as the CLI imports each command's module, included), and the
 folder rule. The core (modules at the top of the package) imports nothing from the
-subpackages; ``integrations``, ``kinds`` and ``storage`` import only the core; ``trainer`` the
-core and storage; ``tools`` anything. Nothing imports ``tools`` but ``tools`` and ``__main__``."""
+subpackages; ``kinds`` (field kinds beyond the core's) import only the core; ``integrations``
+and ``storage`` the core and the kinds; ``trainer`` those and storage; ``tools`` anything.
+Nothing imports ``tools`` but ``tools`` and ``__main__``."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ PACKAGE = Path(importlib.util.find_spec("latecast").submodule_search_locations[0
 # folder -> the folders its modules may import ("" is the core)
 ALLOWED = {
     "": {""},
-    "integrations": {"", "integrations"},
+    "integrations": {"", "integrations", "kinds"},
     "kinds": {"", "kinds"},
-    "storage": {"", "storage"},
-    "trainer": {"", "storage", "trainer"},
-    "tools": {"", "integrations", "storage", "trainer", "tools"},
+    "storage": {"", "kinds", "storage"},
+    "trainer": {"", "kinds", "storage", "trainer"},
+    "tools": {"", "integrations", "kinds", "storage", "trainer", "tools"},
 }
 ALIASES = {"lightning"}  # old names kept for programs that import them: they import the new
 

@@ -16,7 +16,7 @@ from latecast.tools.bench import bytes_per_epoch
 from latecast.tools.measure import epochs
 from latecast.transfer import MOVERS
 
-PIXEL_MOVERS = [name for name, m in MOVERS.items() if not m.encoded]
+PIXEL_MOVERS = list(MOVERS)
 
 LOADERS = [
     "float32",

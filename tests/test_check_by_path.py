@@ -248,8 +248,8 @@ def store_files() -> list[bytes]:
 def make_store(root: Path, files: list[bytes], k_file: bytes | None = None) -> Path:
     """``root/train`` (the ``N`` files, file ``K`` replaced by ``k_file``) and ``root/test``,
     written as ``latecast convert`` writes a JPEG store; labels alternate 0, 1."""
-    from latecast.data import EncodedDataset
-    from latecast.jpegheader import jpeg_header
+    from latecast.kinds.jpegfiles import EncodedDataset
+    from latecast.kinds.jpegheader import jpeg_header
     from latecast.storage.store import write_store
 
     for split, n in (("train", N), ("test", 4)):
@@ -393,7 +393,7 @@ def shard_fault(check: str, folder: Path) -> dict:
         path.write_bytes(bytes(data))
     elif check == "bomb":  # indexed by a latecast without the pixel limit
         rewrite(path, key, bomb())
-        from latecast import jpegheader  # the one limit (too_big reads it)
+        from latecast.kinds import jpegheader  # the one limit (too_big reads it)
 
         limit, jpegheader.MAX_PIXELS = jpegheader.MAX_PIXELS, 10**12
         try:

@@ -20,8 +20,9 @@ from _helpers import damage_scan, seed_of, smooth
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from latecast.data import EncodedDataset, from_arrays
+from latecast.data import from_arrays
 from latecast.errors import ConfigError, FormatError, WriteError
+from latecast.kinds.jpegfiles import EncodedDataset
 from latecast.storage.convert import _shown, _spread, convert_folder
 from latecast.storage.store import open_store, write_store
 

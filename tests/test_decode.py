@@ -13,11 +13,12 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from PIL import Image
 
-from latecast.data import EncodedDataset
-from latecast.decode import decode
 from latecast.errors import ConfigError, FormatError
+from latecast.kinds.decode import decode
+from latecast.kinds.jpeg import JpegStore
+from latecast.kinds.jpegfiles import EncodedDataset
 from latecast.loader import Loader
-from latecast.transfer import MOVERS, Jpeg, resolve
+from latecast.transfer import MOVERS, resolve
 from latecast.transforms import Augment, Mix, centre_boxes, resized_crop_params
 
 SIZES = [(40, 56), (32, 32), (61, 23), (32, 32), (90, 120), (33, 47), (32, 32), (50, 50)]
@@ -90,7 +91,7 @@ def test_jpeg_batches_equal_pillow_plus_the_centre_crop(colour):
 
 def test_decode_with_random_boxes_equals_pillow_plus_the_same_crop(colour):
     _, ds = colour
-    batch = next(Jpeg(ds, torch.device("cpu"), 8).batches([torch.arange(8)]))[0]
+    batch = next(JpegStore(ds, torch.device("cpu"), 8).batches([torch.arange(8)]))[0]
     boxes = resized_crop_params(batch.sizes, (0.1, 1.0), generator=torch.Generator().manual_seed(0))
     out = decode(batch, (24, 20), boxes).cpu()
     assert out.shape == (8, 24, 20, 3) and out.dtype == torch.uint8
@@ -173,7 +174,7 @@ def test_bytes_counted_are_the_compressed_files_beside_uint8(colour):
     s = loader.stats
     assert loader.transfer == "jpeg" and s.copies == len(loader) == 3
     assert s.image_bytes == int(ds.offsets[-1]) and s.label_bytes == len(SIZES)
-    assert s.h2d_bytes == Jpeg.epoch_bytes(ds)["per_epoch"]
+    assert s.h2d_bytes == JpegStore.epoch_bytes(ds)["per_epoch"]
     assert s.decoded_bytes == len(SIZES) * 32 * 32 * 3  # what uint8 would have moved
     assert s.image_bytes < s.decoded_bytes
 
@@ -238,8 +239,7 @@ def test_nvjpeg_batches_are_close_to_pillow_and_repeatable(colour):
 
 
 def test_a_damaged_file_is_named_once_and_other_text_on_fd2_is_passed_on(colour, capfd):
-    from latecast.data import Encoded
-    from latecast.decode import _named
+    from latecast.kinds.decode import Encoded, _named
 
     images, _ = colour
     files = [jpeg_bytes(im) for im in images[:4]]

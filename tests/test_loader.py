@@ -19,7 +19,7 @@ from latecast.errors import ConfigError
 from latecast.loader import Loader, epoch_order
 from latecast.transfer import MOVERS, ahead, float32_bytes
 
-STRATS = [name for name, m in MOVERS.items() if not m.encoded]  # uint8 pixels
+STRATS = list(MOVERS)  # uint8 pixels
 
 
 def collect(loader):

@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
 
-from latecast import decode
-from latecast.data import Encoded
-from latecast.jpegheader import jpeg_header, jpeg_headers
+from latecast.kinds import decode
+from latecast.kinds.decode import Encoded
+from latecast.kinds.jpegheader import jpeg_header, jpeg_headers
 from latecast.loader import Loader
 from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store
@@ -154,7 +154,7 @@ def test_convert_and_the_store_show_rotated_files_upright(tmp_path, decoder, enc
 def test_a_store_from_before_exif_turns_is_refused_naming_the_sample(decoder):
     """A jpeg store written when convert ignored EXIF recorded a turned file's size as its
     pixels lie (24x40); decoded upright (40x24) it no longer fits its crop box: one error."""
-    from latecast.data import EncodedDataset
+    from latecast.kinds.jpegfiles import EncodedDataset
 
     files = [jpeg(smooth(24, 40, 0)), jpeg(smooth(24, 40, 1), 6)]
     ds = EncodedDataset(
@@ -183,7 +183,7 @@ def mixed_files() -> list[bytes]:
 
 def store_of(files: list[bytes], size, channels=3):
     """The JPEG store ``latecast convert`` would write of these files (upright sizes)."""
-    from latecast.data import EncodedDataset
+    from latecast.kinds.jpegfiles import EncodedDataset
 
     sizes = [tuple(upright(f).shape[1:]) for f in files]
     return EncodedDataset(

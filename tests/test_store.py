@@ -32,8 +32,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
 
-from latecast.data import Dataset, EncodedDataset, from_arrays
+from latecast.data import Dataset, from_arrays
 from latecast.errors import ConfigError, FormatError, LatecastError
+from latecast.kinds.jpegfiles import EncodedDataset
 from latecast.storage import store
 from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store, write_store

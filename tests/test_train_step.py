@@ -19,7 +19,7 @@ from latecast.transforms import normalize
 AUG = latecast.Augment(crop=2, flip=0.5, cutout=3, fill="reflect")
 
 
-@pytest.mark.parametrize("transfer", [name for name, m in MOVERS.items() if not m.encoded])
+@pytest.mark.parametrize("transfer", list(MOVERS))
 def test_static_batches_are_one_storage_and_equal_the_ordinary_loader(transfer):
     """Two epochs with augmentation: the static loader's outputs live in the same two
     buffers every step and hold exactly what the ordinary loader (dropping its partial last

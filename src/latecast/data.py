@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -83,45 +83,6 @@ class Dataset(Split):
     @property
     def image_bytes(self) -> int:
         return int(self.images.nbytes)
-
-
-@dataclass(frozen=True, eq=False)
-class EncodedDataset(Split):
-    """Images kept as their encoded files (JPEG), decoded on the device."""
-
-    data: np.ndarray  # (total,) uint8, the files back to back, possibly a read-only memmap
-    offsets: np.ndarray  # (N + 1,) int64 from 0 to len(data): file i is data[o[i]:o[i + 1]]
-    sizes: np.ndarray  # (N, 2) int32 (H, W) of each image as stored
-    channels: int  # decoded to: 1 (grayscale) or 3 (RGB)
-    size: tuple[int, int]  # (H, W) every image is cropped or resized to on the device
-    encoding: str = "jpeg"  # what data holds
-    digest: str = ""  # as Dataset's (of data)
-    crc32: np.ndarray | None = None  # (N,) uint32: each file's CRC-32 as written (a store's)
-    plain: bool = False  # every file upright, 1 or 3 channels: the CPU decoder reads no header
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        n, at = len(self.labels), self.offsets
-        self._check(
-            (self.data.dtype == np.uint8 and self.data.ndim == 1, "data must be uint8 (total,)"),
-            (at.shape == (n + 1,), f"offsets must be int64 ({n + 1},)"),
-            (
-                len(at) and at[0] == 0 and at[-1] == len(self.data) and np.all(np.diff(at) > 0),
-                "offsets must rise from 0 to len(data)",
-            ),
-            (self.sizes.shape == (n, 2), f"sizes must be ({n}, 2)"),
-            (self.crc32 is None or self.crc32.shape == (n,), f"crc32 must be ({n},)"),
-            (self.channels in (1, 3), "channels must be 1 or 3"),
-            (self.encoding == "jpeg", "encoding must be 'jpeg'"),
-        )
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:  # once decoded and cropped to size
-        return (*self.size, self.channels)
-
-    @property
-    def image_bytes(self) -> int:
-        return int(self.data.nbytes)
 
 
 def channel_stats(images: np.ndarray, chunk: int = 8192) -> tuple[tuple, tuple]:
@@ -221,35 +182,3 @@ def check_labels(labels: np.ndarray, n_classes: int, where: object) -> None:
 
 
 Batch = tuple["torch.Tensor", "torch.Tensor"]  # (images, labels)
-
-
-@dataclass
-class Encoded:
-    """A batch of JPEG files back to back, as the ``jpeg`` mover hands it on: file ``i`` is
-    ``data[offsets[i]:offsets[i + 1]]``, in a slot of the mover's ring (decode it before
-    asking for the batch after next)."""
-
-    data: torch.Tensor  # (bytes,) uint8 on the CPU, pinned for a CUDA device
-    offsets: list[int]  # (n + 1,)
-    sizes: torch.Tensor  # (n, 2) int64 (H, W) as stored, on the CPU
-    indices: torch.Tensor  # (n,) int64 dataset indices, on the CPU (for error messages)
-    channels: int  # to decode to: 1 (gray) or 3 (RGB)
-    device: torch.device  # where the pixels are wanted
-    source: str = ""  # the dataset, "name/split", for messages
-    decoded: dict = field(default_factory=dict)  # wrap: position -> CHW of a non-JPEG file
-    names: list | None = None  # a stream's: each file's shard and key, for messages
-    heads: list | None = None  # wrap: each file's jpeg_header, read as it was planned
-    plain: bool = False  # every file upright, 1 or 3 channels (``EncodedDataset.plain``)
-    interpolation: str = "bilinear"  # or "bicubic": how a crop is resized to the training size
-
-    def __len__(self) -> int:
-        return len(self.sizes)
-
-    def sample(self, i: int) -> str:
-        """File ``i`` in a message: its shard and key, else its sample index in ``source``."""
-        return self.names[i] if self.names else f"{self.source}: sample {int(self.indices[i])}"
-
-    def files(self) -> list[torch.Tensor]:
-        """One 1-D uint8 view per file (what the decoders take), cut in one call."""
-        at = self.offsets
-        return list(self.data[at[0] : at[-1]].split([b - a for a, b in zip(at, at[1:])]))

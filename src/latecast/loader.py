@@ -17,12 +17,11 @@ import numpy as np
 import torch
 
 from .data import Batch, Split
-from .decode import decoder_on
 from .distributed import placement
 from .errors import ConfigError, refuse
 from .prepare import Augmentation, Mixing, Prepare
 from .threads import one_thread
-from .transfer import MOVERS, Mover, Resident, TransferStats, float32_bytes, resolve
+from .transfer import Mover, Resident, TransferStats, float32_bytes, movers_for, resolve
 from .transforms import FLOATS, Mix
 
 _ORDER = re.compile(r"random|block(?::([0-9]+):([0-9]+))?")  # "block" is block:32:256
@@ -288,9 +287,8 @@ class Loader(Epochs):
         if self._mover is None:
             self._where = placement(*self._asked)
             device = self._where[0]
-            cls = MOVERS[resolve(self._transfer, self.dataset, device)]
-            self._mover = cls(self.dataset, device, self.batch_size)
-            self._mover.stats.decoder = decoder_on(device) if cls.encoded else ""  # may fail here
+            cls = movers_for(self.dataset)[resolve(self._transfer, self.dataset, device)]
+            self._mover = cls(self.dataset, device, self.batch_size)  # may fail here
             if self.static:
                 (h, w, c), b = self.dataset.image_shape, self.batch_size
                 fmt = torch.channels_last if self.channels_last else torch.contiguous_format

@@ -12,8 +12,7 @@ from typing import Callable
 import torch
 
 from . import wide
-from .data import Batch, Encoded
-from .decode import decode
+from .data import Batch
 from .fields import Mask
 from .transforms import Augment, Moves, normalize, resized_crop
 
@@ -22,9 +21,9 @@ Mixing = Callable[[torch.Tensor, torch.Tensor, torch.Generator], Batch]
 _HOST = torch.device("cpu")
 
 
-def sizes_of(images: torch.Tensor | Encoded) -> torch.Tensor:
-    """``(N, 2)`` (H, W) of each image as it comes, on the CPU: a JPEG batch's files' own."""
-    if isinstance(images, Encoded):
+def sizes_of(images) -> torch.Tensor:
+    """``(N, 2)`` (H, W) of each image as it comes, on the CPU: files' own (``Encoded``)."""
+    if not torch.is_tensor(images):
         return images.sizes
     return torch.tensor([images.shape[1:3]]).expand(len(images), 2)
 
@@ -99,7 +98,7 @@ class Prepare:
         images, labels = self.mix(images, labels, host)
         return (images if out is None else out.copy_(images)), labels
 
-    def moves(self, images: torch.Tensor | Encoded, indices=None) -> Moves | None:
+    def moves(self, images, indices=None) -> Moves | None:
         """This batch's geometric draws (``Augment.moves``); None without an ``Augment``."""
         if not isinstance(self.augment, Augment):
             return None
@@ -108,11 +107,12 @@ class Prepare:
             images, sizes_of(images), g, host, epoch=self.epoch, indices=indices, seed=self.seed
         )
 
-    def _to_size(self, images: torch.Tensor | Encoded, moves: Moves | None, size) -> torch.Tensor:
-        """JPEG files decoded to ``size``; the resized crop of ``moves`` (while decoding)."""
+    def _to_size(self, images, moves: Moves | None, size) -> torch.Tensor:
+        """Pixels kept on the host as files (a kind's ``Encoded``: ``sizes``, ``device`` and
+        ``decode(size, boxes)``) decoded to ``size``; the resized crop of ``moves``."""
         boxes = None if moves is None else moves.boxes
-        if isinstance(images, Encoded):
-            return decode(images, size, boxes)
+        if not torch.is_tensor(images):
+            return images.decode(size, boxes)
         return images if boxes is None else resized_crop(images, boxes, tuple(images.shape[1:3]))
 
     def fields(self, plans: list, values: list, where: tuple, device: torch.device) -> list:
@@ -125,7 +125,7 @@ class Prepare:
         pixels = [i for i, f in enumerate(plans) if f is not None and f.pixels]
         if not any(mine):
             return out
-        files = [i for i in pixels if isinstance(values[i], Encoded)]
+        files = [i for i in pixels if not torch.is_tensor(values[i])]
         lead = (files or pixels or [None])[0]
         first = None if lead is None else plans[lead].frames(values[lead])
         size = plans[files[0]].size if files else None  # the masks': the images' as they come

@@ -9,7 +9,6 @@ import functools
 import math
 import os
 import warnings
-import zlib
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -18,12 +17,9 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
-from .data import Batch, Dataset, EncodedDataset
-from .decode import decoder_on
-from .encoded import JpegFile
+from .data import Batch, Dataset, Split
 from .errors import ConfigError, DeviceError
 from .fields import Field, Image, Integer, Taken, widen
-from .threads import count, pool
 from .wide import bits, stored
 
 
@@ -36,7 +32,7 @@ class TransferStats:
     index_bytes: int = 0  # resident: one int64 permutation per epoch
     other_bytes: int = 0  # fields that cross as they are (floats, bools)
     decoded_bytes: int = 0  # JPEG files: the same images as uint8 at the training size
-    decoder: str = ""  # the JPEG decoder that runs (decode.decoder_on)
+    decoder: str = ""  # the JPEG decoder that runs (kinds/decode.py)
     copies: int = 0  # host->device copy calls
     batches: int = 0  # batches yielded
     wait_seconds: float = 0.0  # host time the consumer spent waiting inside next()
@@ -54,7 +50,7 @@ class TransferStats:
             self.usual_bytes += f.usual_bytes
             if f.on_host:  # JPEG files: decoded on `device`
                 self.decoded_bytes += f.decoded_bytes
-                self.decoder = decoder_on(device)
+                self.decoder = f.decoder(device)
         self.copies += copies
 
 
@@ -63,9 +59,9 @@ def float32_bytes(dataset: Dataset, samples: int) -> int:
     return samples * (math.prod(dataset.image_shape) * 4 + 8)
 
 
-def uint8_bytes(dataset: Dataset | EncodedDataset, samples: int) -> int:
+def uint8_bytes(dataset: Split, samples: int) -> int:
     """Bytes the ``uint8`` path moves for ``samples`` images: uint8 pixels, narrow labels."""
-    pixel = dataset.images.itemsize if isinstance(dataset, Dataset) else 1  # uint16: 2
+    pixel = dataset.images.itemsize if isinstance(dataset, Dataset) else 1  # uint16: 2; files
     return samples * (math.prod(dataset.image_shape) * pixel + dataset.labels.itemsize)
 
 
@@ -185,7 +181,6 @@ class Mover:
 
     name = ""
     takes_prepared = False  # float32 only: it moves batches the host gathered and prepared
-    encoded = False  # moves an EncodedDataset (jpeg) rather than a Dataset of uint8 pixels
     slots, side = 2, False  # its ring's, where it packs
 
     def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
@@ -241,7 +236,7 @@ class Float32(Mover):
             yield x, y
 
 
-def label_field(ds: Dataset | EncodedDataset, n: int) -> Integer:
+def label_field(ds: Split, n: int) -> Integer:
     """``n`` of a dataset's narrow labels as a field of the packer (``1``: after the images)."""
     dtype = {"uint8": torch.uint8, "uint16": torch.uint16}[ds.labels.dtype.name]
     return Integer(1, dtype, (n,), dtype)
@@ -336,73 +331,27 @@ class Resident(Mover):
                 yield self.images.index_select(0, sel), self.labels.index_select(0, sel)
 
 
-class Jpeg(Mover):
-    """JPEG stores: a batch's files packed beside its narrow labels; the labels cross, the
-    files stay in the pinned slot for the decoder (nvJPEG parses them on the host)."""
-
-    name, encoded = "jpeg", True  # its 2 slots: a batch is decoded before the next is gathered
-
-    def __init__(self, dataset: EncodedDataset, device: torch.device, batch_size: int) -> None:
-        super().__init__(dataset, device, batch_size)
-        crc = getattr(dataset, "crc32", None)  # a stream has none: its index checks its files
-        self.unread = None if crc is None else np.ones(len(dataset), bool)
-
-    @staticmethod
-    def epoch_bytes(dataset: EncodedDataset) -> dict[str, int]:
-        return {"per_epoch": dataset.image_bytes + dataset.label_bytes, "once": 0}
-
-    def gather(self, item: Any) -> tuple[list[Field], list]:
-        """An index batch of a store; for a stream, the ``(EncodedDataset, ids, names)`` of a
-        batch its source read (``StreamedDataset``)."""
-        ds, idx, names = (self.dataset, item, None) if torch.is_tensor(item) else item
-        at = idx.numpy() if names is None else np.arange(len(idx))
-        data = ds.data.view(np.ndarray)  # a plain view slices faster than a memmap
-        files = [data[a:b] for a, b in zip(ds.offsets[at].tolist(), ds.offsets[at + 1].tolist())]
-        if names is None and self.unread is not None and self.unread[at].any():
-            self._first_read(at, files)
-        plans = [JpegFile.of_store(ds, files, at, idx, names), label_field(ds, len(at))]
-        return plans, [files, Taken(ds.labels, at)]
-
-    def _first_read(self, idx: np.ndarray, files: list[np.ndarray]) -> None:
-        """Files read for the first time checked against their store's CRC-32 (damage libjpeg
-        decodes silently, a lying ``offsets.npy``): a warning naming each once."""
-
-        def crcs(part: np.ndarray) -> list[int]:  # zlib lets go of the GIL past 5 KiB
-            return [zlib.crc32(files[k]) for k in part]
-
-        new, threads = np.flatnonzero(self.unread[idx]), count()
-        parts = np.array_split(new, min(threads, len(new)))
-        crc = np.concatenate([np.array(c, np.uint32) for c in pool(threads).map(crcs, parts)])
-        for k in new[crc != self.dataset.crc32[idx[new]]]:
-            warnings.warn(
-                f"{self.dataset.name}/{self.dataset.split}: sample {idx[k]}: its bytes differ from "
-                f"the CRC-32 its store kept when written (damaged or edited since); `latecast "
-                f"info --verify` checks a store",
-                stacklevel=4,
-            )
-        self.unread[idx] = False
-
-
 RESIDENT_FRACTION = 0.5  # "resident" only where the dataset takes at most this of free memory
-MOVERS: dict[str, type[Mover]] = {m.name: m for m in (Float32, Uint8, Prefetch, Resident, Jpeg)}
+MOVERS: dict[str, type[Mover]] = {m.name: m for m in (Float32, Uint8, Prefetch, Resident)}
 
 
-def movers_for(dataset: Dataset | EncodedDataset) -> list[str]:
-    """The movers that move this kind of dataset (``jpeg`` alone for an encoded store)."""
-    encoded = not isinstance(dataset, Dataset)  # JPEG files: a store's or a stream's
-    return [name for name, m in MOVERS.items() if m.encoded == encoded]
+def movers_for(dataset: Split) -> dict[str, type[Mover]]:
+    """The movers that move this dataset: those it brings (``movers``: a JPEG store's ``jpeg``,
+    ``kinds/jpeg.py``), else ``MOVERS`` (uint8 or uint16 pixels)."""
+    return getattr(dataset, "movers", None) or MOVERS
 
 
-def resolve(name: str, dataset: Dataset | EncodedDataset, device: torch.device) -> str:
-    """``auto``: ``jpeg`` for an encoded store, else ``resident`` where the dataset fits, else
-    ``prefetch``; another name must be one of the movers that move this dataset (ConfigError)."""
-    fit = movers_for(dataset)
-    jpeg, data = fit == ["jpeg"], f"{dataset.name}/{dataset.split}"
+def resolve(name: str, dataset: Split, device: torch.device) -> str:
+    """``auto``: the first mover a dataset brings, else ``resident`` where the dataset fits,
+    else ``prefetch``; another name must be one of the movers that move this dataset
+    (ConfigError, naming what the dataset holds: ``what``)."""
+    fit, data = movers_for(dataset), f"{dataset.name}/{dataset.split}"
     if name == "auto":
-        return "jpeg" if jpeg else "resident" if Resident.fits(dataset, device)[0] else "prefetch"
+        if fit is not MOVERS:
+            return next(iter(fit))
+        return "resident" if Resident.fits(dataset, device)[0] else "prefetch"
     if name not in fit:
-        kind = "a JPEG store" if jpeg else "decoded uint8 pixels"
-        why = f"does not move {data} ({kind})" if name in MOVERS else "is unknown"
-        others = " (convert the folder with --encoding raw for the others)" if jpeg else ""
-        raise ConfigError(f"transfer {name!r} {why}; valid: auto, {', '.join(fit)}{others}")
+        what = getattr(dataset, "what", "decoded uint8 pixels")
+        valid = ", ".join(["auto", *fit])
+        raise ConfigError(f"transfer {name!r} does not move {data} ({what}); valid: {valid}")
     return name

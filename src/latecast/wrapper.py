@@ -5,7 +5,6 @@ and moved as the Loader's (``transfer.pack``), prepared on the device (``Prepare
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -14,7 +13,6 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from . import encoded
 from .distributed import placement
 from .errors import BatchError, ConfigError, check, numbers_of, refuse
 from .fields import LAYOUTS, Field, Image, Integer, Mask, as_tensor, declaration, image_hint, split
@@ -54,6 +52,8 @@ class Fields:
     mask_fill: float = 0  # what a mask is padded with where a crop leaves no pixel
 
     moved = False  # the batches arrive on the device, moved by another framework (Lightning)
+    recognise = None  # (value, name) -> (declaration, value) of an undeclared field, or None:
+    # a kind's, named by the edge (``integrations``: JPEG files, ``kinds/jpeg.py``)
 
     def __post_init__(self) -> None:
         mean, std, given = numbers_of(self.mean), numbers_of(self.std), (self.mean, self.std)
@@ -70,8 +70,6 @@ class Fields:
         aug, erase, flag, spec = self.augment, self.erase, self.channels_last, self.fields
         refuse([(spec is None or isinstance(spec, dict), "fields", spec, "a dict or None")])
         self.plans = {name: declaration(name, kind) for name, kind in (spec or {}).items()}
-        if any(isinstance(p, encoded.Jpeg) for p in self.plans.values()):
-            encoded.decoder()  # a bad LATECAST_DECODER: its one error now, not at a batch
         ours, value, n = isinstance(aug, Augment), getattr(erase, "value", None), len(mean or ())
         ok = not (isinstance(value, tuple) and n and len(value) not in (1, n))  # erase.value
         masks = any(p == Mask.plan for p in self.plans.values())
@@ -115,9 +113,8 @@ class Fields:
         self.leaves = leaves  # the batch's fields, for a kind read beside another (lengths)
         for name, value in leaves:
             t, plan = as_tensor(value), self.plans.get(name)
-            if plan is None and t is None and not self.moved:
-                files = encoded.recognised(value, name)  # read once: rows may be read from paths
-                plan, value = (plan, value) if files is None else (encoded.Jpeg(), files)
+            if plan is None and t is None and self.recognise is not None and not self.moved:
+                plan, value = self.recognise(value, name) or (plan, value)  # read once: paths
             if t is not None and t.device.type != "cpu" and not self.moved:
                 raise BatchError(
                     f"field {name!r} is already on {t.device}: wrap moves batches from host "
@@ -231,8 +228,7 @@ class Fields:
     def finish(self, plans: list, values: list, where: tuple, device: torch.device) -> list:
         """The fields' values on the device made what the model takes, seeded by ``where``
         (epoch, rank, batch); a file that does not decode is a BatchError naming its field."""
-        with encoded.named():
-            return self.prepare.fields(plans, values, where, device)
+        return self.prepare.fields(plans, values, where, device)
 
     def mixed(self, plans: list[Field | None], values: list) -> list:
         """``values`` with its one image field and its one integer field of one value per
@@ -305,26 +301,3 @@ class Wrapped(Epochs):
         self._stats.batches += 1
         views, where = unpack(self._ring, s, keep=True), (self.epoch, self._where[1], self.position)
         return self.fields.finish_batch(s.plans, views, s.extra, where, self._ring.device)
-
-
-class Mover(Wrapped):
-    """``mover(batch)``: one host batch moved and prepared as ``wrap`` moves each of its
-    batches, for programs that build batches per call; no read-ahead. ``position`` counts the
-    calls and seeds the augmentation with ``epoch`` and the rank. Calls from several threads
-    take turns.
-
-    Example:
-        >>> mover = latecast.Mover(device="cuda")            # wrap's options: fields=, mean=...
-        >>> x, y = mover((x, y))   # int64 token ids cross as uint16, int64 on the device
-    """
-
-    def __init__(self, *, device: str | torch.device = "auto", **options: Any) -> None:
-        super().__init__(None, Fields.of(options), device)
-        self._lock = threading.Lock()
-
-    def __call__(self, batch: Any) -> Any:
-        with self._lock:
-            self._start()
-            batch = self._finish(self.fields.send(self._ring, batch, self._stats))
-            self.position += 1
-        return batch

@@ -24,7 +24,7 @@ import cases  # noqa: E402
 def use_decoder(name: str) -> str:
     """Make ``name`` this process's CPU JPEG decoder, as the suite's ``decoder`` fixture does;
     returns the one latecast reports."""
-    from latecast import decode
+    from latecast.kinds import decode
 
     if name == "simplejpeg":
         os.environ.pop("LATECAST_DECODER", None)

@@ -5,12 +5,14 @@ that forwards to its source what latecast does not own and hides its read-ahead.
 from __future__ import annotations
 
 import inspect
+import threading
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch.utils.data import DataLoader
 
 from ..errors import ConfigError
+from ..kinds.jpeg import recognised
 from ..transfer import END, Sent
 from ..wrapper import Fields, Wrapped
 
@@ -238,6 +240,14 @@ def loader_class(cls: type, fields: Fields, device: str | torch.device) -> type:
     return type(f"Wrapped{cls.__name__}", (WrappedLoader, cls), body)
 
 
+def fields_of(options: dict[str, Any]) -> Fields:
+    """``wrap``'s and ``Mover``'s options (``Fields.of``); an undeclared field of JPEG files is
+    recognised as one (``kinds/jpeg.py``)."""
+    spec = Fields.of(options)
+    spec.recognise = recognised
+    return spec
+
+
 def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: Any) -> Forwarding:
     """Batches of ``batches`` on the device: every field of a batch in one pinned buffer and
     one copy (the next batch's on a side stream), uint8 images augmented and normalized there,
@@ -273,9 +283,32 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
     """
     if not isinstance(batches, Iterable):
         raise ConfigError(f"batches must be an iterable of batches, got {batches!r:.60}")
-    spec = Fields.of(options)
+    spec = fields_of(options)
     if isinstance(batches, Wrapped):
         raise ConfigError(f"{type(batches).__name__} is wrapped already: wrap its source once")
     if isinstance(batches, DataLoader):
         return object.__new__(loader_class(type(batches), spec, device))._adopt(batches)
     return Forwarding(batches, spec, device)
+
+
+class Mover(Wrapped):
+    """``mover(batch)``: one host batch moved and prepared as ``wrap`` moves each of its
+    batches, for programs that build batches per call; no read-ahead. ``position`` counts the
+    calls and seeds the augmentation with ``epoch`` and the rank. Calls from several threads
+    take turns.
+
+    Example:
+        >>> mover = latecast.Mover(device="cuda")            # wrap's options: fields=, mean=...
+        >>> x, y = mover((x, y))   # int64 token ids cross as uint16, int64 on the device
+    """
+
+    def __init__(self, *, device: str | torch.device = "auto", **options: Any) -> None:
+        super().__init__(None, fields_of(options), device)
+        self._lock = threading.Lock()
+
+    def __call__(self, batch: Any) -> Any:
+        with self._lock:
+            self._start()
+            batch = self._finish(self.fields.send(self._ring, batch, self._stats))
+            self.position += 1
+        return batch

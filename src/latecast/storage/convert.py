@@ -39,9 +39,10 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..data import Dataset, EncodedDataset, mean_std
+from ..data import Dataset, mean_std
 from ..errors import ConfigError, FormatError
-from ..jpegheader import too_big
+from ..kinds.jpegfiles import EncodedDataset
+from ..kinds.jpegheader import too_big
 from .fileio import atomic_folder, cannot_write
 from .options import option, validate
 from .store import (
@@ -208,7 +209,7 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
         import PIL.Image  # noqa: F401  (optional: the "bench" extra)
         import torchvision.io  # noqa: F401  (libjpeg, to check each JPEG as training reads it)
 
-        from ..decode import decoder
+        from ..kinds.decode import decoder
     except ImportError:
         raise ConfigError(
             "latecast convert needs Pillow and torchvision: pip install 'latecast[bench]'"
@@ -576,7 +577,7 @@ def _libjpeg(data: bytes) -> str | None:
     cannot decode it at all (e.g. 12-bit: such a file is re-encoded into a jpeg store)."""
     import torch  # in the workers only: the command line starts without it
 
-    from ..decode import libjpeg_says
+    from ..kinds.decode import libjpeg_says
 
     try:
         return libjpeg_says([torch.frombuffer(bytearray(data), dtype=torch.uint8)], 3)[0]

@@ -17,8 +17,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..data import Dataset, EncodedDataset, check_labels, from_arrays
+from ..data import Dataset, check_labels, from_arrays
 from ..errors import ConfigError, FormatError, LatecastError, refuse
+from ..kinds.jpegfiles import EncodedDataset
 from .download import download, extract_tar
 from .fileio import cache_dir
 from .idxfile import check_role, read_idx

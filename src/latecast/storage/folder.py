@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..errors import FormatError
-from ..jpegheader import jpeg_header, too_big
+from ..kinds.jpegheader import jpeg_header, too_big
 from .convert import _shown
 
 # torchvision's IMG_EXTENSIONS, matched against each name in lower case

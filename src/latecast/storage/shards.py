@@ -27,7 +27,7 @@ from typing import Callable, Iterator, TypeVar
 import numpy as np
 
 from ..errors import ConfigError, FormatError
-from ..jpegheader import jpeg_header, too_big
+from ..kinds.jpegheader import jpeg_header, too_big
 from .fileio import atomic_write, cache_dir
 
 INDEX, KIND, VERSION = "index.json", "wids-shard-index-v1", 1

@@ -34,9 +34,10 @@ from typing import Iterator
 
 import numpy as np
 
-from ..data import Dataset, EncodedDataset, check_labels
+from ..data import Dataset, check_labels
 from ..errors import ConfigError, FormatError, refuse
-from ..jpegheader import JPEG_SIDE, MAX_PIXELS, jpeg_header, too_big
+from ..kinds.jpegfiles import EncodedDataset
+from ..kinds.jpegheader import JPEG_SIDE, MAX_PIXELS, jpeg_header, too_big
 from .fileio import atomic_folder
 
 SCHEMA = 1
@@ -148,7 +149,7 @@ def finish_split(
         raise FormatError(f"{folder.name}: refusing to write a store with no images")
     check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
     encoding, arrays, plain = getattr(ds, "encoding", "raw"), _arrays(ds), {}
-    if encoding != "raw":  # every file read: its structure, and its CRC-32 kept (transfer.Jpeg)
+    if encoding != "raw":  # every file read: its structure, and its CRC-32 kept (kinds/jpeg.py)
         check_pixels(ds.sizes, f"{ds.name}/{ds.split}")
         plain = {"plain": check_jpegs(ds, f"{ds.name}/{ds.split}", range(len(ds)))}
         arrays["crc32"] = crc32s(ds.data, ds.offsets)

@@ -36,8 +36,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ..data import EncodedDataset, Split, mean_std
+from ..data import Split, mean_std
 from ..errors import ConfigError, FormatError, refuse
+from ..kinds.jpegfiles import EncodedDataset
 from .shards import Shard, read_index
 from .store import jpeg_problem
 
@@ -250,6 +251,8 @@ class StreamedDataset(Split):
     buffer: int = BUFFER  # samples shuffled together (JPEG files a rank holds at most)
     limit: int | None = None  # train on the first `limit` samples only (--limit-train)
     encoding = "jpeg"
+    movers = EncodedDataset.movers  # a JPEG store's: ``jpeg``
+    what = "a stream of JPEG shards"
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -364,8 +367,7 @@ def _measured(train: list[Shard], spec: str) -> tuple:
     if key not in _stats:
         import torch
 
-        from ..data import Encoded
-        from ..decode import decode
+        from ..kinds.decode import Encoded, decode
 
         files, n = [], STAT_FILES
         for shard in train:

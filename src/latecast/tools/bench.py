@@ -33,7 +33,7 @@ from ..loader import Loader, epoch_order
 from ..storage.datasets import load_dataset
 from ..storage.options import option
 from ..trainer.loop import TrainConfig, evaluate, recipe, resolve_config, train_step
-from ..transfer import MOVERS, Batch, float32_bytes, movers_for
+from ..transfer import Batch, float32_bytes, movers_for
 from . import measure
 from .photo_rows import photo_rows
 
@@ -230,8 +230,7 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
     """(c) Each mover's ``epoch_bytes`` (torchvision's: ``float32``'s) and what a Loader counts
     over its second epoch (the first holds start-up uploads), images and labels apart."""
     out = {"torchvision": {"per_epoch": float32_bytes(ds, len(ds)), "once": 0}}
-    for name in movers_for(ds):
-        mover = MOVERS[name]
+    for name, mover in movers_for(ds).items():
         loader = Loader(ds, batch_size, device=device, transfer=name)
         for _ in loader:
             pass

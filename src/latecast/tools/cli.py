@@ -126,7 +126,7 @@ def _run_info(args: argparse.Namespace) -> dict:
     from ..storage import stream
     from ..storage.datasets import load_dataset
     from ..storage.store import verify
-    from ..transfer import MOVERS, movers_for
+    from ..transfer import movers_for
 
     info, verified = {}, {}
     for split in ("train", "test"):
@@ -142,13 +142,13 @@ def _run_info(args: argparse.Namespace) -> dict:
             "classes": len(ds.classes),
             "image_bytes": ds.image_bytes,
             "label_bytes": ds.label_bytes,
-            "epoch_bytes": {s: MOVERS[s].epoch_bytes(ds) for s in movers_for(ds)},
+            "epoch_bytes": {s: m.epoch_bytes(ds) for s, m in movers_for(ds).items()},
         }
         if split == "train":
             info["mean"], info["std"] = list(ds.mean), list(ds.std)
     tr = info["train"]
     if tr["encoding"] != "raw":
-        from ..decode import decoder
+        from ..kinds.decode import decoder
 
         info["decoder"] = decoder()
     coded = f"{tr['encoding']} ({human_bytes(tr['image_bytes'])}, decoded by {info.get('decoder')})"

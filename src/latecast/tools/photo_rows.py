@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..decode import decoder_on
-from ..encoded import jpeg
 from ..integrations.dataloader import wrap
+from ..kinds.decode import decoder_on
+from ..kinds.jpeg import jpeg
 from ..transforms import Augment
 from . import measure
 

@@ -24,6 +24,7 @@ from torch.profiler import ProfilerActivity, record_function
 from ..data import Dataset
 from ..distributed import resolve_device
 from ..errors import ConfigError
+from ..kinds.jpeg import JpegStore
 from ..loader import Loader
 from ..storage.datasets import load_dataset
 from ..storage.options import option
@@ -31,7 +32,7 @@ from ..trainer.loop import TrainConfig, recipe, train_step
 from ..transfer import MOVERS, movers_for
 from . import measure
 
-ROWS = (*MOVERS, "baseline", "baseline-u8")
+ROWS = (*MOVERS, JpegStore.name, "baseline", "baseline-u8")
 NO_DEVICE = "n/a (no device)"
 
 
@@ -242,7 +243,7 @@ def profile(cfg: ProfileConfig) -> dict:
     device = resolve_device(cfg.device)
     ds = load_dataset(cfg.dataset, "train", root=cfg.data_root)
     pixels = isinstance(ds, Dataset)  # the baseline rows read decoded pixels
-    names = [n for n in cfg.rows() if n in movers_for(ds) or (n not in MOVERS and pixels)]
+    names = [n for n in cfg.rows() if n in movers_for(ds) or (pixels and n.startswith("baseline"))]
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = {}

@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..data import Dataset, EncodedDataset
+from ..data import Dataset
 from ..errors import CheckpointError, LatecastError
+from ..kinds.jpegfiles import EncodedDataset
 from ..storage.fileio import atomic_write
 from . import stops
 

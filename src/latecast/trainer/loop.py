@@ -25,8 +25,10 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import distributed
-from ..data import Dataset, EncodedDataset
+from ..data import Dataset
 from ..errors import CheckpointError, ConfigError, TrainingError
+from ..kinds.jpeg import JpegStore
+from ..kinds.jpegfiles import EncodedDataset
 from ..loader import IGNORE, Loader, parse_order
 from ..storage.datasets import load_dataset
 from ..storage.options import DATASET_HELP, option, validate
@@ -57,6 +59,8 @@ PRESETS: dict[str, dict] = {
 }
 _PRESET_SIZE = 32  # gray and colour are tuned on images up to 32x32; larger ones: photo
 
+NAMES = [*MOVERS, JpegStore.name, "auto"]  # --transfer
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -79,7 +83,7 @@ class TrainConfig:
     channels_last: bool | None = option(None, f"NHWC images and model{_PRESET}")
     momentum: float = option(0.9, "Nesterov momentum (0: plain SGD)", low=0)
     weight_decay: float = option(5e-4, "L2 on all parameters", low=0)
-    transfer: str = option("auto", "|".join([*MOVERS, "auto"]), choices=[*MOVERS, "auto"])
+    transfer: str = option("auto", "|".join(NAMES), choices=NAMES)
     compile: bool = option(False, "torch.compile the model and loss (compiled in the warm-up)")
     graph: bool = option(False, "CUDA, resident: capture the whole step in a CUDA graph, replay it")
     device: str = option("auto", "auto|cpu|cuda|cuda:N (under torchrun: cuda:LOCAL_RANK)")

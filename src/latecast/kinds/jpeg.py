@@ -6,7 +6,6 @@ decoded on the device as a JPEG store's batch is. Recognised by the JPEG signatu
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import itertools
@@ -14,31 +13,23 @@ import math
 import numbers
 import os
 import warnings
+import zlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
-from .data import Encoded
-from .decode import _MODES, decoder
-from .errors import BatchError, FormatError, check, numbers_of, refuse
-from .fields import Field, Name
+from ..data import Split
+from ..errors import BatchError, check, numbers_of, refuse
+from ..fields import Field, Name, Taken
+from ..threads import count, pool
+from ..transfer import Mover, label_field
+from ..transforms import INTERPOLATIONS
+from .decode import _MODES, At, Encoded, decoder, decoder_on
 from .jpegheader import JPEG_SIDE, jpeg_headers, too_big
-from .transforms import INTERPOLATIONS
 
 _said: set[Name] = set()  # fields whose non-JPEG files were announced
-
-
-@dataclass(frozen=True)
-class At:
-    """Field ``name``'s files in messages, by their position in the batch (``At(name)[i]``;
-    ``Encoded.names`` of a ``wrap`` field's batch)."""
-
-    name: Name
-
-    def __getitem__(self, i: int) -> str:
-        return f"field {self.name!r}: the file at position {i} in the batch"
 
 
 @dataclass(frozen=True)
@@ -115,6 +106,7 @@ def jpeg(
     refuse([(ok, "latecast.jpeg(size=...)", size, sides),
             (one_or_three, "latecast.jpeg(channels=...)", channels, "1, 3 or None")])  # fmt: skip
     how = check(interpolation, "latecast.jpeg(interpolation=...)", tuple(INTERPOLATIONS))
+    decoder()  # a bad LATECAST_DECODER: its one error now, not at a batch
     return Jpeg(hw, None if channels is None else int(channels), how)
 
 
@@ -155,13 +147,13 @@ def _read(name: Name, k: int, path: Any) -> np.ndarray:
         ) from None
 
 
-def recognised(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
-    """An undeclared field's files, when it is a list of files any of which starts with the
-    JPEG signature (rows read from their paths: the first alone); else None."""
+def recognised(value: Any, name: Name) -> tuple[Jpeg, list] | None:
+    """An undeclared field as JPEG files (``Fields.recognise``), when it is a list of files any
+    of which starts with the JPEG signature (rows read from their paths: the first alone)."""
     for k in range(len(value) if isinstance(value, (list, tuple, np.ndarray)) else 0):
         head = files_of(value[k : k + 1], name)
         if head is not None and bytes(head[0][:3]) == b"\xff\xd8\xff":
-            return files_of(value, name)
+            return Jpeg(), files_of(value, name)
         if head is None or isinstance(value[k], dict):
             return None
     return None
@@ -214,6 +206,10 @@ class JpegFile(Field):
     def usual_bytes(self) -> int:  # the usual way: float32 at the training size
         return 4 * self.decoded_bytes
 
+    def decoder(self, device: torch.device) -> str:
+        """The decoder that decodes the files on ``device``."""
+        return decoder_on(device)
+
     def pack(self, dst: torch.Tensor, value: Any) -> None:
         """The files back to back into the pinned bytes ``dst``."""
         if self.files and type(self.files[0]) is bytes:  # files_of: all bytes, or all arrays
@@ -256,10 +252,49 @@ def host_decode(name: Name, i: int, data: bytes | np.ndarray, channels: int) -> 
     return image
 
 
-@contextlib.contextmanager
-def named() -> Iterator[None]:
-    """A file of a ``wrap`` field that does not decode (a FormatError naming it): a BatchError."""
-    try:
-        yield
-    except FormatError as err:
-        raise BatchError(str(err)) from None
+class JpegStore(Mover):
+    """JPEG stores: a batch's files packed beside its narrow labels; the labels cross, the
+    files stay in the pinned slot for the decoder (nvJPEG parses them on the host)."""
+
+    name = "jpeg"  # its 2 slots: a batch is decoded before the next is gathered
+
+    def __init__(self, dataset: Split, device: torch.device, batch_size: int) -> None:
+        super().__init__(dataset, device, batch_size)
+        self.stats.decoder = decoder_on(device)  # an unusable decoder: its one error here
+        crc = getattr(dataset, "crc32", None)  # a stream has none: its index checks its files
+        self.unread = None if crc is None else np.ones(len(dataset), bool)
+
+    @staticmethod
+    def epoch_bytes(dataset: Split) -> dict[str, int]:
+        return {"per_epoch": dataset.image_bytes + dataset.label_bytes, "once": 0}
+
+    def gather(self, item: Any) -> tuple[list[Field], list]:
+        """An index batch of a store; for a stream, the ``(EncodedDataset, ids, names)`` of a
+        batch its source read (``StreamedDataset``)."""
+        ds, idx, names = (self.dataset, item, None) if torch.is_tensor(item) else item
+        at = idx.numpy() if names is None else np.arange(len(idx))
+        data = ds.data.view(np.ndarray)  # a plain view slices faster than a memmap
+        files = [data[a:b] for a, b in zip(ds.offsets[at].tolist(), ds.offsets[at + 1].tolist())]
+        if names is None and self.unread is not None and self.unread[at].any():
+            self._first_read(at, files)
+        plans = [JpegFile.of_store(ds, files, at, idx, names), label_field(ds, len(at))]
+        return plans, [files, Taken(ds.labels, at)]
+
+    def _first_read(self, idx: np.ndarray, files: list[np.ndarray]) -> None:
+        """Files read for the first time checked against their store's CRC-32 (damage libjpeg
+        decodes silently, a lying ``offsets.npy``): a warning naming each once."""
+
+        def crcs(part: np.ndarray) -> list[int]:  # zlib lets go of the GIL past 5 KiB
+            return [zlib.crc32(files[k]) for k in part]
+
+        new, threads = np.flatnonzero(self.unread[idx]), count()
+        parts = np.array_split(new, min(threads, len(new)))
+        crc = np.concatenate([np.array(c, np.uint32) for c in pool(threads).map(crcs, parts)])
+        for k in new[crc != self.dataset.crc32[idx[new]]]:
+            warnings.warn(
+                f"{self.dataset.name}/{self.dataset.split}: sample {idx[k]}: its bytes differ from "
+                f"the CRC-32 its store kept when written (damaged or edited since); `latecast "
+                f"info --verify` checks a store",
+                stacklevel=4,
+            )
+        self.unread[idx] = False

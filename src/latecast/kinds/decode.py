@@ -14,17 +14,72 @@ import sys
 import tempfile
 import threading
 import warnings
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
-from .data import Encoded
-from .errors import ConfigError, FormatError
+from ..errors import BatchError, ConfigError, FormatError
+from ..fields import Name
+from ..threads import count, one_thread, pool
+from ..transforms import centre_boxes, crop_into, resized_crop
 from .jpegheader import jpeg_header, jpeg_headers, too_big
-from .threads import count, one_thread, pool
-from .transforms import centre_boxes, crop_into, resized_crop
+
+
+@dataclass(frozen=True)
+class At:
+    """Field ``name``'s files in messages, by their position in the batch (``At(name)[i]``;
+    ``Encoded.names`` of a ``wrap`` field's batch)."""
+
+    name: Name
+
+    def __getitem__(self, i: int) -> str:
+        return f"field {self.name!r}: the file at position {i} in the batch"
+
+
+@dataclass
+class Encoded:
+    """A batch of JPEG files back to back, as the ``jpeg`` mover hands it on: file ``i`` is
+    ``data[offsets[i]:offsets[i + 1]]``, in a slot of the mover's ring (decode it before
+    asking for the batch after next)."""
+
+    data: torch.Tensor  # (bytes,) uint8 on the CPU, pinned for a CUDA device
+    offsets: list[int]  # (n + 1,)
+    sizes: torch.Tensor  # (n, 2) int64 (H, W) as stored, on the CPU
+    indices: torch.Tensor  # (n,) int64 dataset indices, on the CPU (for error messages)
+    channels: int  # to decode to: 1 (gray) or 3 (RGB)
+    device: torch.device  # where the pixels are wanted
+    source: str = ""  # the dataset, "name/split", for messages
+    decoded: dict = field(default_factory=dict)  # wrap: position -> CHW of a non-JPEG file
+    names: list | None = None  # a stream's: each file's shard and key, for messages
+    heads: list | None = None  # wrap: each file's jpeg_header, read as it was planned
+    plain: bool = False  # every file upright, 1 or 3 channels (``EncodedDataset.plain``)
+    interpolation: str = "bilinear"  # or "bicubic": how a crop is resized to the training size
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def sample(self, i: int) -> str:
+        """File ``i`` in a message: its shard and key, else its sample index in ``source``."""
+        return self.names[i] if self.names else f"{self.source}: sample {int(self.indices[i])}"
+
+    def files(self) -> list[torch.Tensor]:
+        """One 1-D uint8 view per file (what the decoders take), cut in one call."""
+        at = self.offsets
+        return list(self.data[at[0] : at[-1]].split([b - a for a, b in zip(at, at[1:])]))
+
+    def decode(self, size: tuple[int, int], boxes: torch.Tensor | None = None) -> torch.Tensor:
+        """``decode(self, size, boxes)`` (what ``Prepare`` asks of pixels kept on the host); a
+        file of a ``wrap`` field that does not decode is a BatchError naming it."""
+        try:
+            return decode(self, size, boxes)
+        except FormatError as err:
+            if isinstance(self.names, At):
+                raise BatchError(str(err)) from None
+            raise
+
 
 _fd2_lock = threading.Lock()  # fd 2 is the process's: one redirection at a time
 
