@@ -23,6 +23,7 @@ from .prepare import Augmentation, Mixing, Prepare
 from .threads import one_thread
 from .transfer import Mover, Resident, TransferStats, float32_bytes, movers_for, resolve
 from .transforms import FLOATS, Mix
+from .wide import Prepare16
 
 _ORDER = re.compile(r"random|block(?::([0-9]+):([0-9]+))?")  # "block" is block:32:256
 # The label of a static evaluation batch's padding: F.cross_entropy's ignore_index, and
@@ -246,7 +247,8 @@ class Loader(Epochs):
         self._asked, self._transfer = (device, rank, world_size), transfer
         self._where: tuple | None = None  # (device, rank, world), resolved by start()
         placement(device, rank, world_size)  # bad values fail here, not at the first pass
-        self.prepare = Prepare(
+        deep = getattr(getattr(dataset, "images", None), "dtype", None) == np.uint16
+        self.prepare = (Prepare16 if deep else Prepare)(  # a 16-bit store's: wide.py
             dataset.mean, dataset.std, dtype=dtype, channels_last=channels_last, augment=augment,
             seed=seed, size=dataset.image_shape[:2], mix=mix,
         )  # fmt: skip

@@ -11,7 +11,6 @@ from typing import Callable
 
 import torch
 
-from . import wide
 from .data import Batch
 from .fields import Mask
 from .transforms import Augment, Moves, normalize, resized_crop
@@ -78,9 +77,7 @@ class Prepare:
     ) -> Batch:
         """Decode (to ``size``, else ``self.size``), augment with the generators as
         ``next_batch`` seeded them (by ``moves``, drawn here unless given), normalize (into
-        ``out``), erase, mix. uint16 pixels (or their int16 bits): ``wide.prepare_stored``."""
-        if getattr(images, "dtype", None) in wide.DEEP:  # a 16-bit Dataset's (or its bits)
-            return wide.prepare_stored(self, images, labels, indices, out, moves)
+        ``out``), erase, mix."""
         g, host = self.generator(images.device), self.generator(_HOST)
         moves = self.moves(images, indices) if moves is None else moves
         images = self._to_size(images, moves, size or self.size)

@@ -11,7 +11,7 @@ units and a resized crop blends values already windowed (a clamp does not commut
 Colour jitter and cutout are 8-bit ops: refused (``erase=`` runs on the output floats).
 
 A uint16 ``Dataset`` (a 16-bit store, ``latecast convert``) crosses the same way in the
-Loader: ``stored`` is its field, ``prepare_stored`` its prepare stage.
+Loader: ``stored`` is its field, ``Prepare16`` its prepare stage.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from .errors import ConfigError
 from .fields import Image, Name, Taken, nhwc
+from .prepare import Prepare
 from .transforms import Augment, Moves
 
 DEEP = (torch.uint16, torch.int16)
@@ -133,14 +134,17 @@ def bits(images: np.ndarray) -> np.ndarray:
     return images.view(np.int16) if images.dtype == np.uint16 else images
 
 
-def prepare_stored(prepare: Any, images, labels, indices=None, out=None, moves=None):
-    """``Prepare.apply`` of a uint16 Dataset's ``(N, H, W, C)`` batch (or its int16 bits):
-    the Augment's geometric draw, then ``Image16Field.prepared`` (into ``out`` when given),
-    then the mix. A ConfigError for an augment that does not apply to 16-bit values."""
-    check_augment("images", prepare.augment)
-    x = images.view(torch.int16)
-    moves = prepare.moves(x, indices) if moves is None else moves
-    y = stored(prepare.mean, prepare.std).prepared(x, prepare, moves, out)  # no second copy
-    if prepare.mix is not None:
-        y, labels = prepare.mix(y, labels, prepare.generator(torch.device("cpu")))
-    return (y if out is None or y is out else out.copy_(y)), labels
+class Prepare16(Prepare):
+    """The prepare stage of a uint16 ``Dataset`` (a 16-bit store), which the Loader takes for
+    one: ``apply`` of a ``(N, H, W, C)`` batch (or its int16 bits) is the Augment's geometric
+    draw, then ``Image16Field.prepared`` (into ``out`` when given), then the mix. A ConfigError
+    for an augment that does not apply to 16-bit values."""
+
+    def apply(self, images, labels, indices=None, out=None, moves=None, size=None):
+        check_augment("images", self.augment)
+        x = images.view(torch.int16)
+        moves = self.moves(x, indices) if moves is None else moves
+        y = stored(self.mean, self.std).prepared(x, self, moves, out)  # no second copy
+        if self.mix is not None:
+            y, labels = self.mix(y, labels, self.generator(torch.device("cpu")))
+        return (y if out is None or y is out else out.copy_(y)), labels
