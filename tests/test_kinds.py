@@ -118,3 +118,54 @@ def test_the_new_kinds_under_the_lightning_hook_come_out_as_through_wrap():
         for a, b in zip(got, ref):
             torch.testing.assert_close(a, b, atol=0, rtol=0)
     assert model.latecast_stats.h2d_bytes == wrapped.stats.h2d_bytes
+
+
+def test_a_dataset_brings_its_own_movers_and_the_loader_takes_them():
+    """A split that names its movers (``movers``, as a JPEG store names ``jpeg``) is moved by
+    them: ``auto`` is its first, another name one error saying what the split holds."""
+    import numpy as np
+
+    from latecast.data import Dataset
+    from latecast.errors import ConfigError
+    from latecast.transfer import Uint8
+
+    gathered = []
+
+    class Counted(Uint8):
+        name = "counted"
+
+        def gather(self, idx):
+            gathered.append(len(idx))
+            return super().gather(idx)
+
+    class Mine(Dataset):
+        movers = {"counted": Counted}
+        what = "pixels of my own"
+
+    images = np.random.default_rng(0).integers(0, 256, (10, 4, 4, 1), dtype=np.uint8)
+    labels = np.arange(10, dtype=np.uint8) % 3
+    mine = Mine("mine", "train", labels, ("a", "b", "c"), (0.5,), (0.25,), images)
+    plain = Dataset("mine", "train", labels, ("a", "b", "c"), (0.5,), (0.25,), images)
+    got = list(latecast.Loader(mine, 4, device="cpu", shuffle=False))
+    want = list(latecast.Loader(plain, 4, device="cpu", shuffle=False, transfer="uint8"))
+    assert gathered == [4, 4, 2]
+    for (x, y), (wx, wy) in zip(got, want, strict=True):
+        assert torch.equal(x, wx) and torch.equal(y, wy)
+    with pytest.raises(ConfigError, match=r"'uint8' does not move mine/train \(pixels of my own\)"
+                       r"; valid: auto, counted"):  # fmt: skip
+        latecast.Loader(mine, 4, device="cpu", transfer="uint8")
+
+
+def test_undeclared_jpeg_files_are_recognised_by_mover_as_by_wrap():
+    """The edge names the recogniser (``Fields.recognise``): a field of JPEG files that
+    ``fields=`` does not declare is decoded alike by ``wrap`` and ``Mover``."""
+    import numpy as np
+    from _helpers import jpeg_bytes
+
+    rng = np.random.default_rng(0)
+    files = [jpeg_bytes(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)) for _ in range(3)]
+    b = {"image": files, "label": torch.tensor([0, 1, 2])}
+    by_wrap = next(iter(latecast.wrap([b], device="cpu")))
+    by_mover = latecast.Mover(device="cpu")(b)
+    assert by_wrap["image"].shape == (3, 3, 8, 8) and by_wrap["image"].dtype == torch.float32
+    assert torch.equal(by_mover["image"], by_wrap["image"])
