@@ -115,8 +115,7 @@ class Retry:
                 if undo is not None:
                     undo()
                 # fsspec's HTTP reports a failed HEAD and GET as a missing file: the answer inside
-                cause = err.__cause__ if isinstance(err, FileNotFoundError) else None
-                cause = cause or err
+                cause = (err.__cause__ if isinstance(err, FileNotFoundError) else None) or err
                 if isinstance(cause, FileNotFoundError) or getattr(cause, "status", 0) == 404:
                     raise FormatError(f"{self.url}: no such shard") from None
                 said = (str(cause).strip().splitlines() or [""])[0][:200]
@@ -335,8 +334,6 @@ def jpeg_and_label(url: str, key: str, fields: dict[str, bytes]):
 
 
 # -- the index -------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, eq=False)
 class Shard:
     """One shard as its index entry gives it."""
@@ -423,33 +420,30 @@ def index_entry(url: str) -> dict:
     """Read a shard whole (no index yet): its index entry. Empty shards are said, once."""
     size = shard_size(url)
     src = Source(url, size)
-    keys, offsets, labels, crcs, channels, seen = [], [], [], [], 1, set()
+    rows, channels = {}, 1  # key -> (offset, label, CRC-32), in the shard's order
     try:
         tar = Tar(src)
         for offset, key, fields in samples(tar):
             _, label, head = jpeg_and_label(url, key, fields)
-            if key in seen:
+            if key in rows:
                 raise FormatError(f"{url}: sample {key!r} twice (a key repeated in one shard)")
-            seen.add(key)
-            keys.append(key)
-            offsets.append(offset)
-            labels.append(label)
-            crcs.append(checksum(fields))
+            rows[key] = (offset, label, checksum(fields))
             channels = max(channels, head[2])
         tar.finish()
     finally:
         src.close()
     if size is not None and src.pos != size:
         raise FormatError(f"{url}: read {src.pos:,} bytes of the {size:,} announced")
-    if not keys:
+    if not rows:
         warnings.warn(f"{url}: no samples (an empty tar); skipped", stacklevel=2)
+    offsets, labels, crcs = map(list, zip(*rows.values())) if rows else ([], [], [])
     return {
         "url": posixpath.basename(url),
-        "nsamples": len(keys),
+        "nsamples": len(rows),
         "filesize": src.pos,
         "sha256": src.hash.hexdigest(),
         "channels": 3 if channels > 1 else 1,
-        "keys": keys,
+        "keys": list(rows),
         "offsets": offsets,
         "labels": labels,
         "crc32": crcs,

@@ -51,10 +51,9 @@ LATER = {"crc32"}  # files a store written by an earlier latecast may lack
 MAX_SIDE = 10_000  # pixels: the largest training height or width
 CHUNK_BYTES = 64 << 20  # copy images in 64 MiB pieces, so a memmap source is never read whole
 SPLIT_NAMES = ("train", "test", "val")
-# Files whose structure opening a jpeg store checks (spread evenly, the first and last among
-# them): about a millisecond even for ImageNet, and sure to see sizes.npy or offsets.npy
-# from another store; one edited entry among N is seen with odds 256/N here, and always by
-# the decoder (decode.py) or ``verify``.
+# Files whose structure opening a jpeg store checks, spread evenly (the first and last among
+# them): ~1 ms even for ImageNet, sure to see another store's sizes.npy or offsets.npy; every
+# file is checked by the decoder (decode.py) or ``verify``.
 STRUCTURE_SAMPLE = 256
 
 
@@ -118,9 +117,7 @@ def _chunks(big: np.ndarray) -> Iterator[bytes]:
 def _arrays(ds: Dataset | EncodedDataset) -> dict[str, np.ndarray]:
     """``{meta.json key: array}`` of ``ds``, in ``FILES`` order, but a jpeg store's CRC-32s
     (``finish_split`` reckons them from the files)."""
-    if isinstance(ds, EncodedDataset):
-        return {"data": ds.data, "offsets": ds.offsets, "sizes": ds.sizes, "labels": ds.labels}
-    return {"images": ds.images, "labels": ds.labels}
+    return {k: getattr(ds, k) for k in FILES[getattr(ds, "encoding", "raw")] if k != "crc32"}
 
 
 def crc32s(data: np.ndarray, offsets) -> np.ndarray:
@@ -234,16 +231,10 @@ def read_meta(folder: Path) -> dict:
     encoding = meta.get("encoding", "raw")  # stores written before jpeg existed are raw
     if not isinstance(encoding, str) or encoding not in FILES:
         raise FormatError(f"{path}: encoding {encoding!r}, this latecast reads {', '.join(FILES)}")
-    types = {
-        "name": str,
-        "split": str,
-        "count": int,
-        **{key: dict for key in FILES[encoding] if key not in LATER or key in meta},
-        **({} if encoding == "raw" else {"size": list, "channels": int}),
-        "classes": list,
-        "mean": list,
-        "std": list,
-    }
+    types = {"name": str, "split": str, "count": int}
+    types |= {key: dict for key in FILES[encoding] if key not in LATER or key in meta}
+    types |= {} if encoding == "raw" else {"size": list, "channels": int}
+    types |= {"classes": list, "mean": list, "std": list}
     for key, t in types.items():
         if not isinstance(meta.get(key), t):
             raise FormatError(
@@ -291,11 +282,8 @@ def _open_array(folder: Path, name: str, entry: dict, rows: int | None, count: i
 
 
 def _store_folder(path: Path, split: str | None) -> Path:
-    splits = (
-        sorted(p.name for p in path.iterdir() if (p / META).is_file())
-        if path.is_dir() and not (path / META).is_file()
-        else []
-    )
+    stores = path.is_dir() and not (path / META).is_file()
+    splits = sorted(p.name for p in path.iterdir() if (p / META).is_file()) if stores else []
     if not splits:  # one store, or none: read_meta says which
         return path
     if (split or "train") not in splits:
@@ -455,36 +443,24 @@ def jpeg_problem(file: np.ndarray | bytes, hw: list[int] | None = None) -> str:
 def _check_encoded(folder: Path, meta: dict, arrays: dict, labels: np.ndarray) -> dict:
     """The checks a jpeg store adds (offsets, sizes, training size, channels), each naming
     its file; returns the offsets and sizes, read whole (they are small)."""
-    data, offsets, sizes = arrays["data"], np.array(arrays["offsets"]), np.array(arrays["sizes"])
+    n, offsets, sizes = len(arrays["data"]), np.array(arrays["offsets"]), np.array(arrays["sizes"])
     size, channels = meta["size"], meta["channels"]
+    rising = offsets.dtype == np.int64 and offsets[0] == 0 and offsets[-1] == n
+    sides = sizes.dtype == np.int32 and sizes.shape == (len(labels), 2)
+    sides = sides and bool(np.all((sizes >= 1) & (sizes <= JPEG_SIDE)))
+    trained = channels in (1, 3) and len(size) == 2
+    trained = trained and all(type(v) is int and 1 <= v <= MAX_SIDE for v in size)
     checks = [
-        (
-            offsets.dtype == np.int64
-            and offsets[0] == 0
-            and offsets[-1] == len(data)
-            and bool(np.all(np.diff(offsets) > 0)),
-            OFFSETS,
-            f"offsets must be int64, rising from 0 to the {len(data)} bytes of {DATA}",
-        ),
-        (
-            sizes.dtype == np.int32
-            and sizes.shape == (len(labels), 2)
-            and bool(np.all((sizes >= 1) & (sizes <= JPEG_SIDE))),
-            SIZES,
-            f"sizes must be int32 (height, width) pairs in 1..{JPEG_SIDE}, one per image",
-        ),
+        (rising and bool(np.all(np.diff(offsets) > 0)), OFFSETS,
+         f"offsets must be int64, rising from 0 to the {n} bytes of {DATA}"),
+        (sides, SIZES,
+         f"sizes must be int32 (height, width) pairs in 1..{JPEG_SIDE}, one per image"),
         (labels.dtype in (np.uint8, np.uint16), LABELS, "labels must be uint8 or uint16"),
         (arrays.get("crc32", np.uint32(0)).dtype == np.uint32, CRC32, "CRC-32s must be uint32"),
         (type(meta.get("plain", False)) is bool, META, "plain must be true or false"),
-        (
-            channels in (1, 3)
-            and len(size) == 2
-            and all(type(v) is int and 1 <= v <= MAX_SIDE for v in size),
-            META,
-            f"channels must be 1 or 3 and size (height, width) in 1..{MAX_SIDE}, got "
-            f"{channels!r:.20} and {size!r:.40}",
-        ),
-    ]
+        (trained, META, f"channels must be 1 or 3 and size (height, width) in 1..{MAX_SIDE}, "
+         f"got {channels!r:.20} and {size!r:.40}"),
+    ]  # fmt: skip
     for ok, name, what in checks:
         if not ok:
             raise FormatError(f"{folder / name}: {what}")

@@ -1,25 +1,22 @@
-"""A split of WebDataset shards, streamed: ``latecast train 'http://host/shard-{000..009}.tar'``
-(or ``s3://...``, ``path/shard-*.tar``), indexed first if ``latecast index`` has not. The last
-shard is the test split, the others the train split (its labels among the train classes);
-every shard's size is checked against the index before the first step.
+"""A split of WebDataset shards, streamed (``latecast train 'http://host/shard-{000..009}.tar'``,
+``s3://...``, ``path/shard-*.tar``), indexed first if ``latecast index`` has not. The last shard
+is the test split (its labels among the train classes), the others the train split; every
+shard's size is checked against the index before the first step. A process holds at most
+``buffer`` JPEG files of the epoch at a time (the shuffle buffer), never the split.
 
-Memory is bounded: samples are read shard by shard, and a process holds at most ``buffer``
-JPEG files of the epoch at a time (the shuffle buffer), never the split.
-
-The order of an epoch is a pure function of (the index, seed, epoch), never of the number of
-processes: the shards permuted, their samples in that sequence (stream positions), then the
-samples permuted within consecutive blocks of ``buffer`` (as ``loader.block_order`` shuffles a
-store). Each rank takes a contiguous span of that order, so it reads a contiguous run of
-shards (every shard read once an epoch, in all). Every sample is trained on once an epoch: no
-padding, no dropped tail. Every rank takes the same number of steps, ``ceil(M / (world *
-batch))`` for the ``M`` samples left: the spans differ by one sample at most, each rank's
-batches are full and its last ones shorter. A checkpoint keeps the epoch and what remains of
-its order (a few intervals); a resume on any number of ranks splits that again
+An epoch's order is a pure function of (the index, seed, epoch), never of the number of
+processes: the shards permuted, their samples in that sequence (stream positions), permuted
+within consecutive blocks of ``buffer`` (as ``loader.block_order`` shuffles a store). Each rank
+takes a contiguous span of it, so it reads a contiguous run of shards (each shard read once an
+epoch, in all). Every sample is trained on once an epoch (no padding, no dropped tail); every
+rank takes ``ceil(M / (world * batch))`` steps for the ``M`` samples left (the spans differ by
+one sample at most, the last batches are shorter). A checkpoint keeps the epoch and what
+remains of its order (a few intervals): a resume on any number of ranks splits that again
 (``Plan.left``), on the same number it continues where it stopped, exactly.
 
-The training size, channels and mean/std come from the first ``STAT_FILES`` train samples
-(the most common upright size among them), the same on every rank; the resume identity is
-the index's SHA-256 of every shard of the split, whatever URL or path names them.
+The training size (the most common upright one), channels and mean/std come from the first
+``STAT_FILES`` train samples, the same on every rank; the resume identity is the index's
+SHA-256 of every shard of the split, whatever URL or path names them.
 """
 
 from __future__ import annotations
@@ -123,13 +120,8 @@ class Plan:
         return _intervals(np.concatenate(rest))
 
     def read(self, start: int) -> Iterator[tuple]:
-        """``(EncodedDataset, ids, names)`` of each batch from ``start`` on, read by a thread
-        ``AHEAD`` batches ahead of the steps (its reads and hashing release the GIL)."""
-        return ahead_by_thread(self._batches(start), AHEAD)
-
-    def _batches(self, start: int) -> Iterator[tuple]:
-        """The batches, read in stream order; files read but not yet batched are held (a
-        block's at most)."""
+        """``(EncodedDataset, ids, names)`` of each batch from ``start`` on, read in stream
+        order; files read but not yet batched are held (a block's at most)."""
         import torch
 
         at = sum(self.sizes[:start])
@@ -221,8 +213,9 @@ class Source:
         return self.plan(epoch, rank, world).batches()[position:]
 
     def feed(self, batches: list, epoch: int, rank: int, world: int, position: int):
-        """``(EncodedDataset, ids, names)`` of each batch, read as the ``jpeg`` mover asks."""
-        return self.plan(epoch, rank, world).read(position)
+        """``Plan.read``, by a thread ``AHEAD`` batches ahead of the steps (its reads and
+        hashing release the GIL), as the ``jpeg`` mover asks."""
+        return ahead_by_thread(self.plan(epoch, rank, world).read(position), AHEAD)
 
     def state_dict(self, epoch: int) -> dict:
         return {"remaining": self.remaining(epoch)}
@@ -252,11 +245,8 @@ class StreamedDataset(Split):
     limit: int | None = None  # train on the first `limit` samples only (--limit-train)
     encoding = "jpeg"
     movers = EncodedDataset.movers  # a JPEG store's: ``jpeg``
+    image_shape = EncodedDataset.image_shape  # (*size, channels)
     what = "a stream of JPEG shards"
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        return (*self.size, self.channels)
 
     @property
     def image_bytes(self) -> int:
