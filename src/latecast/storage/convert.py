@@ -152,7 +152,8 @@ def convert_folder(
 
 
 def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
-    """Convert a class-per-subfolder image folder (torchvision ``ImageFolder`` layout) to a store.
+    """Convert a class-per-subfolder image folder (torchvision ``ImageFolder`` layout) to a
+    store; ``(out, skipped)``, skipped files as paths relative to ``config.folder``.
 
     Rules:
       - classes: sorted subfolder names holding at least one image (a folder with none is
@@ -192,12 +193,6 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
         recorded for the device to crop or resize to.
       - mean/std: exact (integer sums) over every train image as the raw store holds it,
         i.e. at the training size, resized and center-cropped: what evaluation sees.
-
-    Args:
-        config: the folders and options; see ``ConvertConfig``.
-
-    Returns:
-        ``(out, skipped)``, skipped files as paths relative to ``config.folder``.
     """
     try:
         import PIL.Image  # noqa: F401  (optional: the "bench" extra)

@@ -523,12 +523,7 @@ def read_index(spec: str) -> list[Shard]:
         entries = {e["url"]: e for e in index["shardlist"]}
     except (KeyError, TypeError):
         raise FormatError(f"{path}: its shardlist is not a list of entries with a url") from None
-    shards = []
-    for url in urls:
-        e = entries.get(posixpath.basename(url))
-        if e is None:
-            raise ConfigError(f"{path} has no entry for {url}: run latecast index '{spec}' again")
-        shards.append(_shard(url, e, path))
+    shards = [_shard(url, entries.get(posixpath.basename(url)), path, spec) for url in urls]
     if path not in _older and any(s.crc32 is None for s in shards):
         _older.add(path)  # said once a process, not once a split
         warnings.warn(
@@ -555,7 +550,9 @@ def find_index(urls: list[str], spec: str) -> tuple[str, bool]:
     return cached, os.path.exists(cached)
 
 
-def _shard(url: str, e: dict, path: str) -> Shard:
+def _shard(url: str, e: dict | None, path: str, spec: str) -> Shard:
+    if e is None:
+        raise ConfigError(f"{path} has no entry for {url}: run latecast index '{spec}' again")
     try:
         n = e["nsamples"]
         shard = Shard(

@@ -147,7 +147,6 @@ def finish_split(
     check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
     encoding, arrays, plain = getattr(ds, "encoding", "raw"), _arrays(ds), {}
     if encoding != "raw":  # every file read: its structure, and its CRC-32 kept (kinds/jpeg.py)
-        check_pixels(ds.sizes, f"{ds.name}/{ds.split}")
         plain = {"plain": check_jpegs(ds, f"{ds.name}/{ds.split}", range(len(ds)))}
         arrays["crc32"] = crc32s(ds.data, ds.offsets)
     for key, name in list(FILES[encoding].items())[1:]:
@@ -298,8 +297,7 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
     Everything is checked against meta.json first (schema version, file sizes and
     fingerprints, shapes, dtypes, count, label range; for jpeg also offsets, sizes, each
     file's pixels under ``MAX_PIXELS``, the training size and channels); any mismatch raises
-    ``FormatError`` naming the file.
-    Arrays are loaded with ``allow_pickle=False``.
+    ``FormatError`` naming the file. Arrays are loaded with ``allow_pickle=False``.
 
     Args:
         path: a store folder, or a converted folder holding one store per split.
@@ -364,7 +362,6 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
         ds = EncodedDataset(
             **arrays, **common, channels=channels, size=size, crc32=crc, plain=plain
         )
-        check_pixels(ds.sizes, str(folder))  # every file: sizes.npy is read whole
         picks = np.unique(np.linspace(0, count - 1, min(count, STRUCTURE_SAMPLE)).astype(int))
         check_jpegs(ds, str(folder), picks)
     check_labels(labels, ds.num_classes, str(folder / LABELS))
@@ -394,20 +391,15 @@ def verify(ds: Dataset | EncodedDataset, where: str) -> bool:
     return True
 
 
-def check_pixels(sizes: np.ndarray, where: str) -> None:
-    """``FormatError`` naming ``where`` and the first sample whose ``(H, W)`` in ``sizes`` is
-    over ``MAX_PIXELS`` (``convert``'s limit): decoding it would allocate all its pixels, a
-    decompression bomb's gigabytes."""
-    over = np.flatnonzero(sizes[:, 0].astype(np.int64) * sizes[:, 1] > MAX_PIXELS)
-    if len(over):
-        k = int(over[0])
-        raise FormatError(f"{where}: sample {k}: {too_big(tuple(sizes[k]))}")
-
-
 def check_jpegs(ds: EncodedDataset, where: str, picks) -> bool:
-    """``FormatError`` naming ``where`` and the first sample in ``picks`` whose file is not a
-    whole JPEG of the size sizes.npy gives it (``jpeg_problem``), or is not plain (upright,
-    1 or 3 channels) when ``ds.plain`` says every file is. Returns whether all are plain."""
+    """``FormatError`` naming ``where`` and the first sample whose ``(H, W)`` in sizes.npy is
+    over ``MAX_PIXELS`` (every sample: decoding it would allocate a decompression bomb's
+    gigabytes), or the first in ``picks`` whose file is not a whole JPEG of that size
+    (``jpeg_problem``) or not plain (upright, 1 or 3 channels) when ``ds.plain`` says every
+    file is. Returns whether all in ``picks`` are plain."""
+    over = np.flatnonzero(ds.sizes[:, 0].astype(np.int64) * ds.sizes[:, 1] > MAX_PIXELS)
+    if len(over):
+        raise FormatError(f"{where}: sample {over[0]}: {too_big(tuple(ds.sizes[over[0]]))}")
     offsets, sizes, plain = ds.offsets.tolist(), ds.sizes.tolist(), True
     for i in picks:
         file = ds.data[offsets[i] : offsets[i + 1]]

@@ -324,9 +324,8 @@ def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> Stream
     part = train if split == "train" else shards[-1:]
     with ThreadPoolExecutor(PROBES) as pool:  # a shard gone is said now, not hours in
         list(pool.map(Shard.probe, part))
-    size, mean, std = _measured(train, spec)
+    size, channels, mean, std = _measured(train, spec)
     labels = np.concatenate([s.labels for s in part])
-    channels = 1 if all(s.channels == 1 for s in train) else 3
     return StreamedDataset(
         name=spec, split=split, labels=labels.astype(np.uint8 if classes <= 256 else np.uint16),
         classes=tuple(map(str, range(classes))), mean=mean, std=std, size=size,
@@ -352,7 +351,7 @@ def _digest(shards: list[Shard]) -> str:
 
 
 def _measured(train: list[Shard], spec: str) -> tuple:
-    """``(size, mean, std)`` of the first ``STAT_FILES`` train samples, measured once."""
+    """``(size, channels, mean, std)`` of the first ``STAT_FILES`` train samples, measured once."""
     key = _digest(train)
     if key not in _stats:
         import torch
@@ -381,7 +380,7 @@ def _measured(train: list[Shard], spec: str) -> tuple:
             pixels = decode(batch, size).reshape(-1, channels).int()  # (n * H * W, C)
             sums += torch.stack([pixels.sum(0), (pixels * pixels).sum(0)])  # int32 squares fit
         count = len(files) * size[0] * size[1]
-        _stats[key] = (tuple(size), *mean_std(sums.numpy(), count))
+        _stats[key] = (tuple(size), channels, *mean_std(sums.numpy(), count))
     return _stats[key]
 
 
