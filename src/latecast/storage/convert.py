@@ -233,14 +233,14 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
                 results = tqdm(results, total=len(items), unit="img", leave=False)
             return _good(items, results, skipped, folder, config.skip_bad)
 
-        job = _scan(config, splits, partial(read, _header))
+        job = _scan(config, splits, partial(read, partial(_read, _header, False)))
         extra = {"seed": config.seed, "test_fraction": fraction}
         with atomic_folder(out, check_replaceable) as tmp:
             present = stats = None  # of the train split, written first
             for name, items in splits.items():
                 where = f"{folder} ({name or 'train'} split)"
                 (tmp / name).mkdir(exist_ok=True)
-                samples = read(partial(_load, job), items)
+                samples = read(partial(_read, partial(_encode, job), True), items)
                 arrays, labels, sums, reencoded, digest = _write_split(
                     tmp / name, job, len(items), samples, where
                 )
@@ -467,7 +467,7 @@ def _shown(path: Path) -> str:
     return name if name.isprintable() and name[:1] not in "'\"" else ascii(name)
 
 
-def _read(path: Path, fn: Callable, whole: bool):
+def _read(fn: Callable, whole: bool, path: Path):
     """``fn(image, the file's bytes or None)`` of ``path`` opened with Pillow (from its bytes,
     read once, when ``whole``). A failure is *returned* as a ``FormatError`` naming the file,
     so that a pool worker hands it back like any result."""
@@ -493,20 +493,11 @@ def _read(path: Path, fn: Callable, whole: bool):
         return FormatError(f"{_shown(path)}: not a readable image ({why})")
 
 
-def _header(path: Path) -> tuple[tuple[int, int], str] | FormatError:
-    """``((H, W), mode)`` from the file's header (Pillow reads its first KBs only), H and W
-    as the image shows upright (EXIF orientation 5 to 8 turns it a quarter)."""
-    return _read(path, lambda im, _: (_upright_size(im), im.mode), False)
-
-
-def _upright_size(im) -> tuple[int, int]:
+def _header(im, _) -> tuple[tuple[int, int], str]:
+    """``((H, W), mode)`` from an image's header (Pillow reads a file's first KBs only), H and
+    W as the image shows upright (EXIF orientation 5 to 8 turns it a quarter)."""
     turned = im.getexif().get(0x0112, 1) in (5, 6, 7, 8)
-    return (im.width, im.height) if turned else (im.height, im.width)
-
-
-def _load(job: _Job, path: Path):
-    """``_encode`` of the file, read once and fully decoded, or the ``FormatError``."""
-    return _read(path, partial(_encode, job), True)
+    return ((im.width, im.height) if turned else (im.height, im.width)), im.mode
 
 
 def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndarray, bool]:

@@ -327,12 +327,10 @@ _READERS = {"idx": _read_idx, "cifar": _read_cifar}
 def _fetch(spec: Spec, split: str, home: Path, mirrors: Sequence[str] | None) -> None:
     """Download what the split needs into ``home`` (CIFAR: the archive, then unpack it)."""
     env = [b for b in os.environ.get("LATECAST_MIRRORS", "").split(",") if b.strip()]
-    bases = list(mirrors) if mirrors else env or list(spec.mirrors)
+    bases = [b.strip().rstrip("/") for b in (mirrors or env or spec.mirrors)]
     names = [spec.archive] if spec.archive else [f + ".gz" for f in spec.files[split]]
     for fname in names:
-        download(
-            [f"{b.strip().rstrip('/')}/{fname}" for b in bases], home / fname, spec.sha256[fname]
-        )
+        download([f"{b}/{fname}" for b in bases], home / fname, spec.sha256[fname])
     if spec.archive:
         folder = spec.subdirs[0]
         wanted = {f"{folder}/{f}" for files in spec.files.values() for f in files}

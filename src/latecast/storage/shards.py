@@ -227,11 +227,9 @@ class Tar:
                 raise FormatError(
                     f"{self.src.url}: ends inside {what} at byte {self.at + have:,} (cut short?)"
                 )
-            self.buf = self.buf[self.i :] + more
-            self.i = 0
+            self.buf, self.i = self.buf[self.i :] + more, 0
         out = self.buf[self.i : self.i + n]
-        self.i += n
-        self.at += n
+        self.i, self.at = self.i + n, self.at + n
         return out
 
     def members(self) -> Iterator[tuple[int, str, bytes]]:

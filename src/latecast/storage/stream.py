@@ -105,11 +105,6 @@ class Plan:
         self.ids = S[self.stream]
         self.sizes = batch_sizes(len(mine), self.steps, batch)
 
-    def batches(self) -> list:
-        import torch
-
-        return list(torch.from_numpy(self.ids).split(self.sizes))
-
     def left(self, position: int) -> list[list[int]]:
         """The epoch's positions left once every rank took ``position`` batches."""
         ends = zip(self.bounds, self.bounds[1:])
@@ -210,7 +205,10 @@ class Source:
         return sum(sizes), len(sizes)
 
     def batches(self, epoch: int, rank: int, world: int, position: int) -> list:
-        return self.plan(epoch, rank, world).batches()[position:]
+        import torch
+
+        plan = self.plan(epoch, rank, world)
+        return list(torch.from_numpy(plan.ids).split(plan.sizes))[position:]
 
     def feed(self, batches: list, epoch: int, rank: int, world: int, position: int):
         """``Plan.read``, by a thread ``AHEAD`` batches ahead of the steps (its reads and
