@@ -1,6 +1,5 @@
-"""``latecast.jpeg_folder``: torchvision's ``ImageFolder`` with the files left encoded, for
-the fast way through your own ``DataLoader``: its workers only read files, ``wrap`` moves
-them as one JPEG field and decodes them where the pixels are used.
+"""``latecast.jpeg_folder``: torchvision's ``ImageFolder`` with the files left encoded, so
+that your ``DataLoader``'s workers only read files (``wrap`` decodes them on the device).
 
     ImageFolder(root, transform)  ->  latecast.jpeg_folder(root)   # (bytes, label) samples
 

@@ -11,6 +11,7 @@ channels and each sample's key, label, CRC-32 and offset: reads are checked agai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import hashlib
 import itertools
@@ -189,10 +190,8 @@ class Source:
 
     def close(self) -> None:
         if self.f is not None:
-            try:
+            with contextlib.suppress(Exception):  # a connection already gone: nothing to close
                 self.f.close()
-            except Exception:  # a connection already gone: nothing left to close
-                pass
             self.f = None
 
 

@@ -114,12 +114,6 @@ def _chunks(big: np.ndarray) -> Iterator[bytes]:
         yield np.ascontiguousarray(big[start : start + step]).tobytes()
 
 
-def _arrays(ds: Dataset | EncodedDataset) -> dict[str, np.ndarray]:
-    """``{meta.json key: array}`` of ``ds``, in ``FILES`` order, but a jpeg store's CRC-32s
-    (``finish_split`` reckons them from the files)."""
-    return {k: getattr(ds, k) for k in FILES[getattr(ds, "encoding", "raw")] if k != "crc32"}
-
-
 def crc32s(data: np.ndarray, offsets) -> np.ndarray:
     """``(N,)`` uint32: the CRC-32 of each file ``data[offsets[i]:offsets[i + 1]]``."""
     a = np.asarray(offsets).tolist()
@@ -140,12 +134,12 @@ def finish_split(
 ) -> None:
     """Write the small arrays and meta.json (``digest``: the images' SHA-256, hashed as they
     were written; plus ``extra`` fields) next to the images file (``images.npy`` or
-    ``data.bin``) already written in ``folder``. Every JPEG file's structure is checked, and
-    its pixels against ``MAX_PIXELS``."""
+    ``data.bin``) already written in ``folder``; every JPEG file checked (``check_jpegs``)."""
     if len(ds) == 0:
         raise FormatError(f"{folder.name}: refusing to write a store with no images")
     check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
-    encoding, arrays, plain = getattr(ds, "encoding", "raw"), _arrays(ds), {}
+    encoding, plain = getattr(ds, "encoding", "raw"), {}
+    arrays = {key: getattr(ds, key) for key in FILES[encoding] if key != "crc32"}  # reckoned below
     if encoding != "raw":  # every file read: its structure, and its CRC-32 kept (kinds/jpeg.py)
         plain = {"plain": check_jpegs(ds, f"{ds.name}/{ds.split}", range(len(ds)))}
         arrays["crc32"] = crc32s(ds.data, ds.offsets)
@@ -202,7 +196,7 @@ def write_store(
     """
     encoding = getattr(dataset, "encoding", "raw")
     key, name = next(iter(FILES[encoding].items()))
-    big = _arrays(dataset)[key]
+    big = getattr(dataset, key)
     digest = hashlib.sha256()
     with atomic_folder(Path(out), check_replaceable) as tmp:
         with open(tmp / name, "wb") as f:
@@ -419,9 +413,9 @@ def check_jpegs(ds: EncodedDataset, where: str, picks) -> bool:
 
 def jpeg_problem(file: np.ndarray | bytes, hw: list[int] | None = None) -> str:
     """Why ``file`` is not one whole JPEG of ``hw`` (H, W) pixels upright ("" when it is): it
-    must start with the SOI marker, end with EOI, and its frame header (SOF, read by
-    ``decode.jpeg_header``: the markers before it only, usually under 1 KiB) must give that
-    size once its EXIF orientation is applied. ``hw`` None: the structure only."""
+    must start with the SOI marker, end with EOI, and its frame header (SOF, found by
+    ``jpeg_header`` in the markers before it) must give that size once its EXIF orientation
+    is applied. ``hw`` None: the structure only."""
     if len(file) < 4 or bytes(file[:2]) != b"\xff\xd8" or bytes(file[-2:]) != b"\xff\xd9":
         return "not a whole JPEG file (it must start with FF D8 and end with FF D9)"
     head = jpeg_header(file)

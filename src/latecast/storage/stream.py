@@ -21,6 +21,7 @@ SHA-256 of every shard of the split, whatever URL or path names them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import queue
@@ -143,11 +144,9 @@ def ahead_by_thread(items: Iterator, depth: int) -> Iterator:
 
     def put(item) -> bool:
         while not stop.is_set():
-            try:
+            with contextlib.suppress(queue.Full):
                 out.put(item, timeout=0.1)
                 return True
-            except queue.Full:
-                continue
         return False
 
     def work() -> None:
