@@ -1,22 +1,17 @@
 """A split of WebDataset shards, streamed (``latecast train 'http://host/shard-{000..009}.tar'``,
-``s3://...``, ``path/shard-*.tar``), indexed first if ``latecast index`` has not. The last shard
-is the test split (its labels among the train classes), the others the train split; every
-shard's size is checked against the index before the first step. A process holds at most
-``buffer`` JPEG files of the epoch at a time (the shuffle buffer), never the split.
+``s3://...``, ``path/shard-*.tar``; docs/shards.md), indexed first if ``latecast index`` has
+not; the last shard is the test split, the others the train split.
 
-An epoch's order is a pure function of (the index, seed, epoch), never of the number of
-processes: the shards permuted, their samples in that sequence (stream positions), permuted
-within consecutive blocks of ``buffer`` (as ``loader.block_order`` shuffles a store). Each rank
-takes a contiguous span of it, so it reads a contiguous run of shards (each shard read once an
-epoch, in all). Every sample is trained on once an epoch (no padding, no dropped tail); every
-rank takes ``ceil(M / (world * batch))`` steps for the ``M`` samples left (the spans differ by
-one sample at most, the last batches are shorter). A checkpoint keeps the epoch and what
-remains of its order (a few intervals): a resume on any number of ranks splits that again
-(``Plan.left``), on the same number it continues where it stopped, exactly.
-
-The training size (the most common upright one), channels and mean/std come from the first
-``STAT_FILES`` train samples, the same on every rank; the resume identity is the index's
-SHA-256 of every shard of the split, whatever URL or path names them.
+An epoch's order (``epoch_order``) is a pure function of (the index, seed, epoch), never of the
+number of processes. Each rank takes a contiguous span of it, so it reads a contiguous run of
+shards and holds at most ``buffer`` JPEG files (every shard read once an epoch, in all). Every
+sample is trained on once an epoch (no padding, no dropped tail); every rank takes
+``ceil(M / (world * batch))`` steps for the ``M`` samples left (the spans differ by one sample
+at most). A checkpoint keeps what remains of its epoch's order (a few intervals): a resume on
+any number of ranks splits that again (``Plan.left``), on the same number it continues where it
+stopped, exactly. The training size, channels and mean/std come from the first ``STAT_FILES``
+train samples, the same on every rank; the resume identity is the index's SHA-256 of every
+shard of the split, whatever URL or path names them.
 """
 
 from __future__ import annotations
