@@ -2,20 +2,17 @@
 
 Two passes over a pool of processes, the files in the order they will be stored:
 
-1. headers: Pillow's ``Image.open`` reads only the first KBs of each file, for its size and
-   mode. From them: the training size (``--size``, or the most common), the channels (1
-   when every image is greyscale) and the encoding (``raw`` when every image has one size,
-   else ``jpeg``), all known before anything is decoded.
-2. decode: each file is read once and decoded fully by a worker (a truncated file fails
-   here, not in training; a JPEG also by libjpeg, which Pillow does not let warn: see
-   ``convert``), which hands back what the store keeps (uint8 pixels at the
-   training size, uint16 for 16-bit images, or JPEG bytes) and integer sums of the pixels
-   for the mean/std. The parent only appends those to the store's files, in order, so any
-   worker count writes the same store, byte for byte.
+1. headers: Pillow reads only the first KBs of each file, for its size and mode; from them
+   the training size (``--size``, or the most common), the channels (1 when every image is
+   greyscale) and the encoding (``raw`` when every image has one size, else ``jpeg``).
+2. decode: a worker reads each file once and decodes it fully (a truncated file fails here,
+   not in training; a JPEG also by libjpeg: see ``convert``) into what the store keeps
+   (uint8 pixels at the training size, uint16 for 16-bit images, or JPEG bytes) and integer
+   sums of the pixels for the mean/std. The parent appends those to the store's files in
+   order, so any worker count writes the same store, byte for byte.
 
-Workers are forked; from a process where another Python thread runs they come from a fork
-server instead, and a script calling ``convert`` then needs multiprocessing's usual
-``if __name__ == "__main__":`` guard.
+Workers are forked; where another Python thread runs they come from a fork server, and a
+script calling ``convert`` then needs multiprocessing's ``if __name__ == "__main__":`` guard.
 """
 
 from __future__ import annotations
@@ -155,55 +152,47 @@ def convert_folder(
 
 
 def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
-    """Convert a class-per-subfolder image folder (torchvision ``ImageFolder`` layout) to a store.
+    """Convert a class-per-subfolder image folder (torchvision ``ImageFolder`` layout) to a
+    store; ``(out, skipped)``, skipped files as paths relative to ``config.folder``.
 
     Rules:
       - classes: sorted subfolder names holding at least one image (a folder with none is
-        not a class: skipped with a warning); files with an image suffix are read (nested
-        too; a FIFO or device by that name is as an unreadable file), others and hidden files
-        ignored. A top level of only ``train/`` plus ``test/`` and/or ``val/`` gives one
-        store per split (``out/train``, ...; see
-        ``open_store``), all with the train split's classes, mean and std. A plain class
-        folder (or a lone ``train/``) is split: ``test_fraction`` of each class (at least
-        one of a class of two or more, chosen by ``seed``) goes to ``out/test``; with
-        ``test_fraction=0``, ``out`` is one train store.
+        skipped with a warning); files with an image suffix are read (nested too; a FIFO or
+        device by that name is an unreadable file), others and hidden files ignored. A top
+        level of only ``train/`` plus ``test/`` and/or ``val/`` gives one store per split
+        (``out/train``, ...; see ``open_store``), all with the train split's classes, mean
+        and std. A plain class folder (or a lone ``train/``) is split: ``test_fraction`` of
+        each class (at least one of a class of two or more, chosen by ``seed``) goes to
+        ``out/test``; with ``test_fraction=0``, ``out`` is one train store.
       - order: each split is stored in a seeded order that spreads every class evenly, so
         the first N samples (``--limit-train N``) hold each class in proportion.
       - every file is fully decoded with Pillow, a JPEG also with libjpeg as training
-        decodes it (torchvision); a corrupt, truncated, empty or huge (over ``MAX_PIXELS``)
-        file, or a JPEG whose scan data libjpeg warns about (damaged: Pillow decodes it
-        without a word, partly wrong), raises ``FormatError`` naming it, or with ``skip_bad``
-        is left out and listed in ``out/skipped.txt``, one JSON object per line
-        (``{"file": path relative to folder, "reason": ...}``: any file name reads back).
-      - depth: with ``depth="16"`` 16-bit greyscale (``I;16``, ``I;16B``, ...; or ``I``
-        whose values lie in 0..65535) is stored as it is, uint16, in a raw store (resized in
-        float32 and rounded where its size is not the training size), mean/std in stored
-        units; an image of another mode is a ``FormatError`` naming it. ``"auto"`` (the
-        default) is ``"16"`` when every image is ``I;16``, ``"8"`` when none is, and where
-        they mix a ``FormatError`` naming a file: a stray 8-bit image never turns every 16-bit
-        one into 8 bits unasked.
-      - pixels (``depth="8"``): 16-bit, 32-bit and float greyscale (``I;16``, ``I``, ``F``,
-        ...) is scaled linearly from each image's own min..max to 0..255 (a constant image
-        becomes 0): never clipped, which would turn a 16-bit image all white. Palette, CMYK
-        and alpha images become RGB as Pillow converts them (alpha dropped, as torchvision's
-        ``ImageFolder`` does); EXIF orientation is applied (Pillow's ``exif_transpose``,
-        what the device's decoder does to the JPEG files kept). Channels: 1 if every image
-        is greyscale, else 3.
+        decodes it; a corrupt, truncated, empty or huge (over ``MAX_PIXELS``) file, or a JPEG
+        whose scan data libjpeg warns about (Pillow decodes it silently, partly wrong),
+        raises ``FormatError`` naming it, or with ``skip_bad`` is left out and listed in
+        ``out/skipped.txt``, one JSON object per line (``{"file": path relative to folder,
+        "reason": ...}``: any file name reads back).
+      - depth ``"16"``: 16-bit greyscale (``I;16``, ``I;16B``, ...; or ``I`` with values in
+        0..65535) is stored as it is, uint16, in a raw store (resized in float32 and rounded
+        where its size is not the training size), mean/std in stored units; another mode is
+        a ``FormatError`` naming it. ``"auto"`` (the default): ``"16"`` when every image is
+        ``I;16``, ``"8"`` when none is, else a ``FormatError`` naming a file (a stray 8-bit
+        image never turns every 16-bit one into 8 bits unasked).
+      - pixels (``depth="8"``): deeper greyscale (``I;16``, ``I``, ``F``, ...) is scaled
+        linearly from each image's own min..max to 0..255 (a constant image becomes 0),
+        never clipped to white. Palette, CMYK and alpha images become RGB as Pillow converts
+        them (alpha dropped, as ``ImageFolder`` does); EXIF orientation is applied (as the
+        device's decoder does to the JPEG files kept). Channels: 1 if every image is
+        greyscale, else 3.
       - ``raw``: every image scaled to cover the training size keeping its aspect ratio,
         then center-cropped (torchvision ``Resize`` + ``CenterCrop``, bilinear).
-      - ``jpeg``: a JPEG file (by content, 8-bit greyscale or RGB, a whole file from its SOI to
-        its EOI marker that libjpeg decodes) is kept byte for byte; anything else (bytes after
-        the EOI, say, as phones append) is decoded and re-encoded at ``quality`` (recorded in
-        meta.json with the count re-encoded). Every image keeps its own size; the training size is
+      - ``jpeg``: a JPEG file (by content, 8-bit greyscale or RGB, a whole file from its SOI
+        to its EOI marker that libjpeg decodes) is kept byte for byte; anything else (bytes
+        after the EOI, as phones append) is re-encoded at ``quality`` (recorded in meta.json
+        with the count re-encoded). Every image keeps its own size; the training size is
         recorded for the device to crop or resize to.
       - mean/std: exact (integer sums) over every train image as the raw store holds it,
         i.e. at the training size, resized and center-cropped: what evaluation sees.
-
-    Args:
-        config: the folders and options; see ``ConvertConfig``.
-
-    Returns:
-        ``(out, skipped)``, skipped files as paths relative to ``config.folder``.
     """
     try:
         import PIL.Image  # noqa: F401  (optional: the "bench" extra)
@@ -230,23 +219,28 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
         raise cannot_write(dst, e) from None
     classes, splits, fraction = _plan(folder, config)
     total = sum(map(len, splits.values()))
-    workers = min(config.workers or _cores(), -(-total // CHUNK))  # no process without a task
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = min(config.workers or cores or 1, -(-total // CHUNK))  # no process without a task
     show = config.progress and sys.stderr.isatty()
     skipped: list[tuple[str, str]] = []
     with _mapper(workers) as run:
 
         def read(fn: Callable, items: list) -> Iterator:  # (item, fn(its file)) of good files
-            results = _bar(run(fn, [p for p, _ in items]), len(items), show)
+            results = run(fn, [p for p, _ in items])
+            if show:  # a tqdm bar on a terminal
+                from tqdm import tqdm
+
+                results = tqdm(results, total=len(items), unit="img", leave=False)
             return _good(items, results, skipped, folder, config.skip_bad)
 
-        job = _scan(config, splits, partial(read, _header))
+        job = _scan(config, splits, partial(read, partial(_read, _header, False)))
         extra = {"seed": config.seed, "test_fraction": fraction}
         with atomic_folder(out, check_replaceable) as tmp:
             present = stats = None  # of the train split, written first
             for name, items in splits.items():
                 where = f"{folder} ({name or 'train'} split)"
                 (tmp / name).mkdir(exist_ok=True)
-                samples = read(partial(_load, job), items)
+                samples = read(partial(_read, partial(_encode, job), True), items)
                 arrays, labels, sums, reencoded, digest = _write_split(
                     tmp / name, job, len(items), samples, where
                 )
@@ -283,8 +277,6 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
 
 
 # -- which files, in which split, in which order ---------------------------------------------
-
-
 def _plan(folder: Path, config: ConvertConfig) -> tuple[tuple[str, ...], dict[str, list], float]:
     """Class names; each split's ``(file, label)``s in the order they will be stored (``""``:
     one store at ``out``); the fraction held out (None when the folder has its own splits)."""
@@ -325,13 +317,9 @@ def _scan(config: ConvertConfig, splits: dict, headers: Callable) -> _Job:
     encoding = config.encoding or ("raw" if len(shapes) == 1 or depth == 16 else "jpeg")
     if depth == 16 and encoding != "raw":
         raise ConfigError("16-bit images are stored raw (a JPEG holds 8 bits): --encoding raw")
-    return _Job(
-        encoding,
-        config.hw or shapes.most_common(1)[0][0],
-        "L" if all(mode in GREY_MODES for _, mode in modes) else "RGB",
-        config.quality,
-        depth,
-    )
+    grey = all(mode in GREY_MODES for _, mode in modes)
+    size = config.hw or shapes.most_common(1)[0][0]
+    return _Job(encoding, size, "L" if grey else "RGB", config.quality, depth)
 
 
 def _depth(asked: str, modes: list[tuple[Path, str]]) -> int:
@@ -435,12 +423,6 @@ def _relabel(labels: np.ndarray, present: np.ndarray, classes: tuple, where: str
 
 
 # -- the pool --------------------------------------------------------------------------------
-
-
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 @contextlib.contextmanager
 def _mapper(workers: int) -> Iterator[Callable]:
     """``run(fn, items)``: lazy, in order; in this process for one worker, else over a pool
@@ -464,15 +446,6 @@ def _mapper(workers: int) -> Iterator[Callable]:
         yield partial(pool.imap, chunksize=CHUNK)  # leaving the block terminates the workers
 
 
-def _bar(results: Iterable, total: int, show: bool) -> Iterable:
-    """A tqdm bar over ``results`` on a terminal; else ``results``."""
-    if not show:
-        return results
-    from tqdm import tqdm
-
-    return tqdm(results, total=total, unit="img", leave=False)
-
-
 def _good(items: list, results: Iterable, skipped: list, folder: Path, skip_bad: bool) -> Iterator:
     """``(item, result)`` of each file that read well; a ``FormatError`` result is raised, or
     with ``skip_bad`` listed in ``skipped`` as (path relative to ``folder``, reason)."""
@@ -487,8 +460,6 @@ def _good(items: list, results: Iterable, skipped: list, folder: Path, skip_bad:
 
 
 # -- in the workers ----------------------------------------------------------------------------
-
-
 def _shown(path: Path) -> str:
     """The path for a one-line message: quoted when it holds a tab, newline or the like, or
     starts with a quote (which would read as quoted)."""
@@ -496,7 +467,7 @@ def _shown(path: Path) -> str:
     return name if name.isprintable() and name[:1] not in "'\"" else ascii(name)
 
 
-def _read(path: Path, fn: Callable, whole: bool):
+def _read(fn: Callable, whole: bool, path: Path):
     """``fn(image, the file's bytes or None)`` of ``path`` opened with Pillow (from its bytes,
     read once, when ``whole``). A failure is *returned* as a ``FormatError`` naming the file,
     so that a pool worker hands it back like any result."""
@@ -522,20 +493,11 @@ def _read(path: Path, fn: Callable, whole: bool):
         return FormatError(f"{_shown(path)}: not a readable image ({why})")
 
 
-def _header(path: Path) -> tuple[tuple[int, int], str] | FormatError:
-    """``((H, W), mode)`` from the file's header (Pillow reads its first KBs only), H and W
-    as the image shows upright (EXIF orientation 5 to 8 turns it a quarter)."""
-    return _read(path, lambda im, _: (_upright_size(im), im.mode), False)
-
-
-def _upright_size(im) -> tuple[int, int]:
+def _header(im, _) -> tuple[tuple[int, int], str]:
+    """``((H, W), mode)`` from an image's header (Pillow reads a file's first KBs only), H and
+    W as the image shows upright (EXIF orientation 5 to 8 turns it a quarter)."""
     turned = im.getexif().get(0x0112, 1) in (5, 6, 7, 8)
-    return (im.width, im.height) if turned else (im.height, im.width)
-
-
-def _load(job: _Job, path: Path):
-    """``_encode`` of the file, read once and fully decoded, or the ``FormatError``."""
-    return _read(path, partial(_encode, job), True)
+    return ((im.width, im.height) if turned else (im.height, im.width)), im.mode
 
 
 def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndarray, bool]:
@@ -629,8 +591,6 @@ def _fit(im, size: tuple[int, int]):
 
 
 # -- in the parent: the store's files ----------------------------------------------------------
-
-
 def _write_split(
     folder: Path, job: _Job, count: int, samples: Iterable, where: str
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int, str]:

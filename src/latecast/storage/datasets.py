@@ -210,13 +210,9 @@ def _sources(name: str, spec: Spec, split: str, root, mirrors) -> list[Path]:
 
 def _find(name: str, spec: Spec, split: str, root: Path) -> list[Path]:
     """Each file of the split in root or root/<torchvision folder>, plain or gzipped."""
-    found, missing = [], []
+    found, missing, folders = [], [], (root, *(root / s for s in spec.subdirs))
     for fname in spec.files[split]:
-        tried = [
-            d / (fname + sfx)
-            for d in (root, *(root / s for s in spec.subdirs))
-            for sfx in spec.suffixes
-        ]
+        tried = [d / (fname + sfx) for d in folders for sfx in spec.suffixes]
         hit = next((p for p in tried if p.is_file()), None)
         found.append(hit)
         missing += tried if hit is None else []
@@ -281,15 +277,13 @@ def _classes(spec: Spec, folder: Path) -> tuple[str, ...]:
     path = folder / spec.class_file
     if not spec.class_file or not path.is_file():
         return spec.classes
-    names = tuple(
-        line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()
-    )
+    names = tuple(filter(None, map(str.strip, path.read_text(errors="replace").splitlines())))
     if len(names) != len(spec.classes):
         raise FormatError(f"{path}: expected {len(spec.classes)} class names, found {len(names)}")
     return names
 
 
-def _read_idx_split(paths: list[Path], spec: Spec, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
+def _read_idx(paths: list[Path], spec: Spec, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
     image_path, label_path = paths
     images = check_role(read_idx(image_path), "images", str(image_path))
     labels = check_role(read_idx(label_path), "labels", str(label_path))
@@ -319,9 +313,7 @@ def parse_cifar(data: bytes, name: str, record: int = 3073) -> tuple[np.ndarray,
     return np.ascontiguousarray(planes.transpose(0, 2, 3, 1)), labels  # (N, H, W, C)
 
 
-def _read_cifar_split(
-    paths: list[Path], spec: Spec, n_classes: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _read_cifar(paths: list[Path], spec: Spec, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
     parts = []
     for path in paths:
         parts.append(parse_cifar(path.read_bytes(), str(path), spec.record))
@@ -329,18 +321,16 @@ def _read_cifar_split(
     return tuple(np.concatenate(p) for p in zip(*parts))
 
 
-_READERS = {"idx": _read_idx_split, "cifar": _read_cifar_split}
+_READERS = {"idx": _read_idx, "cifar": _read_cifar}
 
 
 def _fetch(spec: Spec, split: str, home: Path, mirrors: Sequence[str] | None) -> None:
     """Download what the split needs into ``home`` (CIFAR: the archive, then unpack it)."""
     env = [b for b in os.environ.get("LATECAST_MIRRORS", "").split(",") if b.strip()]
-    bases = list(mirrors) if mirrors else env or list(spec.mirrors)
+    bases = [b.strip().rstrip("/") for b in (mirrors or env or spec.mirrors)]
     names = [spec.archive] if spec.archive else [f + ".gz" for f in spec.files[split]]
     for fname in names:
-        download(
-            [f"{b.strip().rstrip('/')}/{fname}" for b in bases], home / fname, spec.sha256[fname]
-        )
+        download([f"{b}/{fname}" for b in bases], home / fname, spec.sha256[fname])
     if spec.archive:
         folder = spec.subdirs[0]
         wanted = {f"{folder}/{f}" for files in spec.files.values() for f in files}

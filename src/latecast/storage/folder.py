@@ -1,19 +1,15 @@
-"""``latecast.jpeg_folder``: torchvision's ``ImageFolder`` with the files left encoded, for
-the fast way through your own ``DataLoader``: its workers only read files, ``wrap`` moves
-them as one JPEG field and decodes them where the pixels are used (``encoded.py``).
+"""``latecast.jpeg_folder``: torchvision's ``ImageFolder`` with the files left encoded, so
+that your ``DataLoader``'s workers only read files (``wrap`` decodes them on the device).
 
     ImageFolder(root, transform)  ->  latecast.jpeg_folder(root)   # (bytes, label) samples
 
-A sample is ``(file bytes, class index)``; ``classes``, ``class_to_idx``, ``samples`` and
-``targets`` are ``ImageFolder(root)``'s on any tree, in its order (a saved list of indices
-picks the same files): every subfolder a class (hidden ones and symlinks too), each class's
-files as ``os.walk(followlinks=True)`` finds them, folders and names sorted as strings,
-torchvision's image suffixes in any case, hidden files included. (``latecast convert``
-finds files its own way: hidden files skipped, GIF taken.) A file is read with one
-``os.read`` (stat, open, read, close); one that is no regular file (a FIFO, whose reading
-would wait forever, a device) is refused without opening it; any file that does not read,
-or is empty, is one ``FormatError`` naming its path. A file that is no JPEG is decoded on
-the host by ``wrap``, said once.
+``classes``, ``class_to_idx``, ``samples`` and ``targets`` are ``ImageFolder(root)``'s on any
+tree, in its order (a saved list of indices picks the same files): every subfolder a class
+(hidden ones and symlinks too), each class's files as ``os.walk(followlinks=True)`` finds
+them, folders and names sorted as strings, torchvision's image suffixes in any case, hidden
+files included (``latecast convert`` finds files its own way: hidden ones skipped, GIF
+taken). A file is read whole or refused as ``read_file`` says; one that is no JPEG is
+decoded on the host by ``wrap``, said once.
 """
 
 from __future__ import annotations

@@ -98,9 +98,7 @@ def _parse(f: BinaryIO, name: str, size: int | None, limit: int) -> np.ndarray:
     expected = header + nbytes
     described = f"{dtype.name} {dims}"
     if size is not None and expected != size or expected > limit:
-        found = (
-            f"{size:,} bytes" if size is not None else f"at most {limit:,} bytes when decompressed"
-        )
+        found = f"at most {limit:,} bytes when decompressed" if size is None else f"{size:,} bytes"
         raise FormatError(
             f"{name}: IDX header ({described}) needs {expected:,} bytes but {what} holds {found}"
         )

@@ -11,6 +11,7 @@ channels and each sample's key, label, CRC-32 and offset: reads are checked agai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import hashlib
 import itertools
@@ -115,8 +116,7 @@ class Retry:
                 if undo is not None:
                     undo()
                 # fsspec's HTTP reports a failed HEAD and GET as a missing file: the answer inside
-                cause = err.__cause__ if isinstance(err, FileNotFoundError) else None
-                cause = cause or err
+                cause = (err.__cause__ if isinstance(err, FileNotFoundError) else None) or err
                 if isinstance(cause, FileNotFoundError) or getattr(cause, "status", 0) == 404:
                     raise FormatError(f"{self.url}: no such shard") from None
                 said = (str(cause).strip().splitlines() or [""])[0][:200]
@@ -190,10 +190,8 @@ class Source:
 
     def close(self) -> None:
         if self.f is not None:
-            try:
+            with contextlib.suppress(Exception):  # a connection already gone: nothing to close
                 self.f.close()
-            except Exception:  # a connection already gone: nothing left to close
-                pass
             self.f = None
 
 
@@ -228,11 +226,9 @@ class Tar:
                 raise FormatError(
                     f"{self.src.url}: ends inside {what} at byte {self.at + have:,} (cut short?)"
                 )
-            self.buf = self.buf[self.i :] + more
-            self.i = 0
+            self.buf, self.i = self.buf[self.i :] + more, 0
         out = self.buf[self.i : self.i + n]
-        self.i += n
-        self.at += n
+        self.i, self.at = self.i + n, self.at + n
         return out
 
     def members(self) -> Iterator[tuple[int, str, bytes]]:
@@ -335,8 +331,6 @@ def jpeg_and_label(url: str, key: str, fields: dict[str, bytes]):
 
 
 # -- the index -------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True, eq=False)
 class Shard:
     """One shard as its index entry gives it."""
@@ -423,33 +417,30 @@ def index_entry(url: str) -> dict:
     """Read a shard whole (no index yet): its index entry. Empty shards are said, once."""
     size = shard_size(url)
     src = Source(url, size)
-    keys, offsets, labels, crcs, channels, seen = [], [], [], [], 1, set()
+    rows, channels = {}, 1  # key -> (offset, label, CRC-32), in the shard's order
     try:
         tar = Tar(src)
         for offset, key, fields in samples(tar):
             _, label, head = jpeg_and_label(url, key, fields)
-            if key in seen:
+            if key in rows:
                 raise FormatError(f"{url}: sample {key!r} twice (a key repeated in one shard)")
-            seen.add(key)
-            keys.append(key)
-            offsets.append(offset)
-            labels.append(label)
-            crcs.append(checksum(fields))
+            rows[key] = (offset, label, checksum(fields))
             channels = max(channels, head[2])
         tar.finish()
     finally:
         src.close()
     if size is not None and src.pos != size:
         raise FormatError(f"{url}: read {src.pos:,} bytes of the {size:,} announced")
-    if not keys:
+    if not rows:
         warnings.warn(f"{url}: no samples (an empty tar); skipped", stacklevel=2)
+    offsets, labels, crcs = map(list, zip(*rows.values())) if rows else ([], [], [])
     return {
         "url": posixpath.basename(url),
-        "nsamples": len(keys),
+        "nsamples": len(rows),
         "filesize": src.pos,
         "sha256": src.hash.hexdigest(),
         "channels": 3 if channels > 1 else 1,
-        "keys": keys,
+        "keys": list(rows),
         "offsets": offsets,
         "labels": labels,
         "crc32": crcs,
@@ -529,12 +520,7 @@ def read_index(spec: str) -> list[Shard]:
         entries = {e["url"]: e for e in index["shardlist"]}
     except (KeyError, TypeError):
         raise FormatError(f"{path}: its shardlist is not a list of entries with a url") from None
-    shards = []
-    for url in urls:
-        e = entries.get(posixpath.basename(url))
-        if e is None:
-            raise ConfigError(f"{path} has no entry for {url}: run latecast index '{spec}' again")
-        shards.append(_shard(url, e, path))
+    shards = [_shard(url, entries.get(posixpath.basename(url)), path, spec) for url in urls]
     if path not in _older and any(s.crc32 is None for s in shards):
         _older.add(path)  # said once a process, not once a split
         warnings.warn(
@@ -561,7 +547,9 @@ def find_index(urls: list[str], spec: str) -> tuple[str, bool]:
     return cached, os.path.exists(cached)
 
 
-def _shard(url: str, e: dict, path: str) -> Shard:
+def _shard(url: str, e: dict | None, path: str, spec: str) -> Shard:
+    if e is None:
+        raise ConfigError(f"{path} has no entry for {url}: run latecast index '{spec}' again")
     try:
         n = e["nsamples"]
         shard = Shard(

@@ -51,10 +51,9 @@ LATER = {"crc32"}  # files a store written by an earlier latecast may lack
 MAX_SIDE = 10_000  # pixels: the largest training height or width
 CHUNK_BYTES = 64 << 20  # copy images in 64 MiB pieces, so a memmap source is never read whole
 SPLIT_NAMES = ("train", "test", "val")
-# Files whose structure opening a jpeg store checks (spread evenly, the first and last among
-# them): about a millisecond even for ImageNet, and sure to see sizes.npy or offsets.npy
-# from another store; one edited entry among N is seen with odds 256/N here, and always by
-# the decoder (decode.py) or ``verify``.
+# Files whose structure opening a jpeg store checks, spread evenly (the first and last among
+# them): ~1 ms even for ImageNet, sure to see another store's sizes.npy or offsets.npy; every
+# file is checked by the decoder (decode.py) or ``verify``.
 STRUCTURE_SAMPLE = 256
 
 
@@ -115,14 +114,6 @@ def _chunks(big: np.ndarray) -> Iterator[bytes]:
         yield np.ascontiguousarray(big[start : start + step]).tobytes()
 
 
-def _arrays(ds: Dataset | EncodedDataset) -> dict[str, np.ndarray]:
-    """``{meta.json key: array}`` of ``ds``, in ``FILES`` order, but a jpeg store's CRC-32s
-    (``finish_split`` reckons them from the files)."""
-    if isinstance(ds, EncodedDataset):
-        return {"data": ds.data, "offsets": ds.offsets, "sizes": ds.sizes, "labels": ds.labels}
-    return {"images": ds.images, "labels": ds.labels}
-
-
 def crc32s(data: np.ndarray, offsets) -> np.ndarray:
     """``(N,)`` uint32: the CRC-32 of each file ``data[offsets[i]:offsets[i + 1]]``."""
     a = np.asarray(offsets).tolist()
@@ -143,14 +134,13 @@ def finish_split(
 ) -> None:
     """Write the small arrays and meta.json (``digest``: the images' SHA-256, hashed as they
     were written; plus ``extra`` fields) next to the images file (``images.npy`` or
-    ``data.bin``) already written in ``folder``. Every JPEG file's structure is checked, and
-    its pixels against ``MAX_PIXELS``."""
+    ``data.bin``) already written in ``folder``; every JPEG file checked (``check_jpegs``)."""
     if len(ds) == 0:
         raise FormatError(f"{folder.name}: refusing to write a store with no images")
     check_labels(ds.labels, ds.num_classes, f"{ds.name}/{ds.split}")
-    encoding, arrays, plain = getattr(ds, "encoding", "raw"), _arrays(ds), {}
+    encoding, plain = getattr(ds, "encoding", "raw"), {}
+    arrays = {key: getattr(ds, key) for key in FILES[encoding] if key != "crc32"}  # reckoned below
     if encoding != "raw":  # every file read: its structure, and its CRC-32 kept (kinds/jpeg.py)
-        check_pixels(ds.sizes, f"{ds.name}/{ds.split}")
         plain = {"plain": check_jpegs(ds, f"{ds.name}/{ds.split}", range(len(ds)))}
         arrays["crc32"] = crc32s(ds.data, ds.offsets)
     for key, name in list(FILES[encoding].items())[1:]:
@@ -206,7 +196,7 @@ def write_store(
     """
     encoding = getattr(dataset, "encoding", "raw")
     key, name = next(iter(FILES[encoding].items()))
-    big = _arrays(dataset)[key]
+    big = getattr(dataset, key)
     digest = hashlib.sha256()
     with atomic_folder(Path(out), check_replaceable) as tmp:
         with open(tmp / name, "wb") as f:
@@ -234,16 +224,10 @@ def read_meta(folder: Path) -> dict:
     encoding = meta.get("encoding", "raw")  # stores written before jpeg existed are raw
     if not isinstance(encoding, str) or encoding not in FILES:
         raise FormatError(f"{path}: encoding {encoding!r}, this latecast reads {', '.join(FILES)}")
-    types = {
-        "name": str,
-        "split": str,
-        "count": int,
-        **{key: dict for key in FILES[encoding] if key not in LATER or key in meta},
-        **({} if encoding == "raw" else {"size": list, "channels": int}),
-        "classes": list,
-        "mean": list,
-        "std": list,
-    }
+    types = {"name": str, "split": str, "count": int}
+    types |= {key: dict for key in FILES[encoding] if key not in LATER or key in meta}
+    types |= {} if encoding == "raw" else {"size": list, "channels": int}
+    types |= {"classes": list, "mean": list, "std": list}
     for key, t in types.items():
         if not isinstance(meta.get(key), t):
             raise FormatError(
@@ -291,11 +275,8 @@ def _open_array(folder: Path, name: str, entry: dict, rows: int | None, count: i
 
 
 def _store_folder(path: Path, split: str | None) -> Path:
-    splits = (
-        sorted(p.name for p in path.iterdir() if (p / META).is_file())
-        if path.is_dir() and not (path / META).is_file()
-        else []
-    )
+    stores = path.is_dir() and not (path / META).is_file()
+    splits = sorted(p.name for p in path.iterdir() if (p / META).is_file()) if stores else []
     if not splits:  # one store, or none: read_meta says which
         return path
     if (split or "train") not in splits:
@@ -310,8 +291,7 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
     Everything is checked against meta.json first (schema version, file sizes and
     fingerprints, shapes, dtypes, count, label range; for jpeg also offsets, sizes, each
     file's pixels under ``MAX_PIXELS``, the training size and channels); any mismatch raises
-    ``FormatError`` naming the file.
-    Arrays are loaded with ``allow_pickle=False``.
+    ``FormatError`` naming the file. Arrays are loaded with ``allow_pickle=False``.
 
     Args:
         path: a store folder, or a converted folder holding one store per split.
@@ -376,7 +356,6 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
         ds = EncodedDataset(
             **arrays, **common, channels=channels, size=size, crc32=crc, plain=plain
         )
-        check_pixels(ds.sizes, str(folder))  # every file: sizes.npy is read whole
         picks = np.unique(np.linspace(0, count - 1, min(count, STRUCTURE_SAMPLE)).astype(int))
         check_jpegs(ds, str(folder), picks)
     check_labels(labels, ds.num_classes, str(folder / LABELS))
@@ -406,20 +385,15 @@ def verify(ds: Dataset | EncodedDataset, where: str) -> bool:
     return True
 
 
-def check_pixels(sizes: np.ndarray, where: str) -> None:
-    """``FormatError`` naming ``where`` and the first sample whose ``(H, W)`` in ``sizes`` is
-    over ``MAX_PIXELS`` (``convert``'s limit): decoding it would allocate all its pixels, a
-    decompression bomb's gigabytes."""
-    over = np.flatnonzero(sizes[:, 0].astype(np.int64) * sizes[:, 1] > MAX_PIXELS)
-    if len(over):
-        k = int(over[0])
-        raise FormatError(f"{where}: sample {k}: {too_big(tuple(sizes[k]))}")
-
-
 def check_jpegs(ds: EncodedDataset, where: str, picks) -> bool:
-    """``FormatError`` naming ``where`` and the first sample in ``picks`` whose file is not a
-    whole JPEG of the size sizes.npy gives it (``jpeg_problem``), or is not plain (upright,
-    1 or 3 channels) when ``ds.plain`` says every file is. Returns whether all are plain."""
+    """``FormatError`` naming ``where`` and the first sample whose ``(H, W)`` in sizes.npy is
+    over ``MAX_PIXELS`` (every sample: decoding it would allocate a decompression bomb's
+    gigabytes), or the first in ``picks`` whose file is not a whole JPEG of that size
+    (``jpeg_problem``) or not plain (upright, 1 or 3 channels) when ``ds.plain`` says every
+    file is. Returns whether all in ``picks`` are plain."""
+    over = np.flatnonzero(ds.sizes[:, 0].astype(np.int64) * ds.sizes[:, 1] > MAX_PIXELS)
+    if len(over):
+        raise FormatError(f"{where}: sample {over[0]}: {too_big(tuple(ds.sizes[over[0]]))}")
     offsets, sizes, plain = ds.offsets.tolist(), ds.sizes.tolist(), True
     for i in picks:
         file = ds.data[offsets[i] : offsets[i + 1]]
@@ -439,9 +413,9 @@ def check_jpegs(ds: EncodedDataset, where: str, picks) -> bool:
 
 def jpeg_problem(file: np.ndarray | bytes, hw: list[int] | None = None) -> str:
     """Why ``file`` is not one whole JPEG of ``hw`` (H, W) pixels upright ("" when it is): it
-    must start with the SOI marker, end with EOI, and its frame header (SOF, read by
-    ``decode.jpeg_header``: the markers before it only, usually under 1 KiB) must give that
-    size once its EXIF orientation is applied. ``hw`` None: the structure only."""
+    must start with the SOI marker, end with EOI, and its frame header (SOF, found by
+    ``jpeg_header`` in the markers before it) must give that size once its EXIF orientation
+    is applied. ``hw`` None: the structure only."""
     if len(file) < 4 or bytes(file[:2]) != b"\xff\xd8" or bytes(file[-2:]) != b"\xff\xd9":
         return "not a whole JPEG file (it must start with FF D8 and end with FF D9)"
     head = jpeg_header(file)
@@ -455,36 +429,24 @@ def jpeg_problem(file: np.ndarray | bytes, hw: list[int] | None = None) -> str:
 def _check_encoded(folder: Path, meta: dict, arrays: dict, labels: np.ndarray) -> dict:
     """The checks a jpeg store adds (offsets, sizes, training size, channels), each naming
     its file; returns the offsets and sizes, read whole (they are small)."""
-    data, offsets, sizes = arrays["data"], np.array(arrays["offsets"]), np.array(arrays["sizes"])
+    n, offsets, sizes = len(arrays["data"]), np.array(arrays["offsets"]), np.array(arrays["sizes"])
     size, channels = meta["size"], meta["channels"]
+    rising = offsets.dtype == np.int64 and offsets[0] == 0 and offsets[-1] == n
+    sides = sizes.dtype == np.int32 and sizes.shape == (len(labels), 2)
+    sides = sides and bool(np.all((sizes >= 1) & (sizes <= JPEG_SIDE)))
+    trained = channels in (1, 3) and len(size) == 2
+    trained = trained and all(type(v) is int and 1 <= v <= MAX_SIDE for v in size)
     checks = [
-        (
-            offsets.dtype == np.int64
-            and offsets[0] == 0
-            and offsets[-1] == len(data)
-            and bool(np.all(np.diff(offsets) > 0)),
-            OFFSETS,
-            f"offsets must be int64, rising from 0 to the {len(data)} bytes of {DATA}",
-        ),
-        (
-            sizes.dtype == np.int32
-            and sizes.shape == (len(labels), 2)
-            and bool(np.all((sizes >= 1) & (sizes <= JPEG_SIDE))),
-            SIZES,
-            f"sizes must be int32 (height, width) pairs in 1..{JPEG_SIDE}, one per image",
-        ),
+        (rising and bool(np.all(np.diff(offsets) > 0)), OFFSETS,
+         f"offsets must be int64, rising from 0 to the {n} bytes of {DATA}"),
+        (sides, SIZES,
+         f"sizes must be int32 (height, width) pairs in 1..{JPEG_SIDE}, one per image"),
         (labels.dtype in (np.uint8, np.uint16), LABELS, "labels must be uint8 or uint16"),
         (arrays.get("crc32", np.uint32(0)).dtype == np.uint32, CRC32, "CRC-32s must be uint32"),
         (type(meta.get("plain", False)) is bool, META, "plain must be true or false"),
-        (
-            channels in (1, 3)
-            and len(size) == 2
-            and all(type(v) is int and 1 <= v <= MAX_SIDE for v in size),
-            META,
-            f"channels must be 1 or 3 and size (height, width) in 1..{MAX_SIDE}, got "
-            f"{channels!r:.20} and {size!r:.40}",
-        ),
-    ]
+        (trained, META, f"channels must be 1 or 3 and size (height, width) in 1..{MAX_SIDE}, "
+         f"got {channels!r:.20} and {size!r:.40}"),
+    ]  # fmt: skip
     for ok, name, what in checks:
         if not ok:
             raise FormatError(f"{folder / name}: {what}")

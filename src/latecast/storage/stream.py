@@ -1,29 +1,22 @@
-"""A split of WebDataset shards, streamed: ``latecast train 'http://host/shard-{000..009}.tar'``
-(or ``s3://...``, ``path/shard-*.tar``), indexed first if ``latecast index`` has not. The last
-shard is the test split, the others the train split (its labels among the train classes);
-every shard's size is checked against the index before the first step.
+"""A split of WebDataset shards, streamed (``latecast train 'http://host/shard-{000..009}.tar'``,
+``s3://...``, ``path/shard-*.tar``; docs/shards.md), indexed first if ``latecast index`` has
+not; the last shard is the test split, the others the train split.
 
-Memory is bounded: samples are read shard by shard, and a process holds at most ``buffer``
-JPEG files of the epoch at a time (the shuffle buffer), never the split.
-
-The order of an epoch is a pure function of (the index, seed, epoch), never of the number of
-processes: the shards permuted, their samples in that sequence (stream positions), then the
-samples permuted within consecutive blocks of ``buffer`` (as ``loader.block_order`` shuffles a
-store). Each rank takes a contiguous span of that order, so it reads a contiguous run of
-shards (every shard read once an epoch, in all). Every sample is trained on once an epoch: no
-padding, no dropped tail. Every rank takes the same number of steps, ``ceil(M / (world *
-batch))`` for the ``M`` samples left: the spans differ by one sample at most, each rank's
-batches are full and its last ones shorter. A checkpoint keeps the epoch and what remains of
-its order (a few intervals); a resume on any number of ranks splits that again
-(``Plan.left``), on the same number it continues where it stopped, exactly.
-
-The training size, channels and mean/std come from the first ``STAT_FILES`` train samples
-(the most common upright size among them), the same on every rank; the resume identity is
-the index's SHA-256 of every shard of the split, whatever URL or path names them.
+An epoch's order (``epoch_order``) is a pure function of (the index, seed, epoch), never of the
+number of processes. Each rank takes a contiguous span of it, so it reads a contiguous run of
+shards and holds at most ``buffer`` JPEG files (every shard read once an epoch, in all). Every
+sample is trained on once an epoch (no padding, no dropped tail); every rank takes
+``ceil(M / (world * batch))`` steps for the ``M`` samples left (the spans differ by one sample
+at most). A checkpoint keeps what remains of its epoch's order (a few intervals): a resume on
+any number of ranks splits that again (``Plan.left``), on the same number it continues where it
+stopped, exactly. The training size, channels and mean/std come from the first ``STAT_FILES``
+train samples, the same on every rank; the resume identity is the index's SHA-256 of every
+shard of the split, whatever URL or path names them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import queue
@@ -108,11 +101,6 @@ class Plan:
         self.ids = S[self.stream]
         self.sizes = batch_sizes(len(mine), self.steps, batch)
 
-    def batches(self) -> list:
-        import torch
-
-        return list(torch.from_numpy(self.ids).split(self.sizes))
-
     def left(self, position: int) -> list[list[int]]:
         """The epoch's positions left once every rank took ``position`` batches."""
         ends = zip(self.bounds, self.bounds[1:])
@@ -123,13 +111,8 @@ class Plan:
         return _intervals(np.concatenate(rest))
 
     def read(self, start: int) -> Iterator[tuple]:
-        """``(EncodedDataset, ids, names)`` of each batch from ``start`` on, read by a thread
-        ``AHEAD`` batches ahead of the steps (its reads and hashing release the GIL)."""
-        return ahead_by_thread(self._batches(start), AHEAD)
-
-    def _batches(self, start: int) -> Iterator[tuple]:
-        """The batches, read in stream order; files read but not yet batched are held (a
-        block's at most)."""
+        """``(EncodedDataset, ids, names)`` of each batch from ``start`` on, read in stream
+        order; files read but not yet batched are held (a block's at most)."""
         import torch
 
         at = sum(self.sizes[:start])
@@ -156,11 +139,9 @@ def ahead_by_thread(items: Iterator, depth: int) -> Iterator:
 
     def put(item) -> bool:
         while not stop.is_set():
-            try:
+            with contextlib.suppress(queue.Full):
                 out.put(item, timeout=0.1)
                 return True
-            except queue.Full:
-                continue
         return False
 
     def work() -> None:
@@ -218,11 +199,15 @@ class Source:
         return sum(sizes), len(sizes)
 
     def batches(self, epoch: int, rank: int, world: int, position: int) -> list:
-        return self.plan(epoch, rank, world).batches()[position:]
+        import torch
+
+        plan = self.plan(epoch, rank, world)
+        return list(torch.from_numpy(plan.ids).split(plan.sizes))[position:]
 
     def feed(self, batches: list, epoch: int, rank: int, world: int, position: int):
-        """``(EncodedDataset, ids, names)`` of each batch, read as the ``jpeg`` mover asks."""
-        return self.plan(epoch, rank, world).read(position)
+        """``Plan.read``, by a thread ``AHEAD`` batches ahead of the steps (its reads and
+        hashing release the GIL), as the ``jpeg`` mover asks."""
+        return ahead_by_thread(self.plan(epoch, rank, world).read(position), AHEAD)
 
     def state_dict(self, epoch: int) -> dict:
         return {"remaining": self.remaining(epoch)}
@@ -252,11 +237,8 @@ class StreamedDataset(Split):
     limit: int | None = None  # train on the first `limit` samples only (--limit-train)
     encoding = "jpeg"
     movers = EncodedDataset.movers  # a JPEG store's: ``jpeg``
+    image_shape = EncodedDataset.image_shape  # (*size, channels)
     what = "a stream of JPEG shards"
-
-    @property
-    def image_shape(self) -> tuple[int, int, int]:
-        return (*self.size, self.channels)
 
     @property
     def image_bytes(self) -> int:
@@ -334,9 +316,8 @@ def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> Stream
     part = train if split == "train" else shards[-1:]
     with ThreadPoolExecutor(PROBES) as pool:  # a shard gone is said now, not hours in
         list(pool.map(Shard.probe, part))
-    size, mean, std = _measured(train, spec)
+    size, channels, mean, std = _measured(train, spec)
     labels = np.concatenate([s.labels for s in part])
-    channels = 1 if all(s.channels == 1 for s in train) else 3
     return StreamedDataset(
         name=spec, split=split, labels=labels.astype(np.uint8 if classes <= 256 else np.uint16),
         classes=tuple(map(str, range(classes))), mean=mean, std=std, size=size,
@@ -362,7 +343,7 @@ def _digest(shards: list[Shard]) -> str:
 
 
 def _measured(train: list[Shard], spec: str) -> tuple:
-    """``(size, mean, std)`` of the first ``STAT_FILES`` train samples, measured once."""
+    """``(size, channels, mean, std)`` of the first ``STAT_FILES`` train samples, measured once."""
     key = _digest(train)
     if key not in _stats:
         import torch
@@ -391,7 +372,7 @@ def _measured(train: list[Shard], spec: str) -> tuple:
             pixels = decode(batch, size).reshape(-1, channels).int()  # (n * H * W, C)
             sums += torch.stack([pixels.sum(0), (pixels * pixels).sum(0)])  # int32 squares fit
         count = len(files) * size[0] * size[1]
-        _stats[key] = (tuple(size), *mean_std(sums.numpy(), count))
+        _stats[key] = (tuple(size), channels, *mean_std(sums.numpy(), count))
     return _stats[key]
 
 
