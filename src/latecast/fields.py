@@ -197,18 +197,24 @@ class Image(Field):
                 )
             layout = "NCHW" if ends == [1] else "NHWC"
         channels = {"NHW": 1, "NHWC": shape[-1], "NCHW": shape[1]}[layout]
-        means = len(options.prepare.mean)
-        if means not in (1, channels):
-            mask = f"; a mask? declare it: fields={{{name!r}: 'mask'}}"
-            raise BatchError(
-                f"field {name!r}: {channels} channels ({layout} {shape}) but {means} mean/std "
-                f"values{mask * (channels == 1 and not declared)}"
-            )
+        mask = f"; a mask? declare it: fields={{{name!r}: 'mask'}}" * (
+            channels == 1 and not declared
+        )
+        check_channels(name, channels, len(options.prepare.mean), f" ({layout} {shape})", mask)
         return cls(name, torch.uint8, shape, t.dtype, layout)
 
     def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``(N, H, W, C)``, whatever the layout it crossed in."""
         return nhwc(super().view(raw, device), self.layout)
+
+
+def check_channels(name: Name, channels: int, means: int, where: str = "", hint: str = ""):
+    """A BatchError naming field ``name`` (``where``: its layout and shape) when its
+    ``channels`` do not take ``means`` mean/std values: one, or one a channel."""
+    if means not in (1, channels):
+        raise BatchError(
+            f"field {name!r}: {channels} channels{where} but {means} mean/std values{hint}"
+        )
 
 
 @dataclass(frozen=True)

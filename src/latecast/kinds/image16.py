@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..errors import BatchError, numbers_of, refuse
-from ..fields import LAYOUTS, Name, limits, value_range
+from ..fields import LAYOUTS, Name, check_channels, limits, value_range
 from ..wide import DEEP, Image16Field, check_augment
 
 
@@ -43,9 +43,7 @@ class Image16:
             raise BatchError(f"field {name!r}: {channels} channels ({layout} {shape}), declared "
                              f"{self.channels}")  # fmt: skip
         mean, std = self._scale(t.dtype)
-        if len(mean) not in (1, channels):
-            raise BatchError(f"field {name!r}: {channels} channels ({layout} {shape}) but "
-                             f"{len(mean)} mean/std values")  # fmt: skip
+        check_channels(name, channels, len(mean), f" ({layout} {shape})")
         if self.range and not _covers(t.dtype, self.range):  # some value may lie outside
             low, high = value_range(t)
             if low < self.range[0] or high > self.range[1]:

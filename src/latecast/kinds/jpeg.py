@@ -22,7 +22,7 @@ import torch
 
 from ..data import Split
 from ..errors import BatchError, check, numbers_of, refuse
-from ..fields import Field, Name, Taken
+from ..fields import Field, Name, Taken, check_channels
 from ..threads import count, pool
 from ..transfer import Mover, label_field
 from ..transforms import INTERPOLATIONS
@@ -70,9 +70,7 @@ class Jpeg:
                 f"field {name!r}: JPEG files of {len(set(sizes))} sizes ({some}, ...): declare "
                 f"the training size, fields={{{name!r}: latecast.jpeg(size=(H, W))}}"
             )
-        means = len(options.prepare.mean)
-        if means not in (1, channels):
-            raise BatchError(f"field {name!r}: {channels} channels but {means} mean/std values")
+        check_channels(name, channels, len(options.prepare.mean))
         kept = [f[:0] if i in decoded else f for i, f in enumerate(files)]  # of its own type
         sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
         return JpegFile(name, torch.uint8, (len(kept),), None, kept, sizes, size, channels,

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import BatchError, ConfigError, check, numbers_of, refuse
-from ..fields import Field, Name, check_bytes, integral
+from ..fields import Field, Name, check_bytes, check_channels, integral
 from ..transforms import (
     Augment,
     Moves,
@@ -62,10 +62,7 @@ class Clip:
                 f"field {name!r}: frames of {h}x{w} ({self.layout} {shape}) are smaller than "
                 f"the declared size {size[0]}x{size[1]}"
             )
-        means = len(options.prepare.mean)
-        if means not in (1, c):
-            raise BatchError(f"field {name!r}: {c} channels ({self.layout} {shape}) but {means} "
-                             "mean/std values")  # fmt: skip
+        check_channels(name, c, len(options.prepare.mean), f" ({self.layout} {shape})")
         _check_options(name, options)
         return Clips(name, torch.uint8, shape, t.dtype, self.layout, size, self.out)
 
