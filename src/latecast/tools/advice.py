@@ -57,13 +57,8 @@ class Source:
 
     def calls(self, line: int, names: tuple[str, ...]) -> list[ast.Call]:
         """The calls of a function or class named one of ``names`` that span ``line``."""
-        return [
-            c
-            for c in ast.walk(self.tree)
-            if isinstance(c, ast.Call)
-            and _name(c.func) in names
-            and c.lineno <= line <= c.end_lineno
-        ]
+        calls = [c for c in ast.walk(self.tree) if isinstance(c, ast.Call)]
+        return [c for c in calls if _name(c.func) in names and c.lineno <= line <= c.end_lineno]
 
     def top(self, node: ast.AST) -> ast.stmt:
         """The statement at the top of the module that holds ``node``."""
@@ -186,13 +181,8 @@ def mover(src: Source, line: int, device: str) -> str | None:
     y.to(d)``, ``return x.to(d)``), and each that moves the same tensors into the same names,
     made ``mover((x, y))``; the Mover made before their top-level statement, on the moves'
     device where it is a module's name, else on ``device``. Else why not."""
-    stmts = [
-        s
-        for s in ast.walk(src.tree)
-        if isinstance(s, (ast.Assign, ast.Return))
-        and s.lineno <= line <= s.end_lineno
-        and s.value is not None
-    ]
+    stmts = [s for s in ast.walk(src.tree) if isinstance(s, (ast.Assign, ast.Return))]
+    stmts = [s for s in stmts if s.lineno <= line <= s.end_lineno and s.value is not None]
     moved = _moves(stmts[-1].value) if stmts else None
     if not moved:
         return f"the move at line {line} is not `x = x.to(device)`, `return x.to(device)`"

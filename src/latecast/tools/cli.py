@@ -26,11 +26,6 @@ from ..storage.options import DATASET_HELP, TYPES, kind
 from .text import human_bytes
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
-    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-
-
 def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None]:
     """An ``add`` declaring a flag per field of the dataclass ``latecast.module.name``
     (``options.option``), importing it only when called (torch loads with most)."""
@@ -39,9 +34,8 @@ def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None
         cls = getattr(importlib.import_module(f"latecast.{module}"), name)
         for f in fields(cls):
             meta, default = f.metadata, f.default
-            shown = (
-                "" if default in (None, MISSING) or kind(f) == "bool" else " (default: %(default)s)"
-            )
+            hide = default in (None, MISSING) or kind(f) == "bool"
+            shown = "" if hide else " (default: %(default)s)"
             if meta["positional"]:
                 optional = {} if default is MISSING else {"nargs": "?", "default": default}
                 p.add_argument(f.name, **optional, help=meta["help"] + shown)
@@ -99,13 +93,9 @@ def _run_train(args: argparse.Namespace) -> dict:
 
 def _print_check(found: dict) -> None:
     c, (h, w, ch) = found["config"], found["image_shape"]
-    start = (
-        f"resumes {found['resume_from']} at step {found['start_step']}"
-        if found["resume_from"]
-        else f"replaces {', '.join(found['replaces'])}"
-        if found["replaces"]
-        else "starts a new run"
-    )
+    start = f"replaces {', '.join(found['replaces'])}" if found["replaces"] else "starts a new run"
+    if found["resume_from"]:
+        start = f"resumes {found['resume_from']} at step {found['start_step']}"
     print(
         f"check passed: {c['model']} on {c['dataset']} ({found['train_samples']} train / "
         f"{found['test_samples']} test images {h}x{w}x{ch}, {found['classes']} classes), "
@@ -163,10 +153,8 @@ def _run_info(args: argparse.Namespace) -> dict:
         print(f"{name:<10} {human_bytes(b['per_epoch']):>24} {human_bytes(b['once']):>12}")
     for split, hashed in verified.items():
         said = ", SHA-256 as written" if hashed else "; no SHA-256 to compare (an older store)"
-        print(
-            f"verified {split}: "
-            + (hashed if isinstance(hashed, str) else "every image read" + said)
-        )
+        said = hashed if isinstance(hashed, str) else "every image read" + said
+        print(f"verified {split}: {said}")
     return {"dataset": args.dataset, **info, **({"verified": verified} if args.verify else {})}
 
 
@@ -258,12 +246,8 @@ def _run_convert(args: argparse.Namespace) -> dict:
 
 def _add_doctor(p: argparse.ArgumentParser) -> None:
     _options("tools.doctor", "DoctorConfig")(p)
-    p.add_argument(
-        "script",
-        nargs=argparse.REMAINDER,
-        metavar="-- SCRIPT [ARGS...]",
-        help="the training script and its arguments (python train.py ..., python -m pkg.train)",
-    )
+    what = "the training script and its arguments (python train.py ..., python -m pkg.train)"
+    p.add_argument("script", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]", help=what)
 
 
 def _run_doctor(args: argparse.Namespace) -> dict:
@@ -315,7 +299,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=HELP[name], description=HELP[name])
         if name == command:
             add(p)
-            _common(p)
+            p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+            p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return parser
 
 

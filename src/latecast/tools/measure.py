@@ -120,13 +120,9 @@ def epochs(loader: Loader) -> Callable[[], Iterator[Batch]]:
 
 def run_info(device: torch.device) -> dict:
     """Machine, versions and git revision, saved next to every number."""
+    rev = ["git", "rev-parse", "--short", "HEAD"]
     try:  # outside a checkout, or without git: "unknown"
-        git = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
+        git = subprocess.run(rev, capture_output=True, text=True, cwd=Path(__file__).parent).stdout
     except OSError:
         git = ""
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
@@ -136,7 +132,7 @@ def run_info(device: torch.device) -> dict:
         "device": str(device),
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
-        "git": git or "unknown",
+        "git": git.strip() or "unknown",
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),

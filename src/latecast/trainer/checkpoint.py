@@ -145,20 +145,14 @@ class Progress:
     epoch_seen: int = 0  # steps summed into epoch_loss_sum
 
 
-def save(
-    path: str | os.PathLike,
-    parts: dict,
-    progress: Progress,
-    config: dict,
-    world: int,
-    data_fingerprint: str,
-):
+def save(path: str | os.PathLike, parts: dict, progress: Progress, config: dict, data: str):
     """Checkpoint a run: the mirror of ``restore``, the one place the schema is written.
-    ``parts``: ``model``, ``optimizer``, ``scheduler`` and ``loader``, by their state dicts."""
-    state = {name: part.state_dict() for name, part in parts.items()}
+    ``parts``: ``model``, ``optimizer``, ``scheduler`` and ``loader``, by their state dicts (the
+    loader's epoch and world size saved too); ``data``: the training split's ``fingerprint``."""
+    loader, state = parts["loader"], {name: part.state_dict() for name, part in parts.items()}
     state.update({f.name: getattr(progress, f.name) for f in fields(Progress)})
-    state.update(epoch=parts["loader"].epoch, rng=rng_state(), config=config, world_size=world)
-    save_checkpoint(path, {**state, "data_fingerprint": data_fingerprint})
+    state.update(epoch=loader.epoch, rng=rng_state(), config=config, world_size=loader.world_size)
+    save_checkpoint(path, {**state, "data_fingerprint": data})
 
 
 def restore(path: Path, run: dict, parts: dict) -> Progress:

@@ -243,8 +243,7 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], amp: bool = False) -> t
             both = torch.stack([hits, (labels != IGNORE).sum()])
             counts = both if counts is None else counts + both
     model.train()
-    correct, total = (0, 0) if counts is None else counts.tolist()  # .tolist() syncs
-    return correct, total
+    return (0, 0) if counts is None else tuple(counts.tolist())  # .tolist() syncs
 
 
 class LossTracker:
@@ -315,12 +314,7 @@ class Run:
         path = Path(self.config.output_dir) / name
         if self.lead:
             checkpoint.save(
-                path,
-                self.parts,
-                self.progress,
-                asdict(self.config),
-                self.loader.world_size,
-                self.data_fingerprint,
+                path, self.parts, self.progress, asdict(self.config), self.data_fingerprint
             )
         if name == "checkpoint.pt":
             stops.at("checkpoint")
@@ -597,11 +591,14 @@ def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tupl
     """One epoch's steps (from the saved position); its mean loss and seconds."""
     config, loader, progress = run.config, run.loader, run.progress
     loader.set_epoch(epoch)  # on resume the same epoch: the position is kept
-    t0 = time.perf_counter()
+    clock = _stopwatch(loader.device)
     so_far = progress.epoch_loss_sum, progress.epoch_seen  # a mid-epoch checkpoint's
     losses = LossTracker(loader.device, run.distributed, *so_far)
-    show = run.lead and config.progress and sys.stdout.isatty()
-    bar = _progress(batches(), len(loader), f"epoch {epoch + 1}/{config.epochs}", show)
+    bar, show = batches(), run.lead and config.progress and sys.stdout.isatty()
+    if show:  # (tqdm imported only then)
+        from tqdm import tqdm
+
+        bar = tqdm(bar, total=len(loader), desc=f"epoch {epoch + 1}/{config.epochs}", leave=False)
     for images, labels in bar:
         stops.at("step")
         loss = step(images, labels)
@@ -617,9 +614,7 @@ def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tupl
             progress.epoch_loss_sum, progress.epoch_seen = losses.sum.cpu(), losses.seen
             run.save("checkpoint.pt")
     epoch_loss = losses.mean(run.last_good)
-    if loader.device.type == "cuda":
-        torch.cuda.synchronize(loader.device)
-    seconds = time.perf_counter() - t0
+    seconds = clock()
     progress.train_seconds += seconds
     progress.epoch_loss_sum, progress.epoch_seen = torch.zeros(()), 0
     return epoch_loss, seconds
@@ -739,12 +734,3 @@ def _stopwatch(device: torch.device):
         return seconds
 
     return lap
-
-
-def _progress(batches: Iterable[Batch], total: int, desc: str, show: bool):
-    """A tqdm bar over ``batches`` when ``show``, else the batches (tqdm imported only then)."""
-    if not show:
-        return batches
-    from tqdm import tqdm
-
-    return tqdm(batches, total=total, desc=desc, leave=False)
