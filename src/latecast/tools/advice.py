@@ -3,8 +3,7 @@ whole lines to apply as written (tests/test_doctor.py does). 8-bit images: the t
 ``ToTensor()`` (and its ``Normalize``) become ``PILToTensor()`` and *every* DataLoader sharing
 that ``ToTensor`` goes through ``latecast.wrap`` with its mean and std. Batches made per call
 (nanoGPT's ``get_batch``): the statements moving them become ``mover((x, y))``, one
-``latecast.Mover`` made before. Elsewhere the advice stays in words, and says so.
-"""
+``latecast.Mover`` made before. Elsewhere the advice stays in words, and says so."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@
 (d) ``wrap`` over an ``ImageFolder`` DataLoader against the usual float32 one, and
 (f) photos from WebDataset shards (``photo_rows.py``): images/s, host CPU s, bytes.
 (e) ``--kernels``: the normalize kernel alone, two passes, fused, compiled.
-Each timing: a warm-up pass, then ``repeats`` passes between device syncs; median and range.
-"""
+Each timing: a warm-up pass, then ``repeats`` passes between device syncs; median and range."""
 
 from __future__ import annotations
 
@@ -139,13 +138,9 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
             )
 
         usual = loader([T.ToTensor(), T.Normalize(ds.mean, ds.std)], device.type == "cuda")
-        wrapped = wrap(
-            loader([T.PILToTensor()], False),  # wrap pins its own buffer
-            mean=ds.mean,
-            std=ds.std,
-            device=device,
-            layout="NCHW",  # PILToTensor's (C, H, W), whatever the image size
-        )
+        uint8 = loader([T.PILToTensor()], False)  # wrap pins its own buffer
+        # layout: PILToTensor's (C, H, W), whatever the image size
+        wrapped = wrap(uint8, mean=ds.mean, std=ds.std, device=device, layout="NCHW")
         runs = {
             "folder-float32": measure.passes(
                 lambda dl=usual: measure.to_device(iter(dl), device), batches, cfg.repeats, device
@@ -238,13 +233,9 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
         for _ in loader:
             pass
         s = loader.stats
-        out[name] = {
-            **mover.epoch_bytes(ds),
-            "measured": s.h2d_bytes - s0.h2d_bytes,
-            "image_bytes": s.image_bytes - s0.image_bytes,
-            "label_bytes": s.label_bytes - s0.label_bytes,
-            "index_bytes": s.index_bytes - s0.index_bytes,
-        }
+        out[name] = {**mover.epoch_bytes(ds), "measured": s.h2d_bytes - s0.h2d_bytes}
+        parts = ("image_bytes", "label_bytes", "index_bytes")
+        out[name].update({k: getattr(s, k) - getattr(s0, k) for k in parts})
     return out
 
 

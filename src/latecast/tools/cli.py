@@ -4,8 +4,7 @@ Exit codes: 0 success, 2 bad usage (argparse), 1 a ``LatecastError`` or what the
 refused (a full disk, no permission), 130 Ctrl-C; errors are one line on stderr, no
 traceback unless ``--debug``. With ``--json`` the last stdout line is one strict JSON object:
 the result, or on an error ``{"error": the same message, "exit_code": 1}`` (bad usage: 2);
-Ctrl-C (130) prints none.
-"""
+Ctrl-C (130) prints none."""
 
 from __future__ import annotations
 

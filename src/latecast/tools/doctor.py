@@ -2,8 +2,7 @@
 host->device bus wider than it needs to, and the change that narrows it (docs/doctor.md).
 ``launch.py`` runs it, ``observe.py`` records each move per line, ``advice.py`` writes the
 edits; here the verdict per site (8-bit pixels ``(k/255 - mean)/std``: uint8; integers: the
-narrowest dtype holding them) and the report. Without a GPU ``.to(device)`` counts as a move.
-"""
+narrowest dtype holding them) and the report. Without a GPU ``.to(device)`` counts as a move."""
 
 from __future__ import annotations
 

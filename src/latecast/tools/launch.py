@@ -1,7 +1,6 @@
 """Running anyone's script as ``python [OPTIONS] script ARGS`` would, inside ``latecast
 doctor``'s process (``runpy``, as ``__main__``), stopped after ``--steps``; its exit, errors and
-warnings its own, and everything put back after.
-"""
+warnings its own, and everything put back after."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """What ``bench``, ``profile`` and ``benchmarks/`` measure with: shared options, timed passes
 between device syncs, host CPU seconds, the run's machine and revision, the torchvision
-``DataLoader`` baseline, one report writer (JSON, markdown, a bar plot).
-"""
+``DataLoader`` baseline, one report writer (JSON, markdown, a bar plot)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """What ``latecast doctor`` sees of a script as it runs: every host->device move, charged
 to the script's own line (``Observer``, a ``TorchFunctionMode``), and its DataLoaders, their
 batches and where their transforms are made (``watching``). Read-only: a bounded, strided
-sample of the first tensors of each site, no random draw, every original method called.
-"""
+sample of the first tensors of each site, no random draw, every original method called."""
 
 from __future__ import annotations
 

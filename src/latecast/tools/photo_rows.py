@@ -1,7 +1,6 @@
 """``latecast bench``'s photo rows: generated 500x375 JPEGs in WebDataset shards, decoded,
 RandomResizedCrop(224), flipped and normalized by the workers (``photos-float32``) or by
-``latecast.wrap`` on the device (``photos-wrap``); read by webdataset, else by ``tarfile``.
-"""
+``latecast.wrap`` on the device (``photos-wrap``); read by webdataset, else by ``tarfile``."""
 
 from __future__ import annotations
 

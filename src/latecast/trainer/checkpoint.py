@@ -1,7 +1,6 @@
 """Checkpoints: plain dicts holding all an exact resume needs (model unwrapped from DDP,
 optimizer, scheduler, step, the loader's position, RNG states, config, history), written
-atomically (row 19) and read with ``weights_only=True``: plain data only (row 20).
-"""
+atomically (row 19) and read with ``weights_only=True``: plain data only (row 20)."""
 
 from __future__ import annotations
 
@@ -191,13 +190,12 @@ def restore(path: Path, run: dict, parts: dict) -> Progress:
 def check_same_run(path: str | os.PathLike, saved: dict, now: dict) -> None:
     """Refuse ``saved`` under a run that differs in any of ``RUN_FIELDS``, listing each (row 21)."""
     saved = {**ADDED, **saved}
-    differ = [
-        f"{k} {saved.get(k)!r} (checkpoint) != {now.get(k)!r} (now)"
-        for k in RUN_FIELDS
-        if saved.get(k) != now.get(k)
-    ]
+    differ = [k for k in RUN_FIELDS if saved.get(k) != now.get(k)]
     if differ:
-        raise CheckpointError(f"{path}: cannot resume, the run differs: " + "; ".join(differ))
+        said = "; ".join(
+            f"{k} {saved.get(k)!r} (checkpoint) != {now.get(k)!r} (now)" for k in differ
+        )
+        raise CheckpointError(f"{path}: cannot resume, the run differs: {said}")
 
 
 def rng_state() -> dict:

@@ -3,8 +3,7 @@
 (``Loader.fill``), forward, loss, backward and the SGD update; per step the host stages the
 batch (``Loader.staged``), sets the lr on the device, replays and steps the schedule.
 ``nesterov_sgd`` is ``torch.optim.SGD``'s update with the lr read from a device tensor (a graph
-would freeze a Python number), on its own momentum buffers: checkpoints stay SGD's.
-"""
+would freeze a Python number), on its own momentum buffers: checkpoints stay SGD's."""
 
 from __future__ import annotations
 

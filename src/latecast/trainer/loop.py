@@ -3,8 +3,7 @@
 ``train(TrainConfig(...))`` is ``latecast train``; ``train_step`` and ``evaluate`` serve
 ``bench`` and ``profile`` too. Static batches (one shape: ``--compile``, ``--graph``).
 ``clock_seconds``: first step to the end of the final evaluation, start-up beside it. Under
-``torchrun`` each process trains a DDP copy on its share; rank 0 alone writes.
-"""
+``torchrun`` each process trains a DDP copy on its share; rank 0 alone writes."""
 
 from __future__ import annotations
 

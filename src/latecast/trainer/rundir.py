@@ -2,8 +2,7 @@
 ``check_path`` (writable, nothing written), ``write`` (JSON files replaced whole), ``claim``
 (one run at a time: ``fcntl.flock`` on ``OUT/.latecast.lock``). A previous run (``RUN_FILES``)
 is continued (``--resume``) or replaced (``--overwrite``): only files latecast verifiably
-wrote, kept aside until the new run's first checkpoint, put back if it fails (``settle``).
-"""
+wrote, kept aside until the new run's first checkpoint, put back if it fails (``settle``)."""
 
 from __future__ import annotations
 
