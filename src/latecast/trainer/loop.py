@@ -117,13 +117,11 @@ def resolve_config(config: TrainConfig, train_set: Dataset, device: torch.device
             f"channels); choose one with --preset {'|'.join(PRESETS)} and set what differs "
             f"(--model, --batch-size, --lr, ...)"
         )
-    preset = config.preset or (
-        "photo" if max(h, w) > _PRESET_SIZE else "gray" if c == 1 else "colour"
-    )
+    by_image = "photo" if max(h, w) > _PRESET_SIZE else "gray" if c == 1 else "colour"
+    preset = config.preset or by_image
     values = {**PRESETS[preset], **({} if device.type == "cuda" else {"amp": False})}
-    return replace(
-        config, preset=preset, **{k: v for k, v in values.items() if getattr(config, k) is None}
-    )
+    unset = {k: v for k, v in values.items() if getattr(config, k) is None}
+    return replace(config, preset=preset, **unset)
 
 
 def load_splits(config: TrainConfig) -> tuple[Dataset, Dataset]:
@@ -282,7 +280,8 @@ class LossTracker:
 
 @dataclass
 class Run:
-    """Everything a training run holds, set up once by ``_set_up``."""
+    """Everything a training run holds, set up once by ``_set_up``, and what it counts: this
+    process's samples and the seconds kept off the record clock."""
 
     config: TrainConfig  # resolved: no field left at None
     distributed: bool
@@ -297,6 +296,11 @@ class Run:
     startup: dict[str, float] = field(default_factory=dict)  # seconds before the first step
     last_good: str = "no checkpoint saved yet"  # named when the loss goes NaN
     kept: Callable[[], None] = lambda: None  # rundir.claim's: after each checkpoint.pt save
+    samples: int = 0  # trained, for the float32/uint8 byte comparison
+    evaluated: int = 0
+    eval_seconds: float = 0.0  # every evaluation, the final one too
+    save_seconds: float = 0.0  # the epoch-end checkpoint writes
+    final_eval: float = 0.0  # the last evaluation: on the clock
 
     @property
     def lead(self) -> bool:  # rank 0: logs, progress bar, metrics and checkpoints
@@ -420,10 +424,9 @@ def _rehearse(loader: Loader) -> None:
     """The first step's data path in miniature (the epoch's order, then prepare on two blank
     images), so what it cannot do fails in set-up and under ``--check``; no draw moves."""
     loader.index_batches()
-    (h, w, c), n = loader.dataset.image_shape, min(2, len(loader.dataset))
     ds = loader.dataset  # a 16-bit store's pixels come as their int16 bits
-    deep = isinstance(ds, Dataset) and ds.images.dtype == np.uint16
-    dtype = torch.int16 if deep else torch.uint8
+    (h, w, c), n = ds.image_shape, min(2, len(ds))
+    dtype = torch.int16 if isinstance(ds, Dataset) and ds.images.dtype == np.uint16 else torch.uint8
     images = torch.zeros(n, h, w, c, dtype=dtype, device=loader.device)
     loader.prepare(images, torch.zeros(n, dtype=torch.int64, device=loader.device), torch.arange(n))
 
@@ -520,27 +523,15 @@ def _train(run: Run) -> dict:
     step, batches = _start(run)
     if run.lead:
         _begin(run)
-    tally = _Tally()
     for epoch in range(run.loader.epoch, run.config.epochs):
-        loss, seconds = _epoch(run, step, batches, epoch, tally)
-        accuracy = _evaluate(run, tally)
+        loss, seconds = _epoch(run, step, batches, epoch)
+        accuracy = _evaluate(run)
         _record(run, epoch, loss, accuracy, seconds)
-        _save(run, accuracy, tally)
-    summary = _summary(run, tally)
+        _save(run, accuracy)
+    summary = _summary(run)
     if run.lead:
         rundir.write(run.config.output_dir, "summary.json", summary)
     return summary
-
-
-@dataclass
-class _Tally:
-    """This process's samples and the seconds kept off the record clock."""
-
-    samples: int = 0  # trained, for the float32/uint8 byte comparison
-    evaluated: int = 0
-    eval_seconds: float = 0.0  # every evaluation, the final one too
-    save_seconds: float = 0.0  # the epoch-end checkpoint writes
-    final_eval: float = 0.0  # the last evaluation: on the clock
 
 
 def _start(run: Run) -> tuple[Callable, Callable[[], Iterable[Batch]]]:
@@ -579,14 +570,11 @@ def _begin(run: Run) -> None:
     rundir.write(out, "metrics.jsonl", run.progress.history)
     stops.at("config")
     if run.resumed_from:
-        print(
-            f"resuming from {run.resumed_from}: epoch {loader.epoch + 1}, "
-            f"batch {loader.position} of {len(loader)}, step {run.progress.step}",
-            flush=True,
-        )
+        at = f"epoch {loader.epoch + 1}, batch {loader.position} of {len(loader)}"
+        print(f"resuming from {run.resumed_from}: {at}, step {run.progress.step}", flush=True)
 
 
-def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tuple[float, float]:
+def _epoch(run: Run, step: Callable, batches, epoch: int) -> tuple[float, float]:
     """One epoch's steps (from the saved position); its mean loss and seconds."""
     config, loader, progress = run.config, run.loader, run.progress
     loader.set_epoch(epoch)  # on resume the same epoch: the position is kept
@@ -601,7 +589,7 @@ def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tupl
     for images, labels in bar:
         stops.at("step")
         loss = step(images, labels)
-        progress.step, tally.samples = progress.step + 1, tally.samples + len(labels)
+        progress.step, run.samples = progress.step + 1, run.samples + len(labels)
         losses.add(loss, progress.step)
         if progress.step % config.log_every == 0:
             epoch_loss = losses.mean(run.last_good)
@@ -619,7 +607,7 @@ def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tupl
     return epoch_loss, seconds
 
 
-def _evaluate(run: Run, tally: _Tally) -> float:
+def _evaluate(run: Run) -> float:
     """Test accuracy over every rank's unpadded test share (row 24), timed."""
     stops.at("evaluate")
     t0 = time.perf_counter()
@@ -629,9 +617,9 @@ def _evaluate(run: Run, tally: _Tally) -> float:
         both = torch.tensor([correct, total], dtype=torch.int64, device=run.loader.device)
         dist.all_reduce(both)
         correct, total = both.tolist()
-    tally.final_eval = time.perf_counter() - t0
-    tally.eval_seconds += tally.final_eval
-    tally.evaluated += run.test_loader.num_samples
+    run.final_eval = time.perf_counter() - t0
+    run.eval_seconds += run.final_eval
+    run.evaluated += run.test_loader.num_samples
     return correct / total
 
 
@@ -657,28 +645,28 @@ def _record(run: Run, epoch: int, loss: float, accuracy: float, seconds: float) 
         )
 
 
-def _save(run: Run, accuracy: float, tally: _Tally) -> None:
+def _save(run: Run, accuracy: float) -> None:
     """The epoch's checkpoints, timed apart: best.pt first (a crash between redoes it)."""
     t0 = time.perf_counter()
     if accuracy > run.progress.best_accuracy:
         run.progress.best_accuracy = accuracy
         run.save("best.pt")
     run.save("checkpoint.pt")
-    tally.save_seconds += time.perf_counter() - t0
+    run.save_seconds += time.perf_counter() - t0
 
 
-def _summary(run: Run, tally: _Tally) -> dict:
+def _summary(run: Run) -> dict:
     """What the run did: accuracy, the record clock and what was kept off it, bytes moved."""
     config, loader, progress = run.config, run.loader, run.progress
     stats, test_stats = loader.stats, run.test_loader.stats
-    samples = tally.samples + tally.evaluated
+    samples = run.samples + run.evaluated
     return {
         "test_accuracy": progress.history[-1]["test_accuracy"] if progress.history else math.nan,
         "train_seconds": progress.train_seconds,
-        "clock_seconds": progress.train_seconds + tally.final_eval,
-        "final_eval_seconds": tally.final_eval,
-        "eval_seconds": tally.eval_seconds,
-        "save_seconds": tally.save_seconds,
+        "clock_seconds": progress.train_seconds + run.final_eval,
+        "final_eval_seconds": run.final_eval,
+        "eval_seconds": run.eval_seconds,
+        "save_seconds": run.save_seconds,
         "startup_seconds": sum(run.startup.values()),
         "startup": run.startup,
         "compile": config.compile,
