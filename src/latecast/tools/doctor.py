@@ -198,12 +198,6 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
     }
 
 
-def _nothing(r: dict) -> str:
-    if all(s["latecast"] for s in r["sites"] + r["evaluation"]):
-        return "latecast moves every batch"
-    return "every tensor crosses as narrow as its values allow"
-
-
 def _rows(sites: list[dict], per: str) -> list[list[str]]:
     """The table's rows for sites counted ``per`` ``step`` or ``batch``."""
     return [
@@ -252,7 +246,10 @@ def report(r: dict, cfg: DoctorConfig) -> str:
         lines += ["", f"no optimizer step ran: the script {r['error']} before its first step"]
         lines += ["what it moved until then could cross narrower:"] if changes else []
     elif r["sites"] or r["evaluation"]:
-        lines += ["", "what to change:" if changes else "nothing to change: " + _nothing(r)]
+        nothing = "every tensor crosses as narrow as its values allow"
+        if all(s["latecast"] for s in r["sites"] + r["evaluation"]):
+            nothing = "latecast moves every batch"
+        lines += ["", "what to change:" if changes else f"nothing to change: {nothing}"]
     lines += [f"- {s['site']} {s['dtype']} {tuple(s['shape'])}: {s['change']}" for s in changes]
     if r["edits"]:
         lines += ["", "the edits, to apply as written (--json lists them too):"]

@@ -626,16 +626,9 @@ def _evaluate(run: Run) -> float:
 def _record(run: Run, epoch: int, loss: float, accuracy: float, seconds: float) -> None:
     """The epoch's row in the history, ``metrics.jsonl`` and stdout (rank 0)."""
     config, loader = run.config, run.loader
-    run.progress.history.append(
-        {
-            "epoch": epoch + 1,
-            "step": run.progress.step,
-            "train_loss": loss,
-            "test_accuracy": accuracy,
-            "epoch_seconds": seconds,
-            "images_per_s": len(loader) * loader.batch_size * loader.world_size / seconds,
-        }
-    )
+    rate = len(loader) * loader.batch_size * loader.world_size / seconds  # images/s
+    row = dict(epoch=epoch + 1, step=run.progress.step, train_loss=loss, test_accuracy=accuracy)
+    run.progress.history.append({**row, "epoch_seconds": seconds, "images_per_s": rate})
     if run.lead:
         rundir.write(config.output_dir, "metrics.jsonl", run.progress.history)
         print(
