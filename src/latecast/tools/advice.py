@@ -246,6 +246,10 @@ def _all_names(tree: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
+def _stored(tree: ast.AST) -> list[ast.Name]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+
+
 def _global(src: Source, expr: ast.AST, function: ast.AST | None, before: int) -> bool:
     """Whether every name ``expr`` reads is assigned at the module's top before ``before``,
     and none is ``function``'s own."""
@@ -253,19 +257,12 @@ def _global(src: Source, expr: ast.AST, function: ast.AST | None, before: int) -
     own: set[str] = set()
     if function is not None:
         own = {a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)}
-        own |= {
-            n.id
-            for n in ast.walk(function)
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
-        }
+        own |= {n.id for n in _stored(function)}
     scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
     module = {
         n.id
-        for n in ast.walk(src.tree)
-        if isinstance(n, ast.Name)
-        and isinstance(n.ctx, ast.Store)
-        and n.lineno < before
-        and not any(isinstance(p, scopes) for p in _ancestors(src, n))
+        for n in _stored(src.tree)
+        if n.lineno < before and not any(isinstance(p, scopes) for p in _ancestors(src, n))
     }
     return bool(names) and names <= module and not names & own
 

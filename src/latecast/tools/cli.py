@@ -186,9 +186,8 @@ def _need_bench_extra(command: str) -> None:
         try:
             __import__(module)
         except ImportError:
-            raise ConfigError(
-                f"latecast {command} needs {module}: pip install 'latecast[bench]'"
-            ) from None
+            need = f"latecast {command} needs {module}: pip install 'latecast[bench]'"
+            raise ConfigError(need) from None
 
 
 def _run_profile(args: argparse.Namespace) -> dict:

@@ -169,14 +169,10 @@ def restore(path: Path, run: dict, parts: dict) -> Progress:
         saved["world_size"] = run["world_size"]
     check_same_run(path, saved, run)  # a refused resume is one line, with no warning first
     if unprinted or (sampled and saved["data_fingerprint"] != state["data_fingerprint"]):
-        warnings.warn(
-            f"{path} predates data fingerprints: its data is checked by dataset name, "
-            f"--limit-train and sample count only"
-            if unprinted
-            else f"{path} predates the images' SHA-256: its data is checked by every label "
-            f"and 64 images",
-            stacklevel=2,
-        )
+        older, by = "the images' SHA-256", "every label and 64 images"
+        if unprinted:
+            older, by = "data fingerprints", "dataset name, --limit-train and sample count only"
+        warnings.warn(f"{path} predates {older}: its data is checked by {by}", stacklevel=2)
     try:  # a checkpoint edited by hand, or from another latecast version
         for name, part in parts.items():
             part.load_state_dict(state[name])

@@ -156,13 +156,9 @@ def model_and_optimizer(
     model = build_model(config.model, (c, h, w), train_set.num_classes).to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(
-        model.parameters(),
-        lr=config.lr,
-        momentum=config.momentum,
-        nesterov=config.momentum > 0,  # torch refuses Nesterov without momentum
-        weight_decay=config.weight_decay,
-    )
+    nesterov = config.momentum > 0  # torch refuses Nesterov without momentum
+    settings = dict(lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    opt = torch.optim.SGD(model.parameters(), nesterov=nesterov, **settings)
     return model, opt, one_cycle(opt, config.epochs * steps_per_epoch)
 
 
