@@ -300,19 +300,18 @@ class Advice:
             self.floats |= site.loaders if row["kind"] == "8-bit image" else set()
         elif row["kind"] == "8-bit image":
             group = next(g for g in self.users.values() if set(g) & site.loaders)
-            theirs = [self.loaders[i].dataset for i in group]
             row["change"] = (
                 f"{row['change'].split(':')[0]}: they cross as uint8, normalized on the device, "
                 f"{row['factor']:.0f}x fewer bytes: with the edits below its transform yields "
                 f"uint8 (PILToTensor) and every DataLoader that uses it goes through "
                 f"`latecast.wrap`: {', '.join(map(self.named, group))}"
-            ) + (
-                ""
-                if all(d.startswith("torchvision.datasets.") for d in theirs)
-                else " (PILToTensor() takes PIL images, as torchvision's datasets hand "
-                "ToTensor(); a dataset of yours that hands it numpy arrays wants "
-                "torchvision.transforms.v2.ToImage() there instead)"
             )
+            if not all(self.loaders[i].dataset.startswith("torchvision.datasets.") for i in group):
+                row["change"] += (
+                    " (PILToTensor() takes PIL images, as torchvision's datasets hand "
+                    "ToTensor(); a dataset of yours that hands it numpy arrays wants "
+                    "torchvision.transforms.v2.ToImage() there instead)"
+                )
         else:
             row["change"] += " (the edits below)"
 

@@ -138,10 +138,8 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
         )
     if kind == "latecast":
         return f"{now} bytes of latecast's own copy: nothing to change"
-    why = {"narrow": "already narrow", "float": "not on an 8-bit grid"}.get(
-        kind, f"in {lo}..{hi}: no narrower dtype holds them"
-    )
-    return f"{now} {why}: nothing to gain"
+    why = {"narrow": "already narrow", "float": "not on an 8-bit grid"}
+    return f"{now} {why.get(kind, f'in {lo}..{hi}: no narrower dtype holds them')}: nothing to gain"
 
 
 def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
@@ -172,6 +170,7 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
         advice.site(s, row)
     now = sum(r["bytes_per_step"] for r in sites)
     then = sum(r["bytes_per_step_then"] for r in sites)
+    factor = now / then if then else 1.0
     return {
         "script": script,
         "steps": steps,
@@ -181,9 +180,7 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
         "sites": sites,
         "evaluation": evaluation,
         "setup": setup,
-        "total": dict(
-            bytes_per_step=now, bytes_per_step_then=then, factor=now / then if then else 1.0
-        ),
+        "total": dict(bytes_per_step=now, bytes_per_step_then=then, factor=factor),
         "edits": [asdict(e) for e in advice.edits()],
         "loaders": [
             {

@@ -198,18 +198,12 @@ def dataloader(
     # Forked workers inherit this process's CUDA state; one that frees a CUDA tensor (a
     # pinned buffer of an earlier row, collected as garbage) aborts with "CUDA error:
     # initialization error" (seen on the H200). Spawned workers start clean.
-    spawn = workers > 0 and torch.cuda.is_initialized()
+    context = "spawn" if workers > 0 and torch.cuda.is_initialized() else None
     if seed is not None:
         kwargs.update(shuffle=True, generator=torch.Generator().manual_seed(seed))
-    return torch.utils.data.DataLoader(
-        samples,
-        batch_size=batch_size,
-        num_workers=workers,
-        pin_memory=pin,
-        persistent_workers=persistent and workers > 0,
-        multiprocessing_context="spawn" if spawn else None,
-        **kwargs,
-    )
+    kwargs.update(num_workers=workers, pin_memory=pin, multiprocessing_context=context)
+    kwargs["persistent_workers"] = persistent and workers > 0
+    return torch.utils.data.DataLoader(samples, batch_size, **kwargs)
 
 
 def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:

@@ -250,9 +250,8 @@ class LossTracker:
         self.first_bad = torch.full((), math.inf, dtype=torch.float64, device=device)
 
     def add(self, loss: torch.Tensor, step: int) -> None:
-        self.first_bad = torch.where(
-            torch.isfinite(loss), self.first_bad, self.first_bad.clamp(max=step)
-        )
+        bad = self.first_bad
+        self.first_bad = torch.where(torch.isfinite(loss), bad, bad.clamp(max=step))
         self.sum = self.sum + loss
         self.seen += 1
 
