@@ -3,8 +3,7 @@ whole lines to apply as written (tests/test_doctor.py does). 8-bit images: the t
 ``ToTensor()`` (and its ``Normalize``) become ``PILToTensor()`` and *every* DataLoader sharing
 that ``ToTensor`` goes through ``latecast.wrap`` with its mean and std. Batches made per call
 (nanoGPT's ``get_batch``): the statements moving them become ``mover((x, y))``, one
-``latecast.Mover`` made before. Elsewhere the advice stays in words, and says so.
-"""
+``latecast.Mover`` made before. Elsewhere the advice stays in words, and says so."""
 
 from __future__ import annotations
 
@@ -57,13 +56,8 @@ class Source:
 
     def calls(self, line: int, names: tuple[str, ...]) -> list[ast.Call]:
         """The calls of a function or class named one of ``names`` that span ``line``."""
-        return [
-            c
-            for c in ast.walk(self.tree)
-            if isinstance(c, ast.Call)
-            and _name(c.func) in names
-            and c.lineno <= line <= c.end_lineno
-        ]
+        calls = [c for c in ast.walk(self.tree) if isinstance(c, ast.Call)]
+        return [c for c in calls if _name(c.func) in names and c.lineno <= line <= c.end_lineno]
 
     def top(self, node: ast.AST) -> ast.stmt:
         """The statement at the top of the module that holds ``node``."""
@@ -186,13 +180,8 @@ def mover(src: Source, line: int, device: str) -> str | None:
     y.to(d)``, ``return x.to(d)``), and each that moves the same tensors into the same names,
     made ``mover((x, y))``; the Mover made before their top-level statement, on the moves'
     device where it is a module's name, else on ``device``. Else why not."""
-    stmts = [
-        s
-        for s in ast.walk(src.tree)
-        if isinstance(s, (ast.Assign, ast.Return))
-        and s.lineno <= line <= s.end_lineno
-        and s.value is not None
-    ]
+    stmts = [s for s in ast.walk(src.tree) if isinstance(s, (ast.Assign, ast.Return))]
+    stmts = [s for s in stmts if s.lineno <= line <= s.end_lineno and s.value is not None]
     moved = _moves(stmts[-1].value) if stmts else None
     if not moved:
         return f"the move at line {line} is not `x = x.to(device)`, `return x.to(device)`"
@@ -257,6 +246,10 @@ def _all_names(tree: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
 
+def _stored(tree: ast.AST) -> list[ast.Name]:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+
+
 def _global(src: Source, expr: ast.AST, function: ast.AST | None, before: int) -> bool:
     """Whether every name ``expr`` reads is assigned at the module's top before ``before``,
     and none is ``function``'s own."""
@@ -264,19 +257,12 @@ def _global(src: Source, expr: ast.AST, function: ast.AST | None, before: int) -
     own: set[str] = set()
     if function is not None:
         own = {a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)}
-        own |= {
-            n.id
-            for n in ast.walk(function)
-            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
-        }
+        own |= {n.id for n in _stored(function)}
     scopes = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
     module = {
         n.id
-        for n in ast.walk(src.tree)
-        if isinstance(n, ast.Name)
-        and isinstance(n.ctx, ast.Store)
-        and n.lineno < before
-        and not any(isinstance(p, scopes) for p in _ancestors(src, n))
+        for n in _stored(src.tree)
+        if n.lineno < before and not any(isinstance(p, scopes) for p in _ancestors(src, n))
     }
     return bool(names) and names <= module and not names & own
 
@@ -314,19 +300,18 @@ class Advice:
             self.floats |= site.loaders if row["kind"] == "8-bit image" else set()
         elif row["kind"] == "8-bit image":
             group = next(g for g in self.users.values() if set(g) & site.loaders)
-            theirs = [self.loaders[i].dataset for i in group]
             row["change"] = (
                 f"{row['change'].split(':')[0]}: they cross as uint8, normalized on the device, "
                 f"{row['factor']:.0f}x fewer bytes: with the edits below its transform yields "
                 f"uint8 (PILToTensor) and every DataLoader that uses it goes through "
                 f"`latecast.wrap`: {', '.join(map(self.named, group))}"
-            ) + (
-                ""
-                if all(d.startswith("torchvision.datasets.") for d in theirs)
-                else " (PILToTensor() takes PIL images, as torchvision's datasets hand "
-                "ToTensor(); a dataset of yours that hands it numpy arrays wants "
-                "torchvision.transforms.v2.ToImage() there instead)"
             )
+            if not all(self.loaders[i].dataset.startswith("torchvision.datasets.") for i in group):
+                row["change"] += (
+                    " (PILToTensor() takes PIL images, as torchvision's datasets hand "
+                    "ToTensor(); a dataset of yours that hands it numpy arrays wants "
+                    "torchvision.transforms.v2.ToImage() there instead)"
+                )
         else:
             row["change"] += " (the edits below)"
 

@@ -7,8 +7,7 @@
 (d) ``wrap`` over an ``ImageFolder`` DataLoader against the usual float32 one, and
 (f) photos from WebDataset shards (``photo_rows.py``): images/s, host CPU s, bytes.
 (e) ``--kernels``: the normalize kernel alone, two passes, fused, compiled.
-Each timing: a warm-up pass, then ``repeats`` passes between device syncs; median and range.
-"""
+Each timing: a warm-up pass, then ``repeats`` passes between device syncs; median and range."""
 
 from __future__ import annotations
 
@@ -139,13 +138,9 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
             )
 
         usual = loader([T.ToTensor(), T.Normalize(ds.mean, ds.std)], device.type == "cuda")
-        wrapped = wrap(
-            loader([T.PILToTensor()], False),  # wrap pins its own buffer
-            mean=ds.mean,
-            std=ds.std,
-            device=device,
-            layout="NCHW",  # PILToTensor's (C, H, W), whatever the image size
-        )
+        uint8 = loader([T.PILToTensor()], False)  # wrap pins its own buffer
+        # layout: PILToTensor's (C, H, W), whatever the image size
+        wrapped = wrap(uint8, mean=ds.mean, std=ds.std, device=device, layout="NCHW")
         runs = {
             "folder-float32": measure.passes(
                 lambda dl=usual: measure.to_device(iter(dl), device), batches, cfg.repeats, device
@@ -190,11 +185,8 @@ def fit(
         correct, total = evaluate(model, itertools.islice(test_loader, limit), config.amp)
         accuracy.append(correct / total)
     hit = next((i for i, a in enumerate(accuracy) if a >= 0.99), None)
-    return {
-        "epoch_seconds": seconds,
-        "test_accuracy": accuracy,
-        "seconds_to_99": None if hit is None else sum(seconds[: hit + 1]),
-    }
+    to_99 = None if hit is None else sum(seconds[: hit + 1])
+    return {"epoch_seconds": seconds, "test_accuracy": accuracy, "seconds_to_99": to_99}
 
 
 def end_to_end(
@@ -238,13 +230,9 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
         for _ in loader:
             pass
         s = loader.stats
-        out[name] = {
-            **mover.epoch_bytes(ds),
-            "measured": s.h2d_bytes - s0.h2d_bytes,
-            "image_bytes": s.image_bytes - s0.image_bytes,
-            "label_bytes": s.label_bytes - s0.label_bytes,
-            "index_bytes": s.index_bytes - s0.index_bytes,
-        }
+        out[name] = {**mover.epoch_bytes(ds), "measured": s.h2d_bytes - s0.h2d_bytes}
+        parts = ("image_bytes", "label_bytes", "index_bytes")
+        out[name].update({k: getattr(s, k) - getattr(s0, k) for k in parts})
     return out
 
 
@@ -268,7 +256,8 @@ def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict
     from the fused result."""
     x = torch.randint(0, 256, (cfg.batch_size, *ds.image_shape), dtype=torch.uint8, device=device)
     h, w, c = ds.image_shape
-    compiled = torch.compile(transforms.normalize, dynamic=False)
+    kernels = {"two-pass": _two_pass(ds.mean, ds.std, device), "fused": transforms.normalize}
+    kernels["compiled"] = torch.compile(transforms.normalize, dynamic=False)
     result = {}
     preset = torch.bfloat16 if device.type == "cuda" else torch.float32
     for dtype, cl in ((torch.float32, False), (preset, True)):
@@ -277,11 +266,7 @@ def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict
         args, kw = (x, ds.mean, ds.std), dict(dtype=dtype, channels_last=cl, out=buf)
         want = transforms.normalize(*args, **kw).clone()
         ways = {}
-        for name, fn in (
-            ("two-pass", _two_pass(ds.mean, ds.std, device)),
-            ("fused", transforms.normalize),
-            ("compiled", compiled),
-        ):
+        for name, fn in kernels.items():
             got = fn(*args, **kw)
             for _ in range(3):
                 fn(*args, **kw)

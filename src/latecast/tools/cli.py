@@ -4,8 +4,7 @@ Exit codes: 0 success, 2 bad usage (argparse), 1 a ``LatecastError`` or what the
 refused (a full disk, no permission), 130 Ctrl-C; errors are one line on stderr, no
 traceback unless ``--debug``. With ``--json`` the last stdout line is one strict JSON object:
 the result, or on an error ``{"error": the same message, "exit_code": 1}`` (bad usage: 2);
-Ctrl-C (130) prints none.
-"""
+Ctrl-C (130) prints none."""
 
 from __future__ import annotations
 
@@ -26,11 +25,6 @@ from ..storage.options import DATASET_HELP, TYPES, kind
 from .text import human_bytes
 
 
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
-    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-
-
 def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None]:
     """An ``add`` declaring a flag per field of the dataclass ``latecast.module.name``
     (``options.option``), importing it only when called (torch loads with most)."""
@@ -39,9 +33,8 @@ def _options(module: str, name: str) -> Callable[[argparse.ArgumentParser], None
         cls = getattr(importlib.import_module(f"latecast.{module}"), name)
         for f in fields(cls):
             meta, default = f.metadata, f.default
-            shown = (
-                "" if default in (None, MISSING) or kind(f) == "bool" else " (default: %(default)s)"
-            )
+            hide = default in (None, MISSING) or kind(f) == "bool"
+            shown = "" if hide else " (default: %(default)s)"
             if meta["positional"]:
                 optional = {} if default is MISSING else {"nargs": "?", "default": default}
                 p.add_argument(f.name, **optional, help=meta["help"] + shown)
@@ -99,13 +92,9 @@ def _run_train(args: argparse.Namespace) -> dict:
 
 def _print_check(found: dict) -> None:
     c, (h, w, ch) = found["config"], found["image_shape"]
-    start = (
-        f"resumes {found['resume_from']} at step {found['start_step']}"
-        if found["resume_from"]
-        else f"replaces {', '.join(found['replaces'])}"
-        if found["replaces"]
-        else "starts a new run"
-    )
+    start = f"replaces {', '.join(found['replaces'])}" if found["replaces"] else "starts a new run"
+    if found["resume_from"]:
+        start = f"resumes {found['resume_from']} at step {found['start_step']}"
     print(
         f"check passed: {c['model']} on {c['dataset']} ({found['train_samples']} train / "
         f"{found['test_samples']} test images {h}x{w}x{ch}, {found['classes']} classes), "
@@ -163,10 +152,8 @@ def _run_info(args: argparse.Namespace) -> dict:
         print(f"{name:<10} {human_bytes(b['per_epoch']):>24} {human_bytes(b['once']):>12}")
     for split, hashed in verified.items():
         said = ", SHA-256 as written" if hashed else "; no SHA-256 to compare (an older store)"
-        print(
-            f"verified {split}: "
-            + (hashed if isinstance(hashed, str) else "every image read" + said)
-        )
+        said = hashed if isinstance(hashed, str) else "every image read" + said
+        print(f"verified {split}: {said}")
     return {"dataset": args.dataset, **info, **({"verified": verified} if args.verify else {})}
 
 
@@ -199,9 +186,8 @@ def _need_bench_extra(command: str) -> None:
         try:
             __import__(module)
         except ImportError:
-            raise ConfigError(
-                f"latecast {command} needs {module}: pip install 'latecast[bench]'"
-            ) from None
+            need = f"latecast {command} needs {module}: pip install 'latecast[bench]'"
+            raise ConfigError(need) from None
 
 
 def _run_profile(args: argparse.Namespace) -> dict:
@@ -258,12 +244,8 @@ def _run_convert(args: argparse.Namespace) -> dict:
 
 def _add_doctor(p: argparse.ArgumentParser) -> None:
     _options("tools.doctor", "DoctorConfig")(p)
-    p.add_argument(
-        "script",
-        nargs=argparse.REMAINDER,
-        metavar="-- SCRIPT [ARGS...]",
-        help="the training script and its arguments (python train.py ..., python -m pkg.train)",
-    )
+    what = "the training script and its arguments (python train.py ..., python -m pkg.train)"
+    p.add_argument("script", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]", help=what)
 
 
 def _run_doctor(args: argparse.Namespace) -> dict:
@@ -315,7 +297,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=HELP[name], description=HELP[name])
         if name == command:
             add(p)
-            _common(p)
+            p.add_argument("--json", action="store_true", help="last stdout line: one JSON object")
+            p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     return parser
 
 

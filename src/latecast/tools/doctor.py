@@ -2,8 +2,7 @@
 host->device bus wider than it needs to, and the change that narrows it (docs/doctor.md).
 ``launch.py`` runs it, ``observe.py`` records each move per line, ``advice.py`` writes the
 edits; here the verdict per site (8-bit pixels ``(k/255 - mean)/std``: uint8; integers: the
-narrowest dtype holding them) and the report. Without a GPU ``.to(device)`` counts as a move.
-"""
+narrowest dtype holding them) and the report. Without a GPU ``.to(device)`` counts as a move."""
 
 from __future__ import annotations
 
@@ -139,10 +138,8 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
         )
     if kind == "latecast":
         return f"{now} bytes of latecast's own copy: nothing to change"
-    why = {"narrow": "already narrow", "float": "not on an 8-bit grid"}.get(
-        kind, f"in {lo}..{hi}: no narrower dtype holds them"
-    )
-    return f"{now} {why}: nothing to gain"
+    why = {"narrow": "already narrow", "float": "not on an 8-bit grid"}
+    return f"{now} {why.get(kind, f'in {lo}..{hi}: no narrower dtype holds them')}: nothing to gain"
 
 
 def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
@@ -173,6 +170,7 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
         advice.site(s, row)
     now = sum(r["bytes_per_step"] for r in sites)
     then = sum(r["bytes_per_step_then"] for r in sites)
+    factor = now / then if then else 1.0
     return {
         "script": script,
         "steps": steps,
@@ -182,9 +180,7 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
         "sites": sites,
         "evaluation": evaluation,
         "setup": setup,
-        "total": dict(
-            bytes_per_step=now, bytes_per_step_then=then, factor=now / then if then else 1.0
-        ),
+        "total": dict(bytes_per_step=now, bytes_per_step_then=then, factor=factor),
         "edits": [asdict(e) for e in advice.edits()],
         "loaders": [
             {
@@ -197,12 +193,6 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
             for x in obs.loaders
         ],
     }
-
-
-def _nothing(r: dict) -> str:
-    if all(s["latecast"] for s in r["sites"] + r["evaluation"]):
-        return "latecast moves every batch"
-    return "every tensor crosses as narrow as its values allow"
 
 
 def _rows(sites: list[dict], per: str) -> list[list[str]]:
@@ -253,7 +243,10 @@ def report(r: dict, cfg: DoctorConfig) -> str:
         lines += ["", f"no optimizer step ran: the script {r['error']} before its first step"]
         lines += ["what it moved until then could cross narrower:"] if changes else []
     elif r["sites"] or r["evaluation"]:
-        lines += ["", "what to change:" if changes else "nothing to change: " + _nothing(r)]
+        nothing = "every tensor crosses as narrow as its values allow"
+        if all(s["latecast"] for s in r["sites"] + r["evaluation"]):
+            nothing = "latecast moves every batch"
+        lines += ["", "what to change:" if changes else f"nothing to change: {nothing}"]
     lines += [f"- {s['site']} {s['dtype']} {tuple(s['shape'])}: {s['change']}" for s in changes]
     if r["edits"]:
         lines += ["", "the edits, to apply as written (--json lists them too):"]

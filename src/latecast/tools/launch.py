@@ -1,7 +1,6 @@
 """Running anyone's script as ``python [OPTIONS] script ARGS`` would, inside ``latecast
 doctor``'s process (``runpy``, as ``__main__``), stopped after ``--steps``; its exit, errors and
-warnings its own, and everything put back after.
-"""
+warnings its own, and everything put back after."""
 
 from __future__ import annotations
 
@@ -252,12 +251,9 @@ class Profiler:
                 prof.export_chrome_trace(f"{tmp}/trace.json")
                 kernel_us, memcpy = trace_totals(Path(tmp) / "trace.json")
             copy_us = sum(m["us"] for m in memcpy.values())
-            self.result = {
-                "steps": PROFILED,
-                "memcpy_htod_ms": copy_us / 1e3 / PROFILED,
-                "kernel_ms": kernel_us / 1e3 / PROFILED,
-                "memcpy_share": copy_us / (copy_us + kernel_us) if copy_us + kernel_us else 0.0,
-            }
+            share = copy_us / (copy_us + kernel_us) if copy_us + kernel_us else 0.0
+            ms = dict(memcpy_htod_ms=copy_us / 1e3 / PROFILED, kernel_ms=kernel_us / 1e3 / PROFILED)
+            self.result = {"steps": PROFILED, **ms, "memcpy_share": share}
 
     def close(self) -> torch.profiler.profile | None:
         """Stop the profiler if it runs (the script may end inside the window)."""

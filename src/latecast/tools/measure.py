@@ -1,7 +1,6 @@
 """What ``bench``, ``profile`` and ``benchmarks/`` measure with: shared options, timed passes
 between device syncs, host CPU seconds, the run's machine and revision, the torchvision
-``DataLoader`` baseline, one report writer (JSON, markdown, a bar plot).
-"""
+``DataLoader`` baseline, one report writer (JSON, markdown, a bar plot)."""
 
 from __future__ import annotations
 
@@ -120,13 +119,9 @@ def epochs(loader: Loader) -> Callable[[], Iterator[Batch]]:
 
 def run_info(device: torch.device) -> dict:
     """Machine, versions and git revision, saved next to every number."""
+    rev = ["git", "rev-parse", "--short", "HEAD"]
     try:  # outside a checkout, or without git: "unknown"
-        git = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-        ).stdout.strip()
+        git = subprocess.run(rev, capture_output=True, text=True, cwd=Path(__file__).parent).stdout
     except OSError:
         git = ""
     cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
@@ -136,7 +131,7 @@ def run_info(device: torch.device) -> dict:
         "device": str(device),
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
-        "git": git or "unknown",
+        "git": git.strip() or "unknown",
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "torch": torch.__version__,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
@@ -203,18 +198,12 @@ def dataloader(
     # Forked workers inherit this process's CUDA state; one that frees a CUDA tensor (a
     # pinned buffer of an earlier row, collected as garbage) aborts with "CUDA error:
     # initialization error" (seen on the H200). Spawned workers start clean.
-    spawn = workers > 0 and torch.cuda.is_initialized()
+    context = "spawn" if workers > 0 and torch.cuda.is_initialized() else None
     if seed is not None:
         kwargs.update(shuffle=True, generator=torch.Generator().manual_seed(seed))
-    return torch.utils.data.DataLoader(
-        samples,
-        batch_size=batch_size,
-        num_workers=workers,
-        pin_memory=pin,
-        persistent_workers=persistent and workers > 0,
-        multiprocessing_context="spawn" if spawn else None,
-        **kwargs,
-    )
+    kwargs.update(num_workers=workers, pin_memory=pin, multiprocessing_context=context)
+    kwargs["persistent_workers"] = persistent and workers > 0
+    return torch.utils.data.DataLoader(samples, batch_size, **kwargs)
 
 
 def to_device(batches: Iterable[Batch], device: torch.device) -> Iterator[Batch]:

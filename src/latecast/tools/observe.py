@@ -1,8 +1,7 @@
 """What ``latecast doctor`` sees of a script as it runs: every host->device move, charged
 to the script's own line (``Observer``, a ``TorchFunctionMode``), and its DataLoaders, their
 batches and where their transforms are made (``watching``). Read-only: a bounded, strided
-sample of the first tensors of each site, no random draw, every original method called.
-"""
+sample of the first tensors of each site, no random draw, every original method called."""
 
 from __future__ import annotations
 
@@ -337,15 +336,12 @@ def _loader(loader, frame, made: Marks) -> LoaderSeen:
     parts = [p for p in parts if p is not None]
     normalize = next((p for p in parts if type(p).__name__ == "Normalize"), None)
     stats = normalize and tuple(tuple(float(x) for x in v) for v in (normalize.mean, normalize.std))
+    made_at = [(type(p).__name__, made.get(p)) for p in parts]
+    workers, dataset = vars(loader).get("num_workers", 0), type(holder)
     return LoaderSeen(
-        frame.f_code.co_filename,
-        frame.f_lineno,
-        type(loader).__name__,
-        [(type(p).__name__, made.get(p)) for p in parts],
-        stats,
-        int(vars(loader).get("num_workers", 0)),
-        f"{type(holder).__module__}.{type(holder).__name__}",
-    )
+        frame.f_code.co_filename, frame.f_lineno, type(loader).__name__, made_at, stats,
+        int(workers), f"{dataset.__module__}.{dataset.__name__}",
+    )  # fmt: skip
 
 
 def _parts(transform) -> list | None:

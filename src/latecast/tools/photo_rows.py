@@ -1,7 +1,6 @@
 """``latecast bench``'s photo rows: generated 500x375 JPEGs in WebDataset shards, decoded,
 RandomResizedCrop(224), flipped and normalized by the workers (``photos-float32``) or by
-``latecast.wrap`` on the device (``photos-wrap``); read by webdataset, else by ``tarfile``.
-"""
+``latecast.wrap`` on the device (``photos-wrap``); read by webdataset, else by ``tarfile``."""
 
 from __future__ import annotations
 
@@ -127,13 +126,6 @@ def photo_rows(n: int, batch: int, workers: int, repeats: int, seed: int, device
     usual = n * (3 * CROP * CROP * 4 + 8)  # float32 images, int64 labels
     # wrap's: of every batch it read, the same share of each is its bytes
     h2d = {"photos-float32": usual, "photos-wrap": usual * moved.h2d_bytes // moved.usual_bytes}
-    return {
-        "images": n,
-        "photo": list(PHOTO),
-        "crop": CROP,
-        "workers": workers,
-        "reader": reader,
-        "decoder": decoder_on(device),
-        "shard_bytes": jpeg_bytes,
-        **measure.host_rows(runs, n, h2d),
-    }
+    about = dict(images=n, photo=list(PHOTO), crop=CROP, workers=workers, reader=reader)
+    about.update(decoder=decoder_on(device), shard_bytes=jpeg_bytes)
+    return {**about, **measure.host_rows(runs, n, h2d)}

@@ -4,8 +4,7 @@ Rows: latecast's movers, ``baseline`` (torchvision ``ToTensor()+Normalize``, ``.
 and ``baseline-u8`` (uint8 tensors normalized after the copy). Each: a fresh model of
 ``latecast train``'s recipe, ``1 + warmup`` unrecorded steps, ``steps`` recorded with ranges
 ``data``, ``h2d``, ``normalize``, ``step``: step time, data wait and CPU from host timers, kernel
-and ``Memcpy HtoD`` time and bytes from the Chrome trace. A picture, not the benchmark.
-"""
+and ``Memcpy HtoD`` time and bytes from the Chrome trace. A picture, not the benchmark."""
 
 from __future__ import annotations
 
@@ -135,11 +134,10 @@ def profile_row(
         dataset=cfg.dataset, epochs=1, seed=cfg.seed, batch_size=cfg.batch_size, device=str(device)
     )
     config, model, opt, sched = recipe(settings, ds, device, skip + cfg.steps)
-    source = (
-        _usual(ds, device, cfg, uint8=name == "baseline-u8")
-        if name in ("baseline", "baseline-u8")
-        else _latecast(ds, name, device, cfg, config.channels_last)
-    )
+    if name in ("baseline", "baseline-u8"):
+        source = _usual(ds, device, cfg, uint8=name == "baseline-u8")
+    else:
+        source = _latecast(ds, name, device, cfg, config.channels_last)
     trace = out / f"trace-{name}.json"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     wait = cpu = step_phase = nbytes = 0.0
@@ -168,6 +166,10 @@ def profile_row(
     n = cfg.steps
     kernel_us, memcpy = trace_totals(trace)
     on_device = device.type == "cuda"
+    copies = {
+        k: {"ms": v["us"] / 1e3 / n, "count": v["count"] / n, "bytes": v["bytes"] / n}
+        for k, v in memcpy.items()
+    }
     row = {
         "step_ms": 1e3 * elapsed / n,
         "data_wait_ms": 1e3 * wait / n,
@@ -175,20 +177,14 @@ def profile_row(
         "h2d_bytes_per_step": nbytes / n,
         # On CPU the model's kernels run on the host: the step phase's wall time.
         "kernel_ms": kernel_us / 1e3 / n if on_device else 1e3 * step_phase / n,
-        "memcpy": {
-            k: {"ms": v["us"] / 1e3 / n, "count": v["count"] / n, "bytes": v["bytes"] / n}
-            for k, v in memcpy.items()
-        }
-        if on_device
-        else None,
+        "memcpy": copies if on_device else None,
         "loss": loss.item(),
         "trace": trace.name,
     }
     row["data_wait_pct"] = 100 * row["data_wait_ms"] / row["step_ms"]
     if on_device:
-        row["memcpy_ms"] = sum(v["ms"] for v in row["memcpy"].values())
-        row["memcpy_count"] = sum(v["count"] for v in row["memcpy"].values())
-        row["profiler_bytes_per_step"] = sum(v["bytes"] for v in row["memcpy"].values())
+        totals = [sum(v[f] for v in copies.values()) for f in ("ms", "count", "bytes")]
+        row["memcpy_ms"], row["memcpy_count"], row["profiler_bytes_per_step"] = totals
     return row
 
 

@@ -1,7 +1,6 @@
 """Checkpoints: plain dicts holding all an exact resume needs (model unwrapped from DDP,
 optimizer, scheduler, step, the loader's position, RNG states, config, history), written
-atomically (row 19) and read with ``weights_only=True``: plain data only (row 20).
-"""
+atomically (row 19) and read with ``weights_only=True``: plain data only (row 20)."""
 
 from __future__ import annotations
 
@@ -145,20 +144,14 @@ class Progress:
     epoch_seen: int = 0  # steps summed into epoch_loss_sum
 
 
-def save(
-    path: str | os.PathLike,
-    parts: dict,
-    progress: Progress,
-    config: dict,
-    world: int,
-    data_fingerprint: str,
-):
+def save(path: str | os.PathLike, parts: dict, progress: Progress, config: dict, data: str):
     """Checkpoint a run: the mirror of ``restore``, the one place the schema is written.
-    ``parts``: ``model``, ``optimizer``, ``scheduler`` and ``loader``, by their state dicts."""
-    state = {name: part.state_dict() for name, part in parts.items()}
+    ``parts``: ``model``, ``optimizer``, ``scheduler`` and ``loader``, by their state dicts (the
+    loader's epoch and world size saved too); ``data``: the training split's ``fingerprint``."""
+    loader, state = parts["loader"], {name: part.state_dict() for name, part in parts.items()}
     state.update({f.name: getattr(progress, f.name) for f in fields(Progress)})
-    state.update(epoch=parts["loader"].epoch, rng=rng_state(), config=config, world_size=world)
-    save_checkpoint(path, {**state, "data_fingerprint": data_fingerprint})
+    state.update(epoch=loader.epoch, rng=rng_state(), config=config, world_size=loader.world_size)
+    save_checkpoint(path, {**state, "data_fingerprint": data})
 
 
 def restore(path: Path, run: dict, parts: dict) -> Progress:
@@ -176,14 +169,10 @@ def restore(path: Path, run: dict, parts: dict) -> Progress:
         saved["world_size"] = run["world_size"]
     check_same_run(path, saved, run)  # a refused resume is one line, with no warning first
     if unprinted or (sampled and saved["data_fingerprint"] != state["data_fingerprint"]):
-        warnings.warn(
-            f"{path} predates data fingerprints: its data is checked by dataset name, "
-            f"--limit-train and sample count only"
-            if unprinted
-            else f"{path} predates the images' SHA-256: its data is checked by every label "
-            f"and 64 images",
-            stacklevel=2,
-        )
+        older, by = "the images' SHA-256", "every label and 64 images"
+        if unprinted:
+            older, by = "data fingerprints", "dataset name, --limit-train and sample count only"
+        warnings.warn(f"{path} predates {older}: its data is checked by {by}", stacklevel=2)
     try:  # a checkpoint edited by hand, or from another latecast version
         for name, part in parts.items():
             part.load_state_dict(state[name])
@@ -197,13 +186,12 @@ def restore(path: Path, run: dict, parts: dict) -> Progress:
 def check_same_run(path: str | os.PathLike, saved: dict, now: dict) -> None:
     """Refuse ``saved`` under a run that differs in any of ``RUN_FIELDS``, listing each (row 21)."""
     saved = {**ADDED, **saved}
-    differ = [
-        f"{k} {saved.get(k)!r} (checkpoint) != {now.get(k)!r} (now)"
-        for k in RUN_FIELDS
-        if saved.get(k) != now.get(k)
-    ]
+    differ = [k for k in RUN_FIELDS if saved.get(k) != now.get(k)]
     if differ:
-        raise CheckpointError(f"{path}: cannot resume, the run differs: " + "; ".join(differ))
+        said = "; ".join(
+            f"{k} {saved.get(k)!r} (checkpoint) != {now.get(k)!r} (now)" for k in differ
+        )
+        raise CheckpointError(f"{path}: cannot resume, the run differs: {said}")
 
 
 def rng_state() -> dict:

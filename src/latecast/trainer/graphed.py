@@ -3,8 +3,7 @@
 (``Loader.fill``), forward, loss, backward and the SGD update; per step the host stages the
 batch (``Loader.staged``), sets the lr on the device, replays and steps the schedule.
 ``nesterov_sgd`` is ``torch.optim.SGD``'s update with the lr read from a device tensor (a graph
-would freeze a Python number), on its own momentum buffers: checkpoints stay SGD's.
-"""
+would freeze a Python number), on its own momentum buffers: checkpoints stay SGD's."""
 
 from __future__ import annotations
 
@@ -12,6 +11,7 @@ import warnings
 from typing import Callable
 
 import torch
+from torch import Tensor
 
 from ..errors import ConfigError, DeviceError
 from ..loader import Loader
@@ -20,11 +20,7 @@ WARMUP_STEPS = 3  # eager steps on a side stream before capture (cuDNN autotune,
 
 
 def nesterov_sgd(
-    params: list[torch.Tensor],
-    buffers: list[torch.Tensor],
-    lr: torch.Tensor,
-    momentum: float,
-    weight_decay: float,
+    params: list[Tensor], buffers: list[Tensor], lr: Tensor, momentum: float, weight_decay: float
 ) -> None:
     """``torch.optim.SGD(nesterov=True)``'s update in place, ``lr`` a 0-dim device tensor:
     ``g = grad + wd*p; b = m*b + g; p -= lr * (g + m*b)``. Six multi-tensor kernels."""

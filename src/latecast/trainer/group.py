@@ -24,12 +24,9 @@ def start(device: str, timeout: float) -> tuple[torch.device, bool, bool]:
     cuda = dev.type == "cuda"
     if cuda:
         torch.cuda.set_device(dev)
+    backend = dict(backend="nccl", device_id=dev) if cuda else dict(backend="gloo")
     try:
-        dist.init_process_group(
-            "nccl" if cuda else "gloo",
-            timeout=timedelta(seconds=timeout),
-            **({"device_id": dev} if cuda else {}),
-        )
+        dist.init_process_group(**backend, timeout=timedelta(seconds=timeout))
     except ValueError as err:  # env:// without MASTER_ADDR/PORT: not launched by torchrun
         raise ConfigError(
             f"WORLD_SIZE is set but the process group cannot start: {err}; launch with torchrun"

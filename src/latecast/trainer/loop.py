@@ -3,8 +3,7 @@
 ``train(TrainConfig(...))`` is ``latecast train``; ``train_step`` and ``evaluate`` serve
 ``bench`` and ``profile`` too. Static batches (one shape: ``--compile``, ``--graph``).
 ``clock_seconds``: first step to the end of the final evaluation, start-up beside it. Under
-``torchrun`` each process trains a DDP copy on its share; rank 0 alone writes.
-"""
+``torchrun`` each process trains a DDP copy on its share; rank 0 alone writes."""
 
 from __future__ import annotations
 
@@ -118,13 +117,11 @@ def resolve_config(config: TrainConfig, train_set: Dataset, device: torch.device
             f"channels); choose one with --preset {'|'.join(PRESETS)} and set what differs "
             f"(--model, --batch-size, --lr, ...)"
         )
-    preset = config.preset or (
-        "photo" if max(h, w) > _PRESET_SIZE else "gray" if c == 1 else "colour"
-    )
+    by_image = "photo" if max(h, w) > _PRESET_SIZE else "gray" if c == 1 else "colour"
+    preset = config.preset or by_image
     values = {**PRESETS[preset], **({} if device.type == "cuda" else {"amp": False})}
-    return replace(
-        config, preset=preset, **{k: v for k, v in values.items() if getattr(config, k) is None}
-    )
+    unset = {k: v for k, v in values.items() if getattr(config, k) is None}
+    return replace(config, preset=preset, **unset)
 
 
 def load_splits(config: TrainConfig) -> tuple[Dataset, Dataset]:
@@ -159,13 +156,9 @@ def model_and_optimizer(
     model = build_model(config.model, (c, h, w), train_set.num_classes).to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    opt = torch.optim.SGD(
-        model.parameters(),
-        lr=config.lr,
-        momentum=config.momentum,
-        nesterov=config.momentum > 0,  # torch refuses Nesterov without momentum
-        weight_decay=config.weight_decay,
-    )
+    nesterov = config.momentum > 0  # torch refuses Nesterov without momentum
+    settings = dict(lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    opt = torch.optim.SGD(model.parameters(), nesterov=nesterov, **settings)
     return model, opt, one_cycle(opt, config.epochs * steps_per_epoch)
 
 
@@ -243,8 +236,7 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], amp: bool = False) -> t
             both = torch.stack([hits, (labels != IGNORE).sum()])
             counts = both if counts is None else counts + both
     model.train()
-    correct, total = (0, 0) if counts is None else counts.tolist()  # .tolist() syncs
-    return correct, total
+    return (0, 0) if counts is None else tuple(counts.tolist())  # .tolist() syncs
 
 
 class LossTracker:
@@ -258,9 +250,8 @@ class LossTracker:
         self.first_bad = torch.full((), math.inf, dtype=torch.float64, device=device)
 
     def add(self, loss: torch.Tensor, step: int) -> None:
-        self.first_bad = torch.where(
-            torch.isfinite(loss), self.first_bad, self.first_bad.clamp(max=step)
-        )
+        bad = self.first_bad
+        self.first_bad = torch.where(torch.isfinite(loss), bad, bad.clamp(max=step))
         self.sum = self.sum + loss
         self.seen += 1
 
@@ -284,7 +275,8 @@ class LossTracker:
 
 @dataclass
 class Run:
-    """Everything a training run holds, set up once by ``_set_up``."""
+    """Everything a training run holds, set up once by ``_set_up``, and what it counts: this
+    process's samples and the seconds kept off the record clock."""
 
     config: TrainConfig  # resolved: no field left at None
     distributed: bool
@@ -299,6 +291,11 @@ class Run:
     startup: dict[str, float] = field(default_factory=dict)  # seconds before the first step
     last_good: str = "no checkpoint saved yet"  # named when the loss goes NaN
     kept: Callable[[], None] = lambda: None  # rundir.claim's: after each checkpoint.pt save
+    samples: int = 0  # trained, for the float32/uint8 byte comparison
+    evaluated: int = 0
+    eval_seconds: float = 0.0  # every evaluation, the final one too
+    save_seconds: float = 0.0  # the epoch-end checkpoint writes
+    final_eval: float = 0.0  # the last evaluation: on the clock
 
     @property
     def lead(self) -> bool:  # rank 0: logs, progress bar, metrics and checkpoints
@@ -315,12 +312,7 @@ class Run:
         path = Path(self.config.output_dir) / name
         if self.lead:
             checkpoint.save(
-                path,
-                self.parts,
-                self.progress,
-                asdict(self.config),
-                self.loader.world_size,
-                self.data_fingerprint,
+                path, self.parts, self.progress, asdict(self.config), self.data_fingerprint
             )
         if name == "checkpoint.pt":
             stops.at("checkpoint")
@@ -427,10 +419,9 @@ def _rehearse(loader: Loader) -> None:
     """The first step's data path in miniature (the epoch's order, then prepare on two blank
     images), so what it cannot do fails in set-up and under ``--check``; no draw moves."""
     loader.index_batches()
-    (h, w, c), n = loader.dataset.image_shape, min(2, len(loader.dataset))
     ds = loader.dataset  # a 16-bit store's pixels come as their int16 bits
-    deep = isinstance(ds, Dataset) and ds.images.dtype == np.uint16
-    dtype = torch.int16 if deep else torch.uint8
+    (h, w, c), n = ds.image_shape, min(2, len(ds))
+    dtype = torch.int16 if isinstance(ds, Dataset) and ds.images.dtype == np.uint16 else torch.uint8
     images = torch.zeros(n, h, w, c, dtype=dtype, device=loader.device)
     loader.prepare(images, torch.zeros(n, dtype=torch.int64, device=loader.device), torch.arange(n))
 
@@ -527,27 +518,15 @@ def _train(run: Run) -> dict:
     step, batches = _start(run)
     if run.lead:
         _begin(run)
-    tally = _Tally()
     for epoch in range(run.loader.epoch, run.config.epochs):
-        loss, seconds = _epoch(run, step, batches, epoch, tally)
-        accuracy = _evaluate(run, tally)
+        loss, seconds = _epoch(run, step, batches, epoch)
+        accuracy = _evaluate(run)
         _record(run, epoch, loss, accuracy, seconds)
-        _save(run, accuracy, tally)
-    summary = _summary(run, tally)
+        _save(run, accuracy)
+    summary = _summary(run)
     if run.lead:
         rundir.write(run.config.output_dir, "summary.json", summary)
     return summary
-
-
-@dataclass
-class _Tally:
-    """This process's samples and the seconds kept off the record clock."""
-
-    samples: int = 0  # trained, for the float32/uint8 byte comparison
-    evaluated: int = 0
-    eval_seconds: float = 0.0  # every evaluation, the final one too
-    save_seconds: float = 0.0  # the epoch-end checkpoint writes
-    final_eval: float = 0.0  # the last evaluation: on the clock
 
 
 def _start(run: Run) -> tuple[Callable, Callable[[], Iterable[Batch]]]:
@@ -586,26 +565,26 @@ def _begin(run: Run) -> None:
     rundir.write(out, "metrics.jsonl", run.progress.history)
     stops.at("config")
     if run.resumed_from:
-        print(
-            f"resuming from {run.resumed_from}: epoch {loader.epoch + 1}, "
-            f"batch {loader.position} of {len(loader)}, step {run.progress.step}",
-            flush=True,
-        )
+        at = f"epoch {loader.epoch + 1}, batch {loader.position} of {len(loader)}"
+        print(f"resuming from {run.resumed_from}: {at}, step {run.progress.step}", flush=True)
 
 
-def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tuple[float, float]:
+def _epoch(run: Run, step: Callable, batches, epoch: int) -> tuple[float, float]:
     """One epoch's steps (from the saved position); its mean loss and seconds."""
     config, loader, progress = run.config, run.loader, run.progress
     loader.set_epoch(epoch)  # on resume the same epoch: the position is kept
-    t0 = time.perf_counter()
+    clock = _stopwatch(loader.device)
     so_far = progress.epoch_loss_sum, progress.epoch_seen  # a mid-epoch checkpoint's
     losses = LossTracker(loader.device, run.distributed, *so_far)
-    show = run.lead and config.progress and sys.stdout.isatty()
-    bar = _progress(batches(), len(loader), f"epoch {epoch + 1}/{config.epochs}", show)
+    bar, show = batches(), run.lead and config.progress and sys.stdout.isatty()
+    if show:  # (tqdm imported only then)
+        from tqdm import tqdm
+
+        bar = tqdm(bar, total=len(loader), desc=f"epoch {epoch + 1}/{config.epochs}", leave=False)
     for images, labels in bar:
         stops.at("step")
         loss = step(images, labels)
-        progress.step, tally.samples = progress.step + 1, tally.samples + len(labels)
+        progress.step, run.samples = progress.step + 1, run.samples + len(labels)
         losses.add(loss, progress.step)
         if progress.step % config.log_every == 0:
             epoch_loss = losses.mean(run.last_good)
@@ -617,15 +596,13 @@ def _epoch(run: Run, step: Callable, batches, epoch: int, tally: _Tally) -> tupl
             progress.epoch_loss_sum, progress.epoch_seen = losses.sum.cpu(), losses.seen
             run.save("checkpoint.pt")
     epoch_loss = losses.mean(run.last_good)
-    if loader.device.type == "cuda":
-        torch.cuda.synchronize(loader.device)
-    seconds = time.perf_counter() - t0
+    seconds = clock()
     progress.train_seconds += seconds
     progress.epoch_loss_sum, progress.epoch_seen = torch.zeros(()), 0
     return epoch_loss, seconds
 
 
-def _evaluate(run: Run, tally: _Tally) -> float:
+def _evaluate(run: Run) -> float:
     """Test accuracy over every rank's unpadded test share (row 24), timed."""
     stops.at("evaluate")
     t0 = time.perf_counter()
@@ -635,25 +612,18 @@ def _evaluate(run: Run, tally: _Tally) -> float:
         both = torch.tensor([correct, total], dtype=torch.int64, device=run.loader.device)
         dist.all_reduce(both)
         correct, total = both.tolist()
-    tally.final_eval = time.perf_counter() - t0
-    tally.eval_seconds += tally.final_eval
-    tally.evaluated += run.test_loader.num_samples
+    run.final_eval = time.perf_counter() - t0
+    run.eval_seconds += run.final_eval
+    run.evaluated += run.test_loader.num_samples
     return correct / total
 
 
 def _record(run: Run, epoch: int, loss: float, accuracy: float, seconds: float) -> None:
     """The epoch's row in the history, ``metrics.jsonl`` and stdout (rank 0)."""
     config, loader = run.config, run.loader
-    run.progress.history.append(
-        {
-            "epoch": epoch + 1,
-            "step": run.progress.step,
-            "train_loss": loss,
-            "test_accuracy": accuracy,
-            "epoch_seconds": seconds,
-            "images_per_s": len(loader) * loader.batch_size * loader.world_size / seconds,
-        }
-    )
+    rate = len(loader) * loader.batch_size * loader.world_size / seconds  # images/s
+    row = dict(epoch=epoch + 1, step=run.progress.step, train_loss=loss, test_accuracy=accuracy)
+    run.progress.history.append({**row, "epoch_seconds": seconds, "images_per_s": rate})
     if run.lead:
         rundir.write(config.output_dir, "metrics.jsonl", run.progress.history)
         print(
@@ -663,28 +633,28 @@ def _record(run: Run, epoch: int, loss: float, accuracy: float, seconds: float) 
         )
 
 
-def _save(run: Run, accuracy: float, tally: _Tally) -> None:
+def _save(run: Run, accuracy: float) -> None:
     """The epoch's checkpoints, timed apart: best.pt first (a crash between redoes it)."""
     t0 = time.perf_counter()
     if accuracy > run.progress.best_accuracy:
         run.progress.best_accuracy = accuracy
         run.save("best.pt")
     run.save("checkpoint.pt")
-    tally.save_seconds += time.perf_counter() - t0
+    run.save_seconds += time.perf_counter() - t0
 
 
-def _summary(run: Run, tally: _Tally) -> dict:
+def _summary(run: Run) -> dict:
     """What the run did: accuracy, the record clock and what was kept off it, bytes moved."""
     config, loader, progress = run.config, run.loader, run.progress
     stats, test_stats = loader.stats, run.test_loader.stats
-    samples = tally.samples + tally.evaluated
+    samples = run.samples + run.evaluated
     return {
         "test_accuracy": progress.history[-1]["test_accuracy"] if progress.history else math.nan,
         "train_seconds": progress.train_seconds,
-        "clock_seconds": progress.train_seconds + tally.final_eval,
-        "final_eval_seconds": tally.final_eval,
-        "eval_seconds": tally.eval_seconds,
-        "save_seconds": tally.save_seconds,
+        "clock_seconds": progress.train_seconds + run.final_eval,
+        "final_eval_seconds": run.final_eval,
+        "eval_seconds": run.eval_seconds,
+        "save_seconds": run.save_seconds,
         "startup_seconds": sum(run.startup.values()),
         "startup": run.startup,
         "compile": config.compile,
@@ -739,12 +709,3 @@ def _stopwatch(device: torch.device):
         return seconds
 
     return lap
-
-
-def _progress(batches: Iterable[Batch], total: int, desc: str, show: bool):
-    """A tqdm bar over ``batches`` when ``show``, else the batches (tqdm imported only then)."""
-    if not show:
-        return batches
-    from tqdm import tqdm
-
-    return tqdm(batches, total=total, desc=desc, leave=False)

@@ -1,9 +1,6 @@
-"""Reference models, chosen by name from ``MODELS``.
-
-``mlp`` and ``cnn`` are for 28x28 grayscale (any size and channel count works: the input
-shape is a constructor argument); ``resnet9`` is a small residual net for 32x32 colour
-(larger photos get a stride-4 stem first).
-"""
+"""Reference models, chosen by name from ``MODELS``, built for an input shape ``(C, H, W)``
+(any size and channel count): ``mlp`` and ``cnn`` for 28x28 grayscale, ``resnet9`` for 32x32
+colour (larger photos get a stride-4 stem first)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 ``check_path`` (writable, nothing written), ``write`` (JSON files replaced whole), ``claim``
 (one run at a time: ``fcntl.flock`` on ``OUT/.latecast.lock``). A previous run (``RUN_FILES``)
 is continued (``--resume``) or replaced (``--overwrite``): only files latecast verifiably
-wrote, kept aside until the new run's first checkpoint, put back if it fails (``settle``).
-"""
+wrote, kept aside until the new run's first checkpoint, put back if it fails (``settle``)."""
 
 from __future__ import annotations
 
@@ -148,9 +147,8 @@ def _held(out: str) -> Iterator[Path]:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
-        os.write(
-            fd, f"{_HOLDER}pid {os.getpid()} on {socket.gethostname()}, started {stamp}\n".encode()
-        )
+        holder = f"{_HOLDER}pid {os.getpid()} on {socket.gethostname()}, started {stamp}\n"
+        os.write(fd, holder.encode())
         try:
             yield path
         finally:  # (under the lock: no other run is writing in the folder)
@@ -231,11 +229,7 @@ def _ours(path: Path) -> bool:
         return is_checkpoint(path)
     try:
         text = path.read_text()
-        rows = (
-            [json.loads(line) for line in text.splitlines()]
-            if path.suffix == ".jsonl"
-            else [json.loads(text)]
-        )
+        rows = [json.loads(x) for x in (text.splitlines() if path.suffix == ".jsonl" else [text])]
     except (OSError, ValueError):
         return False
     return all(isinstance(row, dict) and _KEYS[path.name] <= row.keys() for row in rows)

@@ -4,8 +4,7 @@
 ``KILL``, ``STOP``) the ``N``-th time (1) it reaches ``at(NAME)``. The names: ``data`` (the
 splits about to load), ``step`` (before each), ``config`` (``config.json`` written), ``aside``
 (``--overwrite`` moved the previous run aside), ``checkpoint-write`` (inside ``torch.save``),
-``checkpoint`` (``checkpoint.pt`` saved whole), ``evaluate``. Unset: one environment read.
-"""
+``checkpoint`` (``checkpoint.pt`` saved whole), ``evaluate``. Unset: one environment read."""
 
 from __future__ import annotations
 
