@@ -306,9 +306,7 @@ def crop_into(image: torch.Tensor, box, dst: torch.Tensor, interpolation="biline
     if dst.device.type == "cpu":  # torchvision's uint8 kernel, into the slot (no HWC copy)
         INTERPOLATIONS[interpolation].out(x, list(dst.shape[-3:-1]), False, out=y)
     else:  # no uint8 kernel there: float, then round (bicubic overshoots: clamped first)
-        z = F.interpolate(
-            x.float(), y.shape[-2:], mode=interpolation, antialias=True, align_corners=False
-        )
+        z = F.interpolate(x.float(), y.shape[-2:], mode=interpolation, antialias=True)
         y.copy_(z.clamp_(0, 255).round_())
 
 
