@@ -38,11 +38,8 @@ def parse_order(order: str) -> tuple[int, int] | None:
     if found and order == "random":
         return None
     sizes = (int(found[1] or 32), int(found[2] or 256)) if found else (0, 0)
-    if not all(0 < size < 2**63 for size in sizes):
-        raise ConfigError(
-            f"order must be random, block (block:32:256) or block:BLOCK:WINDOW with sizes "
-            f"in 1..2**63-1, got {order!r}"
-        )
+    accepted = "random, block (block:32:256) or block:BLOCK:WINDOW with sizes in 1..2**63-1"
+    refuse([(all(0 < size < 2**63 for size in sizes), "order", order, accepted)])
     return sizes
 
 
