@@ -96,7 +96,8 @@ class Epochs:
         """``(epoch, position)`` of a ``state_dict()`` (which also holds ``more``), or one
         ConfigError: not a dict, or not their numbers."""
         got = state if isinstance(state, dict) else {}
-        ok = whole(got.get("epoch")) and whole(got.get("position")) and set(more) <= set(got)
+        ints = [isinstance(got.get(k), numbers.Integral) for k in ("epoch", "position")]
+        ok = all(ints) and min(got["epoch"], got["position"]) >= 0 and set(more) <= set(got)
         keys = ", ".join(("epoch", "position", *more))
         refuse([(ok, "state", state, f"a state_dict() of this loader: {keys}, counts >= 0")])
         return int(got["epoch"]), int(got["position"])
