@@ -70,8 +70,7 @@ def epoch_order(
         indices = torch.arange(n)
     if pad and n % world_size:
         total = math.ceil(n / world_size) * world_size
-        reps = math.ceil((total - n) / n)
-        indices = torch.cat([indices, indices.repeat(reps)[: total - n]])
+        indices = indices.repeat(math.ceil(total / n))[:total]  # wrapped around
     return indices[rank::world_size]
 
 
