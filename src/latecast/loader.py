@@ -38,11 +38,8 @@ def parse_order(order: str) -> tuple[int, int] | None:
     if found and order == "random":
         return None
     sizes = (int(found[1] or 32), int(found[2] or 256)) if found else (0, 0)
-    if not all(0 < size < 2**63 for size in sizes):
-        raise ConfigError(
-            f"order must be random, block (block:32:256) or block:BLOCK:WINDOW with sizes "
-            f"in 1..2**63-1, got {order!r}"
-        )
+    accepted = "random, block (block:32:256) or block:BLOCK:WINDOW with sizes in 1..2**63-1"
+    refuse([(all(0 < size < 2**63 for size in sizes), "order", order, accepted)])
     return sizes
 
 
@@ -53,11 +50,8 @@ def block_order(n: int, *, seed: int, epoch: int, block: int, window: int) -> to
     most ``window`` blocks are in use at a time (what the page cache must hold)."""
     g = torch.Generator().manual_seed(seed + epoch)
     blocks = torch.arange(n).split(block)
-    picked = torch.randperm(len(blocks), generator=g).tolist()
-    runs = [
-        torch.cat([blocks[b] for b in picked[k : k + window]])
-        for k in range(0, len(picked), window)
-    ]
+    picked = torch.randperm(len(blocks), generator=g).split(window)  # runs of blocks
+    runs = (torch.cat([blocks[b] for b in run.tolist()]) for run in picked)
     return torch.cat([run[torch.randperm(len(run), generator=g)] for run in runs])
 
 
@@ -76,8 +70,7 @@ def epoch_order(
         indices = torch.arange(n)
     if pad and n % world_size:
         total = math.ceil(n / world_size) * world_size
-        reps = math.ceil((total - n) / n)
-        indices = torch.cat([indices, indices.repeat(reps)[: total - n]])
+        indices = indices.repeat(math.ceil(total / n))[:total]  # wrapped around
     return indices[rank::world_size]
 
 
@@ -296,12 +289,11 @@ class Loader(Epochs):
                 fmt = torch.channels_last if self.channels_last else torch.contiguous_format
                 # zeros: padding rows hold finite values; index 0 is a valid sample
                 images = torch.zeros((b, c, h, w), dtype=self.dtype, device=device)
-                labels = torch.zeros(b, dtype=torch.int64, device=device)
-                if self.prepare.mix is not None:  # class probabilities after mixing
-                    k = self.dataset.num_classes
-                    labels = torch.zeros((b, k), dtype=torch.float32, device=device)
-                self._buffers = images.contiguous(memory_format=fmt), labels
                 self._index = torch.zeros(b, dtype=torch.int64, device=device)
+                labels = torch.zeros_like(self._index)
+                if self.prepare.mix is not None:  # class probabilities after mixing
+                    labels = images.new_zeros((b, self.dataset.num_classes), dtype=torch.float32)
+                self._buffers = images.contiguous(memory_format=fmt), labels
         return self._mover
 
     # -- which samples, in what order: the source's ----------------------------------------
@@ -333,10 +325,8 @@ class Loader(Epochs):
         older = dict(order="random")  # saved before the order was
         differ = [k for k in keys if state.get(k, older.get(k)) != mine[k]]
         if differ:
-            raise ConfigError(
-                "loader state does not match this loader: "
-                + ", ".join(f"{k} {state.get(k)!r} != {mine[k]!r}" for k in differ)
-            )
+            pairs = ", ".join(f"{k} {state.get(k)!r} != {mine[k]!r}" for k in differ)
+            raise ConfigError(f"loader state does not match this loader: {pairs}")
         self.epoch = epoch
         self.position = self.source.load_state_dict(state, epoch, position, self.world_size)
 

@@ -153,10 +153,9 @@ def erase(images: torch.Tensor, centers: torch.Tensor, size: int) -> torch.Tenso
     """Zero rows and columns ``c - size//2 ..< c - size//2 + size`` around each image's
     ``centers[i] = (cy, cx)``, clipped at the borders."""
     _, h, w, _ = images.shape
-    top_left = centers - size // 2  # (N, 2)
+    top, left = (centers - size // 2).T[..., None]  # each (N, 1): in_y (N, H), in_x (N, W)
     ys, xs = torch.arange(h, device=images.device), torch.arange(w, device=images.device)
-    in_y = (ys >= top_left[:, :1]) & (ys < top_left[:, :1] + size)  # (N, H)
-    in_x = (xs >= top_left[:, 1:]) & (xs < top_left[:, 1:] + size)  # (N, W)
+    in_y, in_x = (ys >= top) & (ys < top + size), (xs >= left) & (xs < left + size)
     return images.masked_fill(in_y[:, :, None, None] & in_x[:, None, :, None], 0)
 
 
@@ -306,9 +305,7 @@ def crop_into(image: torch.Tensor, box, dst: torch.Tensor, interpolation="biline
     if dst.device.type == "cpu":  # torchvision's uint8 kernel, into the slot (no HWC copy)
         INTERPOLATIONS[interpolation].out(x, list(dst.shape[-3:-1]), False, out=y)
     else:  # no uint8 kernel there: float, then round (bicubic overshoots: clamped first)
-        z = F.interpolate(
-            x.float(), y.shape[-2:], mode=interpolation, antialias=True, align_corners=False
-        )
+        z = F.interpolate(x.float(), y.shape[-2:], mode=interpolation, antialias=True)
         y.copy_(z.clamp_(0, 255).round_())
 
 
