@@ -122,8 +122,9 @@ class Waveform:
 
     def plan(self, name: Name, value: Any, options: Any) -> Samples:
         t = as_tensor(value)
-        clips = [t] if t is not None else _clips(name, value)
-        ranks = {c.ndim for c in clips} if t is None else {t.ndim - 1}
+        ragged = t is None  # a list of clips
+        clips = _clips(name, value) if ragged else [t]
+        ranks = {c.ndim for c in clips} if ragged else {t.ndim - 1}
         if ranks - {1, 2} or len(ranks) > 1 or len({c.shape[:-1] for c in clips}) > 1:
             raise BatchError(
                 f"field {name!r} is declared audio: give (N, L) or (N, C, L), or a list of (L,) "
@@ -132,7 +133,8 @@ class Waveform:
         for c in clips:
             self._check_values(name, c)
         lens = self._lengths(name, t, clips, options)
-        if options.moved and (t is None or self.lengths is not None):
+        crosses = ragged or self.lengths is not None  # the lengths (full rows: nothing more)
+        if options.moved and crosses:
             raise BatchError(
                 f"field {name!r}: ragged or padded clips cross as latecast.wrap packs them, "
                 "not after another framework moved the batch"
@@ -145,15 +147,10 @@ class Waveform:
                 f"than the declared length {self.length}; declare pad=True to pad it with zeros"
             )
         mono = ranks == {1}
-        if t is not None:
-            n, *rest = t.shape
-            shape, channels = tuple(t.shape), 1 if mono else rest[0]
-            lens = lens if self.lengths is not None else None  # full rows: nothing more crosses
-        else:
-            channels = 1 if mono else clips[0].shape[0]
-            n, shape = len(clips), (sum(c.numel() for c in clips),)
-        return Samples(name, self.dtype, shape, t.dtype if t is not None else clips[0].dtype,
-                    self, n, channels, mono, lens, None if t is not None else clips)  # fmt: skip
+        channels = 1 if mono else clips[0].shape[-2]  # (C, L) clips, or (N, C, L)
+        shape = (sum(c.numel() for c in clips),) if ragged else tuple(t.shape)
+        return Samples(name, self.dtype, shape, clips[0].dtype, self, len(lens), channels, mono,
+                       lens if crosses else None, clips if ragged else None)  # fmt: skip
 
     def _check_values(self, name: Name, clip: torch.Tensor) -> None:
         """Integers that the declared width holds (read only where the source's may not)."""
@@ -262,8 +259,7 @@ class Samples(Field):
         """``(N, C, length)`` float clips and the samples kept of each (int64 ``(N,)``)."""
         spec, dev, n, c = self.spec, samples.device, self.n, self.channels
         width = samples.shape[-1]
-        if self.clips is None:
-            lens = torch.full((n,), width, device=dev) if lens is None else lens
+        lens = torch.full((n,), width, device=dev) if lens is None else lens  # full rows
         kept = lens.clamp(max=spec.length)
         spare = lens - kept
         if spec.crop == "random":  # drawn where nothing is cropped too: the gain's draw follows
@@ -276,10 +272,8 @@ class Samples(Field):
         if self.clips is None and width <= spec.length:  # rows: nothing to crop, one pad
             wave = F.pad(scaled(samples.view(n, c, width)), (0, spec.length - width))
             return (wave if self.lens is None else wave.masked_fill(~inside, 0)), kept
-        if self.clips is not None:  # back to back: clip k starts where clip k - 1 ends
-            stride, base = lens, torch.cumsum(lens * c, 0) - lens * c
-        else:
-            stride, base = torch.full_like(lens, width), torch.arange(n, device=dev) * width * c
+        stride = lens if self.clips is not None else torch.full_like(lens, width)  # per channel
+        base = torch.cumsum(stride * c, 0) - stride * c  # clip k starts where clip k - 1 ends
         rows = torch.arange(c, device=dev)[:, None] * stride[:, None, None]  # (N, C, 1)
         index = (base + start)[:, None, None] + rows + t  # (N, C, length) into the samples
         flat = samples.reshape(-1) if samples.numel() else samples.new_zeros(1)
