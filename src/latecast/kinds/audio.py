@@ -31,8 +31,7 @@ CROPS = ("random", "centre", "start")
 
 class Clips(NamedTuple):
     """A field declared ``pad=True``: its clips and, per clip, how much of the last axis holds
-    the clip (samples, or mel frames), int64 on the device; the rest is zeros (or a mel of
-    them)."""
+    it (samples, or mel frames; int64 on the device); the rest is zeros (or their mel)."""
 
     audio: torch.Tensor
     lengths: torch.Tensor
@@ -216,10 +215,7 @@ class Samples(Field):
         """Where the samples end in its bytes (the lengths follow)."""
         return math.prod(self.shape) * self.dtype.itemsize
 
-    @property
-    def usual_bytes(self) -> int:
-        """The samples as they arrived (``batch.to(device)``'s; a ragged list's, the same)."""
-        return self.cut
+    usual_bytes = cut  # the samples as they arrived (batch.to(device)'s; a ragged list's too)
 
     def pack(self, dst: torch.Tensor, value: Any) -> None:
         """The samples, then the lengths (their bytes: ``dst`` may not be 8-aligned there)."""
@@ -242,9 +238,8 @@ class Samples(Field):
         """Float clips ``(N, [C,] length)`` (or their mel ``(N, [C,] n_mels, frames)``):
         cropped where longer (the crop's offset drawn first), padded with zeros where shorter,
         scaled to [-1, 1], then a gain drawn in dB and clamped to [-1, 1] (torchaudio's Vol)."""
-        samples, lens = x
-        g = prepare.generator(samples.device)
-        wave, kept = self.cropped(samples, lens, g)
+        g = prepare.generator(x[0].device)
+        wave, kept = self.cropped(*x, g)  # x: (samples, lengths or None)
         spec = self.spec
         if spec.gain is not None:
             low, high = spec.gain
