@@ -1,6 +1,5 @@
 """``latecast.wrap``: a ``DataLoader`` comes back as an instance of its own class (frameworks
-that look for one find it), any other iterable as a ``Forwarding``: the core's ``Wrapped``
-that forwards to its source what latecast does not own and hides its read-ahead."""
+that look for one find it), any other iterable as a ``Forwarding`` (the core's ``Wrapped``)."""
 
 from __future__ import annotations
 
