@@ -103,14 +103,13 @@ def clip(
         ...                       fields={0: latecast.clip(16, "NTCHW", size=112)})
     """
     hw = numbers_of((size, size) if isinstance(size, numbers.Integral) else size, int)
-    sides = "an integer N or (H, W) of integers >= 1 (None: the frames' own)"
     count = frames is None or isinstance(frames, numbers.Integral) and frames >= 1
     refuse(
         [
             (count and not isinstance(frames, bool), "latecast.clip(frames=...)", frames,
              "an integer >= 1 or None"),
             (size is None or (hw and len(hw) == 2 and min(hw) >= 1), "latecast.clip(size=...)",
-             size, sides),
+             size, "an integer N or (H, W) of integers >= 1 (None: the frames' own)"),
         ]
     )  # fmt: skip
     layout = check(layout, "latecast.clip(layout=...)", tuple(LAYOUTS))
