@@ -1,6 +1,5 @@
 """``latecast.wrap``: a ``DataLoader`` comes back as an instance of its own class (frameworks
-that look for one find it), any other iterable as a ``Forwarding``: the core's ``Wrapped``
-that forwards to its source what latecast does not own and hides its read-ahead."""
+that look for one find it), any other iterable as a ``Forwarding`` (the core's ``Wrapped``)."""
 
 from __future__ import annotations
 
@@ -201,19 +200,14 @@ class WrappedLoader(Forwarding, DataLoader):
     ``__dict__``. Re-made from arguments (Lightning's sampler injection), it makes a loader of
     the source's class and wraps it the same way."""
 
-    source: type  # set on each wrap's own class, with `options`: what __init__ re-makes
-    options: tuple  # (Fields, device)
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self._adopt(self.source(*args, **kwargs))
+    options: tuple  # (Fields, device), set on each wrap's own class
 
     @property
     def _is_accelerate_prepared(self) -> bool:
         """What accelerate's ``prepare`` asks first: True where accelerate made the source, else
         a ConfigError (``prepare`` would re-make it without the wrap)."""
-        if vars(self).get("_is_accelerate_prepared") or type(self.batches).__module__.startswith(
-            "accelerate."
-        ):
+        made = vars(self).get("_is_accelerate_prepared")  # set on its shards by accelerate
+        if made or type(self.batches).__module__.startswith("accelerate."):
             return True
         raise ConfigError(
             "accelerator.prepare(latecast.wrap(dl)) would re-make the loader as accelerate's "
@@ -231,10 +225,10 @@ def loader_class(cls: type, fields: Fields, device: str | torch.device) -> type:
     """A ``WrappedLoader`` class for loaders of class ``cls``, wrapped with these options."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        WrappedLoader.__init__(self, *args, **kwargs)
+        self._adopt(cls(*args, **kwargs))
 
     __init__.__signature__ = inspect.signature(cls.__init__)  # read by Lightning to re-make it
-    body = {"__init__": __init__, "source": cls, "options": (fields, device)}
+    body = {"__init__": __init__, "options": (fields, device)}
     if hasattr(cls, "state_dict"):  # else the source's own, one batch ahead, would answer
         body.update(state_dict=Forwarding._state_dict, load_state_dict=Forwarding._load_state_dict)
     return type(f"Wrapped{cls.__name__}", (WrappedLoader, cls), body)

@@ -74,8 +74,7 @@ class PrepareOnDevice:
             fields, plans = self._latecast[self.training], batch.plans
             views, device = unpack(ring, batch, keep=True), ring.device
         else:  # moved by a transfer_batch_to_device of your own: finished as it came
-            fields = self._latecast_moved[self.training]
-            extra = split(batch)
+            fields, extra = self._latecast_moved[self.training], split(batch)
             values, plans = fields.plan(extra[0])
             tensors = [v if isinstance(v, torch.Tensor) else None for v in values]
             self._latecast_stats.count(plans, copies=sum(t is not None for t in tensors))

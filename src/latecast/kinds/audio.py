@@ -31,8 +31,7 @@ CROPS = ("random", "centre", "start")
 
 class Clips(NamedTuple):
     """A field declared ``pad=True``: its clips and, per clip, how much of the last axis holds
-    the clip (samples, or mel frames), int64 on the device; the rest is zeros (or a mel of
-    them)."""
+    it (samples, or mel frames; int64 on the device); the rest is zeros (or their mel)."""
 
     audio: torch.Tensor
     lengths: torch.Tensor
@@ -122,8 +121,9 @@ class Waveform:
 
     def plan(self, name: Name, value: Any, options: Any) -> Samples:
         t = as_tensor(value)
-        clips = [t] if t is not None else _clips(name, value)
-        ranks = {c.ndim for c in clips} if t is None else {t.ndim - 1}
+        ragged = t is None  # a list of clips
+        clips = _clips(name, value) if ragged else [t]
+        ranks = {c.ndim for c in clips} if ragged else {t.ndim - 1}
         if ranks - {1, 2} or len(ranks) > 1 or len({c.shape[:-1] for c in clips}) > 1:
             raise BatchError(
                 f"field {name!r} is declared audio: give (N, L) or (N, C, L), or a list of (L,) "
@@ -132,7 +132,8 @@ class Waveform:
         for c in clips:
             self._check_values(name, c)
         lens = self._lengths(name, t, clips, options)
-        if options.moved and (t is None or self.lengths is not None):
+        crosses = ragged or self.lengths is not None  # the lengths (full rows: nothing more)
+        if options.moved and crosses:
             raise BatchError(
                 f"field {name!r}: ragged or padded clips cross as latecast.wrap packs them, "
                 "not after another framework moved the batch"
@@ -145,15 +146,10 @@ class Waveform:
                 f"than the declared length {self.length}; declare pad=True to pad it with zeros"
             )
         mono = ranks == {1}
-        if t is not None:
-            n, *rest = t.shape
-            shape, channels = tuple(t.shape), 1 if mono else rest[0]
-            lens = lens if self.lengths is not None else None  # full rows: nothing more crosses
-        else:
-            channels = 1 if mono else clips[0].shape[0]
-            n, shape = len(clips), (sum(c.numel() for c in clips),)
-        return Samples(name, self.dtype, shape, t.dtype if t is not None else clips[0].dtype,
-                    self, n, channels, mono, lens, None if t is not None else clips)  # fmt: skip
+        channels = 1 if mono else clips[0].shape[-2]  # (C, L) clips, or (N, C, L)
+        shape = (sum(c.numel() for c in clips),) if ragged else tuple(t.shape)
+        return Samples(name, self.dtype, shape, clips[0].dtype, self, len(lens), channels, mono,
+                       lens if crosses else None, clips if ragged else None)  # fmt: skip
 
     def _check_values(self, name: Name, clip: torch.Tensor) -> None:
         """Integers that the declared width holds (read only where the source's may not)."""
@@ -219,10 +215,7 @@ class Samples(Field):
         """Where the samples end in its bytes (the lengths follow)."""
         return math.prod(self.shape) * self.dtype.itemsize
 
-    @property
-    def usual_bytes(self) -> int:
-        """The samples as they arrived (``batch.to(device)``'s; a ragged list's, the same)."""
-        return self.cut
+    usual_bytes = cut  # the samples as they arrived (batch.to(device)'s; a ragged list's too)
 
     def pack(self, dst: torch.Tensor, value: Any) -> None:
         """The samples, then the lengths (their bytes: ``dst`` may not be 8-aligned there)."""
@@ -245,9 +238,8 @@ class Samples(Field):
         """Float clips ``(N, [C,] length)`` (or their mel ``(N, [C,] n_mels, frames)``):
         cropped where longer (the crop's offset drawn first), padded with zeros where shorter,
         scaled to [-1, 1], then a gain drawn in dB and clamped to [-1, 1] (torchaudio's Vol)."""
-        samples, lens = x
-        g = prepare.generator(samples.device)
-        wave, kept = self.cropped(samples, lens, g)
+        g = prepare.generator(x[0].device)
+        wave, kept = self.cropped(*x, g)  # x: (samples, lengths or None)
         spec = self.spec
         if spec.gain is not None:
             low, high = spec.gain
@@ -262,8 +254,7 @@ class Samples(Field):
         """``(N, C, length)`` float clips and the samples kept of each (int64 ``(N,)``)."""
         spec, dev, n, c = self.spec, samples.device, self.n, self.channels
         width = samples.shape[-1]
-        if self.clips is None:
-            lens = torch.full((n,), width, device=dev) if lens is None else lens
+        lens = torch.full((n,), width, device=dev) if lens is None else lens  # full rows
         kept = lens.clamp(max=spec.length)
         spare = lens - kept
         if spec.crop == "random":  # drawn where nothing is cropped too: the gain's draw follows
@@ -276,10 +267,8 @@ class Samples(Field):
         if self.clips is None and width <= spec.length:  # rows: nothing to crop, one pad
             wave = F.pad(scaled(samples.view(n, c, width)), (0, spec.length - width))
             return (wave if self.lens is None else wave.masked_fill(~inside, 0)), kept
-        if self.clips is not None:  # back to back: clip k starts where clip k - 1 ends
-            stride, base = lens, torch.cumsum(lens * c, 0) - lens * c
-        else:
-            stride, base = torch.full_like(lens, width), torch.arange(n, device=dev) * width * c
+        stride = lens if self.clips is not None else torch.full_like(lens, width)  # per channel
+        base = torch.cumsum(stride * c, 0) - stride * c  # clip k starts where clip k - 1 ends
         rows = torch.arange(c, device=dev)[:, None] * stride[:, None, None]  # (N, C, 1)
         index = (base + start)[:, None, None] + rows + t  # (N, C, length) into the samples
         flat = samples.reshape(-1) if samples.numel() else samples.new_zeros(1)

@@ -17,12 +17,7 @@ import torch
 
 from ..errors import BatchError, ConfigError, check, numbers_of, refuse
 from ..fields import Field, Name, check_bytes, check_channels, integral
-from ..transforms import (
-    Augment,
-    Moves,
-    crop_into,
-    normalize,
-)
+from ..transforms import Augment, Moves, crop_into, normalize
 
 # a layout's dims -> (N, T, H, W, C): what a clip is made on the device
 LAYOUTS = {"NTHWC": (0, 1, 2, 3, 4), "NTCHW": (0, 1, 3, 4, 2), "NCTHW": (0, 2, 3, 4, 1)}
@@ -70,15 +65,14 @@ class Clip:
 def _check_options(name: Name, options: Any) -> None:
     """What finishes clips: a ``latecast.Augment`` (its draws made per clip), no ``erase`` or
     ``mix`` (they take ``(N, C, H, W)`` images); else one ConfigError."""
-    aug = options.augment
     for given, what in ((options.erase, "erase"), (options.mix, "mix")):
         if given is not None:
             raise ConfigError(f"field {name!r} is clips: {what}= takes (N, C, H, W) images, "
                               "not clips; leave it out")  # fmt: skip
-    if not (aug is None or isinstance(aug, Augment)):
+    if not (options.augment is None or isinstance(options.augment, Augment)):
         raise ConfigError(
             f"field {name!r} is clips: augment= must be a latecast.Augment (drawn once per "
-            f"clip), got {aug!r:.60}"
+            f"clip), got {options.augment!r:.60}"
         )
 
 
@@ -109,14 +103,13 @@ def clip(
         ...                       fields={0: latecast.clip(16, "NTCHW", size=112)})
     """
     hw = numbers_of((size, size) if isinstance(size, numbers.Integral) else size, int)
-    sides = "an integer N or (H, W) of integers >= 1 (None: the frames' own)"
     count = frames is None or isinstance(frames, numbers.Integral) and frames >= 1
     refuse(
         [
             (count and not isinstance(frames, bool), "latecast.clip(frames=...)", frames,
              "an integer >= 1 or None"),
             (size is None or (hw and len(hw) == 2 and min(hw) >= 1), "latecast.clip(size=...)",
-             size, sides),
+             size, "an integer N or (H, W) of integers >= 1 (None: the frames' own)"),
         ]
     )  # fmt: skip
     layout = check(layout, "latecast.clip(layout=...)", tuple(LAYOUTS))
@@ -156,8 +149,8 @@ class Clips(Field):
                 crop_into(x[i], box, out[i])
             x = out
         frames = x.view(n * t, *x.shape[2:])  # (N*T, H, W, C)
-        if moves is not None:
-            frames = clip_pixels(frames, n, moves, prepare.generator(x.device))
+        if moves is not None:  # colour and cutout drawn per clip, given to each of its frames
+            frames = moves.augment.pixels(frames, moves, prepare.generator(x.device), frames=t)
         return self.normalized(frames, n, prepare)
 
     def boxes(self, x: torch.Tensor, moves: Moves | None, host: torch.Generator):
@@ -187,10 +180,3 @@ class Clips(Field):
         y = normalize(images, prepare.mean, prepare.std, dtype=prepare.dtype,
                       channels_last=prepare.channels_last)  # fmt: skip
         return y.view(n, c, t, h, w) if ncthw else y.view(n, t, c, h, w)
-
-
-def clip_pixels(frames: torch.Tensor, n: int, moves: Moves, generator) -> torch.Tensor:
-    """``Augment.pixels`` on ``n`` clips' frames (``(N*T, H, W, C)``, clip by clip): the crop
-    shifts and flips of ``moves``, colour jitter and cutout drawn once per clip on
-    ``generator`` (as for ``n`` images) and given to each of its frames."""
-    return moves.augment.pixels(frames, moves, generator, frames=len(frames) // n)
