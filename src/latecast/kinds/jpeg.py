@@ -58,8 +58,7 @@ class Jpeg:
         for i, h in enumerate(heads):
             if why := too_big(h):  # refused from its header, before decoding
                 raise BatchError(f"{At(name)[i]}: {why}")
-        grey = all(h is not None and h[2] == 1 for h in heads)
-        channels = self.channels or (1 if grey else 3)
+        channels = self.channels or (1 if all(h and h[2] == 1 for h in heads) else 3)
         no_jpeg = [i for i, h in enumerate(heads) if h is None]
         decoded = {i: host_decode(name, i, files[i], channels) for i in no_jpeg}
         sizes = [tuple(decoded[i].shape[1:]) if h is None else h[:2] for i, h in enumerate(heads)]
@@ -204,9 +203,7 @@ class JpegFile(Field):
     def usual_bytes(self) -> int:  # the usual way: float32 at the training size
         return 4 * self.decoded_bytes
 
-    def decoder(self, device: torch.device) -> str:
-        """The decoder that decodes the files on ``device``."""
-        return decoder_on(device)
+    decoder = staticmethod(decoder_on)  # the decoder of its files on a device
 
     def pack(self, dst: torch.Tensor, value: Any) -> None:
         """The files back to back into the pinned bytes ``dst``."""
@@ -281,13 +278,10 @@ class JpegStore(Mover):
     def _first_read(self, idx: np.ndarray, files: list[np.ndarray]) -> None:
         """Files read for the first time checked against their store's CRC-32 (damage libjpeg
         decodes silently, a lying ``offsets.npy``): a warning naming each once."""
-
-        def crcs(part: np.ndarray) -> list[int]:  # zlib lets go of the GIL past 5 KiB
-            return [zlib.crc32(files[k]) for k in part]
-
         new, threads = np.flatnonzero(self.unread[idx]), count()
-        parts = np.array_split(new, min(threads, len(new)))
-        crc = np.concatenate([np.array(c, np.uint32) for c in pool(threads).map(crcs, parts)])
+        parts = np.array_split(new, min(threads, len(new)))  # zlib lets go of the GIL past 5 KiB
+        crcs = pool(threads).map(lambda part: [zlib.crc32(files[k]) for k in part], parts)
+        crc = np.concatenate([np.array(c, np.uint32) for c in crcs])
         for k in new[crc != self.dataset.crc32[idx[new]]]:
             warnings.warn(
                 f"{self.dataset.name}/{self.dataset.split}: sample {idx[k]}: its bytes differ from "
