@@ -119,9 +119,7 @@ def decoder() -> str:
             "pip install 'latecast[photos]'"
         )
     if name == "torchvision":  # once, here: torchvision 0.29 warns at every decode call
-        warnings.filterwarnings(
-            "ignore", "The image decoding and encoding capabilities", DeprecationWarning
-        )
+        warnings.filterwarnings("ignore", "The image decoding and encoding", DeprecationWarning)
     return f"{name} {_version(name)}"
 
 
@@ -166,23 +164,21 @@ def _one(channels: int, device: torch.device | str = "cpu") -> Callable:
 
 
 def _turbo(data: np.ndarray, channels: int, head: tuple | None) -> tuple[Any, bool]:
-    """simplejpeg's decoding of one file with header ``head``, upright ``(H, W, C)``, and
-    whether libjpeg warned (damaged data: decoded again leniently, as the other decoders do).
-    ``(None, False)`` leaves the file to ``decoder()``: no readable header, 4 channels (CMYK:
-    simplejpeg's conversion is 1-2 grey levels off TorchCodec's), or a file it cannot decode
-    (12-bit)."""
+    """simplejpeg's decoding of one file with header ``head``, upright ``(H, W, C)``, and whether
+    libjpeg warned (damaged data: decoded again leniently, as the other decoders do). ``(None,
+    False)`` leaves the file to ``decoder()``: no readable header, 4 channels (CMYK: simplejpeg's
+    is 1-2 grey levels off TorchCodec's), or one it cannot decode (12-bit)."""
     import simplejpeg
 
     if head is None or head[2] == 4:
         return None, False
-    try:
-        image, damaged = simplejpeg.decode_jpeg(data, _MODES[channels]), False
-    except ValueError:  # strict (the default): raised for libjpeg's warnings too
+    for strict in (True, False):  # strict (the default) raises for libjpeg's warnings too
         try:
-            image, damaged = simplejpeg.decode_jpeg(data, _MODES[channels], strict=False), True
+            image = simplejpeg.decode_jpeg(data, _MODES[channels], strict=strict)
         except ValueError:
-            return None, False
-    return (image if head[3] == 1 else _turned(torch.from_numpy(image), head[3], 0)), damaged
+            continue
+        return (image if head[3] == 1 else _turned(torch.from_numpy(image), head[3], 0)), not strict
+    return None, False
 
 
 def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = None):
