@@ -221,9 +221,8 @@ def _decode_gpu(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | Non
 
 
 def _decode_cpu(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None) -> Decoded:
-    """The batch decoded by ``count()`` threads, each a contiguous share, each file into its
-    slot: decoded there, copied (every file at the training size, uncropped: CIFAR's) or cropped
-    into it (``crop_into``). Returns the batch and the files simplejpeg found damaged."""
+    """The batch decoded by ``count()`` threads, each a contiguous share, each file into its slot:
+    decoded there, copied (all at the training size, uncropped: CIFAR's) or cropped into it."""
     n, channels, one = len(batch), batch.channels, _one(batch.channels)
     box = torch.tensor([0, 0, *size])  # a whole file at the training size: none cropped
     whole = bool((batch.sizes == box[2:]).all()) and (boxes is None or bool((boxes == box).all()))
