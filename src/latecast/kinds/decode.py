@@ -15,7 +15,6 @@ import tempfile
 import threading
 import warnings
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -75,10 +74,8 @@ class Encoded:
         file of a ``wrap`` field that does not decode is a BatchError naming it."""
         try:
             return decode(self, size, boxes)
-        except FormatError as err:
-            if isinstance(self.names, At):
-                raise BatchError(str(err)) from None
-            raise
+        except FormatError as err:  # raised from None: its cause is the file, as named
+            raise (BatchError(str(err)) if isinstance(self.names, At) else err) from None
 
 
 _fd2_lock = threading.Lock()  # fd 2 is the process's: one redirection at a time
@@ -86,6 +83,7 @@ _fd2_lock = threading.Lock()  # fd 2 is the process's: one redirection at a time
 DECODERS = ("torchcodec", "torchvision")
 _MODES = {1: "GRAY", 3: "RGB"}  # channels -> the decoders' colour mode
 _LEAST = {"torchcodec": (0, 16), "torchvision": (0, 0), "simplejpeg": (1, 8)}  # 1.8: buffer=
+Decoded = tuple[torch.Tensor, list]  # a batch (n, H, W, C) uint8, and its files found damaged
 
 
 def _turned(image: torch.Tensor, orientation: int, h: int = 1) -> torch.Tensor:
@@ -106,7 +104,7 @@ def _version(name: str) -> str | None:
         return None
 
 
-@lru_cache(maxsize=None)
+@functools.cache
 def decoder() -> str:
     """The JPEG decoder of this process, ``"torchcodec <version>"`` (TorchCodec >= 0.16) or
     else ``"torchvision <version>"``; ``LATECAST_DECODER`` (one of ``DECODERS``) picks one.
@@ -121,13 +119,11 @@ def decoder() -> str:
             "pip install 'latecast[photos]'"
         )
     if name == "torchvision":  # once, here: torchvision 0.29 warns at every decode call
-        warnings.filterwarnings(
-            "ignore", "The image decoding and encoding capabilities", DeprecationWarning
-        )
+        warnings.filterwarnings("ignore", "The image decoding and encoding", DeprecationWarning)
     return f"{name} {_version(name)}"
 
 
-@lru_cache(maxsize=None)
+@functools.cache
 def cpu_decoder() -> str:
     """The decoder of JPEG batches on a CPU device: ``"simplejpeg <version>"`` where
     simplejpeg >= 1.8 (libjpeg-turbo, as TorchCodec: the same pixels) imports and
@@ -168,45 +164,36 @@ def _one(channels: int, device: torch.device | str = "cpu") -> Callable:
 
 
 def _turbo(data: np.ndarray, channels: int, head: tuple | None) -> tuple[Any, bool]:
-    """simplejpeg's decoding of one file with header ``head``, upright ``(H, W, C)``, and
-    whether libjpeg warned (damaged data: decoded again leniently, as the other decoders do).
-    ``(None, False)`` leaves the file to ``decoder()``: no readable header, 4 channels (CMYK:
-    simplejpeg's conversion is 1-2 grey levels off TorchCodec's), or a file it cannot decode
-    (12-bit)."""
+    """simplejpeg's decoding of one file with header ``head``, upright ``(H, W, C)``, and whether
+    libjpeg warned (damaged data: decoded again leniently, as the other decoders do). ``(None,
+    False)`` leaves the file to ``decoder()``: no readable header, 4 channels (CMYK: simplejpeg's
+    is 1-2 grey levels off TorchCodec's), or one it cannot decode (12-bit)."""
     import simplejpeg
 
     if head is None or head[2] == 4:
         return None, False
-    try:
-        image, damaged = simplejpeg.decode_jpeg(data, _MODES[channels]), False
-    except ValueError:  # strict (the default): raised for libjpeg's warnings too
+    for strict in (True, False):  # strict (the default) raises for libjpeg's warnings too
         try:
-            image, damaged = simplejpeg.decode_jpeg(data, _MODES[channels], strict=False), True
+            image = simplejpeg.decode_jpeg(data, _MODES[channels], strict=strict)
         except ValueError:
-            return None, False
-    return (image if head[3] == 1 else _turned(torch.from_numpy(image), head[3], 0)), damaged
+            continue
+        return (image if head[3] == 1 else _turned(torch.from_numpy(image), head[3], 0)), not strict
+    return None, False
 
 
 def decode(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None = None):
-    """The batch's files decoded and cropped to ``size``: uint8 ``(n, H, W, C)`` on
-    ``batch.device``. A file libjpeg warns about is named in one warning; one that does not
-    decode, or whose size is not what ``batch.sizes`` says, raises ``FormatError``.
-
-    Args:
-        batch: JPEG files, as the ``jpeg`` mover or a ``wrap`` JPEG field hands them on.
-        size: the training size ``(H, W)``.
-        boxes: ``(n, 4)`` int64 ``(top, left, height, width)`` in the stored images, on the
-            CPU (e.g. ``transforms.resized_crop_params``); None: ``centre_boxes``.
-    """
+    """The batch's files decoded and cropped to the training ``size`` ``(H, W)``: uint8
+    ``(n, H, W, C)`` on ``batch.device``. ``boxes``: ``(n, 4)`` int64 ``(top, left, height,
+    width)`` in the stored images, on the CPU (``transforms.resized_crop_params``; None:
+    ``centre_boxes``). A file libjpeg warns about is named in one warning; one that does not
+    decode, or whose size is not what ``batch.sizes`` says, raises ``FormatError``."""
     with _fd2() as said, one_thread():
         on = _decode_cpu if batch.device.type == "cpu" else _decode_gpu
         images, damaged = on(batch, tuple(size), boxes)
     return _named(said[0], batch, images, damaged)
 
 
-def _decode_gpu(
-    batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None
-) -> tuple[torch.Tensor, list]:
+def _decode_gpu(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None) -> Decoded:
     """One nvJPEG call for the batch, sizes checked, then ``resized_crop``; no damaged list."""
     files, sizes, dev = batch.files(), batch.sizes.tolist(), batch.device
     todo = [i for i in range(len(files)) if i not in batch.decoded]
@@ -233,16 +220,12 @@ def _decode_gpu(
     return resized_crop(hwc, boxes, size, batch.interpolation), []
 
 
-def _decode_cpu(
-    batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None
-) -> tuple[torch.Tensor, list]:
-    """The batch decoded by ``count()`` threads, each a contiguous share, each file into its
-    slot: decoded there, copied (every file at the training size, uncropped: CIFAR's) or cropped
-    into it (``crop_into``). Returns the batch and the files simplejpeg found damaged."""
+def _decode_cpu(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | None) -> Decoded:
+    """The batch decoded by ``count()`` threads, each a contiguous share, each file into its slot:
+    decoded there, copied (all at the training size, uncropped: CIFAR's) or cropped into it."""
     n, channels, one = len(batch), batch.channels, _one(batch.channels)
-    whole = bool((batch.sizes == torch.tensor(size)).all()) and (
-        boxes is None or bool((boxes == torch.tensor([0, 0, *size])).all())
-    )  # every file the training size, none cropped: no boxes
+    box = torch.tensor([0, 0, *size])  # a whole file at the training size: none cropped
+    whole = bool((batch.sizes == box[2:]).all()) and (boxes is None or bool((boxes == box).all()))
     sizes = [list(size)] * n if whole else batch.sizes.tolist()
     if not whole:
         boxes = (centre_boxes(batch.sizes, size) if boxes is None else boxes).tolist()
@@ -292,10 +275,8 @@ def _decode_cpu(
     space, threads = _MODES[channels], count()
     step = -(-n // threads) or 1  # contiguous shares: an error names the first bad file
     shares = [range(a, min(a + step, n)) for a in range(0, n, step)]
-    if len(shares) > 1:
-        list(pool(threads).map(part, shares))
-    elif shares:  # one: decoded here, as a pool thread may wait for a busy core
-        part(shares[0])
+    here = len(shares) < 2  # one share: decoded here, as a pool thread may wait for a busy core
+    list(map(part, shares) if here else pool(threads).map(part, shares))
     return out, sorted(damaged)
 
 

@@ -6,7 +6,6 @@ decoded on the device as a JPEG store's batch is. Recognised by the JPEG signatu
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import math
@@ -14,7 +13,7 @@ import numbers
 import os
 import warnings
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -58,8 +57,7 @@ class Jpeg:
         for i, h in enumerate(heads):
             if why := too_big(h):  # refused from its header, before decoding
                 raise BatchError(f"{At(name)[i]}: {why}")
-        grey = all(h is not None and h[2] == 1 for h in heads)
-        channels = self.channels or (1 if grey else 3)
+        channels = self.channels or (1 if all(h and h[2] == 1 for h in heads) else 3)
         no_jpeg = [i for i, h in enumerate(heads) if h is None]
         decoded = {i: host_decode(name, i, files[i], channels) for i in no_jpeg}
         sizes = [tuple(decoded[i].shape[1:]) if h is None else h[:2] for i, h in enumerate(heads)]
@@ -162,12 +160,12 @@ class JpegFile(Field):
     """The JPEG kind: the files back to back (``nbytes`` of them), each file's upright size,
     the training size and channels; its bytes stay in the pinned slot for the decoder."""
 
-    files: list = dataclasses.field(default_factory=list, repr=False)
+    files: list = field(default_factory=list, repr=False)
     sizes: torch.Tensor | None = None  # (n, 2) int64 upright (H, W)
     size: tuple[int, int] = (0, 0)
     channels: int = 3
-    decoded: dict = dataclasses.field(default_factory=dict, repr=False)  # non-JPEG files
-    heads: list | None = dataclasses.field(default=None, repr=False)  # jpeg_header of each
+    decoded: dict = field(default_factory=dict, repr=False)  # non-JPEG files
+    heads: list | None = field(default=None, repr=False)  # jpeg_header of each
     source: str = ""  # in messages: "name/split" of a store, else the field
     indices: torch.Tensor | None = None  # a store's sample indices (None: positions)
     names: list | None = None  # a stream's: each file's shard and key
@@ -176,17 +174,6 @@ class JpegFile(Field):
 
     category, what = "image", "jpeg"
     pixels = on_host = True
-
-    @classmethod
-    def of_store(cls, ds, files: list, at: np.ndarray, idx: torch.Tensor, names) -> JpegFile:
-        """A batch ``at`` of a JPEG store's (or a stream's) ``files``, as the packer takes it."""
-        sizes = torch.from_numpy(ds.sizes[at].astype(np.int64))
-        f = cls(0, torch.uint8, (len(files),), None, files, sizes, tuple(ds.size), ds.channels,
-                source=f"{ds.name}/{ds.split}", indices=idx, names=names,
-                plain=ds.plain)  # fmt: skip
-        lengths = ds.offsets[at + 1] - ds.offsets[at]  # the files' offsets at once, not len()s
-        vars(f)["offsets"] = np.concatenate([[0], np.cumsum(lengths)]).tolist()  # cached
-        return f
 
     @functools.cached_property
     def offsets(self) -> list[int]:
@@ -204,9 +191,7 @@ class JpegFile(Field):
     def usual_bytes(self) -> int:  # the usual way: float32 at the training size
         return 4 * self.decoded_bytes
 
-    def decoder(self, device: torch.device) -> str:
-        """The decoder that decodes the files on ``device``."""
-        return decoder_on(device)
+    decoder = staticmethod(decoder_on)  # the decoder of its files on a device
 
     def pack(self, dst: torch.Tensor, value: Any) -> None:
         """The files back to back into the pinned bytes ``dst``."""
@@ -272,22 +257,24 @@ class JpegStore(Mover):
         ds, idx, names = (self.dataset, item, None) if torch.is_tensor(item) else item
         at = idx.numpy() if names is None else np.arange(len(idx))
         data = ds.data.view(np.ndarray)  # a plain view slices faster than a memmap
-        files = [data[a:b] for a, b in zip(ds.offsets[at].tolist(), ds.offsets[at + 1].tolist())]
+        starts, ends = ds.offsets[at], ds.offsets[at + 1]
+        files = [data[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
         if names is None and self.unread is not None and self.unread[at].any():
             self._first_read(at, files)
-        plans = [JpegFile.of_store(ds, files, at, idx, names), label_field(ds, len(at))]
-        return plans, [files, Taken(ds.labels, at)]
+        sizes = torch.from_numpy(ds.sizes[at].astype(np.int64))
+        jpegs = JpegFile(0, torch.uint8, (len(files),), None, files, sizes, tuple(ds.size),
+                         ds.channels, source=f"{ds.name}/{ds.split}", indices=idx, names=names,
+                         plain=ds.plain)  # fmt: skip
+        vars(jpegs)["offsets"] = np.concatenate([[0], np.cumsum(ends - starts)]).tolist()  # cached
+        return [jpegs, label_field(ds, len(at))], [files, Taken(ds.labels, at)]
 
     def _first_read(self, idx: np.ndarray, files: list[np.ndarray]) -> None:
         """Files read for the first time checked against their store's CRC-32 (damage libjpeg
         decodes silently, a lying ``offsets.npy``): a warning naming each once."""
-
-        def crcs(part: np.ndarray) -> list[int]:  # zlib lets go of the GIL past 5 KiB
-            return [zlib.crc32(files[k]) for k in part]
-
         new, threads = np.flatnonzero(self.unread[idx]), count()
-        parts = np.array_split(new, min(threads, len(new)))
-        crc = np.concatenate([np.array(c, np.uint32) for c in pool(threads).map(crcs, parts)])
+        parts = np.array_split(new, min(threads, len(new)))  # zlib lets go of the GIL past 5 KiB
+        crcs = pool(threads).map(lambda part: [zlib.crc32(files[k]) for k in part], parts)
+        crc = np.concatenate([np.array(c, np.uint32) for c in crcs])
         for k in new[crc != self.dataset.crc32[idx[new]]]:
             warnings.warn(
                 f"{self.dataset.name}/{self.dataset.split}: sample {idx[k]}: its bytes differ from "

@@ -27,13 +27,11 @@ class EncodedDataset(Split):
     def __post_init__(self) -> None:
         super().__post_init__()
         n, at = len(self.labels), self.offsets
+        rises = len(at) and at[0] == 0 and at[-1] == len(self.data) and np.all(np.diff(at) > 0)
         self._check(
             (self.data.dtype == np.uint8 and self.data.ndim == 1, "data must be uint8 (total,)"),
             (at.shape == (n + 1,), f"offsets must be int64 ({n + 1},)"),
-            (
-                len(at) and at[0] == 0 and at[-1] == len(self.data) and np.all(np.diff(at) > 0),
-                "offsets must rise from 0 to len(data)",
-            ),
+            (rises, "offsets must rise from 0 to len(data)"),
             (self.sizes.shape == (n, 2), f"sizes must be ({n}, 2)"),
             (self.crc32 is None or self.crc32.shape == (n,), f"crc32 must be ({n},)"),
             (self.channels in (1, 3), "channels must be 1 or 3"),

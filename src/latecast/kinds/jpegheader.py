@@ -30,15 +30,14 @@ def jpeg_headers(files: Iterable) -> list[tuple[int, int, int, int] | None]:
     """``jpeg_header`` of each file: a file that starts as the last one walked, up to its frame
     header (one encoder's: the same markers, tables and EXIF), is read there, not walked."""
     out: list = []
-    prefix, at, orientation = b"", 0, 1
+    prefix, at, head = b"", 0, None
     for data in files:
-        if prefix and len(data) > at + 9 and _starts(data, prefix):
-            out.append(_upright(*_FRAME.unpack_from(data, at + 5), orientation))
-            continue
-        head, at = _walk(data)
+        if prefix and len(data) > at + 9 and _starts(data, prefix):  # the last head's EXIF
+            head = _upright(*_FRAME.unpack_from(data, at + 5), head[3])
+        else:
+            head, at = _walk(data)
+            prefix = bytes(memoryview(data).cast("B")[: at + 2]) if head else b""
         out.append(head)
-        prefix = bytes(memoryview(data).cast("B")[: at + 2]) if head else b""
-        orientation = head[3] if head else 1
     return out
 
 
@@ -58,13 +57,11 @@ def _walk(data) -> tuple[tuple[int, int, int, int] | None, int]:
     mv, i, orientation = memoryview(data).cast("B"), 2, 1
     if len(mv) < 4 or mv[0] != 0xFF or mv[1] != 0xD8:
         return None, 0
-    while i + 9 < len(mv) and mv[i] == 0xFF:
+    while i + 9 < len(mv) and mv[i] == 0xFF and mv[i + 1] != 0xDA:  # 0xDA: the scan, no frame
         marker, length = mv[i + 1], mv[i + 2] << 8 | mv[i + 3]
         if marker == 0xFF:  # a fill byte
             i += 1
             continue
-        if marker == 0xDA:  # the scan starts: no frame header came
-            return None, 0
         if marker == 0xE1 and mv[i + 4 : i + 10] == b"Exif\0\0":
             orientation = _orientation(bytes(mv[i + 10 : i + 2 + length]))
         if marker in SOF:
