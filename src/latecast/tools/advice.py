@@ -42,7 +42,6 @@ class Source:
         return ast.get_source_segment(self.text, node)
 
     def replace(self, node: ast.AST, text: str, end: ast.AST | None = None) -> None:
-        """``node`` (through ``end``) replaced by ``text``."""
         end = end or node
         self.spans.append((node.lineno, node.col_offset, end.end_lineno, end.end_col_offset, text))
 
@@ -54,16 +53,20 @@ class Source:
             end = len(self.lines[-1].encode())
             self.spans.append((len(self.lines), end, len(self.lines), end, "\n" + text))
 
-    def calls(self, line: int, names: tuple[str, ...]) -> list[ast.Call]:
-        """The calls of a function or class named one of ``names`` that span ``line``."""
+    def call(self, line: int, names: tuple[str, ...]) -> ast.Call | None:
+        """The one call of a function or class in ``names`` spanning ``line``, else None."""
         calls = [c for c in ast.walk(self.tree) if isinstance(c, ast.Call)]
-        return [c for c in calls if _name(c.func) in names and c.lineno <= line <= c.end_lineno]
+        found = [c for c in calls if _name(c.func) in names and c.lineno <= line <= c.end_lineno]
+        return found[0] if len(found) == 1 else None
+
+    def ancestors(self, node: ast.AST):
+        while node in self.parent:
+            node = self.parent[node]
+            yield node
 
     def top(self, node: ast.AST) -> ast.stmt:
         """The statement at the top of the module that holds ``node``."""
-        while self.parent.get(node) is not self.tree:
-            node = self.parent[node]
-        return node
+        return next(n for n in (node, *self.ancestors(node)) if self.parent.get(n) is self.tree)
 
     def import_line(self, module: str) -> str:
         """The name ``module`` is imported under at the top, its ``import`` added if none."""
@@ -109,10 +112,9 @@ def to_uint8(src: Source, to_tensor: int, normalize: int | None) -> str | None:
     """The ``ToTensor()`` made at line ``to_tensor`` (and the ``Normalize`` made at line
     ``normalize``, the element right after it, or a name assigned from it there) replaced
     by ``PILToTensor()``; else why not."""
-    found = src.calls(to_tensor, ("ToTensor",))
-    if len(found) != 1:
+    tt = src.call(to_tensor, ("ToTensor",))
+    if tt is None:
         return f"no one ToTensor() at {src.path}:{to_tensor}"
-    tt = found[0]
     parts = src.parent.get(tt)
     elements = parts.elts if isinstance(parts, (ast.List, ast.Tuple)) else [tt]
     after = elements[elements.index(tt) + 1 :]
@@ -145,22 +147,21 @@ def _is_normalize(src: Source, node: ast.AST, line: int) -> bool:
     there (pytorch/examples' ImageNet script: ``normalize = transforms.Normalize(...)``)."""
     if isinstance(node, ast.Call):
         return _name(node.func) == "Normalize" and node.lineno <= line <= node.end_lineno
-    made = src.calls(line, ("Normalize",))
+    made = src.call(line, ("Normalize",))
     return (
         isinstance(node, ast.Name)
-        and len(made) == 1
-        and isinstance(src.parent.get(made[0]), ast.Assign)
-        and any(getattr(t, "id", None) == node.id for t in src.parent[made[0]].targets)
+        and made is not None
+        and isinstance(src.parent.get(made), ast.Assign)
+        and any(getattr(t, "id", None) == node.id for t in src.parent[made].targets)
     )
 
 
 def wrap(src: Source, line: int, cls: str, options: str) -> str | None:
     """The DataLoader made at ``line`` through ``latecast.wrap(..., options)`` (unless it is):
     the name it is assigned to, or ``""``; None where there is no one call of it there."""
-    found = src.calls(line, (cls, "DataLoader"))
-    if len(found) != 1:
+    call = src.call(line, (cls, "DataLoader"))
+    if call is None:
         return None
-    call = found[0]
     outer = src.parent.get(call)
     if isinstance(outer, ast.Call) and _name(outer.func) == "wrap":
         return _assigned(src, outer)
@@ -187,7 +188,7 @@ def mover(src: Source, line: int, device: str) -> str | None:
         return f"the move at line {line} is not `x = x.to(device)`, `return x.to(device)`"
     stmt, (receivers, where) = stmts[-1], moved
     scopes = (ast.FunctionDef, ast.AsyncFunctionDef)
-    function = next((p for p in _ancestors(src, stmt) if isinstance(p, scopes)), None)
+    function = next((p for p in src.ancestors(stmt) if isinstance(p, scopes)), None)
     same = [stmt] + [
         s
         for s in ast.walk(function or src.tree)
@@ -236,12 +237,6 @@ def _moves(value: ast.AST) -> tuple[list[str], ast.AST | None] | None:
     return receivers, device
 
 
-def _ancestors(src: Source, node: ast.AST):
-    while node in src.parent:
-        node = src.parent[node]
-        yield node
-
-
 def _all_names(tree: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
 
@@ -253,7 +248,7 @@ def _stored(tree: ast.AST) -> list[ast.Name]:
 def _global(src: Source, expr: ast.AST, function: ast.AST | None, before: int) -> bool:
     """Whether every name ``expr`` reads is assigned at the module's top before ``before``,
     and none is ``function``'s own."""
-    names = {n.id for n in ast.walk(expr) if isinstance(n, ast.Name)}
+    names = _all_names(expr)
     own: set[str] = set()
     if function is not None:
         own = {a.arg for a in ast.walk(function.args) if isinstance(a, ast.arg)}
@@ -262,7 +257,7 @@ def _global(src: Source, expr: ast.AST, function: ast.AST | None, before: int) -
     module = {
         n.id
         for n in _stored(src.tree)
-        if n.lineno < before and not any(isinstance(p, scopes) for p in _ancestors(src, n))
+        if n.lineno < before and not any(isinstance(p, scopes) for p in src.ancestors(n))
     }
     return bool(names) and names <= module and not names & own
 
@@ -322,13 +317,12 @@ class Advice:
             return "floats that hold integers: move them as integers, cast on the device"
         if site.loaders & self.floats:  # wrap with no mean/std would not normalize them
             return "its images must become uint8 in the same change (above)"
-        kept = self.kept()
+        kept, why = self.kept(), None
         for i in sorted(site.loaders - set(self.wrapped)):
-            why = self.wrap(i, site, normalize=False)
-            if why is not None:
-                self.undo(kept)
-                return why
-        return None
+            why = why or self.wrap(i, site, normalize=False)
+        if why is not None:
+            self.undo(kept)
+        return why
 
     def convert(self, i: int, site) -> str | None:
         """Loader ``i``'s transform made to yield uint8, every loader using it wrapped."""
