@@ -112,9 +112,8 @@ class Observer(TorchFunctionMode):
         if _torchs_own(caller):
             return out
         ours = caller == "latecast" or caller.startswith("latecast.")
-        for t in (out if isinstance(out, (tuple, list)) else (out,)) if ours else ():
-            if isinstance(t, torch.Tensor):
-                self.latecasts.add(t)
+        for t in _tensors(out) if ours else ():
+            self.latecasts.add(t)
         moved = _moved(func, args, kwargs, out)
         if moved is not None and (ours or not self.latecasts.get(moved[0])):
             # with gradients off: evaluation (Module.to moves its parameters so too)
@@ -124,8 +123,7 @@ class Observer(TorchFunctionMode):
 
     def _record(self, moved: tuple, out: torch.Tensor, latecast: bool, evaluation: bool) -> None:
         t, dtype, target = moved  # as _moved found it
-        axis = 1 if t.dim() == 4 and t.shape[1] in CHANNELS else None
-        axis = 3 if t.dim() == 4 and axis is None and t.shape[3] in CHANNELS else axis
+        axis = next((a for a in (1, 3) if t.dim() == 4 and t.shape[a] in CHANNELS), None)
         # the script's own line (x.to(d), y.to(d) on one line: two sites, by instruction)
         frame = script_frame(sys._getframe(2))
         file, line, at = (
@@ -257,13 +255,12 @@ def watching(obs: Observer, cfg) -> Iterator[None]:
         loader, late = iterators.get(self) or (None, False)
         if obs.ending and not late:  # the training pass, ended after --steps
             raise StopIteration
-        if obs.ending and obs.eval_batches >= cfg.eval_steps:
-            obs.stopped = "eval"
-            raise Stop
         try:
+            if obs.ending and obs.eval_batches >= cfg.eval_steps:
+                raise StopIteration  # --eval-steps batches watched: as if the loader were done
             batch = original(self)
         except StopIteration:
-            if obs.ending:  # the evaluation's loader is done: stop before what follows
+            if obs.ending:  # the evaluation is done: stop before what follows
                 obs.stopped = "eval"
                 raise Stop from None
             raise
@@ -331,8 +328,9 @@ def _loader(loader, frame, made: Marks) -> LoaderSeen:
         d = getattr(holder, "__dict__", {})
         transform = next((d[k] for k in ("transform", "transforms") if d.get(k) is not None), None)
         todo += [d["dataset"]] if "dataset" in d else list(d.get("datasets", ()))[:8]
-    held = [transform, *getattr(transform, "__dict__", {}).values()]
-    parts = next((_parts(t) for t in held if isinstance(_parts(t), list)), [transform])
+    held = [transform, *getattr(transform, "__dict__", {}).values()]  # a Compose, or holds one
+    lists = (getattr(t, "__dict__", {}).get("transforms") for t in held)
+    parts = next((p for p in lists if isinstance(p, list)), [transform])
     parts = [p for p in parts if p is not None]
     normalize = next((p for p in parts if type(p).__name__ == "Normalize"), None)
     stats = normalize and tuple(tuple(float(x) for x in v) for v in (normalize.mean, normalize.std))
@@ -342,11 +340,6 @@ def _loader(loader, frame, made: Marks) -> LoaderSeen:
         frame.f_code.co_filename, frame.f_lineno, type(loader).__name__, made_at, stats,
         int(workers), f"{dataset.__module__}.{dataset.__name__}",
     )  # fmt: skip
-
-
-def _parts(transform) -> list | None:
-    """A ``Compose``'s list of transforms (its instance's own), else None."""
-    return getattr(transform, "__dict__", {}).get("transforms")
 
 
 def _tensors(batch) -> list[torch.Tensor]:
