@@ -156,16 +156,14 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
         row.update(verdict(s))
         advised += [(s, row)] if row["factor"] > 1 and not s.latecast else []
         if s.evaluation:
-            row.update(bytes_per_batch=s.nbytes / s.calls)
-            row["bytes_per_batch_then"] = row["bytes_per_batch"] / row["factor"]
-            evaluation.append(row)
-            continue
-        per = max(steps + obs.late_steps, 1)  # a step after --steps trains on a batch too
-        row.update(calls_per_step=s.calls / per, bytes_per_step=s.nbytes / per)
-        row["bytes_per_step_then"] = row["bytes_per_step"] / row["factor"]
-        sites.append(row)
-    short = lambda path: short_path(path, obs.start)  # noqa: E731
-    advice = Advice(obs.loaders, short, torch.cuda.is_available())
+            per, unit, into = s.calls, "batch", evaluation
+        else:  # per optimizer step; one after --steps trains on a batch too
+            per, unit, into = max(steps + obs.late_steps, 1), "step", sites
+            row["calls_per_step"] = s.calls / per
+        row[f"bytes_per_{unit}"] = s.nbytes / per
+        row[f"bytes_per_{unit}_then"] = s.nbytes / per / row["factor"]
+        into.append(row)
+    advice = Advice(obs.loaders, lambda p: short_path(p, obs.start), torch.cuda.is_available())
     for s, row in sorted(advised, key=lambda sr: sr[1]["kind"] != "8-bit image"):  # first
         advice.site(s, row)
     now = sum(r["bytes_per_step"] for r in sites)

@@ -219,15 +219,13 @@ def _raised(err: Exception, start: Path) -> str:
         last = text.splitlines()[-1]
         first = last.split(": ", 1)[1] if last.startswith(f"{name}: ") else last
         lines = [(f, n) for f, n in _FRAME.findall(text) if not is_library(f)]
-        at = f"{short_path(lines[-1][0], start)}:{lines[-1][1]}" if lines else "?"
-        return f"raised {name} {worker.group(1)}: {first} ({at})"
-    at, tb = "?", err.__traceback__
-    while tb is not None:
-        if is_script(tb.tb_frame):
-            at = f"{short_path(tb.tb_frame.f_code.co_filename, start)}:{tb.tb_lineno}"
-        tb = tb.tb_next
-    first = (text.splitlines() or [""])[0]
-    return f"raised {name}: {first} ({at})"
+    else:
+        first = (text.splitlines() or [""])[0]
+        frames = traceback.walk_tb(err.__traceback__)
+        lines = [(f.f_code.co_filename, n) for f, n in frames if is_script(f)]
+    at = f"{short_path(lines[-1][0], start)}:{lines[-1][1]}" if lines else "?"
+    where = f" {worker.group(1)}" if worker else ""
+    return f"raised {name}{where}: {first} ({at})"
 
 
 class Profiler:
