@@ -165,10 +165,9 @@ def run_script(script: Script, obs: Observer, cfg, debug: bool) -> dict:
         obs.steps += 1
         if profiler:
             profiler.step(obs.steps)
-        if obs.steps >= cfg.steps and cfg.eval_steps:
-            obs.ending = True
-        elif obs.steps >= cfg.steps:
+        if obs.steps >= cfg.steps and not cfg.eval_steps:
             raise Stop
+        obs.ending = obs.steps >= cfg.steps  # --eval-steps: the training pass ends here
 
     name, saved = script.name, (sys.argv, sys.path[:], os.getcwd())
     sys.argv = [name, *script.argv]
