@@ -15,7 +15,6 @@ import functools
 import itertools
 import math
 import os
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -31,7 +30,7 @@ from ..integrations.dataloader import wrap
 from ..loader import Loader, epoch_order
 from ..storage.datasets import load_dataset
 from ..storage.options import option
-from ..trainer.loop import TrainConfig, evaluate, recipe, resolve_config, train_step
+from ..trainer.loop import TrainConfig, evaluate, recipe, resolve_config, stopwatch, train_step
 from ..transfer import Batch, float32_bytes, movers_for
 from . import measure
 from .photo_rows import photo_rows
@@ -176,12 +175,10 @@ def fit(
     test_loader = Loader(test, 1000, device=device, shuffle=False, pad=False)
     seconds, accuracy = [], []
     for _ in range(config.epochs):
-        measure.sync(device)
-        t0 = time.perf_counter()
+        lap = stopwatch(device)
         for x, y in itertools.islice(batches(), steps_per_epoch):
             train_step(model, opt, sched, x, y, config)
-        measure.sync(device)
-        seconds.append(time.perf_counter() - t0)
+        seconds.append(lap())
         correct, total = evaluate(model, itertools.islice(test_loader, limit), config.amp)
         accuracy.append(correct / total)
     hit = next((i for i, a in enumerate(accuracy) if a >= 0.99), None)
@@ -272,12 +269,10 @@ def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict
                 fn(*args, **kw)
             times = []
             for _ in range(cfg.repeats):
-                measure.sync(device)
-                t0 = time.perf_counter()
+                lap = stopwatch(device)
                 for _ in range(20):
                     fn(*args, **kw)
-                measure.sync(device)
-                times.append((time.perf_counter() - t0) / 20 * 1e6)
+                times.append(lap() / 20 * 1e6)
             diff = (got.float() - want.float()).abs().max().item()
             ways[name] = {"us": float(np.median(times)), "max_diff": diff}
         result[f"{str(dtype).removeprefix('torch.')} {'channels_last' if cl else 'NCHW'}"] = ways

@@ -21,6 +21,7 @@ import torch
 from ..data import Dataset
 from ..loader import Loader
 from ..storage.options import DATASET_HELP, option, validate
+from ..trainer.loop import stopwatch
 from ..transfer import Batch
 from ..transforms import Augment
 from .text import markdown_table  # noqa: F401 (the reports' tables, benchmarks/ import it here)
@@ -43,12 +44,6 @@ class MeasureConfig:
         validate(self)
 
 
-def sync(device: torch.device) -> None:
-    """Wait for queued device work, so a host timer measures it (no-op on CPU)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def passes(
     make_iter: Callable[[], Iterator], n_batches: int, repeats: int, device: torch.device
 ) -> list[tuple[int, float, float]]:
@@ -58,13 +53,11 @@ def passes(
     for r in range(repeats + 1):
         cpu0 = cpu_seconds()
         it = make_iter()  # outside the timer: e.g. DataLoader worker reset
-        sync(device)
-        t0, images = time.perf_counter(), 0
+        lap, images = stopwatch(device), 0
         for batch in itertools.islice(it, n_batches if r else min(n_batches, 20)):
             images += len(batch[0])
-        sync(device)
         if r:
-            out.append((images, time.perf_counter() - t0, cpu_seconds() - cpu0))
+            out.append((images, lap(), cpu_seconds() - cpu0))
     return out
 
 

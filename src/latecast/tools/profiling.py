@@ -27,7 +27,7 @@ from ..kinds.jpeg import JpegStore
 from ..loader import Loader
 from ..storage.datasets import load_dataset
 from ..storage.options import option
-from ..trainer.loop import TrainConfig, recipe, train_step
+from ..trainer.loop import TrainConfig, recipe, stopwatch, train_step
 from ..transfer import MOVERS, movers_for
 from . import measure
 
@@ -147,9 +147,8 @@ def profile_row(
         on_trace_ready=lambda p: p.export_chrome_trace(str(trace)),
     ) as prof:
         for i in range(skip + cfg.steps):
-            if i == skip:
-                measure.sync(device)  # the recorded window starts with an idle device
-                start = time.perf_counter()
+            if i == skip:  # the recorded window starts with an idle device
+                lap = stopwatch(device)
             t0, c0 = time.perf_counter(), time.process_time()
             x, y, copied = next(source)  # fetch + copy + normalize: the data wait
             t1, c1 = time.perf_counter(), time.process_time()
@@ -159,8 +158,7 @@ def profile_row(
                 wait, cpu, nbytes = wait + t1 - t0, cpu + c1 - c0, nbytes + copied
                 step_phase += time.perf_counter() - t1
             if i == skip + cfg.steps - 1:
-                measure.sync(device)  # stop the clock here: the next prof.step() exports the trace
-                elapsed = time.perf_counter() - start
+                elapsed = lap()  # stopped here: the next prof.step() exports the trace
             prof.step()
     source.close()  # stop DataLoader workers, if any
     n = cfg.steps

@@ -1,9 +1,6 @@
-"""One training step, data included, captured once in a CUDA graph and replayed
-(``latecast train --graph``): the resident batch's gather, augmentation and normalize
-(``Loader.fill``), forward, loss, backward and the SGD update; per step the host stages the
-batch (``Loader.staged``), sets the lr on the device, replays and steps the schedule.
-``nesterov_sgd`` is ``torch.optim.SGD``'s update with the lr read from a device tensor (a graph
-would freeze a Python number), on its own momentum buffers: checkpoints stay SGD's."""
+"""``latecast train --graph``: one training step, data included (``Loader.fill``), captured
+once in a CUDA graph and replayed; the SGD update reads the lr from a device tensor (a graph
+would freeze a Python number) and keeps SGD's momentum buffers, so checkpoints stay SGD's."""
 
 from __future__ import annotations
 

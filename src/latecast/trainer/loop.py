@@ -135,8 +135,8 @@ def load_splits(config: TrainConfig) -> tuple[Dataset, Dataset]:
 
 
 def _first(ds: Dataset | EncodedDataset, n: int | None) -> Dataset | EncodedDataset:
-    """The first ``n`` samples (every per-sample array cut, a JPEG store's files by their
-    offsets); mean/std and the digest stay the whole split's."""
+    """The first ``n`` samples (every per-sample array cut); mean/std and the digest stay
+    the whole split's."""
     if n is None or n >= len(ds):
         return ds
     if isinstance(ds, StreamedDataset):
@@ -240,13 +240,12 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], amp: bool = False) -> t
 
 
 class LossTracker:
-    """An epoch's training loss, summed on the device and read every ``log_every`` steps; a
-    loss that is not finite stops the run naming its step (row 30). ``mean`` is collective
+    """An epoch's training loss from ``loss_sum`` over ``seen`` steps on, summed on the device;
+    a loss that is not finite stops the run naming its step (row 30). ``mean`` is collective
     under DDP: all ranks stop together."""
 
-    def __init__(self, device, distributed: bool, loss_sum=None, seen: int = 0) -> None:
-        self.sum = torch.zeros((), device=device) if loss_sum is None else loss_sum.to(device)
-        self.seen, self.distributed = seen, distributed
+    def __init__(self, device, distributed: bool, loss_sum: Tensor, seen: int) -> None:
+        self.sum, self.seen, self.distributed = loss_sum.to(device), seen, distributed
         self.first_bad = torch.full((), math.inf, dtype=torch.float64, device=device)
 
     def add(self, loss: torch.Tensor, step: int) -> None:
@@ -332,7 +331,7 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     share = math.ceil(len(train_set) / world)
     if asked_batch is None and c.batch_size > share:  # a small subset: one full batch an epoch
         c = config = replace(config, batch_size=share)
-    _check_fits(config, train_set, test_set, world)
+    _check_fits(config, train_set, test_set, share)
     dtype = torch.bfloat16 if c.amp else torch.float32
     streamed = isinstance(train_set, StreamedDataset)  # short last batches, no static ones
     shared = dict(
@@ -364,9 +363,9 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     return run
 
 
-def _check_fits(config: TrainConfig, train_set: Dataset, test_set: Dataset, world: int) -> None:
+def _check_fits(config: TrainConfig, train_set: Dataset, test_set: Dataset, share: int) -> None:
     """Refuse before the first step: splits of different shapes or classes, a batch larger
-    than a process's share, a model deeper than the images allow (row 75)."""
+    than ``share`` (a process's training samples), a model deeper than the images allow (row 75)."""
     where, num_classes = config.dataset, train_set.num_classes
     if test_set.image_shape != train_set.image_shape:
         shapes = " vs ".join("x".join(map(str, s.image_shape)) for s in (train_set, test_set))
@@ -377,7 +376,7 @@ def _check_fits(config: TrainConfig, train_set: Dataset, test_set: Dataset, worl
             f"{where}: test label {test_set.labels[outside[0]]} at index {outside[0]} is "
             f"outside the training classes 0..{num_classes - 1}"
         )
-    share, batch = math.ceil(len(train_set) / world), config.batch_size
+    batch = config.batch_size
     if batch > share:  # static batches: every step takes a full one
         raise ConfigError(
             f"batch_size {batch} is larger than the {share} training samples each "
@@ -533,7 +532,7 @@ def _start(run: Run) -> tuple[Callable, Callable[[], Iterable[Batch]]]:
     """Start-up, timed apart (upload, DDP, compile or capture, warm-up); the step and the
     epoch's batches (``--graph``: staged only, the graph fills them)."""
     config, loader, device = run.config, run.loader, run.loader.device
-    lap, todo = _stopwatch(device), loader.epoch < config.epochs  # finished: nothing to do
+    lap, todo = stopwatch(device), loader.epoch < config.epochs  # finished: nothing to do
     for part in (loader, run.test_loader) if todo else ():
         part.start()  # resident: the dataset goes to the device here, before the clock
     run.startup["upload"] = lap()
@@ -573,7 +572,7 @@ def _epoch(run: Run, step: Callable, batches, epoch: int) -> tuple[float, float]
     """One epoch's steps (from the saved position); its mean loss and seconds."""
     config, loader, progress = run.config, run.loader, run.progress
     loader.set_epoch(epoch)  # on resume the same epoch: the position is kept
-    clock = _stopwatch(loader.device)
+    clock = stopwatch(loader.device)
     so_far = progress.epoch_loss_sum, progress.epoch_seen  # a mid-epoch checkpoint's
     losses = LossTracker(loader.device, run.distributed, *so_far)
     bar, show = batches(), run.lead and config.progress and sys.stdout.isatty()
@@ -693,19 +692,18 @@ def warm_up(model: torch.nn.Module, loader: Loader, config: TrainConfig, loss_fn
     loss_fn(model, x, y, config.label_smoothing, config.amp).backward()
     model.zero_grad(set_to_none=True)
     model.load_state_dict(saved)
-    if loader.device.type == "cuda":
-        torch.cuda.synchronize(loader.device)
 
 
-def _stopwatch(device: torch.device):
-    """``lap()``: seconds since the previous lap (or the start), queued device work included."""
-    last = [time.perf_counter()]
+def stopwatch(device: torch.device) -> Callable[[], float]:
+    """``lap()``: seconds since the previous lap (or the start), each taken once ``device``'s
+    queued work is done (the start too)."""
+    times: list[float] = []
 
     def lap() -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        now = time.perf_counter()
-        seconds, last[0] = now - last[0], now
-        return seconds
+        times.append(time.perf_counter())
+        return times[-1] - times[-2] if len(times) > 1 else 0.0
 
+    lap()
     return lap
