@@ -40,6 +40,7 @@ _REMOTE = ("http://", "https://", "s3://", "gs://", "gcs://")
 _ZERO = bytes(512)
 T = TypeVar("T")
 _older: set[str] = set()  # indexes without per-sample CRC-32s, said once
+_STALE = "(changed since it was indexed: run latecast index again)"
 
 
 def is_shards(name: str) -> bool:
@@ -51,13 +52,9 @@ def filesystem(url: str):
     """``(fs, path)`` of ``url`` through fsspec; a missing package is one line naming it."""
     try:
         import fsspec
-    except ImportError:
-        raise ConfigError(
-            f"{url}: streaming shards needs fsspec: pip install 'latecast[streams]'"
-        ) from None
-    try:
+
         return fsspec.core.url_to_fs(url)
-    except (ImportError, ValueError) as err:  # aiohttp for http(s), s3fs, gcsfs
+    except (ImportError, ValueError) as err:  # fsspec itself; aiohttp for http(s), s3fs, gcsfs
         raise ConfigError(
             f"{url}: cannot read it here ({err}); pip install 'latecast[streams]'"
         ) from None
@@ -66,8 +63,7 @@ def filesystem(url: str):
 def expand(spec: str) -> list[str]:
     """``shard-{000..009}.tar`` -> the ten names (padded as written); ``*``, ``?`` -> the files
     matching, sorted (local, or through fsspec)."""
-    m = _BRACES.search(spec)
-    if m:
+    if m := _BRACES.search(spec):
         a, b = m.groups()
         return [
             name
@@ -393,13 +389,12 @@ class Shard:
             said = f"{self.keys[k]!r} at byte {self.offsets[k]:,}" if k < len(self) else "none"
             raise FormatError(
                 f"{self.url}: sample {k} is {key!r} at byte {offset:,}, the index says {said} "
-                f"(changed since it was indexed: run latecast index again)"
+                f"{_STALE}"
             )
         if self.crc32 is not None and (crc := checksum(fields)) != self.crc32[k]:
             raise FormatError(
                 f"{self.url}: sample {key!r}: CRC-32 {crc:08x}, the index says "
-                f"{int(self.crc32[k]):08x} (changed since it was indexed: run latecast index "
-                f"again)"
+                f"{int(self.crc32[k]):08x} {_STALE}"
             )
 
     def _whole(self, src: Source, count: int) -> None:
@@ -408,15 +403,13 @@ class Shard:
         if count != len(self) or src.pos != self.size or found != self.sha256:
             raise FormatError(
                 f"{self.url}: {count} samples, {src.pos:,} bytes, SHA-256 {found[:16]}..., the "
-                f"index says {len(self)}, {self.size:,}, {self.sha256[:16]}... (changed since "
-                f"it was indexed: run latecast index again)"
+                f"index says {len(self)}, {self.size:,}, {self.sha256[:16]}... {_STALE}"
             )
 
 
 def index_entry(url: str) -> dict:
     """Read a shard whole (no index yet): its index entry. Empty shards are said, once."""
-    size = shard_size(url)
-    src = Source(url, size)
+    src = Source(url, shard_size(url))
     rows, channels = {}, 1  # key -> (offset, label, CRC-32), in the shard's order
     try:
         tar = Tar(src)
@@ -429,8 +422,6 @@ def index_entry(url: str) -> dict:
         tar.finish()
     finally:
         src.close()
-    if size is not None and src.pos != size:
-        raise FormatError(f"{url}: read {src.pos:,} bytes of the {size:,} announced")
     if not rows:
         warnings.warn(f"{url}: no samples (an empty tar); skipped", stacklevel=2)
     offsets, labels, crcs = map(list, zip(*rows.values())) if rows else ([], [], [])
