@@ -1,5 +1,5 @@
-"""The datasets every source gives the loader, checked once: ``Dataset`` (uint8 pixels) or
-``EncodedDataset`` (JPEG files), both a ``Split``; and the batch types the stages pass on."""
+"""What every dataset is, a ``Split``, checked once; the ``Dataset`` of uint8 (or uint16)
+pixels (a JPEG store's: ``kinds/jpegfiles.py``); the batch type the stages pass on."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Field kinds: what one field of a batch (named by key or position) crosses as and becomes on
 the device. ``Image``: uint8, normalized there; ``Mask``: moved by the images' geometric draw;
-``Integer``: the narrowest dtype that holds it, widened there; ``AsIs``: as it is; JPEG files:
-``encoded.py``. A kind of one's own is a ``Field`` subclass named in ``fields=``."""
+``Integer``: the narrowest dtype that holds it, widened there; ``AsIs``: as it is; others in
+``kinds/``. A kind of one's own is a ``Field`` subclass named in ``fields=``."""
 
 from __future__ import annotations
 

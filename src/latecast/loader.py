@@ -165,11 +165,12 @@ class Loader(Epochs):
     Args:
         dataset: a ``Dataset`` (uint8 images), an ``EncodedDataset`` (JPEG files, decoded to
             ``dataset.size`` on the device), or a split with its own ``source(batch_size,
-            **options)`` (a stream of shards: its own order, every sample once an epoch).
+            **options)`` (a stream of shards: its own order, every sample once an epoch) or
+            its own ``movers`` (``{name: Mover subclass}``: a JPEG store's ``jpeg``).
         batch_size: samples per batch, per rank.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
         transfer: ``"float32"`` (the usual way), ``"uint8"``, ``"prefetch"``, ``"resident"``,
-            ``"jpeg"`` (encoded stores) or ``"auto"`` (``transfer.resolve``).
+            ``"jpeg"`` (JPEG stores), a dataset's own or ``"auto"`` (``transfer.resolve``).
         shuffle, seed: a new permutation per epoch from ``seed + epoch``.
         drop_last: drop this rank's last partial batch.
         dtype, channels_last: float32, bfloat16 or float16 output, in channels_last format.

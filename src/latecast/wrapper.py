@@ -52,8 +52,7 @@ class Fields:
     mask_fill: float = 0  # what a mask is padded with where a crop leaves no pixel
 
     moved = False  # the batches arrive on the device, moved by another framework (Lightning)
-    recognise = None  # (value, name) -> (declaration, value) of an undeclared field, or None:
-    # a kind's, named by the edge (``integrations``: JPEG files, ``kinds/jpeg.py``)
+    recognise = None  # an undeclared field's (declaration, value) or None: the edge's (JPEG)
 
     def __post_init__(self) -> None:
         mean, std, given = numbers_of(self.mean), numbers_of(self.std), (self.mean, self.std)

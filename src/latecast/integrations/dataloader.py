@@ -234,12 +234,10 @@ def loader_class(cls: type, fields: Fields, device: str | torch.device) -> type:
     return type(f"Wrapped{cls.__name__}", (WrappedLoader, cls), body)
 
 
-def fields_of(options: dict[str, Any]) -> Fields:
-    """``wrap``'s and ``Mover``'s options (``Fields.of``); an undeclared field of JPEG files is
-    recognised as one (``kinds/jpeg.py``)."""
-    spec = Fields.of(options)
-    spec.recognise = recognised
-    return spec
+class Options(Fields):
+    """``wrap``'s and ``Mover``'s options: an undeclared field of JPEG files is one (a kind's)."""
+
+    recognise = staticmethod(recognised)  # kinds/jpeg.py
 
 
 def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: Any) -> Forwarding:
@@ -277,7 +275,7 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
     """
     if not isinstance(batches, Iterable):
         raise ConfigError(f"batches must be an iterable of batches, got {batches!r:.60}")
-    spec = fields_of(options)
+    spec = Options.of(options)
     if isinstance(batches, Wrapped):
         raise ConfigError(f"{type(batches).__name__} is wrapped already: wrap its source once")
     if isinstance(batches, DataLoader):
@@ -297,7 +295,7 @@ class Mover(Wrapped):
     """
 
     def __init__(self, *, device: str | torch.device = "auto", **options: Any) -> None:
-        super().__init__(None, fields_of(options), device)
+        super().__init__(None, Options.of(options), device)
         self._lock = threading.Lock()
 
     def __call__(self, batch: Any) -> Any:
