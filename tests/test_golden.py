@@ -1,7 +1,9 @@
-"""The same seed gives the same batches, bit for bit, as b931d8b's code: the Loader with every
-mover, ``wrap`` (images, masks, integer and float fields, JPEG fields, mix, erase), ``Mover``
-and the Lightning hook, the JPEG cases under each CPU decoder. The cases are
-``golden/cases.py``; ``golden/make_golden.py`` saved their outputs at b931d8b."""
+"""The same seed gives the same batches, bit for bit, as the code they were saved from: the
+Loader with every mover, ``wrap`` (images, masks, integer and float fields, JPEG fields, mix,
+erase), ``Mover`` and the Lightning hook, the JPEG cases under each CPU decoder, as b931d8b gave
+them (``b931d8b.pt``); the kinds added since (16-bit images and stores, audio, clips, the
+Lightning hook's packed batches) as a755c18 gave them (``a755c18.pt``). The cases are
+``golden/cases.py``; ``golden/make_golden.py`` saves their outputs."""
 
 from __future__ import annotations
 
@@ -11,12 +13,13 @@ import pytest
 import torch
 from golden import cases
 
-GOLDEN = Path(__file__).parent / "golden" / "b931d8b.pt"
+GOLDEN = Path(__file__).parent / "golden"
 
 
 @pytest.fixture(scope="module")
 def saved() -> dict[str, list[torch.Tensor]]:
-    return torch.load(GOLDEN, weights_only=True)
+    files = [torch.load(GOLDEN / f"{rev}.pt", weights_only=True) for rev in ("b931d8b", "a755c18")]
+    return {**files[0], **files[1]}
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,7 @@ def layout(t: torch.Tensor) -> tuple[bool, bool]:
 
 
 def assert_same(key: str, want: list[torch.Tensor], got: list[torch.Tensor]) -> None:
-    assert len(got) == len(want), f"{key}: {len(got)} tensors, b931d8b gave {len(want)}"
+    assert len(got) == len(want), f"{key}: {len(got)} tensors, {len(want)} saved"
     for k, (w, g) in enumerate(zip(want, got)):
         where = f"{key} tensor {k}"
         assert (g.dtype, g.shape) == (w.dtype, w.shape), f"{where}: {g.dtype} {tuple(g.shape)}"
@@ -41,17 +44,17 @@ def assert_same(key: str, want: list[torch.Tensor], got: list[torch.Tensor]) -> 
             raise AssertionError(f"{where}: {int(differ.sum())} of {w.numel()} values differ")
 
 
-@pytest.mark.parametrize("case", list(cases.CASES))
-def test_same_batches_as_b931d8b(case, saved, shared):
+@pytest.mark.parametrize("case", [*cases.CASES, *cases.SINCE])
+def test_same_batches(case, saved, shared):
     assert_same(case, saved[case], cases.run(case, shared))
 
 
-@pytest.mark.parametrize("case", list(cases.JPEG_CASES))
-def test_same_jpeg_batches_as_b931d8b(case, decoder, saved, shared):
+@pytest.mark.parametrize("case", [*cases.JPEG_CASES, *cases.JPEG_SINCE])
+def test_same_jpeg_batches(case, decoder, saved, shared):
     key = cases.key(case, decoder)
     assert_same(key, saved[key], cases.run(case, shared))
 
 
 def test_every_saved_case_is_run(saved):
     """A case dropped from cases.py would go unchecked: the saved keys are the cases' keys."""
-    assert sorted(saved) == sorted(cases.key(c, d) for c, d in cases.keys())
+    assert sorted(saved) == sorted(cases.key(c, d) for c, d in cases.keys() + cases.since())

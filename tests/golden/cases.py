@@ -28,7 +28,7 @@ from latecast.transforms import Mix  # public, though not among latecast's top-l
 
 
 def PrepareOnDevice() -> type:  # noqa: N802  (the Lightning mixin's class)
-    from latecast.lightning import PrepareOnDevice
+    from latecast.integrations.lightning import PrepareOnDevice
 
     return PrepareOnDevice
 
@@ -380,7 +380,11 @@ class _Hooked:
         return batch
 
 
-def lightning_case(batches: Callable[[], list], **options) -> Callable:
+def lightning_case(batches: Callable[[], list], packed: bool = False, **options) -> Callable:
+    """The hook's batches as Lightning hands them: ``packed``, by the mixin's own
+    ``transfer_batch_to_device`` first; else as a ``transfer_batch_to_device`` of the
+    user's own moved them (here: left on the host, the device)."""
+
     def run(tmp: Path) -> list[torch.Tensor]:
         module = type("Module", (PrepareOnDevice(), _Hooked), {})()
         if options:
@@ -394,6 +398,8 @@ def lightning_case(batches: Callable[[], list], **options) -> Callable:
                     fit_loop=loop, current_epoch=epoch, global_rank=rank
                 )
                 module.trainer = trainer
+                if packed:
+                    batch = module.transfer_batch_to_device(batch, torch.device("cpu"), 0)
                 out += flat(module.on_after_batch_transfer(batch, 0))
         return out
 
@@ -449,6 +455,152 @@ TRANSFORMS = {
 }
 
 
+# ---- the kinds added since b931d8b, saved at a755c18 ---------------------------------------------
+
+
+def deep_dataset() -> latecast.Dataset:
+    """25 uint16 images 10x10x2 (a 16-bit store's split), values past 8 bits."""
+    g = torch.Generator().manual_seed(90)
+    x = torch.randint(0, 60000, (25, 10, 10, 2), generator=g).numpy().astype(np.uint16)
+    return latecast.from_arrays(x, labels(25, 91).numpy().astype(np.uint8))
+
+
+def deep_loader_case(transfer: str, static: bool, aug: dict, mix: bool = False) -> Callable:
+    def run(tmp: Path) -> list[torch.Tensor]:
+        loader = latecast.Loader(
+            deep_dataset(),
+            batch_size=12,
+            device="cpu",
+            transfer=transfer,
+            seed=17,
+            augment=latecast.Augment(**aug) if aug else None,
+            mix=Mix(**MIX) if mix else None,
+            static=static,
+        )
+        return epochs(loader)
+
+    return run
+
+
+def deep_batches() -> list[dict[str, Any]]:
+    """int16 CT-like slices (N, 1, H, W) with a mask, and uint16 bands (N, H, W, 4)."""
+    out = []
+    for k in range(3):
+        g = torch.Generator().manual_seed(100 + k)
+        out.append(
+            {
+                "ct": torch.randint(-1024, 3000, (6, 1, 10, 12), generator=g).to(torch.int16),
+                "mask": torch.randint(0, 3, (6, 10, 12), generator=g, dtype=torch.uint8),
+                "bands": torch.randint(0, 10000, (6, 10, 12, 4), generator=g).to(torch.uint16),
+                "label": labels(6, 110 + k),
+            }
+        )
+    return out
+
+
+def audio_batches(ragged: bool) -> list[Any]:
+    out = []
+    for k in range(3):
+        g = torch.Generator().manual_seed(120 + k)
+        if ragged:
+            clips = [
+                torch.randint(-20000, 20000, (n,), generator=g).to(torch.int16)
+                for n in (300, 420, 380, 520, 410)
+            ]
+        else:
+            clips = torch.randint(-20000, 20000, (5, 2, 500), generator=g).to(torch.int16)
+        out.append({"audio": clips, "label": labels(5, 130 + k)})
+    return out
+
+
+def clip_batches(layout: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    out = []
+    for k in range(3):
+        g = torch.Generator().manual_seed(140 + k)
+        x = torch.randint(0, 256, (4, 3, 12, 14, 3), generator=g, dtype=torch.uint8)  # NTHWC
+        x = x.permute(0, 1, 4, 2, 3).contiguous() if layout == "NTCHW" else x
+        out.append((x, labels(4, 150 + k)))
+    return out
+
+
+DEEP_FIELDS = {
+    "ct": latecast.image16(window=(-1000, 400)),
+    "mask": "mask",
+    "bands": latecast.image16(mean=(1000.0, 2000.0, 3000.0, 4000.0), std=(500.0,) * 4),
+}
+KINDS = {
+    **{
+        f"loader16/{t}/{'static' if s else 'dynamic'}": deep_loader_case(t, s, AUG_B if s else {})
+        for t in ("float32", "uint8", "prefetch", "resident")
+        for s in (False, True)
+    },
+    "loader16/uint8/geo+mix": deep_loader_case("uint8", False, dict(crop=2, flip=0.5), True),
+    "wrap16/fields-geo+erase": wrap_case(
+        deep_batches, fields=DEEP_FIELDS, augment=GEO, seed=21, erase=latecast.Erasing(p=0.7)
+    ),
+    "wrap16/fields-plain-bf16": wrap_case(
+        deep_batches, fields=DEEP_FIELDS, dtype=torch.bfloat16, channels_last=True
+    ),
+    "mover16/fields": mover_case(deep_batches, fields=DEEP_FIELDS, augment=GEO, seed=22),
+    "lightning16/fields": lightning_case(deep_batches, fields=DEEP_FIELDS, augment=GEO, seed=23),
+    "lightning16/packed": lightning_case(
+        deep_batches, packed=True, fields=DEEP_FIELDS, augment=GEO, seed=23
+    ),
+    "lightning/packed-fields": lightning_case(
+        field_batches, packed=True, **NORM, augment=GEO, fields=FIELDS, seed=15
+    ),
+    "lightning/packed-mix": lightning_case(
+        plain_batches, packed=True, **NORM, augment=AUG, mix=Mix(classes=CLASSES, cutmix=1.0)
+    ),
+    "lightning-audio/packed": lightning_case(
+        lambda: audio_batches(True),
+        packed=True,
+        seed=30,
+        fields={"audio": latecast.waveform(400, pad=True)},
+    ),
+    "wrap-audio/ragged-gain-mel": wrap_case(
+        lambda: audio_batches(True),
+        seed=24,
+        fields={"audio": latecast.waveform(400, pad=True, gain=(-6.0, 6.0), mel={"n_mels": 16})},
+    ),
+    "wrap-audio/rows-centre": wrap_case(
+        lambda: audio_batches(False),
+        seed=25,
+        fields={"audio": latecast.waveform(450, crop="centre", gain=(-3.0, 0.0))},
+    ),
+    "mover-audio/rows-random": mover_case(
+        lambda: audio_batches(False), seed=26, fields={"audio": latecast.waveform(450)}
+    ),
+    "wrap-clip/crop+jitter+cutout": wrap_case(
+        lambda: clip_batches("NTHWC"),
+        **NORM,
+        seed=27,
+        augment=latecast.Augment(crop=2, flip=0.5, jitter=0.3, cutout=3),
+        fields={0: latecast.clip(3, size=(10, 12))},
+    ),
+    "wrap-clip/resized-ntchw-out": wrap_case(
+        lambda: clip_batches("NTCHW"),
+        **NORM,
+        seed=28,
+        augment=latecast.Augment(resized_crop=0.5, flip=0.5),
+        fields={0: latecast.clip(3, "NTCHW", size=8, out="NTCHW")},
+    ),
+    "wrap-clip/centre-bf16": wrap_case(
+        lambda: clip_batches("NTHWC"),
+        **NORM,
+        dtype=torch.bfloat16,
+        fields={0: latecast.clip(3, size=(9, 9))},
+    ),
+    "mover-clip/crop": mover_case(
+        lambda: clip_batches("NTHWC"),
+        **NORM,
+        seed=29,
+        augment=latecast.Augment(crop=1, flip=0.5),
+        fields={0: latecast.clip(3)},
+    ),
+}
+
+
 # ---- all of them ------------------------------------------------------------------------------
 
 CASES: dict[str, Callable[[Path], list[torch.Tensor]]] = {
@@ -457,6 +609,26 @@ CASES: dict[str, Callable[[Path], list[torch.Tensor]]] = {
     **MOVER,
     **LIGHTNING,
     **TRANSFORMS,
+}
+SINCE: dict[str, Callable[[Path], list[torch.Tensor]]] = KINDS  # saved at a755c18
+JPEG_SINCE: dict[str, Callable[[Path], list[torch.Tensor]]] = {
+    "lightning-jpeg/packed-masks": lightning_case(
+        lambda: jpeg_batches(True),
+        packed=True,
+        **NORM,
+        augment=GEO,
+        seed=31,
+        fields={"jpg": latecast.jpeg(12), "mask": "mask"},
+    ),
+    "wrap-jpeg/colour+erase": wrap_case(
+        lambda: jpeg_batches(False),
+        **NORM,
+        seed=32,
+        augment=latecast.Augment(resized_crop=0.5, flip=0.5, jitter=0.3, cutout=3),
+        erase=latecast.Erasing(p=0.8),
+        fields={"jpg": latecast.jpeg(12)},
+    ),
+    "jpeg-loader/prefetched-eval": jpeg_loader_case(False, {}, shuffle=False, pad=False),
 }
 JPEG_CASES: dict[str, Callable[[Path], list[torch.Tensor]]] = {
     **JPEG_LOADER,
@@ -470,6 +642,11 @@ def keys() -> list[tuple[str, str | None]]:
     return [(c, None) for c in CASES] + [(c, d) for d in DECODERS for c in JPEG_CASES]
 
 
+def since() -> list[tuple[str, str | None]]:
+    """The same of the cases saved at a755c18 (``a755c18.pt``): the kinds added after b931d8b."""
+    return [(c, None) for c in SINCE] + [(c, d) for d in DECODERS for c in JPEG_SINCE]
+
+
 def key(case: str, decoder: str | None) -> str:
     return case if decoder is None else f"{case}@{decoder}"
 
@@ -477,4 +654,4 @@ def key(case: str, decoder: str | None) -> str:
 def run(case: str, tmp: Path) -> list[torch.Tensor]:
     """One case's outputs; a JPEG case decodes with the process's CPU decoder, chosen by the
     caller (``LATECAST_DECODER``, as the suite's ``decoder`` fixture does)."""
-    return {**CASES, **JPEG_CASES}[case](tmp)
+    return {**CASES, **JPEG_CASES, **SINCE, **JPEG_SINCE}[case](tmp)

@@ -1,7 +1,9 @@
 """Save the golden cases' outputs (``cases.py``) from the code on PYTHONPATH: run at b931d8b,
-it wrote ``b931d8b.pt``, which ``tests/test_golden.py`` compares every later revision with.
+it wrote ``b931d8b.pt`` (``cases.keys()``); run at a755c18 with ``--since``, ``a755c18.pt`` (the
+kinds added after b931d8b, ``cases.since()``). ``tests/test_golden.py`` compares every later
+revision with both.
 
-    PYTHONPATH=src python tests/golden/make_golden.py [OUT]   # default tests/golden/b931d8b.pt
+    PYTHONPATH=src python tests/golden/make_golden.py [--since] [OUT]
 
 The file is ``torch.save`` of ``{key: [tensors]}`` (key: the case, ``case@decoder`` for the
 JPEG cases, one per CPU decoder); equal tensors are saved once (one shared object).
@@ -40,10 +42,10 @@ def identity(t: torch.Tensor) -> tuple:
     return t.dtype, t.shape, t.stride(), hashlib.sha256(raw).digest()
 
 
-def main(out: Path) -> None:
+def main(out: Path, since: bool) -> None:
     saved, seen = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
-        for case, decoder in cases.keys():
+        for case, decoder in cases.since() if since else cases.keys():
             if decoder is not None:
                 chosen = use_decoder(decoder)
                 assert chosen.startswith(decoder), (decoder, chosen)
@@ -55,4 +57,7 @@ def main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "b931d8b.pt")
+    since = "--since" in sys.argv
+    args = [a for a in sys.argv[1:] if a != "--since"]
+    default = Path(__file__).parent / ("a755c18.pt" if since else "b931d8b.pt")
+    main(Path(args[0]) if args else default, since)
