@@ -212,6 +212,7 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
         "rng": {},
         "config": {},
         "world_size": 1,
+        "data_fingerprint": "0" * 16,
     }
     ckpt.save_checkpoint(path, good)
 
@@ -234,7 +235,7 @@ from latecast.trainer.checkpoint import save_checkpoint
 for i in range(10**6):
     save_checkpoint(sys.argv[1], {"model": {"w": torch.full((4_000_000,), float(i))},
         "optimizer": {}, "scheduler": {}, "step": i, "loader": {}, "rng": {}, "config": {},
-        "world_size": 1})
+        "world_size": 1, "data_fingerprint": "0" * 16})
 """
 
 
@@ -263,6 +264,7 @@ def _corrupt(path: Path, kind: str) -> None:
         "rng": {},
         "config": {},
         "world_size": 1,
+        "data_fingerprint": "0" * 16,
     }
     ckpt.save_checkpoint(path, good)
     data = path.read_bytes()

@@ -354,8 +354,6 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     if resumed_from:
         identity = {**asdict(config), "world_size": world, "data_fingerprint": data}
         identity["elastic"] = streamed  # a stream's plan re-splits what is left of an epoch
-        if not streamed:
-            identity["sampled_fingerprint"] = fingerprint(train_set, sampled=True)  # older runs
         run.progress = checkpoint.restore(resumed_from, identity, run.parts)
         run.last_good = f"last good checkpoint: {resumed_from} (step {run.progress.step})"
     if distributed_:
