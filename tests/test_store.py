@@ -408,7 +408,7 @@ def test_a_jpeg_store_says_whether_its_files_are_plain_and_a_false_claim_is_name
     """meta.json's ``plain``: every file upright (no EXIF turn) with 1 or 3 channels, so the
     CPU decoder reads no header; one turned file makes it false. A meta.json that claims it
     over a turned file is refused at opening (and by ``verify``) naming the sample; a value
-    that is not true or false names meta.json; a store from before it opens as not plain."""
+    that is not true or false, or none, names meta.json."""
     ds = encoded()
     out = write_store(ds, tmp_path / "plain")
     assert json.loads((out / "meta.json").read_text())["plain"] is True
@@ -449,7 +449,8 @@ def test_a_jpeg_store_says_whether_its_files_are_plain_and_a_false_claim_is_name
         )
     del meta["plain"]
     (out / "meta.json").write_text(json.dumps(meta))
-    assert open_store(out).plain is False
+    with pytest.raises(FormatError, match=r"meta.json: plain must be true or false"):
+        open_store(out)
 
 
 @pytest.mark.parametrize("damage", ENCODED_CORRUPTIONS)

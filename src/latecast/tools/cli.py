@@ -151,7 +151,7 @@ def _run_info(args: argparse.Namespace) -> dict:
     for name, b in tr["epoch_bytes"].items():
         print(f"{name:<10} {human_bytes(b['per_epoch']):>24} {human_bytes(b['once']):>12}")
     for split, hashed in verified.items():
-        said = ", SHA-256 as written" if hashed else "; no SHA-256 to compare (an older store)"
+        said = ", SHA-256 as written" if hashed else "; no SHA-256 to compare (no store)"
         said = hashed if isinstance(hashed, str) else "every image read" + said
         print(f"verified {split}: {said}")
     return {"dataset": args.dataset, **info, **({"verified": verified} if args.verify else {})}
