@@ -1,6 +1,5 @@
-"""The on-disk store: round trip, every corruption of docs/RELIABILITY.md row 12 (raw and
-jpeg stores, row 55), kill -9 during a write (row 18), and image-folder conversion with bad
-files (row 11)."""
+"""The on-disk store: round trip, every corruption (raw and jpeg stores), kill -9 during a
+write, and image-folder conversion with bad files."""
 
 import io
 import json
@@ -113,7 +112,7 @@ def test_write_rejects_labels_outside_classes(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-# ---- row 12: a damaged store is refused, naming the file ---------------------------------
+# ---- a damaged store is refused, naming the file ---------------------------------
 
 
 def edit_meta(out: Path, fn) -> None:
@@ -263,7 +262,7 @@ def test_splits(tmp_path):
         open_store(root / "train", split="test")
 
 
-# ---- row 55: the jpeg store -------------------------------------------------------------------
+# ---- the jpeg store -------------------------------------------------------------------
 
 
 def encoded(n: int = 6, seed: int = 0) -> EncodedDataset:
@@ -570,7 +569,7 @@ def test_sizes_that_disagree_with_the_files_headers_are_a_format_error_naming_th
         store.verify(ds, "s")
 
 
-# ---- row 18: kill -9 mid-write leaves the previous store, and the next run starts clean ---
+# ---- kill -9 mid-write leaves the previous store, and the next run starts clean ---
 
 WRITER = """
 import numpy as np, sys
@@ -629,7 +628,7 @@ def test_a_live_writers_temp_folder_is_left_alone(tmp_path):
     assert busy.exists()
 
 
-# ---- row 11: image-folder conversion ------------------------------------------------------
+# ---- image-folder conversion ------------------------------------------------------
 
 
 def image(
