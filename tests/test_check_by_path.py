@@ -3,14 +3,14 @@
 A cell either runs, and its check must fire as the table says (one ``LatecastError``, or one
 warning, naming the file or sample; at the CLI one line, exit 1 for an error), or is not
 applicable, with the reason in the table. Checks: a file's bytes changed after it was written
-(a store's CRC-32 per file, a shard index's CRC-32 per sample; under an older index, a
-shard's SHA-256), a file cut short, a decompression bomb (a header over ``MAX_PIXELS``; and
-the same file put in place of one after it was written), a file that does not decode, a
-label outside the classes, bad arguments. Paths: the ``Loader`` over a store, whole and cut
+(a store's CRC-32 per file, a shard index's CRC-32 per sample), a file cut short, a
+decompression bomb (a header over ``MAX_PIXELS``; and the same file put in place of one
+after it was written), a file that does not decode, a label outside the classes, bad
+arguments. Paths: the ``Loader`` over a store, whole and cut
 by ``latecast train --limit-train``; shards on 1 process, on 2 ``torchrun`` ranks (one
 launch for the whole column) and resumed mid-shard; ``wrap`` with a JPEG field,
 ``jpeg_folder`` through ``wrap``, Lightning's hook (``PrepareOnDevice`` under a real
-``Trainer``). docs/RELIABILITY.md rows 208-210.
+``Trainer``).
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ VERIFY = (
     "a store's SHA-256 of all its images is read by latecast info --verify, not by training: "
     "its CRC-32 per file is the changed row"
 )
-OLDER = "an older index without each sample's CRC-32"
 OWN = "the files are the caller's own batches: latecast kept no checksum of them to compare"
 TABLE: dict[str, dict[str, Fires | NotApplicable]] = {
     # a file's bytes changed after latecast wrote or indexed it (one bit, sizes kept)
@@ -82,18 +81,6 @@ TABLE: dict[str, dict[str, Fires | NotApplicable]] = {
         "shards_1": E("{sample}: CRC-32", "the index says"),
         "shards_2": E("{sample}: CRC-32", "the index says"),
         "shards_resumed": E("{sample}: CRC-32", "the index says"),
-        "wrap_jpeg": NotApplicable(OWN),
-        "jpeg_folder": NotApplicable("an image folder keeps no checksum (ImageFolder neither)"),
-        "lightning": NotApplicable(OWN),
-    },
-    # the same change under an older shard index (no CRC-32s): a shard's SHA-256 is all
-    # there is, which a read of part of a shard (a rank's, a resume's) cannot check: said
-    "sha256_only": {
-        "store": NotApplicable(VERIFY),
-        "store_cut": NotApplicable(VERIFY),
-        "shards_1": E("{file}", "SHA-256", "changed since it was indexed"),
-        "shards_2": W(OLDER, "checked only when read whole"),
-        "shards_resumed": W(OLDER, "checked only when read whole"),
         "wrap_jpeg": NotApplicable(OWN),
         "jpeg_folder": NotApplicable("an image folder keeps no checksum (ImageFolder neither)"),
         "lightning": NotApplicable(OWN),
@@ -371,13 +358,8 @@ def shard_fault(check: str, folder: Path) -> dict:
     name, key = stream_position()
     path, spec = folder / name, f"{folder}/shard-{{000..003}}.tar"
     names = {"sample": f"{path}: sample '{key}'", "file": str(path)}
-    if check in ("changed", "sha256_only"):
+    if check == "changed":
         flip(path, key)
-        if check == "sha256_only":  # as latecast index wrote it before it kept CRC-32s
-            index = json.loads((folder / "index.json").read_text())
-            for entry in index["shardlist"]:
-                del entry["crc32"]
-            (folder / "index.json").write_text(json.dumps(index))
     elif check == "cut_short":
         path.write_bytes(path.read_bytes()[:-1024])
     elif check == "undecodable":

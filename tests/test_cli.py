@@ -1,4 +1,4 @@
-"""``latecast train --check`` under generated argument lists (docs/RELIABILITY.md row 80).
+"""``latecast train --check`` under generated argument lists.
 
 Every option of ``train`` (read from ``TrainConfig``, so an option added later is fuzzed too)
 gets valid values, out-of-range and non-finite numbers, odd strings and paths that are

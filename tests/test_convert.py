@@ -1,4 +1,4 @@
-"""`latecast convert` of issues 10 and 12 (docs/RELIABILITY.md rows 55-61): jpeg stores that
+"""`latecast convert` of issues 10 and 12: jpeg stores that
 keep each JPEG byte for byte, any worker count writing the same store, kill -9 mid-convert,
 image modes, class folders without images, odd file names, the held-out split and the
 stored order, full disks."""
@@ -45,7 +45,7 @@ def files(out: Path) -> dict[str, bytes]:
     return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
 
 
-# ---- row 55: the jpeg store, and any worker count writes the same store ----------------------
+# ---- the jpeg store, and any worker count writes the same store ----------------------
 
 
 def photo_folder(root: Path, per_class: int) -> dict[bytes, tuple[str, str, tuple[int, int]]]:
@@ -133,7 +133,7 @@ def test_damaged_jpeg_scan_data_is_refused_or_skipped_and_bytes_after_the_end_re
     assert "Corrupt JPEG" not in capfd.readouterr().err
 
 
-# ---- row 56: kill -9 during a real `latecast convert` ------------------------------------------
+# ---- kill -9 during a real `latecast convert` ------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +204,7 @@ def test_ctrl_c_during_convert_is_one_line_and_leaves_nothing(tmp_path, many_jpe
     assert list(tmp_path.iterdir()) == []
 
 
-# ---- row 57: image modes -----------------------------------------------------------------------
+# ---- image modes -----------------------------------------------------------------------
 
 
 def deep(path: Path, values: np.ndarray, mode: str) -> np.ndarray:
@@ -284,7 +284,7 @@ def test_palette_cmyk_and_alpha_become_rgb_as_pillow_converts_them(tmp_path, enc
         assert np.abs(got - want).mean() < 3  # re-encoded at quality 95
 
 
-# ---- row 58: a class folder without images is not a class --------------------------------------
+# ---- a class folder without images is not a class --------------------------------------
 
 
 def test_a_class_folder_without_readable_images_is_not_a_class(tmp_path):
@@ -319,7 +319,7 @@ def test_a_class_folder_without_readable_images_is_not_a_class(tmp_path):
         convert_folder(split, tmp_path / "s2", skip_bad=True)
 
 
-# ---- row 59: file names that need quoting --------------------------------------------------------
+# ---- file names that need quoting --------------------------------------------------------
 
 ODD_NAMES = ["tab\there.png", "new\nline.png", 'quote"back\\slash.png', "caf\u00e9 \u2603.png"]
 ODD_NAMES += ["'tab\\there'.png"]  # printable, but shown as it is it would read as quoted
@@ -362,7 +362,7 @@ def test_fifos_and_devices_among_the_images_are_refused_or_skipped_never_read(tm
     assert sorted(skipped) == ["a/pipe.png", "b/zeros.jpg"] and len(open_store(out)) == 4
 
 
-# ---- row 60: a plain class folder gets a held-out split; every split a spread order -----
+# ---- a plain class folder gets a held-out split; every split a spread order -----
 
 
 def class_folder(root: Path, counts: dict[str, int]) -> Path:
@@ -440,7 +440,7 @@ def test_convert_then_train_and_info_on_a_plain_folder(tmp_path, run_cli):
     assert rc == 0 and result["epochs"] == 1
 
 
-# ---- row 61: a full disk ------------------------------------------------------------------------
+# ---- a full disk ------------------------------------------------------------------------
 
 
 @pytest.fixture

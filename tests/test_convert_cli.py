@@ -1,5 +1,4 @@
-"""`latecast convert` then `latecast train` on a generated image folder
-(docs/RELIABILITY.md row 11)."""
+"""`latecast convert` then `latecast train` on a generated image folder."""
 
 from __future__ import annotations
 
@@ -124,7 +123,7 @@ def test_damaged_jpeg_data_is_one_line_naming_it_never_libjpegs_text(tmp_path, r
 def test_a_cut_jpeg_store_trains_and_each_file_is_still_checked(tmp_path, run_cli):
     """``--limit-train`` and ``--limit-test`` cut a JPEG store's CRC-32s with its files: the
     cut store trains (it stopped with "crc32 must be (N,)"), and a file damaged inside the
-    cut, where libjpeg says nothing, is still named by its CRC-32 (RELIABILITY row 192)."""
+    cut, where libjpeg says nothing, is still named by its CRC-32."""
     src, store = tmp_path / "photos", tmp_path / "store"
     rng = np.random.default_rng(2)
     for split, n in (("train", 40), ("test", 4)):

@@ -1,5 +1,4 @@
-"""load_dataset: bundled MNIST, root layouts, CIFAR binary, the decoded cache
-(docs/RELIABILITY.md rows 4-10)."""
+"""load_dataset: bundled MNIST, root layouts, CIFAR binary, the decoded cache."""
 
 from __future__ import annotations
 

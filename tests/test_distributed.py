@@ -1,5 +1,5 @@
 """Real multi-process training: ``torchrun --standalone --nproc_per_node=2`` with gloo on
-the CPU, every run under a timeout so a hang fails the test (docs/RELIABILITY.md rows 23-25).
+the CPU, every run under a timeout so a hang fails the test.
 
 torchrun starts this very file as its worker script (see ``_worker`` at the bottom): it
 runs ``latecast train`` unchanged and only *observes* it (which indices each rank's loader

@@ -113,3 +113,24 @@ def test_the_quickstart_example_trains(tmp_path):
         cwd=tmp_path,
     )
     assert proc.returncode == 0 and "test accuracy 0." in proc.stdout, proc.stderr[-2000:]
+
+
+def test_every_test_reliability_md_cites_exists():
+    """Each row of docs/RELIABILITY.md names at least one test as ``tests/FILE::NAME`` (a
+    parametrised id after it allowed), and each is a test function defined in that file."""
+    import ast
+
+    text = (ROOT / "docs" / "RELIABILITY.md").read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "---" not in line]
+    rows = [row for row in rows if not row.startswith("| fault |")]
+    assert len(rows) > 100
+    defined: dict[str, set[str]] = {}
+    for path in (ROOT / "tests").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        defined[path.name] = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    missing = []
+    for row in rows:
+        cited = re.findall(r"`tests/(\w+\.py)::(\w+)(?:\[[^\]`]*\])?`", row.split(" | ")[-1])
+        assert cited, f"a row cites no test: {row[:120]}"
+        missing += [f"{f}::{name}" for f, name in cited if name not in defined.get(f, ())]
+    assert not missing, f"docs/RELIABILITY.md cites tests that do not exist: {missing}"

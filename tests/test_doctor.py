@@ -2,7 +2,7 @@
 the way people write them (an MNIST loop with ``ToTensor + Normalize``, ``ImageFolder``
 photos with ``RandomResizedCrop``, nanoGPT's ``get_batch``, a loop already on
 ``latecast.wrap``, float features), each checked for its verdict; a doctored run computes
-what an undoctored one does; every bad input of issue 17 (docs/RELIABILITY.md rows 82-90)."""
+what an undoctored one does; every bad input of issue 17."""
 
 from __future__ import annotations
 
@@ -663,7 +663,7 @@ def test_nanogpts_advice_is_the_mover_applied_as_written_the_same_run(
     assert {s["dtype"] for s in again.json["sites"]} == {"uint8"}  # 2 bytes a token, packed
 
 
-# -- bad input (docs/RELIABILITY.md rows 82-90) ----------------------------------------------
+# -- bad input ----------------------------------------------
 
 
 def one_error_line(res, rc: int = 1) -> str:
@@ -686,7 +686,7 @@ def test_a_script_that_raises_before_any_step(tmp_path, run_cli):
     line = one_error_line(res)
     assert "raised ValueError: no data" in line and f"{script}:3" in line
     assert res.json["steps"] == 0 and res.json["exit_status"] == 1 and res.json["exit_code"] == 1
-    assert res.json["error"] == line.removeprefix("latecast: error: ")  # row 97's contract
+    assert res.json["error"] == line.removeprefix("latecast: error: ")  # the --json contract
     assert res.json["sites"][0]["site"] == f"{script}:2"
 
 

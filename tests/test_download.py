@@ -1,4 +1,4 @@
-"""Downloads against a real HTTP server on 127.0.0.1 (docs/RELIABILITY.md rows 13-17)."""
+"""Downloads against a real HTTP server on 127.0.0.1."""
 
 from __future__ import annotations
 

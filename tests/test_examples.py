@@ -3,8 +3,7 @@ their own launchers: 2 processes on the CPU (gloo), every launch under a timeout
 
 Each framework is launched once. Its program (``_lightning``, ``_accelerate``; this very file
 is the script) runs every shape the tests check, the Loader and ``wrap`` alike, and records
-what each rank saw; the tests below read those records (docs/RELIABILITY.md, issue 9 and 20
-rows).
+what each rank saw; the tests below read those records.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""``latecast.jpeg_folder`` is ``ImageFolder`` with the files left encoded (RELIABILITY rows
-182-183): its classes and samples are ImageFolder's on any tree, in its order, and a file
-that is no regular file, is empty or does not read is one error naming its path."""
+"""``latecast.jpeg_folder`` is ``ImageFolder`` with the files left encoded: its classes and
+samples are ImageFolder's on any tree, in its order, and a file that is no regular file, is
+empty or does not read is one error naming its path."""
 
 from __future__ import annotations
 

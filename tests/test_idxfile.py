@@ -1,4 +1,4 @@
-"""IDX reader/writer: round trips, every bad input of docs/RELIABILITY.md rows 1-6, fuzzing."""
+"""IDX reader/writer: round trips, every bad input, fuzzing."""
 
 from __future__ import annotations
 

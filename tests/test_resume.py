@@ -1,6 +1,6 @@
-"""Checkpoints and exact resume: atomic saves (docs/RELIABILITY.md row 19), corrupt or foreign files
-(row 20), refusing another run (row 21), bit-identical resume after an interruption or a
-real kill -9 (row 22), and a NaN loss that keeps the last good checkpoint (row 30).
+"""Checkpoints and exact resume: atomic saves, corrupt or foreign files, refusing another run,
+bit-identical resume after an interruption or a real kill -9, and a NaN loss that keeps the
+last good checkpoint.
 
 Runs use one CPU thread (in-process and in subprocesses alike): float sums are then done in
 one fixed order, so "bit-identical" compares like with like, and a loaded 2-core machine
@@ -84,7 +84,7 @@ def reference(tmp_path_factory) -> Path:
     return out
 
 
-# -- exact resume (docs/RELIABILITY.md row 22) -----------------------------------------------------
+# -- exact resume -----------------------------------------------------
 
 
 @pytest.mark.parametrize("stop_after", [3, 10, 15])  # mid-epoch 1, epoch 1's end, mid-epoch 2
@@ -153,7 +153,7 @@ def test_kill9_between_checkpoints_then_resume_auto_is_exact(tmp_path, one_threa
         assert victim.wait(120) == -signal.SIGKILL
     finally:
         victim.kill()
-    state = ckpt.load_checkpoint(killed / "checkpoint.pt")  # row 19 under a real kill
+    state = ckpt.load_checkpoint(killed / "checkpoint.pt")  # an atomic save under a real kill
     assert state["step"] == 20
     del env["LATECAST_STOP_AT"]
     resumed = subprocess.run(
@@ -171,7 +171,7 @@ def test_resume_auto_without_checkpoint_starts_fresh(tmp_path, one_thread, capsy
     assert (tmp_path / "best.pt").is_file()
 
 
-# -- refusing another run (docs/RELIABILITY.md row 21) ---------------------------------------------
+# -- refusing another run ---------------------------------------------
 
 
 def test_resume_with_another_run_names_every_field(tmp_path, one_thread):
@@ -198,7 +198,7 @@ def test_resume_refuses_other_world_size_or_data(field, value, tmp_path, one_thr
         run(tmp_path, epochs=1, resume=str(path))
 
 
-# -- atomic saves (docs/RELIABILITY.md row 19) -----------------------------------------------------
+# -- atomic saves -----------------------------------------------------
 
 
 def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
@@ -212,6 +212,7 @@ def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
         "rng": {},
         "config": {},
         "world_size": 1,
+        "data_fingerprint": "0" * 16,
     }
     ckpt.save_checkpoint(path, good)
 
@@ -234,7 +235,7 @@ from latecast.trainer.checkpoint import save_checkpoint
 for i in range(10**6):
     save_checkpoint(sys.argv[1], {"model": {"w": torch.full((4_000_000,), float(i))},
         "optimizer": {}, "scheduler": {}, "step": i, "loader": {}, "rng": {}, "config": {},
-        "world_size": 1})
+        "world_size": 1, "data_fingerprint": "0" * 16})
 """
 
 
@@ -250,7 +251,7 @@ def test_kill9_during_saves_leaves_a_loadable_checkpoint(save, tmp_path):
     assert torch.all(state["model"]["w"] == state["step"])  # one whole save, not a mix
 
 
-# -- corrupt or foreign files (docs/RELIABILITY.md row 20) -----------------------------------------
+# -- corrupt or foreign files -----------------------------------------
 
 
 def _corrupt(path: Path, kind: str) -> None:
@@ -263,6 +264,7 @@ def _corrupt(path: Path, kind: str) -> None:
         "rng": {},
         "config": {},
         "world_size": 1,
+        "data_fingerprint": "0" * 16,
     }
     ckpt.save_checkpoint(path, good)
     data = path.read_bytes()
@@ -326,7 +328,7 @@ def test_cli_resume_from_garbage_is_one_line(tmp_path, run_cli):
     assert len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in proc.err
 
 
-# -- contents and NaN (rows 20, 30) ----------------------------------------------------------------
+# -- contents and NaN ----------------------------------------------------------------
 
 
 def test_checkpoint_is_plain_data_with_everything_for_resume(reference):

@@ -1,6 +1,5 @@
-"""The on-disk store: round trip, every corruption of docs/RELIABILITY.md row 12 (raw and
-jpeg stores, row 55), kill -9 during a write (row 18), and image-folder conversion with bad
-files (row 11)."""
+"""The on-disk store: round trip, every corruption (raw and jpeg stores), kill -9 during a
+write, and image-folder conversion with bad files."""
 
 import io
 import json
@@ -113,7 +112,7 @@ def test_write_rejects_labels_outside_classes(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-# ---- row 12: a damaged store is refused, naming the file ---------------------------------
+# ---- a damaged store is refused, naming the file ---------------------------------
 
 
 def edit_meta(out: Path, fn) -> None:
@@ -263,7 +262,7 @@ def test_splits(tmp_path):
         open_store(root / "train", split="test")
 
 
-# ---- row 55: the jpeg store -------------------------------------------------------------------
+# ---- the jpeg store -------------------------------------------------------------------
 
 
 def encoded(n: int = 6, seed: int = 0) -> EncodedDataset:
@@ -408,7 +407,7 @@ def test_a_jpeg_store_says_whether_its_files_are_plain_and_a_false_claim_is_name
     """meta.json's ``plain``: every file upright (no EXIF turn) with 1 or 3 channels, so the
     CPU decoder reads no header; one turned file makes it false. A meta.json that claims it
     over a turned file is refused at opening (and by ``verify``) naming the sample; a value
-    that is not true or false names meta.json; a store from before it opens as not plain."""
+    that is not true or false, or none, names meta.json."""
     ds = encoded()
     out = write_store(ds, tmp_path / "plain")
     assert json.loads((out / "meta.json").read_text())["plain"] is True
@@ -449,7 +448,8 @@ def test_a_jpeg_store_says_whether_its_files_are_plain_and_a_false_claim_is_name
         )
     del meta["plain"]
     (out / "meta.json").write_text(json.dumps(meta))
-    assert open_store(out).plain is False
+    with pytest.raises(FormatError, match=r"meta.json: plain must be true or false"):
+        open_store(out)
 
 
 @pytest.mark.parametrize("damage", ENCODED_CORRUPTIONS)
@@ -569,7 +569,7 @@ def test_sizes_that_disagree_with_the_files_headers_are_a_format_error_naming_th
         store.verify(ds, "s")
 
 
-# ---- row 18: kill -9 mid-write leaves the previous store, and the next run starts clean ---
+# ---- kill -9 mid-write leaves the previous store, and the next run starts clean ---
 
 WRITER = """
 import numpy as np, sys
@@ -628,7 +628,7 @@ def test_a_live_writers_temp_folder_is_left_alone(tmp_path):
     assert busy.exists()
 
 
-# ---- row 11: image-folder conversion ------------------------------------------------------
+# ---- image-folder conversion ------------------------------------------------------
 
 
 def image(

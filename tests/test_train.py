@@ -58,7 +58,7 @@ def test_bad_config_values_are_named(field, value, tmp_path):
 
 def test_an_array_where_a_choice_goes_is_named_not_a_raw_numpy_error():
     """numpy cannot say whether an array is among the choices ("truth value ... ambiguous"):
-    the field is named instead (docs/RELIABILITY.md row 203)."""
+    the field is named instead."""
     with pytest.raises(ConfigError, match="transfer must be one of float32, .*got array"):
         TrainConfig(transfer=np.array(["uint8", "auto"]))
 

@@ -1,4 +1,4 @@
-"""Image folder -> store (``convert``, ``latecast convert``; docs/RELIABILITY.md rows 11, 55-61).
+"""Image folder -> store (``convert``, ``latecast convert``).
 
 Two passes over a pool of processes, the files in the order they will be stored:
 

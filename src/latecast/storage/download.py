@@ -1,5 +1,5 @@
 """Downloads checked against a pinned SHA-256, https only, and tar extraction that refuses
-an archive with any unsafe member before writing anything (docs/RELIABILITY.md rows 13-17).
+an archive with any unsafe member before writing anything.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Crash-safe writes: a file or a folder is built next to its target, fsynced and renamed over
 it, so a writer killed at any point (even ``kill -9``) leaves the previous one; the next write
-of the same target removes what dead writers left behind (docs/RELIABILITY.md rows 18-19, 76)."""
+of the same target removes what dead writers left behind."""
 
 from __future__ import annotations
 

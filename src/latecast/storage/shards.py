@@ -39,7 +39,6 @@ _KEY = re.compile(r"^((?:.*/|)[^./][^.]*)\.([^/]*)$")  # WebDataset's: key, then
 _REMOTE = ("http://", "https://", "s3://", "gs://", "gcs://")
 _ZERO = bytes(512)
 T = TypeVar("T")
-_older: set[str] = set()  # indexes without per-sample CRC-32s, said once
 _STALE = "(changed since it was indexed: run latecast index again)"
 
 
@@ -338,8 +337,8 @@ class Shard:
     keys: list[str]
     offsets: np.ndarray  # (n,) int64: each sample's first tar header
     labels: np.ndarray  # (n,) int64
+    crc32: np.ndarray  # (n,) each sample's ``checksum``
     gzip: bool = False  # a .tar.gz: read from its start, offsets count unpacked bytes
-    crc32: np.ndarray | None = None  # (n,) each sample's ``checksum``; None: an older index
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -391,7 +390,7 @@ class Shard:
                 f"{self.url}: sample {k} is {key!r} at byte {offset:,}, the index says {said} "
                 f"{_STALE}"
             )
-        if self.crc32 is not None and (crc := checksum(fields)) != self.crc32[k]:
+        if (crc := checksum(fields)) != self.crc32[k]:
             raise FormatError(
                 f"{self.url}: sample {key!r}: CRC-32 {crc:08x}, the index says "
                 f"{int(self.crc32[k]):08x} {_STALE}"
@@ -494,7 +493,7 @@ def _read_json(path: str, missing_ok: bool = False) -> dict:
 
 def read_index(spec: str) -> list[Shard]:
     """The shards of ``spec`` as their index gives them, in ``spec``'s order; without an index
-    one is built first (said). An older index without per-sample CRC-32s is said once."""
+    one is built first (said)."""
     urls = _expanded(spec)
     path, found = find_index(urls, spec)
     if not found:
@@ -511,16 +510,7 @@ def read_index(spec: str) -> list[Shard]:
         entries = {e["url"]: e for e in index["shardlist"]}
     except (KeyError, TypeError):
         raise FormatError(f"{path}: its shardlist is not a list of entries with a url") from None
-    shards = [_shard(url, entries.get(posixpath.basename(url)), path, spec) for url in urls]
-    if path not in _older and any(s.crc32 is None for s in shards):
-        _older.add(path)  # said once a process, not once a split
-        warnings.warn(
-            f"{path}: an older index without each sample's CRC-32: a shard is checked only "
-            f"when read whole (its SHA-256); run latecast index '{spec}' again to check every "
-            f"sample read",
-            stacklevel=2,
-        )
-    return shards
+    return [_shard(url, entries.get(posixpath.basename(url)), path, spec) for url in urls]
 
 
 def find_index(urls: list[str], spec: str) -> tuple[str, bool]:
@@ -546,11 +536,9 @@ def _shard(url: str, e: dict | None, path: str, spec: str) -> Shard:
         shard = Shard(
             url, int(e["filesize"]), str(e["sha256"]), int(e["channels"]),
             list(map(str, e["keys"])), np.array(e["offsets"], np.int64),
-            np.array(e["labels"], np.int64), bool(e["gzip"]),
-            None if "crc32" not in e else np.array(e["crc32"], np.int64),
+            np.array(e["labels"], np.int64), np.array(e["crc32"], np.int64), bool(e["gzip"]),
         )  # fmt: skip
-        crcs = n if shard.crc32 is None else len(shard.crc32)
-        ok = len(shard.keys) == len(shard.offsets) == len(shard.labels) == crcs == n
+        ok = len(shard.keys) == len(shard.offsets) == len(shard.labels) == len(shard.crc32) == n
     except (KeyError, TypeError, ValueError):
         ok = False
     if not ok:

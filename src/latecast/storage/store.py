@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -47,7 +48,6 @@ FILES = {  # encoding -> {meta.json key: file}; the first holds the images, the 
     "raw": {"images": IMAGES, "labels": LABELS},
     "jpeg": {"data": DATA, "offsets": OFFSETS, "sizes": SIZES, "labels": LABELS, "crc32": CRC32},
 }
-LATER = {"crc32"}  # files a store written by an earlier latecast may lack
 MAX_SIDE = 10_000  # pixels: the largest training height or width
 CHUNK_BYTES = 64 << 20  # copy images in 64 MiB pieces, so a memmap source is never read whole
 SPLIT_NAMES = ("train", "test", "val")
@@ -61,7 +61,7 @@ def _store_problem(folder: Path) -> str:
     """Why ``folder`` is not, verifiably, one split's store ("" when it is): its meta.json
     must parse with this schema and nothing but the store's own files may be in it."""
     try:
-        ours = {META, *FILES[read_meta(folder).get("encoding", "raw")].values()}
+        ours = {META, *FILES[read_meta(folder)["encoding"]].values()}
     except FormatError as e:
         return str(e)
     others = sorted(p.name for p in folder.iterdir() if p.name not in ours)
@@ -221,20 +221,19 @@ def read_meta(folder: Path) -> dict:
     if not isinstance(meta, dict) or meta.get("schema") != SCHEMA:
         found = meta.get("schema") if isinstance(meta, dict) else type(meta).__name__
         raise FormatError(f"{path}: schema version {found!r}, this latecast reads {SCHEMA}")
-    encoding = meta.get("encoding", "raw")  # stores written before jpeg existed are raw
+    encoding = meta.get("encoding")
     if not isinstance(encoding, str) or encoding not in FILES:
         raise FormatError(f"{path}: encoding {encoding!r}, this latecast reads {', '.join(FILES)}")
     types = {"name": str, "split": str, "count": int}
-    types |= {key: dict for key in FILES[encoding] if key not in LATER or key in meta}
+    types |= {key: dict for key in FILES[encoding]}
     types |= {} if encoding == "raw" else {"size": list, "channels": int}
-    types |= {"classes": list, "mean": list, "std": list}
+    types |= {"classes": list, "mean": list, "std": list, "images_sha256": str}
     for key, t in types.items():
         if not isinstance(meta.get(key), t):
             raise FormatError(
                 f"{path}: field {key!r} should be a {t.__name__}, got {meta.get(key)!r:.60}"
             )
-    digest = meta.setdefault("images_sha256", "")  # stores written before it have none
-    if not isinstance(digest, str) or len(digest) not in (0, 64):
+    if not re.fullmatch("[0-9a-f]{64}", digest := meta["images_sha256"]):
         raise FormatError(
             f"{path}: field 'images_sha256' should be 64 hex digits, got {digest!r:.70}"
         )
@@ -313,12 +312,11 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
     meta = read_meta(folder)
     if split is not None and meta["split"] != split:
         raise ConfigError(f"{folder}: holds split {meta['split']!r}, asked for {split!r}")
-    count, encoding = meta["count"], meta.get("encoding", "raw")
+    count, encoding = meta["count"], meta["encoding"]
     rows = {"data": None, "offsets": count + 1}
     arrays = {
         key: _open_array(folder, name, meta[key], rows.get(key, count), count)
         for key, name in FILES[encoding].items()
-        if key in meta  # (read_meta: only a file of LATER may be absent)
     }
     labels = np.array(arrays.pop("labels"))  # small: read it whole
     if encoding == "raw":
@@ -350,12 +348,11 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
     if encoding == "raw":
         ds = Dataset(images=arrays["images"], **common)  # checks the dtypes and ndim
     else:
-        size, crc = tuple(meta["size"]), arrays.pop("crc32", None)
-        crc = None if crc is None else np.array(crc)  # small: read it whole
-        plain = meta.get("plain", False)  # (a store written before latecast kept it: False)
+        crc = np.array(arrays.pop("crc32"))  # small: read it whole
         ds = EncodedDataset(
-            **arrays, **common, channels=channels, size=size, crc32=crc, plain=plain
-        )
+            **arrays, **common, channels=channels, size=tuple(meta["size"]), crc32=crc,
+            plain=meta["plain"],
+        )  # fmt: skip
         picks = np.unique(np.linspace(0, count - 1, min(count, STRUCTURE_SAMPLE)).astype(int))
         check_jpegs(ds, str(folder), picks)
     check_labels(labels, ds.num_classes, str(folder / LABELS))
@@ -365,8 +362,9 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
 def verify(ds: Dataset | EncodedDataset, where: str) -> bool:
     """Read every image byte of an opened store: each JPEG file's structure (``check_jpegs``)
     and the SHA-256 of them all against meta.json's (a flipped byte anywhere is caught).
-    Returns False when the store has no SHA-256 to compare (written before latecast kept
-    one); raises ``FormatError`` naming ``where`` when a check fails."""
+    Returns False when the dataset has no SHA-256 to compare (not read from a store: a
+    dataset cache that could not be written); raises ``FormatError`` naming ``where`` when a
+    check fails."""
     if isinstance(ds, EncodedDataset):
         check_jpegs(ds, where, range(len(ds)))
     if not ds.digest:
@@ -443,7 +441,7 @@ def _check_encoded(folder: Path, meta: dict, arrays: dict, labels: np.ndarray) -
          f"sizes must be int32 (height, width) pairs in 1..{JPEG_SIDE}, one per image"),
         (labels.dtype in (np.uint8, np.uint16), LABELS, "labels must be uint8 or uint16"),
         (arrays.get("crc32", np.uint32(0)).dtype == np.uint32, CRC32, "CRC-32s must be uint32"),
-        (type(meta.get("plain", False)) is bool, META, "plain must be true or false"),
+        (type(meta.get("plain")) is bool, META, "plain must be true or false"),
         (trained, META, f"channels must be 1 or 3 and size (height, width) in 1..{MAX_SIDE}, "
          f"got {channels!r:.20} and {size!r:.40}"),
     ]  # fmt: skip

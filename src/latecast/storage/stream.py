@@ -382,9 +382,8 @@ def verify(ds: StreamedDataset) -> str:
         for k, jpg, _, _ in shard.read(np.arange(len(shard))):
             if why := jpeg_problem(jpg):
                 raise FormatError(f"{shard.url}: sample {shard.keys[k]!r}: {why}")
-    crc = " and CRC-32" if all(s.crc32 is not None for s in ds.shards) else ""
     return (
         f"{len(ds.shards)} shard(s) of {len(ds)} samples read whole against the index: each "
-        f"shard's length and SHA-256, each sample's key, byte offset, label{crc}, each JPEG's "
-        f"markers and frame header"
+        f"shard's length and SHA-256, each sample's key, byte offset, label and CRC-32, each "
+        f"JPEG's markers and frame header"
     )

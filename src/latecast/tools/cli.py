@@ -151,7 +151,7 @@ def _run_info(args: argparse.Namespace) -> dict:
     for name, b in tr["epoch_bytes"].items():
         print(f"{name:<10} {human_bytes(b['per_epoch']):>24} {human_bytes(b['once']):>12}")
     for split, hashed in verified.items():
-        said = ", SHA-256 as written" if hashed else "; no SHA-256 to compare (an older store)"
+        said = ", SHA-256 as written" if hashed else "; no SHA-256 to compare (no store)"
         said = hashed if isinstance(hashed, str) else "every image read" + said
         print(f"verified {split}: {said}")
     return {"dataset": args.dataset, **info, **({"verified": verified} if args.verify else {})}
@@ -312,7 +312,7 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 
 def _strict(value):
-    """``value`` with NaN and infinities as null: the ``--json`` line is strict JSON (row 81)."""
+    """``value`` with NaN and infinities as null: the ``--json`` line is strict JSON."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
@@ -324,7 +324,7 @@ def _strict(value):
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its exit code. Ctrl-C at any point, even while torch is importing,
-    is one line and exit code 130 (row 79)."""
+    is one line and exit code 130."""
     if "torch" not in sys.modules and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):
         os.environ["GOMP_SPINCOUNT"] = "2000"  # read once, as torch loads: see threads.py
     try:
@@ -369,7 +369,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"latecast: error: {result['error']}", file=sys.stderr)
     finally:
         warnings.formatwarning = shown
-    if args.json:  # the last stdout line, also on an error (docs/RELIABILITY.md row 97)
+    if args.json:  # the last stdout line, also on an error
         print(json.dumps(_strict(result), default=str, allow_nan=False))
     return code
 

@@ -1,13 +1,12 @@
 """Checkpoints: plain dicts holding all an exact resume needs (model unwrapped from DDP,
 optimizer, scheduler, step, the loader's position, RNG states, config, history), written
-atomically (row 19) and read with ``weights_only=True``: plain data only (row 20)."""
+atomically and read with ``weights_only=True``: plain data only."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import re
-import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -22,33 +21,33 @@ from . import stops
 
 FORMAT = "latecast-checkpoint"
 VERSION = 1
-_REQUIRED = ("model", "optimizer", "scheduler", "step", "loader", "rng", "config", "world_size")
+_REQUIRED = tuple(
+    "model optimizer scheduler step loader rng config world_size data_fingerprint".split()
+)
 
 # TrainConfig fields (plus world_size) that must match to continue a run: they decide
 # which samples are seen in which order and what each step computes. The rest (device,
 # transfer, output_dir, logging, timeouts) may change between the two halves of a run.
-# data_fingerprint: fingerprint() of the training split: other data, another run (row 77).
+# data_fingerprint: fingerprint() of the training split: other data, another run (the
+# dataset's name is not compared: a store as st/, ./st or its absolute path is one store).
 RUN_FIELDS = tuple(
-    "dataset limit_train model epochs batch_size lr momentum weight_decay label_smoothing "
+    "limit_train model epochs batch_size lr momentum weight_decay label_smoothing "
     "augment mix amp channels_last seed shuffle_buffer world_size data_fingerprint".split()
 )
-# Run fields added since checkpoints were first written, with the value every older
-# checkpoint's run had: an older checkpoint lacking one is compared as having it.
-ADDED = {"mix": "", "shuffle_buffer": 1024}
 
 
-def fingerprint(ds: Dataset | EncodedDataset, samples: int = 64, sampled: bool = False) -> str:
+def fingerprint(ds: Dataset | EncodedDataset, samples: int = 64) -> str:
     """What identifies a split's content, as 16 hex digits, equal on every process and
     machine: its shapes, mean/std, every label (a JPEG store: every file's offset) and its
-    images' SHA-256 recorded when written (``ds.digest``), else (or with ``sampled``, the
-    older runs' form) ``samples`` images spread evenly over it."""
+    images' SHA-256 recorded when written (``ds.digest``), else (in-memory data) ``samples``
+    images spread evenly over it."""
     n = len(ds)
     picks = sorted({i * (n - 1) // max(samples - 1, 1) for i in range(min(samples, n))})
     h = hashlib.sha256(repr([len(ds), ds.image_shape, *map(float, (*ds.mean, *ds.std))]).encode())
     h.update(ds.labels.astype(ds.labels.dtype.newbyteorder("<")).tobytes())
     if isinstance(ds, EncodedDataset):
         h.update(ds.offsets.astype("<i8").tobytes())
-    if ds.digest and not sampled:
+    if ds.digest:
         h.update(ds.digest.encode())
     elif isinstance(ds, EncodedDataset):
         for i in picks:
@@ -60,7 +59,7 @@ def fingerprint(ds: Dataset | EncodedDataset, samples: int = 64, sampled: bool =
 
 def save_checkpoint(path: str | os.PathLike, state: dict) -> None:
     """``state`` (plain dict) to ``path`` atomically, tagged with the format version; a failed
-    write is a ``CheckpointError`` naming ``path``, the previous file kept (row 19)."""
+    write is a ``CheckpointError`` naming ``path``, the previous file kept."""
     try:
         with atomic_write(path) as f:
             f = stops.watched(f, "checkpoint-write")  # (a test's point inside the write)
@@ -101,7 +100,7 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
 
 def _why(err: Exception) -> str:
     """torch's reason in one line, without its advice to load with ``weights_only=False``:
-    that would run code from a file nobody vouched for (docs/RELIABILITY.md row 78)."""
+    that would run code from a file nobody vouched for."""
     text = str(err).strip()
     if re.search("weights.only", text, re.IGNORECASE):
         found = re.search(r"GLOBAL (\S+)", text)
@@ -158,34 +157,22 @@ def restore(path: Path, run: dict, parts: dict) -> Progress:
     """The checkpoint at ``path`` loaded into ``parts`` once it is known to be of the same run
     (``run``: the config, ``world_size``, ``data_fingerprint``); its progress."""
     state = load_checkpoint(path)
-    saved = {**state["config"], **{k: state.get(k) for k in ("world_size", "data_fingerprint")}}
-    unprinted = saved["data_fingerprint"] is None  # written before fingerprints (0.1.0)
-    sampled = saved["data_fingerprint"] == run.get("sampled_fingerprint")  # before digests
-    if unprinted or sampled:
-        saved["data_fingerprint"] = run["data_fingerprint"]
-    if not unprinted:  # the data is compared by content, not by how its name is spelled
-        saved["dataset"] = run["dataset"]
+    saved = {**state["config"], **{k: state[k] for k in ("world_size", "data_fingerprint")}}
     if run.get("elastic"):  # a stream: what is left of the epoch is split again
         saved["world_size"] = run["world_size"]
-    check_same_run(path, saved, run)  # a refused resume is one line, with no warning first
-    if unprinted or (sampled and saved["data_fingerprint"] != state["data_fingerprint"]):
-        older, by = "the images' SHA-256", "every label and 64 images"
-        if unprinted:
-            older, by = "data fingerprints", "dataset name, --limit-train and sample count only"
-        warnings.warn(f"{path} predates {older}: its data is checked by {by}", stacklevel=2)
-    try:  # a checkpoint edited by hand, or from another latecast version
+    check_same_run(path, saved, run)
+    try:  # a checkpoint edited by hand
         for name, part in parts.items():
             part.load_state_dict(state[name])
         set_rng_state(state["rng"])
-        return Progress(**{f.name: state[f.name] for f in fields(Progress) if f.name in state})
+        return Progress(**{f.name: state[f.name] for f in fields(Progress)})
     except (RuntimeError, ValueError, KeyError, TypeError, LatecastError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{path}: does not fit this run ({first})") from None
 
 
 def check_same_run(path: str | os.PathLike, saved: dict, now: dict) -> None:
-    """Refuse ``saved`` under a run that differs in any of ``RUN_FIELDS``, listing each (row 21)."""
-    saved = {**ADDED, **saved}
+    """Refuse ``saved`` under a run that differs in any of ``RUN_FIELDS``, listing each."""
     differ = [k for k in RUN_FIELDS if saved.get(k) != now.get(k)]
     if differ:
         said = "; ".join(

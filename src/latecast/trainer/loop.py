@@ -101,7 +101,7 @@ class TrainConfig:
     dist_timeout: float = option(300.0, "seconds a rank waits for the others", above=0, high=1e7)
 
     def __post_init__(self) -> None:
-        validate(self)  # one line naming the field and the value (docs/RELIABILITY.md row 29)
+        validate(self)  # one line naming the field and the value
         parse_order(self.order)  # a bad --order: one line, before any data is read
         if self.overwrite and self.resume is not None:
             raise ConfigError("overwrite starts a new run, resume continues one: give one")
@@ -241,7 +241,7 @@ def evaluate(model: nn.Module, batches: Iterable[Batch], amp: bool = False) -> t
 
 class LossTracker:
     """An epoch's training loss from ``loss_sum`` over ``seen`` steps on, summed on the device;
-    a loss that is not finite stops the run naming its step (row 30). ``mean`` is collective
+    a loss that is not finite stops the run naming its step. ``mean`` is collective
     under DDP: all ranks stop together."""
 
     def __init__(self, device, distributed: bool, loss_sum: Tensor, seen: int) -> None:
@@ -354,8 +354,6 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     if resumed_from:
         identity = {**asdict(config), "world_size": world, "data_fingerprint": data}
         identity["elastic"] = streamed  # a stream's plan re-splits what is left of an epoch
-        if not streamed:
-            identity["sampled_fingerprint"] = fingerprint(train_set, sampled=True)  # older runs
         run.progress = checkpoint.restore(resumed_from, identity, run.parts)
         run.last_good = f"last good checkpoint: {resumed_from} (step {run.progress.step})"
     if distributed_:
@@ -365,7 +363,7 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
 
 def _check_fits(config: TrainConfig, train_set: Dataset, test_set: Dataset, share: int) -> None:
     """Refuse before the first step: splits of different shapes or classes, a batch larger
-    than ``share`` (a process's training samples), a model deeper than the images allow (row 75)."""
+    than ``share`` (a process's training samples), a model deeper than the images allow."""
     where, num_classes = config.dataset, train_set.num_classes
     if test_set.image_shape != train_set.image_shape:
         shapes = " vs ".join("x".join(map(str, s.image_shape)) for s in (train_set, test_set))
@@ -426,7 +424,7 @@ def _rehearse(loader: Loader) -> None:
 
 
 def _check_same_data(train_set: Dataset, test_set: Dataset, device: torch.device) -> None:
-    """Every rank must hold the same data (sizes and label sums compared; row 23)."""
+    """Every rank must hold the same data (sizes and label sums compared)."""
     sums = [int(s.labels.sum(dtype=np.int64)) for s in (train_set, test_set)]
     rows = group.gather([len(train_set), len(test_set), *sums], device)
     if any(r != rows[0] for r in rows):
@@ -464,7 +462,7 @@ def train(config: TrainConfig) -> dict:
     out, asked = config.output_dir, (config.output_dir, config.resume, config.overwrite)
     try:
         replaced = rundir.check(*asked) if lead and config.check else []  # writes nothing
-        # A run holds its folder before any data loads (RELIABILITY row 194); --overwrite moves the
+        # A run holds its folder before any data loads; --overwrite moves the
         # previous run aside until this one's first checkpoint.
         holds = lead and not config.check
         with rundir.claim(*asked) if holds else contextlib.nullcontext(lambda: None) as kept:
@@ -602,7 +600,7 @@ def _epoch(run: Run, step: Callable, batches, epoch: int) -> tuple[float, float]
 
 
 def _evaluate(run: Run) -> float:
-    """Test accuracy over every rank's unpadded test share (row 24), timed."""
+    """Test accuracy over every rank's unpadded test share, timed."""
     stops.at("evaluate")
     t0 = time.perf_counter()
     group.sync_buffers(run.model, run.distributed)

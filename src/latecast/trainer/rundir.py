@@ -1,4 +1,4 @@
-"""A training run's output folder (``--output-dir``), rows 72-74 of docs/RELIABILITY.md:
+"""A training run's output folder (``--output-dir``):
 ``check_path`` (writable, nothing written), ``write`` (JSON files replaced whole), ``claim``
 (one run at a time: ``fcntl.flock`` on ``OUT/.latecast.lock``). A previous run (``RUN_FILES``)
 is continued (``--resume``) or replaced (``--overwrite``): only files latecast verifiably
