@@ -19,43 +19,18 @@ from latecast.transfer import MOVERS
 PIXEL_MOVERS = list(MOVERS)
 
 LOADERS = [
-    "float32",
-    "uint8",
-    "prefetch",
-    "resident",
-    "torchvision-w0",
-    "torchvision-w2",
-    "torchvision-wN",
-    "upper-bound",
-    "gather",
+    *("float32", "uint8", "prefetch", "resident"),
+    *("torchvision-w0", "torchvision-w2", "torchvision-wN", "upper-bound", "gather"),
 ]
+# what both bench runs here share: the CPU, one repeat of one batch of 64
+QUICK = "--device cpu --repeats 1 --limit-batches 1 -b 64".split()
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, run_cli):
     out = tmp_path_factory.mktemp("bench")
-    rc, result = run_cli(
-        "bench",
-        "--device",
-        "cpu",
-        "--repeats",
-        "1",
-        "--limit-batches",
-        "1",
-        "-b",
-        "64",
-        "--e2e-epochs",
-        "1",
-        "--e2e-batch-size",
-        "32",
-        "--folder-images",
-        "96",
-        "--webdataset-photos",
-        "32",
-        "--output-dir",
-        out,
-        "--json",
-    )
+    sizes = "--e2e-epochs 1 --e2e-batch-size 32 --folder-images 96 --webdataset-photos 32"
+    rc, result = run_cli("bench", *QUICK, *sizes.split(), "--output-dir", out, "--json")
     assert rc == 0
     return out, result
 
@@ -185,38 +160,13 @@ def test_colour_store_with_augmentation(tmp_path, run_cli):
 
     rng = np.random.default_rng(0)
     for split, n in (("train", 300), ("test", 50)):
-        write_store(
-            from_arrays(
-                rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
-                rng.integers(0, 10, n),
-                split=split,
-                name="c10",
-            ),
-            tmp_path / "c10" / split,
-        )
-    rc, r = run_cli(
-        "bench",
-        tmp_path / "c10",
-        "--device",
-        "cpu",
-        "--repeats",
-        "1",
-        "--limit-batches",
-        "1",
-        "-b",
-        "64",
-        "--e2e-epochs",
-        "0",
-        "--augment",
-        "crop,flip,cutout",
-        "--output-dir",
-        tmp_path / "out",
-        "--json",
-    )
-    assert rc == 0
-    assert (
-        r["config"]["augment"] == "crop,flip,cutout" and list(r["loader_images_per_s"]) == LOADERS
-    )
+        images = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+        ds = from_arrays(images, rng.integers(0, 10, n), split=split, name="c10")
+        write_store(ds, tmp_path / "c10" / split)
+    argv = [*QUICK, *"--e2e-epochs 0 --augment crop,flip,cutout --json".split()]
+    rc, r = run_cli("bench", tmp_path / "c10", *argv, "--output-dir", tmp_path / "out")
+    assert rc == 0 and r["config"]["augment"] == "crop,flip,cutout"
+    assert list(r["loader_images_per_s"]) == LOADERS
     assert all(v > 0 for v in r["loader_images_per_s"].values())
     assert r["bytes_fewer_than_float32"] == {"image": 4.0, "label": 8.0}
     assert r["h2d_bytes_per_epoch"]["uint8"] == 300 * (32 * 32 * 3 + 1)

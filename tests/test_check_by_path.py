@@ -73,86 +73,57 @@ VERIFY = (
     "its CRC-32 per file is the changed row"
 )
 OWN = "the files are the caller's own batches: latecast kept no checksum of them to compare"
+FOLDER = NotApplicable("an image folder keeps no checksum (ImageFolder neither)")
+BOMB = E("{sample}", "10000x10001", "pixels allowed")
+CRC = E("{sample}: CRC-32", "the index says")
+
+
+def row(store, shards, own, folder=None, **cells) -> dict[str, Fires | NotApplicable]:
+    """A check's cells: ``store`` on both store paths, ``shards`` on the three shard paths,
+    ``own`` on wrap's and Lightning's (and jpeg_folder's unless ``folder``); ``cells`` each
+    path's own."""
+    given = dict(store=store, store_cut=store, wrap_jpeg=own, lightning=own)
+    given.update(shards_1=shards, shards_2=shards, shards_resumed=shards, jpeg_folder=folder or own)
+    return {path: cells.get(path, given[path]) for path in PATHS}
+
+
+UNDECODABLE = E("{sample}", "not a decodable JPEG", missing=BY_POSITION)  # jpeg_folder's
 TABLE: dict[str, dict[str, Fires | NotApplicable]] = {
     # a file's bytes changed after latecast wrote or indexed it (one bit, sizes kept)
-    "changed": {
-        "store": W("{sample}: its bytes differ from the CRC-32"),
-        "store_cut": W("{sample}: its bytes differ from the CRC-32"),
-        "shards_1": E("{sample}: CRC-32", "the index says"),
-        "shards_2": E("{sample}: CRC-32", "the index says"),
-        "shards_resumed": E("{sample}: CRC-32", "the index says"),
-        "wrap_jpeg": NotApplicable(OWN),
-        "jpeg_folder": NotApplicable("an image folder keeps no checksum (ImageFolder neither)"),
-        "lightning": NotApplicable(OWN),
-    },
+    "changed": row(
+        W("{sample}: its bytes differ from the CRC-32"), CRC, NotApplicable(OWN), FOLDER
+    ),  # fmt: skip
     # a file cut short: a store's data.bin, a shard, one JPEG file
-    "cut_short": {
-        "store": E("{file}", "bytes", "truncated or replaced"),
-        "store_cut": E("{file}", "bytes", "truncated or replaced"),
-        "shards_1": E("{file}", "the index says", "cut short"),
-        "shards_2": E("{file}", "the index says", "cut short"),
-        "shards_resumed": E("{file}", "the index says", "cut short"),
-        "wrap_jpeg": E("{sample}", "not a decodable JPEG"),
-        "jpeg_folder": E("{sample}", "not a decodable JPEG", missing=BY_POSITION),
-        "lightning": E("{sample}", "not a decodable JPEG"),
-    },
+    "cut_short": row(
+        E("{file}", "bytes", "truncated or replaced"),
+        E("{file}", "the index says", "cut short"),
+        E("{sample}", "not a decodable JPEG"),
+        UNDECODABLE,
+    ),  # fmt: skip
     # a decompression bomb: a JPEG of a few hundred bytes whose header says 10001x10000
-    "bomb": {
-        "store": E("{sample}", "10000x10001", "pixels allowed"),
-        "store_cut": E("{sample}", "10000x10001", "pixels allowed"),
-        "shards_1": E("{sample}", "10000x10001", "pixels allowed"),
-        "shards_2": E("{sample}", "10000x10001", "pixels allowed"),
-        "shards_resumed": E("{sample}", "10000x10001", "pixels allowed"),
-        "wrap_jpeg": E("{sample}", "10000x10001", "pixels allowed"),
-        "jpeg_folder": E("{sample}", "10000x10001", "pixels allowed"),
-        "lightning": E("{sample}", "10000x10001", "pixels allowed"),
-    },
+    "bomb": row(BOMB, BOMB, BOMB),
     # the same bomb put in place of a file after it was written or indexed (same length)
-    "bomb_swapped": {
-        "store": E("{sample}", "10000x10001", "pixels allowed"),
-        "store_cut": E("{sample}", "10000x10001", "pixels allowed"),
-        "shards_1": E("{sample}: CRC-32", "the index says"),
-        "shards_2": E("{sample}: CRC-32", "the index says"),
-        "shards_resumed": E("{sample}: CRC-32", "the index says"),
-        "wrap_jpeg": NotApplicable(WRITTEN),
-        "jpeg_folder": NotApplicable(WRITTEN),
-        "lightning": NotApplicable(WRITTEN),
-    },
+    "bomb_swapped": row(BOMB, CRC, NotApplicable(WRITTEN)),
     # a whole JPEG (markers, frame header) that does not decode: its scan names no component
-    "undecodable": {
-        "store": E("{sample}: not a decodable JPEG"),
-        "store_cut": E("{sample}: not a decodable JPEG"),
-        "shards_1": E("{sample}: not a decodable JPEG"),
-        "shards_2": E("{sample}: not a decodable JPEG"),
-        "shards_resumed": E("{sample}: not a decodable JPEG"),
-        "wrap_jpeg": E("{sample}: not a decodable JPEG"),
-        "jpeg_folder": E("{sample}", "not a decodable JPEG", missing=BY_POSITION),
-        "lightning": E("{sample}: not a decodable JPEG"),
-    },
+    "undecodable": row(*[E("{sample}: not a decodable JPEG")] * 3, UNDECODABLE),
     # a label outside the classes: a store's labels.npy past meta.json's classes, a test
     # shard's label the train shards lack; wrap knows the classes only through mix=Mix(...)
-    "label": {
-        "store": E("{file}", "label 1", "outside 0..0"),
-        "store_cut": E("{file}", "label 1", "outside 0..0"),
-        "shards_1": E("{file}", "label 7", "outside the train shards' classes 0..3"),
-        "shards_2": E("{file}", "label 7", "outside the train shards' classes 0..3"),
-        "shards_resumed": E("{file}", "label 7", "outside the train shards' classes 0..3"),
-        "wrap_jpeg": E("Mix: labels 0..3 outside 0..1"),
-        "jpeg_folder": E("Mix: labels 1..2 outside 0..1"),
-        "lightning": E("Mix: labels 0..3 outside 0..1"),
-    },
+    "label": row(
+        E("{file}", "label 1", "outside 0..0"),
+        E("{file}", "label 7", "outside the train shards' classes 0..3"),
+        E("Mix: labels 0..3 outside 0..1"),
+        E("Mix: labels 1..2 outside 0..1"),
+    ),  # fmt: skip
     # arguments: the Loader's batch_size=0, --limit-train 0, a resume state from another
     # batch size, wrap's and the hook's unknown option, jpeg_folder of no folder
-    "arguments": {
-        "store": E("batch_size must be an integer in 1..", "got 0"),
-        "store_cut": E("limit_train must be an integer >= 1", "got 0"),
-        "shards_1": E("batch_size must be an integer in 1..", "got 0"),
-        "shards_2": E("batch_size must be an integer in 1..", "got 0"),
-        "shards_resumed": E("loader state does not match", "batch_size 4 != 2"),
-        "wrap_jpeg": E("unknown option 'bogus'"),
-        "jpeg_folder": E("{file}", "no such folder"),
-        "lightning": E("unknown option 'bogus'"),
-    },
+    "arguments": row(
+        E("batch_size must be an integer in 1..", "got 0"),
+        E("batch_size must be an integer in 1..", "got 0"),
+        E("unknown option 'bogus'"),
+        E("{file}", "no such folder"),
+        store_cut=E("limit_train must be an integer >= 1", "got 0"),
+        shards_resumed=E("loader state does not match", "batch_size 4 != 2"),
+    ),  # fmt: skip
 }
 CHECKS = tuple(TABLE)
 

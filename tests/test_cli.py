@@ -115,44 +115,16 @@ def sandbox(tmp_path_factory):
         (root / name).mkdir()
     (root / "afile").write_text("a file")
     (root / "garbage.pt").write_bytes(os.urandom(512))
-    assert (
-        main(
-            [
-                "train",
-                "--model",
-                "mlp",
-                "--epochs",
-                "1",
-                "--limit-train",
-                "64",
-                "--limit-test",
-                "64",
-                "--no-progress",
-                "--output-dir",
-                str(root / "prev"),
-            ]
-        )
-        == 0
-    )
+    argv = "train --model mlp --epochs 1 --limit-train 64 --limit-test 64 --no-progress".split()
+    assert main([*argv, "--output-dir", str(root / "prev")]) == 0
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD, str(root / "held")], stdout=subprocess.PIPE, text=True
     )
     assert holder.stdout.readline().strip() == "held"
-    paths = {
-        "store": "store",
-        "mnist-raw": "mnist-raw",
-        "empty": "empty",
-        "prev": "prev",
-        "fresh": "runs/new",
-        "deep": "a/b/c/d",
-        "ckpt": "prev/checkpoint.pt",
-        "garbage": "garbage.pt",
-        "missing": "missing.pt",
-        "file": "afile",
-        "under-file": "afile/run",
-        "held": "held",
-        "long": "x" * 300,
-    }
+    paths = {name: name for name in ("store", "mnist-raw", "empty", "prev", "held")}
+    paths.update(fresh="runs/new", deep="a/b/c/d", ckpt="prev/checkpoint.pt", long="x" * 300)
+    paths.update({"garbage": "garbage.pt", "missing": "missing.pt", "file": "afile"})
+    paths["under-file"] = "afile/run"
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
         patch.setenv("LATECAST_DATA", str(root / "nodata"))

@@ -152,19 +152,9 @@ def interrupt_mid_write(src: Path, out: Path, sig: signal.Signals) -> subprocess
     """Start a real parallel `latecast convert` into ``out``; once it writes, send ``sig``: a
     SIGINT to its process group, as a terminal's Ctrl-C; a SIGKILL to it alone, as ``kill -9
     PID`` (its orphaned workers must then go away by themselves)."""
+    argv = [sys.executable, "-m", "latecast", "convert", src, out, "--encoding", "jpeg"]
     child = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "latecast",
-            "convert",
-            src,
-            out,
-            "--encoding",
-            "jpeg",
-            "--workers",
-            "2",
-        ],
+        [*argv, "--workers", "2"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,

@@ -32,23 +32,9 @@ def test_convert_then_train(tmp_path, run_cli):
     info = proc.json
     assert info["samples"] == 24 and info["image_shape"] == [16, 16, 3]
     assert info["classes"] == ["dark", "light"]
+    argv = "--model mlp --epochs 2 -b 8 --lr 0.05 --device cpu --json".split()
     proc = run_cli(
-        "train",
-        tmp_path / "store",
-        "--model",
-        "mlp",
-        "--epochs",
-        "2",
-        "-b",
-        "8",
-        "--lr",
-        "0.05",
-        "--device",
-        "cpu",
-        "--output-dir",
-        tmp_path / "run",
-        "--json",
-        process=True,
+        "train", tmp_path / "store", *argv, "--output-dir", tmp_path / "run", process=True
     )
     assert proc.rc == 0, proc.err
     result = proc.json
@@ -73,32 +59,35 @@ def test_corrupt_image_is_named_or_skipped_and_listed(tmp_path, run_cli):
 
 def test_bad_size_is_one_line(tmp_path, run_cli):
     proc = run_cli("convert", tmp_path, tmp_path / "o", "--size", "0x5")
-    assert (
-        proc.rc == 1
-        and proc.err == "latecast: error: size must be HxW (or N) in 1..10000 pixels, got '0x5'\n"
-    )
+    assert proc.rc == 1
+    assert proc.err == "latecast: error: size must be HxW (or N) in 1..10000 pixels, got '0x5'\n"
     assert run_cli("convert", tmp_path).rc == 2  # OUT is required
+
+
+def noise_folder(src: Path, seed: int, per_class: int) -> None:
+    """train/ (``per_class`` noise JPEGs of ~50 KB in each of a/ and b/: data.bin past 2 MiB)
+    and test/ (4 in each)."""
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", per_class), ("test", 4)):
+        for name in ("a", "b"):
+            (src / split / name).mkdir(parents=True)
+            for i in range(n):
+                (src / split / name / f"{i}.jpg").write_bytes(noise_jpeg(rng, quality=95))
 
 
 def test_damaged_jpeg_data_is_one_line_naming_it_never_libjpegs_text(tmp_path, run_cli):
     src, store = tmp_path / "photos", tmp_path / "store"
-    rng = np.random.default_rng(1)
-    for split, n in (("train", 32), ("test", 4)):
-        for name in ("a", "b"):
-            (src / split / name).mkdir(parents=True)
-            for i in range(n):  # ~50 KB a file, so data.bin is past 2 MiB
-                (src / split / name / f"{i}.jpg").write_bytes(noise_jpeg(rng, quality=95))
+    noise_folder(src, seed=1, per_class=32)
     bad = src / "train" / "a" / "0.jpg"
     bad.write_bytes(damage_scan(bad.read_bytes()))
-    proc = run_cli("convert", src, store, "--size", "32", "--encoding", "jpeg", process=True)
+    jpeg = ["--size", "32", "--encoding", "jpeg"]
+    proc = run_cli("convert", src, store, *jpeg, process=True)
     assert proc.rc == 1 and "Corrupt JPEG" not in proc.err and not store.exists()
     assert proc.err.strip().splitlines() == [
         f"latecast: error: {bad}: damaged JPEG data (libjpeg decodes it only with a warning: "
         f"part of the image would be wrong)"
     ]
-    proc = run_cli(
-        "convert", src, store, "--size", "32", "--encoding", "jpeg", "--skip-bad", "--json"
-    )
+    proc = run_cli("convert", src, store, *jpeg, "--skip-bad", "--json")
     assert proc.rc == 0 and proc.json["skipped"] == ["train/a/0.jpg"], proc.err
     offsets = np.load(store / "train" / "offsets.npy")
     k = len(offsets) // 2  # a file in the middle, outside the first and last MiB
@@ -125,12 +114,7 @@ def test_a_cut_jpeg_store_trains_and_each_file_is_still_checked(tmp_path, run_cl
     cut store trains (it stopped with "crc32 must be (N,)"), and a file damaged inside the
     cut, where libjpeg says nothing, is still named by its CRC-32."""
     src, store = tmp_path / "photos", tmp_path / "store"
-    rng = np.random.default_rng(2)
-    for split, n in (("train", 40), ("test", 4)):
-        for name in ("a", "b"):
-            (src / split / name).mkdir(parents=True)
-            for i in range(n):  # 80 train files of ~50 KB: data.bin is past 2 MiB
-                (src / split / name / f"{i}.jpg").write_bytes(noise_jpeg(rng, quality=95))
+    noise_folder(src, seed=2, per_class=40)  # 80 train files
     assert run_cli("convert", src, store, "--size", "32", "--encoding", "jpeg").rc == 0
     k = 40  # mid-store, inside the first 64
     damage_mid_store(store / "train" / "data.bin", np.load(store / "train" / "offsets.npy"), k,

@@ -24,45 +24,17 @@ pytestmark = pytest.mark.slow  # each test starts torchrun and two Python proces
 TIMEOUT = 180  # seconds for one torchrun launch; a hang fails instead of blocking CI
 # cnn (BatchNorm) on 257 train samples: one padded index, shards of 129; 301 test samples:
 # unequal unpadded shards of 151 and 150.
-ARGS = [
-    "train",
-    "--model",
-    "cnn",
-    "--epochs",
-    "2",
-    "-b",
-    "43",  # 129 samples per rank = 3 full batches: training drops no partial batch
-    "--lr",
-    "0.05",
-    "--limit-train",
-    "257",
-    "--limit-test",
-    "301",
-    "--device",
-    "cpu",
-    "--no-progress",
-    "--checkpoint-every",
-    "4",
-    "--dist-timeout",
-    "60",
-]
+# -b 43: 129 samples per rank = 3 full batches: training drops no partial batch
+ARGS = "train --model cnn --epochs 2 -b 43 --lr 0.05 --limit-train 257 --limit-test 301"
+ARGS = [*ARGS.split(), *"--device cpu --no-progress --checkpoint-every 4 --dist-timeout 60".split()]
 
 
 def torchrun(
     out: Path, *args: str, env: dict | None = None
 ) -> tuple[subprocess.CompletedProcess, float]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "--monitor-interval=0.1",
-        __file__,
-        *args,
-        "--output-dir",
-        str(out),
-    ]
+    run = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    cmd = [sys.executable, *run, "--monitor-interval=0.1", __file__, *args]
+    cmd += ["--output-dir", str(out)]
     t0 = time.monotonic()
     proc = subprocess.run(
         cmd, capture_output=True, text=True, timeout=TIMEOUT, env={**os.environ, **(env or {})}

@@ -23,20 +23,8 @@ BATCH = 16
 @pytest.fixture(scope="module")
 def run(tmp_path_factory, run_cli):
     out = tmp_path_factory.mktemp("profile")
-    rc, result = run_cli(
-        "profile",
-        "--device",
-        "cpu",
-        "--steps",
-        "2",
-        "--warmup",
-        "1",
-        "-b",
-        BATCH,
-        "--output-dir",
-        out,
-        "--json",
-    )
+    argv = "--device cpu --steps 2 --warmup 1 --json".split()
+    rc, result = run_cli("profile", *argv, "-b", BATCH, "--output-dir", out)
     assert rc == 0
     return out, result
 
@@ -100,29 +88,14 @@ def test_gpu_trace_and_report_paths(tmp_path):
     kernel_us, memcpy = trace_totals(path)
     assert kernel_us == 30.0
     assert memcpy == {"Memcpy HtoD (Pinned -> Device)": {"us": 12.0, "count": 2, "bytes": 4000}}
-    row = {
-        "step_ms": 2.0,
-        "kernel_ms": 1.0,
-        "data_wait_ms": 0.01,
-        "data_cpu_ms": 0.01,
-        "data_wait_pct": 0.5,
-        "h2d_bytes_per_step": 4000.0,
-        "memcpy_ms": 0.012,
-        "memcpy_count": 2.0,
-        "profiler_bytes_per_step": 4000.0,
-        "memcpy": {"Memcpy HtoD (Pinned -> Device)": {"ms": 0.012, "count": 2.0, "bytes": 4000.0}},
-    }
-    result = {
-        "device": "cuda:0",
-        "gpu": "Test GPU",
-        "cpu": "x",
-        "torch": "t",
-        "git": "g",
-        "date": "d",
-        "dataset": "mnist",
-        "config": {"steps": 1, "warmup": 0, "batch_size": 4},
-        "rows": {"uint8": row},
-    }
+    timing = dict(step_ms=2.0, kernel_ms=1.0, data_wait_ms=0.01, data_cpu_ms=0.01)
+    copies = dict(h2d_bytes_per_step=4000.0, memcpy_ms=0.012, memcpy_count=2.0)
+    htod = {"Memcpy HtoD (Pinned -> Device)": {"ms": 0.012, "count": 2.0, "bytes": 4000.0}}
+    row = {**timing, **copies, "data_wait_pct": 0.5, "profiler_bytes_per_step": 4000.0}
+    row["memcpy"] = htod
+    where = dict(device="cuda:0", gpu="Test GPU", cpu="x", torch="t", git="g", date="d")
+    config = {"steps": 1, "warmup": 0, "batch_size": 4}
+    result = {**where, "dataset": "mnist", "config": config, "rows": {"uint8": row}}
     files = [tmp_path / "r.json", tmp_path / "r.md", tmp_path / "p.png"]
     write_report(result, "profile", report_markdown(result), panels(result), files)
     md = files[1].read_text()
@@ -141,16 +114,9 @@ def test_unknown_row_is_a_one_line_error(run_cli):
 def test_cuda_copies_match_the_loader_accounting(tmp_path):
     """The profiler's Memcpy HtoD bytes equal what the loaders count; uint8 packs images
     and labels into one pinned copy; resident copies nothing per step."""
-    r = profile(
-        ProfileConfig(
-            steps=3,
-            warmup=1,
-            batch_size=64,
-            device="cuda",
-            transfer="float32,uint8,resident,baseline",
-            output_dir=str(tmp_path),
-        )
-    )
+    rows, out = "float32,uint8,resident,baseline", str(tmp_path)
+    r = profile(ProfileConfig(steps=3, warmup=1, batch_size=64, device="cuda", transfer=rows,
+                              output_dir=out))  # fmt: skip
     rows = r["rows"]
     assert all("Pageable" in k for k in rows["float32"]["memcpy"]), rows["float32"]["memcpy"]
     assert all("Pinned" in k for k in rows["uint8"]["memcpy"]), rows["uint8"]["memcpy"]

@@ -127,17 +127,8 @@ KILLED = dict(
 
 def _cli(out: Path, *extra: str) -> list[str]:
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in KILLED.items() if k != "progress"]
-    return [
-        sys.executable,
-        "-m",
-        "latecast",
-        "train",
-        *flags,
-        "--no-progress",
-        "--output-dir",
-        str(out),
-        *extra,
-    ]
+    return [sys.executable, "-m", "latecast", "train", *flags, "--no-progress", "--output-dir",
+            str(out), *extra]  # fmt: skip
 
 
 @pytest.mark.slow
@@ -305,24 +296,9 @@ def test_corrupt_or_foreign_checkpoint_is_named(kind, tmp_path):
 def test_cli_resume_from_garbage_is_one_line(tmp_path, run_cli):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"<html>not a checkpoint</html>")
-    proc = run_cli(
-        "train",
-        "--model",
-        "mlp",
-        "--limit-train",
-        "64",
-        "--limit-test",
-        "64",
-        "--device",
-        "cpu",
-        "--output-dir",
-        tmp_path / "o",
-        "--resume",
-        bad,
-        process=True,
-        env={"OMP_NUM_THREADS": "1"},
-        timeout=120,
-    )
+    argv = "--model mlp --limit-train 64 --limit-test 64 --device cpu".split()
+    argv += ["--output-dir", tmp_path / "o", "--resume", bad]
+    proc = run_cli("train", *argv, process=True, env={"OMP_NUM_THREADS": "1"}, timeout=120)
     assert proc.rc == 1
     lines = [line for line in proc.err.splitlines() if line.startswith("latecast:")]
     assert len(lines) == 1 and str(bad) in lines[0] and "Traceback" not in proc.err
@@ -334,19 +310,8 @@ def test_cli_resume_from_garbage_is_one_line(tmp_path, run_cli):
 def test_checkpoint_is_plain_data_with_everything_for_resume(reference):
     raw = torch.load(reference / "checkpoint.pt", map_location="cpu", weights_only=True)
     assert raw["format"] == ckpt.FORMAT and raw["version"] == ckpt.VERSION
-    for key in (
-        "model",
-        "optimizer",
-        "scheduler",
-        "epoch",
-        "step",
-        "loader",
-        "rng",
-        "config",
-        "world_size",
-        "history",
-        "best_accuracy",
-    ):
+    keys = "model optimizer scheduler epoch step loader rng config world_size history best_accuracy"
+    for key in keys.split():
         assert key in raw, key
     assert raw["config"] == asdict(
         TrainConfig(

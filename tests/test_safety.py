@@ -41,21 +41,8 @@ from latecast.trainer.rundir import ASIDE, LOCK, MOVING, RUN_FILES
 from latecast.transforms import Mix, normalize
 
 # Two steps of an mlp on bundled MNIST: about a second in-process.
-TINY = [
-    "--model",
-    "mlp",
-    "--epochs",
-    "1",
-    "-b",
-    "128",
-    "--limit-train",
-    "256",
-    "--limit-test",
-    "128",
-    "--device",
-    "cpu",
-    "--no-progress",
-]
+TINY = "--model mlp --epochs 1 -b 128 --limit-train 256 --limit-test 128 --device cpu --no-progress"
+TINY = TINY.split()
 
 
 def one_line_error(proc, *mentions: str) -> str:
@@ -576,20 +563,8 @@ def test_data_the_run_cannot_use_is_refused_before_the_first_step(
         "labels": (pixels(8, 8), np.array([0, 1, 2, 5, 0, 1, 2, 3]), [f"c{i}" for i in range(6)]),
     }.get(case, (train[0][:8], train[1][:8], four))
     store = store_of(tmp_path / "store", train, test)
-    proc = run_cli(
-        "train",
-        store,
-        *flags,
-        "--epochs",
-        "1",
-        "-b",
-        "8",
-        "--device",
-        "cpu",
-        "--output-dir",
-        tmp_path / "run",
-        "--no-progress",
-    )
+    argv = [*flags, *"--epochs 1 -b 8 --device cpu --no-progress".split()]
+    proc = run_cli("train", store, *argv, "--output-dir", tmp_path / "run")
     if mentions is None:
         assert proc.rc == 0, proc.err
     else:

@@ -224,25 +224,9 @@ def test_a_shard_gone_or_a_test_label_outside_the_train_classes_is_refused_befor
     url = f"{base}/shard-{{000..003}}.tar"
     assert run_cli("index", url, "--output", folder / "index.json").rc == 0
     (folder / "shard-001.tar").rename(folder / "kept.tar")
-    argv = [
-        "train",
-        url,
-        "--model",
-        "cnn",
-        "-b",
-        2,
-        "--device",
-        "cpu",
-        "--epochs",
-        1,
-        "--seed",
-        0,
-        "--shuffle-buffer",
-        4,
-        "--checkpoint-every",
-        1,
-        "--no-progress",
-    ]  # fmt: skip  (a buffer smaller than a shard, as usual)
+    argv = ["train", url, "--model", "cnn", "-b", 2, "--device", "cpu", "--epochs", 1, "--seed", 0,
+            "--shuffle-buffer", 4, "--checkpoint-every", 1, "--no-progress"]  # fmt: skip
+    # (a shuffle buffer smaller than a shard, as usual)
     proc = launch(tmp_path, 1, [*argv, "--output-dir", "run"])
     assert not (tmp_path / "run" / "checkpoint.pt").exists(), proc.stderr[-2000:]
     line = proc.stderr.strip()

@@ -97,16 +97,8 @@ def test_replaces_a_store_but_never_other_data(tmp_path):
 
 
 def test_write_rejects_labels_outside_classes(tmp_path):
-    ds = small()
-    bad = Dataset(
-        "x",
-        "train",
-        np.array([0, 1, 2, 3, 9, 0, 1, 2, 3, 0], np.uint8),
-        ds.classes,
-        ds.mean,
-        ds.std,
-        ds.images,
-    )
+    ds, labels = small(), np.array([0, 1, 2, 3, 9, 0, 1, 2, 3, 0], np.uint8)
+    bad = Dataset("x", "train", labels, ds.classes, ds.mean, ds.std, ds.images)
     with pytest.raises(FormatError, match="label 9 at index 4 is outside 0..3"):
         write_store(bad, tmp_path / "s")
     assert not list(tmp_path.iterdir())
@@ -209,52 +201,12 @@ CORRUPTIONS = {
 }
 
 
-@pytest.mark.parametrize("damage", CORRUPTIONS)
-def test_damaged_store_is_refused_naming_the_file(tmp_path, damage):
-    out = write_store(small(), tmp_path / "s")
-    fn, message = CORRUPTIONS[damage]
-    fn(out)
-    with pytest.raises(FormatError, match=message):
-        open_store(out)
-
-
-@settings(max_examples=60, deadline=None)
-@given(which=st.sampled_from(["meta.json", "images.npy", "labels.npy"]), data=st.data())
-def test_any_byte_flip_or_cut_gives_equal_data_or_a_latecast_error(tmp_path_factory, which, data):
-    # meta.json's descriptive fields (name, source, class names, mean/std values) may be
-    # edited by hand; whatever describes the files must agree with them.
-    out = write_store(small(), tmp_path_factory.mktemp("fuzz") / "s")
-    raw = bytearray((out / which).read_bytes())
-    if data.draw(st.booleans()):
-        raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
-    else:
-        i = data.draw(st.integers(0, len(raw) - 1))
-        raw[i] ^= data.draw(st.integers(1, 255))
-    (out / which).write_bytes(bytes(raw))
-    try:
-        back = open_store(out)
-    except LatecastError:
-        return
-    ref = small()
-    assert np.array_equal(back.images, ref.images) and np.array_equal(back.labels, ref.labels)
-    assert len(back.classes) == len(ref.classes) and back.labels.dtype == ref.labels.dtype
-
-
 def test_splits(tmp_path):
     root = tmp_path / "both"
     write_store(small(), root / "train")
-    write_store(
-        Dataset(
-            "small",
-            "test",
-            small().labels[:4],
-            small().classes,
-            small().mean,
-            small().std,
-            small().images[:4],
-        ),
-        root / "test",
-    )
+    ds = small()
+    test = Dataset("small", "test", ds.labels[:4], ds.classes, ds.mean, ds.std, ds.images[:4])
+    write_store(test, root / "test")
     assert open_store(root).split == "train" and len(open_store(root, split="test")) == 4
     with pytest.raises(ConfigError, match=r"no split 'val'; this store has \['test', 'train'\]"):
         open_store(root, split="val")
@@ -264,24 +216,19 @@ def test_splits(tmp_path):
 
 # ---- the jpeg store -------------------------------------------------------------------
 
+ENCODED_ARRAYS = ("data", "offsets", "sizes", "labels")
+
 
 def encoded(n: int = 6, seed: int = 0) -> EncodedDataset:
     """n JPEG files of several sizes, back to back, as ``latecast convert`` stores them."""
     rng = np.random.default_rng(seed)
     shapes = [(8 + 2 * (i % 3), 10 + i % 2) for i in range(n)]
     files = [jpeg_bytes(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in shapes]
+    labels, data = (np.arange(n) % 3).astype(np.uint8), np.frombuffer(b"".join(files), np.uint8)
+    offsets = np.cumsum([0, *map(len, files)]).astype(np.int64)
+    stats = ("a", "b", "c"), (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
     return EncodedDataset(
-        "enc",
-        "train",
-        (np.arange(n) % 3).astype(np.uint8),
-        ("a", "b", "c"),
-        (0.5, 0.4, 0.3),
-        (0.2, 0.25, 0.3),
-        np.frombuffer(b"".join(files), np.uint8),
-        np.cumsum([0, *map(len, files)]).astype(np.int64),
-        np.array(shapes, np.int32),
-        3,
-        (8, 10),
+        "enc", "train", labels, *stats, data, offsets, np.array(shapes, np.int32), 3, (8, 10)
     )
 
 
@@ -299,30 +246,16 @@ def test_raw_and_encoded_datasets_share_their_checks_and_members():
 
 
 def same_encoded(a: EncodedDataset, b: EncodedDataset) -> bool:
-    return all(
-        np.array_equal(getattr(a, k), getattr(b, k)) for k in ("data", "offsets", "sizes", "labels")
-    ) and (a.name, a.split, a.classes, a.mean, a.std, a.channels, a.size) == (
-        b.name,
-        b.split,
-        b.classes,
-        b.mean,
-        b.std,
-        b.channels,
-        b.size,
-    )
+    meta = ("name", "split", "classes", "mean", "std", "channels", "size")
+    arrays = all(np.array_equal(getattr(a, k), getattr(b, k)) for k in ENCODED_ARRAYS)
+    return arrays and all(getattr(a, k) == getattr(b, k) for k in meta)
 
 
 def test_jpeg_store_round_trip_keeps_every_file_byte_for_byte(tmp_path):
     ds = encoded()
     out = write_store(ds, tmp_path / "s", source="test")
-    assert sorted(p.name for p in out.iterdir()) == [
-        "crc32.npy",
-        "data.bin",
-        "labels.npy",
-        "meta.json",
-        "offsets.npy",
-        "sizes.npy",
-    ]
+    names = ["crc32.npy", "data.bin", "labels.npy", "meta.json", "offsets.npy", "sizes.npy"]
+    assert sorted(p.name for p in out.iterdir()) == names
     back = open_store(out)
     assert isinstance(back, EncodedDataset) and same_encoded(ds, back)
     assert isinstance(back.data, np.memmap) and not back.data.flags.writeable
@@ -452,24 +385,35 @@ def test_a_jpeg_store_says_whether_its_files_are_plain_and_a_false_claim_is_name
         open_store(out)
 
 
-@pytest.mark.parametrize("damage", ENCODED_CORRUPTIONS)
-def test_damaged_jpeg_store_is_refused_naming_the_file(tmp_path, damage):
-    out = write_store(encoded(), tmp_path / "s")
-    fn, message = ENCODED_CORRUPTIONS[damage]
+# a raw store and a jpeg store: how each is made, its files and the arrays it holds
+KINDS = {
+    "raw": (small, CORRUPTIONS, ("meta.json", "images.npy", "labels.npy"), ("images", "labels")),
+    "jpeg": (encoded, ENCODED_CORRUPTIONS, ("meta.json", "data.bin", "offsets.npy", "sizes.npy",
+             "labels.npy"), ENCODED_ARRAYS),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "damage"), [(k, d) for k, (_, damages, *_) in KINDS.items() for d in damages]
+)
+def test_damaged_store_is_refused_naming_the_file(tmp_path, kind, damage):
+    make, damages, *_ = KINDS[kind]
+    out = write_store(make(), tmp_path / "s")
+    fn, message = damages[damage]
     fn(out)
     with pytest.raises(FormatError, match=message):
         open_store(out)
 
 
-@settings(max_examples=40, deadline=None)
-@given(
-    which=st.sampled_from(["meta.json", "data.bin", "offsets.npy", "sizes.npy", "labels.npy"]),
-    data=st.data(),
-)
-def test_any_byte_flip_or_cut_of_a_jpeg_store_gives_equal_data_or_a_latecast_error(
-    tmp_path_factory, which, data
-):
-    out = write_store(encoded(), tmp_path_factory.mktemp("fuzz") / "s")
+@pytest.mark.parametrize("kind", KINDS)
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_byte_flip_or_cut_gives_equal_data_or_a_latecast_error(tmp_path_factory, kind, data):
+    # meta.json's descriptive fields (name, source, class names, mean/std values) may be
+    # edited by hand; whatever describes the files must agree with them.
+    make, _, files, arrays = KINDS[kind]
+    which = data.draw(st.sampled_from(files))
+    out = write_store(make(), tmp_path_factory.mktemp("fuzz") / "s")
     raw = bytearray((out / which).read_bytes())
     if data.draw(st.booleans()):
         raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
@@ -481,14 +425,11 @@ def test_any_byte_flip_or_cut_of_a_jpeg_store_gives_equal_data_or_a_latecast_err
         back = open_store(out)
     except LatecastError:
         return
-    ref = encoded()
-    for key in ("data", "offsets", "sizes", "labels"):
-        assert np.array_equal(getattr(back, key), getattr(ref, key))
-    assert (back.channels, back.size, len(back.classes)) == (
-        ref.channels,
-        ref.size,
-        len(ref.classes),
-    )
+    ref = make()
+    assert all(np.array_equal(getattr(back, k), getattr(ref, k)) for k in arrays), which
+    assert len(back.classes) == len(ref.classes) and back.labels.dtype == ref.labels.dtype
+    for key in ("channels", "size"):  # a jpeg store's
+        assert getattr(back, key, None) == getattr(ref, key, None)
 
 
 @pytest.mark.parametrize("damage", [damage_scan, silent_damage], ids=["libjpeg-warns", "silent"])
@@ -504,18 +445,11 @@ def test_damaged_scan_data_mid_store_is_caught_by_verify_and_named_when_decoded(
     rng, k = np.random.default_rng(0), 48
     files = [noise_jpeg(rng) for _ in range(96)]
     ds = EncodedDataset(
-        name="enc",
-        split="train",
-        data=np.frombuffer(b"".join(files), np.uint8),
+        name="enc", split="train", data=np.frombuffer(b"".join(files), np.uint8),
         offsets=np.cumsum([0, *map(len, files)]).astype(np.int64),
-        sizes=np.full((96, 2), 200, np.int32),
-        labels=np.zeros(96, np.uint8),
-        classes=("a",),
-        mean=(0.5,) * 3,
-        std=(0.25,) * 3,
-        channels=3,
-        size=(32, 32),
-    )
+        sizes=np.full((96, 2), 200, np.int32), labels=np.zeros(96, np.uint8), classes=("a",),
+        mean=(0.5,) * 3, std=(0.25,) * 3, channels=3, size=(32, 32),
+    )  # fmt: skip
     out = write_store(ds, tmp_path / "s")
     damage_mid_store(out / "data.bin", ds.offsets, k, damage)
     back = open_store(out)  # opening reads a sample of headers, not every scan
@@ -604,19 +538,10 @@ def test_crash_between_renames_restores_the_old_store(tmp_path):
     pid = dead_pid()
     os.replace(old, tmp_path / f".s.old-{pid}")
     (tmp_path / f".s.tmp-{pid}").mkdir()
+    ds = small()
+    bad = Dataset("x", "train", np.full(10, 9, np.uint8), ("a",), ds.mean, ds.std, ds.images)
     with pytest.raises(FormatError):  # this write fails, so nothing replaces the restored store
-        write_store(
-            Dataset(
-                "x",
-                "train",
-                np.full(10, 9, np.uint8),
-                ("a",),
-                small().mean,
-                small().std,
-                small().images,
-            ),
-            tmp_path / "s",
-        )
+        write_store(bad, tmp_path / "s")
     assert same(open_store(tmp_path / "s"), small(seed=4))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
 
@@ -752,12 +677,7 @@ def test_convert_train_test_split(tmp_path):
                 image(src / split / cls / f"{j}.png", "RGB", (4, 4), seed_of(split, cls, j))
     out, _ = convert_folder(src, tmp_path / "store")
     train, val = open_store(out), open_store(out, split="val")
-    assert (len(train), len(val), train.classes, val.classes) == (
-        6,
-        2 * 2,
-        ("cat", "dog"),
-        ("cat", "dog"),
-    )
+    assert (len(train), len(val)) == (6, 2 * 2) and train.classes == val.classes == ("cat", "dog")
     assert val.mean == train.mean  # normalized with the train statistics
     assert sorted(p.name for p in out.iterdir()) == ["train", "val"]
     (src / "val" / "bird").mkdir()
@@ -849,12 +769,8 @@ def test_convert_refuses_its_own_source_and_the_current_folder(tmp_path, monkeyp
     image(src / "a" / "0.png", "L", (4, 4), 1)
     image(src / "b" / "0.png", "L", (4, 4), 2)
     monkeypatch.chdir(tmp_path / "project")
-    out = {
-        "cwd": Path("."),
-        "source": src,
-        "parent of source": tmp_path / "project",
-        "inside source": src / "store",
-    }[where]
+    out = {"cwd": Path("."), "source": src, "parent of source": tmp_path / "project",
+           "inside source": src / "store"}[where]  # fmt: skip
     before = tree(tmp_path)
     with pytest.raises(ConfigError, match="refusing|cannot be the image folder"):
         convert_folder(src, out)

@@ -15,22 +15,17 @@ from latecast.trainer.loop import TrainConfig, train
 
 BUNDLED = Path(latecast.__file__).parent / "bundled"
 NAMES = [
-    "train-images-idx3-ubyte",
-    "train-labels-idx1-ubyte",
-    "t10k-images-idx3-ubyte",
-    "t10k-labels-idx1-ubyte",
+    f"{s}-{k}-idx{d}-ubyte" for s in ("train", "t10k") for k, d in (("images", 3), ("labels", 1))
 ]
 # 64 steps on the first 8,192 images, 2,000 test images: 87% (every strategy alike), against
 # 90% for one epoch of 60,000 in batches of 1,024 at 3x the CPU time.
-SMALL = ["-b", "128", "--limit-train", "8192", "--limit-test", "2000"]
+SMALL = "-b 128 --limit-train 8192 --limit-test 2000".split()
+MLP = ["--model", "mlp", "--epochs", "1", *SMALL, "--device", "cpu", "--json"]  # on the CPU
 
 
 def test_short_training_run_learns(tmp_path):
-    summary = train(
-        TrainConfig(
-            model="mlp", epochs=1, batch_size=256, lr=0.05, device="cpu", output_dir=str(tmp_path)
-        )
-    )
+    cfg = dict(model="mlp", epochs=1, batch_size=256, lr=0.05, device="cpu")
+    summary = train(TrainConfig(**cfg, output_dir=str(tmp_path)))
     assert summary["test_accuracy"] > 0.93
     assert summary["h2d_bytes"] * 3 < summary["h2d_bytes_float32"]
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
@@ -65,34 +60,11 @@ def test_an_array_where_a_choice_goes_is_named_not_a_raw_numpy_error():
 
 @pytest.mark.parametrize("transfer", ["float32", "uint8", "prefetch", "resident", "auto"])
 def test_cli_train_json_every_strategy(transfer, tmp_path, run_cli):
-    proc = run_cli(
-        "train",
-        "--model",
-        "mlp",
-        "--epochs",
-        "1",
-        *SMALL,
-        "--lr",
-        "0.05",
-        "--transfer",
-        transfer,
-        "--device",
-        "cpu",
-        "--output-dir",
-        tmp_path,
-        "--json",
-    )
+    proc = run_cli("train", *MLP, "--lr", "0.05", "--transfer", transfer, "--output-dir", tmp_path)
     assert proc.rc == 0, proc.err
     result = proc.json
-    for key in (
-        "test_accuracy",
-        "train_seconds",
-        "epochs",
-        "transfer",
-        "device",
-        "h2d_bytes",
-        "h2d_bytes_float32",
-    ):
+    keys = "test_accuracy train_seconds epochs transfer device h2d_bytes h2d_bytes_float32"
+    for key in keys.split():
         assert key in result
     assert 0.8 < result["test_accuracy"] <= 1 and result["device"] == "cpu"
     assert result["transfer"] == ("resident" if transfer == "auto" else transfer)
@@ -141,38 +113,14 @@ def test_bad_data_root_gives_one_line_naming_the_file(fault, tmp_path, run_cli):
         target.write_bytes((root / "t10k-images-idx3-ubyte").read_bytes())
     else:
         target.write_bytes(b"<!DOCTYPE html><html>Not found</html>")
-    proc = run_cli(
-        "train",
-        "--data-root",
-        root,
-        "--epochs",
-        "1",
-        "--device",
-        "cpu",
-        "--output-dir",
-        tmp_path / "out",
-        process=True,
-    )
+    argv = ["--data-root", root, "--epochs", "1", "--device", "cpu"]
+    proc = run_cli("train", *argv, "--output-dir", tmp_path / "out", process=True)
     _one_line_error(proc, "train-labels-idx1-ubyte")
 
 
 def test_data_root_with_good_files_trains(tmp_path, run_cli):
     root = _data_root(tmp_path)
-    rc, result = run_cli(
-        "train",
-        "--data-root",
-        root,
-        "--model",
-        "mlp",
-        "--epochs",
-        "1",
-        *SMALL,
-        "--device",
-        "cpu",
-        "--output-dir",
-        tmp_path / "o",
-        "--json",
-    )
+    rc, result = run_cli("train", "--data-root", root, *MLP, "--output-dir", tmp_path / "o")
     assert rc == 0 and result["test_accuracy"] > 0.8
 
 
