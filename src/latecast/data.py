@@ -1,12 +1,15 @@
-"""What every dataset is, a ``Split``, checked once; the ``Dataset`` of uint8 (or uint16)
-pixels (a JPEG store's: ``kinds/jpegfiles.py``); the batch type the stages pass on."""
+"""What every dataset is, a ``Split``, checked once, which describes a batch of its samples as
+fields (``batch``); the ``Dataset`` of uint8 pixels and ``Dataset16`` of 16-bit ones (a JPEG
+store's: ``kinds/jpegfiles.py``); the batch type the stages pass on. No torch here (convert's
+workers): the fields' kinds are imported when a batch is asked for."""
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -61,18 +64,25 @@ class Split:
     def label_bytes(self) -> int:
         return int(self.labels.nbytes)
 
+    def batch(self, at: np.ndarray) -> tuple[list, list]:
+        """Samples ``at`` (an index array) as a batch: its fields' plans (``fields.Field``) and
+        their values on the host, as ``transfer.pack`` takes them."""
+        raise NotImplementedError(f"{type(self).__name__} describes no batch")
+
 
 @dataclass(frozen=True, eq=False)
 class Dataset(Split):
-    """Images and labels kept in their storage dtype, ready for a ``Loader``."""
+    """uint8 images and labels kept in their storage dtype, ready for a ``Loader``."""
 
-    images: np.ndarray  # (N, H, W, C) uint8 (or uint16, in stored units: wide.py), maybe a memmap
+    images: np.ndarray  # (N, H, W, C) uint8, maybe a memmap
     digest: str = ""  # SHA-256 of every image byte as written (images_sha256), "": unknown
+    depth = np.uint8  # what its pixels are
 
     def __post_init__(self) -> None:
-        im, n = self.images, len(self.labels)
-        got = f"images must be uint8 or uint16 (N, H, W, C), got {im.dtype} {tuple(im.shape)}"
-        self._check((im.dtype in (np.uint8, np.uint16) and im.ndim == 4, got))
+        im, n, want = self.images, len(self.labels), np.dtype(self.depth).name
+        got = f"images must be {want} (N, H, W, C), got {im.dtype} {tuple(im.shape)}"
+        got += "; uint16 ones are a Dataset16's" * (want == "uint8" and im.dtype == np.uint16)
+        self._check((im.dtype == self.depth and im.ndim == 4, got))
         super().__post_init__()
         self._check((len(im) == n, f"{len(im)} images but {n} labels"))
 
@@ -83,6 +93,40 @@ class Dataset(Split):
     @property
     def image_bytes(self) -> int:
         return int(self.images.nbytes)
+
+    def batch(self, at: np.ndarray) -> tuple[list, list]:
+        """The images and labels ``at``, rows gathered as they are packed (``Taken``)."""
+        from .fields import Taken
+
+        return self.fields(len(at)), [Taken(self.images, at), Taken(self.labels, at)]
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019 (by batch length: every batch but the last's)
+    def fields(self, n: int) -> list[Any]:
+        """A batch of ``n``: uint8 ``(n, H, W, C)`` images, its narrow labels."""
+        import torch
+
+        from .fields import Image, labels_field
+
+        return [Image(0, torch.uint8, (n, *self.image_shape)), labels_field(self.labels, n)]
+
+
+@dataclass(frozen=True, eq=False)
+class Dataset16(Dataset):
+    """A ``Dataset`` of uint16 images (a 16-bit store): ``mean`` and ``std`` in stored units;
+    its images cross as stored and are made float on the device (``pixels16.py``)."""
+
+    depth = np.uint16
+
+    @functools.lru_cache(maxsize=8)  # noqa: B019
+    def fields(self, n: int) -> list[Any]:
+        import torch
+
+        from .fields import labels_field
+        from .pixels16 import Image16Field
+
+        shape, deep = (n, *self.image_shape), torch.uint16
+        images = Image16Field("images", deep, shape, deep, "NHWC", self.mean, self.std)
+        return [images, labels_field(self.labels, n)]
 
 
 def channel_stats(images: np.ndarray, chunk: int = 8192) -> tuple[tuple, tuple]:
@@ -161,7 +205,12 @@ def from_arrays(
     check_labels(labels, n_classes, name)
     labels = labels.astype(np.uint8 if n_classes <= 256 else np.uint16)
     classes = classes or tuple(str(i) for i in range(n_classes))
-    return Dataset(name, split, labels, classes, mean, std, images)
+    return pixels_of(images)(name, split, labels, classes, mean, std, images)
+
+
+def pixels_of(images: np.ndarray) -> type[Dataset]:
+    """The ``Dataset`` class of these images: ``Dataset16`` for uint16 ones."""
+    return Dataset16 if images.dtype == np.uint16 else Dataset
 
 
 def _array(value, what: str, name: str) -> np.ndarray:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .errors import BatchError, ConfigError
-from .transforms import FLOATS
+from .transforms import FLOATS, Draw, normalize, resized_crop
 
 Name = Union[str, int]
 NARROW = tuple(getattr(torch, n) for n in ("uint8", "int8", "uint16", "int16", "int32", "int64"))
@@ -91,6 +91,45 @@ def widen(raw: torch.Tensor, dtype: np.dtype) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
+class Context:
+    """What a kind is given to finish its field of a batch (``Field.finish``): the batch's one
+    draw and what the images come out as; nothing else of the options."""
+
+    draw: Draw  # the batch's random draws (``Draw()``: none), made once for every field
+    mean: tuple[float, ...]  # per channel, [0, 1] units (8-bit images)
+    std: tuple[float, ...]
+    dtype: torch.dtype  # the images' output dtype
+    channels_last: bool  # the images' output memory format
+    size: tuple[int, int] | None  # (H, W) the batch's pixel fields come out at (None: no pixels)
+    generator: torch.Generator  # on the device, past the draw: a kind's own draws
+    host: torch.Generator  # on the CPU (on a CPU device: ``generator``)
+    augment: Callable | None = None  # an augmentation of one's own, f(images, generator)
+    erase: Callable | None = None  # erasing after the normalize (its boxes: ``draw.erase``)
+    mask_fill: float = 0  # masks' value where a crop leaves no pixel
+    out: torch.Tensor | None = None  # where the field's output goes (the Loader's buffers)
+
+
+def normalized(x: torch.Tensor, ctx: Context) -> torch.Tensor:
+    """uint8 ``(N, H, W, C)`` at the batch's size: the draw's crop, flips and colour (or one's
+    own augmentation), the fused normalize into ``ctx.out``, the erasing."""
+    d = ctx.draw
+    x = d.colour(d.shift_and_flip(x)) if ctx.augment is None else ctx.augment(x, ctx.generator)
+    y = normalize(x, ctx.mean, ctx.std, dtype=ctx.dtype, channels_last=ctx.channels_last,
+                  out=ctx.out)  # fmt: skip
+    return erased(y, ctx)
+
+
+def erased(y: torch.Tensor, ctx: Context) -> torch.Tensor:
+    """``ctx.erase`` on the normalized ``(N, C, H, W)``, by the boxes the draw made (else its
+    own draw)."""
+    if ctx.erase is None:
+        return y
+    if ctx.draw.erase is not None:
+        return ctx.erase.apply(y, ctx.draw.erase, ctx.generator)
+    return ctx.erase(y, ctx.generator)
+
+
+@dataclass(frozen=True)
 class Field:
     """One field of one batch: planned on the host, packed into the pinned bytes, viewed and
     finished on the device. ``dtype`` and ``shape`` are what crosses; ``plan`` and ``narrow``
@@ -98,7 +137,7 @@ class Field:
 
     Example:
         >>> class Doubled(Field):  # a kind of your own: crosses as it came, comes out doubled
-        ...     def finish(self, x): return x * 2
+        ...     def finish(self, x, ctx): return x * 2
         >>> latecast.wrap(dl, fields={"x": Doubled})
     """
 
@@ -109,16 +148,17 @@ class Field:
 
     category = "other"  # which TransferStats counter its bytes go to: image, label, other
     what = "as is"  # the kind, in messages
-    pixels = False  # moved by the batch's one geometric draw
-    draws = False  # finished by ``prepared``, with the batch's seeded generators
+    pixels = False  # moved by the batch's draw (then ``sizes_of`` and ``size`` say for what)
+    crops = False  # a pixel kind cropped at random to ``size`` where there is no resized crop
     on_host = False  # its bytes stay in the pinned slot, where its decoder reads them
 
     @classmethod
-    def plan(cls, name: Name, value: torch.Tensor, options: Any) -> Field:
-        """The field as it arrives, on the host (``options``: ``wrapper.Fields``)."""
+    def plan(cls, name: Name, value: torch.Tensor, options: Any, batch: dict) -> Field:
+        """The field as it arrives, on the host (``options``: ``plan.Options``; ``batch``: the
+        batch's fields by name, for a kind read beside another)."""
         return cls(name, value.dtype, tuple(value.shape), value.dtype)
 
-    def narrow(self, value: torch.Tensor, options: Any) -> Field:
+    def narrow(self, value: torch.Tensor) -> Field:
         """The field in the dtype it crosses in: this one."""
         return self
 
@@ -142,24 +182,21 @@ class Field:
         else:
             dst.view(value.dtype).view(self.shape).copy_(value)
 
-    def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
+    def view(self, raw: torch.Tensor, device: torch.device) -> Any:
         """The field's bytes on the device (1-d uint8) as its values."""
         return raw.view(self.dtype).view(self.shape)
 
-    def finish(self, x: torch.Tensor) -> torch.Tensor:
-        """What the model takes (pixel fields are finished by ``Prepare.fields``)."""
+    def sizes_of(self, x: Any) -> torch.Tensor:
+        """A pixel kind's ``(N, 2)`` (H, W) as ``view`` gave them, on the CPU: what the draw
+        is made for."""
+        return torch.tensor([x.shape[1:3]]).expand(len(x), 2)
+
+    def finish(self, x: Any, ctx: Context) -> Any:
+        """What the model takes, from ``x`` as ``view`` gave it."""
         return x
 
-    def frames(self, x: torch.Tensor) -> torch.Tensor:
-        """``x`` (as ``view`` gave it) as the ``(N, H, W, C)`` images the batch's geometric draw
-        is made on, where this is the batch's first pixel field (a clip: one frame of each)."""
-        return x
-
-    def prepared(self, x: torch.Tensor, prepare: Any, moves: Any) -> torch.Tensor:
-        """What the model takes, for a kind that ``draws``: ``x`` under the batch's geometric
-        draw ``moves`` (None: none, or not a pixel kind), with ``prepare``'s generators seeded
-        for the batch (``prepare.generator(x.device)``: where the images' colour draw starts)."""
-        raise NotImplementedError(f"{type(self).__name__} sets draws but has no prepared()")
+    def together(self, plans: list[Field | None]) -> None:
+        """A BatchError where the batch's other fields (``plans``) cannot go with this one."""
 
 
 @dataclass(frozen=True)
@@ -175,8 +212,12 @@ class Image(Field):
         n, *rest = self.shape
         return (n, *{"NHWC": rest[:2], "NCHW": rest[1:], "NHW": rest}[self.layout])
 
+    @property
+    def size(self) -> tuple[int, int]:  # (H, W) out: its own
+        return self.nhw[1:]
+
     @classmethod
-    def plan(cls, name: Name, t: torch.Tensor, options: Any, declared: bool = True) -> Image:
+    def plan(cls, name: Name, t: torch.Tensor, options: Any, batch=None, declared=True) -> Image:
         shape = tuple(t.shape)
         if declared and integral(t.dtype) and t.dtype != torch.uint8 and t.ndim in (3, 4):
             check_bytes(name, t, "an image")  # int64 from Hugging Face datasets: crosses as uint8
@@ -186,26 +227,43 @@ class Image(Field):
                 f"(N, H, W, C) or (N, C, H, W), got {t.dtype} {shape}; a DataLoader yields "
                 "those with PILToTensor() or ToImage(), not ToTensor()"
             )
-        layout = "NHW" if t.ndim == 3 else options.layout
-        if layout == "auto":
-            ends = [axis for axis in (1, 3) if shape[axis] in (1, 3, 4)]
-            if len(ends) != 1:
-                raise BatchError(
-                    f"field {name!r}: uint8 images {shape} are ambiguous, "
-                    f"{'both' if ends else 'neither'} dim 1 and dim 3 look like channels "
-                    "(1, 3 or 4); pass layout='NHWC' or layout='NCHW'"
-                )
-            layout = "NCHW" if ends == [1] else "NHWC"
+        layout = "NHW" if t.ndim == 3 else recognise_layout(name, shape, options.layout)
         channels = {"NHW": 1, "NHWC": shape[-1], "NCHW": shape[1]}[layout]
         mask = f"; a mask? declare it: fields={{{name!r}: 'mask'}}" * (
             channels == 1 and not declared
         )
-        check_channels(name, channels, len(options.prepare.mean), f" ({layout} {shape})", mask)
+        check_channels(name, channels, len(options.mean or (0,)), f" ({layout} {shape})", mask)
         return cls(name, torch.uint8, shape, t.dtype, layout)
 
     def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``(N, H, W, C)``, whatever the layout it crossed in."""
         return nhwc(super().view(raw, device), self.layout)
+
+    def finish(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """Normalized ``(N, C, H, W)``: the draw's resized crop (to its own size), then
+        ``normalized``."""
+        boxes = ctx.draw.boxes
+        return normalized(x if boxes is None else resized_crop(x, boxes, x.shape[1:3]), ctx)
+
+
+def recognise_layout(name: Name, shape: tuple, layout: str, what: str = "uint8 images") -> str:
+    """``layout``, or where it is ``auto`` the one of dim 1 or 3 that looks like channels (1,
+    3 or 4); else a BatchError naming the field."""
+    if layout != "auto":
+        return layout
+    ends = [axis for axis in (1, 3) if shape[axis] in (1, 3, 4)]
+    if len(ends) != 1:
+        raise BatchError(
+            f"field {name!r}: {what} {shape} are ambiguous, {'both' if ends else 'neither'} dim "
+            "1 and dim 3 look like channels (1, 3 or 4); pass layout='NHWC' or layout='NCHW'"
+        )
+    return "NCHW" if ends == [1] else "NHWC"
+
+
+def labels_field(labels: np.ndarray, n: int) -> Integer:
+    """``n`` of a dataset's narrow labels (uint8 or uint16) as a field (``1``: after images)."""
+    dtype = {"uint8": torch.uint8, "uint16": torch.uint16}[labels.dtype.name]
+    return Integer(1, dtype, (n,), dtype)
 
 
 def check_channels(name: Name, channels: int, means: int, where: str = "", hint: str = ""):
@@ -226,11 +284,11 @@ class Integer(Field):
     category, what = "label", "integer"
 
     @classmethod
-    def plan(cls, name: Name, t: torch.Tensor, options: Any, cross=None, out=torch.int64) -> Field:
+    def plan(cls, name: Name, t, options=None, batch=None, cross=None, out=torch.int64) -> Field:
         """Integers (else ``AsIs``); declared to cross as ``cross`` and come out as ``out``, of
         integers only, whose values fit both (read only where ``t``'s dtype may not fit)."""
         if not integral(t.dtype) and cross is None:
-            return AsIs.plan(name, t, options)
+            return AsIs.plan(name, t, options, batch)
         if not integral(t.dtype):
             raise BatchError(
                 f"field {name!r} is {t.dtype}: fields= declares {cross} for integer fields only"
@@ -238,7 +296,7 @@ class Integer(Field):
         check_fits(name, t, *((cross, out) if cross else ()))
         return cls(name, t.dtype, tuple(t.shape), t.dtype, out, cross and (cross, out))
 
-    def narrow(self, value: torch.Tensor, options: Any) -> Field:
+    def narrow(self, value: torch.Tensor) -> Field:
         """The declared dtype, else the narrowest that holds the batch's values."""
         return replace(self, dtype=self.declared[0]) if self.declared else narrowest(self, value)
 
@@ -259,14 +317,14 @@ class Mask(Field):
 
     layout: str = "NHW"
     pixels, what = True, "mask"
-    nhw = Image.nhw
+    nhw, size = Image.nhw, Image.size
 
     @property
     def category(self) -> str:
         return "label" if integral(self.dtype) else "other"
 
     @classmethod
-    def plan(cls, name: Name, t: torch.Tensor, options: Any) -> Mask:
+    def plan(cls, name: Name, t: torch.Tensor, options: Any, batch: dict) -> Mask:
         if t.ndim not in (3, 4) or t.dtype.is_complex:
             raise BatchError(
                 f"field {name!r} is declared a mask and must be (N, H, W) or (N, C, H, W), "
@@ -274,7 +332,7 @@ class Mask(Field):
             )
         return cls(name, t.dtype, tuple(t.shape), t.dtype, "NCHW" if t.ndim == 4 else "NHW")
 
-    def narrow(self, value: torch.Tensor, options: Any) -> Field:
+    def narrow(self, value: torch.Tensor) -> Field:
         return narrowest(self, value) if integral(self.dtype) else self
 
     def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -282,9 +340,15 @@ class Mask(Field):
         x = widen(raw, numpy_dtype(self.dtype)) if integral(self.dtype) else raw.view(self.dtype)
         return nhwc(x.view(self.shape), self.layout)
 
-    def finish(self, x: torch.Tensor) -> torch.Tensor:
-        """``(N, H, W, C)`` back to the layout it came in."""
-        return x[..., 0] if self.layout == "NHW" else x.permute(0, 3, 1, 2).contiguous()
+    def finish(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """The draw's geometry by nearest neighbour, to the batch's size, padded with
+        ``ctx.mask_fill`` where a zero-filled crop leaves no pixel; back in its own layout."""
+        d = ctx.draw
+        y = d.mask(x, ctx.size)
+        if ctx.mask_fill and d.shifts is not None and d.augment.fill == "zero":
+            inside = d.mask(torch.ones_like(x[..., :1], dtype=torch.uint8), ctx.size)
+            y = y.masked_fill(inside == 0, ctx.mask_fill)
+        return y[..., 0] if self.layout == "NHW" else y.permute(0, 3, 1, 2).contiguous()
 
 
 def nhwc(x: torch.Tensor, layout: str) -> torch.Tensor:
@@ -309,9 +373,9 @@ KINDS: dict[str, Callable] = {"image": Image.plan, "mask": Mask.plan}  # fields=
 
 
 def declaration(name: Name, spec: Any) -> Any:
-    """One entry of ``fields=`` as what plans it: ``plan(name, tensor, options) -> Field``, or
-    a declaration (``latecast.jpeg()``) whose ``plan`` takes what is no array too; anything
-    else is a ConfigError."""
+    """One entry of ``fields=`` as what plans it: ``plan(name, tensor, options, batch) ->
+    Field``, or a declaration (``latecast.jpeg()``) whose ``plan`` takes what is no array too;
+    anything else is a ConfigError."""
     if isinstance(spec, str) and spec in KINDS:
         return KINDS[spec]
     if isinstance(spec, type) and issubclass(spec, Field):  # a kind of the user's own

@@ -21,9 +21,8 @@ from .distributed import placement
 from .errors import ConfigError, refuse
 from .prepare import Augmentation, Mixing, Prepare
 from .threads import one_thread
-from .transfer import Mover, Resident, TransferStats, float32_bytes, movers_for, resolve
+from .transfer import Resident, Stored, TransferStats, float32_bytes, movers_for, resolve
 from .transforms import FLOATS, Mix
-from .wide import Prepare16
 
 _ORDER = re.compile(r"random|block(?::([0-9]+):([0-9]+))?")  # "block" is block:32:256
 # The label of a static evaluation batch's padding: F.cross_entropy's ignore_index, and
@@ -241,13 +240,10 @@ class Loader(Epochs):
         self._asked, self._transfer = (device, rank, world_size), transfer
         self._where: tuple | None = None  # (device, rank, world), resolved by start()
         placement(device, rank, world_size)  # bad values fail here, not at the first pass
-        deep = getattr(getattr(dataset, "images", None), "dtype", None) == np.uint16
-        self.prepare = (Prepare16 if deep else Prepare)(  # a 16-bit store's: wide.py
-            dataset.mean, dataset.std, dtype=dtype, channels_last=channels_last, augment=augment,
-            seed=seed, size=dataset.image_shape[:2], mix=mix,
-        )  # fmt: skip
+        self.prepare = Prepare(dataset.mean, dataset.std, dtype=dtype, channels_last=channels_last,
+                               augment=augment, seed=seed, mix=mix)  # fmt: skip
         self.epoch, self.position = 0, 0  # position: batches of `epoch` already yielded
-        self._mover: Mover | None = None
+        self._mover: Stored | None = None
         self._batches, self._samples, self._wait = 0, 0, 0.0
         self._buffers: Batch | None = None  # static: (images, labels), allocated once
         self._index: torch.Tensor | None = None  # static resident: this step's samples
@@ -277,7 +273,7 @@ class Loader(Epochs):
         usual = float32_bytes(self.dataset, self._samples)
         return replace(moved, batches=self._batches, wait_seconds=self._wait, usual_bytes=usual)
 
-    def start(self) -> Mover:
+    def start(self) -> Stored:
         """Resolve the placement, make the mover (``resident`` uploads the dataset here) and
         the static buffers; the first pass does it, call it to keep it out of a timer."""
         if self._mover is None:
@@ -323,8 +319,7 @@ class Loader(Epochs):
             keys.remove("world_size")
             saved = state.get("world_size")
             refuse([(whole(saved, 1), "state['world_size']", saved, "the saving run's ranks")])
-        older = dict(order="random")  # saved before the order was
-        differ = [k for k in keys if state.get(k, older.get(k)) != mine[k]]
+        differ = [k for k in keys if state.get(k) != mine[k]]
         if differ:
             pairs = ", ".join(f"{k} {state.get(k)!r} != {mine[k]!r}" for k in differ)
             raise ConfigError(f"loader state does not match this loader: {pairs}")
@@ -352,24 +347,23 @@ class Loader(Epochs):
     @one_thread()  # on a CPU device, latecast's own work as in _pass
     def fill(self) -> Batch:
         """The device half of a static ``resident`` step: gather the staged indices, augment
-        and normalize into the static buffers. Nothing allocated for the outputs, no host
-        sync, no host decision: what a CUDA graph captures."""
+        and normalize into the static buffers, with the draws ``staged`` seeded. Nothing
+        allocated for the outputs, no host sync, no host decision: what a CUDA graph captures."""
         mover, (images, labels) = self._mover, self._buffers
-        x = mover.images.index_select(0, self._index)
-        if self.prepare.mix is None:
-            torch.index_select(mover.labels, 0, self._index, out=labels)
-            self.prepare.apply(x, labels, self._indices, out=images)
-        else:  # mixed labels are class probabilities, kept in a float label buffer
-            y = mover.labels.index_select(0, self._index)
-            labels.copy_(self.prepare.apply(x, y, self._indices, out=images)[1])
+        plans = self.dataset.batch(np.arange(self.batch_size))[0]
+        values = mover.gathered(plans, self._index)
+        x, y = self.prepare.finish(plans, values, mover.device, self._indices, self.epoch,
+                                   out=[images, None])  # fmt: skip
+        if x.data_ptr() != images.data_ptr():  # mixed
+            images.copy_(x)
+        labels.copy_(y)
         return images, labels
 
     def _pass(self, fill: bool) -> Iterator[Batch]:
-        mover = self.start()
-        self.prepare.seek(self.epoch, self._where[1], self.position)
+        mover, start = self.start(), self.position
         todo = self.index_batches()
         resident = self.static and isinstance(mover, Resident)
-        it = self._resident(mover, todo, fill) if resident else self._moved(mover, todo)
+        it = self._resident(mover, todo, start, fill) if resident else self._moved(mover, todo)
         for k in range(len(todo)):
             t0 = time.perf_counter()
             with one_thread():  # latecast's own CPU work: threads.py
@@ -378,30 +372,38 @@ class Loader(Epochs):
             self._batches, self._samples = self._batches + 1, self._samples + n
             yield (images, labels), k == len(todo) - 1
 
-    def _moved(self, mover: Mover, batches: list[torch.Tensor]) -> Iterator[tuple]:
-        """Moved, then prepared on the device; ``float32``, the usual pipeline, is handed its
-        batches gathered and prepared on the host. Static: written into the buffers."""
-        host = mover.takes_prepared
-        fed = self.source.feed(batches, self.epoch, *self._where[1:], self.position)
-        fed = (self.prepare(*mover.gather(i), i) for i in batches) if host else fed
-        for idx, (x, y) in zip(batches, mover.batches(fed)):
+    def _moved(self, mover: Stored, batches: list[torch.Tensor]) -> Iterator[tuple]:
+        """Moved and finished (``Prepare``) batch by batch; static: into the buffers."""
+        rank, start = self._where[1], self.position
+        fed = self.source.feed(batches, self.epoch, rank, self._where[2], start)
+        steps = iter(enumerate(batches, start))
+
+        def finish(plans: list, values: list, device: torch.device) -> list:
+            k, idx = next(steps)  # in order: the batch the mover finishes now
+            out = [self._buffers[0][: len(idx)], None] if self.static else None
+            out = out if out and out[0].device == device else None  # float32: on the host
+            return self.prepare(plans, values, (self.epoch, rank, k), device, idx, out)
+
+        for idx, (x, y) in zip(batches, mover.batches(fed, finish)):
             n = len(idx)
             if not self.static:
-                yield (x, y, n) if host else (*self.prepare(x, y, idx), n)
+                yield x, y, n
                 continue
             images, labels = self._buffers
-            _, y = (images[:n].copy_(x), y) if host else self.prepare(x, y, idx, out=images[:n])
+            if x.data_ptr() != images.data_ptr():  # mixed, or finished on the host
+                images[:n].copy_(x)
             labels[:n].copy_(y)
             yield (*self._masked(n), n)
 
-    def _resident(self, mover: Resident, batches: list[torch.Tensor], fill: bool) -> Iterator:
-        """Static on ``resident``: the batch's indices copied on the device, then ``fill``."""
-        order, start = mover.order(batches) if batches else None, 0
-        for idx in batches:
+    def _resident(self, mover: Resident, batches: list, start: int, fill: bool) -> Iterator:
+        """Static on ``resident``: the batch's indices copied on the device and its draws
+        seeded (host work), then ``fill``."""
+        order, at = mover.order(batches) if batches else None, 0
+        for k, idx in enumerate(batches, start):
             n = len(idx)
-            self._index[:n].copy_(order[start : start + n])  # device to device, no sync
-            self._indices, start = idx, start + n
-            self.prepare.next_batch(mover.device)
+            self._index[:n].copy_(order[at : at + n])  # device to device, no sync
+            self._indices, at = idx, at + n
+            self.prepare.seed_batch((self.epoch, self._where[1], k), mover.device)
             if fill:
                 self.fill()
             yield (*self._masked(n), n)

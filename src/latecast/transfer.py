@@ -11,16 +11,17 @@ import os
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch.profiler import record_function
 
-from .data import Batch, Dataset, Split
+from .data import Dataset, Split
 from .errors import ConfigError, DeviceError
-from .fields import Field, Image, Integer, Taken, widen
-from .wide import bits, stored
+from .fields import Field
+
+_HOST = torch.device("cpu")
 
 
 @dataclass
@@ -119,14 +120,17 @@ class Ring:
 
 @dataclass
 class Sent:
-    """One packed batch, its copy in flight."""
+    """One packed batch, its copy in flight, and what its caller keeps beside it."""
 
     dev: torch.Tensor  # the copy (what crosses)
     host: torch.Tensor  # the slot's bytes: fields that stay on the host are read from here
     slot: int
     plans: list[Field | None]
     offsets: list[int]  # each field's, in the slot
-    extra: Any = None  # what the caller keeps beside the batch (wrap: the source's state)
+    item: Any = None  # the Loader's: the index batch it was gathered for
+    leaves: list | None = None  # wrap's: the batch's (name, value) fields as they came
+    rebuild: Callable[[list], Any] | None = None  # wrap's: a batch of their form from values
+    state: Any = None  # wrap's: the source's state as it was read
 
 
 def pack(ring: Ring, plans: list[Field | None], values: list, stats: TransferStats) -> Sent:
@@ -176,92 +180,71 @@ def ahead(items: Iterable) -> Iterator[tuple[Any, bool]]:
         item = after
 
 
-class Mover:
-    """A Loader's mover: ``batches`` on the device for its index batches; its byte counters."""
+class Stored:
+    """A Loader's mover, ``uint8``: each batch moved as it is stored and finished on the device;
+    its byte counters. A batch is
+    what the dataset (or a stream's source) describes for an index batch (``Split.batch``:
+    its fields' plans and values), packed and sent, unpacked, finished by ``finish``."""
 
-    name = ""
-    takes_prepared = False  # float32 only: it moves batches the host gathered and prepared
-    slots, side = 2, False  # its ring's, where it packs
+    name = "uint8"
+    slots, side = 2, False  # its ring's (side: the next batch's copy started first)
 
-    def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
+    def __init__(self, dataset: Split, device: torch.device, batch_size: int) -> None:
         self.dataset, self.device, self.batch_size = dataset, device, batch_size
-        self.stats, self.plans = TransferStats(), {}  # plans: uint8's, by batch length
+        self.stats = TransferStats()
 
     @functools.cached_property
     def ring(self) -> Ring:
         return Ring(self.slots, self.device, self.side)
 
     @staticmethod
-    def epoch_bytes(dataset: Dataset) -> dict[str, int]:
+    def epoch_bytes(dataset: Split) -> dict[str, int]:
         """Host->device bytes of one epoch: ``per_epoch`` every epoch, ``once`` at start-up."""
         return {"per_epoch": uint8_bytes(dataset, len(dataset)), "once": 0}
 
-    def batches(self, index_batches: Sequence[torch.Tensor]) -> Iterator[Batch]:
-        """``(images, labels)`` on the device for ``index_batches`` (CPU int64): each batch
-        gathered, packed and sent (``side``: the next one's copy started first), unpacked."""
-        sent = (pack(self.ring, *self.gather(item), self.stats) for item in index_batches)
-        for s in (s for s, _ in ahead(sent)) if self.side else sent:
-            yield tuple(unpack(self.ring, s))
-
     def gather(self, item: Any) -> tuple[list[Field], list]:
-        """A batch's fields planned and their values on the host, as ``pack`` takes them."""
-        raise NotImplementedError
+        """A batch's fields planned and their values on the host, as ``pack`` takes them:
+        ``item`` an index batch (CPU int64), or what a stream's source read."""
+        return self.dataset.batch(item.numpy()) if torch.is_tensor(item) else item.batch()
+
+    def batches(self, items: Iterable, finish: Finish) -> Iterator[list]:
+        """Each item's batch gathered, packed and sent (``side``: the next one's copy started
+        first), then finished on the device."""
+        sent = (pack(self.ring, *self.gather(item), self.stats) for item in items)
+        for s in (s for s, _ in ahead(sent)) if self.side else sent:
+            yield finish(s.plans, unpack(self.ring, s), self.device)
 
 
-class Float32(Mover):
-    """The baseline: batches the Loader gathered (``gather``) and prepared on the host, copied
-    as they are."""
-
-    name = "float32"
-    takes_prepared = True
-
-    def gather(self, idx: torch.Tensor) -> Batch:
-        """Samples ``idx`` on the host as a ``DataLoader`` collates them: uint8 ``(n, H, W, C)``
-        images, int64 labels."""
-        i = idx.numpy()
-        ds = self.dataset
-        return torch.from_numpy(ds.images[i]), torch.from_numpy(ds.labels[i].astype(np.int64))
-
-    @staticmethod
-    def epoch_bytes(dataset: Dataset) -> dict[str, int]:
-        return {"per_epoch": float32_bytes(dataset, len(dataset)), "once": 0}
-
-    def batches(self, prepared: Iterable[Batch]):
-        for x, y in prepared:  # (n, C, H, W) float, (n,) int64 on the CPU
-            self.stats.image_bytes += x.nbytes
-            self.stats.label_bytes += y.nbytes
-            self.stats.copies += 2
-            with record_function("h2d"):
-                x, y = x.to(self.device), y.to(self.device)
-            yield x, y
+Finish = Callable[[list, list, torch.device], list]  # (plans, values, device) -> values
 
 
-def label_field(ds: Split, n: int) -> Integer:
-    """``n`` of a dataset's narrow labels as a field of the packer (``1``: after the images)."""
-    dtype = {"uint8": torch.uint8, "uint16": torch.uint16}[ds.labels.dtype.name]
-    return Integer(1, dtype, (n,), dtype)
-
-
-class Uint8(Mover):
-    """uint8 images + narrow labels, packed (``pack``) and moved in one copy."""
-
-    name = "uint8"
-
-    def gather(self, idx: torch.Tensor) -> tuple[list[Field], list]:
-        ds, at = self.dataset, idx.numpy()
-        if (n := len(at)) not in self.plans:  # by batch length: every batch but the last's
-            shape = (n, *ds.image_shape)
-            deep = ds.images.dtype == np.uint16  # 16-bit: crosses as stored (wide.py)
-            image = stored(ds.mean, ds.std, shape) if deep else Image(0, torch.uint8, shape)
-            self.plans[n] = [image, label_field(ds, n)]
-        return self.plans[n], [Taken(ds.images, at), Taken(ds.labels, at)]
-
-
-class Prefetch(Uint8):
+class Prefetch(Stored):
     """``uint8`` with the next batch copied on a side CUDA stream while this one is used."""
 
     name = "prefetch"
     slots, side = 3, True  # one read by the copy in flight, one handed out, one being filled
+
+
+class Float32(Stored):
+    """The usual pipeline, kept as the baseline: each batch finished on the host (the same
+    draws), then its float32 images and int64 labels copied, two copies."""
+
+    name = "float32"
+
+    @staticmethod
+    def epoch_bytes(dataset: Split) -> dict[str, int]:
+        return {"per_epoch": float32_bytes(dataset, len(dataset)), "once": 0}
+
+    def batches(self, items: Iterable, finish: Finish) -> Iterator[list]:
+        ring, host = Ring(2, _HOST), TransferStats()  # the host's own pack, not a crossing
+        for item in items:
+            s = pack(ring, *self.gather(item), host)
+            x, y = finish(s.plans, unpack(ring, s), _HOST)  # (n, C, H, W) float, labels
+            self.stats.image_bytes += x.nbytes
+            self.stats.label_bytes += y.nbytes
+            self.stats.copies += 2
+            with record_function("h2d"):
+                yield [x.to(self.device), y.to(self.device)]
 
 
 def _free_bytes(device: torch.device) -> int:
@@ -275,19 +258,20 @@ def _free_bytes(device: torch.device) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-class Resident(Mover):
-    """The whole uint8 dataset uploaded once, in chunks (no second host copy); then one int64
-    permutation per epoch, batches gathered on the device. A DeviceError where it does not fit."""
+class Resident(Stored):
+    """The whole dataset uploaded once, each of its fields' arrays as bytes in chunks (no
+    second host copy); then one int64 permutation per epoch, each batch's rows gathered on the
+    device and viewed as its fields. A DeviceError where it does not fit."""
 
     name = "resident"
     CHUNK_BYTES = 64 << 20  # upload in 64 MiB pieces
 
     @staticmethod
-    def epoch_bytes(dataset: Dataset) -> dict[str, int]:
+    def epoch_bytes(dataset: Split) -> dict[str, int]:
         return {"per_epoch": len(dataset) * 8, "once": uint8_bytes(dataset, len(dataset))}
 
     @staticmethod
-    def fits(dataset: Dataset, device: torch.device) -> tuple[bool, str]:
+    def fits(dataset: Split, device: torch.device) -> tuple[bool, str]:
         """Whether the dataset takes at most ``RESIDENT_FRACTION`` of the free memory, and the
         sizes in words."""
         need, free = uint8_bytes(dataset, len(dataset)), _free_bytes(device)
@@ -296,21 +280,22 @@ class Resident(Mover):
             f"{free / 2**20:.0f} MiB free"
         )
 
-    def __init__(self, dataset: Dataset, device: torch.device, batch_size: int) -> None:
+    def __init__(self, dataset: Split, device: torch.device, batch_size: int) -> None:
         super().__init__(dataset, device, batch_size)
         ok, sizes = self.fits(dataset, device)
         if not ok:
             raise DeviceError(f"resident: {sizes}; use --transfer prefetch")
-        self.images = self._upload(bits(dataset.images))  # (N, H, W, C)
-        self.labels = widen(self._upload(dataset.labels.view(np.uint8)), dataset.labels.dtype)
-        self.stats.image_bytes += dataset.image_bytes
-        self.stats.label_bytes += dataset.label_bytes
+        every = np.arange(len(dataset))
+        plans, values = dataset.batch(every)  # the fields' whole arrays: Taken rows
+        self.rows = [self._upload(v.array) for v in values]  # each (N, bytes a row) uint8
+        self.stats.count(plans, copies=0)
 
     def _upload(self, array: np.ndarray) -> torch.Tensor:
-        out = torch.empty(array.shape, dtype=getattr(torch, array.dtype.name), device=self.device)
-        step = max(1, self.CHUNK_BYTES // max(1, array[:1].nbytes))
-        for start in range(0, len(array), step):
-            part = torch.from_numpy(np.array(array[start : start + step]))  # 64 MiB at most
+        rows = array.reshape(len(array), -1).view(np.uint8)  # each sample's bytes
+        out = torch.empty(rows.shape, dtype=torch.uint8, device=self.device)
+        step = max(1, self.CHUNK_BYTES // max(1, rows[:1].nbytes))
+        for start in range(0, len(rows), step):
+            part = torch.from_numpy(np.array(rows[start : start + step]))  # 64 MiB at most
             out[start : start + step].copy_(part)  # (the source may be a read-only memmap)
             self.stats.copies += 1
         return out
@@ -324,20 +309,26 @@ class Resident(Mover):
         self.stats.copies += 1
         return order_dev
 
-    def batches(self, index_batches):
+    def gathered(self, plans: list[Field], index: torch.Tensor) -> list:
+        """Rows ``index`` (on the device) of each field, viewed as its values."""
+        return [f.view(rows.index_select(0, index).view(-1), self.device)
+                for f, rows in zip(plans, self.rows)]  # fmt: skip
+
+    def batches(self, index_batches: Sequence[torch.Tensor], finish: Finish) -> Iterator[list]:
         if len(index_batches):
             sizes = [len(i) for i in index_batches]
-            for sel in torch.split(self.order(index_batches), sizes):
-                yield self.images.index_select(0, sel), self.labels.index_select(0, sel)
+            for idx, sel in zip(index_batches, torch.split(self.order(index_batches), sizes)):
+                plans = self.dataset.batch(idx.numpy())[0]
+                yield finish(plans, self.gathered(plans, sel), self.device)
 
 
 RESIDENT_FRACTION = 0.5  # "resident" only where the dataset takes at most this of free memory
-MOVERS: dict[str, type[Mover]] = {m.name: m for m in (Float32, Uint8, Prefetch, Resident)}
+MOVERS: dict[str, type[Stored]] = {m.name: m for m in (Float32, Stored, Prefetch, Resident)}
 
 
-def movers_for(dataset: Split) -> dict[str, type[Mover]]:
+def movers_for(dataset: Split) -> dict[str, type[Stored]]:
     """The movers that move this dataset: those it brings (``movers``: a JPEG store's ``jpeg``,
-    ``kinds/jpeg.py``), else ``MOVERS`` (uint8 or uint16 pixels)."""
+    ``kinds/jpeg.py``), else ``MOVERS`` (fields of a fixed size a sample)."""
     return getattr(dataset, "movers", None) or MOVERS
 
 

@@ -7,7 +7,7 @@ in: ``normalize``, ``Augment``, ``Erasing``, ``Mix``; the applying halves take i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
@@ -361,13 +361,24 @@ def alternating_flip_params(indices: torch.Tensor, epoch: int, seed: int = 0) ->
 
 
 @dataclass(frozen=True)
-class Moves:
-    """A batch's geometric draws (None: off), for its images and per-pixel fields alike."""
+class Draw:
+    """A batch's random draws, made once (``Augment.draw``) and applied to every field that
+    takes them, as torchvision v2's ``make_params``; None: that draw is off (``Draw()``: none)."""
 
-    augment: Augment | None  # None: no draw (a mask only resized to its JPEG images' size)
-    boxes: torch.Tensor | None  # (N, 4) resized-crop (top, left, height, width), on the CPU
-    shifts: torch.Tensor | None  # (N, 2) crop translations (dy, dx), on the batch's device
-    flips: torch.Tensor | None  # (N,) bool, True: flipped left-right
+    augment: Augment | None = None
+    boxes: torch.Tensor | None = None  # (N, 4) (top, left, height, width) crops, on the CPU
+    shifts: torch.Tensor | None = None  # (N, 2) crop translations (dy, dx), on the device
+    flips: torch.Tensor | None = None  # (N,) bool, True: flipped left-right
+    jitter: torch.Tensor | None = None  # (N, 3) brightness, contrast, saturation factors
+    cutout: torch.Tensor | None = None  # (N, 2) centres of the zeroed squares
+    erase: torch.Tensor | None = None  # (N, 4) Erasing's boxes, on the normalized output
+
+    def per_clip(self, frames: int) -> Draw:
+        """The draws of ``(N, ...)`` clips for their ``(N*T, ...)`` frames, each clip's alike."""
+        if frames == 1:
+            return self
+        each = ("shifts", "flips", "jitter", "cutout")
+        return replace(self, **{k: _frames(getattr(self, k), frames) for k in each})
 
     def shift_and_flip(self, x: torch.Tensor) -> torch.Tensor:
         """The crop, then the flips, on ``(N, H, W, C)`` of any dtype (on the CPU ``_windows``,
@@ -382,15 +393,29 @@ class Moves:
             x = translate(x, self.shifts, fill=aug.fill)
         return x if self.flips is None else flip(x, self.flips)
 
+    def colour(self, x: torch.Tensor) -> torch.Tensor:
+        """The colour jitter, then the cutout, on uint8 ``(N, H, W, C)``."""
+        if self.jitter is not None:
+            x = color_jitter(x, self.jitter)
+        if self.cutout is not None:
+            zero = _zero_squares if x.device.type == "cpu" else erase
+            x = zero(x, self.cutout, self.augment.cutout)
+        return x
+
     def mask(self, x: torch.Tensor, size: tuple[int, int] | None = None) -> torch.Tensor:
-        """All of them on a per-pixel field ``(N, H, W, C)``, to ``size`` (default: its own) by
-        nearest neighbour (values kept): the resized crop, else the centre box to resize."""
+        """The geometry on a per-pixel field ``(N, H, W, C)``, to ``size`` (default: its own) by
+        nearest neighbour (values kept): the crop boxes, else the centre box to resize."""
         size, boxes = tuple(size or x.shape[1:3]), self.boxes
         if boxes is None and size != tuple(x.shape[1:3]):
             boxes = centre_boxes(torch.tensor([x.shape[1:3]]).expand(len(x), 2), size)
         if boxes is not None:
             x = nearest_crop(x, boxes, size)
         return self.shift_and_flip(x)
+
+
+def _like(n: int, size: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """An empty ``(N, H, W, 0)`` stand-in for a batch the ``*_params`` draw for (no memory)."""
+    return torch.empty((n, *size, 0), dtype=torch.uint8, device=device)
 
 
 _AUGMENT_RULES = dict(crop=(int, 0), flip=(float, 0, 1), cutout=(int, 0), fill=(_FILLS,))
@@ -400,8 +425,8 @@ _AUGMENT_RULES |= dict(resized_crop=(float, 0, 1), jitter=(float, 0), altflip=(b
 @dataclass(frozen=True)
 class Augment:
     """Per-sample augmentation of uint8 ``(N, H, W, C)``: resized crop, crop, flip or altflip,
-    colour jitter, cutout (ConfigError on a bad setting; ``parse(str(aug)) == aug``). ``moves``
-    draws the geometry once per batch (images and masks alike), ``pixels`` does the rest.
+    colour jitter, cutout (ConfigError on a bad setting; ``parse(str(aug)) == aug``). ``draw``
+    makes a batch's draws once (images, masks and clips alike), a ``Draw`` applies them.
 
     Example:
         >>> aug = Augment(crop=4, flip=0.5, cutout=8)
@@ -433,54 +458,47 @@ class Augment:
         """Only device work, no host draws: a CUDA graph can capture it (``--graph``)."""
         return not (self.resized_crop or self.altflip)
 
-    def moves(
-        self, images, sizes, generator=None, host=None, *, epoch=0, indices=None, seed=0
-    ) -> Moves:
-        """The geometric draws for ``images`` of ``sizes`` (``(N, 2)``, CPU): resized-crop boxes
-        on ``host`` (a CPU generator), shifts and flips on ``generator``, altflip's from the
-        dataset ``indices`` (ConfigError without), ``epoch`` and ``seed``."""
-        scale = (self.resized_crop, 1.0)
+    def draw(
+        self, sizes, size, device, generator=None, host=None, *, epoch=0, indices=None, seed=0,
+        crop=None,
+    ) -> Draw:  # fmt: skip
+        """A batch's draws for images of ``sizes`` (``(N, 2)``, CPU) that come out ``size``
+        (H, W) on ``device``, in the order the generators are read: resized-crop boxes on
+        ``host`` (a CPU generator), shifts and flips on ``generator`` (altflip's from the
+        dataset ``indices``, ConfigError without, ``epoch`` and ``seed``), a random crop of
+        ``crop`` (H, W) on ``host`` where there is no resized crop (RandomCrop's corners), then
+        jitter factors and cutout centres on ``generator``."""
+        n, scale = len(sizes), (self.resized_crop, 1.0)
+        like = _like(n, size, device)
         boxes = resized_crop_params(sizes, scale, RATIO, host) if self.resized_crop else None
-        shifts = crop_params(images, self.crop, generator) if self.crop else None
-        flips = flip_params(images, self.flip, generator) if self.flip else None
+        shifts = crop_params(like, self.crop, generator) if self.crop else None
+        flips = flip_params(like, self.flip, generator) if self.flip else None
         if self.altflip:
             if indices is None:
                 raise ConfigError("altflip needs the samples' dataset indices (Loader passes them)")
-            flips = alternating_flip_params(indices.cpu(), epoch, seed).to(images.device)
-        return Moves(self, boxes, shifts, flips)
+            flips = alternating_flip_params(indices.cpu(), epoch, seed).to(device)
+        if boxes is None and crop is not None and tuple(crop) != tuple(sizes[0].tolist()):
+            spare = (sizes - torch.tensor(crop)).double()  # RandomCrop: each corner uniform
+            at = (torch.rand(n, 2, generator=host, dtype=torch.float64) * (spare + 1)).long()
+            boxes = torch.cat([at, torch.tensor([crop]).expand(n, 2)], 1)
+        j = self.jitter
+        jitter = color_jitter_params(like, j, j, j, generator) if j else None
+        cutout = cutout_params(like, generator) if self.cutout else None
+        return Draw(self, boxes, shifts, flips, jitter, cutout)
 
     def __call__(
         self, images: torch.Tensor, generator=None, *, epoch: int = 0, indices=None, seed: int = 0
     ) -> torch.Tensor:
-        """``moves``, resized crop, ``pixels``: the boxes drawn on ``generator`` if it is a CPU
-        one (else torch's default), the rest on ``generator``."""
+        """``draw``, then its resized crop, crop, flips, jitter and cutout: the boxes drawn on
+        ``generator`` if it is a CPU one (else torch's default), the rest on ``generator``."""
         _check_batch(images, "Augment", generator)
         n, h, w, _ = images.shape
         host = generator if generator is not None and generator.device.type == "cpu" else None
         sizes = torch.tensor([[h, w]]).expand(n, 2)
-        moves = self.moves(images, sizes, generator, host, epoch=epoch, indices=indices, seed=seed)
-        images = images if moves.boxes is None else resized_crop(images, moves.boxes, (h, w))
-        return self.pixels(images, moves, generator)
-
-    def pixels(
-        self, images: torch.Tensor, moves: Moves, generator=None, frames: int = 1
-    ) -> torch.Tensor:
-        """``moves``' crop and flips, then jitter and cutout drawn on ``generator``. With
-        ``frames`` > 1 ``images`` are clips' frames, ``(N*T, H, W, C)`` clip by clip: each draw
-        (``moves``' too) is made per clip, for its ``frames`` frames alike."""
-        first = images  # (N, H, W, C): what the draws are made for
-        if frames > 1:  # a clip's shift and flip, for each of its frames
-            per_frame = (_frames(x, frames) for x in (moves.shifts, moves.flips))
-            moves, first = Moves(moves.augment, None, *per_frame), images[::frames]
-        images = moves.shift_and_flip(images)
-        if self.jitter:
-            j = self.jitter
-            factors = color_jitter_params(first, j, j, j, generator)
-            images = color_jitter(images, _frames(factors, frames))
-        if self.cutout:
-            zero = _zero_squares if images.device.type == "cpu" else erase
-            images = zero(images, _frames(cutout_params(first, generator), frames), self.cutout)
-        return images
+        d = self.draw(sizes, (h, w), images.device, generator, host, epoch=epoch,
+                      indices=indices, seed=seed)  # fmt: skip
+        images = images if d.boxes is None else resized_crop(images, d.boxes, (h, w))
+        return d.colour(d.shift_and_flip(images))
 
     def __str__(self) -> str:
         return ",".join(f"{k}={v}" for k, v in vars(self).items() if v and v != "zero") or "crop=0"
@@ -556,7 +574,16 @@ class Erasing:
 
     def __call__(self, images: torch.Tensor, generator=None) -> torch.Tensor:
         _check_batch(images, "Erasing", generator, floats=True)
-        boxes = erasing_params(images, self.p, self.scale, self.ratio, generator)
+        n, _, h, w = images.shape
+        return self.apply(images, self.params(n, (h, w), images.device, generator), generator)
+
+    def params(self, n: int, size: tuple[int, int], device, generator=None) -> torch.Tensor:
+        """``(N, 4)`` boxes for ``n`` images of ``size`` (``erasing_params``)."""
+        like = _like(n, size, device).permute(0, 3, 1, 2)  # (N, 0, H, W)
+        return erasing_params(like, self.p, self.scale, self.ratio, generator)
+
+    def apply(self, images: torch.Tensor, boxes: torch.Tensor, generator=None) -> torch.Tensor:
+        """``boxes`` erased on ``(N, C, H, W)``: ``"random"`` draws its values on ``generator``."""
         fill, c = self.value, images.shape[1]
         if fill == "random":
             fill = torch.randn(images.shape, generator=generator, device=images.device)

@@ -12,8 +12,9 @@ from torch.utils.data import DataLoader
 
 from ..errors import ConfigError
 from ..kinds.jpeg import recognised
+from ..plan import Options
 from ..transfer import END, Sent
-from ..wrapper import Fields, Wrapped
+from ..wrapper import Wrapped
 
 
 class Forwarding(Wrapped):
@@ -23,8 +24,8 @@ class Forwarding(Wrapped):
 
     __slots__ = ("_state", "_behind")  # the source's state after the batch out; its Behind
 
-    def __init__(self, batches: Iterable, fields: Fields, device: str | torch.device) -> None:
-        super().__init__(batches, fields, device)
+    def __init__(self, batches: Iterable, options: Options, device: str | torch.device) -> None:
+        super().__init__(batches, options, device)
         self._state = self._behind = None
 
     def __getattr__(self, name: str) -> Any:
@@ -62,8 +63,8 @@ class Forwarding(Wrapped):
             )
 
     def _mixer(self) -> tuple[Any, str]:
-        if self.fields.mix is not None:
-            return self.fields, "mixing"
+        if self.options.mix is not None:
+            return self, "mixing"
         for owner in (self.batches, getattr(self.batches, "collate_fn", None)):
             if owner is not None and hasattr(owner, "mixup_enabled"):
                 return owner, "mixup_enabled"
@@ -109,7 +110,7 @@ class Forwarding(Wrapped):
             yield from self._ahead(rest, state)
 
     def _handing(self, s: Sent, last: bool) -> None:
-        self._state = None if last else s.extra[2]  # the last: the next epoch's, the source's
+        self._state = None if last else s.state  # the last: the next epoch's, the source's
         self._behind.show(0)  # the next batch is taken: the source as before it
 
 
@@ -200,7 +201,7 @@ class WrappedLoader(Forwarding, DataLoader):
     ``__dict__``. Re-made from arguments (Lightning's sampler injection), it makes a loader of
     the source's class and wraps it the same way."""
 
-    options: tuple  # (Fields, device), set on each wrap's own class
+    wrapping: tuple  # (Options, device), set on each wrap's own class
 
     @property
     def _is_accelerate_prepared(self) -> bool:
@@ -217,27 +218,27 @@ class WrappedLoader(Forwarding, DataLoader):
 
     def _adopt(self, loader: DataLoader) -> WrappedLoader:
         object.__setattr__(self, "__dict__", loader.__dict__)
-        Forwarding.__init__(self, loader, *self.options)
+        Forwarding.__init__(self, loader, *self.wrapping)
         return self
 
 
-def loader_class(cls: type, fields: Fields, device: str | torch.device) -> type:
+def loader_class(cls: type, options: Options, device: str | torch.device) -> type:
     """A ``WrappedLoader`` class for loaders of class ``cls``, wrapped with these options."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._adopt(cls(*args, **kwargs))
 
     __init__.__signature__ = inspect.signature(cls.__init__)  # read by Lightning to re-make it
-    body = {"__init__": __init__, "options": (fields, device)}
+    body = {"__init__": __init__, "wrapping": (options, device)}
     if hasattr(cls, "state_dict"):  # else the source's own, one batch ahead, would answer
         body.update(state_dict=Forwarding._state_dict, load_state_dict=Forwarding._load_state_dict)
     return type(f"Wrapped{cls.__name__}", (WrappedLoader, cls), body)
 
 
-class Options(Fields):
-    """``wrap``'s and ``Mover``'s options: an undeclared field of JPEG files is one (a kind's)."""
-
-    recognise = staticmethod(recognised)  # kinds/jpeg.py
+def options_of(options: dict[str, Any]) -> Options:
+    """The options of every way in at the edge (``wrap``, ``Mover``, ``PrepareOnDevice``): an
+    undeclared field of JPEG files is one (``kinds/jpeg.py``'s recogniser)."""
+    return Options.of(options, recognised)
 
 
 def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: Any) -> Forwarding:
@@ -275,7 +276,7 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
     """
     if not isinstance(batches, Iterable):
         raise ConfigError(f"batches must be an iterable of batches, got {batches!r:.60}")
-    spec = Options.of(options)
+    spec = options_of(options)
     if isinstance(batches, Wrapped):
         raise ConfigError(f"{type(batches).__name__} is wrapped already: wrap its source once")
     if isinstance(batches, DataLoader):
@@ -295,12 +296,12 @@ class Mover(Wrapped):
     """
 
     def __init__(self, *, device: str | torch.device = "auto", **options: Any) -> None:
-        super().__init__(None, Options.of(options), device)
+        super().__init__(None, options_of(options), device)
         self._lock = threading.Lock()
 
     def __call__(self, batch: Any) -> Any:
         with self._lock:
             self._start()
-            batch = self._finish(self.fields.send(self._ring, batch, self._stats))
+            batch = self.finish(self.send(batch))
             self.position += 1
         return batch

@@ -1,6 +1,7 @@
 """PyTorch Lightning: your ``DataLoader`` yields uint8, ``PrepareOnDevice`` packs each batch
 in ``transfer_batch_to_device`` and finishes it in ``on_after_batch_transfer`` (Lightning's
-place for device-side work), as ``latecast.wrap`` would. Imports no Lightning itself."""
+place for device-side work), as ``latecast.wrap`` would, through the same two halves
+(``Wrapped.send`` and ``finish``). Imports no Lightning itself."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
-from ..fields import AsIs, split
-from ..transfer import Ring, Sent, TransferStats, unpack
-from ..wrapper import Fields
+from ..errors import BatchError, ConfigError
+from ..fields import split
+from ..transfer import Sent, TransferStats
+from ..wrapper import Wrapped
+from .dataloader import options_of
 
 
 class PrepareOnDevice:
@@ -40,48 +42,60 @@ class PrepareOnDevice:
 
     def prepare_on_device(self, **options: Any) -> None:
         """``options`` as for ``latecast.wrap``; augment, erase and mix in training only."""
-        train = Fields.of(options)  # and, by self.training, for evaluation:
+        train = options_of(options)  # and, by self.training, for evaluation:
         self._latecast = {True: train, False: replace(train, augment=None, erase=None, mix=None)}
-        self._latecast_moved = {k: replace(f) for k, f in self._latecast.items()}
-        for f in self._latecast_moved.values():
-            f.moved = True  # batches another transfer_batch_to_device moved
-        self._latecast_stats, self._latecast_ring = TransferStats(), None
+        self._latecast_stats, self._latecast_movers = TransferStats(), {}
 
     @property
     def latecast_stats(self) -> TransferStats:
         """The bytes of the batches prepared (training and evaluation), as ``wrap.stats``."""
         return replace(self._latecast_stats)
 
-    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
-        """The batch packed and its copy started; ``on_after_batch_transfer`` finishes it."""
+    def _latecast_mover(self, device: torch.device) -> Wrapped:
+        """The two halves for this mode (training or evaluation) on ``device``."""
         if not hasattr(self, "_latecast"):
             self.prepare_on_device()
-        if self._latecast_ring is None or self._latecast_ring.device != device:
-            self._latecast_ring = Ring(2, device)
-        fields = self._latecast[self.training]
-        return fields.send(self._latecast_ring, batch, self._latecast_stats)
+        key = (self.training, str(device))
+        if key not in self._latecast_movers:
+            options = self._latecast[self.training]
+            mover = Wrapped(None, options, device, stats=self._latecast_stats)
+            mover._start()
+            self._latecast_movers[key] = mover
+        return self._latecast_movers[key]
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
+        """The batch packed and its copy started; ``on_after_batch_transfer`` finishes it."""
+        return self._latecast_mover(device).send(batch)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         batch = super().on_after_batch_transfer(batch, dataloader_idx)
-        if not hasattr(self, "_latecast"):
-            self.prepare_on_device()
         trainer = self.trainer
         step = trainer.fit_loop.epoch_loop.batch_idx + 1  # Lightning counts it up after this hook
         where = (trainer.current_epoch, trainer.global_rank, step)
-        self._latecast_stats.batches += 1
         if isinstance(batch, Sent):  # packed by transfer_batch_to_device above
-            ring, extra = self._latecast_ring, batch.extra
-            fields, plans = self._latecast[self.training], batch.plans
-            views, device = unpack(ring, batch, keep=True), ring.device
-        else:  # moved by a transfer_batch_to_device of your own: finished as it came
-            fields, extra = self._latecast_moved[self.training], split(batch)
-            values, plans = fields.plan(extra[0])
-            tensors = [v if isinstance(v, torch.Tensor) else None for v in values]
-            self._latecast_stats.count(plans, copies=sum(t is not None for t in tensors))
-            plans = [None if isinstance(f, AsIs) else f for f in plans]  # as they came
-            device = next((t.device for t in tensors if t is not None), None)
-            views = [  # the fields' bytes viewed as unpack views them
-                f and f.view(t.to(f.dtype).contiguous().view(-1).view(torch.uint8), device)
-                for t, f in zip(tensors, plans)
-            ]
-        return fields.finish_batch(plans, views, extra, where, device)
+            device = batch.dev.device
+            return self._latecast_mover(device).finish(batch, where)
+        return self._moved(batch, where)
+
+    def _moved(self, batch: Any, where: tuple) -> Any:
+        """A batch a ``transfer_batch_to_device`` of your own moved: its tensors viewed as they
+        would have crossed, then finished as they came (a field that crosses only as latecast
+        packs it, files or ragged clips, is a BatchError)."""
+        leaves, rebuild = split(batch)
+        tensors = [v if isinstance(v, torch.Tensor) else None for _, v in leaves]
+        device = next((t.device for t in tensors if t is not None), torch.device("cpu"))
+        mover = self._latecast_mover(device)
+        values, plans = mover.planned(leaves)
+        for f, t in zip(plans, tensors):
+            if f is not None and (
+                t is None or f.on_host or f.nbytes != t.numel() * f.dtype.itemsize
+            ):
+                raise BatchError(
+                    f"field {f.name!r} ({f.what}) crosses only as latecast packs it, not after "
+                    "another transfer_batch_to_device moved the batch: leave that to "
+                    "PrepareOnDevice's"
+                )
+        self._latecast_stats.count(plans, copies=sum(t is not None for t in tensors))
+        views = [f and f.view(t.to(f.dtype).contiguous().view(-1).view(torch.uint8), device)
+                 for f, t in zip(plans, tensors)]  # fmt: skip
+        return mover.finished(plans, views, leaves, rebuild, where, device)

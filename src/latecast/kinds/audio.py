@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import BatchError, ConfigError, check, refuse
-from ..fields import Field, Name, as_tensor, check_fits, integral, numpy_dtype
+from ..fields import Context, Field, Name, as_tensor, check_fits, integral, numpy_dtype
 
 WIDTHS = (torch.int16, torch.int32, torch.int8, torch.uint8)  # what a field may be stored in
 CROPS = ("random", "centre", "start")
@@ -119,7 +119,7 @@ class Waveform:
     mel: Mel | None = None
     lengths: Name | None = None  # the field holding each padded clip's length
 
-    def plan(self, name: Name, value: Any, options: Any) -> Samples:
+    def plan(self, name: Name, value: Any, options: Any, batch: dict) -> Samples:
         t = as_tensor(value)
         ragged = t is None  # a list of clips
         clips = _clips(name, value) if ragged else [t]
@@ -131,13 +131,8 @@ class Waveform:
             )
         for c in clips:
             self._check_values(name, c)
-        lens = self._lengths(name, t, clips, options)
+        lens = self._lengths(name, t, clips, batch)
         crosses = ragged or self.lengths is not None  # the lengths (full rows: nothing more)
-        if options.moved and crosses:
-            raise BatchError(
-                f"field {name!r}: ragged or padded clips cross as latecast.wrap packs them, "
-                "not after another framework moved the batch"
-            )
         short = np.flatnonzero(lens.numpy() < self.length)
         if len(short) and not self.pad:
             k = int(short[0])
@@ -160,13 +155,13 @@ class Waveform:
             )
         check_fits(name, clip, self.dtype, what="samples")
 
-    def _lengths(self, name: Name, t: torch.Tensor | None, clips: list, options: Any):
+    def _lengths(self, name: Name, t: torch.Tensor | None, clips: list, batch: dict):
         """Each clip's samples as stored, int64 ``(N,)`` on the host."""
         if t is None:
             return torch.tensor([c.shape[-1] for c in clips], dtype=torch.int64)
         if self.lengths is None:
             return torch.full((len(t),), t.shape[-1], dtype=torch.int64)
-        given = as_tensor(dict(options.leaves).get(self.lengths))
+        given = as_tensor(batch.get(self.lengths))
         ok = given is not None and integral(given.dtype) and tuple(given.shape) == (len(t),)
         lens = given.cpu().long() if ok else None
         if not ok or (len(lens) and not (0 <= lens.min() and lens.max() <= t.shape[-1])):
@@ -194,7 +189,7 @@ def _shapes(clips: list) -> str:
 @dataclass(frozen=True)
 class Samples(Field):
     """The audio kind: the samples (rows, or ragged clips back to back) then, where clips are
-    ragged or padded, each clip's length (int64); finished by ``prepared``."""
+    ragged or padded, each clip's length (int64)."""
 
     spec: Waveform | None = None
     n: int = 0
@@ -203,7 +198,6 @@ class Samples(Field):
     lens: torch.Tensor | None = None  # (n,) int64 on the host, where it crosses
     clips: list | None = None  # ragged clips, as given
 
-    draws = True
     what = "audio"
 
     @functools.cached_property
@@ -234,11 +228,11 @@ class Samples(Field):
         lens = None if self.lens is None else raw[cut:].clone().view(torch.int64)  # aligned
         return raw[:cut].view(self.dtype).view(self.shape), lens
 
-    def prepared(self, x: tuple, prepare: Any, moves: Any) -> torch.Tensor | Clips:
+    def finish(self, x: tuple, ctx: Context) -> torch.Tensor | Clips:
         """Float clips ``(N, [C,] length)`` (or their mel ``(N, [C,] n_mels, frames)``):
         cropped where longer (the crop's offset drawn first), padded with zeros where shorter,
         scaled to [-1, 1], then a gain drawn in dB and clamped to [-1, 1] (torchaudio's Vol)."""
-        g = prepare.generator(x[0].device)
+        g = ctx.generator
         wave, kept = self.cropped(*x, g)  # x: (samples, lengths or None)
         spec = self.spec
         if spec.gain is not None:

@@ -21,9 +21,9 @@ import torch
 
 from ..data import Split
 from ..errors import BatchError, check, numbers_of, refuse
-from ..fields import Field, Name, Taken, check_channels
+from ..fields import Context, Field, Image, Mask, Name, check_channels, normalized
 from ..threads import count, pool
-from ..transfer import Mover, label_field
+from ..transfer import Stored
 from ..transforms import INTERPOLATIONS
 from .decode import _MODES, At, Encoded, decoder, decoder_on
 from .jpegheader import JPEG_SIDE, jpeg_headers, too_big
@@ -40,12 +40,7 @@ class Jpeg:
     channels: int | None = None  # None: 3 unless every file is greyscale
     interpolation: str = "bilinear"
 
-    def plan(self, name: Name, value: Any, options: Any) -> JpegFile:
-        if options.moved:
-            raise BatchError(
-                f"field {name!r} is declared JPEG files: those are decoded by latecast.wrap "
-                "(from its pinned buffer), not after another framework moved the batch"
-            )
+    def plan(self, name: Name, value: Any, options: Any, batch: dict) -> JpegFile:
         files = files_of(value, name)
         if files is None:
             raise BatchError(
@@ -68,11 +63,11 @@ class Jpeg:
                 f"field {name!r}: JPEG files of {len(set(sizes))} sizes ({some}, ...): declare "
                 f"the training size, fields={{{name!r}: latecast.jpeg(size=(H, W))}}"
             )
-        check_channels(name, channels, len(options.prepare.mean))
+        check_channels(name, channels, len(options.mean or (0,)))
         kept = [f[:0] if i in decoded else f for i, f in enumerate(files)]  # of its own type
         sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
-        return JpegFile(name, torch.uint8, (len(kept),), None, kept, sizes, size, channels,
-                        decoded, heads, interpolation=self.interpolation)  # fmt: skip
+        return JpegFile.of(name, kept, sizes, size, channels, decoded=decoded, heads=heads,
+                           interpolation=self.interpolation)  # fmt: skip
 
 
 def jpeg(
@@ -144,7 +139,7 @@ def _read(name: Name, k: int, path: Any) -> np.ndarray:
 
 
 def recognised(value: Any, name: Name) -> tuple[Jpeg, list] | None:
-    """An undeclared field as JPEG files (``Fields.recognise``), when it is a list of files any
+    """An undeclared field as JPEG files (``Options.recognise``), when it is a list of files any
     of which starts with the JPEG signature (rows read from their paths: the first alone)."""
     for k in range(len(value) if isinstance(value, (list, tuple, np.ndarray)) else 0):
         head = files_of(value[k : k + 1], name)
@@ -175,6 +170,15 @@ class JpegFile(Field):
     category, what = "image", "jpeg"
     pixels = on_host = True
 
+    @classmethod
+    def of(cls, name: Name, files: list, sizes: torch.Tensor, size: tuple, channels: int,
+           offsets: list | None = None, **more: Any) -> JpegFile:  # fmt: skip
+        """The field of ``files`` (``offsets``: where each starts, back to back, if known)."""
+        f = cls(name, torch.uint8, (len(files),), None, files, sizes, tuple(size), channels, **more)
+        if offsets is not None:
+            vars(f)["offsets"] = offsets  # the cached property, as a store already knows it
+        return f
+
     @functools.cached_property
     def offsets(self) -> list[int]:
         return list(itertools.accumulate(map(len, self.files), initial=0))
@@ -201,12 +205,42 @@ class JpegFile(Field):
             np.concatenate(self.files, out=dst.numpy())
 
     def view(self, raw: torch.Tensor, device: torch.device) -> Encoded:
-        """The files (``raw``: host bytes) as a batch for ``Prepare`` to decode on ``device``."""
+        """The files (``raw``: host bytes) as a batch to decode on ``device``."""
         idx = torch.arange(len(self.files)) if self.indices is None else self.indices
         names = self.names or (None if self.source else At(self.name))  # a file in messages
         return Encoded(raw, self.offsets, self.sizes, idx, self.channels, device,
                        self.source or f"field {self.name!r}", self.decoded, names, self.heads,
                        self.plain, self.interpolation)  # fmt: skip
+
+    def sizes_of(self, x: Encoded) -> torch.Tensor:
+        return x.sizes  # each file's own: the draw's boxes are made in them
+
+    def finish(self, x: Encoded, ctx: Context) -> torch.Tensor:
+        """Decoded to the training size by the draw's boxes (else resized to cover it and its
+        centre cropped), then as an image (``normalized``)."""
+        return normalized(x.decode(self.size, ctx.draw.boxes), ctx)
+
+    def together(self, plans: list[Field | None]) -> None:
+        """Masks beside JPEG files are moved by the files' decoding boxes: one a file, each
+        its file's size, every image of the batch coming out at one size (BatchError)."""
+        masks = [f for f in plans if isinstance(f, Mask)]
+        if not masks:
+            return
+        m, (n, h, w) = masks[0], masks[0].nhw
+        other = [(k, a, b) for k, (a, b) in enumerate(self.sizes.tolist()) if (a, b) != (h, w)]
+        bad = "its file at position {} is {}x{}".format(*other[0]) if other else ""
+        if bad := f"it holds {len(self.files)} files" if len(self.files) != n else bad:
+            raise BatchError(
+                f"field {m.name!r}: masks {(n, h, w)} are moved with the files of JPEG field "
+                f"{self.name!r} (by their decoding boxes), but {bad}"
+            )
+        files = [f for f in plans if isinstance(f, JpegFile)]
+        outs = {f.size for f in files} | {f.nhw[1:] for f in plans if isinstance(f, Image)}
+        if len(outs) > 1:
+            raise BatchError(
+                f"field {m.name!r}: masks come out at the size of their JPEG images, so every "
+                f"image of the batch must come out at one size, got {sorted(outs)}"
+            )
 
 
 def host_decode(name: Name, i: int, data: bytes | np.ndarray, channels: int) -> torch.Tensor:
@@ -235,11 +269,13 @@ def host_decode(name: Name, i: int, data: bytes | np.ndarray, channels: int) -> 
     return image
 
 
-class JpegStore(Mover):
-    """JPEG stores: a batch's files packed beside its narrow labels; the labels cross, the
-    files stay in the pinned slot for the decoder (nvJPEG parses them on the host)."""
+class JpegStore(Stored):
+    """JPEG stores and streams: a batch's files packed beside its narrow labels; the labels
+    cross, the files stay in the pinned slot for the decoder (nvJPEG parses them on the host).
+    Each file of a store is checked against its CRC-32 at a run's first read of it."""
 
-    name = "jpeg"  # its 2 slots: a batch is decoded before the next is gathered
+    name = "jpeg"
+    slots, side = 3, True  # read ahead as wrap: one copy in flight, one out, one being filled
 
     def __init__(self, dataset: Split, device: torch.device, batch_size: int) -> None:
         super().__init__(dataset, device, batch_size)
@@ -254,19 +290,14 @@ class JpegStore(Mover):
     def gather(self, item: Any) -> tuple[list[Field], list]:
         """An index batch of a store; for a stream, the ``(EncodedDataset, ids, names)`` of a
         batch its source read (``StreamedDataset``)."""
-        ds, idx, names = (self.dataset, item, None) if torch.is_tensor(item) else item
-        at = idx.numpy() if names is None else np.arange(len(idx))
-        data = ds.data.view(np.ndarray)  # a plain view slices faster than a memmap
-        starts, ends = ds.offsets[at], ds.offsets[at + 1]
-        files = [data[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
-        if names is None and self.unread is not None and self.unread[at].any():
-            self._first_read(at, files)
-        sizes = torch.from_numpy(ds.sizes[at].astype(np.int64))
-        jpegs = JpegFile(0, torch.uint8, (len(files),), None, files, sizes, tuple(ds.size),
-                         ds.channels, source=f"{ds.name}/{ds.split}", indices=idx, names=names,
-                         plain=ds.plain)  # fmt: skip
-        vars(jpegs)["offsets"] = np.concatenate([[0], np.cumsum(ends - starts)]).tolist()  # cached
-        return [jpegs, label_field(ds, len(at))], [files, Taken(ds.labels, at)]
+        if not torch.is_tensor(item):
+            ds, idx, names = item
+            return ds.batch(np.arange(len(idx)), indices=idx, names=names)
+        at = item.numpy()
+        plans, values = self.dataset.batch(at, indices=item)
+        if self.unread is not None and self.unread[at].any():
+            self._first_read(at, values[0])
+        return plans, values
 
     def _first_read(self, idx: np.ndarray, files: list[np.ndarray]) -> None:
         """Files read for the first time checked against their store's CRC-32 (damage libjpeg

@@ -47,6 +47,24 @@ class EncodedDataset(Split):
 
         return {JpegStore.name: JpegStore}
 
+    def batch(self, at: np.ndarray, indices=None, names: list | None = None) -> tuple[list, list]:
+        """The files and labels ``at`` (``indices``: the samples' own, a torch tensor;
+        ``names``: a stream's, each file's shard and key)."""
+        import torch  # not for convert's workers
+
+        from ..fields import Taken, labels_field
+        from .jpeg import JpegFile
+
+        data = self.data.view(np.ndarray)  # a plain view slices faster than a memmap
+        starts, ends = self.offsets[at], self.offsets[at + 1]
+        files = [data[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
+        sizes = torch.from_numpy(self.sizes[at].astype(np.int64))
+        offsets = np.concatenate([[0], np.cumsum(ends - starts)]).tolist()
+        jpegs = JpegFile.of(0, files, sizes, self.size, self.channels, offsets,
+                            source=f"{self.name}/{self.split}", indices=indices, names=names,
+                            plain=self.plain)  # fmt: skip
+        return [jpegs, labels_field(self.labels, len(at))], [files, Taken(self.labels, at)]
+
     @property
     def image_shape(self) -> tuple[int, int, int]:  # once decoded and cropped to size
         return (*self.size, self.channels)

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from ..errors import BatchError, ConfigError, check, numbers_of, refuse
-from ..fields import Field, Name, check_bytes, check_channels, integral
-from ..transforms import Augment, Moves, crop_into, normalize
+from ..fields import Context, Field, Name, check_bytes, check_channels, integral
+from ..transforms import Augment, crop_into, normalize
 
 # a layout's dims -> (N, T, H, W, C): what a clip is made on the device
 LAYOUTS = {"NTHWC": (0, 1, 2, 3, 4), "NTCHW": (0, 1, 3, 4, 2), "NCTHW": (0, 2, 3, 4, 1)}
@@ -34,7 +34,7 @@ class Clip:
     size: tuple[int, int] | None = None  # the (H, W) out; None: the frames' own
     out: str = "NCTHW"  # how it comes out
 
-    def plan(self, name: Name, t: torch.Tensor, options: Any) -> Clips:
+    def plan(self, name: Name, t: torch.Tensor, options: Any, batch: dict) -> Clips:
         shape = tuple(t.shape)
         if t.ndim != 5 or not integral(t.dtype):
             raise BatchError(
@@ -57,7 +57,7 @@ class Clip:
                 f"field {name!r}: frames of {h}x{w} ({self.layout} {shape}) are smaller than "
                 f"the declared size {size[0]}x{size[1]}"
             )
-        check_channels(name, c, len(options.prepare.mean), f" ({self.layout} {shape})")
+        check_channels(name, c, len(options.mean or (0,)), f" ({self.layout} {shape})")
         _check_options(name, options)
         return Clips(name, torch.uint8, shape, t.dtype, self.layout, size, self.out)
 
@@ -127,20 +127,25 @@ class Clips(Field):
     out: str = "NCTHW"
 
     category, what = "image", "clip"
-    pixels = draws = True
+    pixels = crops = True
 
     def view(self, raw: torch.Tensor, device: torch.device) -> torch.Tensor:
         """``(N, T, H, W, C)``, whatever the layout it crossed in (a view)."""
         return super().view(raw, device).permute(LAYOUTS[self.layout])
 
-    def frames(self, x: torch.Tensor) -> torch.Tensor:
-        return x[:, 0]  # (N, H, W, C): one draw per clip, for its frames' size
+    def sizes_of(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tensor([x.shape[2:4]]).expand(len(x), 2)  # its frames'
 
-    def prepared(self, x: torch.Tensor, prepare: Any, moves: Moves | None) -> torch.Tensor:
-        """Cropped to ``size`` (``boxes``), moved and coloured by ``moves`` and ``prepare``'s
-        generators, one draw per clip; normalized with ``prepare``'s mean/std into ``out``."""
+    def finish(self, x: torch.Tensor, ctx: Context) -> torch.Tensor:
+        """Cropped to ``size`` by the draw's box (a resized crop's, or a random crop's), else
+        its centre (torchvision's ``CenterCrop`` rounding); moved and coloured by the draw, one
+        per clip for all its frames; normalized into ``out``."""
         n, t = x.shape[:2]
-        boxes = self.boxes(x, moves, prepare.generator(torch.device("cpu")))
+        boxes = ctx.draw.boxes
+        if boxes is None and tuple(x.shape[2:4]) != self.size:
+            (h, w), (sh, sw) = x.shape[2:4], self.size
+            at = torch.tensor([[round((h - sh) / 2), round((w - sw) / 2)]]).expand(n, 2)
+            boxes = torch.cat([at, torch.tensor([[sh, sw]]).expand(n, 2)], 1)
         if boxes is None:
             x = x.contiguous()  # a copy only for clips that crossed in another layout
         else:
@@ -149,34 +154,16 @@ class Clips(Field):
                 crop_into(x[i], box, out[i])
             x = out
         frames = x.view(n * t, *x.shape[2:])  # (N*T, H, W, C)
-        if moves is not None:  # colour and cutout drawn per clip, given to each of its frames
-            frames = moves.augment.pixels(frames, moves, prepare.generator(x.device), frames=t)
-        return self.normalized(frames, n, prepare)
+        d = ctx.draw.per_clip(t)
+        return self.normalized(d.colour(d.shift_and_flip(frames)), n, ctx)
 
-    def boxes(self, x: torch.Tensor, moves: Moves | None, host: torch.Generator):
-        """``(N, 4)`` ``(top, left, height, width)`` on the CPU, a box per clip: the resized
-        crop's of ``moves``, else a crop of ``size``, at random (``host``) under an
-        ``Augment``, in the centre (torchvision's ``CenterCrop`` rounding) without; None where
-        the clips keep their size."""
-        if moves is not None and moves.boxes is not None:
-            return moves.boxes
-        n, (h, w), (sh, sw) = len(x), x.shape[2:4], self.size
-        if (sh, sw) == (h, w):
-            return None
-        if moves is None:
-            at = torch.tensor([[round((h - sh) / 2), round((w - sw) / 2)]]).expand(n, 2)
-        else:  # RandomCrop's draw: each corner uniform where the crop fits
-            spare = torch.tensor([h - sh, w - sw], dtype=torch.float64)
-            at = (torch.rand(n, 2, generator=host, dtype=torch.float64) * (spare + 1)).long()
-        return torch.cat([at, torch.tensor([[sh, sw]]).expand(n, 2)], 1)
-
-    def normalized(self, frames: torch.Tensor, n: int, prepare: Any) -> torch.Tensor:
+    def normalized(self, frames: torch.Tensor, n: int, ctx: Context) -> torch.Tensor:
         """uint8 ``(N*T, H, W, C)`` -> normalized ``out``, written by one ``normalize``: for
         NCTHW the frames are taken as ``(N, T*H, W, C)`` images, whose ``(N, C, T*H, W)``
         result is ``(N, C, T, H, W)``."""
         nt, h, w, c = frames.shape
         t, ncthw = nt // n, self.out == "NCTHW"
         images = frames.view(n, t * h, w, c) if ncthw else frames
-        y = normalize(images, prepare.mean, prepare.std, dtype=prepare.dtype,
-                      channels_last=prepare.channels_last)  # fmt: skip
+        y = normalize(images, ctx.mean, ctx.std, dtype=ctx.dtype,
+                      channels_last=ctx.channels_last)  # fmt: skip
         return y.view(n, c, t, h, w) if ncthw else y.view(n, t, c, h, w)

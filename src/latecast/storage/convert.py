@@ -36,7 +36,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from ..data import Dataset, mean_std
+from ..data import mean_std, pixels_of
 from ..errors import ConfigError, FormatError
 from ..kinds.jpegfiles import EncodedDataset
 from ..kinds.jpegheader import too_big
@@ -262,7 +262,7 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
                     "std": stats[1],
                 }
                 if job.encoding == "raw":
-                    ds, more = Dataset(**arrays, **common), {}
+                    ds, more = pixels_of(arrays["images"])(**arrays, **common), {}
                 else:
                     channels = 1 if job.mode == "L" else 3
                     ds = EncodedDataset(**arrays, **common, channels=channels, size=job.size)

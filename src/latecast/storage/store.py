@@ -35,7 +35,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..data import Dataset, check_labels
+from ..data import Dataset, check_labels, pixels_of
 from ..errors import ConfigError, FormatError, refuse
 from ..kinds.jpegfiles import EncodedDataset
 from ..kinds.jpegheader import JPEG_SIDE, MAX_PIXELS, jpeg_header, too_big
@@ -346,7 +346,9 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
         "digest": meta["images_sha256"],
     }
     if encoding == "raw":
-        ds = Dataset(images=arrays["images"], **common)  # checks the dtypes and ndim
+        ds = pixels_of(arrays["images"])(
+            images=arrays["images"], **common
+        )  # checks the dtypes and ndim
     else:
         crc = np.array(arrays.pop("crc32"))  # small: read it whole
         ds = EncodedDataset(

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .. import transforms
-from ..data import Dataset
+from ..data import Batch, Dataset
 from ..distributed import resolve_device
 from ..errors import ConfigError
 from ..integrations.dataloader import wrap
@@ -31,7 +31,7 @@ from ..loader import Loader, epoch_order
 from ..storage.datasets import load_dataset
 from ..storage.options import option
 from ..trainer.loop import TrainConfig, evaluate, recipe, resolve_config, stopwatch, train_step
-from ..transfer import Batch, float32_bytes, movers_for
+from ..transfer import float32_bytes, movers_for
 from . import measure
 from .photo_rows import photo_rows
 

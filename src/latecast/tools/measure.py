@@ -18,11 +18,10 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from ..data import Dataset
+from ..data import Batch, Dataset
 from ..loader import Loader
 from ..storage.options import DATASET_HELP, option, validate
 from ..trainer.loop import stopwatch
-from ..transfer import Batch
 from ..transforms import Augment
 from .text import markdown_table  # noqa: F401 (the reports' tables, benchmarks/ import it here)
 

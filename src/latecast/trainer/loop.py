@@ -24,15 +24,16 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import distributed
-from ..data import Dataset
+from ..data import Batch, Dataset
 from ..errors import CheckpointError, ConfigError, TrainingError
+from ..fields import Image, labels_field
 from ..kinds.jpeg import JpegStore
 from ..kinds.jpegfiles import EncodedDataset
 from ..loader import IGNORE, Loader, parse_order
 from ..storage.datasets import load_dataset
 from ..storage.options import DATASET_HELP, option, validate
 from ..storage.stream import StreamedDataset
-from ..transfer import MOVERS, Batch, float32_bytes, uint8_bytes
+from ..transfer import MOVERS, float32_bytes, uint8_bytes
 from ..transforms import Augment, Mix
 from . import checkpoint, graphed, group, rundir, stops
 from .checkpoint import fingerprint
@@ -413,14 +414,17 @@ def _check_graph(config: TrainConfig, loader: Loader, distributed_: bool) -> Non
 
 
 def _rehearse(loader: Loader) -> None:
-    """The first step's data path in miniature (the epoch's order, then prepare on two blank
-    images), so what it cannot do fails in set-up and under ``--check``; no draw moves."""
+    """The first step's data path in miniature (the epoch's order, then two blank samples of
+    the dataset's fields finished: a JPEG store's as decoded pixels), so what it cannot do
+    fails in set-up and under ``--check``; no draw moves (each batch seeds its own)."""
     loader.index_batches()
-    ds = loader.dataset  # a 16-bit store's pixels come as their int16 bits
-    (h, w, c), n = ds.image_shape, min(2, len(ds))
-    dtype = torch.int16 if isinstance(ds, Dataset) and ds.images.dtype == np.uint16 else torch.uint8
-    images = torch.zeros(n, h, w, c, dtype=dtype, device=loader.device)
-    loader.prepare(images, torch.zeros(n, dtype=torch.int64, device=loader.device), torch.arange(n))
+    ds, dev = loader.dataset, loader.device
+    n = min(2, len(ds))
+    plans = ds.fields(n) if isinstance(ds, Dataset) else [
+        Image(0, torch.uint8, (n, *ds.image_shape)), labels_field(ds.labels, n)
+    ]  # fmt: skip
+    values = [f.view(torch.zeros(f.nbytes, dtype=torch.uint8, device=dev), dev) for f in plans]
+    loader.prepare(plans, values, (0, 0, 0), dev, torch.arange(n))
 
 
 def _check_same_data(train_set: Dataset, test_set: Dataset, device: torch.device) -> None:
