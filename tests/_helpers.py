@@ -200,3 +200,42 @@ def accelerate(*argv, cwd: Path | None = None) -> subprocess.CompletedProcess:
         env={"ACCELERATE_USE_CPU": "1"},
         cwd=cwd,
     )
+
+
+def finished(images, labels, where, mean=(0.0,), std=(1.0,), **settings):
+    """What the one finish (``latecast.prepare.Prepare``) makes of uint8 ``(N, H, W, C)``
+    images and integer labels (or None) as batch ``where`` (epoch, rank, batch): a reference
+    for a way in that must seed and finish as the others do."""
+    import torch
+
+    from latecast.fields import Image, Integer
+    from latecast.prepare import Prepare
+
+    plans = [Image(0, torch.uint8, tuple(images.shape))]
+    values = [images] + ([] if labels is None else [labels.long()])
+    plans += [] if labels is None else [Integer(1, torch.int64, tuple(labels.shape))]
+    return Prepare(mean, std, **settings)(plans, values, where, images.device)
+
+
+def draw_of(aug, seed: int, where: tuple, nhwc):
+    """The draw ``wrap`` makes for uint8 ``(N, H, W, C)`` images as batch ``where``."""
+    import torch
+
+    from latecast.fields import Image
+    from latecast.prepare import Prepare
+
+    p, dev = Prepare((0.0,), (1.0,), augment=aug, seed=seed), nhwc.device
+    p.seed_batch(where, dev)
+    f = Image(0, torch.uint8, tuple(nhwc.shape))
+    g, host = p.generator(dev), p.generator(torch.device("cpu"))
+    return p.draw(f, f.sizes_of(nhwc), dev, g, host, None, where[0])
+
+
+def moved_by_lightning(batch, where=(0, 0, 0), training=True, **options):
+    """What ``PrepareOnDevice`` makes of ``batch`` that a ``transfer_batch_to_device`` of the
+    user's own moved (here: left where it is)."""
+    from latecast.integrations.lightning import PrepareOnDevice
+
+    module = type("Module", (PrepareOnDevice,), {"training": training})()
+    module.prepare_on_device(**options)
+    return module._moved(batch, where)

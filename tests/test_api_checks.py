@@ -13,8 +13,8 @@ import latecast
 from latecast import PrepareOnDevice
 from latecast.errors import BatchError, ConfigError, FormatError, LatecastError
 from latecast.loader import Loader
+from latecast.plan import Options, plan
 from latecast.transforms import Augment, Erasing, Mix
-from latecast.wrapper import Fields
 
 
 def first(batch, **kwargs):
@@ -36,7 +36,7 @@ def test_values_that_do_not_fit_a_declared_dtype_are_refused_never_wrapped_aroun
         first({"x": np.array([0, 2**64 - 1], np.uint64)})
     # on a batch Lightning already moved (the same check, the values read on the device)
     with pytest.raises(BatchError, match="values -5..300 do not fit the declared torch.uint8"):
-        Fields(fields=both).plan([("x", torch.tensor([-5, 300]))])
+        plan(Options(fields=both), [("x", torch.tensor([-5, 300]))])
 
 
 def test_a_one_byte_declared_dtype_is_honoured_or_refused():
@@ -300,13 +300,3 @@ def test_the_other_entry_points_take_no_raw_python_error_from_their_arguments(ti
             continue
         with pytest.raises(LatecastError):  # "x": no such dataset, store or split: said so
             call()
-
-
-def test_the_old_lightning_module_name_stays_as_an_alias_that_says_so():
-    import importlib
-
-    import latecast.lightning as old
-
-    with pytest.warns(DeprecationWarning, match="latecast.integrations.lightning"):
-        importlib.reload(old)
-    assert old.PrepareOnDevice is PrepareOnDevice

@@ -11,11 +11,10 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from _helpers import lightning_trainer
+from _helpers import finished, lightning_trainer
 
 import latecast
 from latecast.loader import Loader, epoch_order
-from latecast.prepare import Prepare
 from latecast.transfer import float32_bytes
 
 N, BATCH = 64, 8  # per rank: 32 samples, 4 batches an epoch
@@ -96,9 +95,8 @@ def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
     assert len(net.trained) == 8 and {e for e, *_ in net.trained} == {0, 1}
     for epoch, batch_idx, x, y in net.trained:
         assert y.dtype == torch.int64 and x.shape == (16, 3, 6, 5)
-        want = Prepare(mean, std, augment=aug, seed=3)
-        want.seek(epoch, 0, batch_idx)
-        assert torch.equal(x, want(images[y], y)[0]), (epoch, batch_idx)
+        want = finished(images[y], y, (epoch, 0, batch_idx), mean, std, augment=aug, seed=3)
+        assert torch.equal(x, want[0]), (epoch, batch_idx)
     for x, y in net.validated:
         assert torch.equal(x, latecast.normalize(images[y], mean, std))
 
@@ -109,8 +107,7 @@ def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
     )
     for _, batch_idx, x, y in net.trained:
         ids = torch.arange(16 * batch_idx, 16 * batch_idx + 16)
-        want = Prepare(mean, std, augment=aug, seed=3, mix=mix)
-        want.seek(0, 0, batch_idx)
-        wx, wy = want(images[ids], ids)
+        wx, wy = finished(images[ids], ids, (0, 0, batch_idx), mean, std, augment=aug, seed=3,
+                          mix=mix)  # fmt: skip
         assert y.shape == (16, N) and torch.equal(x, wx) and torch.equal(y, wy)
     assert {tuple(y.tolist()) for _, y in net.validated} == {tuple(range(16))}  # never mixed

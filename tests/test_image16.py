@@ -10,11 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
+from _helpers import draw_of
 from torch.utils.data import DataLoader, Dataset
 
 import latecast
 from latecast.errors import BatchError, ConfigError
-from latecast.prepare import Prepare
 from latecast.transforms import Mix
 
 CPU = torch.device("cpu")
@@ -88,10 +88,7 @@ def mask_pipeline(masks, draws) -> torch.Tensor:
 
 def draws_of(aug, seed: int, k: int, nhwc: torch.Tensor, epoch: int = 0):
     """The geometric draw ``wrap`` makes for batch ``k`` of ``epoch`` (the seeds it uses)."""
-    ref = Prepare((0.0,), (1.0,), augment=aug, seed=seed)
-    ref.seek(epoch, 0, k)
-    ref.next_batch(nhwc.device)
-    return ref.moves(nhwc)
+    return draw_of(aug, seed, (epoch, 0, k), nhwc)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])

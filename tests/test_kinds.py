@@ -3,12 +3,16 @@ defined in this file alone crosses and finishes through every path that packs a 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import latecast
-from latecast.fields import Field, Image, Taken
+from latecast.data import Dataset, Split
+from latecast.fields import Field, Image, Taken, labels_field
 from latecast.transfer import Ring, TransferStats, pack, unpack
 
 CPU = torch.device("cpu")
@@ -18,14 +22,86 @@ class Doubled(Field):
     """Integers that cross as int8 (one byte each) and come out doubled, as int64."""
 
     @classmethod
-    def plan(cls, name, t, options):
+    def plan(cls, name, t, options, batch):
         return cls(name, torch.int8, tuple(t.shape), t.dtype)
 
     def view(self, raw, device):
         return raw.view(torch.int8).view(self.shape).long()
 
-    def finish(self, x):
+    def finish(self, x, ctx):
         return x * 2
+
+
+class Heat(Field):
+    """A pixel kind: int16 values per pixel ``(N, H, W)``, cropped and flipped with the batch's
+    images (its draw), out float32 ``(N, 1, H, W)``."""
+
+    pixels = True
+
+    @classmethod
+    def plan(cls, name, t, options, batch):
+        return cls(name, torch.int16, tuple(t.shape), t.dtype)
+
+    @property
+    def size(self):
+        return self.shape[1:]
+
+    def view(self, raw, device):
+        return raw.view(torch.int16).view(self.shape)[..., None]  # (N, H, W, 1)
+
+    def finish(self, x, ctx):
+        return ctx.draw.shift_and_flip(x).permute(0, 3, 1, 2).float()
+
+
+class Nibbles(Image):
+    """A kind a store holds: uint8 images of 16 grey levels stored two pixels a byte
+    ``(N, H, W / 2, C)``, half the bytes; unpacked on the device, then finished as images."""
+
+    @classmethod
+    def plan(cls, name, t, options, batch):
+        return cls(name, torch.uint8, tuple(t.shape), t.dtype)
+
+    @property
+    def size(self):
+        n, h, half, c = self.shape
+        return (h, 2 * half)
+
+    def view(self, raw, device):
+        x = raw.view(self.shape)  # (N, H, W / 2, C): the high nibble first
+        return torch.stack([x >> 4, x & 15], 3).flatten(2, 3) * 17  # (N, H, W, C), 0..255
+
+
+def nibbled(pixels: torch.Tensor) -> torch.Tensor:
+    """uint8 ``(N, H, W, C)`` of multiples of 17 packed two a byte."""
+    x = (pixels // 17).view(*pixels.shape[:2], -1, 2, pixels.shape[3])
+    return (x[:, :, :, 0] << 4) | x[:, :, :, 1]
+
+
+@dataclass(frozen=True, eq=False)
+class NibbleStore(Split):
+    """A split whose images are stored as ``Nibbles``: its batch is described as that kind."""
+
+    packed: np.ndarray  # (N, H, W / 2, C) uint8
+
+    @property
+    def image_shape(self):
+        n, h, half, c = self.packed.shape
+        return (h, 2 * half, c)
+
+    @property
+    def image_bytes(self):
+        return self.packed.nbytes
+
+    def batch(self, at):
+        images = Nibbles(0, torch.uint8, (len(at), *self.packed.shape[1:]))
+        return [images, labels_field(self.labels, len(at))], [
+            Taken(self.packed, at), Taken(self.labels, at)
+        ]  # fmt: skip
+
+
+def grey16(n: int = 12, h: int = 6, w: int = 8, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 16, (n, h, w, 1), generator=g).to(torch.uint8) * 17
 
 
 def batch() -> dict:
@@ -56,13 +132,110 @@ def test_the_loaders_packer_takes_the_same_kind():
     b = batch()
     ring, stats = Ring(2, CPU), TransferStats()
     images = b["image"].numpy()
-    plans = [Image(0, torch.uint8, (2, 6, 6, 3)), Doubled.plan("x", b["x"], None)]
+    plans = [Image(0, torch.uint8, (2, 6, 6, 3)), Doubled.plan("x", b["x"], None, {})]
     rows = torch.tensor([3, 1])
     s = pack(ring, plans, [Taken(images, rows.numpy()), b["x"]], stats)
     got_images, got_x = unpack(ring, s)
     assert torch.equal(got_images, b["image"][rows])
-    assert torch.equal(plans[1].finish(got_x), b["x"] * 2)
+    assert torch.equal(plans[1].finish(got_x, None), b["x"] * 2)
     assert (stats.image_bytes, stats.other_bytes, stats.copies) == (2 * 6 * 6 * 3, 8, 1)
+
+
+AUG = dict(crop=2, flip=0.5)
+
+
+def heat_batches() -> list[dict]:
+    """Images whose first channel holds the heat's values: the heat must move as they do."""
+    out = []
+    for k in range(2):
+        g = torch.Generator().manual_seed(k)
+        heat = torch.randint(0, 256, (4, 6, 7), generator=g, dtype=torch.int16)
+        image = torch.cat([heat[..., None].to(torch.uint8)] * 3, 3)
+        out.append({"image": image, "heat": heat, "y": torch.arange(4)})
+    return out
+
+
+def nibble_batches() -> list[dict]:
+    return [{"image": nibbled(grey16(4, seed=k)), "y": torch.arange(4)} for k in range(2)]
+
+
+def assert_heat_moves_with_images(got: list[dict]) -> None:
+    moved = 0
+    for b, before in zip(got, heat_batches()):
+        assert b["heat"].dtype == torch.float32 and b["heat"].shape == (4, 1, 6, 7)
+        assert torch.equal(b["heat"][:, 0], (b["image"][:, 0] * 255).round())
+        moved += not torch.equal(b["heat"][:, 0], before["heat"].float())
+    assert moved  # the draw did move them
+
+
+def test_a_pixel_kind_of_ones_own_is_cropped_and_flipped_with_the_images():
+    options = dict(augment=latecast.Augment(**AUG), fields={"heat": Heat}, seed=3)
+    by_wrap = list(latecast.wrap(heat_batches(), device="cpu", **options))
+    assert_heat_moves_with_images(by_wrap)
+    mover = latecast.Mover(device="cpu", **options)
+    for got, want in zip([mover(b) for b in heat_batches()], by_wrap):
+        assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_a_kind_a_store_holds_moves_by_every_mover_as_its_unpacked_pixels():
+    """A split that describes its batch as ``Nibbles`` (``batch``) is moved by every mover,
+    half the image bytes, to the same batches as its pixels stored whole."""
+    pixels, labels = grey16(), np.arange(12, dtype=np.uint8) % 3
+    common = ("nib", "train", labels, ("a", "b", "c"), (0.5,), (0.25,))
+    store = NibbleStore(*common, nibbled(pixels).numpy())
+    whole = Dataset(*common, pixels.numpy())
+    options = dict(batch_size=5, device="cpu", seed=1, augment=latecast.Augment(**AUG))
+    for transfer in ("uint8", "prefetch", "resident", "float32"):
+        got = latecast.Loader(store, transfer=transfer, **options)
+        want = latecast.Loader(whole, transfer=transfer, **options)
+        for (x, y), (wx, wy) in zip(list(got), list(want), strict=True):
+            assert torch.equal(x, wx) and torch.equal(y, wy), transfer
+        if transfer == "uint8":
+            assert got.stats.image_bytes * 2 == want.stats.image_bytes
+    declared = dict(fields={"image": Nibbles}, mean=(0.5,), std=(0.25,))
+    by_wrap = list(latecast.wrap(nibble_batches(), device="cpu", **declared))
+    mover = latecast.Mover(device="cpu", **declared)
+    for b, got, m in zip(nibble_batches(), by_wrap, [mover(b) for b in nibble_batches()]):
+        want = latecast.normalize(grey16(4, seed=int(b is None)), (0.5,), (0.25,))
+        assert torch.equal(got["image"], m["image"])
+    for k, got in enumerate(by_wrap):
+        want = latecast.normalize(grey16(4, seed=k), (0.5,), (0.25,))
+        assert torch.equal(got["image"], want)
+
+
+def test_the_toy_kinds_under_the_lightning_hook_come_out_as_through_wrap():
+    """The pixel kind and the stored kind declared to a ``PrepareOnDevice`` LightningModule
+    under a real ``Trainer``: each training step sees what ``wrap`` makes of the batch."""
+    pytest.importorskip("lightning")
+    import lightning as L
+    from _helpers import lightning_trainer
+
+    for batches, options in (
+        (heat_batches(), dict(augment=latecast.Augment(**AUG), fields={"heat": Heat}, seed=3)),
+        (nibble_batches(), dict(fields={"image": Nibbles}, mean=(0.5,), std=(0.25,))),
+    ):
+        seen = []
+
+        class Model(latecast.PrepareOnDevice, L.LightningModule):
+            def __init__(self, options=options, seen=seen):
+                super().__init__()
+                self.prepare_on_device(**options)
+                self.seen = seen
+                self.w = torch.nn.Parameter(torch.zeros(()))
+
+            def training_step(self, batch, i):
+                self.seen.append({k: v.clone() for k, v in batch.items()})
+                return self.w * batch["image"].float().mean()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), 0.1)
+
+        loader = DataLoader(batches, batch_size=None)  # each batch as it is
+        lightning_trainer(max_steps=2, enable_checkpointing=False).fit(Model(), loader)
+        want = list(latecast.wrap(batches, device="cpu", **options))
+        assert len(seen) == len(want) == 2
+        for got, ref in zip(seen, want):
+            assert all(torch.equal(got[k], ref[k]) for k in ref)
 
 
 def test_the_new_kinds_under_the_lightning_hook_come_out_as_through_wrap():
@@ -127,11 +300,11 @@ def test_a_dataset_brings_its_own_movers_and_the_loader_takes_them():
 
     from latecast.data import Dataset
     from latecast.errors import ConfigError
-    from latecast.transfer import Uint8
+    from latecast.transfer import Stored
 
     gathered = []
 
-    class Counted(Uint8):
+    class Counted(Stored):
         name = "counted"
 
         def gather(self, idx):
@@ -157,8 +330,9 @@ def test_a_dataset_brings_its_own_movers_and_the_loader_takes_them():
 
 
 def test_undeclared_jpeg_files_are_recognised_by_mover_as_by_wrap():
-    """The edge names the recogniser (``Fields.recognise``): a field of JPEG files that
-    ``fields=`` does not declare is decoded alike by ``wrap`` and ``Mover``."""
+    """The edge names the recogniser (``Options.recognise``): a field of JPEG files that
+    ``fields=`` does not declare is decoded alike by ``wrap``, ``Mover`` and the Lightning
+    hook."""
     import numpy as np
     from _helpers import jpeg_bytes
 
@@ -169,3 +343,26 @@ def test_undeclared_jpeg_files_are_recognised_by_mover_as_by_wrap():
     by_mover = latecast.Mover(device="cpu")(b)
     assert by_wrap["image"].shape == (3, 3, 8, 8) and by_wrap["image"].dtype == torch.float32
     assert torch.equal(by_mover["image"], by_wrap["image"])
+    from latecast.integrations.lightning import PrepareOnDevice
+
+    module = type("Module", (PrepareOnDevice, _Hooked), {})()
+    module.prepare_on_device()
+    sent = module.transfer_batch_to_device(b, torch.device("cpu"), 0)
+    module.trainer = _Trainer()
+    assert torch.equal(module.on_after_batch_transfer(sent, 0)["image"], by_wrap["image"])
+
+
+class _Hooked:
+    """What Lightning's module gives the mixin: the base hook, ``training``."""
+
+    training = True
+
+    def on_after_batch_transfer(self, batch, dataloader_idx):
+        return batch
+
+
+class _Trainer:
+    """The trainer's counters the hook reads (its epoch, global rank, batch index)."""
+
+    current_epoch = global_rank = 0
+    fit_loop = type("Loop", (), {"epoch_loop": type("Epoch", (), {"batch_idx": -1})})

@@ -10,13 +10,12 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from _helpers import draw_of, moved_by_lightning
 from PIL import Image
 
 import latecast
 from latecast.errors import BatchError, ConfigError
-from latecast.prepare import Prepare
 from latecast.transforms import centre_boxes, nearest_crop, resized_crop
-from latecast.wrapper import Fields
 
 N, H, W = 6, 10, 12
 MASKS = {"mask": "mask", "mask1": "mask"}
@@ -78,11 +77,8 @@ def test_resized_crop_moves_the_mask_by_nearest_neighbour_with_the_images_own_bo
     batches = segmentation_batches(2)
     got = list(latecast.wrap(batches, device="cpu", augment=aug, fields=MASKS, seed=7))
     for k, (before, after) in enumerate(zip(batches, got)):
-        ref = Prepare((0.0,), (1.0,), augment=aug, seed=7)  # the same seeds: (7, 0, 0, k)
-        ref.seek(0, 0, k)
-        ref.next_batch(torch.device("cpu"))
         nhwc = before["image"].permute(0, 2, 3, 1)
-        moves = ref.moves(nhwc)
+        moves = draw_of(aug, 7, (0, 0, k), nhwc)  # the same seeds: (7, 0, 0, k)
         assert moves.boxes is not None and (moves.boxes[:, 2:] < torch.tensor([H, W])).any()
         images = moves.shift_and_flip(resized_crop(nhwc, moves.boxes, (H, W)))
         assert torch.equal(as_uint8(after["image"]), images.permute(0, 3, 1, 2))
@@ -181,14 +177,9 @@ def test_masks_already_on_the_device_are_moved_as_wraps_are():
     aug = latecast.Augment(resized_crop=0.3, crop=2, flip=0.5, jitter=0.2)
     batch = segmentation_batches(1)[0]
     want = next(iter(latecast.wrap([batch], device="cpu", augment=aug, fields=MASKS, seed=2)))
-    fields = Fields(augment=aug, fields=MASKS, seed=2)
-    fields.moved = True  # what PrepareOnDevice sets: as they came, no narrowing
-    tensors, plans = fields.plan(list(batch.items()))
-    cpu = torch.device("cpu")
-    views = [f.view(t.contiguous().view(-1).view(torch.uint8), cpu) for t, f in zip(tensors, plans)]
-    got = fields.finish(plans, views, (0, 0, 0), cpu)
-    for name, value in zip(batch, got):
-        assert torch.equal(value, want[name]), name
+    got = moved_by_lightning(batch, augment=aug, fields=MASKS, seed=2)
+    for name in batch:
+        assert torch.equal(got[name], want[name]), name
 
 
 # -- issue 27: masks beside a JPEG field at another training size ----------------------------
@@ -217,11 +208,8 @@ def reference(batch: dict, aug, size, seed: int, k: int):
     boxes that batch draws (its seeds), bilinear; its mask by the same boxes, nearest."""
     files = [np.asarray(Image.open(io.BytesIO(f)).convert("RGB")) for f in batch["image"]]
     pixels = torch.from_numpy(np.stack(files))  # (N, H, W, 3), what the decoders give
-    ref = Prepare((0.0,), (1.0,), augment=aug, seed=seed)
-    ref.seek(0, 0, k)
-    ref.next_batch(torch.device("cpu"))
     n, h, w = batch["mask"].shape
-    moves = ref.moves(pixels) if aug else None
+    moves = draw_of(aug, seed, (0, 0, k), pixels) if aug else None
     boxes = centre_boxes(torch.tensor([[h, w]]).expand(n, 2), size)
     boxes = boxes if moves is None or moves.boxes is None else moves.boxes
     images, masks = resized_crop(pixels, boxes, size), []

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _helpers import damage_scan, smooth
+from _helpers import damage_scan, moved_by_lightning, smooth
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
@@ -400,14 +400,11 @@ def test_a_jpeg_field_after_another_framework_moved_the_batch_is_one_error():
     files are wrap's alone (its decoder reads them from its pinned buffer)."""
     import latecast
     from latecast.errors import BatchError
-    from latecast.wrapper import Fields
 
-    fields, undeclared = Fields(fields={"jpg": latecast.jpeg(16)}), Fields()
-    fields.moved = undeclared.moved = True  # what PrepareOnDevice sets: Lightning moved them
-    with pytest.raises(BatchError, match="field 'jpg' is declared JPEG files"):
-        fields.plan([("jpg", [jpeg(smooth(16, 16, 0))])])
-    undeclared = undeclared.plan([("jpg", [jpeg(smooth(16, 16, 0))])])
-    assert undeclared[1] == [None]  # passes through untouched, as any list does there
+    batch = {"jpg": [jpeg(smooth(16, 16, 0))], "y": torch.tensor([1])}
+    for options in ({"fields": {"jpg": latecast.jpeg(16)}}, {}):  # declared, and recognised
+        with pytest.raises(BatchError, match="field 'jpg' .jpeg. crosses only as latecast"):
+            moved_by_lightning(batch, **options)
 
 
 def test_a_bad_decoder_setting_is_that_one_error_not_an_unreadable_file(

@@ -12,7 +12,7 @@ from latecast import transforms
 from latecast.errors import ConfigError
 from latecast.transforms import (
     Augment,
-    Moves,
+    Draw,
     crop_params,
     cutout_params,
     erase,
@@ -266,9 +266,9 @@ def test_cpu_copies_equal_the_batched_gathers(shape, padding, fill, crop, flips,
     want = x if shifts is None else translate(x, shifts, fill=fill)
     want = want if mask is None else flip(want, mask)
     aug = Augment(crop=padding, fill=fill, cutout=size)
-    assert torch.equal(Moves(aug, None, shifts, mask).shift_and_flip(x), want)
+    assert torch.equal(Draw(aug, None, shifts, mask).shift_and_flip(x), want)
     if dtype == torch.uint8:
-        got = aug.pixels(x, Moves(aug, None, None, None), gen(seed))
+        got = Draw(aug, cutout=cutout_params(x, gen(seed))).colour(x)
         assert torch.equal(got, erase(x, cutout_params(x, gen(seed)), size))
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _helpers import finished
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import latecast
 from latecast.errors import BatchError, ConfigError
 from latecast.loader import Loader
-from latecast.prepare import Prepare
 
 MEAN, STD = (0.49, 0.48, 0.45), (0.25, 0.24, 0.26)
 
@@ -365,9 +365,7 @@ def test_rank_and_device_are_read_at_the_first_pass(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")  # what Lightning's launcher sets, inside fit
     monkeypatch.setenv("WORLD_SIZE", "2")
     got = next(iter(w))
-    p = Prepare((0.0,), (1.0,), augment=aug)
-    p.seek(0, 1, 0)  # epoch 0, rank 1, batch 0
-    assert torch.equal(got, p(x, None)[0])
+    assert torch.equal(got, finished(x, None, (0, 1, 0), augment=aug)[0])  # epoch 0, rank 1
 
 
 # -- bad batches and arguments: one clear error naming the field --------------------------
