@@ -91,7 +91,9 @@ def test_jpeg_batches_equal_pillow_plus_the_centre_crop(colour):
 
 def test_decode_with_random_boxes_equals_pillow_plus_the_same_crop(colour):
     _, ds = colour
-    batch = next(JpegStore(ds, torch.device("cpu"), 8).batches([torch.arange(8)]))[0]
+    batch = next(
+        JpegStore(ds, torch.device("cpu"), 8).batches([torch.arange(8)], lambda p, v, d: v)
+    )[0]
     boxes = resized_crop_params(batch.sizes, (0.1, 1.0), generator=torch.Generator().manual_seed(0))
     out = decode(batch, (24, 20), boxes).cpu()
     assert out.shape == (8, 24, 20, 3) and out.dtype == torch.uint8

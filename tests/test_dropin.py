@@ -137,7 +137,7 @@ def test_the_imagenet_scripts_second_val_loader_from_loader_dataset():
         sampler = DistributedSampler(val, num_replicas=2, rank=rank, shuffle=False, drop_last=True)
         dl = DataLoader(val, batch_size=4, sampler=sampler)
         val_loader = latecast.wrap(dl, mean=MEAN, std=STD, device="cpu")
-        assert (val_loader.mean, val_loader.std) == (MEAN, STD) and val_loader.fields.mean == MEAN
+        assert (val_loader.mean, val_loader.std) == (MEAN, STD) and val_loader.options.mean == MEAN
         rest = Subset(val_loader.dataset, range(len(val_loader.sampler) * 2, len(val)))
         aux = DataLoader(rest, batch_size=4, shuffle=False)
         for second in (

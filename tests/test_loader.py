@@ -256,17 +256,22 @@ def test_a_dataset_with_a_source_of_its_own_is_read_in_its_order():
 # -- movers ------------------------------------------------------------------------------
 
 
-def test_movers_move_only_and_float32_takes_what_the_host_prepared():
-    """Every mover is made from (dataset, device, batch size) alone: none is handed the
-    prepare stage. ``float32`` copies the batches the host prepared as they are."""
+def test_movers_move_only_and_float32_finishes_on_the_host():
+    """Every mover is made from (dataset, device, batch size) alone and handed the one finish
+    per pass; ``float32`` calls it on the host, then copies what it made as it is."""
     assert {tuple(inspect.signature(m).parameters) for m in MOVERS.values()} == {
         ("dataset", "device", "batch_size")
     }
-    ds = small(n=10, shape=(2, 2, 1))
-    x, y = torch.randn(4, 1, 2, 2), torch.arange(4)
-    mover = MOVERS["float32"](ds, torch.device("cpu"), 4)
-    ((mx, my),) = mover.batches([(x, y)])
-    assert torch.equal(mx, x) and torch.equal(my, y)
+    ds, cpu, where = small(n=10, shape=(2, 2, 1)), torch.device("cpu"), []
+    mover = MOVERS["float32"](ds, cpu, 4)
+
+    def finish(plans, values, device):
+        where.append(device)
+        return [values[0].permute(0, 3, 1, 2).float(), values[1]]
+
+    ((mx, my),) = mover.batches([torch.arange(4)], finish)
+    assert where == [cpu] and torch.equal(mx[:, 0], torch.from_numpy(ds.images[:4, ..., 0]).float())
+    assert torch.equal(my, torch.from_numpy(ds.labels[:4]).long())
     assert (mover.stats.image_bytes, mover.stats.label_bytes) == (64, 32)
 
 

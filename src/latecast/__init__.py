@@ -30,7 +30,7 @@ _EXPORTS = {
     "clip": "kinds.video",
     "convert_folder": "storage.convert",
     "from_arrays": "data",
-    "image16": "pixels16",
+    "image16": "kinds.image16",
     "jpeg": "kinds.jpeg",
     "jpeg_folder": "storage.folder",
     "load_dataset": "storage.datasets",
