@@ -365,7 +365,7 @@ from latecast.trainer.checkpoint import save_checkpoint
 for i in range(10**6):
     save_checkpoint(sys.argv[1], {"model": {"w": torch.full((2_000_000,), float(i))},
         "optimizer": {}, "scheduler": {}, "step": i, "loader": {}, "rng": {}, "config": {},
-        "world_size": 1})
+        "world_size": 1, "data_fingerprint": "0" * 16})
 """
 
 
