@@ -4,7 +4,7 @@
   default, meaning), read from the code as the site is built, so the reference lists what the
   code takes. The meaning is the docstring's ``Args:`` entry, else the comment beside a
   dataclass field; ``wrap``'s ``**options`` are the fields of the dataclass its module checks
-  them with (``Fields``).
+  them with (``Options``, less what the edge sets: ``recognise``).
 - ``<!-- include: PATH -->`` becomes the Markdown file PATH (relative to the repository), its
   headings one level down and its relative links (to raw outputs, not pages) left as text.
 """
@@ -23,7 +23,8 @@ INCLUDE = re.compile(r"^<!-- include: (\S+\.md) -->$", re.M)
 LOCAL_LINK = re.compile(r"\[([^\]]+)\]\((?!https?:)[^)]*\)")  # [`cpu/`](cpu/) -> `cpu/`
 FIELD = re.compile(r"^\s+(\w+): [^#]*?#\s*(.+)$")  # `name: type = default  # meaning`
 ARG = re.compile(r"^ {4}(\w+(?:, \w+)*):\s*(.*)$")  # an `Args:` entry, docstring dedented
-OPTIONS = "Fields"  # wrap(**options) is Fields(**options), a dataclass in wrap's own module
+OPTIONS = "Options"  # wrap(**options) is Options.of(options), a dataclass wrap's module imports
+EDGE = {"recognise"}  # Options' fields the edge sets, not users
 
 
 def resolve(path: str):
@@ -56,7 +57,7 @@ def meanings(obj) -> dict[str, str]:
 
 def keywords(obj) -> list[inspect.Parameter]:
     """``obj``'s parameters; a ``**options`` is the fields of the options dataclass in its
-    module (wrap's ``Fields``), each with its type and default."""
+    module (wrap's ``Options``), each with its type and default."""
     params = list(inspect.signature(obj).parameters.values())
     if not any(p.kind == p.VAR_KEYWORD for p in params):
         return params
@@ -65,7 +66,7 @@ def keywords(obj) -> list[inspect.Parameter]:
         raise LookupError(f"docs/hooks.py: {obj.__name__}'s **options: no {OPTIONS} beside it")
     kw = inspect.Parameter.KEYWORD_ONLY
     fields = [inspect.Parameter(f.name, kw, default=f.default, annotation=f.type)
-              for f in dataclasses.fields(options)]  # fmt: skip
+              for f in dataclasses.fields(options) if f.name not in EDGE]  # fmt: skip
     return [p for p in params if p.kind != p.VAR_KEYWORD] + fields
 
 
