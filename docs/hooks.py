@@ -4,7 +4,7 @@
   default, meaning), read from the code as the site is built, so the reference lists what the
   code takes. The meaning is the docstring's ``Args:`` entry, else the comment beside a
   dataclass field; ``wrap``'s ``**options`` are the fields of the dataclass its module checks
-  them with (``Options``, less what the edge sets: ``recognise``).
+  them with (``Options``).
 - ``<!-- include: PATH -->`` becomes the Markdown file PATH (relative to the repository), its
   headings one level down and its relative links (to raw outputs, not pages) left as text.
 """
@@ -24,7 +24,6 @@ LOCAL_LINK = re.compile(r"\[([^\]]+)\]\((?!https?:)[^)]*\)")  # [`cpu/`](cpu/) -
 FIELD = re.compile(r"^\s+(\w+): [^#]*?#\s*(.+)$")  # `name: type = default  # meaning`
 ARG = re.compile(r"^ {4}(\w+(?:, \w+)*):\s*(.*)$")  # an `Args:` entry, docstring dedented
 OPTIONS = "Options"  # wrap(**options) is Options.of(options), a dataclass wrap's module imports
-EDGE = {"recognise"}  # Options' fields the edge sets, not users
 
 
 def resolve(path: str):
@@ -66,7 +65,7 @@ def keywords(obj) -> list[inspect.Parameter]:
         raise LookupError(f"docs/hooks.py: {obj.__name__}'s **options: no {OPTIONS} beside it")
     kw = inspect.Parameter.KEYWORD_ONLY
     fields = [inspect.Parameter(f.name, kw, default=f.default, annotation=f.type)
-              for f in dataclasses.fields(options) if f.name not in EDGE]  # fmt: skip
+              for f in dataclasses.fields(options)]  # fmt: skip
     return [p for p in params if p.kind != p.VAR_KEYWORD] + fields
 
 

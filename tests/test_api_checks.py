@@ -12,8 +12,8 @@ import torch
 import latecast
 from latecast import PrepareOnDevice
 from latecast.errors import BatchError, ConfigError, FormatError, LatecastError
+from latecast.integrations.plan import Options, plan
 from latecast.loader import Loader
-from latecast.plan import Options, plan
 from latecast.transforms import Augment, Erasing, Mix
 
 

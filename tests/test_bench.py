@@ -12,9 +12,9 @@ from _helpers import assert_report
 
 from latecast.data import from_arrays
 from latecast.loader import Loader
+from latecast.movers import MOVERS
 from latecast.tools.bench import bytes_per_epoch
 from latecast.tools.measure import epochs
-from latecast.transfer import MOVERS
 
 PIXEL_MOVERS = list(MOVERS)
 

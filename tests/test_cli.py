@@ -24,12 +24,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from latecast.data import from_arrays
+from latecast.movers import MOVERS
 from latecast.storage.datasets import BUNDLED, load_dataset
 from latecast.storage.options import kind
 from latecast.storage.store import write_store
 from latecast.trainer.loop import PRESETS, TrainConfig
 from latecast.trainer.models import MODELS
-from latecast.transfer import MOVERS
 
 pytestmark = pytest.mark.slow  # 300 generated runs: about half a minute on 2 cores
 

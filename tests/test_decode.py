@@ -18,7 +18,7 @@ from latecast.kinds.decode import decode
 from latecast.kinds.jpeg import JpegStore
 from latecast.kinds.jpegfiles import EncodedDataset
 from latecast.loader import Loader
-from latecast.transfer import MOVERS, resolve
+from latecast.movers import MOVERS, resolve
 from latecast.transforms import Augment, Mix, centre_boxes, resized_crop_params
 
 SIZES = [(40, 56), (32, 32), (61, 23), (32, 32), (90, 120), (33, 47), (32, 32), (50, 50)]

@@ -14,7 +14,8 @@ import torch
 from _helpers import finished, lightning_trainer
 
 import latecast
-from latecast.loader import Loader, epoch_order
+from latecast.loader import Loader
+from latecast.order import epoch_order
 from latecast.transfer import float32_bytes
 
 N, BATCH = 64, 8  # per rank: 32 samples, 4 batches an epoch

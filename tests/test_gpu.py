@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import latecast
-from latecast import transfer
+from latecast import movers
 from latecast.errors import DeviceError
 from latecast.loader import Loader
 
@@ -66,7 +66,7 @@ def test_prefetch_copies_on_a_side_stream(mnist):
 
 
 def test_explicit_resident_that_does_not_fit_is_refused(mnist, monkeypatch):
-    monkeypatch.setattr(transfer, "RESIDENT_FRACTION", 1e-9)
+    monkeypatch.setattr(movers, "RESIDENT_FRACTION", 1e-9)
     with pytest.raises(DeviceError, match="MiB"):
         next(iter(Loader(mnist, 256, device="cuda", transfer="resident")))
     assert Loader(mnist, 256, device="cuda", transfer="auto").transfer == "prefetch"

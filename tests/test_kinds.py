@@ -300,7 +300,7 @@ def test_a_dataset_brings_its_own_movers_and_the_loader_takes_them():
 
     from latecast.data import Dataset
     from latecast.errors import ConfigError
-    from latecast.transfer import Stored
+    from latecast.movers import Stored
 
     gathered = []
 

@@ -16,8 +16,10 @@ from torch.utils.data import DistributedSampler
 
 import latecast
 from latecast.errors import ConfigError
-from latecast.loader import Loader, epoch_order
-from latecast.transfer import MOVERS, ahead, float32_bytes
+from latecast.loader import Loader
+from latecast.movers import MOVERS
+from latecast.order import epoch_order
+from latecast.transfer import ahead, float32_bytes
 
 STRATS = list(MOVERS)  # uint8 pixels
 

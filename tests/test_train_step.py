@@ -11,9 +11,9 @@ from _helpers import small
 import latecast
 from latecast.errors import ConfigError
 from latecast.loader import IGNORE, Loader
+from latecast.movers import MOVERS
 from latecast.trainer.loop import TrainConfig, evaluate, train
 from latecast.trainer.models import build_model
-from latecast.transfer import MOVERS
 from latecast.transforms import normalize
 
 AUG = latecast.Augment(crop=2, flip=0.5, cutout=3, fill="reflect")

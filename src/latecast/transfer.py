@@ -1,24 +1,20 @@
-"""The move, between source and prepare: ``pack`` writes a batch's fields into one reused
+"""The move, between source and finish: ``pack`` writes a batch's fields into one reused
 pinned buffer of a ``Ring`` and starts one copy, ``unpack`` views them on the device, and the
-bytes are counted there; the Loader's movers (``MOVERS``), ``wrap``, ``Mover`` and Lightning's
-hook all take it. ``resident`` (the dataset on the device) gathers there instead."""
+bytes are counted there (``TransferStats``); the Loader's movers (``movers.py``), ``wrap``,
+``Mover`` and Lightning's hook all take it."""
 
 from __future__ import annotations
 
-import functools
 import math
-import os
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator
 
-import numpy as np
 import torch
 from torch.profiler import record_function
 
 from .data import Dataset, Split
-from .errors import ConfigError, DeviceError
 from .fields import Field
 
 _HOST = torch.device("cpu")
@@ -178,171 +174,3 @@ def ahead(items: Iterable) -> Iterator[tuple[Any, bool]]:
             raise
         yield item, after is END
         item = after
-
-
-class Stored:
-    """A Loader's mover, ``uint8``: each batch moved as it is stored and finished on the device;
-    its byte counters. A batch is
-    what the dataset (or a stream's source) describes for an index batch (``Split.batch``:
-    its fields' plans and values), packed and sent, unpacked, finished by ``finish``."""
-
-    name = "uint8"
-    slots, side = 2, False  # its ring's (side: the next batch's copy started first)
-
-    def __init__(self, dataset: Split, device: torch.device, batch_size: int) -> None:
-        self.dataset, self.device, self.batch_size = dataset, device, batch_size
-        self.stats = TransferStats()
-
-    @functools.cached_property
-    def ring(self) -> Ring:
-        return Ring(self.slots, self.device, self.side)
-
-    @staticmethod
-    def epoch_bytes(dataset: Split) -> dict[str, int]:
-        """Host->device bytes of one epoch: ``per_epoch`` every epoch, ``once`` at start-up."""
-        return {"per_epoch": uint8_bytes(dataset, len(dataset)), "once": 0}
-
-    def gather(self, item: Any) -> tuple[list[Field], list]:
-        """A batch's fields planned and their values on the host, as ``pack`` takes them:
-        ``item`` an index batch (CPU int64), or what a stream's source read."""
-        return self.dataset.batch(item.numpy()) if torch.is_tensor(item) else item.batch()
-
-    def batches(self, items: Iterable, finish: Finish) -> Iterator[list]:
-        """Each item's batch gathered, packed and sent (``side``: the next one's copy started
-        first), then finished on the device."""
-        sent = (pack(self.ring, *self.gather(item), self.stats) for item in items)
-        for s in (s for s, _ in ahead(sent)) if self.side else sent:
-            yield finish(s.plans, unpack(self.ring, s), self.device)
-
-
-Finish = Callable[[list, list, torch.device], list]  # (plans, values, device) -> values
-
-
-class Prefetch(Stored):
-    """``uint8`` with the next batch copied on a side CUDA stream while this one is used."""
-
-    name = "prefetch"
-    slots, side = 3, True  # one read by the copy in flight, one handed out, one being filled
-
-
-class Float32(Stored):
-    """The usual pipeline, kept as the baseline: each batch finished on the host (the same
-    draws), then its float32 images and int64 labels copied, two copies."""
-
-    name = "float32"
-
-    @staticmethod
-    def epoch_bytes(dataset: Split) -> dict[str, int]:
-        return {"per_epoch": float32_bytes(dataset, len(dataset)), "once": 0}
-
-    def batches(self, items: Iterable, finish: Finish) -> Iterator[list]:
-        ring, host = Ring(2, _HOST), TransferStats()  # the host's own pack, not a crossing
-        for item in items:
-            s = pack(ring, *self.gather(item), host)
-            x, y = finish(s.plans, unpack(ring, s), _HOST)  # (n, C, H, W) float, labels
-            self.stats.image_bytes += x.nbytes
-            self.stats.label_bytes += y.nbytes
-            self.stats.copies += 2
-            with record_function("h2d"):
-                yield [x.to(self.device), y.to(self.device)]
-
-
-def _free_bytes(device: torch.device) -> int:
-    """Free memory on ``device``: CUDA's own count, or the host's available RAM."""
-    if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
-    try:
-        meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo"))
-        return int(meminfo["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-class Resident(Stored):
-    """The whole dataset uploaded once, each of its fields' arrays as bytes in chunks (no
-    second host copy); then one int64 permutation per epoch, each batch's rows gathered on the
-    device and viewed as its fields. A DeviceError where it does not fit."""
-
-    name = "resident"
-    CHUNK_BYTES = 64 << 20  # upload in 64 MiB pieces
-
-    @staticmethod
-    def epoch_bytes(dataset: Split) -> dict[str, int]:
-        return {"per_epoch": len(dataset) * 8, "once": uint8_bytes(dataset, len(dataset))}
-
-    @staticmethod
-    def fits(dataset: Split, device: torch.device) -> tuple[bool, str]:
-        """Whether the dataset takes at most ``RESIDENT_FRACTION`` of the free memory, and the
-        sizes in words."""
-        need, free = uint8_bytes(dataset, len(dataset)), _free_bytes(device)
-        return need <= free * RESIDENT_FRACTION, (
-            f"{dataset.name}/{dataset.split} needs {need / 2**20:.0f} MiB on {device}, "
-            f"{free / 2**20:.0f} MiB free"
-        )
-
-    def __init__(self, dataset: Split, device: torch.device, batch_size: int) -> None:
-        super().__init__(dataset, device, batch_size)
-        ok, sizes = self.fits(dataset, device)
-        if not ok:
-            raise DeviceError(f"resident: {sizes}; use --transfer prefetch")
-        every = np.arange(len(dataset))
-        plans, values = dataset.batch(every)  # the fields' whole arrays: Taken rows
-        self.rows = [self._upload(v.array) for v in values]  # each (N, bytes a row) uint8
-        self.stats.count(plans, copies=0)
-
-    def _upload(self, array: np.ndarray) -> torch.Tensor:
-        rows = array.reshape(len(array), -1).view(np.uint8)  # each sample's bytes
-        out = torch.empty(rows.shape, dtype=torch.uint8, device=self.device)
-        step = max(1, self.CHUNK_BYTES // max(1, rows[:1].nbytes))
-        for start in range(0, len(rows), step):
-            part = torch.from_numpy(np.array(rows[start : start + step]))  # 64 MiB at most
-            out[start : start + step].copy_(part)  # (the source may be a read-only memmap)
-            self.stats.copies += 1
-        return out
-
-    def order(self, index_batches: Sequence[torch.Tensor]) -> torch.Tensor:
-        """This epoch's order on the device (int64): one upload per epoch."""
-        order = torch.cat(list(index_batches))
-        with record_function("h2d"):
-            order_dev = order.to(self.device, non_blocking=True)  # no copy on a CPU device
-        self.stats.index_bytes += order.nbytes
-        self.stats.copies += 1
-        return order_dev
-
-    def gathered(self, plans: list[Field], index: torch.Tensor) -> list:
-        """Rows ``index`` (on the device) of each field, viewed as its values."""
-        return [f.view(rows.index_select(0, index).view(-1), self.device)
-                for f, rows in zip(plans, self.rows)]  # fmt: skip
-
-    def batches(self, index_batches: Sequence[torch.Tensor], finish: Finish) -> Iterator[list]:
-        if len(index_batches):
-            sizes = [len(i) for i in index_batches]
-            for idx, sel in zip(index_batches, torch.split(self.order(index_batches), sizes)):
-                plans = self.dataset.batch(idx.numpy())[0]
-                yield finish(plans, self.gathered(plans, sel), self.device)
-
-
-RESIDENT_FRACTION = 0.5  # "resident" only where the dataset takes at most this of free memory
-MOVERS: dict[str, type[Stored]] = {m.name: m for m in (Float32, Stored, Prefetch, Resident)}
-
-
-def movers_for(dataset: Split) -> dict[str, type[Stored]]:
-    """The movers that move this dataset: those it brings (``movers``: a JPEG store's ``jpeg``,
-    ``kinds/jpeg.py``), else ``MOVERS`` (fields of a fixed size a sample)."""
-    return getattr(dataset, "movers", None) or MOVERS
-
-
-def resolve(name: str, dataset: Split, device: torch.device) -> str:
-    """``auto``: the first mover a dataset brings, else ``resident`` where the dataset fits,
-    else ``prefetch``; another name must be one of the movers that move this dataset
-    (ConfigError, naming what the dataset holds: ``what``)."""
-    fit, data = movers_for(dataset), f"{dataset.name}/{dataset.split}"
-    if name == "auto":
-        if fit is not MOVERS:
-            return next(iter(fit))
-        return "resident" if Resident.fits(dataset, device)[0] else "prefetch"
-    if name not in fit:
-        what = getattr(dataset, "what", "decoded uint8 pixels")
-        valid = ", ".join(["auto", *fit])
-        raise ConfigError(f"transfer {name!r} does not move {data} ({what}); valid: {valid}")
-    return name

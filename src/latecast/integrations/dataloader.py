@@ -11,10 +11,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from ..errors import ConfigError
-from ..kinds.jpeg import recognised
-from ..plan import Options
 from ..transfer import END, Sent
-from ..wrapper import Wrapped
+from .plan import Options
+from .wrapped import Wrapped
 
 
 class Forwarding(Wrapped):
@@ -235,12 +234,6 @@ def loader_class(cls: type, options: Options, device: str | torch.device) -> typ
     return type(f"Wrapped{cls.__name__}", (WrappedLoader, cls), body)
 
 
-def options_of(options: dict[str, Any]) -> Options:
-    """The options of every way in at the edge (``wrap``, ``Mover``, ``PrepareOnDevice``): an
-    undeclared field of JPEG files is one (``kinds/jpeg.py``'s recogniser)."""
-    return Options.of(options, recognised)
-
-
 def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: Any) -> Forwarding:
     """Batches of ``batches`` on the device: every field of a batch in one pinned buffer and
     one copy (the next batch's on a side stream), uint8 images augmented and normalized there,
@@ -276,7 +269,7 @@ def wrap(batches: Iterable, *, device: str | torch.device = "auto", **options: A
     """
     if not isinstance(batches, Iterable):
         raise ConfigError(f"batches must be an iterable of batches, got {batches!r:.60}")
-    spec = options_of(options)
+    spec = Options.of(options)
     if isinstance(batches, Wrapped):
         raise ConfigError(f"{type(batches).__name__} is wrapped already: wrap its source once")
     if isinstance(batches, DataLoader):
@@ -296,7 +289,7 @@ class Mover(Wrapped):
     """
 
     def __init__(self, *, device: str | torch.device = "auto", **options: Any) -> None:
-        super().__init__(None, options_of(options), device)
+        super().__init__(None, Options.of(options), device)
         self._lock = threading.Lock()
 
     def __call__(self, batch: Any) -> Any:

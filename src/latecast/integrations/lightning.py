@@ -13,8 +13,8 @@ import torch
 from ..errors import BatchError, ConfigError
 from ..fields import split
 from ..transfer import Sent, TransferStats
-from ..wrapper import Wrapped
-from .dataloader import options_of
+from .plan import Options
+from .wrapped import Wrapped
 
 
 class PrepareOnDevice:
@@ -42,7 +42,7 @@ class PrepareOnDevice:
 
     def prepare_on_device(self, **options: Any) -> None:
         """``options`` as for ``latecast.wrap``; augment, erase and mix in training only."""
-        train = options_of(options)  # and, by self.training, for evaluation:
+        train = Options.of(options)  # and, by self.training, for evaluation:
         self._latecast = {True: train, False: replace(train, augment=None, erase=None, mix=None)}
         self._latecast_stats, self._latecast_movers = TransferStats(), {}
 

@@ -22,8 +22,8 @@ import torch
 from ..data import Split
 from ..errors import BatchError, check, numbers_of, refuse
 from ..fields import Context, Field, Image, Mask, Name, check_channels, normalized
+from ..movers import Stored
 from ..threads import count, pool
-from ..transfer import Stored
 from ..transforms import INTERPOLATIONS
 from .decode import _MODES, At, Encoded, decoder, decoder_on
 from .jpegheader import JPEG_SIDE, jpeg_headers, too_big

@@ -42,7 +42,7 @@ class EncodedDataset(Split):
 
     @property
     def movers(self) -> dict:
-        """The one mover of JPEG files (``transfer.movers_for``)."""
+        """The one mover of JPEG files (``movers.movers_for``)."""
         from .jpeg import JpegStore  # torch: not for convert's workers
 
         return {JpegStore.name: JpegStore}

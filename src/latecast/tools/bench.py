@@ -27,11 +27,13 @@ from ..data import Batch, Dataset
 from ..distributed import resolve_device
 from ..errors import ConfigError
 from ..integrations.dataloader import wrap
-from ..loader import Loader, epoch_order
+from ..loader import Loader
+from ..movers import movers_for
+from ..order import epoch_order
 from ..storage.datasets import load_dataset
 from ..storage.options import option
 from ..trainer.loop import TrainConfig, evaluate, recipe, resolve_config, stopwatch, train_step
-from ..transfer import float32_bytes, movers_for
+from ..transfer import float32_bytes
 from . import measure
 from .photo_rows import photo_rows
 

@@ -112,10 +112,10 @@ def _add_info(p: argparse.ArgumentParser) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> dict:
+    from ..movers import movers_for
     from ..storage import stream
     from ..storage.datasets import load_dataset
     from ..storage.store import verify
-    from ..transfer import movers_for
 
     info, verified = {}, {}
     for split in ("train", "test"):

@@ -25,10 +25,10 @@ from ..distributed import resolve_device
 from ..errors import ConfigError
 from ..kinds.jpeg import JpegStore
 from ..loader import Loader
+from ..movers import MOVERS, movers_for
 from ..storage.datasets import load_dataset
 from ..storage.options import option
 from ..trainer.loop import TrainConfig, recipe, stopwatch, train_step
-from ..transfer import MOVERS, movers_for
 from . import measure
 
 ROWS = (*MOVERS, JpegStore.name, "baseline", "baseline-u8")

@@ -29,11 +29,13 @@ from ..errors import CheckpointError, ConfigError, TrainingError
 from ..fields import Image, labels_field
 from ..kinds.jpeg import JpegStore
 from ..kinds.jpegfiles import EncodedDataset
-from ..loader import IGNORE, Loader, parse_order
+from ..loader import IGNORE, Loader
+from ..movers import MOVERS
+from ..order import parse_order
 from ..storage.datasets import load_dataset
 from ..storage.options import DATASET_HELP, option, validate
 from ..storage.stream import StreamedDataset
-from ..transfer import MOVERS, float32_bytes, uint8_bytes
+from ..transfer import float32_bytes, uint8_bytes
 from ..transforms import Augment, Mix
 from . import checkpoint, graphed, group, rundir, stops
 from .checkpoint import fingerprint

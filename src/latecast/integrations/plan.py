@@ -1,32 +1,33 @@
-"""One plan for every way in: ``Options`` (``wrap``'s, ``Mover``'s and the Lightning hook's,
-frozen and checked once) and ``plan``, which dispatches a batch's fields to their kinds
-(``fields.py``: a declaration in ``fields=``, else what the value is, else the edge's
-recogniser) and holds them to what they must be together."""
+"""One plan for every way in that takes anyone's batches (``wrap``, ``Mover``, the Lightning
+hook): ``Options``, frozen and checked once, and ``plan``, which dispatches a batch's fields to
+their kinds (a declaration in ``fields=``, else a recognised kind: JPEG files, else what the
+value is) and holds them to what they must be together. The Loader plans nothing: its
+datasets describe their batches (``Split.batch``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from .errors import BatchError, ConfigError, check, numbers_of, refuse
-from .fields import LAYOUTS, Field, Image, Integer, Mask, Name, as_tensor, declaration, image_hint
-from .prepare import Augmentation, Mixing, Prepare
-from .transforms import FLOATS, Augment, Erasing
+from ..errors import BatchError, ConfigError, check, numbers_of, refuse
+from ..fields import LAYOUTS, Field, Image, Integer, Mask, as_tensor, declaration, image_hint
+from ..kinds.jpeg import recognised
+from ..prepare import Augmentation, Mixing, Prepare
+from ..transforms import FLOATS, Augment, Erasing
 
 ALTFLIP = "without altflip (it needs each sample's dataset index, which only a Loader has)"
 MASKS = "a latecast.Augment where fields= declares a mask (its geometric draws move the mask)"
-Recognise = Callable[[Any, Name], "tuple[Any, Any] | None"]  # (declaration, value) or None
 
 
 @dataclass(frozen=True, eq=False)
 class Options:
     """The options of ``wrap``, ``Mover`` and ``PrepareOnDevice`` (``wrap``'s Args), checked
-    when made (ConfigError); ``recognise`` is the edge's, not an option users give."""
+    when made (ConfigError)."""
 
     mean: tuple[float, ...] | None = None  # per channel, [0, 1] units; None: x / 255 alone
     std: tuple[float, ...] | None = None
@@ -39,7 +40,6 @@ class Options:
     erase: Erasing | None = None  # random erasing after the normalize (timm's --reprob)
     mix: Mixing | None = None  # f(images, labels, generator) after the normalize, e.g. a Mix
     mask_fill: float = 0  # what a mask is padded with where a crop leaves no pixel
-    recognise: Recognise | None = None  # what an undeclared field is (the edge's: JPEG files)
 
     def __post_init__(self) -> None:
         mean, std, given = numbers_of(self.mean), numbers_of(self.std), (self.mean, self.std)
@@ -79,12 +79,12 @@ class Options:
         object.__setattr__(self, "kinds", kinds)  # name -> what plans it (``declaration``)
 
     @classmethod
-    def of(cls, options: dict[str, Any], recognise: Recognise | None = None) -> Options:
+    def of(cls, options: dict[str, Any]) -> Options:
         """``Options(**options)``; an unknown option is one ConfigError naming the known ones."""
-        known = [f.name for f in dataclasses.fields(cls) if f.name != "recognise"]
+        known = [f.name for f in dataclasses.fields(cls)]
         for name in [name for name in options if name not in known]:
             raise ConfigError(f"unknown option {name!r}; the options: {', '.join(known)}")
-        return cls(**options, recognise=recognise)
+        return cls(**options)
 
     def prepare(self) -> Prepare:
         """The finish these options ask for (``prepare.py``)."""
@@ -103,8 +103,9 @@ def holds_arrays(value: Any) -> bool:
 def plan(options: Options, leaves: list[tuple], first: bool = True) -> tuple[list, list]:
     """A batch's ``(name, value)`` leaves as each field's value (a tensor where it is an
     array) and its kind's plan (None: it passes through), dispatched once: a declaration in
-    ``fields=``, else ``options.recognise``, else what the value is; then what the fields are
-    held to together (``first``: the source's first batch, where look-alikes are said)."""
+    ``fields=``, else JPEG files recognised by their signature, else what the value is; then
+    what the fields are held to together (``first``: the source's first batch, where
+    look-alikes are said)."""
     if missing := set(options.kinds) - {name for name, _ in leaves}:
         raise BatchError(
             f"fields= names {sorted(map(repr, missing))} but this batch has fields "
@@ -113,8 +114,8 @@ def plan(options: Options, leaves: list[tuple], first: bool = True) -> tuple[lis
     values, plans, batch = [], [], dict(leaves)
     for name, value in leaves:
         t, kind = as_tensor(value), options.kinds.get(name)
-        if kind is None and t is None and options.recognise is not None:
-            kind, value = options.recognise(value, name) or (kind, value)  # read once: paths
+        if kind is None and t is None:
+            kind, value = recognised(value, name) or (kind, value)  # read once: paths
         if t is None and not hasattr(kind, "plan") and holds_arrays(value):
             raise BatchError(
                 f"field {name!r} is a {type(value).__name__} holding tensors or arrays: wrap "

@@ -1,8 +1,8 @@
-"""``wrap``'s core: any iterable of batches planned field by field (``plan.py``), packed and
-moved as the Loader's (``transfer.pack``), finished on the device (``Prepare``). ``send`` and
-``finish`` are the two halves every way in but the Loader shares (``wrap``, ``Mover``, the
-Lightning hook); ``latecast.wrap`` itself, and what it forwards to a source, is
-``integrations/dataloader.py``."""
+"""Anyone's batches planned field by field (``plan.py``), packed and moved as the Loader's
+(``transfer.pack``), finished on the device as the Loader's (``Prepare``): ``send`` and
+``finish`` are the two halves ``wrap``, ``Mover`` and the Lightning hook share; ``Wrapped``
+reads its source one batch ahead. ``latecast.wrap`` itself, and what it forwards to a source,
+is ``dataloader.py``."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
-from .distributed import placement
-from .errors import BatchError
-from .fields import split
-from .loader import Epochs
+from ..distributed import placement
+from ..errors import BatchError
+from ..fields import split
+from ..loader import Epochs
+from ..threads import one_thread
+from ..transfer import Ring, Sent, TransferStats, ahead, pack, unpack
 from .plan import Options, plan
-from .threads import one_thread
-from .transfer import Ring, Sent, TransferStats, ahead, pack, unpack
 
 
 class Wrapped(Epochs):
