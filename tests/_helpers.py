@@ -231,11 +231,26 @@ def draw_of(aug, seed: int, where: tuple, nhwc):
     return p.draw(f, f.sizes_of(nhwc), dev, g, host, None, where[0])
 
 
-def moved_by_lightning(batch, where=(0, 0, 0), training=True, **options):
-    """What ``PrepareOnDevice`` makes of ``batch`` that a ``transfer_batch_to_device`` of the
-    user's own moved (here: left where it is)."""
+def lightning_hook(batch, where=(0, 0, 0), training=True, **options):
+    """What ``PrepareOnDevice`` makes of ``batch`` on a CPU device: its
+    ``transfer_batch_to_device``, then its ``on_after_batch_transfer``, as Lightning calls them
+    for the batch ``where`` (epoch, global rank, batch index)."""
+    import types
+
+    import torch
+
     from latecast.integrations.lightning import PrepareOnDevice
 
-    module = type("Module", (PrepareOnDevice,), {"training": training})()
+    class Hooked:  # what Lightning's module gives the mixin: the base hook, ``training``
+        def on_after_batch_transfer(self, batch, dataloader_idx):
+            return batch
+
+    module = type("Module", (PrepareOnDevice, Hooked), {"training": training})()
+    moved = options.pop("moved", False)  # by a transfer_batch_to_device of the user's own
     module.prepare_on_device(**options)
-    return module._moved(batch, where)
+    loop = types.SimpleNamespace(epoch_loop=types.SimpleNamespace(batch_idx=where[2] - 1))
+    module.trainer = types.SimpleNamespace(
+        fit_loop=loop, current_epoch=where[0], global_rank=where[1]
+    )
+    sent = batch if moved else module.transfer_batch_to_device(batch, torch.device("cpu"), 0)
+    return module.on_after_batch_transfer(sent, 0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import draw_of, moved_by_lightning
+from _helpers import draw_of, lightning_hook
 from PIL import Image
 
 import latecast
@@ -171,15 +171,18 @@ def test_a_mask_with_an_augmentation_that_cannot_move_it_is_refused_at_once():
         latecast.wrap([], augment=lambda x, g: x.flip(2), fields={"mask": "mask"})
 
 
-def test_masks_already_on_the_device_are_moved_as_wraps_are():
-    """What ``PrepareOnDevice`` runs on a batch Lightning moved (``host=False``: as it came,
-    no narrowing) gives what ``wrap`` gives for the same batch and seed."""
+def test_masks_through_the_lightning_hook_are_moved_as_wraps_are():
+    """What ``PrepareOnDevice``'s two hooks make of a batch with masks is what ``wrap`` makes
+    of it for the same seed; a batch another ``transfer_batch_to_device`` moved is refused
+    (the hook packs every batch itself: one path)."""
     aug = latecast.Augment(resized_crop=0.3, crop=2, flip=0.5, jitter=0.2)
     batch = segmentation_batches(1)[0]
     want = next(iter(latecast.wrap([batch], device="cpu", augment=aug, fields=MASKS, seed=2)))
-    got = moved_by_lightning(batch, augment=aug, fields=MASKS, seed=2)
+    got = lightning_hook(batch, (0, 0, 0), augment=aug, fields=MASKS, seed=2)
     for name in batch:
         assert torch.equal(got[name], want[name]), name
+    with pytest.raises(BatchError, match="this dict came from another one: leave the move"):
+        lightning_hook(batch, moved=True, augment=aug, fields=MASKS)
 
 
 # -- issue 27: masks beside a JPEG field at another training size ----------------------------

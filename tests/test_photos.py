@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _helpers import damage_scan, moved_by_lightning, smooth
+from _helpers import damage_scan, lightning_hook, smooth
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image, ImageOps
@@ -395,16 +395,16 @@ def test_on_cuda_wrap_equals_the_store_and_turned_files_are_upright(mixed_files)
         assert (got.cpu().int() - ref.int()).abs().float().mean() < 1.0
 
 
-def test_a_jpeg_field_after_another_framework_moved_the_batch_is_one_error():
-    """Lightning's hook (``PrepareOnDevice``) finishes batches another framework moved: JPEG
-    files are wrap's alone (its decoder reads them from its pinned buffer)."""
+def test_jpeg_files_through_the_lightning_hook_declared_or_recognised_as_through_wrap():
+    """Lightning's hook (``PrepareOnDevice``) plans as ``wrap`` does: JPEG files declared, or
+    undeclared and recognised by their signature, are decoded on the device alike."""
     import latecast
-    from latecast.errors import BatchError
 
-    batch = {"jpg": [jpeg(smooth(16, 16, 0))], "y": torch.tensor([1])}
+    batch = {"jpg": [jpeg(smooth(16, 16, k)) for k in range(3)], "y": torch.tensor([1, 0, 2])}
+    want = next(iter(latecast.wrap([batch], device="cpu")))
     for options in ({"fields": {"jpg": latecast.jpeg(16)}}, {}):  # declared, and recognised
-        with pytest.raises(BatchError, match="field 'jpg' .jpeg. crosses only as latecast"):
-            moved_by_lightning(batch, **options)
+        got = lightning_hook(batch, (0, 0, 0), **options)
+        assert got["jpg"].shape == (3, 3, 16, 16) and torch.equal(got["jpg"], want["jpg"])
 
 
 def test_a_bad_decoder_setting_is_that_one_error_not_an_unreadable_file(

@@ -380,10 +380,11 @@ class _Hooked:
         return batch
 
 
-def lightning_case(batches: Callable[[], list], packed: bool = False, **options) -> Callable:
-    """The hook's batches as Lightning hands them: ``packed``, by the mixin's own
-    ``transfer_batch_to_device`` first; else as a ``transfer_batch_to_device`` of the
-    user's own moved them (here: left on the host, the device)."""
+def lightning_case(batches: Callable[[], list], **options) -> Callable:
+    """The hook's batches as Lightning hands them: packed by the mixin's own
+    ``transfer_batch_to_device``, then finished by its ``on_after_batch_transfer`` (the
+    cases saved at b931d8b handed the hook its batches on the host, what a hook of the user's
+    own that moved them to a CPU device gave it then; the batches are the same)."""
 
     def run(tmp: Path) -> list[torch.Tensor]:
         module = type("Module", (PrepareOnDevice(), _Hooked), {})()
@@ -398,8 +399,7 @@ def lightning_case(batches: Callable[[], list], packed: bool = False, **options)
                     fit_loop=loop, current_epoch=epoch, global_rank=rank
                 )
                 module.trainer = trainer
-                if packed:
-                    batch = module.transfer_batch_to_device(batch, torch.device("cpu"), 0)
+                batch = module.transfer_batch_to_device(batch, torch.device("cpu"), 0)
                 out += flat(module.on_after_batch_transfer(batch, 0))
         return out
 
@@ -543,18 +543,15 @@ KINDS = {
     ),
     "mover16/fields": mover_case(deep_batches, fields=DEEP_FIELDS, augment=GEO, seed=22),
     "lightning16/fields": lightning_case(deep_batches, fields=DEEP_FIELDS, augment=GEO, seed=23),
-    "lightning16/packed": lightning_case(
-        deep_batches, packed=True, fields=DEEP_FIELDS, augment=GEO, seed=23
-    ),
+    "lightning16/packed": lightning_case(deep_batches, fields=DEEP_FIELDS, augment=GEO, seed=23),
     "lightning/packed-fields": lightning_case(
-        field_batches, packed=True, **NORM, augment=GEO, fields=FIELDS, seed=15
+        field_batches, **NORM, augment=GEO, fields=FIELDS, seed=15
     ),
     "lightning/packed-mix": lightning_case(
-        plain_batches, packed=True, **NORM, augment=AUG, mix=Mix(classes=CLASSES, cutmix=1.0)
+        plain_batches, **NORM, augment=AUG, mix=Mix(classes=CLASSES, cutmix=1.0)
     ),
     "lightning-audio/packed": lightning_case(
         lambda: audio_batches(True),
-        packed=True,
         seed=30,
         fields={"audio": latecast.waveform(400, pad=True)},
     ),
@@ -614,7 +611,6 @@ SINCE: dict[str, Callable[[Path], list[torch.Tensor]]] = KINDS  # saved at a755c
 JPEG_SINCE: dict[str, Callable[[Path], list[torch.Tensor]]] = {
     "lightning-jpeg/packed-masks": lightning_case(
         lambda: jpeg_batches(True),
-        packed=True,
         **NORM,
         augment=GEO,
         seed=31,

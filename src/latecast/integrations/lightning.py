@@ -1,7 +1,7 @@
 """PyTorch Lightning: your ``DataLoader`` yields uint8, ``PrepareOnDevice`` packs each batch
 in ``transfer_batch_to_device`` and finishes it in ``on_after_batch_transfer`` (Lightning's
 place for device-side work), as ``latecast.wrap`` would, through the same two halves
-(``Wrapped.send`` and ``finish``). Imports no Lightning itself."""
+(``Wrapped.send`` and ``finish``): the one path, no other. Imports no Lightning itself."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from typing import Any
 import torch
 
 from ..errors import BatchError, ConfigError
-from ..fields import split
 from ..transfer import Sent, TransferStats
 from .plan import Options
 from .wrapped import Wrapped
@@ -72,30 +71,10 @@ class PrepareOnDevice:
         trainer = self.trainer
         step = trainer.fit_loop.epoch_loop.batch_idx + 1  # Lightning counts it up after this hook
         where = (trainer.current_epoch, trainer.global_rank, step)
-        if isinstance(batch, Sent):  # packed by transfer_batch_to_device above
-            device = batch.dev.device
-            return self._latecast_mover(device).finish(batch, where)
-        return self._moved(batch, where)
-
-    def _moved(self, batch: Any, where: tuple) -> Any:
-        """A batch a ``transfer_batch_to_device`` of your own moved: its tensors viewed as they
-        would have crossed, then finished as they came (a field that crosses only as latecast
-        packs it, files or ragged clips, is a BatchError)."""
-        leaves, rebuild = split(batch)
-        tensors = [v if isinstance(v, torch.Tensor) else None for _, v in leaves]
-        device = next((t.device for t in tensors if t is not None), torch.device("cpu"))
-        mover = self._latecast_mover(device)
-        values, plans = mover.planned(leaves)
-        for f, t in zip(plans, tensors):
-            if f is not None and (
-                t is None or f.on_host or f.nbytes != t.numel() * f.dtype.itemsize
-            ):
-                raise BatchError(
-                    f"field {f.name!r} ({f.what}) crosses only as latecast packs it, not after "
-                    "another transfer_batch_to_device moved the batch: leave that to "
-                    "PrepareOnDevice's"
-                )
-        self._latecast_stats.count(plans, copies=sum(t is not None for t in tensors))
-        views = [f and f.view(t.to(f.dtype).contiguous().view(-1).view(torch.uint8), device)
-                 for f, t in zip(plans, tensors)]  # fmt: skip
-        return mover.finished(plans, views, leaves, rebuild, where, device)
+        if not isinstance(batch, Sent):
+            raise BatchError(
+                f"PrepareOnDevice finishes the batches its transfer_batch_to_device packs; this "
+                f"{type(batch).__name__} came from another one: leave the move to PrepareOnDevice "
+                "(or call super().transfer_batch_to_device from yours)"
+            )
+        return self._latecast_mover(batch.dev.device).finish(batch, where)
