@@ -54,8 +54,6 @@ def value_range(t: torch.Tensor) -> tuple[int, int]:
     """The least and greatest of integers ``t`` ((0, 0) where empty)."""
     if t.numel() == 0:
         return (0, 0)
-    if t.device.type != "cpu":  # a batch already on the device (Lightning): one sync
-        return tuple(map(int, t.detach().long().aminmax()))
     a = t.detach().numpy()  # numpy: every integer dtype, on any torch >= 2.4
     return int(a.min()), int(a.max())
 
@@ -404,7 +402,7 @@ def image_hint(name: Name, t: torch.Tensor) -> str | None:
             "PILToTensor() or ToImage() and give wrap the mean/std"
         )
     if integral(t.dtype) and t.dtype != torch.uint8 and channels & {3, 4}:
-        low, high = value_range(t.cpu())  # the Lightning mixin's batches are on the device
+        low, high = value_range(t)
         if 0 <= low and high <= 255:
             return (
                 f"field {name!r} is {t.dtype} {tuple(t.shape)} with values 0..255, images as "
