@@ -122,10 +122,10 @@ class Dataset16(Dataset):
         import torch
 
         from .fields import labels_field
-        from .pixels16 import Image16Field
+        from .pixels16 import Images16
 
         shape, deep = (n, *self.image_shape), torch.uint16
-        images = Image16Field("images", deep, shape, deep, "NHWC", self.mean, self.std)
+        images = Images16("images", deep, shape, deep, "NHWC", self.mean, self.std)
         return [images, labels_field(self.labels, n)]
 
 

@@ -48,7 +48,7 @@ def check_augment(name: Name, augment: Any) -> None:
 
 
 @dataclass(frozen=True)
-class Image16Field(Image):
+class Images16(Image):
     """The 16-bit kind: crosses as stored; ``finish`` scales it into float and moves it."""
 
     mean: tuple = (0.0,)  # per channel, stored units

@@ -29,7 +29,7 @@ WIDTHS = (torch.int16, torch.int32, torch.int8, torch.uint8)  # what a field may
 CROPS = ("random", "centre", "start")
 
 
-class Clips(NamedTuple):
+class Padded(NamedTuple):
     """A field declared ``pad=True``: its clips and, per clip, how much of the last axis holds
     it (samples, or mel frames; int64 on the device); the rest is zeros (or their mel)."""
 
@@ -107,7 +107,7 @@ def _mel_of(hz: float) -> float:
 
 
 @dataclass(frozen=True)
-class Waveform:
+class WaveformSpec:
     """A waveform field's declaration (``waveform``); ``plan`` checks a batch of it on the host
     (a BatchError naming the field for what it cannot take)."""
 
@@ -119,7 +119,7 @@ class Waveform:
     mel: Mel | None = None
     lengths: Name | None = None  # the field holding each padded clip's length
 
-    def plan(self, name: Name, value: Any, options: Any, batch: dict) -> Samples:
+    def plan(self, name: Name, value: Any, options: Any, batch: dict) -> Waveforms:
         t = as_tensor(value)
         ragged = t is None  # a list of clips
         clips = _clips(name, value) if ragged else [t]
@@ -143,7 +143,7 @@ class Waveform:
         mono = ranks == {1}
         channels = 1 if mono else clips[0].shape[-2]  # (C, L) clips, or (N, C, L)
         shape = (sum(c.numel() for c in clips),) if ragged else tuple(t.shape)
-        return Samples(name, self.dtype, shape, clips[0].dtype, self, len(lens), channels, mono,
+        return Waveforms(name, self.dtype, shape, clips[0].dtype, self, len(lens), channels, mono,
                        lens if crosses else None, clips if ragged else None)  # fmt: skip
 
     def _check_values(self, name: Name, clip: torch.Tensor) -> None:
@@ -187,11 +187,11 @@ def _shapes(clips: list) -> str:
 
 
 @dataclass(frozen=True)
-class Samples(Field):
+class Waveforms(Field):
     """The audio kind: the samples (rows, or ragged clips back to back) then, where clips are
     ragged or padded, each clip's length (int64)."""
 
-    spec: Waveform | None = None
+    spec: WaveformSpec | None = None
     n: int = 0
     channels: int = 1
     mono: bool = True  # 1-D clips: the output has no channel axis
@@ -228,7 +228,7 @@ class Samples(Field):
         lens = None if self.lens is None else raw[cut:].clone().view(torch.int64)  # aligned
         return raw[:cut].view(self.dtype).view(self.shape), lens
 
-    def finish(self, x: tuple, ctx: Context) -> torch.Tensor | Clips:
+    def finish(self, x: tuple, ctx: Context) -> torch.Tensor | Padded:
         """Float clips ``(N, [C,] length)`` (or their mel ``(N, [C,] n_mels, frames)``):
         cropped where longer (the crop's offset drawn first), padded with zeros where shorter,
         scaled to [-1, 1], then a gain drawn in dB and clamped to [-1, 1] (torchaudio's Vol)."""
@@ -242,7 +242,7 @@ class Samples(Field):
         if spec.mel is not None:
             wave, kept = spec.mel(wave), spec.mel.frames(kept)
         wave = wave[:, 0] if self.mono else wave
-        return Clips(wave, kept) if spec.pad else wave
+        return Padded(wave, kept) if spec.pad else wave
 
     def cropped(self, samples: torch.Tensor, lens, g) -> tuple[torch.Tensor, torch.Tensor]:
         """``(N, C, length)`` float clips and the samples kept of each (int64 ``(N,)``)."""
@@ -286,18 +286,18 @@ def waveform(
     gain: tuple[float, float] | None = None,
     mel: bool | dict | None = None,
     lengths: Name | None = None,
-) -> Waveform:
+) -> WaveformSpec:
     """Declare a waveform field for ``wrap(fields={name: latecast.waveform(...)})``.
 
     Args:
         length: the samples each clip comes out with (16000: 1 s at 16 kHz).
         dtype: the integer width the samples are stored in and cross in: int16 (PCM-16, / 32768
             on the device), int32 (/ 2**31), int8, uint8 (8-bit WAV, (x - 128) / 128).
-            Samples of another integer dtype must fit it (a BatchError otherwise).
+            Waveforms of another integer dtype must fit it (a BatchError otherwise).
         crop: where a longer clip is cropped: ``"random"`` (per clip, drawn from the batch's
             seeded generator), ``"centre"`` or ``"start"``.
         pad: pad shorter clips with zeros at the end; the field then comes out as
-            ``Clips(audio, lengths)``, ``lengths`` in samples (mel frames with ``mel``). Without
+            ``Padded(audio, lengths)``, ``lengths`` in samples (mel frames with ``mel``). Without
             it a shorter clip is a BatchError.
         gain: ``(low, high)`` dB, a gain drawn per clip, then clamped to [-1, 1] (torchaudio's
             ``Vol(gain, "db")``); None: none.
@@ -328,7 +328,7 @@ def waveform(
     )  # fmt: skip
     options = {} if mel is True else mel if isinstance(mel, dict) else None
     gain = None if gain is None else (float(gain[0]), float(gain[1]))
-    return Waveform(length, dtype, crop, pad, gain, _mel(options, length), lengths)
+    return WaveformSpec(length, dtype, crop, pad, gain, _mel(options, length), lengths)
 
 
 _CHOICES = {"pad_mode": ("reflect", "constant", "replicate", "circular")}

@@ -1,6 +1,6 @@
 """The 16-bit image field's declaration, ``latecast.image16(range=, window=, mean=, std=,
 channels=, layout=)``: which values a batch may hold, how they are scaled, where the channels
-are; the field it plans (``pixels16.Image16Field``) is the core's, as a 16-bit store's."""
+are; the field it plans (``pixels16.Images16``) is the core's, as a 16-bit store's."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import torch
 
 from ..errors import BatchError, numbers_of, refuse
 from ..fields import LAYOUTS, Name, check_channels, limits, value_range
-from ..pixels16 import DEEP, Image16Field, check_augment
+from ..pixels16 import DEEP, Images16, check_augment
 
 
 @dataclass(frozen=True)
-class Image16:
+class Image16Spec:
     """A 16-bit image field's declaration (``image16``): the values, the scale, the layout."""
 
     range: tuple[float, float] | None = None  # the values the data holds; outside: BatchError
@@ -26,7 +26,7 @@ class Image16:
     channels: int | None = None  # None: from the layout (or the length of mean/std)
     layout: str = "auto"  # where the channels are: auto (wrap's layout=), NHWC or NCHW
 
-    def plan(self, name: Name, t: torch.Tensor, options: Any, batch: dict) -> Image16Field:
+    def plan(self, name: Name, t: torch.Tensor, options: Any, batch: dict) -> Images16:
         """The field as it crosses (its own dtype and shape); a BatchError naming it for a
         dtype, rank, channel count or value it cannot take, a ConfigError for an ``augment``
         that does not apply to 16-bit values."""
@@ -52,7 +52,7 @@ class Image16:
                     f"{self.range[0]:g}..{self.range[1]:g}; declare the range the data holds, "
                     "or window=(low, high) to clamp to it"
                 )
-        return Image16Field(name, t.dtype, shape, t.dtype, layout, mean, std, self.window)
+        return Images16(name, t.dtype, shape, t.dtype, layout, mean, std, self.window)
 
     def _layout(self, name: Name, shape: tuple, wrapped: str) -> str:
         """The declared layout (here, else wrap's), else the one axis, 1 or 3, of the
@@ -86,7 +86,7 @@ def image16(
     std: float | tuple[float, ...] | None = None,
     channels: int | None = None,
     layout: str = "auto",
-) -> Image16:
+) -> Image16Spec:
     """Declare a field of 16-bit images for ``wrap(fields={name: latecast.image16(...)})``:
     it crosses as stored and comes out float ``(N, C, H, W)`` (wrap's ``dtype=``,
     ``channels_last=``), ``(clamp(x, window) - mean) / std`` per channel.
@@ -124,7 +124,7 @@ def image16(
             (layout in LAYOUTS, arg.format("layout"), layout, " or ".join(LAYOUTS)),
         ]
     )
-    return Image16(rng, win, m, s, None if channels is None else int(channels), layout)
+    return Image16Spec(rng, win, m, s, None if channels is None else int(channels), layout)
 
 
 def _rising(pair: tuple | None) -> bool:

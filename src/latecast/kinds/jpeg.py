@@ -32,7 +32,7 @@ _said: set[Name] = set()  # fields whose non-JPEG files were announced
 
 
 @dataclass(frozen=True)
-class Jpeg:
+class JpegSpec:
     """A JPEG field's declaration (``jpeg``); ``plan`` reads each file's header on the host
     (a BatchError naming the field and the file for one it cannot take)."""
 
@@ -40,7 +40,7 @@ class Jpeg:
     channels: int | None = None  # None: 3 unless every file is greyscale
     interpolation: str = "bilinear"
 
-    def plan(self, name: Name, value: Any, options: Any, batch: dict) -> JpegFile:
+    def plan(self, name: Name, value: Any, options: Any, batch: dict) -> JpegFiles:
         files = files_of(value, name)
         if files is None:
             raise BatchError(
@@ -66,7 +66,7 @@ class Jpeg:
         check_channels(name, channels, len(options.mean or (0,)))
         kept = [f[:0] if i in decoded else f for i, f in enumerate(files)]  # of its own type
         sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
-        return JpegFile.of(name, kept, sizes, size, channels, decoded=decoded, heads=heads,
+        return JpegFiles.of(name, kept, sizes, size, channels, decoded=decoded, heads=heads,
                            interpolation=self.interpolation)  # fmt: skip
 
 
@@ -74,7 +74,7 @@ def jpeg(
     size: int | tuple[int, int] | None = None,
     channels: int | None = None,
     interpolation: str = "bilinear",
-) -> Jpeg:
+) -> JpegSpec:
     """Declare a field of JPEG files for ``wrap(fields={name: latecast.jpeg(...)})``.
 
     Args:
@@ -98,7 +98,7 @@ def jpeg(
             (one_or_three, "latecast.jpeg(channels=...)", channels, "1, 3 or None")])  # fmt: skip
     how = check(interpolation, "latecast.jpeg(interpolation=...)", tuple(INTERPOLATIONS))
     decoder()  # a bad LATECAST_DECODER: its one error now, not at a batch
-    return Jpeg(hw, None if channels is None else int(channels), how)
+    return JpegSpec(hw, None if channels is None else int(channels), how)
 
 
 def files_of(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
@@ -138,20 +138,20 @@ def _read(name: Name, k: int, path: Any) -> np.ndarray:
         ) from None
 
 
-def recognised(value: Any, name: Name) -> tuple[Jpeg, list] | None:
+def recognised(value: Any, name: Name) -> tuple[JpegSpec, list] | None:
     """An undeclared field as JPEG files (``Options.recognise``), when it is a list of files any
     of which starts with the JPEG signature (rows read from their paths: the first alone)."""
     for k in range(len(value) if isinstance(value, (list, tuple, np.ndarray)) else 0):
         head = files_of(value[k : k + 1], name)
         if head is not None and bytes(head[0][:3]) == b"\xff\xd8\xff":
-            return Jpeg(), files_of(value, name)
+            return JpegSpec(), files_of(value, name)
         if head is None or isinstance(value[k], dict):
             return None
     return None
 
 
 @dataclass(frozen=True)
-class JpegFile(Field):
+class JpegFiles(Field):
     """The JPEG kind: the files back to back (``nbytes`` of them), each file's upright size,
     the training size and channels; its bytes stay in the pinned slot for the decoder."""
 
@@ -172,7 +172,7 @@ class JpegFile(Field):
 
     @classmethod
     def of(cls, name: Name, files: list, sizes: torch.Tensor, size: tuple, channels: int,
-           offsets: list | None = None, **more: Any) -> JpegFile:  # fmt: skip
+           offsets: list | None = None, **more: Any) -> JpegFiles:  # fmt: skip
         """The field of ``files`` (``offsets``: where each starts, back to back, if known)."""
         f = cls(name, torch.uint8, (len(files),), None, files, sizes, tuple(size), channels, **more)
         if offsets is not None:
@@ -234,7 +234,7 @@ class JpegFile(Field):
                 f"field {m.name!r}: masks {(n, h, w)} are moved with the files of JPEG field "
                 f"{self.name!r} (by their decoding boxes), but {bad}"
             )
-        files = [f for f in plans if isinstance(f, JpegFile)]
+        files = [f for f in plans if isinstance(f, JpegFiles)]
         outs = {f.size for f in files} | {f.nhw[1:] for f in plans if isinstance(f, Image)}
         if len(outs) > 1:
             raise BatchError(

@@ -53,14 +53,14 @@ class EncodedDataset(Split):
         import torch  # not for convert's workers
 
         from ..fields import Taken, labels_field
-        from .jpeg import JpegFile
+        from .jpeg import JpegFiles
 
         data = self.data.view(np.ndarray)  # a plain view slices faster than a memmap
         starts, ends = self.offsets[at], self.offsets[at + 1]
         files = [data[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
         sizes = torch.from_numpy(self.sizes[at].astype(np.int64))
         offsets = np.concatenate([[0], np.cumsum(ends - starts)]).tolist()
-        jpegs = JpegFile.of(0, files, sizes, self.size, self.channels, offsets,
+        jpegs = JpegFiles.of(0, files, sizes, self.size, self.channels, offsets,
                             source=f"{self.name}/{self.split}", indices=indices, names=names,
                             plain=self.plain)  # fmt: skip
         return [jpegs, labels_field(self.labels, len(at))], [files, Taken(self.labels, at)]

@@ -25,7 +25,7 @@ OUTS = ("NCTHW", "NTCHW")
 
 
 @dataclass(frozen=True)
-class Clip:
+class ClipSpec:
     """A clip field's declaration (``clip``); ``plan`` checks each batch of clips against it
     (a BatchError naming the field) and the options it is finished with (a ConfigError)."""
 
@@ -81,7 +81,7 @@ def clip(
     layout: str = "NTHWC",
     size: int | tuple[int, int] | None = None,
     out: str = "NCTHW",
-) -> Clip:
+) -> ClipSpec:
     """Declare a field of uint8 video clips for ``wrap(fields={name: latecast.clip(...)})``.
 
     Args:
@@ -114,7 +114,7 @@ def clip(
     )  # fmt: skip
     layout = check(layout, "latecast.clip(layout=...)", tuple(LAYOUTS))
     out = check(out, "latecast.clip(out=...)", OUTS)
-    return Clip(None if frames is None else int(frames), layout, hw, out)
+    return ClipSpec(None if frames is None else int(frames), layout, hw, out)
 
 
 @dataclass(frozen=True)
