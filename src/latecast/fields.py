@@ -149,6 +149,11 @@ class Field:
     pixels = False  # moved by the batch's draw (then ``sizes_of`` and ``size`` say for what)
     crops = False  # a pixel kind cropped at random to ``size`` where there is no resized crop
     on_host = False  # its bytes stay in the pinned slot, where its decoder reads them
+    decoded_bytes = 0  # on_host: its pixels as uint8 once decoded (what decoding them makes)
+
+    def decoder(self, device: torch.device) -> str:
+        """``on_host``: the decoder that reads it on ``device`` (TransferStats.decoder)."""
+        return ""
 
     @classmethod
     def plan(cls, name: Name, value: torch.Tensor, options: Any, batch: dict) -> Field:
