@@ -18,14 +18,11 @@ from latecast.errors import LatecastError
 from latecast.loader import Loader
 from latecast.transforms import Augment, Erasing, Mix
 
-FUZZ = settings(
-    max_examples=100, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True
-)
+FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck),
+               derandomize=True)  # fmt: skip
 
 ODD = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-3, 40),
+    st.none(), st.booleans(), st.integers(-3, 40),
     st.sampled_from([2**63, -(2**63), 2**64, np.int64(3), np.uint8(2), np.bool_(True)]),
     st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=4),
@@ -35,7 +32,7 @@ ODD = st.one_of(
     st.dictionaries(st.sampled_from([0, 1, "x", "image"]), st.sampled_from(["image", "mask"])),
     st.sampled_from([(), [0.5], (0.1, 0.2, 0.3), ("a", "b"), {"a": 1}, object()]),
     st.sampled_from([np.zeros(3), torch.zeros(2, 2), np.array(["a"]), lambda *a: None]),
-)
+)  # fmt: skip
 
 
 def maybe(valid: st.SearchStrategy) -> st.SearchStrategy:
@@ -56,28 +53,19 @@ def tensors() -> st.SearchStrategy:
             return torch.from_numpy(a.copy())
         return a
 
-    return st.builds(
-        make,
-        st.sampled_from(dtypes),
-        shapes,
-        st.sampled_from(["torch", "numpy", "flip"]),
-        st.booleans(),
-    )
+    kinds = st.sampled_from(["torch", "numpy", "flip"])
+    return st.builds(make, st.sampled_from(dtypes), shapes, kinds, st.booleans())
 
 
 UINT8 = torch.arange(96, dtype=torch.uint8).view(2, 4, 4, 3)  # a valid tiny batch of images
 SEGMENTATION = {"image": UINT8.permute(0, 3, 1, 2), "mask": torch.arange(32).view(2, 4, 4)}
 BATCHES = st.one_of(
-    st.sampled_from([UINT8, (UINT8, torch.arange(2)), SEGMENTATION]),
-    tensors(),
+    st.sampled_from([UINT8, (UINT8, torch.arange(2)), SEGMENTATION]), tensors(),
     st.tuples(tensors(), tensors()),
-    st.dictionaries(
-        st.sampled_from(["image", "mask", "x", 0]),
-        st.one_of(tensors(), st.text(max_size=2), st.dictionaries(st.just("y"), tensors())),
-        max_size=3,
-    ),
+    st.dictionaries(st.sampled_from(["image", "mask", "x", 0]), st.one_of(
+        tensors(), st.text(max_size=2), st.dictionaries(st.just("y"), tensors())), max_size=3),
     ODD,
-)
+)  # fmt: skip
 
 
 class Later:
@@ -95,16 +83,11 @@ def made(value):
 
 
 AUGMENTS = st.builds(
-    Later,
-    st.just(Augment),
-    crop=maybe(st.integers(0, 3)),
-    flip=maybe(st.floats(0, 1)),
-    cutout=maybe(st.integers(0, 3)),
-    fill=maybe(st.sampled_from(["zero", "reflect"])),
-    resized_crop=maybe(st.floats(0, 1)),
-    jitter=maybe(st.floats(0, 1)),
+    Later, st.just(Augment), crop=maybe(st.integers(0, 3)), flip=maybe(st.floats(0, 1)),
+    cutout=maybe(st.integers(0, 3)), fill=maybe(st.sampled_from(["zero", "reflect"])),
+    resized_crop=maybe(st.floats(0, 1)), jitter=maybe(st.floats(0, 1)),
     altflip=maybe(st.sampled_from([False, False, True])),
-)
+)  # fmt: skip
 
 
 def tolerated(call) -> None:
@@ -183,11 +166,8 @@ def test_loader_under_random_arguments(kwargs, dataset):
 @FUZZ
 @given(augment=AUGMENTS, images=maybe(st.just(UINT8)) | tensors(), generator=maybe(st.just("cpu")))
 def test_augment_under_random_arguments(augment, images, generator):
-    g = (
-        torch.Generator().manual_seed(0)
-        if generator == "cpu" and isinstance(generator, str)
-        else generator
-    )
+    cpu = generator == "cpu" and isinstance(generator, str)
+    g = torch.Generator().manual_seed(0) if cpu else generator
     tolerated(lambda: made(augment)(images, g))
 
 

@@ -23,6 +23,7 @@ from latecast.storage.store import open_store
 # from the bundled files' README
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+IMAGES, LABELS = "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"  # a root's train files
 
 
 def make_idx_root(root: Path, n: int = 12, compress: bool = True, seed: int = 0) -> dict:
@@ -50,10 +51,7 @@ def make_cifar10_root(folder: Path, per_batch: int = 3, meta: bool = False, seed
         out["test" if fname.startswith("test") else "train"].append((images, labels))
     if meta:
         (folder / "batches.meta.txt").write_text("\n".join(f"thing{i}" for i in range(10)) + "\n\n")
-    return {
-        k: (np.concatenate([a for a, _ in v]), np.concatenate([b for _, b in v]))
-        for k, v in out.items()
-    }
+    return {k: tuple(map(np.concatenate, zip(*v))) for k, v in out.items()}
 
 
 # --- bundled MNIST ----------------------------------------------------------------------
@@ -74,11 +72,8 @@ def test_mnist_bundled_train_and_test():
 
 def test_mnist_cache_equals_the_original_files():
     train = load_dataset("mnist")
-    original = read_idx(datasets.BUNDLED / "train-images-idx3-ubyte.gz")
-    np.testing.assert_array_equal(train.images[..., 0], original)
-    np.testing.assert_array_equal(
-        train.labels, read_idx(datasets.BUNDLED / "train-labels-idx1-ubyte.gz")
-    )
+    for got, kind in ((train.images[..., 0], "images-idx3"), (train.labels, "labels-idx1")):
+        np.testing.assert_array_equal(got, read_idx(datasets.BUNDLED / f"train-{kind}-ubyte.gz"))
 
 
 def test_second_load_maps_what_the_first_decoded(fresh_cache):
@@ -92,8 +87,7 @@ def test_second_load_maps_what_the_first_decoded(fresh_cache):
 
 
 def test_bundled_file_with_wrong_sha256_is_refused(tmp_path, monkeypatch):
-    bundled = tmp_path / "bundled"
-    bundled.mkdir()
+    (bundled := tmp_path / "bundled").mkdir()
     for f in ("SHA256SUMS", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
         shutil.copy(datasets.BUNDLED / f, bundled / f)
     labels = bundled / "t10k-labels-idx1-ubyte.gz"  # same content, other compression: other hash
@@ -116,13 +110,9 @@ def test_mnist_ignores_latecast_data_but_uses_an_explicit_root(tmp_path, monkeyp
 
 @pytest.mark.parametrize(
     "name,sub",
-    [
-        ("fashion-mnist", "FashionMNIST/raw"),
-        ("kmnist", "KMNIST/raw"),
-        ("mnist", "MNIST/raw"),
-        ("kmnist", ""),
-    ],
-)
+    [("fashion-mnist", "FashionMNIST/raw"), ("kmnist", "KMNIST/raw"), ("mnist", "MNIST/raw"),
+     ("kmnist", "")],
+)  # fmt: skip
 @pytest.mark.parametrize("compress", [True, False])
 def test_idx_root_layouts(tmp_path, name, sub, compress):
     arrays = make_idx_root(tmp_path / sub, compress=compress)
@@ -144,44 +134,39 @@ def test_latecast_data_is_the_default_root(tmp_path, monkeypatch):
 
 def test_missing_file_names_every_path_looked_for(tmp_path):
     make_idx_root(tmp_path)
-    (tmp_path / "train-labels-idx1-ubyte.gz").unlink()
+    (tmp_path / LABELS).unlink()
     with pytest.raises(FormatError) as err:
         load_dataset("fashion-mnist", root=tmp_path)
-    message = str(err.value)
+    message, raw = str(err.value), tmp_path / "FashionMNIST" / "raw"
     assert "\n" not in message
-    for looked in (
-        tmp_path / "train-labels-idx1-ubyte.gz",
-        tmp_path / "FashionMNIST" / "raw" / "train-labels-idx1-ubyte",
-    ):
+    for looked in (tmp_path / LABELS, raw / "train-labels-idx1-ubyte"):
         assert str(looked) in message
 
 
-def test_image_and_label_counts_must_agree(tmp_path):
-    make_idx_root(tmp_path)
-    labels = tmp_path / "train-labels-idx1-ubyte.gz"
-    write_idx(labels, np.zeros(11, np.uint8), compress=True)
+def bad_labels(root: Path, labels: np.ndarray) -> str:
+    """``labels`` as the train labels of a ``make_idx_root`` root; what loading it says."""
+    make_idx_root(root)
+    write_idx(root / LABELS, labels, compress=True)
     with pytest.raises(FormatError) as err:
-        load_dataset("kmnist", root=tmp_path)
-    assert str(err.value) == (
-        f"{tmp_path / 'train-images-idx3-ubyte.gz'} holds 12 images but {labels} holds 11 labels"
-    )
+        load_dataset("kmnist", root=root)
+    return str(err.value)
+
+
+def test_image_and_label_counts_must_agree(tmp_path):
+    images, labels = tmp_path / IMAGES, tmp_path / LABELS
+    said = bad_labels(tmp_path, np.zeros(11, np.uint8))
+    assert said == f"{images} holds 12 images but {labels} holds 11 labels"
 
 
 def test_label_out_of_range_names_the_first_bad_index(tmp_path):
-    make_idx_root(tmp_path)
     bad = (np.arange(12) % 10).astype(np.uint8)
     bad[[4, 9]] = [10, 200]
-    write_idx(tmp_path / "train-labels-idx1-ubyte.gz", bad, compress=True)
-    with pytest.raises(FormatError, match="label 10 at index 4 is outside 0..9"):
-        load_dataset("kmnist", root=tmp_path)
+    assert "label 10 at index 4 is outside 0..9" in bad_labels(tmp_path, bad)
 
 
 def test_files_swapped_between_roles(tmp_path):
     make_idx_root(tmp_path)
-    images, labels = (
-        tmp_path / "train-images-idx3-ubyte.gz",
-        tmp_path / "train-labels-idx1-ubyte.gz",
-    )
+    images, labels = tmp_path / IMAGES, tmp_path / LABELS
     images.rename(tmp_path / "x")
     labels.rename(images)
     (tmp_path / "x").rename(labels)
@@ -210,10 +195,8 @@ def test_cifar10_binary(tmp_path, meta):
         assert ds.images.shape == images.shape and len(ds) == (15 if split == "train" else 3)
         np.testing.assert_array_equal(ds.images, images)
         np.testing.assert_array_equal(ds.labels, labels)
-        assert len(ds.mean) == 3
-        assert ds.classes == (
-            tuple(f"thing{i}" for i in range(10)) if meta else DATASETS["cifar10"].classes
-        )
+        things = tuple(f"thing{i}" for i in range(10))
+        assert len(ds.mean) == 3 and ds.classes == (things if meta else DATASETS["cifar10"].classes)
 
 
 def test_cifar_planes_become_channels():
@@ -227,8 +210,7 @@ def test_cifar100_uses_the_fine_label(tmp_path):
     rng = np.random.default_rng(3)
     images = rng.integers(0, 256, (4, 32, 32, 3), dtype=np.uint8)
     fine, coarse = np.array([99, 0, 42, 7], np.uint8), np.array([19, 3, 1, 0], np.uint8)
-    folder = tmp_path / "cifar-100-binary"
-    folder.mkdir()
+    (folder := tmp_path / "cifar-100-binary").mkdir()
     for fname in ("train.bin", "test.bin"):
         (folder / fname).write_bytes(cifar_records(images, fine, coarse))
     ds = load_dataset("cifar100", "test", root=tmp_path)
@@ -237,31 +219,29 @@ def test_cifar100_uses_the_fine_label(tmp_path):
     assert ds.classes[:2] == ("apple", "aquarium_fish")
 
 
-def test_cifar_size_not_whole_records(tmp_path):
-    folder = tmp_path / "cifar-10-batches-bin"
-    make_cifar10_root(folder)
-    (folder / "test_batch.bin").write_bytes(b"\1" * (3073 * 2 + 100))
+def cifar_refused(root: Path, change) -> str:
+    """What loading a CIFAR-10 root's test split says once ``change`` rewrote its file."""
+    make_cifar10_root(root / "cifar-10-batches-bin")
+    rewrite(root / "cifar-10-batches-bin" / "test_batch.bin", change)
     with pytest.raises(FormatError) as err:
-        load_dataset("cifar10", "test", root=tmp_path)
-    message = str(err.value)
-    assert str(folder / "test_batch.bin") in message and "6,246 bytes" in message
-    assert "2 records and 100 bytes left over" in message
+        load_dataset("cifar10", "test", root=root)
+    return str(err.value)
+
+
+def test_cifar_size_not_whole_records(tmp_path):
+    message = cifar_refused(tmp_path, lambda _: b"\1" * (3073 * 2 + 100))
+    assert str(tmp_path / "cifar-10-batches-bin" / "test_batch.bin") in message
+    assert "6,246 bytes" in message and "2 records and 100 bytes left over" in message
 
 
 def test_cifar_label_out_of_range(tmp_path):
-    folder = tmp_path / "cifar-10-batches-bin"
-    make_cifar10_root(folder)
-    data = bytearray((folder / "test_batch.bin").read_bytes())
-    data[3073 * 2] = 10  # third record's label
-    (folder / "test_batch.bin").write_bytes(bytes(data))
-    with pytest.raises(FormatError, match="test_batch.bin: label 10 at index 2 is outside 0..9"):
-        load_dataset("cifar10", "test", root=tmp_path)
+    message = cifar_refused(tmp_path, lambda b: b[: 3073 * 2] + b"\n" + b[3073 * 2 + 1 :])
+    assert "test_batch.bin: label 10 at index 2 is outside 0..9" in message  # the third's
 
 
 @pytest.mark.parametrize("where", ["inside", "itself"])
 def test_cifar_pickle_version_is_refused(tmp_path, where):
-    pickled = tmp_path / "cifar-10-batches-py"
-    pickled.mkdir()
+    (pickled := tmp_path / "cifar-10-batches-py").mkdir()
     (pickled / "data_batch_1").write_bytes(b"\x80\x04 pretend pickle")
     root = tmp_path if where == "inside" else pickled
     with pytest.raises(FormatError, match="pickle .* not supported because unpickling can run"):
@@ -280,22 +260,15 @@ def test_cifar_parser_fuzz():
             except LatecastError as e:
                 assert "fuzz.bin" in str(e)
                 continue
-            assert (
-                images.shape == (len(data) // record, 32, 32, 3)
-                and labels.shape == images.shape[:1]
-            )
+            assert images.shape == (len(data) // record, 32, 32, 3)
+            assert labels.shape == images.shape[:1]
 
 
 # --- the decoded cache: one store per split ----------------------------------------------
 
 
-def corrupt_truncate(folder: Path):
-    path = folder / "images.npy"
-    path.write_bytes(path.read_bytes()[:-50])
-
-
-def corrupt_meta_garbage(folder: Path):
-    (folder / "meta.json").write_text("{not json")
+def rewrite(path: Path, change) -> None:
+    path.write_bytes(change(path.read_bytes()))
 
 
 def corrupt_meta_shape(folder: Path):
@@ -304,47 +277,29 @@ def corrupt_meta_shape(folder: Path):
     (folder / "meta.json").write_text(json.dumps(meta))
 
 
-def corrupt_pickled_labels(folder: Path):
-    np.save(folder / "labels.npy", np.array([{"x": 1}] * 12, dtype=object), allow_pickle=True)
-
-
-def corrupt_empty(folder: Path):
-    (folder / "images.npy").write_bytes(b"")
-
-
 def corrupt_labels_out_of_range(folder: Path):
     labels = np.load(folder / "labels.npy")
     labels[3] = 250
     np.save(folder / "labels.npy", labels)
 
 
-def corrupt_appended(folder: Path):
-    with open(folder / "images.npy", "ab") as f:
-        f.write(b"\0" * 64)
+OLD_META = json.dumps({"version": 1, "classes": list("0123456789")})  # the .npy cache before stores
+CORRUPTIONS = {
+    "truncate": lambda f: rewrite(f / "images.npy", lambda b: b[:-50]),
+    "meta_garbage": lambda f: (f / "meta.json").write_text("{not json"),
+    "meta_shape": corrupt_meta_shape,
+    "pickled_labels": lambda f: np.save(
+        f / "labels.npy", np.array([{"x": 1}] * 12, dtype=object), allow_pickle=True
+    ),
+    "empty": lambda f: (f / "images.npy").write_bytes(b""),
+    "labels_out_of_range": corrupt_labels_out_of_range,
+    "appended": lambda f: rewrite(f / "images.npy", lambda b: b + b"\0" * 64),
+    "meta_removed": lambda f: (f / "meta.json").unlink(),
+    "old_format": lambda f: (f / "meta.json").write_text(OLD_META),
+}
 
 
-def corrupt_meta_removed(folder: Path):
-    (folder / "meta.json").unlink()
-
-
-def corrupt_old_format(folder: Path):  # the .npy cache of latecast before it wrote stores
-    (folder / "meta.json").write_text(json.dumps({"version": 1, "classes": list("0123456789")}))
-
-
-@pytest.mark.parametrize(
-    "corrupt",
-    [
-        corrupt_truncate,
-        corrupt_meta_garbage,
-        corrupt_meta_shape,
-        corrupt_pickled_labels,
-        corrupt_empty,
-        corrupt_labels_out_of_range,
-        corrupt_appended,
-        corrupt_meta_removed,
-        corrupt_old_format,
-    ],
-)
+@pytest.mark.parametrize("corrupt", CORRUPTIONS.values(), ids=CORRUPTIONS)
 def test_damaged_cache_store_is_decoded_again_and_rewritten(tmp_path, fresh_cache, corrupt):
     arrays = make_idx_root(tmp_path / "data")
     load_dataset("kmnist", root=tmp_path / "data")
@@ -364,7 +319,7 @@ def test_damaged_cache_store_is_decoded_again_and_rewritten(tmp_path, fresh_cach
 def test_changed_source_file_invalidates_the_cache(tmp_path):
     make_idx_root(tmp_path)
     assert load_dataset("kmnist", root=tmp_path).labels[0] == 0
-    labels = tmp_path / "train-labels-idx1-ubyte.gz"
+    labels = tmp_path / LABELS
     stat = labels.stat()
     write_idx(labels, np.full(12, 5, np.uint8), compress=True)
     os.utime(labels, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
@@ -383,9 +338,7 @@ def test_unwritable_cache_still_loads(tmp_path, monkeypatch):
 
 def test_test_split_uses_the_train_statistics_when_cached_too(tmp_path):
     arrays = make_idx_root(tmp_path)
-    write_idx(
-        tmp_path / "t10k-images-idx3-ubyte.gz", arrays["test"][0] // 4, compress=True
-    )  # darker
+    write_idx(tmp_path / "t10k-images-idx3-ubyte.gz", arrays["test"][0] // 4, compress=True)  # dark
     train_mean = arrays["train"][0].mean() / 255
     for _ in range(2):  # decoded and written, then read back from the cache
         assert load_dataset("kmnist", "test", root=tmp_path).mean == pytest.approx((train_mean,))

@@ -110,6 +110,15 @@ def assert_clean(dest: Path) -> None:
     assert not dest.exists() and not dest.with_name(dest.name + ".part").exists()
 
 
+def refused(urls: list[str], dest: Path, match: str | None = None, digest: str = sha(DATA)) -> str:
+    """``download`` from ``urls`` fails (a ``DownloadError`` matching ``match``, after a
+    warning) and leaves no file; its message."""
+    with pytest.raises(DownloadError, match=match) as err, pytest.warns(UserWarning):
+        download(urls, dest, digest)
+    assert_clean(dest)
+    return str(err.value)
+
+
 # --- download() -------------------------------------------------------------------------
 
 
@@ -128,12 +137,9 @@ def test_404_then_good_second_mirror(server, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "page",
-    [
-        body(b"<!DOCTYPE html><html>sign in</html>", "text/html"),
-        body(b"\n<html><body>quota exceeded</body></html>"),
-    ],
-)
+    "page", [body(b"<!DOCTYPE html><html>sign in</html>", "text/html"),
+             body(b"\n<html><body>quota exceeded</body></html>")],
+)  # fmt: skip
 def test_html_page_then_good_mirror(server, tmp_path, page):
     server.routes["/html"], server.routes["/good"] = page, body(DATA)
     with pytest.warns(UserWarning, match="HTML page"):
@@ -143,29 +149,19 @@ def test_html_page_then_good_mirror(server, tmp_path, page):
 
 def test_wrong_hash_names_url_and_both_hashes_and_removes_the_file(server, tmp_path):
     server.routes["/a.gz"] = body(DATA)
-    expected = "ab" * 32
-    with pytest.raises(DownloadError) as err, pytest.warns(UserWarning):
-        download([server.url("/a.gz")], tmp_path / "a.gz", expected)
-    message = str(err.value)
-    assert server.url("/a.gz") in message and expected in message and sha(DATA) in message
-    assert_clean(tmp_path / "a.gz")
+    message = refused([server.url("/a.gz")], tmp_path / "a.gz", digest="ab" * 32)
+    assert server.url("/a.gz") in message and "ab" * 32 in message and sha(DATA) in message
 
 
 def test_dropped_connection_never_leaves_a_file(server, tmp_path):
     server.routes["/a.gz"] = dropped(DATA)
-    with (
-        pytest.raises(DownloadError, match="connection dropped after 50,000 of 100,000 bytes"),
-        pytest.warns(UserWarning),
-    ):
-        download([server.url("/a.gz")], tmp_path / "a.gz", sha(DATA))
-    assert_clean(tmp_path / "a.gz")
+    said = "connection dropped after 50,000 of 100,000 bytes"
+    refused([server.url("/a.gz")], tmp_path / "a.gz", said)
 
 
 def test_truncated_file_fails_its_hash(server, tmp_path):
     server.routes["/a.gz"] = body(DATA[:-10])
-    with pytest.raises(DownloadError, match="SHA-256 mismatch"), pytest.warns(UserWarning):
-        download([server.url("/a.gz")], tmp_path / "a.gz", sha(DATA))
-    assert_clean(tmp_path / "a.gz")
+    refused([server.url("/a.gz")], tmp_path / "a.gz", "SHA-256 mismatch")
 
 
 def test_timeout_moves_on_to_the_next_mirror(server, tmp_path):
@@ -180,9 +176,7 @@ def test_timeout_moves_on_to_the_next_mirror(server, tmp_path):
 def test_stale_part_file_never_counts(server, tmp_path):
     (tmp_path / "a.gz.part").write_bytes(DATA[:500])  # left by a killed earlier run
     server.routes["/a.gz"] = dropped(DATA)
-    with pytest.raises(DownloadError), pytest.warns(UserWarning):
-        download([server.url("/a.gz")], tmp_path / "a.gz", sha(DATA))
-    assert_clean(tmp_path / "a.gz")
+    refused([server.url("/a.gz")], tmp_path / "a.gz")
     server.routes["/a.gz"] = body(DATA)
     download([server.url("/a.gz")], tmp_path / "a.gz", sha(DATA))
     assert (tmp_path / "a.gz").read_bytes() == DATA
@@ -193,39 +187,24 @@ def test_all_mirrors_fail_one_error_listing_each(server, tmp_path):
     server.routes["/forbidden"] = status(403)
     server.routes["/wrong"] = body(b"other bytes")
     urls = [server.url(p) for p in ("/html", "/forbidden", "/missing", "/wrong")]
-    with pytest.raises(DownloadError) as err, pytest.warns(UserWarning):
-        download(urls, tmp_path / "a.gz", sha(DATA))
-    message = str(err.value)
+    message = refused(urls, tmp_path / "a.gz")
     assert "\n" not in message
     for url, reason in zip(urls, ["HTML page", "HTTP 403", "HTTP 404", "SHA-256 mismatch"]):
         assert f"{url}: {reason}" in message
     assert "by hand" in message and sha(DATA) in message and str(tmp_path / "a.gz") in message
-    assert_clean(tmp_path / "a.gz")
 
 
 @pytest.mark.parametrize(
-    "url",
-    [
-        "http://example.com/a.gz",
-        "ftp://127.0.0.1/a.gz",
-        "file:///etc/passwd",
-        "http://127.0.0.1.example.com/a.gz",
-    ],
-)
+    "url", ["http://example.com/a.gz", "ftp://127.0.0.1/a.gz", "file:///etc/passwd",
+            "http://127.0.0.1.example.com/a.gz"],
+)  # fmt: skip
 def test_plain_http_and_other_schemes_are_refused(tmp_path, url):
-    with pytest.raises(DownloadError, match="only https://"), pytest.warns(UserWarning):
-        download([url], tmp_path / "a.gz", sha(DATA))
-    assert_clean(tmp_path / "a.gz")
+    refused([url], tmp_path / "a.gz", "only https://")
 
 
 def test_redirect_to_plain_http_is_refused(server, tmp_path):
     server.routes["/a.gz"] = redirect("http://example.com/a.gz")
-    with (
-        pytest.raises(DownloadError, match="refused http://example.com/a.gz"),
-        pytest.warns(UserWarning),
-    ):
-        download([server.url("/a.gz")], tmp_path / "a.gz", sha(DATA))
-    assert_clean(tmp_path / "a.gz")
+    refused([server.url("/a.gz")], tmp_path / "a.gz", "refused http://example.com/a.gz")
 
 
 def test_redirect_to_loopback_is_followed(server, tmp_path):
@@ -256,18 +235,23 @@ def fashion_files(tmp_path, monkeypatch) -> dict[str, bytes]:
     rng = np.random.default_rng(0)
     files = {}
     for prefix, n in (("train", 10), ("t10k", 4)):
-        files[f"{prefix}-images-idx3-ubyte.gz"] = idx_gz(
-            rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), tmp_path
+        images, labels = (
+            rng.integers(0, 256, (n, 28, 28), np.uint8),
+            np.arange(n, dtype=np.uint8) % 10,
         )
-        files[f"{prefix}-labels-idx1-ubyte.gz"] = idx_gz(
-            (np.arange(n) % 10).astype(np.uint8), tmp_path
-        )
+        files[f"{prefix}-images-idx3-ubyte.gz"] = idx_gz(images, tmp_path)
+        files[f"{prefix}-labels-idx1-ubyte.gz"] = idx_gz(labels, tmp_path)
     for name in ("fashion-mnist", "kmnist"):
-        spec = dataclasses.replace(
-            datasets.DATASETS[name], sha256={k: sha(v) for k, v in files.items()}
-        )
-        monkeypatch.setitem(datasets.DATASETS, name, spec)
+        pin(monkeypatch, name, files)
     return files
+
+
+def pin(monkeypatch, name: str, files: dict[str, bytes]) -> None:
+    """Dataset ``name``'s hashes pinned to those of ``files``' bytes."""
+    sums = {k: sha(v) for k, v in files.items()}
+    monkeypatch.setitem(
+        datasets.DATASETS, name, dataclasses.replace(datasets.DATASETS[name], sha256=sums)
+    )
 
 
 def test_load_dataset_downloads_from_the_first_good_mirror(server, fashion_files, fresh_cache):
@@ -275,9 +259,8 @@ def test_load_dataset_downloads_from_the_first_good_mirror(server, fashion_files
         server.routes[f"/good/{fname}"] = body(data)
         server.routes[f"/bad/{fname}"] = body(data[:-1] + bytes([data[-1] ^ 1]))
     with pytest.warns(UserWarning, match="SHA-256 mismatch"):
-        test = load_dataset(
-            "fashion-mnist", "test", mirrors=[server.url("/bad"), server.url("/good/")]
-        )
+        mirrors = [server.url("/bad"), server.url("/good/")]
+        test = load_dataset("fashion-mnist", "test", mirrors=mirrors)
     assert test.images.shape == (4, 28, 28, 1) and test.labels.tolist() == [0, 1, 2, 3]
     assert test.classes[0] == "T-shirt/top"
     downloaded = sorted(p.name for p in (fresh_cache / "downloads" / "fashion-mnist").iterdir())
@@ -296,12 +279,8 @@ def test_latecast_mirrors_env(server, fashion_files, fresh_cache, monkeypatch):
 
 
 def test_all_mirrors_failing_in_load_dataset(server, fashion_files, fresh_cache):
-    with (
-        pytest.raises(
-            DownloadError, match="could not download train-images-idx3-ubyte.gz: .*by hand"
-        ),
-        pytest.warns(UserWarning),
-    ):
+    said = "could not download train-images-idx3-ubyte.gz: .*by hand"
+    with pytest.raises(DownloadError, match=said), pytest.warns(UserWarning):
         load_dataset("kmnist", mirrors=[server.url("/a"), server.url("/b")])
 
 
@@ -331,10 +310,7 @@ def cifar10_members() -> tuple[dict[str, bytes], np.ndarray]:
 
 def serve_cifar(server, monkeypatch, archive: bytes) -> None:
     server.routes["/kriz/cifar-10-binary.tar.gz"] = body(archive)
-    spec = dataclasses.replace(
-        datasets.DATASETS["cifar10"], sha256={"cifar-10-binary.tar.gz": sha(archive)}
-    )
-    monkeypatch.setitem(datasets.DATASETS, "cifar10", spec)
+    pin(monkeypatch, "cifar10", {"cifar-10-binary.tar.gz": archive})
 
 
 def test_cifar_archive_is_downloaded_and_unpacked(server, fresh_cache, monkeypatch):
@@ -349,29 +325,22 @@ def test_cifar_archive_is_downloaded_and_unpacked(server, fresh_cache, monkeypat
 
 
 @pytest.mark.parametrize(
-    "evil",
-    [
-        {"../x": b"escaped"},
-        {"/tmp/latecast-abs-x": b"escaped"},
-        {"cifar-10-batches-bin/../../x": b"escaped"},
-        "symlink",
-    ],
-)
+    "evil", [{"../x": b"escaped"}, {"/tmp/latecast-abs-x": b"escaped"},
+             {"cifar-10-batches-bin/../../x": b"escaped"}, "symlink"],
+)  # fmt: skip
 def test_unsafe_archive_member_rejects_everything(server, fresh_cache, monkeypatch, tmp_path, evil):
     members, _ = cifar10_members()
-    archive = (
-        tar_gz(members, {"cifar-10-batches-bin/link": "/etc/passwd"})
-        if evil == "symlink"
-        else tar_gz({**members, **evil})
-    )
+    if evil == "symlink":
+        archive = tar_gz(members, {"cifar-10-batches-bin/link": "/etc/passwd"})
+    else:
+        archive = tar_gz({**members, **evil})
     serve_cifar(server, monkeypatch, archive)
     with pytest.raises(FormatError, match="refusing the archive, member .* nothing was extracted"):
         load_dataset("cifar10", "test", mirrors=[server.url("/kriz")])
     home = fresh_cache / "downloads" / "cifar10"
     assert os.listdir(home) == []  # no member written, archive removed
-    assert (
-        not (fresh_cache / "downloads" / "x").exists() and not Path("/tmp/latecast-abs-x").exists()
-    )
+    assert not (fresh_cache / "downloads" / "x").exists()
+    assert not Path("/tmp/latecast-abs-x").exists()
 
 
 def test_extract_tar_reads_only_wanted_members(tmp_path):

@@ -151,43 +151,27 @@ def video_clips(out: str) -> None:
 @dataclass(frozen=True)
 class Example:
     needs: str  # the module it needs
-    argv: tuple[str, ...]  # its command line at tiny sizes: "{path}" is the file
+    argv: str  # its options at tiny sizes (after the file's path)
     check: Callable[[str], None]  # what its output must show
-    launcher: str = "python"  # or "accelerate": `accelerate launch` on 2 CPU processes
+    launcher: str = "python"  # "torchrun" or "accelerate" (`accelerate launch`): 2 CPU processes
 
 
+DDP, E2, PLAIN = "--devices=2 --limit=512 --epochs=1", "--epochs=2", "--epochs=1 --min-accuracy=0"
 EXAMPLES = {
-    "imagenet_style.py": Example(
-        "torchvision", (*TORCHRUN, "{path}", "--limit=240", "--epochs=1"), imagenet
-    ),
-    "timm_style.py": Example("torch", ("{path}", "--steps=4"), timm),
-    "hf_datasets.py": Example("datasets", ("{path}", "--limit=600"), hf_datasets),
-    "lightning_hook.py": Example(
-        "lightning", ("{path}", "--devices=2", "--limit=512", "--epochs=1"), lightning_hook
-    ),
+    "imagenet_style.py": Example("torchvision", "--limit=240 --epochs=1", imagenet, "torchrun"),
+    "timm_style.py": Example("torch", "--steps=4", timm),
+    "hf_datasets.py": Example("datasets", "--limit=600", hf_datasets),
+    "lightning_hook.py": Example("lightning", DDP, lightning_hook),
     "accelerate_loop.py": Example(
-        "accelerate",
-        ("{path}", "--limit=512", "--epochs=2", "--state=state"),
-        accelerate_loop,
-        launcher="accelerate",
+        "accelerate", "--limit=512 --epochs=2 --state=state", accelerate_loop, "accelerate"
     ),
-    "fabric_loop.py": Example(
-        "lightning", ("{path}", "--devices=2", "--limit=512", "--epochs=1"), fabric
-    ),
-    "plain_loop.py": Example(
-        "torchvision", ("{path}", "--limit=600", "--epochs=1", "--min-accuracy=0"), plain
-    ),
-    "plain_loop.py --jpeg": Example(
-        "torchvision",
-        ("{path}", "--jpeg", "--limit=600", "--epochs=1", "--min-accuracy=0"),
-        plain,
-    ),
-    "nanogpt_tokens.py": Example("torch", ("{path}", "--steps=5"), nanogpt),
-    "ct_segmentation.py": Example(
-        "torch", ("{path}", "--slices=32", "--epochs=2"), ct_segmentation
-    ),
-    "speech_commands.py": Example("torch", ("{path}", "--clips=48", "--epochs=2"), speech_commands),
-    "video_clips.py": Example("torch", ("{path}", "--clips=24", "--epochs=2"), video_clips),
+    "fabric_loop.py": Example("lightning", DDP, fabric),
+    "plain_loop.py": Example("torchvision", f"--limit=600 {PLAIN}", plain),
+    "plain_loop.py --jpeg": Example("torchvision", f"--jpeg --limit=600 {PLAIN}", plain),
+    "nanogpt_tokens.py": Example("torch", "--steps=5", nanogpt),
+    "ct_segmentation.py": Example("torch", f"--slices=32 {E2}", ct_segmentation),
+    "speech_commands.py": Example("torch", f"--clips=48 {E2}", speech_commands),
+    "video_clips.py": Example("torch", f"--clips=24 {E2}", video_clips),
 }
 
 
@@ -200,7 +184,7 @@ def test_examples_run(name, tmp_path):
     example = EXAMPLES[name]
     pytest.importorskip(example.needs)
     path = str(ROOT / "examples" / name.split()[0])
-    argv = [a.format(path=path) for a in example.argv]
+    argv = [*(TORCHRUN if example.launcher == "torchrun" else []), path, *example.argv.split()]
     run = accelerate if example.launcher == "accelerate" else launch
     example.check(run(*argv, cwd=tmp_path).stdout)
 
@@ -290,11 +274,9 @@ def test_accelerate_launch_loader_checkpoint_and_wrap(tmp_path):
         assert r["wrapped_error"] <= 1e-6 and r["prepared_error"] <= 1e-6
         assert r["kind"] == "DataLoaderShard"
         assert "latecast.wrap(accelerator.prepare(dl, device_placement=[False])" in r["refused"]
+        e = r["evaluated"]
         for n in (27, 32, 37):
-            (signals, metric), (want, usual) = (
-                r["evaluated"][n, "wrapped"],
-                r["evaluated"][n, "plain"],
-            )
+            (signals, metric), (want, usual) = e[n, "wrapped"], e[n, "plain"]
             assert signals == want and metric == pytest.approx(usual, abs=1e-6), n
             if n != 37:  # an iterable dataset's padding accelerate keeps itself: as it does
                 assert sorted(sum((ids for *_, ids in signals), [])) == list(range(n))
@@ -343,15 +325,9 @@ def loader_fit(out: Path, devices: int, resume: Path | None = None, batch: int =
         callbacks=[ModelCheckpoint(out, "{step}", every_n_train_steps=3, save_top_k=-1)],
     )
     trainer.fit(model, loader, ckpt_path=resume)
-    torch.save(
-        {
-            "built": built,
-            "placed": [loader.rank, loader.world_size],
-            "seen": model.seen,
-            "weight": model.net.weight.detach(),
-        },
-        out / f"rank{trainer.global_rank}.pt",
-    )
+    placed, weight = [loader.rank, loader.world_size], model.net.weight.detach()
+    record = dict(built=built, placed=placed, seen=model.seen, weight=weight)
+    torch.save(record, out / f"rank{trainer.global_rank}.pt")
 
 
 def wrap_fit(out: Path, how: str) -> None:
@@ -403,10 +379,8 @@ def wrap_fit(out: Path, how: str) -> None:
 
         predict_dataloader = val_dataloader
 
-    model, trainer = (
-        Net(),
-        lightning_trainer(max_epochs=2, devices=2, strategy="ddp", enable_checkpointing=False),
-    )
+    model = Net()
+    trainer = lightning_trainer(max_epochs=2, devices=2, strategy="ddp", enable_checkpointing=False)
     if how == "fit":
         trainer.fit(model, train_dataloaders=train())
     else:
@@ -422,15 +396,9 @@ def wrap_fit(out: Path, how: str) -> None:
             evaluated[kind, run.__name__] = (
                 got[0] if run == trainer.validate else [(i.tolist(), p.tolist()) for i, p in got]
             )
-    torch.save(
-        {
-            "seen": model.seen,
-            "max_error": model.error,
-            "sampler": type(used.sampler).__name__,
-            "evaluated": evaluated,
-        },
-        out / f"rank{trainer.global_rank}.pt",
-    )
+    sampler = type(used.sampler).__name__
+    record = dict(seen=model.seen, max_error=model.error, sampler=sampler, evaluated=evaluated)
+    torch.save(record, out / f"rank{trainer.global_rank}.pt")
 
 
 def _accelerate(out: Path) -> None:
@@ -472,13 +440,7 @@ def loader_and_sharded_wrap(acc, out: Path) -> dict:
             want = latecast.normalize(torch.from_numpy(ds.images[ids.numpy()]), ds.mean, ds.std)
             error = max(error, (x - want).abs().max().item())
     placed = [loader.rank, loader.world_size]
-    return {
-        "placed": placed,
-        "seen": seen,
-        "resumed": resumed,
-        "wrapped": got,
-        "wrapped_error": error,
-    }
+    return dict(placed=placed, seen=seen, resumed=resumed, wrapped=got, wrapped_error=error)
 
 
 class Streamed(torch.utils.data.IterableDataset):
@@ -519,13 +481,9 @@ def prepared_wrap(acc) -> dict:
         refused = ""
     except latecast.LatecastError as e:
         refused = str(e)
-    return {
-        "prepared": seen,
-        "prepared_error": error,
-        "kind": kind,
-        "evaluated": evaluated,
-        "refused": refused,
-    }
+    return dict(
+        prepared=seen, prepared_error=error, kind=kind, evaluated=evaluated, refused=refused
+    )
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import time
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
+from subprocess import PIPE
 
 import _helpers
 import numpy as np
@@ -64,11 +65,8 @@ def tmpfs(path: Path, size: str):
     """A real tmpfs of ``size`` mounted at ``path`` for the block; skipped where not allowed."""
     path.mkdir(parents=True, exist_ok=True)
     try:
-        proc = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-            capture_output=True,
-            text=True,
-        )
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
+        proc = subprocess.run(mount, capture_output=True, text=True)
     except FileNotFoundError:
         pytest.skip("no mount command here: cannot make a real small filesystem")
     if proc.returncode:
@@ -89,11 +87,15 @@ def holder(out: Path) -> subprocess.Popen:
         "import sys, time\nfrom latecast.trainer.rundir import claim\n"
         "with claim(sys.argv[1], None, False):\n    print('held', flush=True)\n    time.sleep(600)"
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True
-    )
+    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
+
+
+def started(*argv, env: dict | None = None, **kwargs) -> subprocess.Popen:
+    """A real ``python -m latecast *argv`` (``env`` added to this one's), running."""
+    argv = [sys.executable, "-m", "latecast", *map(str, argv)]
+    return subprocess.Popen(argv, env={**os.environ, **(env or {})}, **kwargs)
 
 
 def stopped(proc: subprocess.Popen) -> None:
@@ -130,12 +132,8 @@ def test_two_runs_started_at_once_into_one_folder_never_both_run(tmp_path, run_c
     the check, training, and having its finished run replaced (``--resume auto`` found no
     checkpoint yet in either) by the first."""
     out, args = tmp_path / "run", [*TINY, "--resume", "auto"]
-    first = subprocess.Popen(
-        [sys.executable, "-m", "latecast", "train", *args, "--output-dir", str(out), "--json"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "LATECAST_STOP_AT": "data:STOP"},
-    )
+    stop = {"LATECAST_STOP_AT": "data:STOP"}
+    first = started("train", *args, "--output-dir", out, "--json", stdout=PIPE, text=True, env=stop)
     try:
         stopped(first)
         second = run_cli("train", *args, "--output-dir", out)
@@ -158,10 +156,8 @@ def test_under_torchrun_a_held_folder_is_refused_by_rank_0(tmp_path):
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
             + ["--monitor-interval=0.1", "-m", "latecast", "train", *TINY, "--output-dir", out],
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
+            capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
     finally:
         other.send_signal(signal.SIGKILL)
         other.wait(30)
@@ -272,9 +268,7 @@ def test_overwrite_killed_at_any_stage_leaves_one_whole_run(stage, tmp_path, run
     previous = run_files(out)
     args = [*TINY, "--limit-train", "2048", "--lr", "0.2", "--output-dir", str(out), "--overwrite"]
     stop = {"LATECAST_STOP_AT": f"{STAGES[stage]}:STOP"} if stage in STAGES else {}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "latecast", "train", *args], env={**os.environ, **stop}
-    )
+    proc = started("train", *args, env=stop)
     try:
         if stage == "set-up":
             wait_for(proc.pid, "libtorch")  # importing: nothing moved yet
@@ -393,9 +387,7 @@ def test_the_next_save_removes_what_a_killed_save_left(tmp_path):
 # -- resume identity: the data's content ------------------------------------------
 
 
-def mnist_store(
-    folder: Path, permute: bool = False, dark: int | None = None, mirror: int | None = None
-) -> Path:
+def mnist_store(folder: Path, permute=False, dark: int | None = None, mirror: int | None = None):
     """A store of 256 MNIST training images (optionally with labels permuted, one image
     blacked out or one mirrored) and 128 test images: same sizes and label sums either way."""
     train, test = load_dataset("mnist", "train"), load_dataset("mnist", "test")
@@ -406,10 +398,8 @@ def mnist_store(
         images[dark] = 0
     if mirror is not None:  # the same pixel sums, so the same mean/std
         images[mirror] = images[mirror, :, ::-1]
-    for split, ims, lbs in (
-        ("train", images, labels),
-        ("test", test.images[:128], test.labels[:128]),
-    ):
+    tested = test.images[:128], test.labels[:128]
+    for split, ims, lbs in (("train", images, labels), ("test", *tested)):
         ds = from_arrays(ims, lbs, name="m", split=split, mean=train.mean, std=train.std)
         write_store(ds, folder / split)
     return folder
@@ -420,12 +410,10 @@ def test_resume_refuses_a_checkpoint_made_from_other_data(change, tmp_path, run_
     store, out = mnist_store(tmp_path / "store"), tmp_path / "run"
     assert run_cli("train", store, *TINY, "--output-dir", out).rc == 0
     before = tree(out)
-    if change == "labels-permuted":  # same counts, same label sum
-        mnist_store(store, permute=True)
-    elif change == "one-image":  # the last image is always among those sampled
-        mnist_store(store, dark=255)
-    else:  # not among the 64 sampled: caught by the images' SHA-256 in meta.json
-        mnist_store(store, mirror=100)
+    # labels permuted: same counts, same label sum; one image: the last is always among those
+    # sampled; mirrored: not among the 64 sampled, caught by the images' SHA-256 in meta.json
+    changes = {"labels-permuted": dict(permute=True), "one-image": dict(dark=255)}
+    mnist_store(store, **changes.get(change, dict(mirror=100)))
     for extra in (["--check"], []):
         proc = run_cli("train", store, *TINY, "--output-dir", out, "--resume", "auto", *extra)
         line = one_line_error(proc, str(out / "checkpoint.pt"), "data_fingerprint")
@@ -470,22 +458,14 @@ def test_a_store_remade_with_one_image_mirrored_has_another_fingerprint(tmp_path
 
 @pytest.mark.parametrize(
     "flags,mentions",
-    [
-        (["--epochs", "0"], "epochs 0"),
-        (["--momentum", "nan"], "momentum"),
-        (["--momentum", "-0.5"], "momentum"),
-        (["--weight-decay", "inf"], "weight_decay"),
-        (["--weight-decay", "-1"], "weight_decay"),
-        (["--seed", "-1"], "seed"),
-        (["--seed", str(2**64)], "seed"),
-        (["--device", "meta"], "'meta'"),
-        (["--device", "mps"], "'mps'"),
-        (["--device", "cuda:7"], "cuda:7"),
-        (["-b", "100000000000000"], "batch_size 100000000000000"),
-        (["--lr", "nan"], "lr"),
-        (["--dist-timeout", "1e300"], "dist_timeout"),
-    ],
-)
+    [(["--epochs", "0"], "epochs 0"), (["--momentum", "nan"], "momentum"),
+     (["--momentum", "-0.5"], "momentum"), (["--weight-decay", "inf"], "weight_decay"),
+     (["--weight-decay", "-1"], "weight_decay"), (["--seed", "-1"], "seed"),
+     (["--seed", str(2**64)], "seed"), (["--device", "meta"], "'meta'"),
+     (["--device", "mps"], "'mps'"), (["--device", "cuda:7"], "cuda:7"),
+     (["-b", "100000000000000"], "batch_size 100000000000000"), (["--lr", "nan"], "lr"),
+     (["--dist-timeout", "1e300"], "dist_timeout")],
+)  # fmt: skip
 def test_bad_values_are_refused_before_any_work(flags, mentions, tmp_path, run_cli):
     for extra in (["--check"], []):
         proc = run_cli("train", *TINY, *flags, "--output-dir", tmp_path / "run", *extra)
@@ -495,13 +475,10 @@ def test_bad_values_are_refused_before_any_work(flags, mentions, tmp_path, run_c
 
 
 @pytest.mark.parametrize(
-    "flags,rc",
-    [
-        (["--mix", "mixup=0"], 0),  # "0: off"
-        (["--mix", "mixup=0,cutmix=0"], 0),
-        (["--order", f"block:{2**63}:1"], 1),  # a block past what an index holds
-    ],
-)
+    "flags,rc",  # "0": off; the block: past what an index holds
+    [(["--mix", "mixup=0"], 0), (["--mix", "mixup=0,cutmix=0"], 0),
+     (["--order", f"block:{2**63}:1"], 1)],
+)  # fmt: skip
 def test_what_check_accepts_does_not_fail_at_the_first_step(flags, rc, tmp_path, run_cli):
     """``--check`` runs the run's own set-up, which makes the first step's data in miniature
     (order, augment, normalize, mix): both say yes, or both refuse before anything is written."""
@@ -525,14 +502,16 @@ def test_mix_with_both_alphas_zero_is_off():
 def store_of(folder: Path, train: tuple, test: tuple) -> Path:
     """A two-split store from ``(images, labels, classes)`` per split."""
     for split, (images, labels, classes) in (("train", train), ("test", test)):
-        write_store(
-            from_arrays(images, labels, name="s", split=split, classes=classes), folder / split
-        )
+        ds = from_arrays(images, labels, name="s", split=split, classes=classes)
+        write_store(ds, folder / split)
     return folder
 
 
 def pixels(n: int, h: int, w: int = 0, c: int = 1) -> np.ndarray:
     return np.random.default_rng(n).integers(0, 256, (n, h, w or h, c), dtype=np.uint8)
+
+
+OUTSIDE = "test label 5 at index 3 is outside the training classes 0..3"
 
 
 @pytest.mark.parametrize(
@@ -542,11 +521,7 @@ def pixels(n: int, h: int, w: int = 0, c: int = 1) -> np.ndarray:
         ("4x4", ["--model", "cnn", "--preset", "gray"], None),  # two pools: 4 -> 1 fits
         ("2x2", ["--model", "cnn", "--preset", "gray"], "model cnn cannot train on 2x2x1"),
         ("shapes", ["--preset", "gray"], "differ in shape (8x8x1 vs 8x6x1"),
-        (
-            "labels",
-            ["--preset", "gray"],
-            "test label 5 at index 3 is outside the training classes 0..3",
-        ),
+        ("labels", ["--preset", "gray"], OUTSIDE),
     ],
 )
 def test_data_the_run_cannot_use_is_refused_before_the_first_step(
@@ -631,10 +606,8 @@ def test_with_json_the_last_stdout_line_is_one_object_also_on_an_error(tmp_path,
     ):
         proc = run_cli(*argv, "--json", process=process)
         line = one_line_error(proc)
-        assert proc.out.endswith("\n") and json.loads(proc.out.splitlines()[-1]) == {
-            "error": line.removeprefix("latecast: error: "),
-            "exit_code": 1,
-        }
+        last = json.loads(proc.out.splitlines()[-1])
+        assert proc.out.endswith("\n") and last == {"error": line[17:], "exit_code": 1}
     assert run_cli("train", *TINY, "--output-dir", tmp_path / "ok", "--json").json["step"] == 2
     for argv in (["train", "--epochs", "x"], ["info", "a", "b"], ["--bogus"]):  # bad usage: 2
         rc, last = run_cli(*argv, "--json")
@@ -695,12 +668,9 @@ def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(point, saved, tmp_path):
     if point == "importing" and not Path("/proc/self/maps").exists():
         pytest.skip("needs /proc to see when torch is being imported")
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "latecast", "train", *SAVING, "--output-dir", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "LATECAST_STOP_AT": point},
+    where = {"LATECAST_STOP_AT": point}
+    proc = started(
+        "train", *SAVING, "--output-dir", out, stdout=PIPE, stderr=PIPE, text=True, env=where
     )
     try:
         if point == "importing":
@@ -738,6 +708,6 @@ def test_an_interrupt_inside_a_class_body_or_generated_code_still_exits_130(wher
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}
     proc = subprocess.run(
-        [sys.executable, "-m", "interrupted"], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "interrupted"], capture_output=True, env=env, text=True
     )
     assert proc.returncode == 130 and proc.stderr == "latecast: interrupted\n", proc

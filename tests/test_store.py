@@ -18,15 +18,7 @@ from pathlib import Path
 import _helpers
 import numpy as np
 import pytest
-from _helpers import (
-    damage_mid_store,
-    damage_scan,
-    jpeg_bytes,
-    noise_jpeg,
-    seed_of,
-    silent_damage,
-    tree,
-)
+from _helpers import damage_mid_store, damage_scan, jpeg_bytes, noise_jpeg, silent_damage, tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from PIL import Image
@@ -75,9 +67,7 @@ def test_round_trip_is_equal_and_a_read_only_memmap(tmp_path):
 
 
 def test_uint16_labels_and_memmap_source_written_in_chunks(tmp_path, monkeypatch):
-    src = np.lib.format.open_memmap(
-        tmp_path / "src.npy", mode="w+", dtype=np.uint8, shape=(300, 8, 8, 1)
-    )
+    src = np.lib.format.open_memmap(tmp_path / "src.npy", "w+", np.uint8, (300, 8, 8, 1))
     src[:] = np.arange(300, dtype=np.uint8)[:, None, None, None]
     ds = from_arrays(src, np.arange(300), classes=[str(i) for i in range(300)])
     monkeypatch.setattr(store, "CHUNK_BYTES", 1000)  # 15 images per chunk: many chunks
@@ -132,73 +122,43 @@ def stale(p: Path) -> None:  # another conversion's file: same shape and size, o
 
 
 CORRUPTIONS = {
-    "truncated images": (
-        lambda o: truncate(o / "images.npy"),
-        r"images\.npy: \d+ bytes, meta\.json says",
-    ),
+    "truncated images": (lambda o: truncate(o / "images.npy"),
+                         r"images\.npy: \d+ bytes, meta\.json says"),
     "truncated labels": (lambda o: truncate(o / "labels.npy"), r"labels\.npy: \d+ bytes"),
     "empty images": (lambda o: (o / "images.npy").write_bytes(b""), r"images\.npy: 0 bytes"),
     "stale images": (lambda o: stale(o / "images.npy"), r"images\.npy: contents differ"),
     "missing labels": (lambda o: (o / "labels.npy").unlink(), r"labels\.npy: missing"),
     "missing meta": (lambda o: (o / "meta.json").unlink(), r"meta\.json is missing"),
-    "meta not json": (
-        lambda o: (o / "meta.json").write_text('{"schema": 1,'),
-        r"meta\.json: not valid JSON",
-    ),
-    "meta schema": (
-        lambda o: edit_meta(o, lambda m: m.update(schema=2)),
-        r"schema version 2, this latecast reads 1",
-    ),
-    "meta count": (
-        lambda o: edit_meta(o, lambda m: m.update(count=11)),
-        r"images\.npy: holds uint8 .* count 11",
-    ),
-    "meta shape": (
-        lambda o: edit_meta(o, lambda m: m["images"].update(shape=[10, 5, 6, 3])),
-        r"images\.npy: holds uint8 \[10, 6, 5, 3\], meta\.json says uint8 \[10, 5, 6, 3\]",
-    ),
-    "meta dtype": (
-        lambda o: edit_meta(o, lambda m: m["labels"].update(dtype="uint16")),
-        r"labels\.npy: holds uint8",
-    ),
-    "meta field": (
-        lambda o: edit_meta(o, lambda m: m.pop("classes")),
-        r"field 'classes' should be a list",
-    ),
-    "meta mean": (
-        lambda o: edit_meta(o, lambda m: m.update(mean=[0.5])),
-        r"mean/std need 3 channel values",
-    ),
-    "meta std": (
-        lambda o: edit_meta(o, lambda m: m.update(std=[0.2, 0.0, 0.2])),
-        r"meta\.json: mean/std need",
-    ),
-    "meta classes": (
-        lambda o: edit_meta(o, lambda m: m.update(classes=["a", "b"])),
-        r"labels\.npy: label 2 at index 2 is outside 0\.\.1",
-    ),
-    "reshaped images": (
-        lambda o: (
-            np.save(o / "images.npy", small().images.reshape(10, 5, 6, 3)),
-            resign(o, "images", "images.npy"),
-        ),
-        r"holds uint8 \[10, 5, 6, 3\]",
-    ),
-    "pickled labels": (
-        lambda o: (
-            np.save(o / "labels.npy", np.array([None] * 10, object), allow_pickle=True),
-            resign(o, "labels", "labels.npy"),
-        ),
-        r"labels\.npy: not a readable \.npy",
-    ),
-    "bad label": (
-        lambda o: (
-            np.save(o / "labels.npy", np.array([0, 1, 2, 3, 0, 1, 7, 3, 0, 1], np.uint8)),
-            resign(o, "labels", "labels.npy"),
-        ),
-        r"label 7 at index 6 is outside 0\.\.3",
-    ),
-}
+    "meta not json": (lambda o: (o / "meta.json").write_text('{"schema": 1,'),
+                      r"meta\.json: not valid JSON"),
+    "meta schema": (lambda o: edit_meta(o, lambda m: m.update(schema=2)),
+                    r"schema version 2, this latecast reads 1"),
+    "meta count": (lambda o: edit_meta(o, lambda m: m.update(count=11)),
+                   r"images\.npy: holds uint8 .* count 11"),
+    "meta shape": (lambda o: edit_meta(o, lambda m: m["images"].update(shape=[10, 5, 6, 3])),
+                   r"images\.npy: holds uint8 \[10, 6, 5, 3\], "
+                   r"meta\.json says uint8 \[10, 5, 6, 3\]"),
+    "meta dtype": (lambda o: edit_meta(o, lambda m: m["labels"].update(dtype="uint16")),
+                   r"labels\.npy: holds uint8"),
+    "meta field": (lambda o: edit_meta(o, lambda m: m.pop("classes")),
+                   r"field 'classes' should be a list"),
+    "meta mean": (lambda o: edit_meta(o, lambda m: m.update(mean=[0.5])),
+                  r"mean/std need 3 channel values"),
+    "meta std": (lambda o: edit_meta(o, lambda m: m.update(std=[0.2, 0.0, 0.2])),
+                 r"meta\.json: mean/std need"),
+    "meta classes": (lambda o: edit_meta(o, lambda m: m.update(classes=["a", "b"])),
+                     r"labels\.npy: label 2 at index 2 is outside 0\.\.1"),
+    "reshaped images": (lambda o: (np.save(o / "images.npy", small().images.reshape(10, 5, 6, 3)),
+                                   resign(o, "images", "images.npy")),
+                        r"holds uint8 \[10, 5, 6, 3\]"),
+    "pickled labels": (lambda o: (np.save(o / "labels.npy", np.array([None] * 10, object),
+                                          allow_pickle=True), resign(o, "labels", "labels.npy")),
+                       r"labels\.npy: not a readable \.npy"),
+    "bad label": (lambda o: (np.save(o / "labels.npy", np.array([0, 1, 2, 3, 0, 1, 7, 3, 0, 1],
+                                                                np.uint8)),
+                             resign(o, "labels", "labels.npy")),
+                  r"label 7 at index 6 is outside 0\.\.3"),
+}  # fmt: skip
 
 
 def test_splits(tmp_path):
@@ -234,9 +194,8 @@ def encoded(n: int = 6, seed: int = 0) -> EncodedDataset:
 
 def test_raw_and_encoded_datasets_share_their_checks_and_members():
     for ds in (small(), encoded()):
-        with pytest.raises(
-            FormatError, match=r"/train: labels must be uint8/uint16 \(N,\), got int64"
-        ):
+        said = r"/train: labels must be uint8/uint16 \(N,\), got int64"
+        with pytest.raises(FormatError, match=said):
             replace(ds, labels=ds.labels.astype(np.int64))
         c = ds.image_shape[2]
         with pytest.raises(FormatError, match=f"mean/std need {c} finite channel values"):
@@ -273,67 +232,40 @@ def rewrite(out: Path, name: str, fn) -> None:
 
 
 ENCODED_CORRUPTIONS = {
-    "truncated data": (
-        lambda o: truncate(o / "data.bin"),
-        r"data\.bin: \d+ bytes, meta\.json says",
-    ),
-    "stale data": (
-        lambda o: (o / "data.bin").write_bytes((o / "data.bin").read_bytes()[::-1]),
-        r"data\.bin: contents differ",
-    ),
-    "empty data": (
-        lambda o: ((o / "data.bin").write_bytes(b""), resign(o, "data", "data.bin")),
-        r"data\.bin: not a readable \.bin file",
-    ),
+    "truncated data": (lambda o: truncate(o / "data.bin"),
+                       r"data\.bin: \d+ bytes, meta\.json says"),
+    "stale data": (lambda o: (o / "data.bin").write_bytes((o / "data.bin").read_bytes()[::-1]),
+                   r"data\.bin: contents differ"),
+    "empty data": (lambda o: ((o / "data.bin").write_bytes(b""), resign(o, "data", "data.bin")),
+                   r"data\.bin: not a readable \.bin file"),
     "offsets not rising": (
         lambda o: rewrite(o, "offsets.npy", lambda a: a[[0, 2, 1, 3, 4, 5, 6]]),
-        r"offsets\.npy: offsets must be int64, rising from 0 to the \d+ bytes of data\.bin",
-    ),
+        r"offsets\.npy: offsets must be int64, rising from 0 to the \d+ bytes of data\.bin"),
     "offsets short of the data": (
         lambda o: rewrite(o, "offsets.npy", lambda a: a - np.eye(1, 7, 6, np.int64)[0]),
-        r"offsets\.npy: offsets must be int64, rising",
-    ),
-    "offsets count": (
-        lambda o: rewrite(o, "offsets.npy", lambda a: a[:-1]),
-        r"offsets\.npy: holds int64 \[6\]",
-    ),
+        r"offsets\.npy: offsets must be int64, rising"),
+    "offsets count": (lambda o: rewrite(o, "offsets.npy", lambda a: a[:-1]),
+                      r"offsets\.npy: holds int64 \[6\]"),
     "missing offsets": (lambda o: (o / "offsets.npy").unlink(), r"offsets\.npy: missing"),
-    "zero size": (
-        lambda o: rewrite(o, "sizes.npy", lambda a: a * (np.arange(6) != 4)[:, None]),
-        r"sizes\.npy: sizes must be int32 \(height, width\) pairs",
-    ),
-    "sizes per image": (
-        lambda o: (
-            rewrite(o, "sizes.npy", lambda a: np.ones((6, 3), np.int32)),
-            edit_meta(o, lambda m: m["sizes"].update(shape=[6, 3])),
-        ),
-        r"sizes\.npy: sizes must be int32 \(height, width\) pairs",
-    ),
-    "bad label": (
-        lambda o: rewrite(o, "labels.npy", lambda a: a + np.uint8(5) * (np.arange(6) == 2)),
-        r"labels\.npy: label 7 at index 2 is outside 0\.\.2",
-    ),
-    "meta encoding": (
-        lambda o: edit_meta(o, lambda m: m.update(encoding="png")),
-        r"meta\.json: encoding 'png', this latecast reads raw, jpeg",
-    ),
-    "meta channels": (
-        lambda o: edit_meta(o, lambda m: m.update(channels=2)),
-        r"meta\.json: channels must be 1 or 3 and size",
-    ),
-    "meta size": (
-        lambda o: edit_meta(o, lambda m: m.update(size=[0, 10])),
-        r"meta\.json: channels must be 1 or 3 and size \(height, width\) in 1\.\.10000",
-    ),
-    "meta field": (
-        lambda o: edit_meta(o, lambda m: m.pop("sizes")),
-        r"field 'sizes' should be a dict",
-    ),
-    "meta mean": (
-        lambda o: edit_meta(o, lambda m: m.update(mean=[0.5])),
-        r"meta\.json: mean/std need 3 channel values",
-    ),
-}
+    "zero size": (lambda o: rewrite(o, "sizes.npy", lambda a: a * (np.arange(6) != 4)[:, None]),
+                  r"sizes\.npy: sizes must be int32 \(height, width\) pairs"),
+    "sizes per image": (lambda o: (rewrite(o, "sizes.npy", lambda a: np.ones((6, 3), np.int32)),
+                                   edit_meta(o, lambda m: m["sizes"].update(shape=[6, 3]))),
+                        r"sizes\.npy: sizes must be int32 \(height, width\) pairs"),
+    "bad label": (lambda o: rewrite(o, "labels.npy",
+                                    lambda a: a + np.uint8(5) * (np.arange(6) == 2)),
+                  r"labels\.npy: label 7 at index 2 is outside 0\.\.2"),
+    "meta encoding": (lambda o: edit_meta(o, lambda m: m.update(encoding="png")),
+                      r"meta\.json: encoding 'png', this latecast reads raw, jpeg"),
+    "meta channels": (lambda o: edit_meta(o, lambda m: m.update(channels=2)),
+                      r"meta\.json: channels must be 1 or 3 and size"),
+    "meta size": (lambda o: edit_meta(o, lambda m: m.update(size=[0, 10])),
+                  r"meta\.json: channels must be 1 or 3 and size \(height, width\) in 1\.\.10000"),
+    "meta field": (lambda o: edit_meta(o, lambda m: m.pop("sizes")),
+                   r"field 'sizes' should be a dict"),
+    "meta mean": (lambda o: edit_meta(o, lambda m: m.update(mean=[0.5])),
+                  r"meta\.json: mean/std need 3 channel values"),
+}  # fmt: skip
 
 
 def test_a_jpeg_store_says_whether_its_files_are_plain_and_a_false_claim_is_named(tmp_path):
@@ -347,10 +279,8 @@ def test_a_jpeg_store_says_whether_its_files_are_plain_and_a_false_claim_is_name
     assert open_store(out).plain is True
     buf, exif = io.BytesIO(), Image.Exif()
     exif[0x0112] = 6  # stored 10x8, shown upright 8x10 as sizes.npy says
-    rng = np.random.default_rng(1)
-    Image.fromarray(rng.integers(0, 256, (10, 8, 3), dtype=np.uint8)).save(
-        buf, "JPEG", exif=exif.tobytes()
-    )
+    turned = np.random.default_rng(1).integers(0, 256, (10, 8, 3), dtype=np.uint8)
+    Image.fromarray(turned).save(buf, "JPEG", exif=exif.tobytes())
     files = [ds.data[a:b].tobytes() for a, b in zip(ds.offsets, ds.offsets[1:])]
     files[3] = buf.getvalue()
     data = np.frombuffer(b"".join(files), np.uint8)
@@ -360,25 +290,16 @@ def test_a_jpeg_store_says_whether_its_files_are_plain_and_a_false_claim_is_name
     out = write_store(replace(ds, data=data, offsets=offsets, sizes=sizes), tmp_path / "turned")
     meta = json.loads((out / "meta.json").read_text())
     assert meta["plain"] is False and open_store(out).plain is False
-    for claim, why in [
-        (
-            True,
-            r"turned: sample 3: meta.json says every file is plain \(upright, 1 or 3 "
-            r"channels\), this one has EXIF orientation 6",
-        ),
-        ("yes", r"meta.json: plain must be true or false"),
-    ]:
+    false_claim = (r"turned: sample 3: meta.json says every file is plain \(upright, 1 or 3 "
+                   r"channels\), this one has EXIF orientation 6")  # fmt: skip
+    for claim, why in [(True, false_claim), ("yes", r"meta.json: plain must be true or false")]:
         (out / "meta.json").write_text(json.dumps({**meta, "plain": claim}))
         with pytest.raises(FormatError, match=why):
             open_store(out)
     (out / "meta.json").write_text(json.dumps({**meta, "plain": True}))
     with pytest.raises(FormatError, match=r"sample 3: meta.json says every file is plain"):
-        store.verify(
-            replace(
-                open_store(tmp_path / "plain"), data=data, offsets=offsets, sizes=sizes, plain=True
-            ),
-            "s",
-        )
+        claimed = dict(data=data, offsets=offsets, sizes=sizes, plain=True)
+        store.verify(replace(open_store(tmp_path / "plain"), **claimed), "s")
     del meta["plain"]
     (out / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(FormatError, match=r"meta.json: plain must be true or false"):
@@ -556,9 +477,7 @@ def test_a_live_writers_temp_folder_is_left_alone(tmp_path):
 # ---- image-folder conversion ------------------------------------------------------
 
 
-def image(
-    path: Path, mode: str, size_wh: tuple[int, int], value: int, fmt: str = "PNG"
-) -> np.ndarray:
+def image(path: Path, mode: str, size_wh: tuple[int, int], value: int, fmt="PNG") -> np.ndarray:
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(value)
     shape = size_wh[::-1] if mode == "L" else (*size_wh[::-1], 3)
@@ -576,12 +495,8 @@ def png_header(w: int, h: int) -> bytes:
             struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
         )
 
-    return (
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", ihdr)
-        + chunk(b"IDAT", zlib.compress(b"\0" * 9))
-        + chunk(b"IEND", b"")
-    )
+    body = chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 9)) + chunk(b"IEND", b"")
+    return _helpers.PNG + body
 
 
 def test_convert_grayscale_folder_exactly(tmp_path):
@@ -612,11 +527,8 @@ def test_convert_mixed_png_jpeg_gray_rgb_and_sizes(tmp_path):
     ds = open_store(convert_folder(src, tmp_path / "store", test_fraction=0, encoding="raw")[0])
     # RGB because not every image is grayscale; the most common size (H=6, W=8) wins.
     assert ds.image_shape == (6, 8, 3) and len(ds) == 4
-    wide = (
-        Image.open(src / "b" / "3.png")
-        .resize((16, 6), Image.Resampling.BILINEAR)
-        .crop((4, 0, 12, 6))
-    )
+    wide = Image.open(src / "b" / "3.png").resize((16, 6), Image.Resampling.BILINEAR)
+    wide = wide.crop((4, 0, 12, 6))
     stored = {ds.images[i].tobytes() for i in range(len(ds))}
     assert np.repeat(gray[..., None], 3, 2).tobytes() in stored and rgb.tobytes() in stored
     assert np.asarray(wide).tobytes() in stored  # covered, then center-cropped
@@ -633,9 +545,8 @@ def test_convert_to_a_given_size_keeps_aspect_then_center_crops(tmp_path):
     ds = open_store(out)
     assert ds.image_shape == (10, 10, 3)
     assert sum((image == 255).all() for image in ds.images) == 1  # the wide one
-    with pytest.raises(
-        ConfigError, match=r"size must be HxW \(or N\) in 1..10000 pixels, got '0x10'"
-    ):
+    said = r"size must be HxW \(or N\) in 1..10000 pixels, got '0x10'"
+    with pytest.raises(ConfigError, match=said):
         convert_folder(src, tmp_path / "store", size="0x10")
 
 
@@ -673,8 +584,8 @@ def test_convert_train_test_split(tmp_path):
     src = tmp_path / "split"
     for split, n in (("train", 3), ("val", 2)):
         for cls in ("cat", "dog"):
-            for j in range(n):
-                image(src / split / cls / f"{j}.png", "RGB", (4, 4), seed_of(split, cls, j))
+            for j, seed in ((j, _helpers.seed_of(split, cls, j)) for j in range(n)):
+                image(src / split / cls / f"{j}.png", "RGB", (4, 4), seed)
     out, _ = convert_folder(src, tmp_path / "store")
     train, val = open_store(out), open_store(out, split="val")
     assert (len(train), len(val)) == (6, 2 * 2) and train.classes == val.classes == ("cat", "dog")
@@ -696,39 +607,27 @@ def test_convert_without_pillow_says_how_to_install(tmp_path, monkeypatch):
 # ---- never delete what latecast did not write ----------------------------------------------
 
 
-def project_with_meta_json(out: Path) -> None:
-    out.mkdir()
-    (out / "meta.json").write_text('{"my": "project settings"}')
-    (out / "train.py").write_text("print('mine')")
-
-
-def folder_of_stores_plus_notes(out: Path) -> None:
-    write_store(small(seed=1), out / "a")
-    write_store(small(seed=2), out / "b")
-    (out / "notes.md").write_text("which store is which")
-
-
-def store_plus_user_file(out: Path) -> None:
-    write_store(small(seed=1), out)
-    (out / "README.txt").write_text("my notes about this store")
-
-
-def split_store_plus_user_folder(out: Path) -> None:
-    write_store(small(seed=1), out / "train")
-    (out / "photos").mkdir()
-    (out / "photos" / "cat.jpg").write_bytes(b"not latecast's")
-
-
-def a_file(out: Path) -> None:
-    out.write_text("a plain file")
+def files(out: Path, stores: dict[str, int], files: dict[str, str]) -> None:
+    """Stores of ``small(seed=...)`` and files of text, at their paths under ``out``."""
+    for where, seed in stores.items():
+        write_store(small(seed=seed), out / where)
+    for where, text in files.items():
+        (out / where).parent.mkdir(parents=True, exist_ok=True)
+        (out / where).write_text(text)
 
 
 NOT_STORES = {
-    "meta.json of a project": project_with_meta_json,
-    "stores plus notes": folder_of_stores_plus_notes,
-    "store plus a user file": store_plus_user_file,
-    "split store plus a user folder": split_store_plus_user_folder,
-    "a file": a_file,
+    "meta.json of a project": lambda o: files(
+        o, {}, {"meta.json": '{"my": "project settings"}', "train.py": "print('mine')"}
+    ),
+    "stores plus notes": lambda o: files(o, {"a": 1, "b": 2}, {"notes.md": "which store is which"}),
+    "store plus a user file": lambda o: files(
+        o, {".": 1}, {"README.txt": "my notes on this store"}
+    ),
+    "split store plus a user folder": lambda o: files(
+        o, {"train": 1}, {"photos/cat.jpg": "not latecast's"}
+    ),
+    "a file": lambda o: o.write_text("a plain file"),
 }
 
 
@@ -736,10 +635,8 @@ NOT_STORES = {
 def test_write_and_convert_refuse_what_is_not_verifiably_a_store(tmp_path, case):
     out = tmp_path / "out"
     NOT_STORES[case](out)
-    before = tree(tmp_path)
-    with pytest.raises(
-        ConfigError, match=rf"{out} exists and is not a latecast store \(.+\); refusing"
-    ):
+    said = rf"{out} exists and is not a latecast store \(.+\); refusing"
+    with pytest.raises(ConfigError, match=said):
         write_store(small(), out)
     src = tmp_path / "src"
     image(src / "a" / "0.png", "L", (4, 4), 1)
@@ -754,7 +651,7 @@ def test_a_converted_split_store_is_replaced(tmp_path):
     src = tmp_path / "src"
     for split in ("train", "test"):
         for cls in ("a", "b"):
-            image(src / split / cls / "0.png", "L", (4, 4), seed_of(split, cls))
+            image(src / split / cls / "0.png", "L", (4, 4), _helpers.seed_of(split, cls))
     (src / "train" / "b" / "bad.png").write_bytes(b"junk")
     out, skipped = convert_folder(src, tmp_path / "store", skip_bad=True)
     assert skipped and (out / "skipped.txt").exists()

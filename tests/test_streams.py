@@ -17,8 +17,10 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import warnings
@@ -47,18 +49,9 @@ def test_webdataset_shards_over_http_two_ranks_read_disjoint_shards_every_sample
     pytest.importorskip("webdataset")
     folder, base = served
     example = ROOT / "examples" / "webdataset_stream.py"
-    one = run(
-        example,
-        "--shards",
-        folder,
-        "--count",
-        4,
-        "--per-shard",
-        24,
-        "--report",
-        "one",
-        cwd=folder.parent,
-    )  # fmt: skip  (writes the shards, serves them itself)
+    # writes the shards, serves them itself
+    one = run(example, "--shards", folder, "--count", 4, "--per-shard", 24, "--report", "one",
+              cwd=folder.parent)  # fmt: skip
     every = json.loads((folder.parent / "one" / "rank-0.json").read_text())
     assert "rank 0: 96 photos an epoch" in one and len(set(every)) == 96
     url = f"{base}/shard-{{000..003}}.tar"
@@ -90,8 +83,6 @@ def test_hugging_face_datasets_parquet_with_undecoded_images(tmp_path):
 def write_shard(path: Path, first: int, n: int, prefix: str = "", gz: bool = False) -> None:
     """A WebDataset shard (a tar: KEY.jpg, KEY.cls) of n generated 24x32 photos, keys
     ``first``..; ``prefix="./"`` writes members as ``tar -C dir .`` does (and its ``./``)."""
-    import tarfile
-
     with tarfile.open(path, "w:gz" if gz else "w") as tar:
         if prefix:
             folder = tarfile.TarInfo("./")
@@ -141,16 +132,10 @@ def test_train_over_http_resumes_on_another_port_and_refuses_changed_shards(serv
     assert rc == 0 and summary["transfer"] == "jpeg" and summary["dataset"] == url
     assert summary["decoder"].split()[0] in ("simplejpeg", "torchcodec", "torchvision")
     assert summary["step"] == 5  # 36 train samples in batches of 8: the last one of 4
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(folder))
-    again = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)  # the same, elsewhere
-    threading.Thread(target=again.serve_forever, daemon=True).start()
-    other = url.replace(base, f"http://127.0.0.1:{again.server_address[1]}")
-    proc = run_cli(*argv[:1], other, *argv[2:], "--epochs", "1", "--output-dir", out,
-                   "--resume", "auto")  # fmt: skip
-    again.shutdown()
+    with serving(folder, http.server.SimpleHTTPRequestHandler) as (_, other):  # elsewhere
+        proc = run_cli(*argv[:1], other, *argv[2:], "--epochs", "1", "--output-dir", out,
+                       "--resume", "auto")  # fmt: skip
     assert proc.rc == 0, proc.err
-    import tarfile
-
     with tarfile.open(folder / "shard-001.tar") as tar:
         last = [m for m in tar.getmembers() if m.name.endswith(".jpg")][-1]
     data = bytearray((folder / "shard-001.tar").read_bytes())
@@ -215,9 +200,10 @@ server.serve_forever()
 
 
 @contextlib.contextmanager
-def throttled(folder: Path):
-    """A ``Throttled`` HTTP server of ``folder`` on 127.0.0.1: it and the shards' URL."""
-    handler = functools.partial(Throttled, directory=str(folder))
+def serving(folder: Path, handler=Throttled):
+    """An HTTP server (``handler``, ``Throttled`` unless said) of ``folder`` on 127.0.0.1: it
+    and the shards' URL."""
+    handler = functools.partial(handler, directory=str(folder))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
@@ -233,7 +219,7 @@ def test_a_server_killed_mid_shard_and_one_that_closes_early_are_errors_not_earl
     line naming the shard and the byte, after retries said once; never a shorter split."""
     folder = tmp_path / "shards"
     make_shards(folder)
-    with throttled(folder) as (server, url):
+    with serving(folder) as (server, url):
         with pytest.warns(UserWarning, match="retrying from there"):
             proc = run_cli("index", url, "--output", tmp_path / "i.json")
         one_line(proc, "shard-001.tar", "read failed at byte", "4 retries")
@@ -272,12 +258,9 @@ def test_bad_shards_are_one_line_each_and_odd_good_ones_read(tmp_path, run_cli):
     """``./`` members (``tar -C dir .``) and a ``.tar.gz`` shard are read as any; an empty
     shard is skipped and said; a sample without ``.cls``, an empty test shard, a shard cut
     short (with an index and without) and a damaged JPEG are one line naming shard and key."""
-    import tarfile
-
     from _helpers import damage_scan, noise_jpeg
 
-    d = tmp_path / "ok"
-    d.mkdir()
+    (d := tmp_path / "ok").mkdir()
     write_shard(d / "a-000.tar", 0, 5, prefix="./")
     write_shard(d / "a-001.tar.gz", 10, 4, gz=True)
     write_shard(d / "a-002.tar", 20, 0)  # a valid tar without members
@@ -292,8 +275,7 @@ def test_bad_shards_are_one_line_each_and_odd_good_ones_read(tmp_path, run_cli):
         rc, found = run_cli("train", spec, "--check", "--json", "--output-dir", tmp_path / "r")
     assert rc == 0 and (found["train_samples"], found["test_samples"]) == (9, 3)
 
-    bad = tmp_path / "bad"
-    bad.mkdir()
+    (bad := tmp_path / "bad").mkdir()
     write_shard(bad / "b-000.tar", 0, 4)
     write_shard(bad / "b-001.tar", 10, 0)
     with pytest.warns(UserWarning, match="b-001.tar: no samples"):
@@ -341,8 +323,6 @@ def test_bad_shards_are_one_line_each_and_odd_good_ones_read(tmp_path, run_cli):
 def test_shards_on_a_real_s3_endpoint_through_s3fs(tmp_path, run_cli, monkeypatch):
     """moto's S3 server on 127.0.0.1: index written to the bucket beside the shards, train
     streams them through s3fs."""
-    import socket
-
     server_mod = pytest.importorskip("moto.server")
     s3fs = pytest.importorskip("s3fs")
     with socket.socket() as sock:
