@@ -452,13 +452,8 @@ def run_shards_2(check, two_ranks, **_) -> Said:
     """The ranks' outcome as one: each rank that met the fault said it (a sample's fault is
     met by the rank reading it alone); the other ran through."""
     ranks, names = two_ranks[check]
-    if check in (
-        "changed",
-        "bomb",
-        "bomb_swapped",
-        "undecodable",
-    ):  # one sample: rank 1's first, mid-shard
-        assert ranks[0]["error"] is None, ranks[0]["error"]
+    if check in ("changed", "bomb", "bomb_swapped", "undecodable"):  # one sample: rank 1's first
+        assert ranks[0]["error"] is None, ranks[0]["error"]  # (mid-shard)
     errors = {r["error"] for r in ranks if r["error"]}
     assert len(errors) <= 1, errors  # the ranks that meet it say the same line
     warned = sorted({w for r in ranks for w in r["warnings"]})  # each rank says it once
@@ -476,26 +471,26 @@ def own_files(check: str) -> tuple[list, dict]:
     bad = {"cut_short": cut, "undecodable": undecodable, "bomb": lambda f: bomb()}.get(check)
     if bad is not None:
         files[POS] = bad(files[POS])
-    return [(f, i % 5) for i, f in enumerate(files)], {
-        "sample": f"field 0: the file at position {POS} in the batch"
-    }
+    names = {"sample": f"field 0: the file at position {POS} in the batch"}
+    return [(f, i % 5) for i, f in enumerate(files)], names
 
 
-def wrapped(dl, check: str, **options):
+def options(check: str) -> dict:
+    """wrap's and the hook's: a JPEG field; for the label row a Mix of 2 classes, for the
+    arguments row an option there is not."""
     from latecast.transforms import Mix
 
-    mix = {"mix": Mix(classes=2)} if check == "label" else {}
-    bogus = {"bogus": 1} if check == "arguments" else {}
-    jpg = {0: latecast.jpeg((24, 32))}
-    return latecast.wrap(dl, device="cpu", mean=(0.5,) * 3, std=(0.25,) * 3, fields=jpg,
-                         **mix, **bogus, **options)  # fmt: skip
+    given = dict(mean=(0.5,) * 3, std=(0.25,) * 3, fields={0: latecast.jpeg((24, 32))})
+    given.update({"mix": Mix(classes=2)} if check == "label" else {})
+    return {**given, **({"bogus": 1} if check == "arguments" else {})}
 
 
 def run_wrap_jpeg(check, **_) -> Said:
     from torch.utils.data import DataLoader
 
     samples, names = own_files(check)
-    return said(lambda: list(wrapped(DataLoader(samples, batch_size=4), check)), names)
+    dl = DataLoader(samples, batch_size=4)
+    return said(lambda: list(latecast.wrap(dl, device="cpu", **options(check))), names)
 
 
 def run_jpeg_folder(check, tmp_path, **_) -> Said:
@@ -514,7 +509,7 @@ def run_jpeg_folder(check, tmp_path, **_) -> Said:
 
     def run() -> None:
         dl = DataLoader(latecast.jpeg_folder(asked), batch_size=4)
-        list(wrapped(dl, "label" if check == "label" else ""))
+        list(latecast.wrap(dl, device="cpu", **options("label" if check == "label" else "")))
 
     return said(run, names)
 
@@ -527,17 +522,13 @@ def run_lightning(check, tmp_path, **_) -> Said:
     from torch.utils.data import DataLoader
 
     from latecast.integrations.lightning import PrepareOnDevice
-    from latecast.transforms import Mix
 
     samples, names = own_files(check)
 
     class Tiny(PrepareOnDevice, L.LightningModule):
         def __init__(self):
             super().__init__()
-            options = {"mix": Mix(classes=2)} if check == "label" else {}
-            options.update({"bogus": 1} if check == "arguments" else {})
-            self.prepare_on_device(mean=(0.5,) * 3, std=(0.25,) * 3,
-                                   fields={0: latecast.jpeg((24, 32))}, **options)  # fmt: skip
+            self.prepare_on_device(**options(check))
             self.lin = torch.nn.Linear(3 * 24 * 32, 5)
 
         def training_step(self, batch, batch_idx):
@@ -594,10 +585,8 @@ def test_each_check_fires_on_each_path(check, path, request, tmp_path, monkeypat
     words = [w.format(**out.names) for w in cell.words]
     if cell.kind == "error":
         assert out.error is not None, f"no error; warnings: {out.warnings}"
-        assert len(out.error.splitlines()) == 1 and all(w in out.error for w in words), (
-            out.error,
-            words,
-        )
+        assert len(out.error.splitlines()) == 1, out.error
+        assert all(w in out.error for w in words), (out.error, words)
     else:
         assert out.error is None, out.error
         named = [m for m in out.warnings if all(w in m for w in words)]

@@ -116,34 +116,51 @@ for epoch in range(3):
         opt.step()
 """
 
-TOKENS = """
+# nanoGPT's get_batch with the widening in the move: int32 ids made per call, cast to int64 by
+# .to(device, dtype): a blocking copy converts on the host (ATen's copy_kernel_cuda), int64
+# crosses; a non-blocking one converts on the device, its int32 crosses
+TOKENS_CAST = """
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-block_size, batch_size, device = 32, 4, "cpu"
+block_size, batch_size, device = 16, 4, "cpu"
 data = np.memmap("train.bin", dtype=np.uint16, mode="r")
+torch.manual_seed(0)
 
 
 def get_batch():
     ix = torch.randint(len(data) - block_size, (batch_size,))
-    x = torch.stack([torch.from_numpy(data[i : i + block_size].astype(np.int64)) for i in ix])
-    y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int64))
+    x = torch.stack([torch.from_numpy(data[i : i + block_size].astype(np.int32)) for i in ix])
+    y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int32))
                      for i in ix])
-    x, y = x.to(device), y.to(device)  # MOVE
+    z = x.to(device, torch.int64, non_blocking=True)  # ASYNC
+    w = x.float().to(device, torch.int64)  # FLOATS
+    x, y = x.to(device, dtype=torch.int64), y.to(device, torch.int64)  # MOVE
     return x, y
 
 
 emb = torch.nn.Embedding(50304, 8)
 head = torch.nn.Linear(8, 50304)
 opt = torch.optim.AdamW([*emb.parameters(), *head.parameters()], lr=1e-3)
-for it in range(100):
+for it in range(6):
     x, y = get_batch()
     loss = F.cross_entropy(head(emb(x)).flatten(0, 1), y.flatten())
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
+    print(f"loss {loss.item()!r}")
 """
+_CAST_MOVE = "    x, y = x.to(device, dtype=torch.int64), y.to(device, torch.int64)  # MOVE\n"
+# the same without the cast: int64 ids made per call and moved as they are
+TOKENS = (
+    TOKENS_CAST.replace("astype(np.int32)", "astype(np.int64)")
+    .replace(_CAST_MOVE, "    x, y = x.to(device), y.to(device)  # MOVE\n")
+    .replace("    z = x.to(device, torch.int64, non_blocking=True)  # ASYNC\n", "")
+    .replace("    w = x.float().to(device, torch.int64)  # FLOATS\n", "")
+)
+assert TOKENS.count("to(device") == 2 and "int32" not in TOKENS
+
 
 WRAPPED = """
 import torch
@@ -188,11 +205,11 @@ def line_of(text: str, mark: str) -> int:
     return next(i for i, s in enumerate(text.splitlines(), 1) if mark in s)
 
 
-def write(tmp_path: Path, name: str, text: str, mark: str = "# MOVE") -> tuple[Path, str]:
+def write(tmp_path: Path, name: str, text: str, mark: str | None = "# MOVE") -> tuple[Path, str]:
     """The script at ``tmp_path/name`` and the ``file:line`` of its line marked ``mark``."""
     path = tmp_path / name
     path.write_text(text)
-    return path, f"{path}:{line_of(text, mark)}"
+    return path, mark and f"{path}:{line_of(text, mark)}"
 
 
 def sites(result: dict, where: str) -> dict[str, dict]:
@@ -239,6 +256,11 @@ def run_alone(script: Path, *argv) -> str:
     return out.getvalue()
 
 
+def run_each(tmp_path: Path, texts: dict[str, str], *argv) -> list[str]:
+    """Each of ``texts`` written as ``tmp_path/name``, then run alone: what each printed."""
+    return [run_alone(write(tmp_path, name, text, None)[0], *argv) for name, text in texts.items()]
+
+
 def test_a_doctored_run_computes_exactly_what_an_undoctored_one_does(tmp_path, run_cli):
     script, _ = write(tmp_path, "train.py", MNIST)
     alone = run_alone(script, "--batch-size", "32")
@@ -281,9 +303,9 @@ def test_nanogpt_token_ids_cross_as_uint16(tmp_path, run_cli, monkeypatch):
     assert len(r["sites"]) == 2  # x and y, moved on one line
     for tokens in r["sites"]:
         assert tokens["site"] == "train.py:" + where.rsplit(":")[1]
-        assert tokens["shape"] == [4, 32] and tokens["calls_per_step"] == 1
+        assert tokens["shape"] == [4, 16] and tokens["calls_per_step"] == 1
         assert 32767 < tokens["range"][1] <= 50256 and tokens["could_cross"] == "uint16"
-        assert tokens["factor"] == 4.0 and tokens["bytes_per_step"] == 4 * 32 * 8
+        assert tokens["factor"] == 4.0 and tokens["bytes_per_step"] == 4 * 16 * 8
     assert r["total"]["factor"] == 4.0
 
 
@@ -435,20 +457,22 @@ if __name__ == "__main__":
     main()
 """
 
-# the README's conversion, by hand: PILToTensor, and each loader wrapped where it is made
-MNIST_BY_HAND = (
-    MNIST_EXAMPLE.replace("import argparse\n", "import argparse\n\nimport latecast\n")
-    .replace(
-        "transforms.ToTensor(),\n        transforms.Normalize((0.1307,), (0.3081,))",
-        "transforms.PILToTensor()",
-    )
-    .replace(
-        "    model = Net().to(device)\n",
-        "    stats = dict(mean=(0.1307,), std=(0.3081,), device=device)\n"
-        "    train_loader = latecast.wrap(train_loader, **stats)\n"
-        "    test_loader = latecast.wrap(test_loader, **stats)\n"
-        "    model = Net().to(device)\n",
-    )
+
+def by_hand(text: str, normalize: str, stats: str, *loaders: str) -> str:
+    """The README's conversion of ``text``, by hand: its ``normalize`` (ToTensor, Normalize)
+    made PILToTensor, and each of ``loaders`` wrapped with ``stats`` before the model is made."""
+    at = text.index("    model = ")
+    wraps = "".join(f"    {x} = latecast.wrap({x}, **stats)\n" for x in loaders)
+    text = text[:at] + f"    stats = dict({stats}, device=device)\n" + wraps + text[at:]
+    return text.replace(normalize, "transforms.PILToTensor()")
+
+
+MNIST_BY_HAND = by_hand(
+    MNIST_EXAMPLE.replace("import argparse\n", "import argparse\n\nimport latecast\n"),
+    "transforms.ToTensor(),\n        transforms.Normalize((0.1307,), (0.3081,))",
+    "mean=(0.1307,), std=(0.3081,)",
+    "train_loader",
+    "test_loader",
 )
 
 
@@ -497,19 +521,17 @@ def test_the_mnist_examples_advice_applied_as_written_trains_as_converted_by_han
         for x in ("train_loader", "test_loader")
     ]
     assert image["change"].endswith(", ".join(made)), image["change"]  # no word on numpy
-    write(tmp_path, "advised.py", applied(MNIST_EXAMPLE, r["edits"]), "# MOVE")
-    write(tmp_path, "by_hand.py", MNIST_BY_HAND, "# MOVE")
-    alone, advised = run_alone(script, *argv), run_alone(tmp_path / "advised.py", *argv)
-    assert advised == run_alone(tmp_path / "by_hand.py", *argv)
+    texts = {"advised.py": applied(MNIST_EXAMPLE, r["edits"]), "by_hand.py": MNIST_BY_HAND}
+    alone, advised, hand = run_each(tmp_path, {"train.py": MNIST_EXAMPLE, **texts}, *argv)
+    assert advised == hand
     assert len(advised.split()) == len(alone.split())
     for a, b in zip(advised.split(), alone.split()):  # train/test losses, correct, weights
         assert a == b or abs(float(a) - float(b)) <= 1e-5 * abs(float(b)), (a, b)
     assert advised.count("test ") == 1
     half = MNIST_BY_HAND.replace("    test_loader = latecast.wrap(test_loader, **stats)\n", "")
     assert half.count("latecast.wrap(") == 1
-    write(tmp_path, "half.py", half, "# MOVE")  # the advice as it was: the train loader alone
     with pytest.raises(RuntimeError, match="Input type .* and bias type .* should be the same"):
-        run_alone(tmp_path / "half.py", *argv)
+        run_each(tmp_path, {"half.py": half}, *argv)  # the advice as it was: train loader alone
     again = run_cli(
         "doctor", "--steps", "2", "--eval-steps", "1", "--json", "--", "advised.py", *argv
     )
@@ -651,9 +673,8 @@ def test_nanogpts_advice_is_the_mover_applied_as_written_the_same_run(
     assert all("through a `latecast.Mover`" in s["change"] for s in r["sites"])
     advised = applied(NANOGPT, r["edits"])
     assert advised.count("x, y = mover((x, y))") == 2 and "pin_memory" not in advised
-    write(tmp_path, "advised.py", advised)
-    write(tmp_path, "by_hand.py", NANOGPT_BY_HAND)
-    runs = [run_alone(tmp_path / name, cpu) for name in ("train.py", "advised.py", "by_hand.py")]
+    texts = {"train.py": NANOGPT, "advised.py": advised, "by_hand.py": NANOGPT_BY_HAND}
+    runs = run_each(tmp_path, texts, cpu)
     assert runs[0] == runs[1] == runs[2] and runs[0].count("iter ") == 7
     again = run_cli(
         "doctor", "--steps", "3", "--eval-steps", "1", "--json", "--", "advised.py", cpu
@@ -677,17 +698,6 @@ def test_a_script_or_module_that_is_not_there(tmp_path, run_cli):
     assert "not found" in one_error_line(run_cli("doctor", "--", tmp_path / "nope.py"))
     assert "no module named" in one_error_line(run_cli("doctor", "-m", "no_such.module"))
     assert "name the script" in one_error_line(run_cli("doctor"))
-
-
-def test_a_script_that_raises_before_any_step(tmp_path, run_cli):
-    script = tmp_path / "broken.py"
-    script.write_text("import torch\nx = torch.zeros(3).to('cpu')\nraise ValueError('no data')\n")
-    res = run_cli("doctor", "--json", "--", script)
-    line = one_error_line(res)
-    assert "raised ValueError: no data" in line and f"{script}:3" in line
-    assert res.json["steps"] == 0 and res.json["exit_status"] == 1 and res.json["exit_code"] == 1
-    assert res.json["error"] == line.removeprefix("latecast: error: ")  # the --json contract
-    assert res.json["sites"][0]["site"] == f"{script}:2"
 
 
 def test_the_stop_after_steps_passes_the_scripts_own_except_exception(tmp_path, run_cli):
@@ -883,42 +893,6 @@ def test_profile_needs_cuda_and_a_bad_output_dir_is_refused_before_the_script_ru
 
 # -- doctor says what is so (issue 36) -------------------------------------------------------
 
-# nanoGPT's get_batch with the widening in the move: int32 ids made per call, cast to int64 by
-# .to(device, dtype): a blocking copy converts on the host (ATen's copy_kernel_cuda), int64
-# crosses; a non-blocking one converts on the device, its int32 crosses
-TOKENS_CAST = """
-import numpy as np
-import torch
-import torch.nn.functional as F
-
-block_size, batch_size, device = 16, 4, "cpu"
-data = np.memmap("train.bin", dtype=np.uint16, mode="r")
-torch.manual_seed(0)
-
-
-def get_batch():
-    ix = torch.randint(len(data) - block_size, (batch_size,))
-    x = torch.stack([torch.from_numpy(data[i : i + block_size].astype(np.int32)) for i in ix])
-    y = torch.stack([torch.from_numpy(data[i + 1 : i + 1 + block_size].astype(np.int32))
-                     for i in ix])
-    z = x.to(device, torch.int64, non_blocking=True)  # ASYNC
-    w = x.float().to(device, torch.int64)  # FLOATS
-    x, y = x.to(device, dtype=torch.int64), y.to(device, torch.int64)  # MOVE
-    return x, y
-
-
-emb = torch.nn.Embedding(50304, 8)
-head = torch.nn.Linear(8, 50304)
-opt = torch.optim.AdamW([*emb.parameters(), *head.parameters()], lr=1e-3)
-for it in range(6):
-    x, y = get_batch()
-    loss = F.cross_entropy(head(emb(x)).flatten(0, 1), y.flatten())
-    loss.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    print(f"loss {loss.item()!r}")
-"""
-_CAST_MOVE = "    x, y = x.to(device, dtype=torch.int64), y.to(device, torch.int64)  # MOVE\n"
 # the two conversions the words give: plain PyTorch (uint16 on the host, widened on the
 # device), and a latecast.Mover
 TOKENS_PLAIN = TOKENS_CAST.replace("astype(np.int32)", "astype(np.uint16)").replace(
@@ -959,10 +933,8 @@ def test_tokens_made_per_call_and_cast_in_the_move_get_the_mover_or_plain_pytorc
         assert "through a `latecast.Mover`" in s["change"]
     advised = applied(TOKENS_CAST, r["edits"])
     assert "    x, y = mover((x, y))  # MOVE" in advised
-    for name, text in (("advised.py", advised), ("by_hand.py", TOKENS_MOVER)):
-        (tmp_path / name).write_text(text)
-    (tmp_path / "plain.py").write_text(TOKENS_PLAIN)
-    runs = [run_alone(tmp_path / n) for n in ("train.py", "advised.py", "by_hand.py", "plain.py")]
+    texts = {"advised.py": advised, "by_hand.py": TOKENS_MOVER, "plain.py": TOKENS_PLAIN}
+    runs = run_each(tmp_path, {"train.py": TOKENS_CAST, **texts})
     assert runs[0].count("loss ") == 6 and runs.count(runs[0]) == 4
     again = run_cli("doctor", "--steps", "3", "--json", "--", "advised.py").json
     (packed,) = sites(again, f"advised.py:{line_of(advised, '# MOVE')}").values()
@@ -1055,15 +1027,12 @@ if __name__ == "__main__":
     main()
 """
 
-SEGMENTATION_BY_HAND = SEGMENTATION.replace(
+SEGMENTATION_BY_HAND = by_hand(
+    SEGMENTATION,
     "transforms.Compose([transforms.ToTensor(), transforms.Normalize(mean, std)])",
-    "transforms.PILToTensor()",
-).replace(
-    "    model = torch.nn",
-    "    stats = dict(mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225), device=device)\n"
-    "    data_loader = latecast.wrap(data_loader, **stats)\n"
-    "    data_loader_test = latecast.wrap(data_loader_test, **stats)\n"
-    "    model = torch.nn",
+    "mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)",
+    "data_loader",
+    "data_loader_test",
 )
 
 
@@ -1086,10 +1055,9 @@ def test_a_segmentation_presets_advice_keeps_mean_std_and_wraps_the_test_loader_
     for loader in ("data_loader", "data_loader_test"):
         made = next(x for x in advised.splitlines() if x.startswith(f"    {loader} = "))
         assert made.startswith(f"    {loader} = latecast.wrap(") and made.endswith(f"{stats})")
-    write(tmp_path, "advised.py", advised)
-    write(tmp_path, "by_hand.py", SEGMENTATION_BY_HAND)
-    alone, advised = run_alone(script), run_alone(tmp_path / "advised.py")
-    assert advised == run_alone(tmp_path / "by_hand.py") and advised.count("correct ") == 2
+    texts = {"seg.py": SEGMENTATION, "advised.py": advised, "by_hand.py": SEGMENTATION_BY_HAND}
+    alone, advised, hand = run_each(tmp_path, texts)
+    assert advised == hand and advised.count("correct ") == 2
     assert len(advised.split()) == len(alone.split())
     for a, b in zip(advised.split(), alone.split()):  # losses, correct pixels, weights
         assert a == b or abs(float(a) - float(b)) <= 1e-4 * abs(float(b)), (a, b)
@@ -1209,19 +1177,27 @@ def test_a_batch_accelerate_moved_then_moved_again_by_the_script_crosses_once(tm
     assert r["edits"] == []
 
 
+EARLY = """import sys
+import torch
+x = torch.zeros(3).to("cpu")
+model = torch.nn.Linear(4, 2).to("cpu")
+if sys.argv[1:] == ["exit"]:
+    sys.exit(3)
+raise ValueError("no data")
+"""
+
+
 def test_a_script_that_dies_before_its_first_step_is_told_no_step_ran(tmp_path, run_cli):
     """Not "nothing to change" for the model it moved before it died: no step ran, its error
-    beside it, and doctor exits with the script's own code."""
-    script = tmp_path / "early.py"
-    script.write_text(
-        "import sys\nimport torch\nmodel = torch.nn.Linear(4, 2).to('cpu')\n"
-        "if sys.argv[1:] == ['exit']:\n    sys.exit(3)\nopen('no-such-data.bin')\n"
-    )
+    (its file and line) beside it, and doctor exits with the script's own code."""
+    script, _ = write(tmp_path, "early.py", EARLY, None)
     res = run_cli("doctor", "--json", "--", script)
     line = one_error_line(res)
-    assert "raised FileNotFoundError" in line and "nothing to change" not in res.out
+    assert "raised ValueError: no data" in line and f"{script}:7" in line
+    assert "nothing to change" not in res.out and res.json["sites"][0]["site"] == f"{script}:3"
     assert f"no optimizer step ran: the script {res.json['error'].split(' ', 1)[1]}" in res.out
-    assert res.json["steps"] == 0 and res.json["exit_code"] == 1
+    assert res.json["steps"] == 0 and res.json["exit_status"] == 1 and res.json["exit_code"] == 1
+    assert res.json["error"] == line.removeprefix("latecast: error: ")  # the --json contract
     res = run_cli("doctor", "--json", "--", script, "exit")
     assert "exited with status 3" in one_error_line(res, 3) and res.json["exit_code"] == 3
     assert "no optimizer step ran: the script exited with status 3" in res.out

@@ -113,12 +113,6 @@ def test_a_loader_that_is_no_dataloader_gets_its_attributes_set_too():
         w.no_such_thing  # noqa: B018
 
 
-def test_wrapping_a_wrapped_loader_is_one_error():
-    w = latecast.wrap(DataLoader(ids_data()[1]), device="cpu")
-    with pytest.raises(latecast.LatecastError, match="wrapped already"):
-        latecast.wrap(w)
-
-
 # -- loaders a program re-makes ---------------------------------------------------------
 
 
@@ -222,18 +216,28 @@ def test_the_global_rng_draws_a_dataloader_makes_per_pass_can_be_made_before_a_l
 # -- no silent wrong set-up ------------------------------------------------------------
 
 
-def test_mean_std_in_0_255_units_is_one_error():
-    """timm's IMAGENET_DEFAULT_MEAN * 255 style constants made every output about -0.42."""
-    mean, std = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
-    with pytest.raises(latecast.LatecastError, match="divide them by 255"):
-        latecast.wrap(DataLoader(ids_data()[1]), mean=mean, std=std, device="cpu")
-    from latecast import PrepareOnDevice
-
-    with pytest.raises(latecast.LatecastError, match="divide them by 255"):
-        PrepareOnDevice().prepare_on_device(mean=mean, std=std)
+# timm's IMAGENET_DEFAULT_MEAN * 255 style constants made every output about -0.42
+IN_0_255 = dict(mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375))
+CPU = dict(device="cpu")
 
 
-def test_float_images_from_to_tensor_warn_once_and_other_floats_do_not(recwarn):
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda dl: latecast.wrap(latecast.wrap(dl, **CPU)), "wrapped already"),
+        (lambda dl: latecast.wrap(dl, **IN_0_255, **CPU), "divide them by 255"),
+        (lambda dl: latecast.PrepareOnDevice().prepare_on_device(**IN_0_255), "divide them by 255"),
+        (lambda dl: latecast.wrap(dl, **CPU, mix=5), r"mix must be f\(images, labels, g\), got 5"),
+        (lambda dl: setattr(latecast.wrap(dl, **CPU), "mixup_enabled", True), "nothing mixes here"),
+    ],
+    ids=["wrapped-twice", "wrap-mean-std-0-255", "hook-mean-std-0-255", "mix-no-f", "no-mix-on"],
+)
+def test_a_wrong_set_up_is_one_error(make, match):
+    with pytest.raises(latecast.LatecastError, match=match):
+        make(DataLoader(ids_data()[1]))
+
+
+def test_float_images_from_to_tensor_warn_once_other_floats_and_masks_do_not(recwarn):
     images, _ = ids_data()
     floats = TensorDataset(images.float() / 255, torch.arange(N))  # ToTensor() kept
     w = latecast.wrap(DataLoader(floats, batch_size=BATCH), device="cpu")
@@ -241,7 +245,9 @@ def test_float_images_from_to_tensor_warn_once_and_other_floats_do_not(recwarn):
         list(w)
     list(w)  # once a wrap, not per batch or per pass
     features = TensorDataset(torch.randn(N, 3, 5, 6), torch.arange(N))  # not in [0, 1]
-    list(latecast.wrap(DataLoader(features, batch_size=BATCH), device="cpu"))
+    masks = TensorDataset(torch.randint(0, 21, (N, 1, 5, 6)))  # class ids: no image
+    for other in (features, masks):
+        list(latecast.wrap(DataLoader(other, batch_size=BATCH), device="cpu"))
     assert not [m for m in recwarn if "latecast.wrap" in str(m.message)]
     s = w.stats  # two passes: the float32 pixels crossed as they are, labels in one byte
     assert (s.other_bytes, s.label_bytes, s.usual_bytes) == (2 * N * 360, 2 * N, 2 * N * 368)
@@ -270,12 +276,6 @@ def test_int64_images_from_hf_datasets_get_advice_that_fits_and_cross_as_uint8()
     too_big = TensorDataset(torch.full((4, 5, 6, 3), 256), torch.arange(4))
     with pytest.raises(latecast.LatecastError, match="256..256 do not fit uint8"):
         next(iter(latecast.wrap(DataLoader(too_big, 4), device="cpu", fields={0: "image"})))
-
-
-def test_a_one_channel_integer_mask_is_no_image(recwarn):
-    masks = TensorDataset(torch.randint(0, 21, (N, 1, 5, 6)))  # class ids: a mask
-    list(latecast.wrap(DataLoader(masks, batch_size=BATCH), device="cpu"))
-    assert not [m for m in recwarn if "latecast.wrap" in str(m.message)]
 
 
 def test_set_epoch_reaches_the_sampler_and_the_dataset():
@@ -510,10 +510,6 @@ def test_a_mix_needs_one_image_field_and_one_label_field():
     mix = latecast.transforms.Mix(classes=N, mixup=0.2)
     with pytest.raises(latecast.LatecastError, match="one image field with one label field"):
         next(iter(latecast.wrap(batches, device="cpu", mix=mix)))
-    with pytest.raises(latecast.LatecastError, match=r"mix must be f\(images, labels, g\), got 5"):
-        latecast.wrap(batches, device="cpu", mix=5)
-    with pytest.raises(latecast.LatecastError, match="nothing mixes here"):
-        latecast.wrap(DataLoader(data), device="cpu").mixup_enabled = True
     w = latecast.wrap(DataLoader(data), device="cpu")
     w.mixup_enabled = False  # as timm's loader without mixing: nothing to switch off
     assert w.mixup_enabled is False and "mixup_enabled" not in vars(w.batches)
@@ -603,27 +599,6 @@ def accelerator():
     GradientState._reset_state()
 
 
-def test_accelerate_end_of_data_is_the_batch_in_use_through_wrap(accelerator):
-    """``gather_for_metrics`` cuts a loader's padding off its last batch by the
-    ``DataLoaderShard``'s ``end_of_dataloader`` and ``remainder`` (regression: wrap's read-ahead
-    set them a batch early, 72 of 100 counted, batches [36, 36]). Through wrap every batch
-    sees what the plain loader's sees; ``prepare`` of a wrapped loader it has not sharded is
-    one error naming the order that works; one it has is returned as it is."""
-    for n in (100, 128):  # a partial last batch, and none
-        data = uneven_data(n)
-        plain = accelerator.prepare(DataLoader(data, batch_size=64), device_placement=[False])
-        w = latecast.wrap(plain, mean=MEAN, std=STD, device="cpu")
-        (signals, metric), (want, usual) = (
-            end_signals(accelerator, w),
-            end_signals(accelerator, plain, reference),
-        )
-        assert signals == want and metric == pytest.approx(usual, abs=1e-6), n
-        assert sum((ids for *_, ids in signals), []) == list(range(n))
-        assert signals[-1][:2] == (True, n % 64) and accelerator.prepare(w) is w
-    with pytest.raises(latecast.LatecastError, match=r"wrap\(accelerator.prepare\(dl, dev"):
-        accelerator.prepare(latecast.wrap(DataLoader(data, batch_size=64), device="cpu"))
-
-
 class Streamed(torch.utils.data.IterableDataset):
     """An iterable dataset with a length: a DataLoader over it has no ``len()`` of its own."""
 
@@ -637,17 +612,27 @@ class Streamed(torch.utils.data.IterableDataset):
         return iter(self.data)
 
 
-def test_accelerate_end_of_data_through_wrap_over_an_iterable_dataset(accelerator):
-    """An ``IterableDataset`` eval set of 37 samples (regression: with no ``len()`` wrap read
-    past the last batch before handing it out, accelerate's loader ended and left its
-    ``GradientState``, and ``gather_for_metrics`` kept every padded sample: 48 of 37 labels on
-    two processes). The source's own ``end_of_dataloader`` says the last batch: read no further."""
-    data = Streamed(uneven_data(37))
-    plain = accelerator.prepare(DataLoader(data, batch_size=8), device_placement=[False])
+@pytest.mark.parametrize(
+    ("n", "batch", "streamed"), [(100, 64, False), (128, 64, False), (37, 8, True)]
+)
+def test_accelerate_end_of_data_is_the_batch_in_use_through_wrap(accelerator, n, batch, streamed):
+    """``gather_for_metrics`` cuts a loader's padding off its last batch by the
+    ``DataLoaderShard``'s ``end_of_dataloader`` and ``remainder`` (regression: wrap's read-ahead
+    set them a batch early, 72 of 100 counted, batches [36, 36]). Through wrap every batch
+    sees what the plain loader's sees, with a partial last batch, none, and over an
+    ``IterableDataset`` (regression: with no ``len()`` wrap read past the last batch before
+    handing it out, accelerate's loader ended and left its ``GradientState``, and
+    ``gather_for_metrics`` kept every padded sample: 48 of 37 labels on two processes; the
+    source's own ``end_of_dataloader`` says the last batch: read no further). ``prepare`` of
+    a wrapped loader it has not sharded is one error naming the order that works; one it has
+    is returned as it is."""
+    data = Streamed(uneven_data(n)) if streamed else uneven_data(n)
+    plain = accelerator.prepare(DataLoader(data, batch_size=batch), device_placement=[False])
     w = latecast.wrap(plain, mean=MEAN, std=STD, device="cpu")
-    (signals, metric), (want, usual) = (
-        end_signals(accelerator, w),
-        end_signals(accelerator, plain, reference),
-    )
+    signals, metric = end_signals(accelerator, w)
+    want, usual = end_signals(accelerator, plain, reference)
     assert signals == want and metric == pytest.approx(usual, abs=1e-6)
-    assert signals[-1][0] is True and sum((ids for *_, ids in signals), []) == list(range(37))
+    assert sum((ids for *_, ids in signals), []) == list(range(n))
+    assert signals[-1][:2] == (True, n % batch) and accelerator.prepare(w) is w
+    with pytest.raises(latecast.LatecastError, match=r"wrap\(accelerator.prepare\(dl, dev"):
+        accelerator.prepare(latecast.wrap(DataLoader(data, batch_size=batch), device="cpu"))
