@@ -15,7 +15,7 @@ folder (or `--work`), then times, for each worker count W:
   uint8 tensor, which is what a conversion has to do at the least;
 
 and the size on disk of each store beside the source files. Prints a table, then one JSON
-line. Nothing here is a latecast test of correctness: tests/test_convert.py is.
+line. Nothing here is a latecast test of correctness: tests/storage/test_convert.py is.
 """
 
 from __future__ import annotations

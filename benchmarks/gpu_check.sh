@@ -29,7 +29,7 @@
 # Everything goes under $OUT when set, else gpu-results/: gpu_check.log (all output),
 # parts.tsv (part, status, seconds), one folder per part, summary.md and summary.json.
 #
-# Environment overrides (defaults in brackets; tests/test_gpu_check.py runs it on CPU tiny):
+# Environment overrides (defaults in brackets; tests/tools/test_gpu_check.py runs it on CPU tiny):
 #   PYTHON [python3]  DEVICE [cuda]  TOTAL_BUDGET [450] seconds for every part together
 #   LIMITS [on] off: no per-part limit and no budget (the CPU dry run on a loaded machine)
 #   PYTEST_ARGS [-m gpu]  SEEDS [5] MNIST seeds after the warm-up run

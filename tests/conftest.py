@@ -21,6 +21,13 @@ import pytest
 # process the tests start; a value the caller set is kept.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# The tests sit in a folder per layer (core, kinds, integrations, storage, trainer, tools,
+# meta); what they share is here: _helpers.py and golden/, importable from each, also in the
+# programs the tests start (a test file run under torchrun or accelerate imports _helpers).
+TESTS = str(Path(__file__).resolve().parent)
+sys.path.insert(0, TESTS)
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (os.environ.get("PYTHONPATH"), TESTS)))
+
 # The Ctrl-C tests send SIGINT to the processes they start, as a terminal does. A suite
 # started in the background by a non-interactive shell (`make test &`, nohup) inherits SIGINT
 # ignored, and an ignored signal stays ignored across exec: those processes would never see

@@ -1,7 +1,7 @@
 """The golden cases: small seeded inputs through every path that moves and prepares a batch
 (the Loader with each mover, ``wrap``, ``Mover``, the Lightning hook), their outputs as flat
 lists of tensors. ``make_golden.py`` saves them from b931d8b's code (``b931d8b.pt``);
-``tests/test_golden.py`` runs them again and compares bit for bit.
+``tests/core/test_golden.py`` runs them again and compares bit for bit.
 
 Everything is built here, from fixed seeds, on the CPU: no shared data, no network, nothing
 from ``tests/_helpers.py`` (a helper changed for another test must not change what is compared

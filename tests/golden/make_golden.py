@@ -1,6 +1,6 @@
 """Save the golden cases' outputs (``cases.py``) from the code on PYTHONPATH: run at b931d8b,
 it wrote ``b931d8b.pt`` (``cases.keys()``); run at a755c18 with ``--since``, ``a755c18.pt`` (the
-kinds added after b931d8b, ``cases.since()``). ``tests/test_golden.py`` compares every later
+kinds added after b931d8b, ``cases.since()``). ``tests/core/test_golden.py`` compares every later
 revision with both.
 
     PYTHONPATH=src python tests/golden/make_golden.py [--since] [OUT]

@@ -1,5 +1,5 @@
 """The edits ``latecast doctor`` proposes, found in the script's source with ``ast``: hunks of
-whole lines to apply as written (tests/test_doctor.py does). 8-bit images: the transform's
+whole lines to apply as written (tests/tools/test_doctor.py does). 8-bit images: the transform's
 ``ToTensor()`` (and its ``Normalize``) become ``PILToTensor()`` and *every* DataLoader sharing
 that ``ToTensor`` goes through ``latecast.wrap`` with its mean and std. Batches made per call
 (nanoGPT's ``get_batch``): the statements moving them become ``mover((x, y))``, one

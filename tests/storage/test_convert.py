@@ -488,13 +488,13 @@ def test_an_unwritable_out_is_one_line_naming_it(tmp_path, run_cli, where):
 
 # ---- benchmarks/convert_speed.py at a tiny size --------------------------------------------
 
-CIFAR_JPG = Path(__file__).resolve().parents[2] / "shared/datasets/cifar10-jpg/cifar10-jpg.tar.gz"
+CIFAR_JPG = Path(__file__).resolve().parents[3] / "shared/datasets/cifar10-jpg/cifar10-jpg.tar.gz"
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not CIFAR_JPG.is_file(), reason=f"needs the CIFAR-10 JPEG copy, {CIFAR_JPG}")
 def test_convert_speed_benchmark_runs_at_a_tiny_size(tmp_path):
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "convert_speed.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "convert_speed.py"
     proc = subprocess.run(
         [sys.executable, script, "--per-class", "4", "--workers", "2", "--work", tmp_path],
         capture_output=True,

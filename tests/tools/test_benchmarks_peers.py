@@ -20,7 +20,7 @@ import torch
 
 import latecast
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHARED = ROOT.parent / "shared"
 AIRBENCH = SHARED / "peers" / "airbench-0.1.8.tar.gz"
 CIFAR_JPG = SHARED / "datasets" / "cifar10-jpg" / "cifar10-jpg.tar.gz"

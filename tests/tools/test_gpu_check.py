@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = "--model mlp --epochs 1 -b 256 --limit-train 512 --limit-test 500"
 
 
@@ -47,13 +47,13 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "PYTHON": sys.executable,
         "DEVICE": "cpu",
         "LIMITS": "off",  # a loaded machine may take many times the GPU's limits
-        "PYTEST_ARGS": "-m gpu tests/test_gpu.py",
+        "PYTEST_ARGS": "-m gpu tests/core/test_gpu.py",
         "SEEDS": "1",
         "TRAIN_ARGS": f"{TINY} --transfer resident",  # --graph is CUDA only
         "CARRY": str(tiny_carry(tmp_path)),
         "PEER_SEEDS": "1",
         "PEER_ARGS": "--preset colour -b 32 --epochs 1 --limit-test 12",
-        "VARIANTS": "eager:",  # --compile on the CPU: tests/test_train_step.py
+        "VARIANTS": "eager:",  # --compile on the CPU: tests/trainer/test_train_step.py
         "COMPILE_ARGS": TINY,
         "STEPS": "1",
         "PROFILE_ARGS": "--warmup 0 -b 16",
@@ -150,7 +150,7 @@ def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path):
         "SEEDS": "1",
         "CARRY": str(carry),
         "VARIANTS": "eager:",
-        "PYTEST_ARGS": "-m gpu --co tests/test_gpu_check.py",
+        "PYTEST_ARGS": "-m gpu --co tests/tools/test_gpu_check.py",
     }
     proc = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")],

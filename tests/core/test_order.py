@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 import latecast
 from latecast.errors import ConfigError
-from latecast.loader import Loader, block_order, epoch_order, parse_order
+from latecast.loader import Loader
+from latecast.order import block_order, epoch_order, parse_order
 
 
 @settings(max_examples=60, deadline=None)

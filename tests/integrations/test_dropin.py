@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import latecast
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 N, BATCH = 64, 8  # per rank under DDP: 32 samples, 4 batches an epoch
 MEAN, STD = (0.4, 0.5, 0.6), (0.2, 0.3, 0.25)
 

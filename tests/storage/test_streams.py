@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 300  # seconds for one launch; a hang fails instead of blocking CI
 pytestmark = pytest.mark.slow  # each test starts Python processes with DataLoader workers
 

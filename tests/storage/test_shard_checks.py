@@ -27,7 +27,7 @@ from test_streams import (
     Throttled,
     make_shards,
     one_line,
-    throttled,
+    serving,
 )
 
 pytestmark = pytest.mark.slow  # each test starts training runs
@@ -257,7 +257,7 @@ def test_a_dropped_connection_is_one_error_line_and_no_unclosed_connection(tmp_p
     folder = tmp_path / "shards"
     make_shards(folder)
     try:
-        with throttled(folder) as (_, url):
+        with serving(folder) as (_, url):
             Throttled.cut = None
             assert run_cli("index", url, "--output", folder / "index.json").rc == 0
             Throttled.cut = "close"

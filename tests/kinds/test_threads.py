@@ -17,7 +17,7 @@ from test_decode import SIZES, encoded, jpeg_bytes, photo
 import latecast
 from latecast import threads
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 USER = 3  # a count the user chose, neither torch's default on 2 cores nor latecast's 1
 
 

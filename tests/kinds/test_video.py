@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 import latecast
 from latecast.errors import BatchError, ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CPU = torch.device("cpu")
 MEAN, STD = (0.43216, 0.394666, 0.37645), (0.22803, 0.22145, 0.216989)  # the reference's
 TO = {"NTHWC": (0, 2, 3, 1), "NTCHW": (0, 1, 2, 3), "NCTHW": (1, 0, 2, 3)}  # (T, C, H, W) ->

@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import latecast
 from latecast.loader import Loader
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 DIGIT = 28 * 28  # bytes of one MNIST image as uint8
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from golden import cases
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).parents[1] / "golden"
 
 
 @pytest.fixture(scope="module")
