@@ -19,7 +19,7 @@ import latecast
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 INCLUDE = re.compile(r'^--8<-- "(examples/\w+\.py):(\w+)"$')
-TESTS = "\n".join(p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+TESTS = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
 
 
 def run_by_a_test(example: Path) -> bool:

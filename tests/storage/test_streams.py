@@ -232,7 +232,7 @@ def test_a_server_killed_mid_shard_and_one_that_closes_early_are_errors_not_earl
         one_line(proc, "shard-001.tar", "read failed at byte")
         assert len([w for w in said if "retrying" in str(w.message)]) == 1  # said once
     proc = subprocess.Popen(
-        [sys.executable, "-c", SERVER, str(folder), str(ROOT / "tests")],
+        [sys.executable, "-c", SERVER, str(folder), str(ROOT / "tests" / "storage")],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
