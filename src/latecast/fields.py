@@ -88,10 +88,10 @@ def widen(raw: torch.Tensor, dtype: np.dtype) -> torch.Tensor:
     return (raw if dtype == np.uint8 else raw.view(getattr(torch, np.dtype(dtype).name))).long()
 
 
-@dataclass(frozen=True)
-class Context:
+class Context(NamedTuple):
     """What a kind is given to finish its field of a batch (``Field.finish``): the batch's one
-    draw and what the images come out as; nothing else of the options."""
+    draw and what the images come out as; nothing else of the options. Immutable (a named
+    tuple: one is made per batch)."""
 
     draw: Draw  # the batch's random draws (``Draw()``: none), made once for every field
     mean: tuple[float, ...]  # per channel, [0, 1] units (8-bit images)
@@ -111,10 +111,13 @@ def normalized(x: torch.Tensor, ctx: Context) -> torch.Tensor:
     """uint8 ``(N, H, W, C)`` at the batch's size: the draw's crop, flips and colour (or one's
     own augmentation), the fused normalize into ``ctx.out``, the erasing."""
     d = ctx.draw
-    x = d.colour(d.shift_and_flip(x)) if ctx.augment is None else ctx.augment(x, ctx.generator)
+    if ctx.augment is not None:
+        x = ctx.augment(x, ctx.generator)
+    elif d.augment is not None:  # else nothing moves or colours
+        x = d.colour(d.shift_and_flip(x))
     y = normalize(x, ctx.mean, ctx.std, dtype=ctx.dtype, channels_last=ctx.channels_last,
                   out=ctx.out)  # fmt: skip
-    return erased(y, ctx)
+    return y if ctx.erase is None else erased(y, ctx)
 
 
 def erased(y: torch.Tensor, ctx: Context) -> torch.Tensor:

@@ -79,10 +79,10 @@ class Float32(Stored):
         return {"per_epoch": float32_bytes(dataset, len(dataset)), "once": 0}
 
     def batches(self, items: Iterable, finish: Finish) -> Iterator[list]:
-        ring, host = Ring(2, _HOST), TransferStats()  # the host's own pack, not a crossing
         for item in items:
-            s = pack(ring, *self.gather(item), host)
-            x, y = finish(s.plans, unpack(ring, s), _HOST)  # (n, C, H, W) float, labels
+            plans, values = self.gather(item)  # each field gathered on the host, as it is
+            views = [f.view(_packed(f, v), _HOST) for f, v in zip(plans, values)]
+            x, y = finish(plans, views, _HOST)  # (n, C, H, W) float, labels
             self.stats.image_bytes += x.nbytes
             self.stats.label_bytes += y.nbytes
             self.stats.copies += 2
@@ -99,6 +99,13 @@ def _free_bytes(device: torch.device) -> int:
         return int(meminfo["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def _packed(f: Field, value: Any) -> torch.Tensor:
+    """``value`` as field ``f`` packs it, in bytes of its own."""
+    raw = torch.empty(f.nbytes, dtype=torch.uint8)
+    f.pack(raw, value)
+    return raw
 
 
 class Resident(Stored):

@@ -21,6 +21,7 @@ from .transforms import Augment, Draw, Erasing
 Augmentation = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
 Mixing = Callable[[torch.Tensor, torch.Tensor, torch.Generator], Batch]
 _HOST = torch.device("cpu")
+NO_DRAW = Draw()  # a batch that draws nothing
 
 
 class Prepare:
@@ -45,6 +46,9 @@ class Prepare:
         self.mean, self.std, self.dtype = tuple(mean), tuple(std), dtype
         self.channels_last, self.augment, self.seed = channels_last, augment, seed
         self.mix, self.erase, self.mask_fill = mix, erase, mask_fill
+        erases = isinstance(erase, Erasing) and augment is None  # drawn with an Augment's too
+        self.draws = isinstance(augment, Augment) or erases  # whether a batch makes a draw
+        self.own = None if isinstance(augment, Augment) else augment  # f(images, generator)
         self._generators: dict[str, torch.Generator] = {}
 
     def __call__(self, plans: list, values: list, where: tuple, device: torch.device,
@@ -75,20 +79,21 @@ class Prepare:
         g, host = self.generator(device), self.generator(_HOST)
         pixels = [i for i, f in enumerate(plans) if f is not None and f.pixels]
         lead = next((i for i in pixels if plans[i].on_host), pixels[0] if pixels else None)
-        draw = size = sizes = None
-        if lead is not None:
+        draw = size = None
+        if lead is not None and (self.draws or plans[lead].on_host):  # else masks keep theirs
             f = plans[lead]
-            size, sizes = tuple(f.size), f.sizes_of(values[lead])
-            draw = self.draw(f, sizes, device, g, host, indices, epoch)
-        own = None if isinstance(self.augment, Augment) else self.augment
-        ctx = Context(draw or Draw(), self.mean, self.std, self.dtype, self.channels_last, size,
-                      g, host, own, self.erase, self.mask_fill)  # fmt: skip
+            size = tuple(f.size)
+            if self.draws:
+                sizes = f.sizes_of(values[lead])
+                draw = self.draw(f, sizes, device, g, host, indices, epoch)
+        ctx = Context(draw or NO_DRAW, self.mean, self.std, self.dtype, self.channels_last, size,
+                      g, host, self.own, self.erase, self.mask_fill)  # fmt: skip
         done = []
         for i, (f, x) in enumerate(zip(plans, values)):
-            c = ctx if out is None or out[i] is None else replace(ctx, out=out[i])
-            if f is not None and i != lead and f.category == "image" and f.pixels:
+            c = ctx if out is None or out[i] is None else ctx._replace(out=out[i])
+            if draw and i != lead and f.category == "image" and f.pixels:
                 if not torch.equal(s := f.sizes_of(x), sizes):  # its own draw, from the seed
-                    c = replace(c, draw=self.redraw(f, s, device, indices, epoch, g.initial_seed()))
+                    c = c._replace(draw=self.redraw(f, s, device, indices, epoch, g.initial_seed()))
             done.append(None if f is None else f.finish(x, c))
         return self.mixed(plans, done, host) if mixing else done
 

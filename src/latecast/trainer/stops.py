@@ -1,4 +1,5 @@
-"""Named moments of a run, where a test stops it exactly (tests/trainer/test_safety.py, test_resume.py).
+"""Named moments of a run, where a test stops it exactly (tests/trainer/test_safety.py,
+test_resume.py).
 
 ``LATECAST_STOP_AT=NAME[@N][:SIGNAL]``: the process sends itself ``SIGNAL`` (``INT`` by default,
 ``KILL``, ``STOP``) the ``N``-th time (1) it reaches ``at(NAME)``. The names: ``data`` (the
