@@ -91,7 +91,7 @@ class Prepare:
         done = []
         for i, (f, x) in enumerate(zip(plans, values)):
             c = ctx if out is None or out[i] is None else ctx._replace(out=out[i])
-            if draw and i != lead and f.category == "image" and f.pixels:
+            if draw and f is not None and i != lead and f.category == "image" and f.pixels:
                 if not torch.equal(s := f.sizes_of(x), sizes):  # its own draw, from the seed
                     c = c._replace(draw=self.redraw(f, s, device, indices, epoch, g.initial_seed()))
             done.append(None if f is None else f.finish(x, c))
