@@ -202,6 +202,23 @@ def test_bad_input_is_one_error_naming_the_field(value, kind, options, error, ma
         _plan(value, kind, **options)
 
 
+def test_wraps_mean_std_beside_only_16_bit_fields_are_refused_not_dropped():
+    """wrap's own mean/std normalize 8-bit images only: beside a 16-bit field and no 8-bit one
+    they were dropped without a word; now one ConfigError names the field and image16's."""
+    says = r"field 'ct' is a 16-bit image.*latecast\.image16\(mean=, std=\)"
+    with pytest.raises(ConfigError, match=says):
+        _plan(GOOD, latecast.image16(), mean=(0.5,), std=(0.25,))
+    dl = DataLoader(Tiles(*ct_slices(n=4)), batch_size=2)
+    with pytest.raises(ConfigError, match=says.replace("ct", "image")):
+        next(iter(latecast.wrap(dl, device="cpu", mean=(0.5,), std=(0.25,),
+                                fields={"image": latecast.image16(), "mask": "mask"})))  # fmt: skip
+    photo = torch.full((2, 6, 6, 1), 51, dtype=torch.uint8)  # an 8-bit image takes them
+    out = _plan_batch({"ct": GOOD, "photo": photo}, {"ct": latecast.image16(), "photo": "image"},
+                      mean=(0.1,), std=(0.5,))  # fmt: skip
+    torch.testing.assert_close(out["photo"], torch.full((2, 1, 6, 6), 0.2))
+    assert torch.equal(out["ct"], torch.zeros(2, 1, 6, 6))
+
+
 def test_values_inside_the_declared_range_and_a_window_pass():
     assert _plan(GOOD - 1024, latecast.image16(range=(-1024, 3071)))["ct"].min() == 0
     out = _plan(GOOD - 3000, latecast.image16(window=(-1000, 400)))["ct"]  # clamped, not refused
