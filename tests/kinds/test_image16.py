@@ -219,6 +219,14 @@ def test_wraps_mean_std_beside_only_16_bit_fields_are_refused_not_dropped():
     assert torch.equal(out["ct"], torch.zeros(2, 1, 6, 6))
 
 
+@pytest.mark.parametrize("dtype, value", [(torch.uint16, 4000), (torch.int16, -1000)])
+def test_16_bit_values_declared_image_are_refused_naming_image16(dtype, value):
+    """``fields={"ct": "image"}`` on 16-bit values past 0..255: the error names the kind that
+    takes them, ``latecast.image16``."""
+    with pytest.raises(BatchError, match=r"field 'ct' is declared an image.*latecast\.image16"):
+        _plan(torch.full((2, 6, 6, 1), value, dtype=dtype), "image")
+
+
 def test_values_inside_the_declared_range_and_a_window_pass():
     assert _plan(GOOD - 1024, latecast.image16(range=(-1024, 3071)))["ct"].min() == 0
     out = _plan(GOOD - 3000, latecast.image16(window=(-1000, 400)))["ct"]  # clamped, not refused
