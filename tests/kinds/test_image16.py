@@ -227,6 +227,14 @@ def test_16_bit_values_declared_image_are_refused_naming_image16(dtype, value):
         _plan(torch.full((2, 6, 6, 1), value, dtype=dtype), "image")
 
 
+@pytest.mark.parametrize("value", [[[1, 2], [3, 4]], None, "ct.png"], ids=["list", "None", "str"])
+def test_a_16_bit_field_that_is_no_tensor_is_one_error_naming_the_field(value):
+    """A list, None or a string where a 16-bit field is declared: one BatchError naming the
+    field and what it was, not a raw AttributeError."""
+    with pytest.raises(BatchError, match=r"^field 'ct' is declared a 16-bit image.*got a "):
+        _plan(value, latecast.image16())
+
+
 def test_values_inside_the_declared_range_and_a_window_pass():
     assert _plan(GOOD - 1024, latecast.image16(range=(-1024, 3071)))["ct"].min() == 0
     out = _plan(GOOD - 3000, latecast.image16(window=(-1000, 400)))["ct"]  # clamped, not refused

@@ -230,6 +230,15 @@ def test_a_bad_batch_of_clips_is_one_batch_error_naming_the_field(batch, spec, s
     assert says in str(err.value)
 
 
+@pytest.mark.parametrize("value", [[[1, 2], [3, 4]], None, "clip.mp4"], ids=["list", "None", "str"])
+def test_a_clip_field_that_is_no_tensor_is_one_batch_error_naming_the_field(value):
+    """A list, None or a string where clips are declared: one BatchError naming the field and
+    what it was, not a raw AttributeError."""
+    mover = latecast.Mover(device="cpu", fields={"video": latecast.clip(4)})
+    with pytest.raises(BatchError, match=r"^field 'video' is declared clips.*got a "):
+        mover({"video": value, "y": torch.zeros(2)})
+
+
 def test_integer_clips_that_fit_cross_as_uint8():
     x, y = clip_batch(torch.int64)
     w = latecast.wrap([(x, y)], device="cpu", fields={0: latecast.clip(4)})

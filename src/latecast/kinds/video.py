@@ -35,15 +35,17 @@ class ClipSpec:
     out: str = "NCTHW"  # how it comes out
 
     def plan(self, name: Name, t: torch.Tensor, options: Any, batch: dict) -> Clips:
-        shape = tuple(t.shape)
-        if t.ndim != 5 or not integral(t.dtype):
+        tensor = isinstance(t, torch.Tensor)
+        if not tensor or t.ndim != 5 or not integral(t.dtype):
+            got = f"{t.dtype} {tuple(t.shape)}" if tensor else f"a {type(t).__name__} ({t!r:.40})"
             raise BatchError(
                 f"field {name!r} is declared clips {self.layout} and must be uint8 with 5 dims, "
-                f"got {t.dtype} {shape}; a DataLoader yields uint8 frames as decoders give them "
+                f"got {got}; a DataLoader yields uint8 frames as decoders give them "
                 "(TorchCodec, torchvision.io), not ConvertImageDtype()'s floats"
             )
         if t.dtype != torch.uint8:  # int64 from a collate: crosses as uint8 if it fits
             check_bytes(name, t, "clips")
+        shape = tuple(t.shape)
         n, frames, h, w, c = (shape[i] for i in LAYOUTS[self.layout])
         if self.frames is not None and frames != self.frames:
             than = "shorter" if frames < self.frames else "longer"
