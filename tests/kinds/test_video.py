@@ -239,6 +239,18 @@ def test_a_clip_field_that_is_no_tensor_is_one_batch_error_naming_the_field(valu
         mover({"video": value, "y": torch.zeros(2)})
 
 
+@pytest.mark.parametrize("shape", [(0, 4, 6, 8, 3), (2, 0, 6, 8, 3)], ids=["empty", "0 frames"])
+@pytest.mark.parametrize("augment", [None, dict(flip=0.5), dict(resized_crop=0.5)], ids=str)
+def test_an_empty_batch_or_clips_of_0_frames_are_one_batch_error_naming_the_field(shape, augment):
+    """A batch of no clips, or of clips of no frames: one BatchError naming the field and its
+    shape, not a raw ZeroDivisionError or IndexError from the finish."""
+    aug = augment and latecast.Augment(**augment)
+    mover = latecast.Mover(device="cpu", augment=aug, fields={"video": latecast.clip(size=4)})
+    with pytest.raises(BatchError, match=r"^field 'video': (no clips|clips of 0 frames)") as err:
+        mover({"video": torch.zeros(shape, dtype=torch.uint8), "y": torch.zeros(shape[0])})
+    assert f"NTHWC {shape}" in str(err.value)
+
+
 def test_integer_clips_that_fit_cross_as_uint8():
     x, y = clip_batch(torch.int64)
     w = latecast.wrap([(x, y)], device="cpu", fields={0: latecast.clip(4)})

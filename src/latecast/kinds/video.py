@@ -47,6 +47,12 @@ class ClipSpec:
             check_bytes(name, t, "clips")
         shape = tuple(t.shape)
         n, frames, h, w, c = (shape[i] for i in LAYOUTS[self.layout])
+        if 0 in (n, frames, h, w, c):
+            none = "no clips (an empty batch)" if n == 0 else "clips of 0 frames" * (frames == 0)
+            raise BatchError(
+                f"field {name!r}: {none or 'frames of no pixels'} ({self.layout} {shape}); "
+                "every batch of clips must hold at least one clip of at least one frame"
+            )
         if self.frames is not None and frames != self.frames:
             than = "shorter" if frames < self.frames else "longer"
             raise BatchError(
