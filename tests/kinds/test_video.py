@@ -251,6 +251,20 @@ def test_an_empty_batch_or_clips_of_0_frames_are_one_batch_error_naming_the_fiel
     assert f"NTHWC {shape}" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "layout, shape",
+    [("NTHWC", (2, 4, 6, 8, 2)), ("NTHWC", (2, 4, 6, 8, 4)), ("NTCHW", (2, 4, 4, 6, 8))],
+)
+def test_jitter_on_clips_of_2_or_4_channels_is_one_config_error_naming_the_field(layout, shape):
+    """Colour jitter takes 1 or 3 channels: on clips of 2 or 4 the error names the field and
+    the clips' own shape, not the frames flattened into images."""
+    mover = latecast.Mover(device="cpu", augment=latecast.Augment(jitter=0.4),
+                           fields={"video": latecast.clip(4, layout)})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^field 'video': colour jitter") as err:
+        mover({"video": torch.zeros(shape, dtype=torch.uint8), "y": torch.zeros(2)})
+    assert f"({layout} {shape})" in str(err.value)
+
+
 def test_integer_clips_that_fit_cross_as_uint8():
     x, y = clip_batch(torch.int64)
     w = latecast.wrap([(x, y)], device="cpu", fields={0: latecast.clip(4)})

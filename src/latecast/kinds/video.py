@@ -67,6 +67,11 @@ class ClipSpec:
             )
         check_channels(name, c, len(options.mean or (0,)), f" ({self.layout} {shape})")
         _check_options(name, options)
+        if getattr(options.augment, "jitter", 0) and c not in (1, 3):  # torchvision's refuse too
+            raise ConfigError(
+                f"field {name!r}: colour jitter takes clips of 1 or 3 channels, got {c} "
+                f"({self.layout} {shape}); leave jitter out of augment= for these clips"
+            )
         return Clips(name, torch.uint8, shape, t.dtype, self.layout, size, self.out)
 
 
