@@ -228,6 +228,22 @@ def test_bad_input_is_one_batch_error_naming_the_field(value, spec, says):
     assert says in str(err.value)
 
 
+@pytest.mark.parametrize("pad", [False, True])
+def test_clips_shorter_than_n_fft_without_centring_are_refused_naming_the_field(pad):
+    """``mel={"center": False}`` with clips shorter than ``n_fft``: refused when the batch is
+    planned, naming the field, the length and n_fft, not torch.stft's RuntimeError in the
+    finish; clips of n_fft samples make one frame."""
+    mel = {"center": False, "n_fft": 400, "n_mels": 16}
+    short = latecast.Mover(device="cpu", fields={"audio": latecast.waveform(300, pad=pad, mel=mel)})
+    says = r"^field 'audio': clips of 300 samples .*n_fft \(400\) with center=False"
+    with pytest.raises(ConfigError, match=says):
+        short({"audio": torch.zeros(2, 300, dtype=torch.int16)})
+    with pytest.raises(ConfigError, match=says):
+        short({"audio": [torch.zeros(300, dtype=torch.int16), torch.zeros(200, dtype=torch.int16)]})
+    fits = latecast.Mover(device="cpu", fields={"audio": latecast.waveform(400, mel=mel)})
+    assert fits({"audio": torch.zeros(2, 400, dtype=torch.int16)})["audio"].shape == (2, 16, 1)
+
+
 @pytest.mark.parametrize(
     "options, says",
     [
