@@ -260,6 +260,15 @@ def test_bad_declarations_are_one_config_error(kwargs):
         latecast.image16(**kwargs)
 
 
+@pytest.mark.parametrize("window", [(3100, 4000), (-3000, -1024), (3071, 4000)], ids=str)
+def test_a_window_wholly_outside_the_range_is_one_config_error_naming_both(window):
+    """Every value of the range would be clamped to one end of the window: every pixel came
+    out the same (0) without a word; now refused where it is declared, naming both."""
+    with pytest.raises(ConfigError, match=r"image16\(window=.*outside range=\(-1024, 3071\)"):
+        latecast.image16(range=(-1024, 3071), window=window)
+    assert latecast.image16(range=(-1024, 3071), window=(3000, 4000)).window == (3000, 4000)
+
+
 def test_a_torchgeo_style_segmentation_loop_trains_as_the_float32_pipeline():
     """TorchGeo's shape (a datamodule's ``on_after_batch_transfer``: per-band ``Normalize``
     of 13-band Sentinel-2 tiles, std 1e4, then flips of image and mask on the device; a

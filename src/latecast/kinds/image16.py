@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..errors import BatchError, numbers_of, refuse
+from ..errors import BatchError, ConfigError, numbers_of, refuse
 from ..fields import LAYOUTS, Name, check_channels, limits, value_range
 from ..pixels16 import DEEP, Images16, check_augment
 
@@ -125,6 +125,11 @@ def image16(
             (layout in LAYOUTS, arg.format("layout"), layout, " or ".join(LAYOUTS)),
         ]
     )
+    if rng and win and (win[1] <= rng[0] or win[0] >= rng[1]):  # every value clamped to one end
+        raise ConfigError(
+            f"latecast.image16(window={window!r:.40}) lies wholly outside range={range!r:.40}: "
+            "every pixel would come out the same; give a window that overlaps the range"
+        )
     return Image16Spec(rng, win, m, s, None if channels is None else int(channels), layout)
 
 
