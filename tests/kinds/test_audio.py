@@ -263,6 +263,54 @@ def test_bad_options_are_one_config_error_naming_them(options, says):
     assert says in str(err.value)
 
 
+def test_the_lightning_hook_draws_no_gain_or_crop_in_evaluation():
+    """``PrepareOnDevice`` leaves a waveform field's own draws (its gain, its random crop) to
+    training, as it leaves ``augment``, ``erase`` and ``mix``: in evaluation (``training``
+    False) the clips come out centred, without gain, the same whatever the batch's seed; through
+    the hook as Lightning calls it and under a real ``Trainer``'s validation."""
+    from _helpers import lightning_hook
+
+    waves = torch.stack(clips(4, [3000], channels=1))  # (4, 1, 3000): cropped to 1600
+    centred = torch.stack([usual(w, 1600, start=700) for w in waves])  # (4, 1, 1600)
+    fields = {"audio": latecast.waveform(1600, gain=(-6.0, 6.0))}
+    batch = {"audio": waves, "y": torch.arange(4)}
+    for where in [(0, 0, 0), (3, 1, 7)]:
+        seen = lightning_hook(batch, where, training=False, fields=fields)["audio"]
+        torch.testing.assert_close(seen, centred, atol=0, rtol=0)
+    trained = lightning_hook(batch, (0, 0, 0), training=True, fields=fields)["audio"]
+    assert trained.shape == centred.shape and not torch.equal(trained, centred)  # drawn
+
+    pytest.importorskip("lightning")
+    import lightning as L
+    from _helpers import lightning_trainer
+
+    data = DataLoader(list(zip(waves, range(4))), batch_size=2)
+    evaluated, trained = [], []
+
+    class Model(latecast.PrepareOnDevice, L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.prepare_on_device(fields={0: latecast.waveform(1600, gain=(-6.0, 6.0))})
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def training_step(self, batch, i):
+            trained.append(batch[0].clone())
+            return self.w * batch[0].mean()
+
+        def validation_step(self, batch, i):
+            evaluated.append(batch[0].clone())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), 0.1)
+
+    lightning_trainer(max_epochs=1, enable_checkpointing=False, num_sanity_val_steps=0).fit(
+        Model(), data, data
+    )
+    assert len(evaluated) == len(trained) == 2
+    torch.testing.assert_close(torch.cat(evaluated), centred, atol=0, rtol=0)
+    assert not torch.equal(torch.cat(trained), centred)
+
+
 class M5(torch.nn.Module):
     """The speech-commands classifier's shape (torchaudio's tutorial): strided conv on the raw
     waveform, batch norm, pooling, a linear head over the classes; smaller."""

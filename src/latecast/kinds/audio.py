@@ -153,6 +153,12 @@ class WaveformSpec:
         return Waveforms(name, self.dtype, shape, clips[0].dtype, self, len(lens), channels, mono,
                        lens if crosses else None, clips if ragged else None)  # fmt: skip
 
+    def evaluated(self) -> WaveformSpec:
+        """This declaration for evaluation (``PrepareOnDevice`` when not ``training``): no
+        draws of its own, no gain and a random crop centred."""
+        crop = "centre" if self.crop == "random" else self.crop
+        return dataclasses.replace(self, gain=None, crop=crop)
+
     def _check_values(self, name: Name, clip: torch.Tensor) -> None:
         """Integers that the declared width holds (read only where the source's may not)."""
         if not integral(clip.dtype):
