@@ -70,14 +70,14 @@ def check_fits(name: Name, t: torch.Tensor, *dtypes: torch.dtype, what: str = "v
             )
 
 
-def check_bytes(name: Name, t: torch.Tensor, what: str) -> None:
+def check_bytes(name: Name, t: torch.Tensor, what: str, hint: str = "") -> None:
     """BatchError unless integers ``t``, a field declared ``what`` that crosses as uint8, hold
-    0..255 (read: call it only where ``t`` is not uint8)."""
+    0..255 (read: call it only where ``t`` is not uint8); ``hint``: what to declare instead."""
     low, high = value_range(t)
     if not (0 <= low and high <= 255):
         raise BatchError(
             f"field {name!r} is declared {what}: its {t.dtype} values {low}..{high} do not fit "
-            "uint8 (0..255)"
+            f"uint8 (0..255){hint}"
         )
 
 
@@ -226,7 +226,9 @@ class Image(Field):
     def plan(cls, name: Name, t: torch.Tensor, options: Any, batch=None, declared=True) -> Image:
         shape = tuple(t.shape)
         if declared and integral(t.dtype) and t.dtype != torch.uint8 and t.ndim in (3, 4):
-            check_bytes(name, t, "an image")  # int64 from Hugging Face datasets: crosses as uint8
+            deep = t.dtype in (torch.uint16, torch.int16)  # CT slices, bands, depth maps
+            hint = f"; 16-bit images? declare fields={{{name!r}: latecast.image16(...)}}" * deep
+            check_bytes(name, t, "an image", hint)  # int64 from Hugging Face: crosses as uint8
         elif t.dtype != torch.uint8 or t.ndim not in (3, 4):
             raise BatchError(
                 f"field {name!r} is {'declared ' if declared else ''}an image and must be uint8 "

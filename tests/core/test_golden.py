@@ -3,7 +3,11 @@ Loader with every mover, ``wrap`` (images, masks, integer and float fields, JPEG
 erase), ``Mover`` and the Lightning hook, the JPEG cases under each CPU decoder, as b931d8b gave
 them (``b931d8b.pt``); the kinds added since (16-bit images and stores, audio, clips, the
 Lightning hook's packed batches) as a755c18 gave them (``a755c18.pt``). The cases are
-``golden/cases.py``; ``golden/make_golden.py`` saves their outputs."""
+``golden/cases.py``; ``golden/make_golden.py`` saves their outputs. One case changed on
+purpose since (``issue47.pt``, which replaces its a755c18 outputs): issue 47 stopped the
+Lightning hook drawing a waveform's random crop in evaluation, so ``lightning-audio/packed``'s
+evaluation pass comes out centred; its training passes are still a755c18's, bit for bit
+(``test_issue_47_changed_only_the_evaluation_pass``)."""
 
 from __future__ import annotations
 
@@ -18,8 +22,10 @@ GOLDEN = Path(__file__).parents[1] / "golden"
 
 @pytest.fixture(scope="module")
 def saved() -> dict[str, list[torch.Tensor]]:
-    files = [torch.load(GOLDEN / f"{rev}.pt", weights_only=True) for rev in ("b931d8b", "a755c18")]
-    return {**files[0], **files[1]}
+    revs = ("b931d8b", "a755c18", "issue47")
+    files = [torch.load(GOLDEN / f"{rev}.pt", weights_only=True) for rev in revs]
+    assert set(files[2]) <= set(files[1])  # a case changed on purpose, not one added
+    return {**files[0], **files[1], **files[2]}
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +64,13 @@ def test_same_jpeg_batches(case, decoder, saved, shared):
 def test_every_saved_case_is_run(saved):
     """A case dropped from cases.py would go unchecked: the saved keys are the cases' keys."""
     assert sorted(saved) == sorted(cases.key(c, d) for c, d in cases.keys() + cases.since())
+
+
+def test_issue_47_changed_only_the_evaluation_pass():
+    """``issue47.pt``'s ``lightning-audio/packed`` is a755c18's but for the audio of its
+    evaluation pass (the last third: two batches of audio, lengths, labels)."""
+    old, new = (torch.load(GOLDEN / f"{rev}.pt", weights_only=True)["lightning-audio/packed"]
+                for rev in ("a755c18", "issue47"))  # fmt: skip
+    assert len(old) == len(new) == 18
+    differ = [k for k, (a, b) in enumerate(zip(old, new)) if not torch.equal(a, b)]
+    assert differ == [12, 15]

@@ -228,6 +228,22 @@ def test_bad_input_is_one_batch_error_naming_the_field(value, spec, says):
     assert says in str(err.value)
 
 
+@pytest.mark.parametrize("pad", [False, True])
+def test_clips_shorter_than_n_fft_without_centring_are_refused_naming_the_field(pad):
+    """``mel={"center": False}`` with clips shorter than ``n_fft``: refused when the batch is
+    planned, naming the field, the length and n_fft, not torch.stft's RuntimeError in the
+    finish; clips of n_fft samples make one frame."""
+    mel = {"center": False, "n_fft": 400, "n_mels": 16}
+    short = latecast.Mover(device="cpu", fields={"audio": latecast.waveform(300, pad=pad, mel=mel)})
+    says = r"^field 'audio': clips of 300 samples .*n_fft \(400\) with center=False"
+    with pytest.raises(ConfigError, match=says):
+        short({"audio": torch.zeros(2, 300, dtype=torch.int16)})
+    with pytest.raises(ConfigError, match=says):
+        short({"audio": [torch.zeros(300, dtype=torch.int16), torch.zeros(200, dtype=torch.int16)]})
+    fits = latecast.Mover(device="cpu", fields={"audio": latecast.waveform(400, mel=mel)})
+    assert fits({"audio": torch.zeros(2, 400, dtype=torch.int16)})["audio"].shape == (2, 16, 1)
+
+
 @pytest.mark.parametrize(
     "options, says",
     [
@@ -245,6 +261,54 @@ def test_bad_options_are_one_config_error_naming_them(options, says):
     with pytest.raises(ConfigError, match="latecast.waveform") as err:
         latecast.waveform(**{"length": RATE, **options})
     assert says in str(err.value)
+
+
+def test_the_lightning_hook_draws_no_gain_or_crop_in_evaluation():
+    """``PrepareOnDevice`` leaves a waveform field's own draws (its gain, its random crop) to
+    training, as it leaves ``augment``, ``erase`` and ``mix``: in evaluation (``training``
+    False) the clips come out centred, without gain, the same whatever the batch's seed; through
+    the hook as Lightning calls it and under a real ``Trainer``'s validation."""
+    from _helpers import lightning_hook
+
+    waves = torch.stack(clips(4, [3000], channels=1))  # (4, 1, 3000): cropped to 1600
+    centred = torch.stack([usual(w, 1600, start=700) for w in waves])  # (4, 1, 1600)
+    fields = {"audio": latecast.waveform(1600, gain=(-6.0, 6.0))}
+    batch = {"audio": waves, "y": torch.arange(4)}
+    for where in [(0, 0, 0), (3, 1, 7)]:
+        seen = lightning_hook(batch, where, training=False, fields=fields)["audio"]
+        torch.testing.assert_close(seen, centred, atol=0, rtol=0)
+    trained = lightning_hook(batch, (0, 0, 0), training=True, fields=fields)["audio"]
+    assert trained.shape == centred.shape and not torch.equal(trained, centred)  # drawn
+
+    pytest.importorskip("lightning")
+    import lightning as L
+    from _helpers import lightning_trainer
+
+    data = DataLoader(list(zip(waves, range(4))), batch_size=2)
+    evaluated, trained = [], []
+
+    class Model(latecast.PrepareOnDevice, L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.prepare_on_device(fields={0: latecast.waveform(1600, gain=(-6.0, 6.0))})
+            self.w = torch.nn.Parameter(torch.zeros(()))
+
+        def training_step(self, batch, i):
+            trained.append(batch[0].clone())
+            return self.w * batch[0].mean()
+
+        def validation_step(self, batch, i):
+            evaluated.append(batch[0].clone())
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), 0.1)
+
+    lightning_trainer(max_epochs=1, enable_checkpointing=False, num_sanity_val_steps=0).fit(
+        Model(), data, data
+    )
+    assert len(evaluated) == len(trained) == 2
+    torch.testing.assert_close(torch.cat(evaluated), centred, atol=0, rtol=0)
+    assert not torch.equal(torch.cat(trained), centred)
 
 
 class M5(torch.nn.Module):

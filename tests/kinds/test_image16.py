@@ -202,6 +202,39 @@ def test_bad_input_is_one_error_naming_the_field(value, kind, options, error, ma
         _plan(value, kind, **options)
 
 
+def test_wraps_mean_std_beside_only_16_bit_fields_are_refused_not_dropped():
+    """wrap's own mean/std normalize 8-bit images only: beside a 16-bit field and no 8-bit one
+    they were dropped without a word; now one ConfigError names the field and image16's."""
+    says = r"field 'ct' is a 16-bit image.*latecast\.image16\(mean=, std=\)"
+    with pytest.raises(ConfigError, match=says):
+        _plan(GOOD, latecast.image16(), mean=(0.5,), std=(0.25,))
+    dl = DataLoader(Tiles(*ct_slices(n=4)), batch_size=2)
+    with pytest.raises(ConfigError, match=says.replace("ct", "image")):
+        next(iter(latecast.wrap(dl, device="cpu", mean=(0.5,), std=(0.25,),
+                                fields={"image": latecast.image16(), "mask": "mask"})))  # fmt: skip
+    photo = torch.full((2, 6, 6, 1), 51, dtype=torch.uint8)  # an 8-bit image takes them
+    out = _plan_batch({"ct": GOOD, "photo": photo}, {"ct": latecast.image16(), "photo": "image"},
+                      mean=(0.1,), std=(0.5,))  # fmt: skip
+    torch.testing.assert_close(out["photo"], torch.full((2, 1, 6, 6), 0.2))
+    assert torch.equal(out["ct"], torch.zeros(2, 1, 6, 6))
+
+
+@pytest.mark.parametrize("dtype, value", [(torch.uint16, 4000), (torch.int16, -1000)])
+def test_16_bit_values_declared_image_are_refused_naming_image16(dtype, value):
+    """``fields={"ct": "image"}`` on 16-bit values past 0..255: the error names the kind that
+    takes them, ``latecast.image16``."""
+    with pytest.raises(BatchError, match=r"field 'ct' is declared an image.*latecast\.image16"):
+        _plan(torch.full((2, 6, 6, 1), value, dtype=dtype), "image")
+
+
+@pytest.mark.parametrize("value", [[[1, 2], [3, 4]], None, "ct.png"], ids=["list", "None", "str"])
+def test_a_16_bit_field_that_is_no_tensor_is_one_error_naming_the_field(value):
+    """A list, None or a string where a 16-bit field is declared: one BatchError naming the
+    field and what it was, not a raw AttributeError."""
+    with pytest.raises(BatchError, match=r"^field 'ct' is declared a 16-bit image.*got a "):
+        _plan(value, latecast.image16())
+
+
 def test_values_inside_the_declared_range_and_a_window_pass():
     assert _plan(GOOD - 1024, latecast.image16(range=(-1024, 3071)))["ct"].min() == 0
     out = _plan(GOOD - 3000, latecast.image16(window=(-1000, 400)))["ct"]  # clamped, not refused
@@ -225,6 +258,15 @@ def test_values_inside_the_declared_range_and_a_window_pass():
 def test_bad_declarations_are_one_config_error(kwargs):
     with pytest.raises(ConfigError, match=r"latecast\.image16\("):
         latecast.image16(**kwargs)
+
+
+@pytest.mark.parametrize("window", [(3100, 4000), (-3000, -1024), (3071, 4000)], ids=str)
+def test_a_window_wholly_outside_the_range_is_one_config_error_naming_both(window):
+    """Every value of the range would be clamped to one end of the window: every pixel came
+    out the same (0) without a word; now refused where it is declared, naming both."""
+    with pytest.raises(ConfigError, match=r"image16\(window=.*outside range=\(-1024, 3071\)"):
+        latecast.image16(range=(-1024, 3071), window=window)
+    assert latecast.image16(range=(-1024, 3071), window=(3000, 4000)).window == (3000, 4000)
 
 
 def test_a_torchgeo_style_segmentation_loop_trains_as_the_float32_pipeline():

@@ -319,6 +319,27 @@ def test_grey_and_colour_files_come_out_with_the_channels_asked_for():
         assert out.shape == (2, channels, 16, 16) and torch.equal(as_uint8(out), ref), mode
 
 
+def test_grey_files_beside_3_mean_std_values_come_out_rgb_as_imagefolder_gives_them():
+    """A batch whose files are all grey, with 3 mean/std values (ImageNet's): refused before
+    ("1 channels but 3 mean/std values"); undeclared, the files now decode to 3 channels, as
+    ImageFolder's ``convert("RGB")`` gives them, normalized per channel."""
+    import latecast
+
+    grey = [jpeg(smooth(16, 16, 2, channels=1)), jpeg(smooth(16, 16, 3, channels=1))]
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    for fields in (None, {0: latecast.jpeg()}):
+        out = next(iter(latecast.wrap([(grey,)], device="cpu", mean=mean, std=std, fields=fields)))
+        ref = torch.stack([upright(f, "RGB") for f in grey]).float() / 255
+        want = (ref - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+        assert out[0].shape == (2, 3, 16, 16)
+        torch.testing.assert_close(out[0], want, atol=1e-5, rtol=0)
+    one = latecast.wrap([(grey,)], device="cpu", mean=(0.5,), std=(0.25,))
+    assert next(iter(one))[0].shape == (2, 1, 16, 16)  # one value: grey stays grey
+    with pytest.raises(latecast.errors.BatchError, match="1 channels but 3 mean/std"):
+        next(iter(latecast.wrap([(grey,)], device="cpu", mean=mean, std=std,
+                                fields={0: latecast.jpeg(channels=1)})))  # fmt: skip
+
+
 def test_a_file_that_is_no_jpeg_is_decoded_on_the_host_and_said_once(recwarn):
     """A PNG among JPEGs: decoded on the host (one warning for the field, not per batch),
     the same pixels as Pillow's."""

@@ -230,6 +230,41 @@ def test_a_bad_batch_of_clips_is_one_batch_error_naming_the_field(batch, spec, s
     assert says in str(err.value)
 
 
+@pytest.mark.parametrize("value", [[[1, 2], [3, 4]], None, "clip.mp4"], ids=["list", "None", "str"])
+def test_a_clip_field_that_is_no_tensor_is_one_batch_error_naming_the_field(value):
+    """A list, None or a string where clips are declared: one BatchError naming the field and
+    what it was, not a raw AttributeError."""
+    mover = latecast.Mover(device="cpu", fields={"video": latecast.clip(4)})
+    with pytest.raises(BatchError, match=r"^field 'video' is declared clips.*got a "):
+        mover({"video": value, "y": torch.zeros(2)})
+
+
+@pytest.mark.parametrize("shape", [(0, 4, 6, 8, 3), (2, 0, 6, 8, 3)], ids=["empty", "0 frames"])
+@pytest.mark.parametrize("augment", [None, dict(flip=0.5), dict(resized_crop=0.5)], ids=str)
+def test_an_empty_batch_or_clips_of_0_frames_are_one_batch_error_naming_the_field(shape, augment):
+    """A batch of no clips, or of clips of no frames: one BatchError naming the field and its
+    shape, not a raw ZeroDivisionError or IndexError from the finish."""
+    aug = augment and latecast.Augment(**augment)
+    mover = latecast.Mover(device="cpu", augment=aug, fields={"video": latecast.clip(size=4)})
+    with pytest.raises(BatchError, match=r"^field 'video': (no clips|clips of 0 frames)") as err:
+        mover({"video": torch.zeros(shape, dtype=torch.uint8), "y": torch.zeros(shape[0])})
+    assert f"NTHWC {shape}" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "layout, shape",
+    [("NTHWC", (2, 4, 6, 8, 2)), ("NTHWC", (2, 4, 6, 8, 4)), ("NTCHW", (2, 4, 4, 6, 8))],
+)
+def test_jitter_on_clips_of_2_or_4_channels_is_one_config_error_naming_the_field(layout, shape):
+    """Colour jitter takes 1 or 3 channels: on clips of 2 or 4 the error names the field and
+    the clips' own shape, not the frames flattened into images."""
+    mover = latecast.Mover(device="cpu", augment=latecast.Augment(jitter=0.4),
+                           fields={"video": latecast.clip(4, layout)})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^field 'video': colour jitter") as err:
+        mover({"video": torch.zeros(shape, dtype=torch.uint8), "y": torch.zeros(2)})
+    assert f"({layout} {shape})" in str(err.value)
+
+
 def test_integer_clips_that_fit_cross_as_uint8():
     x, y = clip_batch(torch.int64)
     w = latecast.wrap([(x, y)], device="cpu", fields={0: latecast.clip(4)})

@@ -40,9 +40,12 @@ class PrepareOnDevice:
                 )
 
     def prepare_on_device(self, **options: Any) -> None:
-        """``options`` as for ``latecast.wrap``; augment, erase and mix in training only."""
+        """``options`` as for ``latecast.wrap``; augment, erase and mix in training only, and
+        a field's own draws too (a declaration's ``evaluated()``: waveform's gain and crop)."""
         train = Options.of(options)  # and, by self.training, for evaluation:
-        self._latecast = {True: train, False: replace(train, augment=None, erase=None, mix=None)}
+        fields = train.fields and {name: _evaluated(kind) for name, kind in train.fields.items()}
+        evaluation = replace(train, augment=None, erase=None, mix=None, fields=fields)
+        self._latecast = {True: train, False: evaluation}
         self._latecast_stats, self._latecast_movers = TransferStats(), {}
 
     @property
@@ -78,3 +81,10 @@ class PrepareOnDevice:
                 "(or call super().transfer_batch_to_device from yours)"
             )
         return self._latecast_mover(batch.dev.device).finish(batch, where)
+
+
+def _evaluated(kind: Any) -> Any:
+    """A declaration of ``fields=`` as evaluation takes it: its ``evaluated()`` where it has
+    one (a field that draws of its own), else as it is."""
+    evaluated = getattr(kind, "evaluated", None)
+    return evaluated() if callable(evaluated) and not isinstance(kind, type) else kind

@@ -17,6 +17,7 @@ import torch
 from ..errors import BatchError, ConfigError, check, numbers_of, refuse
 from ..fields import LAYOUTS, Field, Image, Integer, Mask, as_tensor, declaration, image_hint
 from ..kinds.jpeg import recognised
+from ..pixels16 import Images16
 from ..prepare import Augmentation, Mixing, Prepare
 from ..transforms import FLOATS, Augment, Erasing
 
@@ -144,6 +145,14 @@ def _check(options: Options, plans: list[Field | None]) -> None:
     shaped like their pixels is a mask left behind (ConfigError)."""
     pixels = [f for f in plans if isinstance(f, (Image, Mask))]
     images = [f for f in pixels if isinstance(f, Image)]
+    deep = [f.name for f in plans if isinstance(f, Images16)]
+    eight = [f for f in plans if f and f.category == "image" and not isinstance(f, Images16)]
+    if options.mean is not None and deep and not eight:  # no field would take them
+        raise ConfigError(
+            f"mean={options.mean} and std={options.std} are for 8-bit images, and field "
+            f"{deep[0]!r} is a 16-bit image: 16-bit fields take their own mean/std, "
+            f"fields={{{deep[0]!r}: latecast.image16(mean=, std=)}}; leave wrap's out"
+        )
     if len(guessed := [f.name for f in images if f.name not in options.kinds]) > 1:
         raise BatchError(
             f"fields {', '.join(map(repr, guessed))} are all uint8 with 4 dims: declare which "

@@ -120,6 +120,13 @@ class WaveformSpec:
     lengths: Name | None = None  # the field holding each padded clip's length
 
     def plan(self, name: Name, value: Any, options: Any, batch: dict) -> Waveforms:
+        mel = self.mel
+        if mel is not None and not mel.center and self.length < mel.n_fft:  # stft would fail
+            raise ConfigError(
+                f"field {name!r}: clips of {self.length} samples are shorter than the mel's "
+                f"n_fft ({mel.n_fft}) with center=False: no frame fits; declare a length of at "
+                "least n_fft, a smaller n_fft, or center=True"
+            )
         t = as_tensor(value)
         ragged = t is None  # a list of clips
         clips = _clips(name, value) if ragged else [t]
@@ -145,6 +152,12 @@ class WaveformSpec:
         shape = (sum(c.numel() for c in clips),) if ragged else tuple(t.shape)
         return Waveforms(name, self.dtype, shape, clips[0].dtype, self, len(lens), channels, mono,
                        lens if crosses else None, clips if ragged else None)  # fmt: skip
+
+    def evaluated(self) -> WaveformSpec:
+        """This declaration for evaluation (``PrepareOnDevice`` when not ``training``): no
+        draws of its own, no gain and a random crop centred."""
+        crop = "centre" if self.crop == "random" else self.crop
+        return dataclasses.replace(self, gain=None, crop=crop)
 
     def _check_values(self, name: Name, clip: torch.Tensor) -> None:
         """Integers that the declared width holds (read only where the source's may not)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..errors import BatchError, numbers_of, refuse
+from ..errors import BatchError, ConfigError, numbers_of, refuse
 from ..fields import LAYOUTS, Name, check_channels, limits, value_range
 from ..pixels16 import DEEP, Images16, check_augment
 
@@ -30,12 +30,13 @@ class Image16Spec:
         """The field as it crosses (its own dtype and shape); a BatchError naming it for a
         dtype, rank, channel count or value it cannot take, a ConfigError for an ``augment``
         that does not apply to 16-bit values."""
-        shape = tuple(t.shape)
-        if t.dtype not in DEEP or t.ndim not in (3, 4):
+        if not isinstance(t, torch.Tensor) or t.dtype not in DEEP or t.ndim not in (3, 4):
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else _what(t)
             raise BatchError(
                 f"field {name!r} is declared a 16-bit image and must be uint16 or int16 "
-                f"(N, H, W), (N, H, W, C) or (N, C, H, W), got {t.dtype} {shape}"
+                f"(N, H, W), (N, H, W, C) or (N, C, H, W), got {got}"
             )
+        shape = tuple(t.shape)
         check_augment(name, options.augment)
         layout = "NHW" if t.ndim == 3 else self._layout(name, shape, options.layout)
         channels = {"NHW": 1, "NHWC": shape[-1], "NCHW": shape[1]}[layout]
@@ -124,7 +125,17 @@ def image16(
             (layout in LAYOUTS, arg.format("layout"), layout, " or ".join(LAYOUTS)),
         ]
     )
+    if rng and win and (win[1] <= rng[0] or win[0] >= rng[1]):  # every value clamped to one end
+        raise ConfigError(
+            f"latecast.image16(window={window!r:.40}) lies wholly outside range={range!r:.40}: "
+            "every pixel would come out the same; give a window that overlaps the range"
+        )
     return Image16Spec(rng, win, m, s, None if channels is None else int(channels), layout)
+
+
+def _what(value: Any) -> str:
+    """What a value that is no tensor is, in a message: its type and a little of it."""
+    return f"a {type(value).__name__} ({value!r:.40})"
 
 
 def _rising(pair: tuple | None) -> bool:

@@ -37,7 +37,7 @@ class JpegSpec:
     (a BatchError naming the field and the file for one it cannot take)."""
 
     size: tuple[int, int] | None = None  # the training (H, W); None: the files' own, all alike
-    channels: int | None = None  # None: 3 unless every file is greyscale
+    channels: int | None = None  # None: 3 unless every file is grey and mean/std are not 3
     interpolation: str = "bilinear"
 
     def plan(self, name: Name, value: Any, options: Any, batch: dict) -> JpegFiles:
@@ -52,7 +52,9 @@ class JpegSpec:
         for i, h in enumerate(heads):
             if why := too_big(h):  # refused from its header, before decoding
                 raise BatchError(f"{At(name)[i]}: {why}")
-        channels = self.channels or (1 if all(h and h[2] == 1 for h in heads) else 3)
+        rgb = len(options.mean or ()) == 3  # 3 mean/std values: grey files made RGB, as
+        grey = not rgb and all(h and h[2] == 1 for h in heads)  # ImageFolder's convert("RGB")
+        channels = self.channels or (1 if grey else 3)
         no_jpeg = [i for i, h in enumerate(heads) if h is None]
         decoded = {i: host_decode(name, i, files[i], channels) for i in no_jpeg}
         sizes = [tuple(decoded[i].shape[1:]) if h is None else h[:2] for i, h in enumerate(heads)]
@@ -81,7 +83,8 @@ def jpeg(
         size: the training size, ``(H, W)`` or one int: RandomResizedCrop to it when
             ``augment`` asks for one (``Augment(resized_crop=...)``), else resize to cover
             and crop the centre (evaluation). None: the files' own size, all alike.
-        channels: 1 (greyscale) or 3 (RGB); grey and colour files come out alike.
+        channels: 1 (greyscale) or 3 (RGB); grey and colour files come out alike. None: 3,
+            unless every file of a batch is grey and wrap's mean/std are not 3 values.
         interpolation: ``"bilinear"`` or ``"bicubic"`` (OpenCLIP's, timm's), with antialias:
             how a crop is resized to ``size``, as torchvision v2 resizes (within 1 grey level).
 

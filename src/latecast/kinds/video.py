@@ -35,16 +35,24 @@ class ClipSpec:
     out: str = "NCTHW"  # how it comes out
 
     def plan(self, name: Name, t: torch.Tensor, options: Any, batch: dict) -> Clips:
-        shape = tuple(t.shape)
-        if t.ndim != 5 or not integral(t.dtype):
+        tensor = isinstance(t, torch.Tensor)
+        if not tensor or t.ndim != 5 or not integral(t.dtype):
+            got = f"{t.dtype} {tuple(t.shape)}" if tensor else f"a {type(t).__name__} ({t!r:.40})"
             raise BatchError(
                 f"field {name!r} is declared clips {self.layout} and must be uint8 with 5 dims, "
-                f"got {t.dtype} {shape}; a DataLoader yields uint8 frames as decoders give them "
+                f"got {got}; a DataLoader yields uint8 frames as decoders give them "
                 "(TorchCodec, torchvision.io), not ConvertImageDtype()'s floats"
             )
         if t.dtype != torch.uint8:  # int64 from a collate: crosses as uint8 if it fits
             check_bytes(name, t, "clips")
+        shape = tuple(t.shape)
         n, frames, h, w, c = (shape[i] for i in LAYOUTS[self.layout])
+        if 0 in (n, frames, h, w, c):
+            none = "no clips (an empty batch)" if n == 0 else "clips of 0 frames" * (frames == 0)
+            raise BatchError(
+                f"field {name!r}: {none or 'frames of no pixels'} ({self.layout} {shape}); "
+                "every batch of clips must hold at least one clip of at least one frame"
+            )
         if self.frames is not None and frames != self.frames:
             than = "shorter" if frames < self.frames else "longer"
             raise BatchError(
@@ -59,6 +67,11 @@ class ClipSpec:
             )
         check_channels(name, c, len(options.mean or (0,)), f" ({self.layout} {shape})")
         _check_options(name, options)
+        if getattr(options.augment, "jitter", 0) and c not in (1, 3):  # torchvision's refuse too
+            raise ConfigError(
+                f"field {name!r}: colour jitter takes clips of 1 or 3 channels, got {c} "
+                f"({self.layout} {shape}); leave jitter out of augment= for these clips"
+            )
         return Clips(name, torch.uint8, shape, t.dtype, self.layout, size, self.out)
 
 
