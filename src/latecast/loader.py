@@ -268,9 +268,8 @@ class Loader(Epochs):
         and normalize into the static buffers, with the draws ``staged`` seeded. Nothing
         allocated for the outputs, no host sync, no host decision: what a CUDA graph captures."""
         mover, (images, labels) = self._mover, self._buffers
-        plans = self.dataset.batch(np.arange(self.batch_size))[0]
-        values = mover.gathered(plans, self._index)
-        x, y = self.prepare.finish(plans, values, mover.device, self._indices, self.epoch,
+        values = mover.gathered(self._index)
+        x, y = self.prepare.finish(mover.plans, values, mover.device, self._indices, self.epoch,
                                    out=[images, None])  # fmt: skip
         if x.data_ptr() != images.data_ptr():  # mixed
             images.copy_(x)

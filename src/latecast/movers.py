@@ -17,7 +17,7 @@ from torch.profiler import record_function
 
 from .data import Split
 from .errors import ConfigError, DeviceError
-from .fields import Field
+from .fields import Field, Taken
 from .transfer import Ring, TransferStats, ahead, float32_bytes, pack, uint8_bytes, unpack
 
 _HOST = torch.device("cpu")
@@ -81,7 +81,7 @@ class Float32(Stored):
     def batches(self, items: Iterable, finish: Finish) -> Iterator[list]:
         for item in items:
             plans, values = self.gather(item)  # each field gathered on the host, as it is
-            views = [f.view(_packed(f, v), _HOST) for f, v in zip(plans, values)]
+            views = [f.view(_gathered(f, v), _HOST) for f, v in zip(plans, values)]
             x, y = finish(plans, views, _HOST)  # (n, C, H, W) float, labels
             self.stats.image_bytes += x.nbytes
             self.stats.label_bytes += y.nbytes
@@ -101,8 +101,12 @@ def _free_bytes(device: torch.device) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def _packed(f: Field, value: Any) -> torch.Tensor:
-    """``value`` as field ``f`` packs it, in bytes of its own."""
+def _gathered(f: Field, value: Any) -> torch.Tensor:
+    """``value`` as field ``f`` packs it, in bytes of its own (rows of an array: gathered)."""
+    if isinstance(value, Taken):
+        return torch.from_numpy(
+            np.take(value.array, value.index, axis=0).reshape(-1).view(np.uint8)
+        )
     raw = torch.empty(f.nbytes, dtype=torch.uint8)
     f.pack(raw, value)
     return raw
@@ -110,8 +114,8 @@ def _packed(f: Field, value: Any) -> torch.Tensor:
 
 class Resident(Stored):
     """The whole dataset uploaded once, each of its fields' arrays as bytes in chunks (no
-    second host copy); then one int64 permutation per epoch, each batch's rows gathered on the
-    device and viewed as its fields. A DeviceError where it does not fit."""
+    second host copy) and viewed as its values (``values``); then one int64 permutation per
+    epoch, each batch's rows gathered on the device. A DeviceError where it does not fit."""
 
     name = "resident"
     CHUNK_BYTES = 64 << 20  # upload in 64 MiB pieces
@@ -136,11 +140,14 @@ class Resident(Stored):
         if not ok:
             raise DeviceError(f"resident: {sizes}; use --transfer prefetch")
         every = np.arange(len(dataset))
-        plans, values = dataset.batch(every)  # the fields' whole arrays: Taken rows
-        self.rows = [self._upload(v.array) for v in values]  # each (N, bytes a row) uint8
-        self.stats.count(plans, copies=0)
+        self.plans, arrays = dataset.batch(every)  # the fields of all N: Taken rows of arrays
+        self.stats.count(self.plans, copies=0)
+        self.values = [
+            f.view(self._upload(a.array), self.device) for f, a in zip(self.plans, arrays)
+        ]
 
     def _upload(self, array: np.ndarray) -> torch.Tensor:
+        """``array``'s bytes on the device (1-d uint8)."""
         rows = array.reshape(len(array), -1).view(np.uint8)  # each sample's bytes
         out = torch.empty(rows.shape, dtype=torch.uint8, device=self.device)
         step = max(1, self.CHUNK_BYTES // max(1, rows[:1].nbytes))
@@ -148,7 +155,7 @@ class Resident(Stored):
             part = torch.from_numpy(np.array(rows[start : start + step]))  # 64 MiB at most
             out[start : start + step].copy_(part)  # (the source may be a read-only memmap)
             self.stats.copies += 1
-        return out
+        return out.view(-1)
 
     def order(self, index_batches: Sequence[torch.Tensor]) -> torch.Tensor:
         """This epoch's order on the device (int64): one upload per epoch."""
@@ -159,17 +166,15 @@ class Resident(Stored):
         self.stats.copies += 1
         return order_dev
 
-    def gathered(self, plans: list[Field], index: torch.Tensor) -> list:
-        """Rows ``index`` (on the device) of each field, viewed as its values."""
-        return [f.view(rows.index_select(0, index).view(-1), self.device)
-                for f, rows in zip(plans, self.rows)]  # fmt: skip
+    def gathered(self, index: torch.Tensor) -> list:
+        """Samples ``index`` (on the device) of each field's values."""
+        return [v.index_select(0, index) for v in self.values]
 
     def batches(self, index_batches: Sequence[torch.Tensor], finish: Finish) -> Iterator[list]:
-        if len(index_batches):
+        if len(index_batches):  # finished by the plans of all N: a field's kind, its layout
             sizes = [len(i) for i in index_batches]
-            for idx, sel in zip(index_batches, torch.split(self.order(index_batches), sizes)):
-                plans = self.dataset.batch(idx.numpy())[0]
-                yield finish(plans, self.gathered(plans, sel), self.device)
+            for sel in torch.split(self.order(index_batches), sizes):
+                yield finish(self.plans, self.gathered(sel), self.device)
 
 
 RESIDENT_FRACTION = 0.5  # "resident" only where the dataset takes at most this of free memory
