@@ -254,3 +254,11 @@ def lightning_hook(batch, where=(0, 0, 0), training=True, **options):
     )
     sent = batch if moved else module.transfer_batch_to_device(batch, torch.device("cpu"), 0)
     return module.on_after_batch_transfer(sent, 0)
+
+
+def mover(name: str):
+    """A Loader's ``transfer=`` for mover ``name``: ``float32``, the usual pipeline kept as a
+    baseline outside the core, is its class (``latecast.trainer.baseline.Float32``)."""
+    from latecast.trainer.baseline import Float32
+
+    return Float32 if name == "float32" else name

@@ -18,7 +18,7 @@ import torch
 from .data import Batch, Split
 from .distributed import placement
 from .errors import ConfigError, refuse
-from .movers import Resident, Stored, movers_for, resolve
+from .movers import Resident, Stored, resolve
 from .order import Order
 from .prepare import Augmentation, Mixing, Prepare
 from .threads import one_thread
@@ -86,8 +86,9 @@ class Loader(Epochs):
             its own ``movers`` (``{name: Mover subclass}``: a JPEG store's ``jpeg``).
         batch_size: samples per batch, per rank.
         device: ``"auto"``, ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ...
-        transfer: ``"float32"`` (the usual way), ``"uint8"``, ``"prefetch"``, ``"resident"``,
-            ``"jpeg"`` (JPEG stores), a dataset's own or ``"auto"`` (``movers.resolve``).
+        transfer: ``"uint8"``, ``"prefetch"``, ``"resident"``, ``"jpeg"`` (JPEG stores), a
+            dataset's own or ``"auto"`` (``movers.resolve``); or a mover class (the usual
+            float32 pipeline: ``latecast.trainer.baseline.Float32``).
         shuffle, seed: a new permutation per epoch from ``seed + epoch``.
         drop_last: drop this rank's last partial batch.
         dtype, channels_last: float32, bfloat16 or float16 output, in channels_last format.
@@ -114,7 +115,7 @@ class Loader(Epochs):
         dataset: Split,
         batch_size: int,
         device: str | torch.device = "auto",
-        transfer: str = "auto",
+        transfer: str | type = "auto",
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
@@ -136,7 +137,7 @@ class Loader(Epochs):
         refuse([
             (whole(batch_size, 1), "batch_size", batch_size, "an integer in 1..2**63-1"),
             (whole(seed), "seed", seed, "an integer in 0..2**63-1"),
-            (isinstance(transfer, str), "transfer", transfer, "a transfer name (a string)"),
+            (isinstance(transfer, (str, type)), "transfer", transfer, "a transfer name or mover"),
             (any(dtype is d for d in FLOATS), "dtype", dtype, ", ".join(map(str, FLOATS))),
             (augment is None or callable(augment), "augment", augment, "f(images, generator)"),
             (mix is None or callable(mix), "mix", mix, "f(images, labels, generator)"),
@@ -181,7 +182,7 @@ class Loader(Epochs):
         """The mover's name (``auto`` resolved)."""
         if self._mover is not None:
             return self._mover.name
-        return resolve(self._transfer, self.dataset, self.device)
+        return resolve(self._transfer, self.dataset, self.device).name
 
     @property
     def stats(self) -> TransferStats:
@@ -197,7 +198,7 @@ class Loader(Epochs):
         if self._mover is None:
             self._where = placement(*self._asked)
             device = self._where[0]
-            cls = movers_for(self.dataset)[resolve(self._transfer, self.dataset, device)]
+            cls = resolve(self._transfer, self.dataset, device)
             self._mover = cls(self.dataset, device, self.batch_size)  # may fail here
             if self.static:
                 (h, w, c), b = self.dataset.image_shape, self.batch_size

@@ -1,9 +1,9 @@
 """The Loader's movers: each batch a dataset describes (``Split.batch``) packed and sent
 (``transfer.pack``), unpacked and finished on the device by the Loader's ``finish``.
 ``uint8`` moves it as stored, ``prefetch`` reads one batch ahead on a side stream,
-``resident`` uploads the dataset once and gathers on the device, ``float32`` (the usual
-pipeline, kept as the baseline) finishes on the host and copies floats; a dataset may bring
-its own (``movers``: a JPEG store's ``jpeg``)."""
+``resident`` uploads the dataset once and gathers on the device; a dataset may bring its own
+(``movers``: a JPEG store's ``jpeg``), and a Loader may be given one (the usual pipeline, kept
+as a baseline outside the core: ``trainer/baseline.py``)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from torch.profiler import record_function
 
 from .data import Split
 from .errors import ConfigError, DeviceError
-from .fields import Field, Taken
-from .transfer import Ring, TransferStats, ahead, float32_bytes, pack, uint8_bytes, unpack
+from .fields import Field
+from .transfer import Ring, TransferStats, ahead, pack, uint8_bytes, unpack
 
 _HOST = torch.device("cpu")
 
@@ -68,28 +68,6 @@ class Prefetch(Stored):
     slots, side = 3, True  # one read by the copy in flight, one handed out, one being filled
 
 
-class Float32(Stored):
-    """The usual pipeline, kept as the baseline: each batch finished on the host (the same
-    draws), then its float32 images and int64 labels copied, two copies."""
-
-    name = "float32"
-
-    @staticmethod
-    def epoch_bytes(dataset: Split) -> dict[str, int]:
-        return {"per_epoch": float32_bytes(dataset, len(dataset)), "once": 0}
-
-    def batches(self, items: Iterable, finish: Finish) -> Iterator[list]:
-        for item in items:
-            plans, values = self.gather(item)  # each field gathered on the host, as it is
-            views = [f.view(_gathered(f, v), _HOST) for f, v in zip(plans, values)]
-            x, y = finish(plans, views, _HOST)  # (n, C, H, W) float, labels
-            self.stats.image_bytes += x.nbytes
-            self.stats.label_bytes += y.nbytes
-            self.stats.copies += 2
-            with record_function("h2d"):
-                yield [x.to(self.device), y.to(self.device)]
-
-
 def _free_bytes(device: torch.device) -> int:
     """Free memory on ``device``: CUDA's own count, or the host's available RAM."""
     if device.type == "cuda":
@@ -99,17 +77,6 @@ def _free_bytes(device: torch.device) -> int:
         return int(meminfo["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def _gathered(f: Field, value: Any) -> torch.Tensor:
-    """``value`` as field ``f`` packs it, in bytes of its own (rows of an array: gathered)."""
-    if isinstance(value, Taken):
-        return torch.from_numpy(
-            np.take(value.array, value.index, axis=0).reshape(-1).view(np.uint8)
-        )
-    raw = torch.empty(f.nbytes, dtype=torch.uint8)
-    f.pack(raw, value)
-    return raw
 
 
 class Resident(Stored):
@@ -178,7 +145,7 @@ class Resident(Stored):
 
 
 RESIDENT_FRACTION = 0.5  # "resident" only where the dataset takes at most this of free memory
-MOVERS: dict[str, type[Stored]] = {m.name: m for m in (Float32, Stored, Prefetch, Resident)}
+MOVERS: dict[str, type[Stored]] = {m.name: m for m in (Stored, Prefetch, Resident)}
 
 
 def movers_for(dataset: Split) -> dict[str, type[Stored]]:
@@ -187,17 +154,21 @@ def movers_for(dataset: Split) -> dict[str, type[Stored]]:
     return getattr(dataset, "movers", None) or MOVERS
 
 
-def resolve(name: str, dataset: Split, device: torch.device) -> str:
-    """``auto``: the first mover a dataset brings, else ``resident`` where the dataset fits,
-    else ``prefetch``; another name must be one of the movers that move this dataset
-    (ConfigError, naming what the dataset holds: ``what``)."""
+def resolve(transfer: str | type, dataset: Split, device: torch.device) -> type[Stored]:
+    """The mover ``transfer`` names for this dataset: a mover class itself (the usual
+    pipeline's, ``trainer.baseline.Float32``, say), else ``auto``: the first mover a dataset
+    brings, else ``resident`` where the dataset fits, else ``prefetch``; another name must be
+    one of the movers that move this dataset (ConfigError, naming what the dataset holds:
+    ``what``)."""
+    if isinstance(transfer, type):
+        return transfer
     fit, data = movers_for(dataset), f"{dataset.name}/{dataset.split}"
-    if name == "auto":
+    if transfer == "auto":
         if fit is not MOVERS:
-            return next(iter(fit))
-        return "resident" if Resident.fits(dataset, device)[0] else "prefetch"
-    if name not in fit:
+            return next(iter(fit.values()))
+        return Resident if Resident.fits(dataset, device)[0] else Prefetch
+    if transfer not in fit:
         what = getattr(dataset, "what", "decoded uint8 pixels")
         valid = ", ".join(["auto", *fit])
-        raise ConfigError(f"transfer {name!r} does not move {data} ({what}); valid: {valid}")
-    return name
+        raise ConfigError(f"transfer {transfer!r} does not move {data} ({what}); valid: {valid}")
+    return fit[transfer]

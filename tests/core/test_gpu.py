@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _helpers import mover
 
 import latecast
 from latecast import movers
@@ -18,7 +19,7 @@ pytestmark = [
 
 
 def _batches(ds, name, device, n=6, **kw):
-    loader = Loader(ds, 512, device=device, transfer=name, seed=11, **kw)
+    loader = Loader(ds, 512, device=device, transfer=mover(name), seed=11, **kw)
     out = []
     for images, labels in loader:
         out.append((images.cpu(), labels.cpu()))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from _helpers import mover
 from torch.utils.data import DataLoader, TensorDataset
 
 import latecast
@@ -172,8 +173,8 @@ def test_a_pixel_kind_of_ones_own_is_cropped_and_flipped_with_the_images():
     options = dict(augment=latecast.Augment(**AUG), fields={"heat": Heat}, seed=3)
     by_wrap = list(latecast.wrap(heat_batches(), device="cpu", **options))
     assert_heat_moves_with_images(by_wrap)
-    mover = latecast.Mover(device="cpu", **options)
-    for got, want in zip([mover(b) for b in heat_batches()], by_wrap):
+    one = latecast.Mover(device="cpu", **options)
+    for got, want in zip([one(b) for b in heat_batches()], by_wrap):
         assert all(torch.equal(got[k], want[k]) for k in want)
 
 
@@ -186,17 +187,16 @@ def test_a_kind_a_store_holds_moves_by_every_mover_as_its_unpacked_pixels():
     whole = Dataset(*common, pixels.numpy())
     options = dict(batch_size=5, device="cpu", seed=1, augment=latecast.Augment(**AUG))
     for transfer in ("uint8", "prefetch", "resident", "float32"):
-        got = latecast.Loader(store, transfer=transfer, **options)
-        want = latecast.Loader(whole, transfer=transfer, **options)
+        got = latecast.Loader(store, transfer=mover(transfer), **options)
+        want = latecast.Loader(whole, transfer=mover(transfer), **options)
         for (x, y), (wx, wy) in zip(list(got), list(want), strict=True):
             assert torch.equal(x, wx) and torch.equal(y, wy), transfer
         if transfer == "uint8":
             assert got.stats.image_bytes * 2 == want.stats.image_bytes
     declared = dict(fields={"image": Nibbles}, mean=(0.5,), std=(0.25,))
     by_wrap = list(latecast.wrap(nibble_batches(), device="cpu", **declared))
-    mover = latecast.Mover(device="cpu", **declared)
-    for b, got, m in zip(nibble_batches(), by_wrap, [mover(b) for b in nibble_batches()]):
-        want = latecast.normalize(grey16(4, seed=int(b is None)), (0.5,), (0.25,))
+    one = latecast.Mover(device="cpu", **declared)
+    for got, m in zip(by_wrap, [one(b) for b in nibble_batches()], strict=True):
         assert torch.equal(got["image"], m["image"])
     for k, got in enumerate(by_wrap):
         want = latecast.normalize(grey16(4, seed=k), (0.5,), (0.25,))

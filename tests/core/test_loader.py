@@ -9,7 +9,7 @@ from dataclasses import fields
 import numpy as np
 import pytest
 import torch
-from _helpers import small
+from _helpers import mover, small
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DistributedSampler
@@ -19,9 +19,10 @@ from latecast.errors import ConfigError
 from latecast.loader import Loader
 from latecast.movers import MOVERS
 from latecast.order import epoch_order
+from latecast.trainer.baseline import Float32
 from latecast.transfer import ahead, float32_bytes
 
-STRATS = list(MOVERS)  # uint8 pixels
+STRATS = ["float32", *MOVERS]  # uint8 pixels: the core's movers and the baseline
 
 
 def collect(loader):
@@ -36,7 +37,7 @@ def test_every_strategy_equals_torchvision_on_real_mnist(mnist):
     reference = tv.Compose([tv.ToTensor(), tv.Normalize(mnist.mean, mnist.std)])
     order = epoch_order(len(mnist), seed=7, epoch=0)
     for name in STRATS:
-        loader = Loader(mnist, 256, device="cpu", transfer=name, seed=7)
+        loader = Loader(mnist, 256, device="cpu", transfer=mover(name), seed=7)
         for k, (images, labels) in zip(range(3), loader):
             idx = order[k * 256 : (k + 1) * 256].numpy()
             expected = torch.stack([reference(mnist.images[i]) for i in idx])
@@ -49,7 +50,7 @@ def test_every_strategy_equals_torchvision_on_real_mnist(mnist):
 def test_strategies_agree_bitwise_with_partial_batch():
     ds = small(n=300, shape=(8, 8, 3))
     results = {
-        name: collect(Loader(ds, 64, device="cpu", transfer=name, seed=3)) for name in STRATS
+        name: collect(Loader(ds, 64, device="cpu", transfer=mover(name), seed=3)) for name in STRATS
     }
     for name, batches in results.items():
         assert [len(y) for _, y in batches] == [64, 64, 64, 64, 44], name
@@ -67,7 +68,9 @@ def test_uint16_labels_survive_the_packed_copy():
     )
     assert ds.labels.dtype == np.uint16
     for name in STRATS:
-        got = torch.cat([y for _, y in Loader(ds, 16, device="cpu", transfer=name, shuffle=False)])
+        got = torch.cat(
+            [y for _, y in Loader(ds, 16, device="cpu", transfer=mover(name), shuffle=False)]
+        )
         assert torch.equal(got, torch.from_numpy(labels.astype(np.int64))), name
 
 
@@ -261,20 +264,20 @@ def test_a_dataset_with_a_source_of_its_own_is_read_in_its_order():
 def test_movers_move_only_and_float32_finishes_on_the_host():
     """Every mover is made from (dataset, device, batch size) alone and handed the one finish
     per pass; ``float32`` calls it on the host, then copies what it made as it is."""
-    assert {tuple(inspect.signature(m).parameters) for m in MOVERS.values()} == {
+    assert {tuple(inspect.signature(m).parameters) for m in (*MOVERS.values(), Float32)} == {
         ("dataset", "device", "batch_size")
     }
     ds, cpu, where = small(n=10, shape=(2, 2, 1)), torch.device("cpu"), []
-    mover = MOVERS["float32"](ds, cpu, 4)
+    baseline = Float32(ds, cpu, 4)
 
     def finish(plans, values, device):
         where.append(device)
         return [values[0].permute(0, 3, 1, 2).float(), values[1]]
 
-    ((mx, my),) = mover.batches([torch.arange(4)], finish)
+    ((mx, my),) = baseline.batches([torch.arange(4)], finish)
     assert where == [cpu] and torch.equal(mx[:, 0], torch.from_numpy(ds.images[:4, ..., 0]).float())
     assert torch.equal(my, torch.from_numpy(ds.labels[:4]).long())
-    assert (mover.stats.image_bytes, mover.stats.label_bytes) == (64, 32)
+    assert (baseline.stats.image_bytes, baseline.stats.label_bytes) == (64, 32)
 
 
 def test_ahead_takes_the_next_item_before_handing_out_this_one():
@@ -297,7 +300,7 @@ def test_byte_accounting_is_exact():
     ds = small(n=300)
     stats = {}
     for name in STRATS:
-        loader = Loader(ds, 64, device="cpu", transfer=name)
+        loader = Loader(ds, 64, device="cpu", transfer=mover(name))
         for _ in range(2):  # two epochs
             collect(loader)
         stats[name] = loader.stats
@@ -330,7 +333,7 @@ def test_resident_moves_nothing_per_step():
     "kwargs,match",
     [
         ({"batch_size": 0}, "batch_size"),
-        ({"batch_size": 8, "transfer": "fast"}, "valid: auto, float32, uint8, prefetch, resident"),
+        ({"batch_size": 8, "transfer": "fast"}, "valid: auto, uint8, prefetch, resident"),
         ({"batch_size": 8, "device": "tpu:0"}, "device"),
         ({"batch_size": 8, "rank": 2, "world_size": 2}, "rank 2"),
     ],

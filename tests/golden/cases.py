@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 import latecast
+from latecast.trainer.baseline import Float32  # the usual pipeline, kept as the baseline
 from latecast.transforms import Mix  # public, though not among latecast's top-level names
 
 # ---- the internals the cases reach: follow a move here, one line each ----------------------
@@ -153,7 +154,7 @@ def loader_case(transfer: str, static: bool, aug: dict, mix: bool, **more) -> Ca
             dataset(),
             batch_size=12,
             device="cpu",
-            transfer=transfer,
+            transfer=Float32 if transfer == "float32" else transfer,
             seed=7,
             augment=latecast.Augment(**aug) if aug else None,
             mix=Mix(**MIX) if mix else None,
@@ -471,7 +472,7 @@ def deep_loader_case(transfer: str, static: bool, aug: dict, mix: bool = False) 
             deep_dataset(),
             batch_size=12,
             device="cpu",
-            transfer=transfer,
+            transfer=Float32 if transfer == "float32" else transfer,
             seed=17,
             augment=latecast.Augment(**aug) if aug else None,
             mix=Mix(**MIX) if mix else None,

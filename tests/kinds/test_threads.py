@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _helpers import mover
 from test_decode import SIZES, encoded, jpeg_bytes, photo
 
 import latecast
@@ -55,7 +56,7 @@ def test_a_loader_epoch_runs_at_one_thread_and_gives_the_users_count_back(user_t
     seen: list[int] = []
     for static in (False, True):
         loader = latecast.Loader(
-            ds, 16, device="cpu", transfer=transfer, augment=counting(seen), static=static
+            ds, 16, device="cpu", transfer=mover(transfer), augment=counting(seen), static=static
         )
         outside = [torch.get_num_threads() for _ in loader]  # the user's code between batches
         assert outside == [USER] * len(loader)

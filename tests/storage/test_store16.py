@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from _helpers import mover
 
 from latecast.data import from_arrays
 from latecast.errors import ConfigError, FormatError
@@ -84,15 +85,15 @@ def test_the_loader_moves_16_bit_batches_as_stored_equal_to_the_float32_pipeline
     assert np.array_equal(ds.images, images) and (ds.mean, ds.std) == (arrays.mean, arrays.std)
     usual = float32_pipeline(images, ds.mean, ds.std)
     for static in (False, True):
-        loader = Loader(ds, 4, device="cpu", transfer=transfer, shuffle=False, static=static)
+        loader = Loader(ds, 4, device="cpu", transfer=mover(transfer), shuffle=False, static=static)
         got = torch.cat([x.clone() for x, _ in loader])
         assert got.dtype == torch.float32 and got.shape[1:] == (2, 6, 8)
         torch.testing.assert_close(got, usual[: len(got)], atol=1e-6, rtol=0)
-    flipped = Loader(ds, 5, device="cpu", transfer=transfer, augment=Augment(flip=1.0))
+    flipped = Loader(ds, 5, device="cpu", transfer=mover(transfer), augment=Augment(flip=1.0))
     for (x, _), idx in zip(flipped, flipped.index_batches()):  # one pass: epoch 0's order
         torch.testing.assert_close(x, usual[idx].flip(3), atol=1e-6, rtol=0)
     if transfer != "float32":  # the images cross as uint16: half of float32's bytes
-        loader = Loader(ds, 4, device="cpu", transfer=transfer, shuffle=False)
+        loader = Loader(ds, 4, device="cpu", transfer=mover(transfer), shuffle=False)
         list(loader)
         stats = loader.stats
         assert stats.image_bytes == 10 * 6 * 8 * 2 * 2  # N * H * W * C * 2 bytes
@@ -104,7 +105,7 @@ def test_every_mover_draws_the_same_crop_and_flip_on_16_bit_batches():
     ds = from_arrays(images, np.arange(12) % 2)
     aug = Augment(crop=2, flip=0.5, resized_crop=0.5)
     passes = {
-        t: torch.cat([x for x, _ in Loader(ds, 4, device="cpu", transfer=t, augment=aug)])
+        t: torch.cat([x for x, _ in Loader(ds, 4, device="cpu", transfer=mover(t), augment=aug)])
         for t in ("float32", "uint8", "resident")
     }
     assert not torch.equal(passes["uint8"], float32_pipeline(images, ds.mean, ds.std))  # moved

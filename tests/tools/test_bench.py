@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from _helpers import assert_report
+from _helpers import assert_report, mover
 
 from latecast.data import from_arrays
 from latecast.loader import Loader
@@ -16,7 +16,7 @@ from latecast.movers import MOVERS
 from latecast.tools.bench import bytes_per_epoch
 from latecast.tools.measure import epochs
 
-PIXEL_MOVERS = list(MOVERS)
+PIXEL_MOVERS = ["float32", *MOVERS]  # the baseline and the core's movers
 
 LOADERS = [
     *("float32", "uint8", "prefetch", "resident"),
@@ -143,7 +143,7 @@ def test_counted_bytes_match_epoch_bytes(run):
 def test_every_pass_is_a_whole_epoch(transfer):
     """A pass stopped right after its last batch leaves a Loader at the end of its epoch; the
     benchmark must still time full epochs (regression: the 3rd pass used to deliver 0 images)."""
-    loader = Loader(tiny(), 64, device="cpu", transfer=transfer)
+    loader = Loader(tiny(), 64, device="cpu", transfer=mover(transfer))
     start = epochs(loader)
     for _ in range(4):
         assert sum(len(x) for x, _ in itertools.islice(start(), len(loader))) == 300

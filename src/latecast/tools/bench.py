@@ -28,10 +28,10 @@ from ..distributed import resolve_device
 from ..errors import ConfigError
 from ..integrations.dataloader import wrap
 from ..loader import Loader
-from ..movers import movers_for
 from ..order import epoch_order
 from ..storage.datasets import load_dataset
 from ..storage.options import option
+from ..trainer.baseline import transfers
 from ..trainer.loop import TrainConfig, evaluate, recipe, resolve_config, stopwatch, train_step
 from ..transfer import float32_bytes
 from . import measure
@@ -87,9 +87,9 @@ def loader_throughput(
     rates = functools.partial(measure.rates, n_batches=n, repeats=cfg.repeats, device=device)
     aug = transforms.Augment.parse(cfg.augment)
     out: dict[str, list[float]] = {}
-    for name in movers_for(ds):
+    for name, mover in transfers(ds).items():
         loader = Loader(
-            ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed, augment=aug
+            ds, cfg.batch_size, device=device, transfer=mover, seed=cfg.seed, augment=aug
         )
         out[name] = rates(measure.epochs(loader))
     cores = os.cpu_count() or 1
@@ -221,8 +221,8 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
     """(c) Each mover's ``epoch_bytes`` (torchvision's: ``float32``'s) and what a Loader counts
     over its second epoch (the first holds start-up uploads), images and labels apart."""
     out = {"torchvision": {"per_epoch": float32_bytes(ds, len(ds)), "once": 0}}
-    for name, mover in movers_for(ds).items():
-        loader = Loader(ds, batch_size, device=device, transfer=name)
+    for name, mover in transfers(ds).items():
+        loader = Loader(ds, batch_size, device=device, transfer=mover)
         for _ in loader:
             pass
         s0 = loader.stats

@@ -112,10 +112,10 @@ def _add_info(p: argparse.ArgumentParser) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> dict:
-    from ..movers import movers_for
     from ..storage import stream
     from ..storage.datasets import load_dataset
     from ..storage.store import verify
+    from ..trainer.baseline import transfers
 
     info, verified = {}, {}
     for split in ("train", "test"):
@@ -131,7 +131,7 @@ def _run_info(args: argparse.Namespace) -> dict:
             "classes": len(ds.classes),
             "image_bytes": ds.image_bytes,
             "label_bytes": ds.label_bytes,
-            "epoch_bytes": {s: m.epoch_bytes(ds) for s, m in movers_for(ds).items()},
+            "epoch_bytes": {s: m.epoch_bytes(ds) for s, m in transfers(ds).items()},
         }
         if split == "train":
             info["mean"], info["std"] = list(ds.mean), list(ds.std)

@@ -25,13 +25,14 @@ from ..distributed import resolve_device
 from ..errors import ConfigError
 from ..kinds.jpeg import JpegStore
 from ..loader import Loader
-from ..movers import MOVERS, movers_for
+from ..movers import MOVERS
 from ..storage.datasets import load_dataset
 from ..storage.options import option
+from ..trainer.baseline import Float32, transfers
 from ..trainer.loop import TrainConfig, recipe, stopwatch, train_step
 from . import measure
 
-ROWS = (*MOVERS, JpegStore.name, "baseline", "baseline-u8")
+ROWS = (Float32.name, *MOVERS, JpegStore.name, "baseline", "baseline-u8")
 NO_DEVICE = "n/a (no device)"
 
 
@@ -64,8 +65,14 @@ def _latecast(
 ) -> Iterator:
     """``(images, labels, bytes copied)`` of a ``Loader`` on mover ``name``: its whole work
     under ``data``, its copy inside as ``h2d`` (the mover's label)."""
+    mover = transfers(ds)[name]
     loader = Loader(
-        ds, cfg.batch_size, device=device, transfer=name, seed=cfg.seed, channels_last=channels_last
+        ds,
+        cfg.batch_size,
+        device=device,
+        transfer=mover,
+        seed=cfg.seed,
+        channels_last=channels_last,
     )
     before = loader.start().stats.h2d_bytes  # resident uploads the dataset here, unrecorded
     for images, labels in _fetched(loader):
@@ -237,7 +244,7 @@ def profile(cfg: ProfileConfig) -> dict:
     device = resolve_device(cfg.device)
     ds = load_dataset(cfg.dataset, "train", root=cfg.data_root)
     pixels = isinstance(ds, Dataset)  # the baseline rows read decoded pixels
-    names = [n for n in cfg.rows() if n in movers_for(ds) or (pixels and n.startswith("baseline"))]
+    names = [n for n in cfg.rows() if n in transfers(ds) or (pixels and n.startswith("baseline"))]
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     rows = {}

@@ -38,6 +38,7 @@ from ..storage.stream import StreamedDataset
 from ..transfer import float32_bytes, uint8_bytes
 from ..transforms import Augment, Mix
 from . import checkpoint, graphed, group, rundir, stops
+from .baseline import Float32, transfers
 from .checkpoint import fingerprint
 from .models import MODELS, build_model
 
@@ -61,7 +62,7 @@ PRESETS: dict[str, dict] = {
 }
 _PRESET_SIZE = 32  # gray and colour are tuned on images up to 32x32; larger ones: photo
 
-NAMES = [*MOVERS, JpegStore.name, "auto"]  # --transfer
+NAMES = [Float32.name, *MOVERS, JpegStore.name, "auto"]  # --transfer
 
 
 @dataclass(frozen=True)
@@ -337,8 +338,9 @@ def _set_up(config: TrainConfig, device: torch.device, distributed_: bool) -> Ru
     _check_fits(config, train_set, test_set, share)
     dtype = torch.bfloat16 if c.amp else torch.float32
     streamed = isinstance(train_set, StreamedDataset)  # short last batches, no static ones
+    transfer = transfers(train_set).get(c.transfer, c.transfer)  # float32: the baseline's
     shared = dict(
-        device=device, transfer=c.transfer, dtype=dtype, channels_last=c.channels_last,
+        device=device, transfer=transfer, dtype=dtype, channels_last=c.channels_last,
         static=not streamed,
     )  # fmt: skip
     mix = Mix.parse(c.mix, train_set.num_classes)
