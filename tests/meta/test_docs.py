@@ -1,7 +1,7 @@
-"""The documentation: the site builds with warnings as errors (no broken link, no missing
-snippet, no unresolved API name), its API reference names every public name and every option
-of the main entry points, and every Python snippet in the README and the docs is cut from an
-example the tests run."""
+"""The documentation: the site builds with warnings as errors (no broken link, no unresolved
+API name), its API reference names every public name and every option of the main entry
+points, and every Python snippet in the README and the docs is cut, verbatim, from an example
+the tests run."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,9 @@ import latecast
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
-INCLUDE = re.compile(r'^--8<-- "(examples/\w+\.py):(\w+)"$')
+SECTION = re.compile(
+    r"^[ \t]*# --8<-- \[start:(\w+)\]\n(.*?)^[ \t]*# --8<-- \[end:\1\]$", re.S | re.M
+)
 TESTS = "\n".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
 
 
@@ -26,6 +29,12 @@ def run_by_a_test(example: Path) -> bool:
     """An example a test runs: its file name appears in a test module (all of them launch
     examples by name)."""
     return example.parent.name == "examples" and f'"{example.name}' in TESTS
+
+
+def sections(text: str) -> list[str]:
+    """An example's marked sections, each the lines between ``# --8<-- [start:NAME]`` and
+    ``# --8<-- [end:NAME]``, dedented and stripped: what a docs block copies."""
+    return [textwrap.dedent(body).strip() for _, body in SECTION.findall(text)]
 
 
 def wrap_options() -> list[str]:
@@ -40,7 +49,7 @@ def build_site(out: Path) -> None:
     pytest.importorskip("mkdocstrings_handlers.python")
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-        cwd=ROOT,  # the snippets' paths are the repository's
+        cwd=ROOT,  # mkdocs.yml's paths (docs/, src/) are the repository's
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},  # the theme's banner, not a warning
         capture_output=True,
         text=True,
@@ -85,23 +94,21 @@ def test_readme_python_snippets_are_verbatim_from_tested_examples():
         assert any(map(run_by_a_test, found)), f"{found} is run by no test"
 
 
-def test_docs_python_snippets_are_includes_of_tested_examples():
-    """Each Python block of docs/ is nothing but ``--8<--`` includes of an example's marked
-    section (the build fails on a missing file or section), of an example a test runs."""
-    pages = {page.name: page.read_text() for page in (ROOT / "docs").glob("*.md")}
-    lines = [
-        (n, line)
-        for n, text in pages.items()
-        for b in PYTHON_BLOCK.findall(text)
-        for line in b.splitlines()
-    ]
-    assert lines
-    for page, line in lines:
-        include = INCLUDE.match(line)
-        assert include, f"{page}: a Python line not included from examples/: {line}"
-        example = ROOT / include[1]
-        assert run_by_a_test(example), f"{page}: {include[1]} is run by no test"
-        assert f"--8<-- [start:{include[2]}]" in example.read_text(), line
+def test_docs_python_snippets_are_verbatim_sections_of_tested_examples():
+    """Each Python block of docs/ is, verbatim, one marked section of an example the tests run
+    (``# --8<-- [start:NAME]`` to ``[end:NAME]``, dedented) or the whole file; no page includes
+    one (``--8<--``), so the code reads on a code host and in an editor as on the site."""
+    pages = {page.name: page.read_text() for page in sorted((ROOT / "docs").glob("*.md"))}
+    including = [name for name, text in pages.items() if "--8<--" in text]
+    assert not including, f"an include line, not the code, in docs/{including}"
+    examples = {p: p.read_text() for p in (ROOT / "examples").glob("*.py")}
+    cuts = {p: [*sections(text), text.strip()] for p, text in examples.items()}
+    blocks = [(n, b.strip()) for n, text in pages.items() for b in PYTHON_BLOCK.findall(text)]
+    assert blocks
+    for page, block in blocks:
+        found = [p for p, cut in cuts.items() if block in cut]
+        assert found, f"{page}: no marked section of a file under examples/ is this:\n{block}"
+        assert any(map(run_by_a_test, found)), f"{page}: {found} is run by no test"
 
 
 def test_the_quickstart_example_trains(tmp_path):
