@@ -1,10 +1,14 @@
 """Keyword spotting, torchaudio's Speech Commands tutorial's shape: 1-s clips at 16 kHz, some
 shorter, int16 PCM as the WAV files hold them, a log-mel and a small conv classifier.
 
-The usual pipeline reads float32 (`torchaudio.load`), pads each batch in its `collate_fn` and
-moves 4 bytes a sample. Declared `latecast.waveform(16000, pad=True, mel=True)`, the clips
-cross ragged, back to back, as the 2 bytes a sample they are stored in (and each clip's
-length); on the device they are scaled to [-1, 1), padded to 1 s and made a log-mel.
+The usual pipeline reads float32 (`torchaudio.load`, TorchCodec's `AudioDecoder`), pads each
+batch in its `collate_fn` and moves 4 bytes a sample. Read the files as the int16 they hold:
+`soundfile.read(path, dtype="int16")`, or the standard library's `wave`:
+`np.frombuffer(w.readframes(w.getnframes()), np.int16)` (`torchaudio.load(normalize=False)`
+gives float32 since torchaudio 2.9, which loads through TorchCodec). Declared
+`latecast.waveform(16000, pad=True, mel=True)`, the clips cross ragged, back to back, as the
+2 bytes a sample they are stored in (and each clip's length); on the device they are scaled
+to [-1, 1), padded to 1 s and made a log-mel.
 
 python examples/speech_commands.py [--clips 48] [--epochs 2]
 (synthetic clips: a tone per word in noise, 0.75 to 1 s long)
@@ -24,7 +28,7 @@ WORDS = ("yes", "no", "up", "down")
 
 
 class Commands(Dataset):
-    """``(int16 (L,), label)``, L up to 1 s, as `torchaudio.load(normalize=False)` reads it."""
+    """``(int16 (L,), label)``, L up to 1 s, as `soundfile.read(path, dtype="int16")` reads it."""
 
     def __init__(self, n: int, seed: int = 0) -> None:
         g = torch.Generator().manual_seed(seed)

@@ -362,3 +362,77 @@ def test_a_speech_commands_classifier_trains_as_on_the_float32_pipeline():
     for p, q in zip(twin.parameters(), model.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
     assert wrapped.stats.other_bytes < 24 * RATE * 4 / 2 + 24 * 8 + 1  # int16 and the lengths
+
+
+class WavFiles(Dataset):
+    """WAV files read as the docs say: the standard library's ``wave``,
+    ``np.frombuffer(w.readframes(n), np.int16)`` (``float32``: as decoders give them,
+    int16 / 32768, the usual pipeline's place)."""
+
+    def __init__(self, paths: list, float32: bool = False) -> None:
+        self.paths, self.float32 = paths, float32
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        import wave
+
+        with wave.open(str(self.paths[i]), "rb") as w:
+            n, c = w.getnframes(), w.getnchannels()
+            x = torch.from_numpy(np.frombuffer(w.readframes(n), np.int16).reshape(n, c).T.copy())
+        return (usual(x, RATE) if self.float32 else x), i % 10
+
+
+def test_wav_files_read_as_the_docs_say_equal_the_float32_pipeline(tmp_path):
+    """WAV files written by the ``wave`` module, read through the documented way (``wave``'s
+    frames as int16; soundfile's ``dtype="int16"`` and TorchCodec's float32 scaled back,
+    where they are installed and load, give the same integers), through ``wrap``: equal to
+    the float32 pipeline's batches; the float32 batches themselves are refused, naming the
+    ways that give integers now."""
+    import wave
+
+    waves, paths = clips(6, [RATE, 12000], channels=2, seed=3), []
+    waves[0][0, :2] = torch.tensor([-32768, 32767], dtype=torch.int16)  # the ends of int16
+    for k, x in enumerate(waves):
+        paths.append(tmp_path / f"{k}.wav")
+        with wave.open(str(paths[-1]), "wb") as w:
+            w.setnchannels(2), w.setsampwidth(2), w.setframerate(RATE)
+            w.writeframes(x.T.contiguous().numpy().tobytes())  # interleaved, as WAV holds them
+    stored = [WavFiles(paths)[k][0] for k in range(6)]
+    assert all(torch.equal(a, b) for a, b in zip(stored, waves))
+    try:
+        import soundfile
+    except ImportError:
+        soundfile = None
+    if soundfile is not None:
+        read = [torch.from_numpy(soundfile.read(p, dtype="int16")[0].T.copy()) for p in paths]
+        assert all(torch.equal(a, b) for a, b in zip(read, waves))
+    try:
+        from torchcodec.decoders import AudioDecoder
+
+        decoded = [AudioDecoder(str(p)).get_all_samples().data for p in paths]
+    except (ImportError, RuntimeError, OSError):  # no TorchCodec, or no FFmpeg it can load
+        decoded = None
+    if decoded is not None:
+        back = [(x * 32768).round().clamp(-32768, 32767).to(torch.int16) for x in decoded]
+        assert all(torch.equal(a, b) for a, b in zip(back, waves))
+    loader = DataLoader(WavFiles(paths), batch_size=3, collate_fn=ragged)
+    spec = {0: latecast.waveform(RATE, pad=True, crop="start")}
+    got = list(latecast.wrap(loader, device="cpu", fields=spec))
+    want = list(DataLoader(WavFiles(paths, float32=True), batch_size=3))
+    assert len(got) == len(want) == 2
+    for ((x, n), y), (wx, wy) in zip(got, want):
+        assert x.dtype == torch.float32 and x.shape == (3, 2, RATE)
+        torch.testing.assert_close(x, wx, atol=0, rtol=0)
+        assert torch.equal(y, wy) and n.tolist() == [w.shape[-1] for w in waves[y[0] : y[0] + 3]]
+    mover = latecast.Mover(device="cpu", fields=spec)
+    with pytest.raises(BatchError, match="^field 0 is declared torch.int16 audio") as err:
+        mover(next(iter(DataLoader(WavFiles(paths, float32=True), batch_size=3))))
+    for way in (
+        "soundfile.read(path, dtype='int16')",
+        "np.frombuffer(w.readframes(n), np.int16)",
+        "AudioDecoder",
+        "(x * 32768).round().clamp(-32768, 32767).to(torch.int16)",
+    ):
+        assert way in str(err.value)

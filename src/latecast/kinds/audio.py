@@ -1,8 +1,16 @@
 """The audio kind: waveforms cross as they are stored (int16 PCM, or another declared integer
 width: 2x fewer bytes than float32 for int16) and become float on the device, scaled as
-``torchaudio.load`` normalizes them (int16 / 32768), cropped or padded in time to a declared
-length, given a random gain and, when asked, made a log-mel spectrogram with ``torch.stft``
-(torchaudio's ``MelSpectrogram`` and ``AmplitudeToDB``, without depending on torchaudio).
+decoders give float32 (int16 / 32768: ``torchaudio.load``, TorchCodec's ``AudioDecoder``),
+cropped or padded in time to a declared length, given a random gain and, when asked, made a
+log-mel spectrogram with ``torch.stft`` (torchaudio's ``MelSpectrogram`` and
+``AmplitudeToDB``, without depending on torchaudio).
+
+The samples must reach the DataLoader as the integers stored: ``soundfile.read(path,
+dtype="int16")``, or the standard library's ``wave`` (``np.frombuffer(w.readframes(n),
+np.int16)``). ``torchaudio.load(normalize=False)`` no longer gives them: torchaudio 2.9 and
+later load through TorchCodec, always float32. TorchCodec's ``AudioDecoder`` gives float32
+too; only where it must be the reader, scale its samples back,
+``(x * 32768).round().clamp(-32768, 32767).to(torch.int16)`` (exact for 16-bit files).
 
 A batch holds a field's clips as a tensor ``(N, L)`` or ``(N, C, L)``, as a list of ``(L_i,)``
 or ``(C, L_i)`` tensors (a ragged batch from a ``collate_fn`` of one's own: they cross back to
@@ -164,7 +172,10 @@ class WaveformSpec:
         if not integral(clip.dtype):
             raise BatchError(
                 f"field {name!r} is declared {self.dtype} audio but is {clip.dtype}: yield the "
-                "samples as stored (torchaudio.load(normalize=False), soundfile's dtype='int16')"
+                "samples as stored: soundfile.read(path, dtype='int16'), or the wave module's "
+                "np.frombuffer(w.readframes(n), np.int16) (torchaudio.load and TorchCodec's "
+                "AudioDecoder give float32; only if one must read, scale back with "
+                "(x * 32768).round().clamp(-32768, 32767).to(torch.int16))"
             )
         check_fits(name, clip, self.dtype, what="samples")
 
@@ -283,8 +294,9 @@ class Waveforms(Field):
 
 
 def scaled(x: torch.Tensor) -> torch.Tensor:
-    """Integer samples as float32 in [-1, 1), as ``torchaudio.load(normalize=True)`` scales
-    them: signed ones / 2**(bits - 1), uint8 (8-bit WAV) (x - 128) / 128."""
+    """Integer samples as float32 in [-1, 1), as ``torchaudio.load`` (and TorchCodec's
+    ``AudioDecoder``) scales them: signed ones / 2**(bits - 1), uint8 (8-bit WAV)
+    (x - 128) / 128."""
     if x.dtype == torch.uint8:
         return (x.float() - 128) / 128
     return x.float() / 2.0 ** (8 * x.dtype.itemsize - 1)
@@ -306,7 +318,10 @@ def waveform(
         length: the samples each clip comes out with (16000: 1 s at 16 kHz).
         dtype: the integer width the samples are stored in and cross in: int16 (PCM-16, / 32768
             on the device), int32 (/ 2**31), int8, uint8 (8-bit WAV, (x - 128) / 128).
-            Waveforms of another integer dtype must fit it (a BatchError otherwise).
+            Waveforms of another integer dtype must fit it (a BatchError otherwise); float
+            samples are a BatchError: read them as stored, ``soundfile.read(path,
+            dtype="int16")`` or ``wave``'s ``np.frombuffer(w.readframes(n), np.int16)``
+            (``torchaudio.load(normalize=False)`` gives float32 since torchaudio 2.9).
         crop: where a longer clip is cropped: ``"random"`` (per clip, drawn from the batch's
             seeded generator), ``"centre"`` or ``"start"``.
         pad: pad shorter clips with zeros at the end; the field then comes out as

@@ -1,6 +1,9 @@
-"""The video kind: a field of uint8 clips crosses as uint8 (a quarter of float32's bytes) and
-is cropped, flipped and normalized on the device, one geometric draw per clip for all its
-frames (as torchvision v2 transforms a video: parameters drawn once, applied to every frame).
+"""The video kind: a field of uint8 clips crosses as uint8 (a quarter of float32's bytes at
+the same size; the crop is made on the device, so against a float32 pipeline that crops on
+the host first it is 4 * crop area / frame area: 2.29x for torchvision's video reference,
+128x171 frames cropped to 112x112) and is cropped, flipped and normalized on the device, one
+geometric draw per clip for all its frames (as torchvision v2 transforms a video: parameters
+drawn once, applied to every frame).
 Declared ``fields={"video": latecast.clip(frames=16, size=112)}``; out ``(N, C, T, H, W)``
 float, what torchvision's video models take, or ``(N, T, C, H, W)``, what Hugging Face's
 (VideoMAE, TimeSformer) take. Compressed clips are not a kind here: decode them in the
@@ -22,6 +25,11 @@ from ..transforms import Augment, crop_into, normalize
 # a layout's dims -> (N, T, H, W, C): what a clip is made on the device
 LAYOUTS = {"NTHWC": (0, 1, 2, 3, 4), "NTCHW": (0, 1, 3, 4, 2), "NCTHW": (0, 2, 3, 4, 1)}
 OUTS = ("NCTHW", "NTCHW")
+CHANNEL_AXIS = {"NTCHW": 2, "NTHWC": 4, "NCTHW": 1}  # where layout="auto" looks, in this order
+AUTO_HINT = (
+    "; the layout was recognised from the shape (no dim held the channels of mean/std): "
+    "declare it, latecast.clip(layout='NTCHW') (or 'NTHWC', 'NCTHW')"
+)
 
 
 @dataclass(frozen=True)
@@ -30,7 +38,7 @@ class ClipSpec:
     (a BatchError naming the field) and the options it is finished with (a ConfigError)."""
 
     frames: int | None = None  # T of every clip; None: as they come
-    layout: str = "NTHWC"  # how a batch of clips arrives
+    layout: str = "auto"  # how a batch of clips arrives; auto: recognised by its shape
     size: tuple[int, int] | None = None  # the (H, W) out; None: the frames' own
     out: str = "NCTHW"  # how it comes out
 
@@ -38,41 +46,74 @@ class ClipSpec:
         tensor = isinstance(t, torch.Tensor)
         if not tensor or t.ndim != 5 or not integral(t.dtype):
             got = f"{t.dtype} {tuple(t.shape)}" if tensor else f"a {type(t).__name__} ({t!r:.40})"
+            declared = "" if self.layout == "auto" else f" {self.layout}"
             raise BatchError(
-                f"field {name!r} is declared clips {self.layout} and must be uint8 with 5 dims, "
+                f"field {name!r} is declared clips{declared} and must be uint8 with 5 dims, "
                 f"got {got}; a DataLoader yields uint8 frames as decoders give them "
                 "(TorchCodec, torchvision.io), not ConvertImageDtype()'s floats"
             )
         if t.dtype != torch.uint8:  # int64 from a collate: crosses as uint8 if it fits
             check_bytes(name, t, "clips")
         shape = tuple(t.shape)
-        n, frames, h, w, c = (shape[i] for i in LAYOUTS[self.layout])
+        layout = self._layout(name, shape, options)
+        n, frames, h, w, c = (shape[i] for i in LAYOUTS[layout])
         if 0 in (n, frames, h, w, c):
             none = "no clips (an empty batch)" if n == 0 else "clips of 0 frames" * (frames == 0)
             raise BatchError(
-                f"field {name!r}: {none or 'frames of no pixels'} ({self.layout} {shape}); "
+                f"field {name!r}: {none or 'frames of no pixels'} ({layout} {shape}); "
                 "every batch of clips must hold at least one clip of at least one frame"
             )
         if self.frames is not None and frames != self.frames:
             than = "shorter" if frames < self.frames else "longer"
             raise BatchError(
-                f"field {name!r}: clips of {frames} frames ({self.layout} {shape}), {than} than "
+                f"field {name!r}: clips of {frames} frames ({layout} {shape}), {than} than "
                 f"the {self.frames} declared"
             )
         size = self.size or (h, w)
         if size[0] > h or size[1] > w:
             raise BatchError(
-                f"field {name!r}: frames of {h}x{w} ({self.layout} {shape}) are smaller than "
+                f"field {name!r}: frames of {h}x{w} ({layout} {shape}) are smaller than "
                 f"the declared size {size[0]}x{size[1]}"
             )
-        check_channels(name, c, len(options.mean or (0,)), f" ({self.layout} {shape})")
+        hint = AUTO_HINT if self.layout == "auto" else ""
+        check_channels(name, c, len(options.mean or (0,)), f" ({layout} {shape})", hint)
         _check_options(name, options)
         if getattr(options.augment, "jitter", 0) and c not in (1, 3):  # torchvision's refuse too
             raise ConfigError(
                 f"field {name!r}: colour jitter takes clips of 1 or 3 channels, got {c} "
-                f"({self.layout} {shape}); leave jitter out of augment= for these clips"
+                f"({layout} {shape}); leave jitter out of augment= for these clips"
             )
-        return Clips(name, torch.uint8, shape, t.dtype, self.layout, size, self.out)
+        return Clips(name, torch.uint8, shape, t.dtype, layout, size, self.out)
+
+    def _layout(self, name: Name, shape: tuple, options: Any) -> str:
+        """The declared layout, else the one of NTCHW, NTHWC, NCTHW whose channel axis (dim 2,
+        4 or 1) holds len(mean) channels (else 1 or 3, else 4), narrowed where more than one
+        does by the declared frames and size; NTHWC where none does (the channel count is then
+        the error); else one BatchError asking for ``layout=``."""
+        if self.layout != "auto":
+            return self.layout
+        count = len(options.mean) if options.mean and len(options.mean) > 1 else None
+        found: list[str] = []
+        for counts in ((count,),) if count else ((1, 3), (4,)):
+            found = [k for k, axis in CHANNEL_AXIS.items() if shape[axis] in counts]
+            if found:
+                break
+        if len(found) > 1:  # the frames and size declared may tell them apart
+            fits = [k for k in found if self._fits(shape, k)]
+            found = fits or found
+        if len(found) > 1:
+            dims = " and ".join(f"dim {CHANNEL_AXIS[k]} ({k})" for k in found)
+            raise BatchError(
+                f"field {name!r}: clips {shape} are ambiguous, {dims} each look like channels; "
+                "declare where they are: latecast.clip(layout='NTCHW') (or 'NTHWC', 'NCTHW')"
+            )
+        return found[0] if found else "NTHWC"
+
+    def _fits(self, shape: tuple, layout: str) -> bool:
+        """Clips read as ``layout`` have the declared frames and frames at least ``size``."""
+        _, frames, h, w, _ = (shape[i] for i in LAYOUTS[layout])
+        size = self.size or (0, 0)
+        return self.frames in (None, frames) and h >= size[0] and w >= size[1]
 
 
 def _check_options(name: Name, options: Any) -> None:
@@ -91,7 +132,7 @@ def _check_options(name: Name, options: Any) -> None:
 
 def clip(
     frames: int | None = None,
-    layout: str = "NTHWC",
+    layout: str = "auto",
     size: int | tuple[int, int] | None = None,
     out: str = "NCTHW",
 ) -> ClipSpec:
@@ -101,7 +142,12 @@ def clip(
         frames: the frames of every clip; a batch of clips with fewer (or more) is a
             BatchError naming the field. None: as they come.
         layout: how a batch arrives: ``"NTHWC"`` (torchvision.io, decord, PyAV),
-            ``"NTCHW"`` (TorchCodec, torchvision's ``output_format="TCHW"``), ``"NCTHW"``.
+            ``"NTCHW"`` (TorchCodec, torchvision's ``output_format="TCHW"`` and its video
+            classification reference), ``"NCTHW"``, or ``"auto"``: recognised from each
+            batch's shape, the one of dim 2, 4 or 1 that holds the channels (as many as
+            mean/std has values, else 1 or 3, else 4; where more than one does, the one whose
+            frames and size fit the declared ``frames`` and ``size``); still ambiguous, a
+            BatchError naming the field and its shape asks for the layout.
         size: the ``(H, W)`` out, or one int: under an ``Augment`` with ``resized_crop``
             RandomResizedCrop to it, under another ``Augment`` a random crop of it
             (RandomCrop), without one the centre crop (CenterCrop); the same box for all
@@ -125,7 +171,7 @@ def clip(
              size, "an integer N or (H, W) of integers >= 1 (None: the frames' own)"),
         ]
     )  # fmt: skip
-    layout = check(layout, "latecast.clip(layout=...)", tuple(LAYOUTS))
+    layout = check(layout, "latecast.clip(layout=...)", (*LAYOUTS, "auto"))
     out = check(out, "latecast.clip(out=...)", OUTS)
     return ClipSpec(None if frames is None else int(frames), layout, hw, out)
 
