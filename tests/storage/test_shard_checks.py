@@ -303,3 +303,36 @@ def test_unindexed_shards_train_local_and_over_http_the_index_kept_for_the_next_
         rc, summary = run_cli("train", url, *argv, "--json", "--output-dir", folder / "r2")
     assert rc == 0 and summary["step"] == 5 and kept.stat().st_mtime_ns == made
     assert not [w for w in said if "no index" in str(w.message)]
+
+
+def read_only(monkeypatch, *folders: Path) -> None:
+    """``folders`` read-only as ``find_index`` asks (``os.access``; chmod binds no root)."""
+    from latecast.storage import shards
+
+    real, shut = shards.os.access, {str(f.resolve()) for f in folders}
+    monkeypatch.setattr(
+        shards.os, "access", lambda p, mode: os.path.realpath(p) not in shut and real(p, mode)
+    )
+
+
+def test_same_named_shards_in_two_read_only_folders_have_an_index_each(
+    tmp_path, fresh_cache, monkeypatch
+):
+    """``shard-*.tar`` typed in two read-only folders whose shards share names and sizes (one
+    bit apart): each is indexed into the cache under its own location, and both read whole
+    against their index; keyed by the names as typed, the second took the first's index and
+    was refused as changed."""
+    from latecast.storage.stream import open_shards, verify
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    make_shards(first)
+    make_shards(second)
+    flip(second / "shard-000.tar", "000003")
+    read_only(monkeypatch, first, second)
+    for folder in (first, second):
+        monkeypatch.chdir(folder)
+        with pytest.warns(UserWarning, match="no index of these shards"):
+            ds = open_shards("shard-*.tar")
+        assert "36 samples read whole" in verify(ds)
+        assert not (folder / "index.json").exists()
+    assert len(list((fresh_cache / "shard-index").glob("*.json"))) == 2

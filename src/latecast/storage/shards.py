@@ -515,7 +515,8 @@ def read_index(spec: str) -> list[Shard]:
 
 def find_index(urls: list[str], spec: str) -> tuple[str, bool]:
     """``(path, exists)`` of the index of ``urls``: ``index.json`` beside them if there, or if
-    that folder is local and writable; else a cache file named by the shards' URLs and sizes."""
+    that folder is local and writable; else a cache file named by the shards' locations (full
+    URLs, absolute paths) and sizes."""
     beside = index_path(urls, spec)
     fs, where = filesystem(beside)
     if fs.exists(where):
@@ -523,7 +524,10 @@ def find_index(urls: list[str], spec: str) -> tuple[str, bool]:
     if "://" not in beside and os.access(posixpath.dirname(beside) or ".", os.W_OK):
         return beside, False
     sizes = [shard_size(url) for url in urls]
-    key = hashlib.sha256(json.dumps([urls, sizes]).encode()).hexdigest()[:32]
+    # named by where the shards are, not by how they were typed: `shard-*.tar` in two folders
+    # is two sets of shards, each with its own index
+    where = [url if "://" in url else os.path.realpath(url) for url in urls]
+    key = hashlib.sha256(json.dumps([where, sizes]).encode()).hexdigest()[:32]
     cached = str(cache_dir() / "shard-index" / f"{key}.json")
     return cached, os.path.exists(cached)
 
