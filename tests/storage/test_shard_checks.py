@@ -336,3 +336,31 @@ def test_same_named_shards_in_two_read_only_folders_have_an_index_each(
         assert "36 samples read whole" in verify(ds)
         assert not (folder / "index.json").exists()
     assert len(list((fresh_cache / "shard-index").glob("*.json"))) == 2
+
+
+def test_train_check_on_unindexed_shards_checks_them_and_writes_nothing(
+    served, run_cli, fresh_cache, tmp_path
+):
+    """``train --check`` on shards without an index, local (a writable folder) and over HTTP
+    (the cache's case): each shard read and checked, said in one warning, no ``index.json``,
+    nothing in the cache, no output folder; a run after it in the same process still keeps
+    the index (before, --check wrote ``index.json`` beside the shards, or into the cache)."""
+    local = tmp_path / "local"
+    make_shards(local)
+    folder, base = served
+    make_shards(folder)
+    argv = ["--model", "cnn", "-b", "8", "--device", "cpu", "--json"]
+    for spec in (f"{local}/shard-*.tar", f"{base}/shard-{{000..003}}.tar"):
+        with pytest.warns(UserWarning, match="no index of these shards") as said:
+            rc, summary = run_cli("train", spec, *argv, "--check", "--output-dir", tmp_path / "r")
+        assert rc == 0 and summary["checked"] and summary["train_samples"] == 36
+        (line,) = [str(w.message) for w in said if "no index" in str(w.message)]
+        assert "reading each once to check them, writing nothing (--check)" in line, line
+    assert not (local / "index.json").exists() and not (folder / "index.json").exists()
+    assert not fresh_cache.exists() and not (tmp_path / "r").exists()
+    assert sorted(p.name for p in local.iterdir()) == [f"shard-00{i}.tar" for i in range(4)]
+
+    spec = f"{local}/shard-*.tar"  # the index --check built, not read again: written now
+    rc, _ = run_cli("train", spec, *argv, "--epochs", 1, "--no-progress", "--output-dir",
+                    tmp_path / "run")  # fmt: skip
+    assert rc == 0 and (local / "index.json").exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import glob
 import hashlib
 import itertools
@@ -40,6 +41,8 @@ _REMOTE = ("http://", "https://", "s3://", "gs://", "gcs://")
 _ZERO = bytes(512)
 T = TypeVar("T")
 _STALE = "(changed since it was indexed: run latecast index again)"
+_WRITE = contextvars.ContextVar("latecast_index_written", default=True)  # nothing_written's
+_kept: dict[str, dict] = {}  # where an index would be -> the index, built and not written
 
 
 def is_shards(name: str) -> bool:
@@ -459,7 +462,15 @@ def write_index(
             f"{spec}: an index cannot be written over HTTP: give --output FILE and upload it "
             f"as {path}"
         )
-    entries = {e["url"]: e for e in _read_json(path, missing_ok=True).get("shardlist", [])}
+    index = _built(spec, urls, _read_json(path, missing_ok=True), progress)
+    _put(path, index)
+    entries = {e["url"]: e for e in index["shardlist"]}
+    return path, [entries[posixpath.basename(u)] for u in urls]
+
+
+def _built(spec: str, urls: list[str], old: dict, progress: bool) -> dict:
+    """The index of ``urls`` (each read whole), ``old``'s entries of other shards kept."""
+    entries = {e["url"]: e for e in old.get("shardlist", [])}
     shown = urls
     if progress:
         from tqdm import tqdm
@@ -468,7 +479,11 @@ def write_index(
     entries.update((e["url"], e) for e in map(index_entry, shown))
     index = {"__kind__": KIND, "wids_version": 1, "latecast_index": VERSION, "name": spec}
     index["shardlist"] = [entries[name] for name in sorted(entries)]
-    mine = [entries[posixpath.basename(u)] for u in urls]
+    return index
+
+
+def _put(path: str, index: dict) -> None:
+    """``index`` written at ``path`` whole or not at all."""
     text = json.dumps(index, separators=(",", ":")).encode()
     if "://" in path:
         fs, where = filesystem(path)
@@ -476,7 +491,17 @@ def write_index(
     else:
         with atomic_write(path) as f:
             f.write(text)
-    return path, mine
+
+
+@contextlib.contextmanager
+def nothing_written() -> Iterator[None]:
+    """Within it an index ``read_index`` has to build is kept in memory for this process,
+    never written (``train --check``)."""
+    token = _WRITE.set(False)
+    try:
+        yield
+    finally:
+        _WRITE.reset(token)
 
 
 def _read_json(path: str, missing_ok: bool = False) -> dict:
@@ -496,14 +521,11 @@ def read_index(spec: str) -> list[Shard]:
     one is built first (said)."""
     urls = _expanded(spec)
     path, found = find_index(urls, spec)
-    if not found:
-        warnings.warn(
-            f"{spec}: no index of these shards: reading each once to index them into {path} "
-            f"(kept for the next run; latecast index does it ahead)",
-            stacklevel=2,
-        )
-        write_index(spec, path, progress=True)
-    index = _read_json(path)
+    if found:
+        index = _read_json(path)
+    else:  # built now, or earlier in this process and not written (--check)
+        index = _kept.get(_location(path)) or _index_now(spec, urls, path)
+        _keep(path, index)
     if not isinstance(index, dict) or index.get("latecast_index") != VERSION:
         raise FormatError(f"{path}: not a latecast shard index (version {VERSION})")
     try:
@@ -511,6 +533,37 @@ def read_index(spec: str) -> list[Shard]:
     except (KeyError, TypeError):
         raise FormatError(f"{path}: its shardlist is not a list of entries with a url") from None
     return [_shard(url, entries.get(posixpath.basename(url)), path, spec) for url in urls]
+
+
+def _index_now(spec: str, urls: list[str], path: str) -> dict:
+    """The index of ``urls``, each read whole now (said)."""
+    if _WRITE.get():
+        warnings.warn(
+            f"{spec}: no index of these shards: reading each once to index them into {path} "
+            f"(kept for the next run; latecast index does it ahead)",
+            stacklevel=3,
+        )
+    else:
+        warnings.warn(
+            f"{spec}: no index of these shards: reading each once to check them, writing "
+            f"nothing (--check); train would keep their index in {path}",
+            stacklevel=3,
+        )
+    return _built(spec, urls, {}, progress=True)
+
+
+def _keep(path: str, index: dict) -> None:
+    """``index`` written at ``path`` for the next run, or (within ``nothing_written``) kept in
+    memory for this process."""
+    if _WRITE.get():
+        _put(path, index)
+        _kept.pop(_location(path), None)
+    else:
+        _kept[_location(path)] = index
+
+
+def _location(path: str) -> str:
+    return path if "://" in path else os.path.realpath(path)
 
 
 def find_index(urls: list[str], spec: str) -> tuple[str, bool]:
