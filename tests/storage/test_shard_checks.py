@@ -364,3 +364,27 @@ def test_train_check_on_unindexed_shards_checks_them_and_writes_nothing(
     rc, _ = run_cli("train", spec, *argv, "--epochs", 1, "--no-progress", "--output-dir",
                     tmp_path / "run")  # fmt: skip
     assert rc == 0 and (local / "index.json").exists()
+
+
+def test_an_unwritable_cache_keeps_the_index_in_memory_for_the_run_said_once(
+    served, run_cli, tmp_path, monkeypatch
+):
+    """``$LATECAST_CACHE`` naming a file (no folder can be made there, whoever runs it):
+    ``train`` over HTTP reads the shards once to index them, cannot keep the index, says so
+    in one warning and trains on it (both splits) instead of throwing it away; the file is
+    left as it was."""
+    folder, base = served
+    make_shards(folder)
+    cache = tmp_path / "not-a-folder"
+    cache.write_text("mine")
+    monkeypatch.setenv("LATECAST_CACHE", str(cache))
+    argv = ["--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", 1, "--no-progress"]
+    url = f"{base}/shard-{{000..003}}.tar"
+    with pytest.warns(UserWarning, match="no index of these shards|cannot keep") as said:
+        rc, summary = run_cli("train", url, *argv, "--json", "--output-dir", tmp_path / "run")
+    assert rc == 0 and summary["step"] == 5
+    lines = [str(w.message) for w in said]
+    (kept,) = [line for line in lines if "cannot keep" in line]
+    assert kept.startswith(str(cache)) and "kept in memory for this run only" in kept
+    assert len([line for line in lines if "no index" in line]) == 1
+    assert cache.read_text() == "mine" and not (folder / "index.json").exists()

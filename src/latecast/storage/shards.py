@@ -43,6 +43,7 @@ T = TypeVar("T")
 _STALE = "(changed since it was indexed: run latecast index again)"
 _WRITE = contextvars.ContextVar("latecast_index_written", default=True)  # nothing_written's
 _kept: dict[str, dict] = {}  # where an index would be -> the index, built and not written
+_unkept: set[str] = set()  # where an index could not be written (said once)
 
 
 def is_shards(name: str) -> bool:
@@ -553,13 +554,23 @@ def _index_now(spec: str, urls: list[str], path: str) -> dict:
 
 
 def _keep(path: str, index: dict) -> None:
-    """``index`` written at ``path`` for the next run, or (within ``nothing_written``) kept in
-    memory for this process."""
-    if _WRITE.get():
-        _put(path, index)
-        _kept.pop(_location(path), None)
-    else:
-        _kept[_location(path)] = index
+    """``index`` written at ``path`` for the next run, or kept in memory for this process:
+    within ``nothing_written``, or where it cannot be written (said once)."""
+    where = _location(path)
+    if _WRITE.get() and where not in _unkept:
+        try:
+            _put(path, index)
+            _kept.pop(where, None)
+            return
+        except OSError as err:  # a cache folder not writable: the shards' reads kept anyway
+            warnings.warn(
+                f"{path}: cannot keep the shards' index there ({err.strerror or err}): kept in "
+                f"memory for this run only, the next run reads every shard again (set "
+                f"LATECAST_CACHE to a folder you may write)",
+                stacklevel=4,
+            )
+            _unkept.add(where)
+    _kept[where] = index
 
 
 def _location(path: str) -> str:
