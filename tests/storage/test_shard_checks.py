@@ -388,3 +388,31 @@ def test_an_unwritable_cache_keeps_the_index_in_memory_for_the_run_said_once(
     assert kept.startswith(str(cache)) and "kept in memory for this run only" in kept
     assert len([line for line in lines if "no index" in line]) == 1
     assert cache.read_text() == "mine" and not (folder / "index.json").exists()
+
+
+def test_a_stale_cached_index_over_http_names_a_command_that_indexes_them_again(
+    served, run_cli, fresh_cache, tmp_path
+):
+    """Shards over HTTP indexed by ``train`` into the cache, then one rewritten with its size
+    kept: the refusal names a command; run as said, the next ``train`` reads that index and
+    trains. ("run latecast index again" could not be followed: ``index`` refuses HTTP without
+    ``--output``, and ``train`` never read an index written elsewhere.)"""
+    import re
+    import shlex
+
+    folder, base = served
+    make_shards(folder)
+    url = f"{base}/shard-{{000..003}}.tar"
+    argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", 1,
+            "--no-progress", "--output-dir"]  # fmt: skip
+    with pytest.warns(UserWarning, match="no index of these shards"):
+        assert run_cli(*argv, tmp_path / "r1").rc == 0
+    (cached,) = (fresh_cache / "shard-index").glob("*.json")
+    flip(folder / "shard-000.tar", "000003")
+    line = one_line(run_cli(*argv, tmp_path / "r2"), "shard-000.tar", "changed since")
+    said = re.search(r"run latecast (index .*)\)$", line)
+    assert said and f"--output {cached}" in line, line
+    assert run_cli(*shlex.split(said[1])).rc == 0
+    proc = run_cli(*argv, tmp_path / "r3")
+    assert proc.rc == 0, proc.err
+    assert [p.name for p in cached.parent.iterdir()] == [cached.name]

@@ -40,7 +40,6 @@ _KEY = re.compile(r"^((?:.*/|)[^./][^.]*)\.([^/]*)$")  # WebDataset's: key, then
 _REMOTE = ("http://", "https://", "s3://", "gs://", "gcs://")
 _ZERO = bytes(512)
 T = TypeVar("T")
-_STALE = "(changed since it was indexed: run latecast index again)"
 _WRITE = contextvars.ContextVar("latecast_index_written", default=True)  # nothing_written's
 _kept: dict[str, dict] = {}  # where an index would be -> the index, built and not written
 _unkept: set[str] = set()  # where an index could not be written (said once)
@@ -343,6 +342,7 @@ class Shard:
     labels: np.ndarray  # (n,) int64
     crc32: np.ndarray  # (n,) each sample's ``checksum``
     gzip: bool = False  # a .tar.gz: read from its start, offsets count unpacked bytes
+    redo: str = "run latecast index again"  # what indexes it again where its index is read
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -392,12 +392,12 @@ class Shard:
             said = f"{self.keys[k]!r} at byte {self.offsets[k]:,}" if k < len(self) else "none"
             raise FormatError(
                 f"{self.url}: sample {k} is {key!r} at byte {offset:,}, the index says {said} "
-                f"{_STALE}"
+                f"(changed since it was indexed: {self.redo})"
             )
         if (crc := checksum(fields)) != self.crc32[k]:
             raise FormatError(
                 f"{self.url}: sample {key!r}: CRC-32 {crc:08x}, the index says "
-                f"{int(self.crc32[k]):08x} {_STALE}"
+                f"{int(self.crc32[k]):08x} (changed since it was indexed: {self.redo})"
             )
 
     def _whole(self, src: Source, count: int) -> None:
@@ -406,7 +406,8 @@ class Shard:
         if count != len(self) or src.pos != self.size or found != self.sha256:
             raise FormatError(
                 f"{self.url}: {count} samples, {src.pos:,} bytes, SHA-256 {found[:16]}..., the "
-                f"index says {len(self)}, {self.size:,}, {self.sha256[:16]}... {_STALE}"
+                f"index says {len(self)}, {self.size:,}, {self.sha256[:16]}... (changed since it "
+                f"was indexed: {self.redo})"
             )
 
 
@@ -536,6 +537,15 @@ def read_index(spec: str) -> list[Shard]:
     return [_shard(url, entries.get(posixpath.basename(url)), path, spec) for url in urls]
 
 
+def _redo(spec: str, path: str) -> str:
+    """What to run to index ``spec`` again where ``train`` reads its index (``path``)."""
+    if path.startswith(("http://", "https://")):  # beside the shards, on a web server
+        return f"run latecast index '{spec}' --output index.json, then upload it as {path}"
+    if posixpath.basename(path) != INDEX:  # the cache's, which train alone finds
+        return f"run latecast index '{spec}' --output {path}"
+    return "run latecast index again"
+
+
 def _index_now(spec: str, urls: list[str], path: str) -> dict:
     """The index of ``urls``, each read whole now (said)."""
     if _WRITE.get():
@@ -597,18 +607,21 @@ def find_index(urls: list[str], spec: str) -> tuple[str, bool]:
 
 
 def _shard(url: str, e: dict | None, path: str, spec: str) -> Shard:
+    redo = _redo(spec, path)
     if e is None:
-        raise ConfigError(f"{path} has no entry for {url}: run latecast index '{spec}' again")
+        again = f"run latecast index '{spec}' again" if redo.endswith(" again") else redo
+        raise ConfigError(f"{path} has no entry for {url}: {again}")
     try:
         n = e["nsamples"]
         shard = Shard(
             url, int(e["filesize"]), str(e["sha256"]), int(e["channels"]),
             list(map(str, e["keys"])), np.array(e["offsets"], np.int64),
             np.array(e["labels"], np.int64), np.array(e["crc32"], np.int64), bool(e["gzip"]),
+            redo,
         )  # fmt: skip
         ok = len(shard.keys) == len(shard.offsets) == len(shard.labels) == len(shard.crc32) == n
     except (KeyError, TypeError, ValueError):
         ok = False
     if not ok:
-        raise FormatError(f"{path}: the entry of {url} is damaged (run latecast index again)")
+        raise FormatError(f"{path}: the entry of {url} is damaged ({redo})")
     return shard
