@@ -303,3 +303,116 @@ def test_unindexed_shards_train_local_and_over_http_the_index_kept_for_the_next_
         rc, summary = run_cli("train", url, *argv, "--json", "--output-dir", folder / "r2")
     assert rc == 0 and summary["step"] == 5 and kept.stat().st_mtime_ns == made
     assert not [w for w in said if "no index" in str(w.message)]
+
+
+def read_only(monkeypatch, *folders: Path) -> None:
+    """``folders`` read-only as ``find_index`` asks (``os.access``; chmod binds no root)."""
+    from latecast.storage import shards
+
+    real, shut = shards.os.access, {str(f.resolve()) for f in folders}
+    monkeypatch.setattr(
+        shards.os, "access", lambda p, mode: os.path.realpath(p) not in shut and real(p, mode)
+    )
+
+
+def test_same_named_shards_in_two_read_only_folders_have_an_index_each(
+    tmp_path, fresh_cache, monkeypatch
+):
+    """``shard-*.tar`` typed in two read-only folders whose shards share names and sizes (one
+    bit apart): each is indexed into the cache under its own location, and both read whole
+    against their index; keyed by the names as typed, the second took the first's index and
+    was refused as changed."""
+    from latecast.storage.stream import open_shards, verify
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    make_shards(first)
+    make_shards(second)
+    flip(second / "shard-000.tar", "000003")
+    read_only(monkeypatch, first, second)
+    for folder in (first, second):
+        monkeypatch.chdir(folder)
+        with pytest.warns(UserWarning, match="no index of these shards"):
+            ds = open_shards("shard-*.tar")
+        assert "36 samples read whole" in verify(ds)
+        assert not (folder / "index.json").exists()
+    assert len(list((fresh_cache / "shard-index").glob("*.json"))) == 2
+
+
+def test_train_check_on_unindexed_shards_checks_them_and_writes_nothing(
+    served, run_cli, fresh_cache, tmp_path
+):
+    """``train --check`` on shards without an index, local (a writable folder) and over HTTP
+    (the cache's case): each shard read and checked, said in one warning, no ``index.json``,
+    nothing in the cache, no output folder; a run after it in the same process still keeps
+    the index (before, --check wrote ``index.json`` beside the shards, or into the cache)."""
+    local = tmp_path / "local"
+    make_shards(local)
+    folder, base = served
+    make_shards(folder)
+    argv = ["--model", "cnn", "-b", "8", "--device", "cpu", "--json"]
+    for spec in (f"{local}/shard-*.tar", f"{base}/shard-{{000..003}}.tar"):
+        with pytest.warns(UserWarning, match="no index of these shards") as said:
+            rc, summary = run_cli("train", spec, *argv, "--check", "--output-dir", tmp_path / "r")
+        assert rc == 0 and summary["checked"] and summary["train_samples"] == 36
+        (line,) = [str(w.message) for w in said if "no index" in str(w.message)]
+        assert "reading each once to check them, writing nothing (--check)" in line, line
+    assert not (local / "index.json").exists() and not (folder / "index.json").exists()
+    assert not fresh_cache.exists() and not (tmp_path / "r").exists()
+    assert sorted(p.name for p in local.iterdir()) == [f"shard-00{i}.tar" for i in range(4)]
+
+    spec = f"{local}/shard-*.tar"  # the index --check built, not read again: written now
+    rc, _ = run_cli("train", spec, *argv, "--epochs", 1, "--no-progress", "--output-dir",
+                    tmp_path / "run")  # fmt: skip
+    assert rc == 0 and (local / "index.json").exists()
+
+
+def test_an_unwritable_cache_keeps_the_index_in_memory_for_the_run_said_once(
+    served, run_cli, tmp_path, monkeypatch
+):
+    """``$LATECAST_CACHE`` naming a file (no folder can be made there, whoever runs it):
+    ``train`` over HTTP reads the shards once to index them, cannot keep the index, says so
+    in one warning and trains on it (both splits) instead of throwing it away; the file is
+    left as it was."""
+    folder, base = served
+    make_shards(folder)
+    cache = tmp_path / "not-a-folder"
+    cache.write_text("mine")
+    monkeypatch.setenv("LATECAST_CACHE", str(cache))
+    argv = ["--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", 1, "--no-progress"]
+    url = f"{base}/shard-{{000..003}}.tar"
+    with pytest.warns(UserWarning, match="no index of these shards|cannot keep") as said:
+        rc, summary = run_cli("train", url, *argv, "--json", "--output-dir", tmp_path / "run")
+    assert rc == 0 and summary["step"] == 5
+    lines = [str(w.message) for w in said]
+    (kept,) = [line for line in lines if "cannot keep" in line]
+    assert kept.startswith(str(cache)) and "kept in memory for this run only" in kept
+    assert len([line for line in lines if "no index" in line]) == 1
+    assert cache.read_text() == "mine" and not (folder / "index.json").exists()
+
+
+def test_a_stale_cached_index_over_http_names_a_command_that_indexes_them_again(
+    served, run_cli, fresh_cache, tmp_path
+):
+    """Shards over HTTP indexed by ``train`` into the cache, then one rewritten with its size
+    kept: the refusal names a command; run as said, the next ``train`` reads that index and
+    trains. ("run latecast index again" could not be followed: ``index`` refuses HTTP without
+    ``--output``, and ``train`` never read an index written elsewhere.)"""
+    import re
+    import shlex
+
+    folder, base = served
+    make_shards(folder)
+    url = f"{base}/shard-{{000..003}}.tar"
+    argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", 1,
+            "--no-progress", "--output-dir"]  # fmt: skip
+    with pytest.warns(UserWarning, match="no index of these shards"):
+        assert run_cli(*argv, tmp_path / "r1").rc == 0
+    (cached,) = (fresh_cache / "shard-index").glob("*.json")
+    flip(folder / "shard-000.tar", "000003")
+    line = one_line(run_cli(*argv, tmp_path / "r2"), "shard-000.tar", "changed since")
+    said = re.search(r"run latecast (index .*)\)$", line)
+    assert said and f"--output {cached}" in line, line
+    assert run_cli(*shlex.split(said[1])).rc == 0
+    proc = run_cli(*argv, tmp_path / "r3")
+    assert proc.rc == 0, proc.err
+    assert [p.name for p in cached.parent.iterdir()] == [cached.name]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import glob
 import hashlib
 import itertools
@@ -39,7 +40,9 @@ _KEY = re.compile(r"^((?:.*/|)[^./][^.]*)\.([^/]*)$")  # WebDataset's: key, then
 _REMOTE = ("http://", "https://", "s3://", "gs://", "gcs://")
 _ZERO = bytes(512)
 T = TypeVar("T")
-_STALE = "(changed since it was indexed: run latecast index again)"
+_WRITE = contextvars.ContextVar("latecast_index_written", default=True)  # nothing_written's
+_kept: dict[str, dict] = {}  # where an index would be -> the index, built and not written
+_unkept: set[str] = set()  # where an index could not be written (said once)
 
 
 def is_shards(name: str) -> bool:
@@ -339,6 +342,7 @@ class Shard:
     labels: np.ndarray  # (n,) int64
     crc32: np.ndarray  # (n,) each sample's ``checksum``
     gzip: bool = False  # a .tar.gz: read from its start, offsets count unpacked bytes
+    redo: str = "run latecast index again"  # what indexes it again where its index is read
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -388,12 +392,12 @@ class Shard:
             said = f"{self.keys[k]!r} at byte {self.offsets[k]:,}" if k < len(self) else "none"
             raise FormatError(
                 f"{self.url}: sample {k} is {key!r} at byte {offset:,}, the index says {said} "
-                f"{_STALE}"
+                f"(changed since it was indexed: {self.redo})"
             )
         if (crc := checksum(fields)) != self.crc32[k]:
             raise FormatError(
                 f"{self.url}: sample {key!r}: CRC-32 {crc:08x}, the index says "
-                f"{int(self.crc32[k]):08x} {_STALE}"
+                f"{int(self.crc32[k]):08x} (changed since it was indexed: {self.redo})"
             )
 
     def _whole(self, src: Source, count: int) -> None:
@@ -402,7 +406,8 @@ class Shard:
         if count != len(self) or src.pos != self.size or found != self.sha256:
             raise FormatError(
                 f"{self.url}: {count} samples, {src.pos:,} bytes, SHA-256 {found[:16]}..., the "
-                f"index says {len(self)}, {self.size:,}, {self.sha256[:16]}... {_STALE}"
+                f"index says {len(self)}, {self.size:,}, {self.sha256[:16]}... (changed since it "
+                f"was indexed: {self.redo})"
             )
 
 
@@ -459,7 +464,15 @@ def write_index(
             f"{spec}: an index cannot be written over HTTP: give --output FILE and upload it "
             f"as {path}"
         )
-    entries = {e["url"]: e for e in _read_json(path, missing_ok=True).get("shardlist", [])}
+    index = _built(spec, urls, _read_json(path, missing_ok=True), progress)
+    _put(path, index)
+    entries = {e["url"]: e for e in index["shardlist"]}
+    return path, [entries[posixpath.basename(u)] for u in urls]
+
+
+def _built(spec: str, urls: list[str], old: dict, progress: bool) -> dict:
+    """The index of ``urls`` (each read whole), ``old``'s entries of other shards kept."""
+    entries = {e["url"]: e for e in old.get("shardlist", [])}
     shown = urls
     if progress:
         from tqdm import tqdm
@@ -468,7 +481,11 @@ def write_index(
     entries.update((e["url"], e) for e in map(index_entry, shown))
     index = {"__kind__": KIND, "wids_version": 1, "latecast_index": VERSION, "name": spec}
     index["shardlist"] = [entries[name] for name in sorted(entries)]
-    mine = [entries[posixpath.basename(u)] for u in urls]
+    return index
+
+
+def _put(path: str, index: dict) -> None:
+    """``index`` written at ``path`` whole or not at all."""
     text = json.dumps(index, separators=(",", ":")).encode()
     if "://" in path:
         fs, where = filesystem(path)
@@ -476,7 +493,17 @@ def write_index(
     else:
         with atomic_write(path) as f:
             f.write(text)
-    return path, mine
+
+
+@contextlib.contextmanager
+def nothing_written() -> Iterator[None]:
+    """Within it an index ``read_index`` has to build is kept in memory for this process,
+    never written (``train --check``)."""
+    token = _WRITE.set(False)
+    try:
+        yield
+    finally:
+        _WRITE.reset(token)
 
 
 def _read_json(path: str, missing_ok: bool = False) -> dict:
@@ -496,14 +523,11 @@ def read_index(spec: str) -> list[Shard]:
     one is built first (said)."""
     urls = _expanded(spec)
     path, found = find_index(urls, spec)
-    if not found:
-        warnings.warn(
-            f"{spec}: no index of these shards: reading each once to index them into {path} "
-            f"(kept for the next run; latecast index does it ahead)",
-            stacklevel=2,
-        )
-        write_index(spec, path, progress=True)
-    index = _read_json(path)
+    if found:
+        index = _read_json(path)
+    else:  # built now, or earlier in this process and not written (--check)
+        index = _kept.get(_location(path)) or _index_now(spec, urls, path)
+        _keep(path, index)
     if not isinstance(index, dict) or index.get("latecast_index") != VERSION:
         raise FormatError(f"{path}: not a latecast shard index (version {VERSION})")
     try:
@@ -513,9 +537,60 @@ def read_index(spec: str) -> list[Shard]:
     return [_shard(url, entries.get(posixpath.basename(url)), path, spec) for url in urls]
 
 
+def _redo(spec: str, path: str) -> str:
+    """What to run to index ``spec`` again where ``train`` reads its index (``path``)."""
+    if path.startswith(("http://", "https://")):  # beside the shards, on a web server
+        return f"run latecast index '{spec}' --output index.json, then upload it as {path}"
+    if posixpath.basename(path) != INDEX:  # the cache's, which train alone finds
+        return f"run latecast index '{spec}' --output {path}"
+    return "run latecast index again"
+
+
+def _index_now(spec: str, urls: list[str], path: str) -> dict:
+    """The index of ``urls``, each read whole now (said)."""
+    if _WRITE.get():
+        warnings.warn(
+            f"{spec}: no index of these shards: reading each once to index them into {path} "
+            f"(kept for the next run; latecast index does it ahead)",
+            stacklevel=3,
+        )
+    else:
+        warnings.warn(
+            f"{spec}: no index of these shards: reading each once to check them, writing "
+            f"nothing (--check); train would keep their index in {path}",
+            stacklevel=3,
+        )
+    return _built(spec, urls, {}, progress=True)
+
+
+def _keep(path: str, index: dict) -> None:
+    """``index`` written at ``path`` for the next run, or kept in memory for this process:
+    within ``nothing_written``, or where it cannot be written (said once)."""
+    where = _location(path)
+    if _WRITE.get() and where not in _unkept:
+        try:
+            _put(path, index)
+            _kept.pop(where, None)
+            return
+        except OSError as err:  # a cache folder not writable: the shards' reads kept anyway
+            warnings.warn(
+                f"{path}: cannot keep the shards' index there ({err.strerror or err}): kept in "
+                f"memory for this run only, the next run reads every shard again (set "
+                f"LATECAST_CACHE to a folder you may write)",
+                stacklevel=4,
+            )
+            _unkept.add(where)
+    _kept[where] = index
+
+
+def _location(path: str) -> str:
+    return path if "://" in path else os.path.realpath(path)
+
+
 def find_index(urls: list[str], spec: str) -> tuple[str, bool]:
     """``(path, exists)`` of the index of ``urls``: ``index.json`` beside them if there, or if
-    that folder is local and writable; else a cache file named by the shards' URLs and sizes."""
+    that folder is local and writable; else a cache file named by the shards' locations (full
+    URLs, absolute paths) and sizes."""
     beside = index_path(urls, spec)
     fs, where = filesystem(beside)
     if fs.exists(where):
@@ -523,24 +598,30 @@ def find_index(urls: list[str], spec: str) -> tuple[str, bool]:
     if "://" not in beside and os.access(posixpath.dirname(beside) or ".", os.W_OK):
         return beside, False
     sizes = [shard_size(url) for url in urls]
-    key = hashlib.sha256(json.dumps([urls, sizes]).encode()).hexdigest()[:32]
+    # named by where the shards are, not by how they were typed: `shard-*.tar` in two folders
+    # is two sets of shards, each with its own index
+    where = [url if "://" in url else os.path.realpath(url) for url in urls]
+    key = hashlib.sha256(json.dumps([where, sizes]).encode()).hexdigest()[:32]
     cached = str(cache_dir() / "shard-index" / f"{key}.json")
     return cached, os.path.exists(cached)
 
 
 def _shard(url: str, e: dict | None, path: str, spec: str) -> Shard:
+    redo = _redo(spec, path)
     if e is None:
-        raise ConfigError(f"{path} has no entry for {url}: run latecast index '{spec}' again")
+        again = f"run latecast index '{spec}' again" if redo.endswith(" again") else redo
+        raise ConfigError(f"{path} has no entry for {url}: {again}")
     try:
         n = e["nsamples"]
         shard = Shard(
             url, int(e["filesize"]), str(e["sha256"]), int(e["channels"]),
             list(map(str, e["keys"])), np.array(e["offsets"], np.int64),
             np.array(e["labels"], np.int64), np.array(e["crc32"], np.int64), bool(e["gzip"]),
+            redo,
         )  # fmt: skip
         ok = len(shard.keys) == len(shard.offsets) == len(shard.labels) == len(shard.crc32) == n
     except (KeyError, TypeError, ValueError):
         ok = False
     if not ok:
-        raise FormatError(f"{path}: the entry of {url} is damaged (run latecast index again)")
+        raise FormatError(f"{path}: the entry of {url} is damaged ({redo})")
     return shard

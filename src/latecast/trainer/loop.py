@@ -34,6 +34,7 @@ from ..movers import MOVERS
 from ..order import parse_order
 from ..storage.datasets import load_dataset
 from ..storage.options import DATASET_HELP, option, validate
+from ..storage.shards import nothing_written
 from ..storage.stream import StreamedDataset
 from ..transfer import float32_bytes, uint8_bytes
 from ..transforms import Augment, Mix
@@ -131,8 +132,10 @@ def resolve_config(config: TrainConfig, train_set: Dataset, device: torch.device
 def load_splits(config: TrainConfig) -> tuple[Dataset, Dataset]:
     """The train and test splits named by ``config.dataset``, cut to the ``limit_*`` fields."""
     stops.at("data")
-    train_set = load_dataset(config.dataset, "train", root=config.data_root)
-    test_set = load_dataset(config.dataset, "test", root=config.data_root)
+    # --check writes nothing: shards without an index are indexed in memory only
+    with nothing_written() if config.check else contextlib.nullcontext():
+        train_set = load_dataset(config.dataset, "train", root=config.data_root)
+        test_set = load_dataset(config.dataset, "test", root=config.data_root)
     if isinstance(train_set, StreamedDataset):
         train_set = replace(train_set, buffer=config.shuffle_buffer)
     return _first(train_set, config.limit_train), _first(test_set, config.limit_test)
