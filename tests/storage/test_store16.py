@@ -154,3 +154,16 @@ def test_bad_16_bit_input_is_one_error_naming_the_file(tmp_path, run_cli):
         convert_folder(src, tmp_path / "s", test_fraction=0)
     with pytest.raises(ConfigError, match="16-bit images are stored raw"):
         convert_folder(src, tmp_path / "s", test_fraction=0, encoding="jpeg", skip_bad=True)
+
+
+def test_depth_16_as_an_int_is_taken_and_a_bad_depth_is_refused_naming_what_is_taken(tmp_path):
+    src = tmp_path / "src"
+    depth_folder(src, n=2)
+    for depth in (16, np.int64(16), "16"):
+        out, _ = convert_folder(src, tmp_path / "s", test_fraction=0, depth=depth, workers=1)
+        assert open_store(out).images.dtype == np.uint16
+    out, _ = convert_folder(src, tmp_path / "s", test_fraction=0, depth=8, workers=1)
+    assert open_store(out).images.dtype == np.uint8
+    for bad in (12, "12", 16.0, True, None):
+        with pytest.raises(ConfigError, match=r"^depth must be one of auto, 8, 16, got "):
+            convert_folder(src, tmp_path / "s", test_fraction=0, depth=bad, workers=1)

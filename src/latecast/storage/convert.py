@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import multiprocessing
+import numbers
 import os
 import signal
 import stat
@@ -109,6 +110,9 @@ class ConvertConfig:
     progress: bool = option(True, "tqdm bar (only on a terminal)")
 
     def __post_init__(self) -> None:
+        depth = self.depth  # 16 as an int (numpy's too) is "16", as the command line gives it
+        if isinstance(depth, numbers.Integral) and not isinstance(depth, bool) and depth in (8, 16):
+            object.__setattr__(self, "depth", str(int(depth)))
         validate(self)
         self.hw  # noqa: B018  (parsed now: a bad size is one line before any work)
 
@@ -141,7 +145,8 @@ class _Job:
 def convert_folder(
     folder: str | os.PathLike, out: str | os.PathLike, **options
 ) -> tuple[Path, list[str]]:
-    """``convert`` with the folders as paths and the other ``ConvertConfig`` fields as keywords.
+    """``convert`` with the folders as paths and the other ``ConvertConfig`` fields as keywords
+    (``depth`` also as the int 8 or 16).
 
     Example:
         >>> out, skipped = convert_folder("pets/", "stores/pets", size="64x64", skip_bad=True)
