@@ -154,3 +154,56 @@ def test_bad_16_bit_input_is_one_error_naming_the_file(tmp_path, run_cli):
         convert_folder(src, tmp_path / "s", test_fraction=0)
     with pytest.raises(ConfigError, match="16-bit images are stored raw"):
         convert_folder(src, tmp_path / "s", test_fraction=0, encoding="jpeg", skip_bad=True)
+
+
+def test_depth_16_as_an_int_is_taken_and_a_bad_depth_is_refused_naming_what_is_taken(tmp_path):
+    src = tmp_path / "src"
+    depth_folder(src, n=2)
+    for depth in (16, np.int64(16), "16"):
+        out, _ = convert_folder(src, tmp_path / "s", test_fraction=0, depth=depth, workers=1)
+        assert open_store(out).images.dtype == np.uint16
+    out, _ = convert_folder(src, tmp_path / "s", test_fraction=0, depth=8, workers=1)
+    assert open_store(out).images.dtype == np.uint8
+    for bad in (12, "12", 16.0, True, None):
+        with pytest.raises(ConfigError, match=r"^depth must be one of auto, 8, 16, got "):
+            convert_folder(src, tmp_path / "s", test_fraction=0, depth=bad, workers=1)
+
+
+def pgm16(path: Path, values: np.ndarray, maxval: int = 65535, plain: bool = False) -> Path:
+    """``values`` (H, W) written by hand as a PGM of ``maxval`` (binary P5, big-endian 2 bytes
+    a pixel; or plain P2, decimal), which Pillow opens as mode ``I``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    h, w = values.shape
+    head = f"{'P2' if plain else 'P5'}\n{w} {h}\n{maxval}\n".encode()
+    body = " ".join(map(str, values.ravel())).encode() if plain else values.astype(">u2").tobytes()
+    path.write_bytes(head + body)
+    assert Image.open(path).mode == "I"
+    return path
+
+
+def test_16_bit_pgms_become_a_uint16_store_of_the_files_own_values(tmp_path):
+    src, rng = tmp_path / "src", np.random.default_rng(3)
+    written = [rng.integers(0, 65536, (12, 10), dtype=np.uint16) for _ in range(12)]
+    for i, v in enumerate(written):
+        (src / "ab"[i % 2]).mkdir(parents=True, exist_ok=True)
+        if i < 6:  # Pillow's own 16-bit PGMs, and ones written by hand
+            Image.fromarray(v).save(src / "ab"[i % 2] / f"pillow{i}.pgm")
+        else:
+            pgm16(src / "ab"[i % 2] / f"hand{i}.pgm", v)
+    twelve = rng.integers(0, 4096, (12, 10), dtype=np.uint16)  # a 12-bit PGM, maxval 4095
+    twelve[0, :2] = (0, 4095)
+    pgm16(src / "a" / "twelve.pgm", twelve, 4095)
+    plain = rng.integers(0, 1000, (12, 10), dtype=np.uint16)
+    pgm16(src / "b" / "plain.pgm", plain, 999, plain=True)
+    written += [twelve, plain]
+    ds = open_store(convert_folder(src, tmp_path / "s", test_fraction=0, workers=2)[0])
+    assert ds.images.dtype == np.uint16 and ds.image_shape == (12, 10, 1) and len(ds) == 14
+    stored = sorted(v.tobytes() for v in ds.images[..., 0])
+    assert stored == sorted(v.tobytes() for v in written)  # as the files hold them, unscaled
+    png16(src / "b" / "png.png", twelve)  # beside 16-bit PNGs too
+    assert open_store(convert_folder(src, tmp_path / "s", test_fraction=0)[0]).images.dtype == (
+        np.uint16
+    )
+    Image.fromarray(np.full((12, 10), 7, np.uint8)).save(src / "b" / "eight.pgm")  # 8-bit: L
+    with pytest.raises(FormatError, match=r"b/eight\.pgm: a L image, not 16-bit"):
+        convert_folder(src, tmp_path / "s", test_fraction=0)

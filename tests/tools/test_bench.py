@@ -171,3 +171,15 @@ def test_colour_store_with_augmentation(tmp_path, run_cli):
     assert r["bytes_fewer_than_float32"] == {"image": 4.0, "label": 8.0}
     assert r["h2d_bytes_per_epoch"]["uint8"] == 300 * (32 * 32 * 3 + 1)
     assert "augment: crop,flip,cutout" in (tmp_path / "out" / "bench.md").read_text()
+
+
+def test_a_16_bit_store_is_refused_in_one_line_naming_it(tmp_path, run_cli):
+    from latecast.storage.store import write_store
+
+    images = np.random.default_rng(0).integers(0, 65536, (20, 12, 10, 1), dtype=np.uint16)
+    for split in ("train", "test"):
+        write_store(from_arrays(images, np.arange(20) % 2, split=split), tmp_path / "d16" / split)
+    r = run_cli("bench", tmp_path / "d16", "--device", "cpu", "--output-dir", tmp_path / "out")
+    assert r.rc == 1 and len(r.err.splitlines()) == 1, r.err
+    assert f"{tmp_path / 'd16'} is a 16-bit store" in r.err and "latecast profile" in r.err
+    assert not (tmp_path / "out").exists()

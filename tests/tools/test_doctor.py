@@ -775,7 +775,7 @@ def test_python_options_a_relative_output_dir_a_workers_error_and_warnings(
     assert f"{script}:{warn_at}: FutureWarning: the script's own warning\n" in res.err
     assert "ignored by -W" not in res.err and "-u True -B True" in res.out
     assert res.json["error"] == line.removeprefix("latecast: error: ")
-    assert res.json["exit_code"] == 1 and res.json["sites"][0]["site"] == f"edges.py:{warn_at + 2}"
+    assert res.json["exit_code"] == 1 and res.json["setup"][0]["site"] == f"edges.py:{warn_at + 2}"
     assert (tmp_path / "out" / "doctor.md").is_file() and not (
         tmp_path / "elsewhere" / "out"
     ).exists()
@@ -791,7 +791,7 @@ def test_options_that_shape_the_interpreter_say_how_to_start_doctor(tmp_path, ru
     assert "not python -c code" in one_error_line(run_cli("doctor", "--", "python", "-c", "1"))
     here = os.getcwd()
     res = run_cli("doctor", "--json", "--", "python", "-Walways", script)
-    assert res.rc == 0 and os.getcwd() == here and res.json["sites"][0]["site"] == f"{script}:3"
+    assert res.rc == 0 and os.getcwd() == here and res.json["setup"][0]["site"] == f"{script}:3"
 
 
 def test_sys_exit_is_reported_with_its_status(tmp_path, run_cli):
@@ -1189,12 +1189,16 @@ raise ValueError("no data")
 
 def test_a_script_that_dies_before_its_first_step_is_told_no_step_ran(tmp_path, run_cli):
     """Not "nothing to change" for the model it moved before it died: no step ran, its error
-    (its file and line) beside it, and doctor exits with the script's own code."""
+    (its file and line) beside it, and doctor exits with the script's own code. Its moves
+    (the model's one-time ``.to``) are no per-step rows: listed apart, with no step run."""
     script, _ = write(tmp_path, "early.py", EARLY, None)
     res = run_cli("doctor", "--json", "--", script)
     line = one_error_line(res)
     assert "raised ValueError: no data" in line and f"{script}:7" in line
-    assert "nothing to change" not in res.out and res.json["sites"][0]["site"] == f"{script}:3"
+    assert "nothing to change" not in res.out and res.json["sites"] == []  # no per-step row
+    assert {s["site"] for s in res.json["setup"]} == {f"{script}:3", f"{script}:4"}
+    assert "bytes/step" not in res.out  # no per-step table: its moves are listed apart
+    assert f"moved with no step run, not counted per step: {script}:3" in res.out
     assert f"no optimizer step ran: the script {res.json['error'].split(' ', 1)[1]}" in res.out
     assert res.json["steps"] == 0 and res.json["exit_status"] == 1 and res.json["exit_code"] == 1
     assert res.json["error"] == line.removeprefix("latecast: error: ")  # the --json contract

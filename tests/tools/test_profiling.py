@@ -125,3 +125,42 @@ def test_cuda_copies_match_the_loader_accounting(tmp_path):
         assert rows[name]["profiler_bytes_per_step"] == rows[name]["h2d_bytes_per_step"], name
     assert rows["resident"]["profiler_bytes_per_step"] == 0, rows["resident"]["memcpy"]
     assert rows["uint8"]["memcpy_ms"] > 0 and rows["resident"]["kernel_ms"] > 0
+
+
+def store16(root, n: int = 40):
+    """A 16-bit store (uint16 images past 255, mean/std in stored units) at ``root``."""
+    import numpy as np
+
+    from latecast.data import from_arrays
+    from latecast.storage.store import write_store
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        images = rng.integers(0, 65536, (n, 12, 10, 1), dtype=np.uint16)
+        write_store(from_arrays(images, np.arange(n) % 2, split=split, name="d16"), root / split)
+    return root
+
+
+def test_a_16_bit_store_is_profiled_its_baselines_as_the_float32_pipeline(tmp_path, run_cli):
+    from latecast.storage.store import open_store
+    from latecast.tools.profiling import _usual
+
+    store = store16(tmp_path / "d16")
+    argv = ["--device", "cpu", "--steps", "2", "--warmup", "1", "-b", "8", "--json"]
+    r = run_cli("profile", store, *argv, "--output-dir", tmp_path / "out")
+    assert r.rc == 0, r.err
+    rows = r.json["rows"]
+    assert list(rows) == [row for row in ROWS if row != "jpeg"]
+    assert all(math.isfinite(row["loss"]) and row["step_ms"] > 0 for row in rows.values())
+    for name in ("float32", "baseline"):
+        assert rows[name]["h2d_bytes_per_step"] == 8 * (12 * 10 * 4 + 8), name
+    for name in ("uint8", "prefetch", "baseline-u8"):  # 2 bytes a pixel, as stored
+        assert rows[name]["h2d_bytes_per_step"] == 8 * (12 * 10 * 2 + 1), name
+    ds = open_store(store)
+    x = torch.from_numpy(ds.images.astype("float32")).permute(0, 3, 1, 2)
+    usual = (x - torch.tensor(ds.mean)[:, None, None]) / torch.tensor(ds.std)[:, None, None]
+    cfg = ProfileConfig(batch_size=len(ds), workers=0)
+    for uint8 in (False, True):  # one shuffled batch of every image: the same values
+        got = next(_usual(ds, torch.device("cpu"), cfg, uint8=uint8))[0]
+        assert got.dtype == torch.float32 and got.shape == usual.shape
+        torch.testing.assert_close(got.flatten().sort()[0], usual.flatten().sort()[0])

@@ -22,6 +22,7 @@ import hashlib
 import io
 import json
 import multiprocessing
+import numbers
 import os
 import signal
 import stat
@@ -58,7 +59,7 @@ from .store import (
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
 GREY_MODES = {"1", "L", "LA", "La", "I", "I;16", "I;16L", "I;16B", "I;16N", "F"}
 DEEP_MODES = {"I", "I;16", "I;16L", "I;16B", "I;16N", "F"}  # more than 8 bits per pixel
-SIXTEEN = {"I;16", "I;16L", "I;16B", "I;16N"}  # 16-bit greyscale (PNG, TIFF)
+SIXTEEN = {"I;16", "I;16L", "I;16B", "I;16N"}  # 16-bit greyscale (PNG, TIFF; PGM: _header)
 TEST_FRACTION = 0.1  # held out of a plain class folder when --test-fraction is not given
 CHUNK = 32  # files per pool task: a task's overhead (~0.1 ms) is small beside 32 decodes
 
@@ -100,15 +101,19 @@ class ConvertConfig:
     workers: int | None = option(None, "decoding processes (default: the usable cores)", low=1)
     depth: str = option(
         "auto",
-        "bits a pixel in the store: 16 keeps 16-bit greyscale (I;16 PNG/TIFF, or 32-bit I "
-        "with values in 0..65535) as uint16, raw; 8 scales deeper greyscale from each image's "
-        "own min..max to 0..255. auto: 16 when every image is 16-bit, 8 when none is",
+        "bits a pixel in the store: 16 keeps 16-bit greyscale (I;16 PNG/TIFF, PGM of maxval "
+        "256..65535, or 32-bit I with values in 0..65535) as uint16, raw; 8 scales deeper "
+        "greyscale from each image's own min..max to 0..255. auto: 16 when every image is 16-bit, "
+        "8 when none is",
         choices=("auto", "8", "16"),
     )
     skip_bad: bool = option(False, "skip unreadable images, list them in OUT/skipped.txt")
     progress: bool = option(True, "tqdm bar (only on a terminal)")
 
     def __post_init__(self) -> None:
+        depth = self.depth  # 16 as an int (numpy's too) is "16", as the command line gives it
+        if isinstance(depth, numbers.Integral) and not isinstance(depth, bool) and depth in (8, 16):
+            object.__setattr__(self, "depth", str(int(depth)))
         validate(self)
         self.hw  # noqa: B018  (parsed now: a bad size is one line before any work)
 
@@ -141,7 +146,8 @@ class _Job:
 def convert_folder(
     folder: str | os.PathLike, out: str | os.PathLike, **options
 ) -> tuple[Path, list[str]]:
-    """``convert`` with the folders as paths and the other ``ConvertConfig`` fields as keywords.
+    """``convert`` with the folders as paths and the other ``ConvertConfig`` fields as keywords
+    (``depth`` also as the int 8 or 16).
 
     Example:
         >>> out, skipped = convert_folder("pets/", "stores/pets", size="64x64", skip_bad=True)
@@ -172,8 +178,10 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
         raises ``FormatError`` naming it, or with ``skip_bad`` is left out and listed in
         ``out/skipped.txt``, one JSON object per line (``{"file": path relative to folder,
         "reason": ...}``: any file name reads back).
-      - depth ``"16"``: 16-bit greyscale (``I;16``, ``I;16B``, ...; or ``I`` with values in
-        0..65535) is stored as it is, uint16, in a raw store (resized in float32 and rounded
+      - depth ``"16"``: 16-bit greyscale (``I;16``, ``I;16B``, ...; a PGM of maxval over 255,
+        which Pillow opens as ``I``, counts as ``I;16B``; or ``I`` with values in
+        0..65535) is stored as it is (a PGM's values as the file holds them, not as Pillow
+        scales them to 0..65535), uint16, in a raw store (resized in float32 and rounded
         where its size is not the training size), mean/std in stored units; another mode is
         a ``FormatError`` naming it. ``"auto"`` (the default): ``"16"`` when every image is
         ``I;16``, ``"8"`` when none is, else a ``FormatError`` naming a file (a stray 8-bit
@@ -497,7 +505,17 @@ def _header(im, _) -> tuple[tuple[int, int], str]:
     """``((H, W), mode)`` from an image's header (Pillow reads a file's first KBs only), H and
     W as the image shows upright (EXIF orientation 5 to 8 turns it a quarter)."""
     turned = im.getexif().get(0x0112, 1) in (5, 6, 7, 8)
-    return ((im.width, im.height) if turned else (im.height, im.width)), im.mode
+    mode = "I;16B" if _pgm_maxval(im) else im.mode  # a 16-bit PGM, as a 16-bit PNG's I;16
+    return ((im.width, im.height) if turned else (im.height, im.width)), mode
+
+
+def _pgm_maxval(im) -> int | None:
+    """The maxval of a greyscale PGM Pillow opens as ``I`` (maxval 256..65535), read before
+    it loads; else None. Pillow scales such values to 0..65535 where maxval is not 65535."""
+    if im.format != "PPM" or im.mode != "I" or not im.tile:
+        return None
+    args = im.tile[0][3]  # (rawmode, maxval), or the rawmode "I;16B" alone for 65535
+    return args[-1] if isinstance(args, tuple) else 65535
 
 
 def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndarray, bool]:
@@ -507,6 +525,7 @@ def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndar
     whether the bytes are the file's own."""
     from PIL import ImageOps
 
+    maxval = _pgm_maxval(im)  # (its tile is gone once loaded)
     im.load()  # decode every byte now: a truncated file fails here, not in training
     said = _libjpeg(data) if im.format == "JPEG" else None
     if said:
@@ -518,7 +537,7 @@ def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndar
     kept = said == "" and im.mode in ("L", "RGB") and not jpeg_problem(data)
     im = ImageOps.exif_transpose(im)  # upright, as the decoders show the kept files
     if job.depth == 16:
-        pixels = _sixteen(im, job.size)
+        pixels = _sixteen(im, job.size, maxval)
     else:
         eight = _eight_bit(im)
         pixels = np.asarray(_fit(eight.convert(job.mode), job.size)).reshape(*job.size, -1)
@@ -563,13 +582,16 @@ def _eight_bit(im):
     return Image.fromarray(np.rint(scaled).astype(np.uint8))
 
 
-def _sixteen(im, size: tuple[int, int]) -> np.ndarray:
+def _sixteen(im, size: tuple[int, int], maxval: int | None = None) -> np.ndarray:
     """uint16 ``(H, W, 1)`` of a 16-bit greyscale image (or an ``I`` one whose values fit) at
     the training size: its own values, or where it has another size ``_fit`` in float32,
-    rounded. A FormatError for a value outside 0..65535."""
+    rounded. A FormatError for a value outside 0..65535. ``maxval``: a PGM's, whose values
+    Pillow scaled by 65535 / maxval: undone (exactly: the step is over 1), the file's own."""
     from PIL import Image
 
     a = np.asarray(im)
+    if maxval and maxval != 65535:
+        a = np.rint(a * (maxval / 65535)).astype(np.int64)
     if a.min() < 0 or a.max() > 65535:
         raise FormatError(f"{im.mode} values {a.min()}..{a.max()} do not fit 16 bits (0..65535)")
     if a.shape != size:

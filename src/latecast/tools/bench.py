@@ -290,6 +290,11 @@ def bench(cfg: BenchConfig) -> dict:
             f"latecast bench compares stores of decoded pixels; for the JPEG store "
             f"{cfg.dataset} use benchmarks/jpeg_loaders.py"
         )
+    if ds.images.dtype != np.uint8:  # its gather, upper-bound, folder and kernel rows: uint8
+        raise ConfigError(
+            f"latecast bench compares 8-bit loaders; {cfg.dataset} is a 16-bit store "
+            f"(uint16 images): latecast profile times each mover on it"
+        )
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     config = resolve_config(settings(cfg, device), ds, device)

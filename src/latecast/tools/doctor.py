@@ -150,7 +150,8 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
         row = {"site": s.where, "dtype": _name(s.dtype), "shape": list(s.shape)}
         row.update(latecast=s.latecast, loaders=sorted(s.loaders))
         row.update(pinned=s.pinned, devices=sorted(s.targets), calls=s.calls)
-        if steps >= 2 and s.last_step == 0 and not s.evaluation:
+        # before the first step: a model's one-time move (no step at all: no per-step rows)
+        if (steps >= 2 or steps == 0) and s.last_step == 0 and not s.evaluation:
             setup += [] if s.latecast else [{**row, "bytes": s.nbytes}]  # not its constants
             continue
         row.update(verdict(s))
@@ -254,7 +255,8 @@ def report(r: dict, cfg: DoctorConfig) -> str:
         for s in r["setup"]:
             by_site[s["site"]] = by_site.get(s["site"], 0) + s["bytes"]
         once = ", ".join(f"{site} ({human_bytes(b)})" for site, b in by_site.items())
-        lines += ["", f"moved once before the first step, not counted per step: {once}"]
+        when = "once before the first step" if r["steps"] else "with no step run"
+        lines += ["", f"moved {when}, not counted per step: {once}"]
     if cfg.profile:
         p = r["profile"]
         lines.append(

@@ -132,11 +132,14 @@ def run_info(device: torch.device) -> dict:
 
 class PILImages(torch.utils.data.Dataset):
     """What torchvision's ``MNIST``/``CIFAR10.__getitem__`` do: one PIL image per sample
-    through ``transform``, label as a Python int. The usual code, fed the same arrays."""
+    through ``transform``, label as a Python int. The usual code, fed the same arrays. uint16
+    images (a 16-bit store; no PIL mode ``ToTensor`` reads right) go as float32 ``(C, H, W)``
+    tensors scaled by 1/65535, as torchvision v2's ``ToDtype(float32, scale=True)``."""
 
     def __init__(self, ds: Dataset, transform: Callable) -> None:
         self.images, self.labels, self.transform = ds.images, ds.labels, transform
         self.gray = ds.image_shape[2] == 1
+        self.deep = ds.images.dtype == np.uint16
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -145,6 +148,9 @@ class PILImages(torch.utils.data.Dataset):
         from PIL import Image
 
         img = np.asarray(self.images[i])  # (H, W, C)
+        if self.deep:
+            x = torch.from_numpy(img.astype(np.float32) / 65535).permute(2, 0, 1)
+            return self.transform(x), int(self.labels[i])
         image = Image.fromarray(img[..., 0] if self.gray else img)
         return self.transform(image), int(self.labels[i])
 
@@ -160,7 +166,9 @@ def torchvision_loader(
     augment: Augment | None = None,
 ) -> torch.utils.data.DataLoader:
     """``DataLoader(ToTensor() + Normalize(mean, std))``, shuffled, pinned by default on CUDA;
-    with ``augment``, torchvision's per-image equivalents first (cutout: ``RandomErasing``)."""
+    with ``augment``, torchvision's per-image equivalents first (cutout: ``RandomErasing``).
+    uint16 images: ``PILImages``' float32 tensors, normalized by mean/std (stored units) /
+    65535: the float32 pipeline a 16-bit store's Loader equals."""
     from torchvision import transforms as T  # the `bench` extra
 
     (h, w, _), aug, pil, tensor = ds.image_shape, augment or Augment(), [], []
@@ -172,7 +180,11 @@ def torchvision_loader(
     if aug.cutout:
         area = aug.cutout**2 / (h * w)
         tensor.append(T.RandomErasing(p=1.0, scale=(area, area), ratio=(1.0, 1.0)))
-    tf = T.Compose([*pil, T.ToTensor(), *tensor, T.Normalize(ds.mean, ds.std)])
+    if ds.images.dtype == np.uint16:  # tensors already, in 0..1
+        mean, std = [m / 65535 for m in ds.mean], [s / 65535 for s in ds.std]
+        tf = T.Compose([*pil, *tensor, T.Normalize(mean, std)])
+    else:
+        tf = T.Compose([*pil, T.ToTensor(), *tensor, T.Normalize(ds.mean, ds.std)])
     pin = device.type == "cuda" if pin is None else pin
     return dataloader(PILImages(ds, tf), batch_size, workers, seed, persistent, pin)
 

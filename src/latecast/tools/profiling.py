@@ -83,12 +83,14 @@ def _latecast(
 
 def _usual(ds: Dataset, device: torch.device, cfg: ProfileConfig, uint8: bool) -> Iterator:
     """The usual code: float32 normalized on the CPU per image, then ``.to(device)``; with
-    ``uint8``, the same DataLoader over uint8 tensors, cast and normalized after the copy.
+    ``uint8``, the same DataLoader over uint8 tensors (a 16-bit store's: uint16, its mean/std
+    in stored units), cast and normalized after the copy.
     ``pin_memory=False``, as the code is most often written: pageable copies."""
     if uint8:  # (N, C, H, W) uint8 in memory, as people hold it (`MNIST(...).data.unsqueeze(1)`)
         images = torch.from_numpy(np.array(ds.images)).permute(0, 3, 1, 2).contiguous()
         data = torch.utils.data.TensorDataset(images, torch.from_numpy(np.array(ds.labels)))
         dl = measure.dataloader(data, cfg.batch_size, cfg.workers, cfg.seed, persistent=False)
+        scale = 255 if ds.images.dtype == np.uint8 else 1  # uint16: mean/std in stored units
         mean = torch.tensor(ds.mean, device=device).view(1, -1, 1, 1)  # (1, C, 1, 1)
         std = torch.tensor(ds.std, device=device).view(1, -1, 1, 1)
     else:
@@ -100,7 +102,7 @@ def _usual(ds: Dataset, device: torch.device, cfg: ProfileConfig, uint8: bool) -
             x_dev, y_dev = x.to(device), y.to(device)
         if uint8:
             with record_function("normalize"):
-                x_dev, y_dev = (x_dev.float() / 255 - mean) / std, y_dev.long()
+                x_dev, y_dev = (x_dev.float() / scale - mean) / std, y_dev.long()
         yield x_dev, y_dev, x.nbytes + y.nbytes
 
 
