@@ -276,3 +276,85 @@ def test_random_erasing_reaches_jpeg_fields_too():
     erase = latecast.Erasing(p=1.0, value=9.0)
     out = next(iter(latecast.wrap([{"image": batch["image"]}], device="cpu", erase=erase)))["image"]
     assert out.shape == (4, 3, 48, 64) and ((out == 9.0).flatten(1).sum(1) > 0).all()
+
+
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def cat_list(images, fill_value=0):
+    """torchvision's references/segmentation/utils.py ``cat_list``, as it is."""
+    max_size = tuple(max(s) for s in zip(*[img.shape for img in images]))
+    batch_shape = (len(images),) + max_size
+    batched_imgs = images[0].new(*batch_shape).fill_(fill_value)
+    for img, pad_img in zip(images, batched_imgs):
+        pad_img[..., : img.shape[-2], : img.shape[-1]].copy_(img)
+    return batched_imgs
+
+
+def cat_list_per_channel(images, fill_value=0):
+    """``cat_list`` with its one fill line rewritten (docs/dataloader.md) so that
+    ``fill_value`` may be one value per channel: the mean in uint8 units for uint8 images."""
+    max_size = tuple(max(s) for s in zip(*[img.shape for img in images]))
+    batch_shape = (len(images),) + max_size
+    batched_imgs = images[0].new_tensor(fill_value).view(-1, 1, 1).expand(batch_shape).clone()
+    for img, pad_img in zip(images, batched_imgs):
+        pad_img[..., : img.shape[-2], : img.shape[-1]].copy_(img)
+    return batched_imgs
+
+
+def test_torchvisions_segmentation_padding_converted_pads_uint8_with_the_mean():
+    """torchvision's segmentation reference pads each batch to its largest image after its
+    transforms normalized it: 0 there is the mean. Converted as the docs say (uint8 out of the
+    DataLoader, normalized by ``wrap``), the same ``collate_fn`` pads uint8 with 0, black,
+    which comes out -mean/std (about 2.1 off). Padding uint8 with ``round(255 * mean)`` per
+    channel comes out within 0.5/255/std of 0; masks are padded with 255 both ways."""
+    g = torch.Generator().manual_seed(47)
+    sizes = [(10, 12), (7, 12), (10, 9), (6, 5), (9, 11), (8, 8)]
+    samples = []
+    for h, w in sizes:
+        image = torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8)
+        samples.append((image, torch.randint(0, 21, (h, w), generator=g)))
+    mean, std = (
+        torch.tensor(IMAGENET_MEAN)[:, None, None],
+        torch.tensor(IMAGENET_STD)[:, None, None],
+    )
+
+    def reference_collate(batch):  # its transforms: PILToTensor, ToDtype(scale), Normalize
+        images, targets = zip(*batch)
+        images = [(img.float() / 255 - mean) / std for img in images]
+        return cat_list(images, fill_value=0), cat_list(targets, fill_value=255)
+
+    def converted_collate(cat, fill):  # its transforms: PILToTensor only
+        def collate(batch):
+            images, targets = zip(*batch)
+            return cat(images, fill_value=fill), cat(targets, fill_value=255)
+
+        return collate
+
+    def run(collate_fn, wrapped=True):
+        dl = torch.utils.data.DataLoader(samples, batch_size=3, collate_fn=collate_fn)
+        if not wrapped:
+            return list(dl)
+        kwargs = dict(mean=IMAGENET_MEAN, std=IMAGENET_STD, fields={1: "mask"}, mask_fill=255)
+        return list(latecast.wrap(dl, device="cpu", **kwargs))  # as docs/dataloader.md says
+
+    fill = [round(255 * m) for m in IMAGENET_MEAN]  # (124, 116, 104)
+    reference = run(reference_collate, wrapped=False)
+    as_docs_said = run(converted_collate(cat_list, 0))
+    fixed = run(converted_collate(cat_list_per_channel, fill))
+    bound = 0.5 / 255 / std  # per channel, 0.0087 at most
+    for k, (want, want_masks) in enumerate(reference):
+        batch = sizes[3 * k : 3 * k + 3]
+        inside = torch.zeros(want.shape[0], 1, *want.shape[2:], dtype=torch.bool)
+        for i, (h, w) in enumerate(batch):
+            inside[i, :, :h, :w] = True
+        padded = ~inside.expand_as(want)
+        assert padded.any() and (want[padded] == 0).all()
+        for got, got_masks in (as_docs_said[k], fixed[k]):
+            assert got.dtype == torch.float32 and got.shape == want.shape
+            torch.testing.assert_close(got[~padded], want[~padded], rtol=0, atol=1e-6)
+            assert torch.equal(got_masks, want_masks) and (want_masks[padded[:, 0]] == 255).all()
+        black = as_docs_said[k][0]
+        assert torch.allclose(black[padded], (-mean / std).expand_as(want)[padded], atol=1e-6)
+        assert (black[padded] - want[padded]).abs().min() > 1.7  # -mean/std: 1.80 to 2.12
+        assert ((fixed[k][0][padded] - want[padded]).abs() <= bound.expand_as(want)[padded]).all()
