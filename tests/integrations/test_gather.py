@@ -1,0 +1,70 @@
+"""accelerate's ``gather_for_metrics`` through ``wrap`` under ``accelerate launch`` (2 processes
+on the CPU) over an ``IterableDataset`` without ``__len__``: this very file is the script."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _helpers import accelerate
+from torch.utils.data import DataLoader, IterableDataset
+
+import latecast
+
+N, BATCH = 37, 8
+
+
+class Unsized(IterableDataset):
+    """``N`` uint8 NCHW images, sample ``i`` labelled ``i``; no ``__len__``."""
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(N)
+        images = torch.randint(0, 256, (N, 3, 5, 6), dtype=torch.uint8, generator=g)
+        return zip(images, torch.arange(N))
+
+
+@pytest.mark.slow
+def test_gather_for_metrics_over_an_unsized_iterable_dataset_on_two_processes(tmp_path):
+    """``wrap`` of what ``prepare`` returns for a ``DataLoader`` over an ``IterableDataset`` with
+    no ``__len__``, 2 processes: every batch sees the plain prepared loader's
+    ``end_of_dataloader`` and ``remainder``, and ``gather_for_metrics`` keeps what it keeps.
+    ``prepare(dl, device_placement=[False])`` makes a ``DataLoaderShard`` whose ``remainder``
+    stays -1 with no length: accelerate itself keeps the padding (48 labels of 37; it logs "drop
+    the remainder yourself"). With ``dispatch_batches=True`` (which needs device placement)
+    its ``DataLoaderDispatcher`` knows the last batch's size: 37, through wrap as well."""
+    pytest.importorskip("accelerate")
+    accelerate(__file__, tmp_path, cwd=tmp_path)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"gather{rank}.pt")
+        for kind in ("shard", "dispatcher"):
+            assert got[kind, "wrapped"] == got[kind, "plain"], (rank, kind)
+        labels, signals = got["shard", "plain"]
+        assert len(labels) == 48 and signals[-1] == (True, -1)  # accelerate's own, no length
+        labels, signals = got["dispatcher", "plain"]
+        assert labels == list(range(N)) and signals[-1] == (True, N % (2 * BATCH))
+
+
+def _run(out: Path) -> None:
+    from accelerate import Accelerator
+    from accelerate.utils import DataLoaderConfiguration
+
+    got = {}
+    for kind, dispatch in (("shard", None), ("dispatcher", True)):
+        acc = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=dispatch))
+        for how in ("plain", "wrapped"):
+            dl = DataLoader(Unsized(), batch_size=BATCH)
+            dl = acc.prepare(dl, device_placement=[dispatch is True])
+            loader = latecast.wrap(dl, device="cpu") if how == "wrapped" else dl
+            labels, signals = [], []
+            for _, y in loader:
+                gs = acc.gradient_state
+                signals.append((gs.end_of_dataloader, gs.remainder))
+                labels += acc.gather_for_metrics(y).tolist()
+            got[kind, how] = labels, signals
+    torch.save(got, out / f"gather{acc.process_index}.pt")
+
+
+if __name__ == "__main__":
+    _run(Path(sys.argv[1]))
