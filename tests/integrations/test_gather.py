@@ -40,8 +40,8 @@ def test_gather_for_metrics_over_an_unsized_iterable_dataset_on_two_processes(tm
         got = torch.load(tmp_path / f"gather{rank}.pt")
         for kind in ("shard", "dispatcher"):
             assert got[kind, "wrapped"] == got[kind, "plain"], (rank, kind)
-        labels, signals = got["shard", "plain"]
-        assert len(labels) == 48 and signals[-1] == (True, -1)  # accelerate's own, no length
+        labels, signals = got["shard", "plain"]  # accelerate's own choice without a length
+        assert len(labels) >= N and signals[-1][0] is True  # (1.16: all 48, remainder -1)
         labels, signals = got["dispatcher", "plain"]
         assert labels == list(range(N)) and signals[-1] == (True, N % (2 * BATCH))
 
