@@ -1205,3 +1205,131 @@ def test_a_script_that_dies_before_its_first_step_is_told_no_step_ran(tmp_path, 
     res = run_cli("doctor", "--json", "--", script, "exit")
     assert "exited with status 3" in one_error_line(res, 3) and res.json["exit_code"] == 3
     assert "no optimizer step ran: the script exited with status 3" in res.out
+
+
+SPEECH = """
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class SpeechCommands(Dataset):  # int16 PCM read as torchaudio.load hands it: float32 / 32768
+    def __init__(self):
+        rng = np.random.default_rng(0)
+        self.clips = rng.integers(-32768, 32768, (32, 1, 16000), dtype=np.int16)
+
+    def __len__(self):
+        return len(self.clips)
+
+    def __getitem__(self, i):
+        return torch.from_numpy(self.clips[i].astype(np.float32) / 32768), i % 35
+
+
+conv = torch.nn.Conv1d(1, 4, 80, 16)
+model = torch.nn.Sequential(conv, torch.nn.Flatten(), torch.nn.LazyLinear(35))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for waveform, label in DataLoader(SpeechCommands(), batch_size=8, shuffle=True):
+    waveform = waveform.to("cpu")  # MOVE
+    loss = torch.nn.functional.cross_entropy(model(waveform), label.to("cpu"))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_float32_pcm16_audio_crosses_as_int16_through_waveform(tmp_path, run_cli):
+    script, where = write(tmp_path, "speech.py", SPEECH)
+    res = run_cli("doctor", "--steps", "3", "--json", "--", script)
+    assert res.rc == 0, res.err
+    audio = sites(res.json, where)["float32"]
+    assert audio["shape"] == [8, 1, 16000] and audio["kind"] == "audio"
+    assert audio["could_cross"] == "int16" and audio["factor"] == 2.0
+    assert audio["bytes_per_step_then"] == 8 * 16000 * 2
+    assert "latecast.waveform(16000)" in res.out and 'dtype="int16"' in res.out
+    assert "PILToTensor" not in res.out and "doctor cannot write this change" in res.out
+
+
+VIDEO = """
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+MEAN, STD = (0.43216, 0.394666, 0.37645), (0.22803, 0.22145, 0.216989)
+
+
+class Clips(Dataset):  # decoded uint8 (T, H, W, C) frames, scaled and normalized per clip
+    def __init__(self):
+        self.frames = np.random.default_rng(0).integers(0, 256, (16, 8, 16, 16, 3), np.uint8)
+
+    def __len__(self):
+        return len(self.frames)
+
+    def __getitem__(self, i):
+        x = torch.from_numpy(self.frames[i]).float() / 255
+        x = (x - torch.tensor(MEAN)) / torch.tensor(STD)
+        return x.permute(3, 0, 1, 2), i % 4  # (C, T, H, W)
+
+
+conv = torch.nn.Conv3d(3, 4, 3, 2)
+model = torch.nn.Sequential(conv, torch.nn.Flatten(), torch.nn.LazyLinear(4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for clip, label in DataLoader(Clips(), batch_size=4, shuffle=True):
+    clip = clip.to("cpu")  # MOVE
+    loss = torch.nn.functional.cross_entropy(model(clip), label.to("cpu"))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_float32_normalized_video_clips_cross_as_uint8_through_clip(tmp_path, run_cli):
+    script, where = write(tmp_path, "video.py", VIDEO)
+    res = run_cli("doctor", "--steps", "3", "--json", "--", script)
+    assert res.rc == 0, res.err
+    clip = sites(res.json, where)["float32"]
+    assert clip["shape"] == [4, 3, 8, 16, 16] and clip["kind"] == "video clips"
+    assert clip["could_cross"] == "uint8" and clip["factor"] == 4.0
+    assert np.allclose(clip["mean"], [0.43216, 0.394666, 0.37645], rtol=0, atol=1e-4)
+    assert np.allclose(clip["std"], [0.22803, 0.22145, 0.216989], rtol=0, atol=1e-4)
+    assert 'latecast.clip(8, "NCTHW")' in res.out and "PILToTensor" not in res.out
+
+
+CT = """
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class CT(Dataset):  # int16 Hounsfield units, windowed to (-1000, 400) and mapped to [0, 1]
+    def __init__(self):
+        self.slices = np.random.default_rng(0).integers(-1024, 2000, (32, 1, 32, 32), np.int16)
+
+    def __len__(self):
+        return len(self.slices)
+
+    def __getitem__(self, i):
+        x = (np.clip(self.slices[i], -1000, 400).astype(np.float32) + 1000) / 1400
+        return torch.from_numpy(x), i % 2
+
+
+conv = torch.nn.Conv2d(1, 4, 3, 2)
+model = torch.nn.Sequential(conv, torch.nn.Flatten(), torch.nn.LazyLinear(2))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for image, label in DataLoader(CT(), batch_size=8, shuffle=True):
+    image = image.to("cpu")  # MOVE
+    loss = torch.nn.functional.cross_entropy(model(image), label.to("cpu"))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_a_windowed_ct_is_told_image16_with_its_window_not_piltotensor(tmp_path, run_cli):
+    script, where = write(tmp_path, "ct.py", CT)
+    res = run_cli("doctor", "--steps", "3", "--json", "--", script)
+    assert res.rc == 0, res.err
+    image = sites(res.json, where)["float32"]
+    assert image["shape"] == [8, 1, 32, 32] and image["kind"] == "16-bit image"
+    assert image["could_cross"] == "int16" and image["factor"] == 2.0
+    assert "latecast.image16(window=(LOW, LOW + 1400))" in res.out
+    assert "PILToTensor" not in res.out

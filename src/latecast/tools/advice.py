@@ -272,7 +272,7 @@ class Advice:
         self.wrapped: dict[int, str] = {}  # a loader's index -> the name it is assigned to
         self.converted: dict[tuple, str | None] = {}  # a ToTensor's (file, line) -> why not
         self.users: dict[tuple, list[int]] = {}  # a ToTensor's (file, line) -> its loaders
-        self.floats: set[int] = set()  # loaders whose 8-bit images doctor cannot make uint8
+        self.floats: set[int] = set()  # loaders whose floats doctor cannot make integers
 
     def edits(self) -> list[Edit]:
         return [e for path, src in self.sources.items() for e in src.edits(self.short(path))]
@@ -292,7 +292,7 @@ class Advice:
             why = f"its source cannot be read ({type(err).__name__})"
         if why is not None:
             row["change"] += f" (doctor cannot write this change for you: {why})"
-            self.floats |= site.loaders if row["kind"] == "8-bit image" else set()
+            self.floats |= site.loaders if row["kind"] != "integers" else set()
         elif row["kind"] == "8-bit image":
             group = next(g for g in self.users.values() if set(g) & site.loaders)
             row["change"] = (
@@ -313,6 +313,8 @@ class Advice:
     def through_wrap(self, site, row: dict) -> str | None:
         if row["kind"] == "8-bit image":
             return next(filter(None, (self.convert(i, site) for i in sorted(site.loaders))), None)
+        if row["kind"] in ("audio", "video clips", "16-bit image"):
+            return "its dataset scales them: read them as stored there (above)"
         if row["kind"] != "integers" or site.dtype.is_floating_point:
             return "floats that hold integers: move them as integers, cast on the device"
         if site.loaders & self.floats:  # wrap with no mean/std would not normalize them

@@ -1,8 +1,10 @@
 """``latecast doctor``: run anyone's training script, unmodified, and say what crosses the
 host->device bus wider than it needs to, and the change that narrows it (docs/doctor.md).
 ``launch.py`` runs it, ``observe.py`` records each move per line, ``advice.py`` writes the
-edits; here the verdict per site (8-bit pixels ``(k/255 - mean)/std``: uint8; integers: the
-narrowest dtype holding them) and the report. Without a GPU ``.to(device)`` counts as a move."""
+edits; here the verdict per site (8-bit pixels ``(k/255 - mean)/std``: uint8, images or
+video clips; PCM-16 audio ``k/32768``: int16; 16-bit images windowed or normalized: int16
+or uint16; integers: the narrowest dtype holding them) and the report. Without a GPU
+``.to(device)`` counts as a move."""
 
 from __future__ import annotations
 
@@ -47,30 +49,41 @@ class ScriptError(LatecastError):
 
 def grid(u: np.ndarray, eps: float) -> tuple[float, float] | None:
     """``(mean, std)`` when every value of ``u`` is ``(k/255 - mean)/std`` for integers k in
-    0..255 within the rounding of a float with machine epsilon ``eps``, else None. The step
-    is the smallest sharp gap, refitted by least squares over a window of levels widening 4x
-    a pass; the darkest value is k = 0 unless another k gives a mean of 4 decimals."""
-    levels = np.unique(u)
-    gaps = np.diff(levels)
-    sharp = gaps > 100 * eps * np.maximum(np.abs(levels[:-1]), np.abs(levels[1:]))
-    if len(levels) < 3 or not sharp.any():
+    0..255 within the rounding of a float with machine epsilon ``eps``, else None; the darkest
+    value is k = 0 unless another k gives a mean of 4 decimals."""
+    fit = levels(u, eps, 255)
+    if fit is None:
+        return None
+    step, darkest, span = fit
+    std = 1 / (255 * step)
+    means = [k0 / 255 - darkest * std for k0 in range(256 - span)]
+    nice = [m for m in means if abs(m - round(m, 4)) < 1e-6]
+    return (means[0] if not nice or means[0] in nice else nice[0]), std
+
+
+def levels(u: np.ndarray, eps: float, most: int) -> tuple[float, float, int] | None:
+    """``(step, darkest, span)`` when every value of ``u`` is ``darkest + k * step`` for
+    integers k in 0..span, span <= ``most``, within the rounding of a float with machine
+    epsilon ``eps``, else None. The step is the smallest sharp gap, refitted by least squares
+    over a window of levels widening 4x a pass."""
+    found = np.unique(u)
+    gaps = np.diff(found)
+    sharp = gaps > 100 * eps * np.maximum(np.abs(found[:-1]), np.abs(found[1:]))
+    if len(found) < 3 or not sharp.any():
         return None
     i = np.flatnonzero(sharp)[np.argmin(gaps[sharp])]
-    step, origin, width = gaps[i], levels[i], 8
+    step, origin, width = gaps[i], found[i], 8
     while True:
-        near = np.abs(levels - origin) <= width * step
-        k = np.rint((levels[near] - origin) / step)
-        step, origin = np.polyfit(k, levels[near], 1)  # level = step * k + origin
+        near = np.abs(found - origin) <= width * step
+        k = np.rint((found[near] - origin) / step)
+        step, origin = np.polyfit(k, found[near], 1)  # level = step * k + origin
         if near.all():
             break
         width *= 4
-    off = levels - origin - k * step
-    if k[-1] - k[0] > 255 or np.abs(off).max() > 0.1 * step + eps * np.abs(levels).max():
+    off = found - origin - k * step
+    if k[-1] - k[0] > most or np.abs(off).max() > 0.1 * step + eps * np.abs(found).max():
         return None
-    std, darkest = 1 / (255 * step), origin + k[0] * step
-    means = [k0 / 255 - darkest * std for k0 in range(256 - int(k[-1] - k[0]))]
-    nice = [m for m in means if abs(m - round(m, 4)) < 1e-6]
-    return (means[0] if not nice or means[0] in nice else nice[0]), std
+    return step, origin + k[0] * step, int(k[-1] - k[0])
 
 
 def verdict(s: Site) -> dict:
@@ -85,21 +98,40 @@ def verdict(s: Site) -> dict:
     elif finite and (u == np.rint(u)).all():
         lo, hi = int(u.min()), int(u.max())
         kind, then = "integers", next(d for d in NARROW if fits(d, lo, hi))
+    elif finite and pcm16(s, u):
+        kind, then = "audio", torch.int16
     else:
         eps = torch.finfo(now).eps
         found = [grid(c, eps) for c in u] if finite else [None]
-        kind = "8-bit image" if all(found) else "float"
+        kind = ("video clips" if len(s.shape) == 5 else "8-bit image") if all(found) else "float"
         if all(found):
             then, stats = torch.uint8, [list(x) for x in zip(*found)]
+        elif finite and s.axis is not None and len(s.shape) == 4:  # scaled from 16 bits?
+            found = [levels(c, eps, 65535) for c in u]
+            if all(found) and max(f[2] for f in found) > 255:
+                kind, stats = "16-bit image", [list(x) for x in zip(*found)]
+                then = torch.int16 if max(f[2] for f in found) <= 32767 else torch.uint16
     return {
         "kind": kind,
         "could_cross": _name(then),
         "factor": now.itemsize / then.itemsize,
         "range": None if lo is None else [lo, hi],
-        "mean": stats and stats[0],
-        "std": stats and stats[1],
+        "mean": stats and kind != "16-bit image" and stats[0] or None,
+        "std": stats and kind != "16-bit image" and stats[1] or None,
         "change": _change(s, kind, then, stats, lo, hi),
     }
+
+
+def pcm16(s: Site, u: np.ndarray) -> bool:
+    """Audio: ``(N, L)`` or ``(N, C, L)``, L long, every value k/32768 in [-1, 1) (PCM-16 as
+    ``torchaudio.load`` and ``soundfile.read`` scale it), not all silence."""
+    if len(s.shape) not in (2, 3) or s.shape[-1] < 1000 or not u.size:
+        return False
+    k = u * 32768
+    return bool((k == np.rint(k)).all() and k.min() >= -32768 and k.max() <= 32767 and k.any())
+
+
+LAYOUT = {1: "NCTHW", 2: "NTCHW", 4: "NTHWC"}  # a clip batch's layout by its channel axis
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -120,6 +152,41 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
             f"uint8, normalized on the device, {factor}x fewer bytes: make the dataset yield "
             f"uint8 (`PILToTensor()` for `ToTensor()`{given}) and pass every DataLoader that "
             f"uses it through `{wrap}`"
+        )
+    if kind == "audio":
+        return (
+            f"PCM-16 samples scaled to [-1, 1) (k/32768): they could cross as int16, scaled on "
+            f"the device, {factor}x fewer bytes: make the dataset read them as stored "
+            f'(`soundfile.read(path, dtype="int16")`, or `wave`\'s '
+            f"`np.frombuffer(w.readframes(n), np.int16)`) and pass its DataLoader through "
+            f"`latecast.wrap(loader, fields={{0: latecast.waveform({s.shape[-1]})}})` "
+            f"(0: the waveforms' place in the batch)"
+        )
+    if kind == "video clips":
+        m, sd = (tuple(round(float(x), 4) for x in v) for v in stats)
+        norm = f"mean={m}, std={sd}" if any(m) or any(x != 1 for x in sd) else ""
+        layout = LAYOUT.get(s.axis, "auto")
+        frames = s.shape[2] if layout == "NCTHW" else s.shape[1]
+        out = ', out="NTCHW"' if layout == "NTCHW" else ""
+        return (
+            f"8-bit video frames{' normalized with ' + norm if norm else ''}: they could cross "
+            f"as uint8, normalized on the device, {factor}x fewer bytes: make the dataset yield "
+            f"the decoded uint8 frames, unscaled, and pass its DataLoader through "
+            f"`latecast.wrap(loader, {norm + ', ' if norm else ''}fields={{0: latecast.clip("
+            f'{frames}, "{layout}"{out})}})` (0: the clips\' place in the batch)'
+        )
+    if kind == "16-bit image":
+        step, darkest, span = (stats[0][0], stats[1][0], stats[2][0])
+        if abs(darkest) < 1e-6 and abs(darkest + span * step - 1) < 1e-6:
+            spec = f"window=(LOW, LOW + {span})"  # clamped to a window, mapped to [0, 1]
+        else:
+            spec = f"mean=MEAN, std={tuple(round(1 / float(x), 4) for x in stats[0])}"
+        return (
+            f"16-bit values, windowed or normalized on the host ({span + 1} levels a channel): "
+            f"they could cross as the {_name(then)} stored, windowed on the device, {factor}x "
+            f"fewer bytes: make the dataset yield them as stored and pass its DataLoader "
+            f"through `latecast.wrap(loader, fields={{0: latecast.image16({spec})}})` (in "
+            f"stored units; LOW and MEAN are yours: the values alone do not tell the offset)"
         )
     if kind == "integers" and factor > 1:
         if s.dtype.is_floating_point:
@@ -165,7 +232,7 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
         row[f"bytes_per_{unit}_then"] = s.nbytes / per / row["factor"]
         into.append(row)
     advice = Advice(obs.loaders, lambda p: short_path(p, obs.start), torch.cuda.is_available())
-    for s, row in sorted(advised, key=lambda sr: sr[1]["kind"] != "8-bit image"):  # first
+    for s, row in sorted(advised, key=lambda sr: sr[1]["kind"] == "integers"):  # labels last
         advice.site(s, row)
     now = sum(r["bytes_per_step"] for r in sites)
     then = sum(r["bytes_per_step_then"] for r in sites)

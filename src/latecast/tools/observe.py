@@ -39,7 +39,7 @@ class Site:
     where: str  # file:line
     dtype: torch.dtype  # as it crosses
     shape: tuple[int, ...]  # the latest one's
-    axis: int | None  # its channel axis (images), else None
+    axis: int | None  # its channel axis (images, clips), else None
     targets: set = field(default_factory=set)  # device types moved to
     pinned: bool = False  # any came from pinned memory (DataLoader pin_memory=True)
     calls: int = 0
@@ -124,6 +124,8 @@ class Observer(TorchFunctionMode):
     def _record(self, moved: tuple, out: torch.Tensor, latecast: bool, evaluation: bool) -> None:
         t, dtype, target = moved  # as _moved found it
         axis = next((a for a in (1, 3) if t.dim() == 4 and t.shape[a] in CHANNELS), None)
+        if t.dim() == 5:  # clips: NCTHW, NTCHW or NTHWC, the first dim of 1 or 3 channels
+            axis = next((a for a in (1, 2, 4) if t.shape[a] in (1, 3)), None)
         # the script's own line (x.to(d), y.to(d) on one line: two sites, by instruction)
         frame = script_frame(sys._getframe(2))
         file, line, at = (
