@@ -24,8 +24,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import latecast
+from latecast.integrations.plan import Options
 from latecast.kinds.audio import Mel
-from latecast.wrapper import Fields
 
 RATE = 16000
 try:
@@ -116,19 +116,18 @@ def run(args, mel: bool) -> dict:
 
 
 def device_work(stored: DataLoader, spec) -> float:
-    """CPU-s of the field's device work alone (``prepared``) over one epoch's held batches."""
-    fields = Fields(fields={0: spec})
-    held = []
+    """CPU-s of the field's device work alone (its kind's ``finish``, through the one
+    ``Prepare``) over one epoch's held batches."""
+    options, cpu = Options(fields={0: spec}), torch.device("cpu")
+    prepare, held = options.prepare(), []
     for batch in stored:
-        fields.leaves = list(enumerate(batch))
-        f = spec.plan(0, batch[0], fields)
+        f = spec.plan(0, batch[0], options, dict(enumerate(batch)))
         raw = torch.empty(f.nbytes, dtype=torch.uint8)
         f.pack(raw, batch[0])
-        held.append((f, f.view(raw, torch.device("cpu"))))
+        held.append((f, f.view(raw, cpu)))
     c = time.process_time()
-    for f, x in held:
-        fields.prepare.next_batch(torch.device("cpu"))
-        f.prepared(x, fields.prepare, None)
+    for k, (f, x) in enumerate(held):
+        prepare([f], [x], (0, 0, k), cpu)
     return time.process_time() - c
 
 

@@ -15,13 +15,13 @@ On a CPU device (``--device cpu``) the device's work runs on the host too and is
 an upper bound of latecast's host CPU; on CUDA it leaves the host. The third row, latecast
 over the same batches already in memory (no DataLoader), is that device work plus the
 packing: the part a GPU takes off the host, but for the packing's copy. The fourth, the
-host half alone over the DataLoader (plan and pack, ``Fields.send``, nothing finished):
+host half alone over the DataLoader (plan and pack, ``Wrapped.send``, nothing finished):
 latecast's host CPU where the device is a GPU. The fifth, the uint16 DataLoader alone.
 The float32 row's ``.to`` moves nothing on a CPU device (on a GPU its copy from pageable
 memory costs host CPU too, not counted here). The third row, latecast
 over the same batches already in memory (no DataLoader), is that device work plus the
 packing: the part a GPU takes off the host, but for the packing's copy. The fourth, the
-host half alone over the DataLoader (plan and pack, ``Fields.send``, nothing finished):
+host half alone over the DataLoader (plan and pack, ``Wrapped.send``, nothing finished):
 latecast's host CPU where the device is a GPU. The fifth, the uint16 DataLoader alone.
 The float32 row's ``.to`` moves nothing on a CPU device (on a GPU its copy from pageable
 memory costs host CPU too, not counted here). One thread in this
@@ -45,8 +45,8 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision import tv_tensors
 
 import latecast
-from latecast.transfer import Ring, TransferStats
-from latecast.wrapper import Fields
+from latecast.integrations.plan import Options
+from latecast.integrations.wrapped import Wrapped
 
 BANDS, SIDE = 13, 64
 MEAN = tuple(float(v) for v in np.linspace(1000, 2600, BANDS))  # stored units
@@ -92,11 +92,12 @@ def epoch(batches, device: torch.device, usual: bool) -> tuple[float, float, int
 
 
 def host_half(batches, options: dict, device: torch.device):
-    """``batches`` planned and packed as ``wrap`` packs them (``Fields.send``), not finished:
+    """``batches`` planned and packed as ``wrap`` packs them (``Wrapped.send``), not finished:
     the host's part of ``wrap`` where the device is a GPU."""
-    fields, ring, stats = Fields.of(options), Ring(3, device), TransferStats()
+    wrapped = Wrapped(None, Options.of(options), device)
+    wrapped._start()  # its ring, on the device
     for batch in batches:
-        fields.send(ring, batch, stats)
+        wrapped.send(batch)
         yield batch
 
 

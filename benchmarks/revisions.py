@@ -41,6 +41,11 @@ if parse_augment is None:  # before issue 35
         from latecast.config import parse_augment
     except ImportError:  # before issue 15's layout
         from latecast.transforms import parse_augment
+try:  # the usual pipeline left the core after a755c18: a Loader is given its class
+    from latecast.trainer.baseline import Float32
+    named = {"float32": Float32}
+except ImportError:
+    named = {}
 transfers, batch, epochs, dataset, augment, threads = sys.argv[1:]
 if int(threads):
     torch.set_num_threads(int(threads))
@@ -49,7 +54,7 @@ aug = parse_augment(augment) if augment else None
 out = {}
 for transfer in transfers.split(","):
     loader = latecast.Loader(
-        train, int(batch), device="cpu", transfer=transfer, seed=0, augment=aug
+        train, int(batch), device="cpu", transfer=named.get(transfer, transfer), seed=0, augment=aug
     )
     best = (0.0, 0.0)
     for epoch in range(int(epochs) + 1):
