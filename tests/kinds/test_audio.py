@@ -329,8 +329,9 @@ class M5(torch.nn.Module):
         return F.log_softmax(self.fc(x.mean(-1)), -1)
 
 
-def train(model: torch.nn.Module, batches, wave=lambda x: x) -> list[float]:
-    opt = torch.optim.Adam(model.parameters(), lr=0.01, weight_decay=1e-4)
+def train(model: torch.nn.Module, batches, wave=lambda x: x, opt=None) -> list[float]:
+    """The tutorial's loop: its Adam, unless ``opt`` makes another optimizer of the model."""
+    opt = (opt or (lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=1e-4)))(model.parameters())
     losses = []
     for x, y in batches:
         loss = F.nll_loss(model(wave(x)), y)
@@ -436,3 +437,76 @@ def test_wav_files_read_as_the_docs_say_equal_the_float32_pipeline(tmp_path):
         "(x * 32768).round().clamp(-32768, 32767).to(torch.int16)",
     ):
         assert way in str(err.value)
+
+
+class SpeechFolder(Dataset):
+    """The tutorial's dataset as users have it on disk: a folder of WAV files per word, read by
+    soundfile as ``(1, L)`` (torchaudio.load's shape), labelled by the folder's index."""
+
+    def __init__(self, root, dtype: str) -> None:
+        self.paths, self.dtype = sorted(root.glob("*/*.wav")), dtype
+        self.words = sorted({p.parent.name for p in self.paths})
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        import soundfile
+
+        x, _ = soundfile.read(self.paths[i], dtype=self.dtype)  # "float32": x / 32768
+        return torch.from_numpy(x)[None], torch.tensor(self.words.index(self.paths[i].parent.name))
+
+
+def tutorial_collate(batch: list) -> tuple:
+    """The tutorial's ``collate_fn``: each batch's clips zero-padded to its longest clip,
+    ``(N, 1, longest)``, the labels stacked."""
+    tensors = [w.t() for w, _ in batch]
+    tensors = torch.nn.utils.rnn.pad_sequence(tensors, batch_first=True, padding_value=0.0)
+    return tensors.permute(0, 2, 1), torch.stack([y for _, y in batch])
+
+
+def test_the_speech_commands_tutorial_converted_as_the_docs_say_trains_the_same(tmp_path):
+    """pytorch/tutorials' speech-commands program on int16 WAV files in a folder per word: the
+    original reads float32 (soundfile ``dtype="float32"``, torchaudio.load's x / 32768), pads
+    each batch to its longest clip and trains an M5; converted as docs/dataloader.md says
+    (``dtype="int16"``, the same collate, ``latecast.waveform(longest, pad=True)``, each
+    batch cut back to its longest clip), the batches and the losses are the same."""
+    soundfile = pytest.importorskip("soundfile")
+    sizes = [4000, 3000, 2400, 3600, 2000, 3200]  # the second batch of 4 is shorter than 4000
+    waves = clips(12, sizes, seed=5)
+    for k, x in enumerate(waves):
+        (tmp_path / f"w{k % 3}").mkdir(exist_ok=True)
+        soundfile.write(tmp_path / f"w{k % 3}" / f"{k:02}.wav", x.numpy(), RATE, subtype="PCM_16")
+
+    def loader(dtype):
+        g = torch.Generator().manual_seed(0)
+        data = SpeechFolder(tmp_path, dtype)
+        return DataLoader(
+            data, batch_size=4, shuffle=True, generator=g, collate_fn=tutorial_collate
+        )
+
+    def converted():  # what the docs change: int16 read, declared, each batch cut back
+        spec = latecast.waveform(4000, pad=True)  # the longest clip: Speech Commands' 16000
+        return latecast.wrap(loader("int16"), device="cpu", fields={0: spec})
+
+    def longest(x):  # Padded(audio, lengths): the tutorial's batch, padded to its longest
+        return x.audio[..., : int(x.lengths.max())]
+
+    want, got = list(loader("float32")), [(longest(x), y) for x, y in converted()]
+    assert len(got) == len(want) == 3 and len({x.shape[-1] for x, _ in want}) > 1
+    for (x, y), (wx, wy) in zip(got, want):
+        assert x.dtype == wx.dtype == torch.float32 and x.shape == wx.shape
+        torch.testing.assert_close(x, wx, atol=0, rtol=0)  # k / 32768: exact in float32
+        assert torch.equal(y, wy)
+
+    torch.manual_seed(0)
+    model = M5(classes=3)
+    twin = copy.deepcopy(model)
+    sgd = lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)  # noqa: E731
+    want = train(model, loader("float32"), opt=sgd)
+    wrapped = converted()
+    got = train(twin, wrapped, wave=longest, opt=sgd)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    for p, q in zip(twin.parameters(), model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+    assert wrapped.stats.other_bytes <= 12 * 4000 * 2 + 12 * 8  # int16, padded to the longest
