@@ -5,7 +5,6 @@ workers): the fields' kinds are imported when a batch is asked for."""
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 from dataclasses import dataclass
@@ -98,9 +97,11 @@ class Dataset(Split):
         """The images and labels ``at``, rows gathered as they are packed (``Taken``)."""
         from .fields import Taken
 
-        return self.fields(len(at)), [Taken(self.images, at), Taken(self.labels, at)]
+        plans = self.__dict__.setdefault("_plans", {})  # by length: every batch but the last's
+        if len(at) not in plans:
+            plans[len(at)] = self.fields(len(at))
+        return plans[len(at)], [Taken(self.images, at), Taken(self.labels, at)]
 
-    @functools.lru_cache(maxsize=8)  # noqa: B019 (by batch length: every batch but the last's)
     def fields(self, n: int) -> list[Any]:
         """A batch of ``n``: uint8 ``(n, H, W, C)`` images, its narrow labels."""
         import torch
@@ -117,7 +118,6 @@ class Dataset16(Dataset):
 
     depth = np.uint16
 
-    @functools.lru_cache(maxsize=8)  # noqa: B019
     def fields(self, n: int) -> list[Any]:
         import torch
 

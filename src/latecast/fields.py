@@ -117,7 +117,7 @@ def normalized(x: torch.Tensor, ctx: Context) -> torch.Tensor:
         x = d.colour(d.shift_and_flip(x))
     y = normalize(x, ctx.mean, ctx.std, dtype=ctx.dtype, channels_last=ctx.channels_last,
                   out=ctx.out)  # fmt: skip
-    return y if ctx.erase is None else erased(y, ctx)
+    return erased(y, ctx)
 
 
 def erased(y: torch.Tensor, ctx: Context) -> torch.Tensor:
@@ -235,7 +235,16 @@ class Image(Field):
                 f"(N, H, W, C) or (N, C, H, W), got {t.dtype} {shape}; a DataLoader yields "
                 "those with PILToTensor() or ToImage(), not ToTensor()"
             )
-        layout = "NHW" if t.ndim == 3 else recognise_layout(name, shape, options.layout)
+        layout = "NHW" if t.ndim == 3 else options.layout
+        if layout == "auto":  # the one of dim 1 or 3 that looks like channels
+            ends = [axis for axis in (1, 3) if shape[axis] in (1, 3, 4)]
+            if len(ends) != 1:
+                raise BatchError(
+                    f"field {name!r}: uint8 images {shape} are ambiguous, "
+                    f"{'both' if ends else 'neither'} dim 1 and dim 3 look like channels "
+                    "(1, 3 or 4); pass layout='NHWC' or layout='NCHW'"
+                )
+            layout = "NCHW" if ends == [1] else "NHWC"
         channels = {"NHW": 1, "NHWC": shape[-1], "NCHW": shape[1]}[layout]
         mask = f"; a mask? declare it: fields={{{name!r}: 'mask'}}" * (
             channels == 1 and not declared
@@ -252,20 +261,6 @@ class Image(Field):
         ``normalized``."""
         boxes = ctx.draw.boxes
         return normalized(x if boxes is None else resized_crop(x, boxes, x.shape[1:3]), ctx)
-
-
-def recognise_layout(name: Name, shape: tuple, layout: str, what: str = "uint8 images") -> str:
-    """``layout``, or where it is ``auto`` the one of dim 1 or 3 that looks like channels (1,
-    3 or 4); else a BatchError naming the field."""
-    if layout != "auto":
-        return layout
-    ends = [axis for axis in (1, 3) if shape[axis] in (1, 3, 4)]
-    if len(ends) != 1:
-        raise BatchError(
-            f"field {name!r}: {what} {shape} are ambiguous, {'both' if ends else 'neither'} dim "
-            "1 and dim 3 look like channels (1, 3 or 4); pass layout='NHWC' or layout='NCHW'"
-        )
-    return "NCHW" if ends == [1] else "NHWC"
 
 
 def labels_field(labels: np.ndarray, n: int) -> Integer:

@@ -25,9 +25,9 @@ _HOST = torch.device("cpu")
 
 class Stored:
     """A Loader's mover, ``uint8``: each batch moved as it is stored and finished on the device;
-    its byte counters. A batch is
-    what the dataset (or a stream's source) describes for an index batch (``Split.batch``:
-    its fields' plans and values), packed and sent, unpacked, finished by ``finish``."""
+    its byte counters. A batch is what the dataset describes for an index batch
+    (``Split.batch``: its fields' plans and values), packed and sent, unpacked, finished by
+    ``finish``."""
 
     name = "uint8"
     slots, side = 2, False  # its ring's (side: the next batch's copy started first)
@@ -46,9 +46,9 @@ class Stored:
         return {"per_epoch": uint8_bytes(dataset, len(dataset)), "once": 0}
 
     def gather(self, item: Any) -> tuple[list[Field], list]:
-        """A batch's fields planned and their values on the host, as ``pack`` takes them:
-        ``item`` an index batch (CPU int64), or what a stream's source read."""
-        return self.dataset.batch(item.numpy()) if torch.is_tensor(item) else item.batch()
+        """A batch's fields planned and their values on the host, as ``pack`` takes them, for
+        an index batch (CPU int64; a stream's mover takes what its source read)."""
+        return self.dataset.batch(item.numpy())
 
     def batches(self, items: Iterable, finish: Finish) -> Iterator[list]:
         """Each item's batch gathered, packed and sent (``side``: the next one's copy started

@@ -62,8 +62,9 @@ class Prepare:
     def seed_batch(self, where: tuple, device: torch.device) -> None:
         """Seed ``device``'s and the host's generators for batch ``where``. No sync: a host op
         (a CUDA graph replays what follows)."""
+        seed = self.batch_seed(where)
         for g in {self.generator(device), self.generator(_HOST)}:
-            g.manual_seed(self.batch_seed(where))
+            g.manual_seed(seed)
 
     def batch_seed(self, where: tuple) -> int:
         mixed = 0
@@ -105,7 +106,7 @@ class Prepare:
             crop = size if f.crops else None
             draw = self.augment.draw(sizes, size, device, g, host, epoch=epoch, indices=indices,
                                      seed=self.seed, crop=crop)  # fmt: skip
-        if isinstance(self.erase, Erasing) and (self.augment is None or draw.augment):
+        if isinstance(self.erase, Erasing) and self.own is None:  # else its own augment draws first
             draw = replace(draw, erase=self.erase.params(len(sizes), size, device, g))
         return draw
 

@@ -66,8 +66,10 @@ class PrepareOnDevice:
         return self._latecast_movers[key]
 
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
-        """The batch packed and its copy started; ``on_after_batch_transfer`` finishes it."""
-        return self._latecast_mover(device).send(batch)
+        """The batch packed and its copy started; ``on_after_batch_transfer`` finishes it, by
+        the same mover (its ring holds the batch)."""
+        self._latecast_sender = self._latecast_mover(device)
+        return self._latecast_sender.send(batch)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         batch = super().on_after_batch_transfer(batch, dataloader_idx)
@@ -80,7 +82,7 @@ class PrepareOnDevice:
                 f"{type(batch).__name__} came from another one: leave the move to PrepareOnDevice "
                 "(or call super().transfer_batch_to_device from yours)"
             )
-        return self._latecast_mover(batch.dev.device).finish(batch, where)
+        return self._latecast_sender.finish(batch, where)
 
 
 def _evaluated(kind: Any) -> Any:

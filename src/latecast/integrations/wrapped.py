@@ -54,17 +54,12 @@ class Wrapped(Epochs):
             self._where = placement(self._device)
             self._ring = Ring(self.slots, self._where[0], side=True)
 
-    def planned(self, leaves: list[tuple]) -> tuple[list, list]:
-        """``plan`` of a batch's leaves by these options (look-alikes said at the first)."""
-        values, plans = plan(self.options, leaves, first=not self._looked)
-        self._looked = True
-        return values, plans
-
     def send(self, batch: Any, state: Any = None) -> Sent:
         """The host half: ``batch`` planned, each field in the dtype it crosses in
         (``narrow``), packed into the ring and its copy started (``state``: kept beside it)."""
         leaves, rebuild = split(batch)
-        values, plans = self.planned(leaves)
+        values, plans = plan(self.options, leaves, first=not self._looked)  # look-alikes: once
+        self._looked = True
         for f, v in zip(plans, values):
             if f is not None and torch.is_tensor(v) and v.device.type != "cpu":
                 raise BatchError(
@@ -77,21 +72,16 @@ class Wrapped(Epochs):
         s.leaves, s.rebuild, s.state = leaves, rebuild, state
         return s
 
+    @one_thread()  # latecast's own CPU work: threads.py
     def finish(self, s: Sent, where: tuple | None = None) -> Any:
         """The device half: the sent batch in its own form, its fields finished and mixed,
         seeded by ``where`` (epoch, rank, batch; default this pass's); a file that does not
         decode is a BatchError naming its field."""
-        views = unpack(self._ring, s, keep=True)
-        return self.finished(s.plans, views, s.leaves, s.rebuild, where, self._ring.device)
-
-    @one_thread()  # latecast's own CPU work: threads.py
-    def finished(self, plans: list, views: list, leaves: list, rebuild: Callable,
-                 where: tuple | None, device: torch.device) -> Any:  # fmt: skip
-        """``finish`` of a batch's fields as viewed on ``device``: in the batch's own form."""
         self._stats.batches += 1
         where = where or (self.epoch, self._where[1], self.position)
-        done = self.prepare(plans, views, where, device, mixing=self.mixing)
-        return rebuild([value if d is None else d for (_, value), d in zip(leaves, done)])
+        views = unpack(self._ring, s, keep=True)
+        done = self.prepare(s.plans, views, where, self._ring.device, mixing=self.mixing)
+        return s.rebuild([value if d is None else d for (_, value), d in zip(s.leaves, done)])
 
     def _finished(self) -> Iterator[tuple[Any, bool]]:
         return self._ahead(self.batches)
