@@ -65,8 +65,8 @@ class VideoSpec:
         check_channels(name, 3, len(options.mean or (0,)))
         check_options(name, options)
         u = torch.rand(len(files), generator=at.generator, dtype=torch.float64).tolist()
-        device = self.nvdec if self.nvdec is not None else _nvdec(at.device)
-        heads = [self._picked(_Source(name, i, value), f, u[i], device) for i, f in enumerate(files)]
+        nvdec = self.nvdec if self.nvdec is not None else _nvdec(at.device)
+        heads = [self._picked(_Source(name, i, value), f, u[i], nvdec) for i, f in enumerate(files)]
         sizes = torch.tensor([h.size for h in heads], dtype=torch.int64)
         size = self.size or (heads[0].size if len({h.size for h in heads}) == 1 else None)
         if size is None:
@@ -75,7 +75,7 @@ class VideoSpec:
                 f"field {name!r}: clips of {len({h.size for h in heads})} frame sizes ({some}, "
                 f"...): declare the size out, fields={{{name!r}: latecast.video(size=(H, W))}}"
             )
-        kind = VideoFiles if device else VideoPlanes
+        kind = VideoFiles if nvdec else VideoPlanes
         return kind.of(name, heads, files, sizes, tuple(size), self.out)
 
     def evaluated(self) -> VideoSpec:
