@@ -170,13 +170,15 @@ def test_stream_rss_walks_an_epoch_under_its_cap_locally_and_over_http(tmp_path)
 
 def test_video_decode_counts_what_each_way_sends_per_clip(tmp_path):
     """2 files of 32x48, clips of 2 frames: float32 crops of 12x12, uint8 RGB resized to
-    16x24, YUV 4:2:0 planes at the files' size (1.5 bytes a pixel)."""
+    16x24 (``clip``), YUV 4:2:0 planes at the files' size (``video``: 1.5 bytes a pixel), as
+    wrap counts them."""
     args = "--videos 2 --frames 2 --length 4 --source 32x48 --resize 16x24 --crop 12 --rounds 1"
     proc = script("video_decode.py", *args.split(), cwd=tmp_path)
     result = json.loads(proc.stdout.splitlines()[-1])
     assert result["bytes"] == {
         "float32, RGB on the host": 4 * 3 * 2 * 12 * 12,
         "latecast.clip, RGB on the host": 2 * 16 * 24 * 3,
-        "YUV 4:2:0 planes": 2 * 32 * 48 * 3 // 2,
+        "latecast.video, YUV 4:2:0 on the host": 2 * 32 * 48 * 3 // 2,
     }
-    assert all(ms > 0 for ms in result["cpu_ms"].values())
+    assert all(host > 0 for host, _ in result["cpu_ms"].values())
+    assert all(ms > 0 for ms in result["steps_ms"].values())
