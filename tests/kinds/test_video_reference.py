@@ -7,8 +7,8 @@ Resize(antialias=False), flip, Normalize, RandomCrop / CenterCrop, then ``(C, T,
 Converted, the Dataset hands over the files' paths and ``latecast.video`` decodes them to
 YUV 4:2:0, converts to RGB, resizes, crops, flips and normalizes on the device. Both take
 the clip at the start of each file (the reference's RandomClipSampler picks one at random).
-The resize sends the shorter side to the crop (``latecast.video``'s resize; the reference's
-(128, 171) to a 112 crop is the same for Kinetics' 4:3 frames but for the zoom)."""
+The reference resizes to (128, 171), then crops 112; ``latecast.video`` resizes the
+shorter side to the crop itself, so both sides here resize the shorter side to CROP."""
 
 from __future__ import annotations
 
