@@ -25,7 +25,7 @@ import torch
 
 from ..errors import BatchError, check, numbers_of, refuse
 from ..fields import Field, Name, Planning, check_channels
-from ..transforms import centre_boxes, crop_into
+from ..transforms import crop_into
 from .jpeg import files_of
 from .video import OUTS, check_options, finished
 
@@ -34,6 +34,7 @@ MAX_PIXELS = 2**28  # frames x height x width of one clip (16 frames of 4K: 2**2
 BT601 = (0.299, 0.114)  # (Kr, Kb); swscale's for an unspecified matrix
 MATRICES = {1: (0.2126, 0.0722), 4: (0.30, 0.11), 7: (0.212, 0.087), 9: (0.2627, 0.0593)}
 FULL_RANGE = 2  # AVCOL_RANGE_JPEG (yuvj formats too)
+LEFT_SITED = ("h264", "hevc")  # FFmpeg sites their 4:2:0 chroma left unless the stream says
 YUV420 = {"yuv420p": 8, "yuvj420p": 8, "yuv420p10le": 10, "yuv420p12le": 12}  # -> bits
 
 
@@ -120,7 +121,10 @@ class VideoSpec:
                 f"{stream.time_base} s apart): re-encode it at one rate, ffmpeg -i in.mp4 "
                 "-fps_mode cfr out.mp4"
             )
-        return _Clip((h, w), len(packets), pts if len(pts) == len(packets) else None, packets)
+        _check_whole(at, container, stream, packets)
+        clip = _Clip((h, w), len(packets), pts if len(pts) == len(packets) else None, packets)
+        clip.left = stream.codec_context.name in LEFT_SITED
+        return clip
 
     def _indices(self, at: _Source, count: int, u: float) -> list[int]:
         """The frames taken: ``frames`` of them ``step`` apart from the start (``u``: its
@@ -165,6 +169,23 @@ class _Clip:
     bits: int = 8
     matrix: tuple[float, float] = BT601
     full: bool = False  # full range (else limited: 16-235)
+    left: bool = False  # chroma sited left (H.264, HEVC: FFmpeg's default for them)
+
+
+def _check_whole(at: _Source, container: Any, stream: Any, packets: list) -> None:
+    """A BatchError where the video's packets end more than two frames before the duration
+    its header gives (the stream's, else the file's where it holds the video alone)."""
+    tb = float(stream.time_base)
+    step = float(np.median([p.duration or 0 for p in packets])) if packets else 0
+    said = stream.duration * tb if stream.duration else None
+    if said is None and container.duration and len(container.streams) == 1:
+        said = container.duration / 1e6  # microseconds
+    ends = [(p.pts + (p.duration or 0)) * tb for p in packets if p.pts is not None]
+    if said and ends and max(ends) < said - 2 * step * tb:
+        raise BatchError(
+            f"{at}: the file is cut short, its frames end at {max(ends):.2f} s of the "
+            f"{said:.2f} s its header says"
+        )
 
 
 def _paths_read(name: Name, value: Any) -> Any:
@@ -302,27 +323,32 @@ class VideoPlanes(Field):
         return self.sizes
 
     def finish(self, x: list, ctx) -> torch.Tensor:
-        """Each clip RGB (``rgb``) and resized into its slot by the draw's box (else its
-        shorter side to ``size``, its centre cropped), then ``video.finished``."""
-        boxes = ctx.draw.boxes
-        boxes = (centre_boxes(self.sizes, self.size) if boxes is None else boxes).tolist()
-        frames = self.frames
-        dev = x[0][0].device
-        out = torch.empty((len(x), frames, *self.size, 3), dtype=torch.uint8, device=dev)
+        """Each clip RGB (``rgb``) into its slot: resized by the draw's box (RandomResizedCrop),
+        else its shorter side resized to ``size`` and its centre cropped (torchvision's Resize
+        and CenterCrop: the crop's border pixels weigh their neighbours outside it); then
+        ``video.finished``."""
+        boxes, (th, tw) = ctx.draw.boxes, self.size
+        out = torch.empty(
+            (len(x), self.frames, th, tw, 3), dtype=torch.uint8, device=ctx.generator.device
+        )
         for i, clip in enumerate(self.clips):
-            crop_into(self.rgb(x[i], clip), boxes[i], out[i])
+            frames, (h, w) = self.rgb(x[i], clip), clip.size
+            if boxes is not None:
+                crop_into(frames, boxes[i].tolist(), out[i])
+                continue
+            rh, rw = (th, th * w // h) if th * w >= tw * h else (tw * h // w, tw)  # covering
+            resized = frames.new_empty((self.frames, rh, rw, 3))
+            crop_into(frames, (0, 0, h, w), resized)
+            top, left = round((rh - th) / 2), round((rw - tw) / 2)  # CenterCrop's
+            out[i] = resized[:, top : top + th, left : left + tw]
         return finished(out, ctx, self.out)
 
     @staticmethod
     def rgb(yuv: tuple, clip: _Clip) -> torch.Tensor:
         """``(Y, U, V)`` planes -> uint8 ``(T, H, W, 3)`` RGB by the clip's matrix (Kr, Kb) and
-        range, in float32, the chroma upsampled by repeating each sample (swscale's for
-        rgb24), rounded once."""
+        range, in float32, rounded once; the chroma upsampled as swscale's rgb24 (``_chroma``)."""
         y, u, v = (p.float() * 2.0 ** (8 - clip.bits) for p in yuv)
-        h, w = y.shape[1:]
-        rows = torch.arange(h, device=y.device) // 2
-        cols = torch.arange(w, device=y.device) // 2
-        u, v = (c[:, rows][:, :, cols] - 128 for c in (u, v))
+        u, v = (_chroma(c, *y.shape[1:], clip) - 128 for c in (u, v))
         if not clip.full:  # limited range: Y 16..235, U and V 16..240
             y, u, v = (y - 16) * (255 / 219), u * (255 / 224), v * (255 / 224)
         kr, kb = clip.matrix
@@ -331,6 +357,30 @@ class VideoPlanes(Field):
         b = y + 2 * (1 - kb) * u
         g = y - (2 * kb * (1 - kb) * u + 2 * kr * (1 - kr) * v) / kg
         return torch.stack([r, g, b], -1).round_().clamp_(0, 255).to(torch.uint8)
+
+
+def _chroma(c: torch.Tensor, h: int, w: int, clip: _Clip) -> torch.Tensor:
+    """Float chroma ``(T, ceil(H/2), ceil(W/2))`` -> ``(T, H, W)`` as swscale (FFmpeg 8) makes
+    rgb24, measured one sample at a time: each sample repeated for 8-bit frames of even height;
+    else rows interpolated (bilinear, centred) and columns resampled where the stream sites
+    its chroma left (H.264, HEVC: a quarter sample) or the width is odd (then interpolated)."""
+    m, n = c.shape[1:]
+    if clip.bits == 8 and h % 2 == 0:  # swscale's unscaled converter
+        return c[:, torch.arange(h, device=c.device) // 2][:, :, torch.arange(w) // 2]
+    left = 0.25 if clip.left else 0.0
+    i, j = (torch.arange(k, device=c.device, dtype=torch.float64) for k in (h, w))
+    cols = (j + 0.5) * n / w - 0.5 + left if w % 2 else (j // 2) + left  # even: pairs
+    return _at(_at(c, 1, (i + 0.5) * m / h - 0.5), 2, cols)
+
+
+def _at(c: torch.Tensor, axis: int, at: torch.Tensor) -> torch.Tensor:
+    """``c`` sampled at positions ``at`` along ``axis``, linearly between its samples (a
+    whole position: that sample), clamped to its ends."""
+    at = at.clamp(0, c.shape[axis] - 1)
+    low = at.floor().long()
+    high = (low + 1).clamp(max=c.shape[axis] - 1)
+    f = (at - low).float().view([len(at) if k == axis else 1 for k in range(c.ndim)])
+    return c.index_select(axis, low) * (1 - f) + c.index_select(axis, high) * f
 
 
 @dataclass(frozen=True)
@@ -413,12 +463,20 @@ def video(
     hw = numbers_of((size, size) if isinstance(size, numbers.Integral) else size, int)
     refuse(
         [
-            (size is None or (hw and len(hw) == 2 and min(hw) >= 1), "latecast.video(size=...)",
-             size, "an integer N or (H, W) of integers >= 1 (None: the frames' own)"),
-            (nvdec in (None, True, False), "latecast.video(nvdec=...)", nvdec,
-             "True, False or None"),
+            (
+                size is None or (hw and len(hw) == 2 and min(hw) >= 1),
+                "latecast.video(size=...)",
+                size,
+                "an integer N or (H, W) of integers >= 1 (None: the frames' own)",
+            ),
+            (
+                nvdec in (None, True, False),
+                "latecast.video(nvdec=...)",
+                nvdec,
+                "True, False or None",
+            ),
         ]
-    )  # fmt: skip
+    )
     frames = check(frames, "latecast.video(frames=...)", int, 1)
     step = check(step, "latecast.video(step=...)", int, 1)
     max_pixels = check(max_pixels, "latecast.video(max_pixels=...)", int, 1)
