@@ -27,16 +27,19 @@ plan and pack) and the device half (``finish``) apart. The device is this CPU: i
 the device's work done here, not host time a GPU would cost. The stage profile times each
 step alone on the same clips: the decode, the plane copy, swscale's RGB conversion at the
 source size and with the resize, each of the reference's torch ops. Prints two tables, then
-one JSON line.
+one JSON line (``--cprofile``: ``latecast.video``'s host half by function first).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import cProfile
 import io
 import json
 import os
+import pstats
 import statistics
 import subprocess
 import time
@@ -100,16 +103,17 @@ def usual(files: list[bytes], frames: int, to_float: T.Compose) -> tuple[float, 
     return (time.process_time() - c) * 1000 / len(files), 0.0, nbytes // len(files)
 
 
-def through(spec, chunks: list[list[bytes]], make) -> tuple[float, float, int]:
+def through(spec, chunks: list[list[bytes]], make, profiler=None) -> tuple[float, float, int]:
     """Batches of ``make(chunk)`` and labels through ``wrap``'s host half (``make``, then
-    ``send``: plan, pack) and its device half (``finish``, on this CPU), timed apart; a clip:
-    host CPU-ms, device CPU-ms, bytes across."""
+    ``send``: plan, pack; under ``profiler`` where given) and its device half (``finish``, on
+    this CPU), timed apart; a clip: host CPU-ms, device CPU-ms, bytes across."""
     w = Wrapped(None, Options.of({"mean": MEAN, "std": STD, "fields": {0: spec}}), "cpu")
     w._start()
     host = device = 0.0
     for chunk in chunks:
         c = time.process_time()
-        sent = w.send((make(chunk), torch.arange(len(chunk))))
+        with profiler or contextlib.nullcontext():
+            sent = w.send((make(chunk), torch.arange(len(chunk))))
         d = time.process_time()
         w.finish(sent)
         host, device = host + d - c, device + time.process_time() - d
@@ -149,6 +153,7 @@ def main() -> None:
     p.add_argument("--crop", type=int, default=112)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--cprofile", action="store_true", help="profile video()'s host half too")
     args = p.parse_args()
     torch.set_num_threads(1)  # as in a DataLoader worker, where PyTorch sets one thread
     src, resize = (tuple(map(int, s.split("x"))) for s in (args.source, args.resize))
@@ -175,6 +180,10 @@ def main() -> None:
     cpu = {name: [statistics.median(r[k] for r in rs) for k in (0, 1)] for name, rs in runs.items()}
     nbytes = {name: rs[0][2] for name, rs in runs.items()}
     steps = {name: statistics.median(r[name] for r in stages) for name in stages[0]}
+    if args.cprofile:  # latecast.video's host half by function, once more
+        profiler = cProfile.Profile()
+        through(video_spec, chunks, list, profiler)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(8)
     clip = f"{args.frames} frames of {args.source}, {CODEC}"
     print(f"| per clip ({clip}) | host CPU-ms | device work, CPU-ms here | bytes across |")
     print("|---|---|---|---|")
