@@ -25,6 +25,7 @@ import torch
 
 from ..errors import BatchError, check, numbers_of, refuse
 from ..fields import Field, Name, Planning, check_channels
+from ..threads import count, pool
 from ..transforms import crop_into
 from .jpeg import files_of
 from .video import OUTS, check_options, finished
@@ -67,7 +68,11 @@ class VideoSpec:
         check_options(name, options)
         u = torch.rand(len(files), generator=at.generator, dtype=torch.float64).tolist()
         nvdec = self.nvdec if self.nvdec is not None else _nvdec(at.device)
-        heads = [self._picked(_Source(name, i, value), f, u[i], nvdec) for i, f in enumerate(files)]
+
+        where = [_Source(name, i, value) for i in range(len(files))]
+        work = functools.partial(self._picked, nvdec=nvdec)
+        threads = min(count(), len(files))  # PyAV decodes without the GIL: a clip a thread
+        heads = list((pool(threads).map if threads > 1 else map)(work, where, files, u))
         sizes = torch.tensor([h.size for h in heads], dtype=torch.int64)
         size = self.size or (heads[0].size if len({h.size for h in heads}) == 1 else None)
         if size is None:
@@ -83,7 +88,7 @@ class VideoSpec:
         """This declaration for evaluation: the centre frames, nothing drawn."""
         return replace(self, start="centre" if self.start == "random" else self.start)
 
-    def _picked(self, at: _Source, data: np.ndarray | bytes, u: float, device: bool) -> _Clip:
+    def _picked(self, at: _Source, data: np.ndarray | bytes, u: float, nvdec: bool) -> _Clip:
         """Clip ``at``'s header checked, its frames picked (``u``: its draw in [0, 1)) and,
         unless the device decodes it, decoded to its planes."""
         import av
@@ -92,7 +97,7 @@ class VideoSpec:
             with av.open(io.BytesIO(data), metadata_errors="ignore") as container:
                 clip = self._demuxed(at, container)
                 clip.indices = self._indices(at, clip.count, u)
-                if not device:
+                if not nvdec:
                     clip.planes = _decoded(at, clip, container.streams.video[0].codec_context)
                 clip.packets = []
         except av.error.FFmpegError as err:
