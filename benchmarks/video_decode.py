@@ -21,13 +21,14 @@ clip is the first ``--frames`` frames of a file, decoded by PyAV. Rows, per clip
   crop), cropped and normalized on the device.
 
 Host CPU is this process's user + system time (``time.process_time``, all threads; torch
-at one thread, as in a DataLoader worker), median of ``--rounds`` rounds, the rows taken in
-turn within a round; for the wrap rows the host half (the workers' part, then ``send``:
-plan and pack) and the device half (``finish``) apart. The device is this CPU: its column is
-the device's work done here, not host time a GPU would cost. The stage profile times each
-step alone on the same clips: the decode, the plane copy, swscale's RGB conversion at the
-source size and with the resize, each of the reference's torch ops. Prints two tables, then
-one JSON line (``--cprofile``: ``latecast.video``'s host half by function first).
+at one thread, as in a DataLoader worker; ``latecast.video``'s plan then decodes a clip at a
+time), median of ``--rounds`` rounds, the rows taken in turn within a round; for the wrap
+rows the host half (the workers' part, then ``send``: plan and pack) and the device half
+(``finish``) apart. The device is this CPU: its column is the device's work done here, not
+host time a GPU would cost. The stage profile times each step alone on the same clips: the
+decode, the plane copy, swscale's RGB conversion at the source size and with the resize,
+each of the reference's torch ops. Prints two tables, then one JSON line (``--cprofile``:
+``latecast.video``'s host half by function first).
 """
 
 from __future__ import annotations
