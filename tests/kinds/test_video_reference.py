@@ -61,20 +61,6 @@ class Kinetics(Dataset):
         return (self.transform(video) if self.transform else video), label
 
 
-class Paths(Dataset):
-    """The converted Dataset: the file's path and its label, nothing decoded."""
-
-    def __init__(self, files: list[tuple[Path, int]]) -> None:
-        self.files = files
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int):
-        path, label = self.files[i]
-        return str(path), label
-
-
 def to_cthw(x: torch.Tensor) -> torch.Tensor:
     return x.permute(1, 0, 2, 3)  # the reference's ConvertBCHWtoCBHW
 
@@ -148,7 +134,7 @@ def test_the_video_reference_converted_trains_as_its_pyav_rgb_float32_pipeline(k
     GREY, no search, and the trained models agree on them."""
     video = latecast.video(FRAMES, size=CROP, start="start")  # the clip the reference takes
     options = dict(device="cpu", mean=MEAN, std=STD, fields={0: video})
-    paths = DataLoader(Paths(kinetics), batch_size=3)
+    paths = DataLoader([(str(path), label) for path, label in kinetics], batch_size=3)
     wrapped = latecast.wrap(paths, augment=latecast.Augment(flip=0.5), seed=1, **options)
     ours, reference, flips = [], [], set()
     for epoch in range(2):
