@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..errors import BatchError, check, numbers_of, refuse
-from ..fields import Field, Name, Planning, check_channels
+from ..fields import Context, Field, Name, Planning, check_channels
 from ..threads import count, pool
 from ..transforms import crop_into
 from .jpeg import files_of
@@ -52,7 +52,7 @@ class VideoSpec:
     out: str = "NCTHW"
     pad: bool = False  # a shorter clip: its last frame repeated (else a BatchError)
     max_pixels: int = MAX_PIXELS
-    nvdec: bool | None = None  # None: on a CUDA device where TorchCodec imports
+    nvdec: bool | None = None  # None: on a CUDA device where TorchCodec decodes there
 
     draws = True  # plan takes ``at``: the batch's host generator and its device
 
@@ -261,18 +261,31 @@ def _planes(frame: Any, clip: _Clip) -> list[np.ndarray]:
     return out
 
 
+def _nvdec(device: torch.device) -> bool:
+    """Whether clips for ``device`` cross as their files, for TorchCodec to decode there."""
+    return device.type == "cuda" and _decodes_on(str(device))
+
+
 @functools.cache
-def _torchcodec() -> bool:
+def _decodes_on(device: str) -> bool:
+    """TorchCodec decodes a 2-frame H.264 clip on ``device`` (NVDEC on CUDA): it imports, its
+    FFmpeg loads, the device takes it."""
+    import av
+
+    buf = io.BytesIO()
     try:
-        from torchcodec.decoders import VideoDecoder  # noqa: F401
-    except Exception:  # absent, or its FFmpeg does not load
+        from torchcodec.decoders import VideoDecoder
+
+        with av.open(buf, "w", format="mp4") as out:
+            stream = out.add_stream("libx264" if "libx264" in av.codecs_available else "mpeg4")
+            stream.width = stream.height = 64
+            for _ in range(2):
+                out.mux(stream.encode(av.VideoFrame(64, 64, "yuv420p")))
+            out.mux(stream.encode())
+        VideoDecoder(buf.getvalue(), device=device).get_frame_at(1)
+    except Exception:  # absent, its FFmpeg not loaded, no NVDEC: the host's planes then
         return False
     return True
-
-
-def _nvdec(device: torch.device) -> bool:
-    """Whether clips for ``device`` cross as their files, for NVDEC (TorchCodec) there."""
-    return device.type == "cuda" and _torchcodec()
 
 
 @dataclass(frozen=True)
@@ -327,7 +340,7 @@ class VideoPlanes(Field):
     def sizes_of(self, x: Any) -> torch.Tensor:
         return self.sizes
 
-    def finish(self, x: list, ctx) -> torch.Tensor:
+    def finish(self, x: list, ctx: Context) -> torch.Tensor:
         """Each clip RGB (``rgb``) into its slot: resized by the draw's box (RandomResizedCrop),
         else its shorter side resized to ``size`` and its centre cropped (torchvision's Resize
         and CenterCrop: the crop's border pixels weigh their neighbours outside it); then
@@ -371,7 +384,8 @@ def _chroma(c: torch.Tensor, h: int, w: int, clip: _Clip) -> torch.Tensor:
     its chroma left (H.264, HEVC: a quarter sample) or the width is odd (then interpolated)."""
     m, n = c.shape[1:]
     if clip.bits == 8 and h % 2 == 0:  # swscale's unscaled converter
-        return c[:, torch.arange(h, device=c.device) // 2][:, :, torch.arange(w) // 2]
+        rows, cols = (torch.arange(k, device=c.device) // 2 for k in (h, w))
+        return c[:, rows][:, :, cols]
     left = 0.25 if clip.left else 0.0
     i, j = (torch.arange(k, device=c.device, dtype=torch.float64) for k in (h, w))
     cols = (j + 0.5) * n / w - 0.5 + left if w % 2 else (j // 2) + left  # even: pairs
@@ -456,9 +470,9 @@ def video(
         max_pixels: frames x height x width of a clip, read from its header before decoding;
             a file past it is a BatchError (a decompression bomb), as Pillow's
             ``MAX_IMAGE_PIXELS``.
-        nvdec: True: the files cross and TorchCodec decodes them on the CUDA device (NVDEC);
-            False: the host decodes to YUV 4:2:0 planes, which cross. None: NVDEC on a CUDA
-            device where TorchCodec imports.
+        nvdec: True: the files cross and TorchCodec decodes them where the batch is
+            finished (NVDEC on CUDA); False: the host decodes to YUV 4:2:0 planes, which
+            cross. None: NVDEC on a CUDA device where TorchCodec decodes there (checked once).
 
     Example:
         >>> dl = DataLoader(mp4_bytes_and_labels, batch_size=24, num_workers=8)
