@@ -65,6 +65,7 @@ class LoaderSeen:
     normalize: tuple | None  # (mean, std) of its transform's Normalize
     workers: int
     dataset: str  # the class (module.name) of the dataset that applies the transform
+    columns: list = field(default_factory=list)  # a dict batch's image-shaped (4-dim) keys
 
 
 class Marks:
@@ -102,6 +103,8 @@ class Observer(TorchFunctionMode):
         self.loaders: list[LoaderSeen] = []  # every DataLoader the script made
         self.loader_of = Marks()  # a DataLoader -> its index in loaders
         self.batches = Marks()  # tensors a DataLoader handed out -> its index in loaders
+        # loaders (Ray Data's iterators) whose mark passes to what the host computes from them
+        self.derived: set[int] = set()
         # --eval-steps: the training pass ended after --steps, the evaluation watched
         self.ending, self.late_steps, self.eval_batches, self.stopped = False, 0, 0, ""
 
@@ -112,6 +115,12 @@ class Observer(TorchFunctionMode):
         if _torchs_own(caller):
             return out
         ours = caller == "latecast" or caller.startswith("latecast.")
+        if self.derived and not ours:  # a Ray batch normalized on the host stays its loader's
+            marks = (self.batches.get(t) for t in _tensors(list(args)))
+            loader = next((m for m in marks if m in self.derived), None)
+            for t in _tensors(out) if loader is not None else ():
+                if t.device.type == "cpu":
+                    self.batches.add(t, loader)
         for t in _tensors(out) if ours else ():
             self.latecasts.add(t)
         moved = _moved(func, args, kwargs, out)
@@ -209,6 +218,7 @@ def _sample(t: torch.Tensor, dtype: torch.dtype, axis: int | None) -> np.ndarray
 
 
 TRANSFORMS = "torchvision.transforms.transforms"  # where ToTensor and Normalize are defined
+RAY = "ray.data.iterator"  # where DataIterator.iter_torch_batches is (Dataset's calls it)
 MADE_AT = ("ToTensor", "Normalize")  # the transforms whose line doctor's advice edits
 
 
@@ -272,19 +282,31 @@ def watching(obs: Observer, cfg) -> Iterator[None]:
                 obs.batches.add(t, loader)
         return batch
 
+    def torch_batches(original: Callable, self, *args, **kwargs):
+        batches, frame = original(self, *args, **kwargs), script_frame(sys._getframe(1))
+        if frame is None:
+            return batches
+        where = (frame.f_code.co_filename, frame.f_lineno)
+        obs.loaders.append(LoaderSeen(*where, "iter_torch_batches", [], None, 0, RAY))
+        obs.derived.add(len(obs.loaders) - 1)
+        return _marked(batches, obs, len(obs.loaders) - 1)
+
     patch(DataLoader, "__init__", loader_init)
     patch(DataLoader, "__iter__", loader_iter)
     patch(_BaseDataLoaderIter, "__next__", loader_next)
-    finder = AfterImport(TRANSFORMS, transforms)
-    if TRANSFORMS in sys.modules:
-        transforms(sys.modules[TRANSFORMS])
-    else:
-        sys.meta_path.insert(0, finder)
+    ray = (RAY, lambda module: patch(module.DataIterator, "iter_torch_batches", torch_batches))
+    finders = [AfterImport(name, then) for name, then in [(TRANSFORMS, transforms), ray]]
+    for finder in finders:
+        if finder.name in sys.modules:
+            finder.then(sys.modules[finder.name])
+        else:
+            sys.meta_path.insert(0, finder)
     try:
         yield
     finally:
-        if finder in sys.meta_path:
-            sys.meta_path.remove(finder)
+        for finder in finders:
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
         for owner, name, original in reversed(undo):
             setattr(owner, name, original)
 
@@ -342,6 +364,18 @@ def _loader(loader, frame, made: Marks) -> LoaderSeen:
         frame.f_code.co_filename, frame.f_lineno, type(loader).__name__, made_at, stats,
         int(workers), f"{dataset.__module__}.{dataset.__name__}",
     )  # fmt: skip
+
+
+def _marked(batches, obs: Observer, index: int) -> Iterator:
+    """Ray Data's batches, each tensor marked as loader ``index``'s; its image-shaped columns
+    kept."""
+    for batch in batches:
+        for t in _tensors(batch):
+            obs.batches.add(t, index)
+        if isinstance(batch, dict) and not obs.loaders[index].columns:
+            images = [k for k, t in batch.items() if isinstance(t, torch.Tensor) and t.dim() == 4]
+            obs.loaders[index].columns = images
+        yield batch
 
 
 def _tensors(batch) -> list[torch.Tensor]:
