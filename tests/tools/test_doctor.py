@@ -1380,3 +1380,65 @@ def test_a_ray_data_loop_is_told_dtypes_none_and_wrap_with_the_image_field_not_p
     assert f"`iter_torch_batches` at {script}:{line_of(RAY, '# RAY')}" in image["change"]
     assert "dtypes=None" in res.out and 'fields={"image": "image"}' in res.out
     assert "PILToTensor" not in res.out and not res.json["edits"]
+
+
+MONAI_BRAIN = """
+import numpy as np
+import torch
+from monai.transforms import Compose, ScaleIntensityRanged
+from torch.utils.data import DataLoader, Dataset
+
+
+class Slices(Dataset):  # MONAI's dict samples: int16 Hounsfield units, a label
+    def __init__(self, transform):
+        rng = np.random.default_rng(0)
+        images = rng.integers(-1024, 2000, (32, 1, 32, 32)).astype(np.int16)
+        self.data = [{"image": x, "label": i % 2} for i, x in enumerate(images)]
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.transform(dict(self.data[i]))
+
+
+brain = ScaleIntensityRanged(["image"], a_min=0, a_max=80, b_min=0.0, b_max=1.0, clip=True)
+conv = torch.nn.Conv2d(1, 4, 3, 2)
+model = torch.nn.Sequential(conv, torch.nn.Flatten(), torch.nn.LazyLinear(2))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for batch in DataLoader(Slices(Compose([brain])), batch_size=8, shuffle=True):
+    image = batch["image"].to("cpu")  # MOVE
+    loss = torch.nn.functional.cross_entropy(model(image), batch["label"].to("cpu"))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+CT_BRAIN = CT.replace("(-1000, 400)", "(0, 80)").replace(
+    "(np.clip(self.slices[i], -1000, 400).astype(np.float32) + 1000) / 1400",
+    "np.clip(self.slices[i], 0, 80).astype(np.float32) / 80",
+)
+
+
+@pytest.mark.parametrize(
+    "text, told",
+    [
+        (MONAI_BRAIN, "fields={'image': latecast.image16(window=(0, 80))}"),
+        (CT_BRAIN, "latecast.image16(window=(LOW, LOW + 80))"),
+    ],
+)
+def test_a_ct_windowed_narrower_than_256_units_is_told_image16_not_piltotensor(
+    tmp_path, run_cli, text, told
+):
+    """A brain window (0, 80 HU) leaves 81 levels, an 8-bit grid: it was told
+    ``PILToTensor()``. The 16-bit source tells it apart: MONAI's ``ScaleIntensityRanged``
+    (its window, in stored units) or the dataset's int16 array."""
+    pytest.importorskip("monai")
+    assert "a_max=80" in text or "clip(self.slices[i], 0, 80)" in text  # the replace took
+    script, where = write(tmp_path, "brain.py", text)
+    res = run_cli("doctor", "--steps", "3", "--json", "--", script)
+    assert res.rc == 0, res.err
+    image = sites(res.json, where)["float32"]
+    assert image["shape"] == [8, 1, 32, 32] and image["kind"] == "16-bit image"
+    assert image["could_cross"] == "int16" and image["factor"] == 2.0
+    assert told in res.out and "PILToTensor" not in res.out and not res.json["edits"]

@@ -66,6 +66,9 @@ class LoaderSeen:
     workers: int
     dataset: str  # the class (module.name) of the dataset that applies the transform
     columns: list = field(default_factory=list)  # a dict batch's image-shaped (4-dim) keys
+    # the values were 16-bit before the transform: MONAI's ScaleIntensityRange(d, clip=True)
+    # window (a_min, a_max) and its key, or True where the dataset holds int16/uint16 arrays
+    stored: tuple | bool = False
 
 
 class Marks:
@@ -354,16 +357,32 @@ def _loader(loader, frame, made: Marks) -> LoaderSeen:
         todo += [d["dataset"]] if "dataset" in d else list(d.get("datasets", ()))[:8]
     held = [transform, *getattr(transform, "__dict__", {}).values()]  # a Compose, or holds one
     lists = (getattr(t, "__dict__", {}).get("transforms") for t in held)
-    parts = next((p for p in lists if isinstance(p, list)), [transform])
+    parts = next((p for p in lists if isinstance(p, (list, tuple))), [transform])
     parts = [p for p in parts if p is not None]
     normalize = next((p for p in parts if type(p).__name__ == "Normalize"), None)
     stats = normalize and tuple(tuple(float(x) for x in v) for v in (normalize.mean, normalize.std))
     made_at = [(type(p).__name__, made.get(p)) for p in parts]
     workers, dataset = vars(loader).get("num_workers", 0), type(holder)
+    held = getattr(holder, "__dict__", {}).values()
+    sixteen = any(str(getattr(v, "dtype", "")).endswith(SIXTEEN) for v in held)
     return LoaderSeen(
         frame.f_code.co_filename, frame.f_lineno, type(loader).__name__, made_at, stats,
         int(workers), f"{dataset.__module__}.{dataset.__name__}",
+        stored=next(filter(None, map(_window, parts)), sixteen),
     )  # fmt: skip
+
+
+SIXTEEN = ("int16", "uint16")  # numpy's and torch's names of them end so
+
+
+def _window(transform) -> tuple | None:
+    """MONAI's ``ScaleIntensityRange`` (or its ``d`` form's ``scaler``) that clips: its window
+    ``(a_min, a_max)`` in stored units and the key it reads, else None."""
+    scaler = getattr(transform, "scaler", transform)
+    if type(scaler).__name__ != "ScaleIntensityRange" or not getattr(scaler, "clip", False):
+        return None
+    keys = getattr(transform, "keys", None) or (0,)
+    return (float(scaler.a_min), float(scaler.a_max)), keys[0]
 
 
 def _marked(batches, obs: Observer, index: int) -> Iterator:
