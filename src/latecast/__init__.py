@@ -38,6 +38,7 @@ _EXPORTS = {
     "open_store": "storage.store",
     "PrepareOnDevice": "integrations.lightning",
     "train": "trainer.loop",
+    "video": "kinds.encoded",
     "waveform": "kinds.audio",
     "wrap": "integrations.dataloader",
 }

@@ -107,6 +107,14 @@ class Context(NamedTuple):
     out: torch.Tensor | None = None  # where the field's output goes (the Loader's buffers)
 
 
+class Planning(NamedTuple):
+    """What a declaration that draws or decodes on the host as its field is planned is given
+    (its ``plan(..., at=)``, where it says ``draws = True``): ``wrap``'s ``send``."""
+
+    generator: torch.Generator  # on the CPU, seeded from the batch's (seed, epoch, rank, batch)
+    device: torch.device  # where the batch is finished
+
+
 def normalized(x: torch.Tensor, ctx: Context) -> torch.Tensor:
     """uint8 ``(N, H, W, C)`` at the batch's size: the draw's crop, flips and colour (or one's
     own augmentation), the fused normalize into ``ctx.out``, the erasing."""

@@ -66,6 +66,11 @@ class Prepare:
         for g in {self.generator(device), self.generator(_HOST)}:
             g.manual_seed(seed)
 
+    def planning(self, where: tuple) -> torch.Generator:
+        """A CPU generator for batch ``where``'s draws on the host as it is planned (a video's
+        start frames), seeded apart from the finish's."""
+        return torch.Generator().manual_seed(self.batch_seed((*where, 1)))
+
     def batch_seed(self, where: tuple) -> int:
         mixed = 0
         for part in (self.seed, *where):

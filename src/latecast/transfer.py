@@ -127,6 +127,7 @@ class Sent:
     leaves: list | None = None  # wrap's: the batch's (name, value) fields as they came
     rebuild: Callable[[list], Any] | None = None  # wrap's: a batch of their form from values
     state: Any = None  # wrap's: the source's state as it was read
+    where: tuple | None = None  # wrap's: the (epoch, rank, batch) it was planned for
 
 
 def pack(ring: Ring, plans: list[Field | None], values: list, stats: TransferStats) -> Sent:

@@ -148,6 +148,15 @@ def video_clips(out: str) -> None:
     assert moved == 2 * 24 * 8 * 40 * 40 * 3 and usual == 4 * moved  # 40x40: cropped on the device
 
 
+def video_files(out: str) -> None:
+    steps_and_loss(out, 6)  # 2 epochs of 24 files in batches of 8
+    out = out.replace(",", "")
+    pattern = r"(\d+) bytes crossed as YUV 4:2:0 planes (\d+) as float32 frames \(5\.12x\)"
+    ((moved, usual),) = numbers(pattern, out)
+    assert moved == 2 * 24 * 6 * 40 * 40 * 3 // 2  # the 6 frames taken, 1.5 bytes a pixel
+    assert usual == 4 * 2 * 24 * 6 * 32 * 32 * 3  # float32 at the size out
+
+
 @dataclass(frozen=True)
 class Example:
     needs: str  # the module it needs
@@ -172,6 +181,7 @@ EXAMPLES = {
     "ct_segmentation.py": Example("torch", f"--slices=32 {E2}", ct_segmentation),
     "speech_commands.py": Example("torch", f"--clips=48 {E2}", speech_commands),
     "video_clips.py": Example("torch", f"--clips=24 {E2}", video_clips),
+    "video_clips.py --files": Example("av", f"--files --clips=24 {E2}", video_files),
 }
 
 

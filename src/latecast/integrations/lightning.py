@@ -70,20 +70,20 @@ class PrepareOnDevice:
         the same mover (its ring holds the batch)."""
         _refuse_datamodule_hook(self)
         self._latecast_sender = self._latecast_mover(device)
-        return self._latecast_sender.send(batch)
+        trainer = self.trainer
+        step = trainer.fit_loop.epoch_loop.batch_idx + 1  # Lightning counts it up after the hooks
+        where = (trainer.current_epoch, trainer.global_rank, step)  # what finishes it too
+        return self._latecast_sender.send(batch, where=where)
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         batch = super().on_after_batch_transfer(batch, dataloader_idx)
-        trainer = self.trainer
-        step = trainer.fit_loop.epoch_loop.batch_idx + 1  # Lightning counts it up after this hook
-        where = (trainer.current_epoch, trainer.global_rank, step)
         if not isinstance(batch, Sent):
             raise BatchError(
                 f"PrepareOnDevice finishes the batches its transfer_batch_to_device packs; this "
                 f"{type(batch).__name__} came from another one: leave the move to PrepareOnDevice "
                 "(or call super().transfer_batch_to_device from yours)"
             )
-        return self._latecast_sender.finish(batch, where)
+        return self._latecast_sender.finish(batch)  # by the (epoch, rank, batch) it was sent for
 
 
 def _refuse_datamodule_hook(module: Any) -> None:

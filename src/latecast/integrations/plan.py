@@ -15,7 +15,17 @@ import numpy as np
 import torch
 
 from ..errors import BatchError, ConfigError, check, numbers_of, refuse
-from ..fields import LAYOUTS, Field, Image, Integer, Mask, as_tensor, declaration, image_hint
+from ..fields import (
+    LAYOUTS,
+    Field,
+    Image,
+    Integer,
+    Mask,
+    Planning,
+    as_tensor,
+    declaration,
+    image_hint,
+)
 from ..kinds.jpeg import recognised
 from ..pixels16 import Images16
 from ..prepare import Augmentation, Mixing, Prepare
@@ -101,12 +111,12 @@ def holds_arrays(value: Any) -> bool:
     return as_tensor(value) is not None
 
 
-def plan(options: Options, leaves: list[tuple], first: bool = True) -> tuple[list, list]:
+def plan(options: Options, leaves: list[tuple], first: bool = True, at: Planning | None = None):
     """A batch's ``(name, value)`` leaves as each field's value (a tensor where it is an
     array) and its kind's plan (None: it passes through), dispatched once: a declaration in
     ``fields=``, else JPEG files recognised by their signature, else what the value is; then
     what the fields are held to together (``first``: the source's first batch, where
-    look-alikes are said)."""
+    look-alikes are said; ``at``: what a declaration that ``draws`` is given)."""
     if missing := set(options.kinds) - {name for name, _ in leaves}:
         raise BatchError(
             f"fields= names {sorted(map(repr, missing))} but this batch has fields "
@@ -125,7 +135,8 @@ def plan(options: Options, leaves: list[tuple], first: bool = True) -> tuple[lis
             )
         values.append(value if t is None else t)
         if hasattr(kind, "plan"):  # a declaration: takes what is no array too
-            plans.append(kind.plan(name, values[-1], options, batch))
+            more = {"at": at} if getattr(kind, "draws", False) else {}
+            plans.append(kind.plan(name, values[-1], options, batch, **more))
         elif t is None or kind is not None:  # None: not an array, it passes through
             plans.append(None if t is None else kind(name, t, options, batch))
         elif t.dtype == torch.uint8 and t.ndim == 4:

@@ -14,7 +14,7 @@ import torch
 
 from ..distributed import placement
 from ..errors import BatchError
-from ..fields import split
+from ..fields import Planning, split
 from ..loader import Epochs
 from ..threads import one_thread
 from ..transfer import Ring, Sent, TransferStats, ahead, pack, unpack
@@ -54,11 +54,15 @@ class Wrapped(Epochs):
             self._where = placement(self._device)
             self._ring = Ring(self.slots, self._where[0], side=True)
 
-    def send(self, batch: Any, state: Any = None) -> Sent:
+    def send(self, batch: Any, state: Any = None, where: tuple | None = None) -> Sent:
         """The host half: ``batch`` planned, each field in the dtype it crosses in
-        (``narrow``), packed into the ring and its copy started (``state``: kept beside it)."""
+        (``narrow``), packed into the ring and its copy started (``state``: kept beside it);
+        ``where``: the (epoch, rank, batch) it is finished with (default this pass's next),
+        which seeds a kind's draws on the host too (``Planning``)."""
         leaves, rebuild = split(batch)
-        values, plans = plan(self.options, leaves, first=not self._looked)  # look-alikes: once
+        where = where or (self.epoch, self._where[1], self.position)
+        at = Planning(self.prepare.planning(where), self._ring.device)
+        values, plans = plan(self.options, leaves, not self._looked, at)  # look-alikes: once
         self._looked = True
         for f, v in zip(plans, values):
             if f is not None and torch.is_tensor(v) and v.device.type != "cpu":
@@ -69,16 +73,16 @@ class Wrapped(Epochs):
         s = pack(
             self._ring, [f and f.narrow(v) for f, v in zip(plans, values)], values, self._stats
         )
-        s.leaves, s.rebuild, s.state = leaves, rebuild, state
+        s.leaves, s.rebuild, s.state, s.where = leaves, rebuild, state, where
         return s
 
     @one_thread()  # latecast's own CPU work: threads.py
     def finish(self, s: Sent, where: tuple | None = None) -> Any:
         """The device half: the sent batch in its own form, its fields finished and mixed,
-        seeded by ``where`` (epoch, rank, batch; default this pass's); a file that does not
-        decode is a BatchError naming its field."""
+        seeded by ``where`` (epoch, rank, batch; default the one it was sent for); a file that
+        does not decode is a BatchError naming its field."""
         self._stats.batches += 1
-        where = where or (self.epoch, self._where[1], self.position)
+        where = where or s.where
         views = unpack(self._ring, s, keep=True)
         done = self.prepare(s.plans, views, where, self._ring.device, mixing=self.mixing)
         return s.rebuild([value if d is None else d for (_, value), d in zip(s.leaves, done)])
@@ -90,7 +94,8 @@ class Wrapped(Epochs):
         """Each batch finished on the device and whether it is the last, the next one's copy
         started before (``ahead``); ``state()``, taken as each batch is read, kept beside it
         (``Sent.state``) for ``_handing``."""
-        sent = (self.send(b, state()) for b in batches)
+        epoch, rank, first = self.epoch, self._where[1], self.position  # of this pass's batches
+        sent = (self.send(b, state(), (epoch, rank, first + k)) for k, b in enumerate(batches))
         t0 = time.perf_counter()
         for s, last in ahead(sent):
             batch = self.finish(s)

@@ -6,8 +6,8 @@ geometric draw per clip for all its frames (as torchvision v2 transforms a video
 drawn once, applied to every frame).
 Declared ``fields={"video": latecast.clip(frames=16, size=112)}``; out ``(N, C, T, H, W)``
 float, what torchvision's video models take, or ``(N, T, C, H, W)``, what Hugging Face's
-(VideoMAE, TimeSformer) take. Compressed clips are not a kind here: decode them in the
-DataLoader's workers (TorchCodec) and let the frames cross.
+(VideoMAE, TimeSformer) take. Encoded clips (mp4, mkv, webm files) are ``latecast.video``
+(``encoded.py``), finished here too (``finished``).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class ClipSpec:
             )
         hint = AUTO_HINT if self.layout == "auto" else ""
         check_channels(name, c, len(options.mean or (0,)), f" ({layout} {shape})", hint)
-        _check_options(name, options)
+        check_options(name, options)
         if getattr(options.augment, "jitter", 0) and c not in (1, 3):  # torchvision's refuse too
             raise ConfigError(
                 f"field {name!r}: colour jitter takes clips of 1 or 3 channels, got {c} "
@@ -116,7 +116,7 @@ class ClipSpec:
         return self.frames in (None, frames) and h >= size[0] and w >= size[1]
 
 
-def _check_options(name: Name, options: Any) -> None:
+def check_options(name: Name, options: Any) -> None:
     """What finishes clips: a ``latecast.Augment`` (its draws made per clip), no ``erase`` or
     ``mix`` (they take ``(N, C, H, W)`` images); else one ConfigError."""
     for given, what in ((options.erase, "erase"), (options.mix, "mix")):
@@ -212,17 +212,18 @@ class Clips(Field):
             for i, box in enumerate(boxes.tolist()):  # a crop's size differs by clip
                 crop_into(x[i], box, out[i])
             x = out
-        frames = x.view(n * t, *x.shape[2:])  # (N*T, H, W, C)
-        d = ctx.draw.per_clip(t)
-        return self.normalized(d.colour(d.shift_and_flip(frames)), n, ctx)
+        return finished(x, ctx, self.out)
 
-    def normalized(self, frames: torch.Tensor, n: int, ctx: Context) -> torch.Tensor:
-        """uint8 ``(N*T, H, W, C)`` -> normalized ``out``, written by one ``normalize``: for
-        NCTHW the frames are taken as ``(N, T*H, W, C)`` images, whose ``(N, C, T*H, W)``
-        result is ``(N, C, T, H, W)``."""
-        nt, h, w, c = frames.shape
-        t, ncthw = nt // n, self.out == "NCTHW"
-        images = frames.view(n, t * h, w, c) if ncthw else frames
-        y = normalize(images, ctx.mean, ctx.std, dtype=ctx.dtype,
-                      channels_last=ctx.channels_last)  # fmt: skip
-        return y.view(n, c, t, h, w) if ncthw else y.view(n, t, c, h, w)
+
+def finished(x: torch.Tensor, ctx: Context, out: str) -> torch.Tensor:
+    """uint8 clips ``(N, T, H, W, C)`` at their size out, moved and coloured by the draw (one
+    per clip for all its frames), then normalized into ``out`` (NCTHW or NTCHW) by one
+    ``normalize``: for NCTHW the frames are taken as ``(N, T*H, W, C)`` images, whose ``(N, C,
+    T*H, W)`` result is ``(N, C, T, H, W)``."""
+    n, t, h, w, c = x.shape
+    d = ctx.draw.per_clip(t)
+    frames = d.colour(d.shift_and_flip(x.view(n * t, h, w, c)))  # (N*T, H, W, C)
+    ncthw = out == "NCTHW"
+    images = frames.view(n, t * h, w, c) if ncthw else frames
+    y = normalize(images, ctx.mean, ctx.std, dtype=ctx.dtype, channels_last=ctx.channels_last)
+    return y.view(n, c, t, h, w) if ncthw else y.view(n, t, c, h, w)
