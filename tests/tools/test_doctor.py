@@ -1333,3 +1333,112 @@ def test_a_windowed_ct_is_told_image16_with_its_window_not_piltotensor(tmp_path,
     assert image["could_cross"] == "int16" and image["factor"] == 2.0
     assert "latecast.image16(window=(LOW, LOW + 1400))" in res.out
     assert "PILToTensor" not in res.out
+
+
+RAY = """
+import numpy as np
+import ray
+import torch
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+rng = np.random.default_rng(0)
+ds = ray.data.from_items(
+    [{"image": rng.integers(0, 256, (12, 10, 3), np.uint8), "label": i % 4} for i in range(32)]
+)
+mean, std = torch.tensor(MEAN).view(1, 3, 1, 1), torch.tensor(STD).view(1, 3, 1, 1)
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(4))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+try:
+    for batch in ds.iter_torch_batches(batch_size=8, dtypes=torch.float32):  # RAY
+        x = (batch["image"].permute(0, 3, 1, 2) / 255 - mean) / std  # NCHW, normalized
+        x, y = x.to("cpu"), batch["label"].long().to("cpu")  # MOVE
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+finally:
+    ray.shutdown()
+"""
+
+
+@pytest.mark.slow  # Ray starts its own processes
+def test_a_ray_data_loop_is_told_dtypes_none_and_wrap_with_the_image_field_not_piltotensor(
+    tmp_path, run_cli
+):
+    """Ray Train's style: ``iter_torch_batches(dtypes=torch.float32)`` of a uint8 column,
+    normalized on the host in the loop. doctor names the 8-bit images, their mean/std and
+    the change docs/dataloader.md's Ray section gives; it advised ``PILToTensor()``."""
+    pytest.importorskip("ray")
+    script, where = write(tmp_path, "ray_loop.py", RAY)
+    res = run_cli("doctor", "--steps", "3", "--json", "--", script)
+    assert res.rc == 0, res.err
+    image = sites(res.json, where)["float32"]
+    assert image["shape"] == [8, 3, 12, 10] and image["kind"] == "8-bit image"
+    assert np.allclose(image["mean"], [0.485, 0.456, 0.406], atol=1e-4)
+    assert np.allclose(image["std"], [0.229, 0.224, 0.225], atol=1e-4)
+    assert f"`iter_torch_batches` at {script}:{line_of(RAY, '# RAY')}" in image["change"]
+    assert "dtypes=None" in res.out and 'fields={"image": "image"}' in res.out
+    assert "PILToTensor" not in res.out and not res.json["edits"]
+
+
+MONAI_BRAIN = """
+import numpy as np
+import torch
+from monai.transforms import Compose, ScaleIntensityRanged
+from torch.utils.data import DataLoader, Dataset
+
+
+class Slices(Dataset):  # MONAI's dict samples: int16 Hounsfield units, a label
+    def __init__(self, transform):
+        rng = np.random.default_rng(0)
+        images = rng.integers(-1024, 2000, (32, 1, 32, 32)).astype(np.int16)
+        self.data = [{"image": x, "label": i % 2} for i, x in enumerate(images)]
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        return self.transform(dict(self.data[i]))
+
+
+brain = ScaleIntensityRanged(["image"], a_min=0, a_max=80, b_min=0.0, b_max=1.0, clip=True)
+conv = torch.nn.Conv2d(1, 4, 3, 2)
+model = torch.nn.Sequential(conv, torch.nn.Flatten(), torch.nn.LazyLinear(2))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for batch in DataLoader(Slices(Compose([brain])), batch_size=8, shuffle=True):
+    image = batch["image"].to("cpu")  # MOVE
+    loss = torch.nn.functional.cross_entropy(model(image), batch["label"].to("cpu"))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+CT_BRAIN = CT.replace("(-1000, 400)", "(0, 80)").replace(
+    "(np.clip(self.slices[i], -1000, 400).astype(np.float32) + 1000) / 1400",
+    "np.clip(self.slices[i], 0, 80).astype(np.float32) / 80",
+)
+
+
+@pytest.mark.parametrize(
+    "text, told",
+    [
+        (MONAI_BRAIN, "fields={'image': latecast.image16(window=(0, 80))}"),
+        (CT_BRAIN, "latecast.image16(window=(LOW, LOW + 80))"),
+    ],
+)
+def test_a_ct_windowed_narrower_than_256_units_is_told_image16_not_piltotensor(
+    tmp_path, run_cli, text, told
+):
+    """A brain window (0, 80 HU) leaves 81 levels, an 8-bit grid: it was told
+    ``PILToTensor()``. The 16-bit source tells it apart: MONAI's ``ScaleIntensityRanged``
+    (its window, in stored units) or the dataset's int16 array."""
+    pytest.importorskip("monai")
+    assert "a_max=80" in text or "clip(self.slices[i], 0, 80)" in text  # the replace took
+    script, where = write(tmp_path, "brain.py", text)
+    res = run_cli("doctor", "--steps", "3", "--json", "--", script)
+    assert res.rc == 0, res.err
+    image = sites(res.json, where)["float32"]
+    assert image["shape"] == [8, 1, 32, 32] and image["kind"] == "16-bit image"
+    assert image["could_cross"] == "int16" and image["factor"] == 2.0
+    assert told in res.out and "PILToTensor" not in res.out and not res.json["edits"]

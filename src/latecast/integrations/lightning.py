@@ -68,6 +68,7 @@ class PrepareOnDevice:
     def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int):
         """The batch packed and its copy started; ``on_after_batch_transfer`` finishes it, by
         the same mover (its ring holds the batch)."""
+        _refuse_datamodule_hook(self)
         self._latecast_sender = self._latecast_mover(device)
         trainer = self.trainer
         step = trainer.fit_loop.epoch_loop.batch_idx + 1  # Lightning counts it up after the hooks
@@ -83,6 +84,23 @@ class PrepareOnDevice:
                 "(or call super().transfer_batch_to_device from yours)"
             )
         return self._latecast_sender.finish(batch)  # by the (epoch, rank, batch) it was sent for
+
+
+def _refuse_datamodule_hook(module: Any) -> None:
+    """A ``LightningDataModule`` that overrides ``on_after_batch_transfer`` (TorchGeo's, for
+    its ``Normalize``) gets the packed batch in place of the mixin's hook, which never runs:
+    refused before the first batch is packed, naming the change."""
+    data = getattr(module.trainer, "datamodule", None)
+    hook = getattr(type(data), "on_after_batch_transfer", None)
+    if hook is None or hook.__qualname__ == "DataHooks.on_after_batch_transfer":  # Lightning's
+        return
+    name, owner = type(data).__name__, hook.__qualname__.split(".")[0]
+    raise ConfigError(
+        f"{name}.on_after_batch_transfer ({owner}'s) runs in place of PrepareOnDevice's, "
+        f"which then never finishes a batch; drop it in a subclass, class Data({name}): "
+        "on_after_batch_transfer = LightningDataModule.on_after_batch_transfer, and give what "
+        "it did to the batch to prepare_on_device (mean/std, fields=, augment=)"
+    )
 
 
 def _evaluated(kind: Any) -> Any:

@@ -279,6 +279,11 @@ class Advice:
 
     def site(self, site, row: dict) -> None:
         """``row["change"]`` for ``site``, with the edits that make it where doctor can."""
+        ray = [i for i in sorted(site.loaders) if self.loaders[i].cls == "iter_torch_batches"]
+        if ray and row["kind"] == "8-bit image":
+            row["change"] = self.ray(self.loaders[ray[0]], row)
+            self.floats |= site.loaders
+            return
         try:
             if site.loaders:
                 why = self.through_wrap(site, row)
@@ -309,6 +314,23 @@ class Advice:
                 )
         else:
             row["change"] += " (the edits below)"
+
+    def ray(self, x, row: dict) -> str:
+        """The words for Ray Data's ``iter_torch_batches`` (docs/dataloader.md's Ray section):
+        its loop normalizes the batch itself, which no edit of one line takes out."""
+        m, sd = (tuple(round(float(v), 4) for v in row[k]) for k in ("mean", "std"))
+        column = x.columns[0] if x.columns else "image"
+        return (
+            f"8-bit pixels normalized with mean={m}, std={sd}, from Ray Data's "
+            f"`iter_torch_batches` at {self.short(x.file)}:{x.line}: its float32 dtypes cast "
+            f"the uint8 column on the host; they could cross as uint8, normalized on the "
+            f"device, {row['factor']:.0f}x fewer bytes: ask Ray for the stored dtypes, "
+            f"`iter_torch_batches(..., dtypes=None)` (the {column!r} column comes uint8 "
+            f"(N, H, W, C)), pass that through `latecast.wrap(..., mean={m}, std={sd}, "
+            f'fields={{"{column}": "image"}})` and drop the loop\'s own permute, / 255 and '
+            f"mean/std (doctor cannot write this change for you: the loop's own normalization "
+            f"goes with it)"
+        )
 
     def through_wrap(self, site, row: dict) -> str | None:
         if row["kind"] == "8-bit image":

@@ -86,11 +86,14 @@ def levels(u: np.ndarray, eps: float, most: int) -> tuple[float, float, int] | N
     return step, origin + k[0] * step, int(k[-1] - k[0])
 
 
-def verdict(s: Site) -> dict:
-    """What a site moves now, what it could move, and the change."""
+def verdict(s: Site, stored: tuple | bool = False) -> dict:
+    """What a site moves now, what it could move, and the change; ``stored``: its DataLoader
+    read 16-bit values (``LoaderSeen.stored``), so a grid of 256 levels or fewer (a narrow
+    window) is 16-bit values windowed, not 8-bit pixels."""
     u = np.concatenate(s.samples, axis=1) if s.samples else np.zeros((1, 0))
     now, then, stats, lo, hi = s.dtype, s.dtype, None, None, None
     finite = bool(np.isfinite(u).all())
+    sixteen = bool(stored) and s.axis is not None and len(s.shape) == 4
     if s.latecast:
         kind = "latecast"
     elif now.itemsize == 1 or u.size == 0:
@@ -102,13 +105,13 @@ def verdict(s: Site) -> dict:
         kind, then = "audio", torch.int16
     else:
         eps = torch.finfo(now).eps
-        found = [grid(c, eps) for c in u] if finite else [None]
+        found = [grid(c, eps) for c in u] if finite and not sixteen else [None]
         kind = ("video clips" if len(s.shape) == 5 else "8-bit image") if all(found) else "float"
         if all(found):
             then, stats = torch.uint8, [list(x) for x in zip(*found)]
         elif finite and s.axis is not None and len(s.shape) == 4:  # scaled from 16 bits?
             found = [levels(c, eps, 65535) for c in u]
-            if all(found) and max(f[2] for f in found) > 255:
+            if all(found) and (sixteen or max(f[2] for f in found) > 255):
                 kind, stats = "16-bit image", [list(x) for x in zip(*found)]
                 then = torch.int16 if max(f[2] for f in found) <= 32767 else torch.uint16
     return {
@@ -118,7 +121,7 @@ def verdict(s: Site) -> dict:
         "range": None if lo is None else [lo, hi],
         "mean": stats and kind != "16-bit image" and stats[0] or None,
         "std": stats and kind != "16-bit image" and stats[1] or None,
-        "change": _change(s, kind, then, stats, lo, hi),
+        "change": _change(s, kind, then, stats, lo, hi, stored),
     }
 
 
@@ -138,7 +141,7 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
+def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi, stored=False) -> str:
     now, factor = _name(s.dtype), s.dtype.itemsize // then.itemsize
     if kind == "8-bit image":
         m, sd = (tuple(round(float(x), 4) for x in v) for v in stats)
@@ -177,6 +180,18 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi) -> str:
         )
     if kind == "16-bit image":
         step, darkest, span = (stats[0][0], stats[1][0], stats[2][0])
+        if isinstance(stored, tuple):  # MONAI's ScaleIntensityRange(d): its window and key
+            (low, high), key = stored
+            return (
+                f"16-bit values windowed on the host by MONAI's ScaleIntensityRange(d) "
+                f"(a_min={low:g}, a_max={high:g}): they could cross as the {_name(then)} "
+                f"stored, windowed on the device, {factor}x fewer bytes: drop it (and load "
+                f"as stored, `LoadImaged(..., dtype=None)`), pass the DataLoader through "
+                f"`latecast.wrap(loader, fields={{{key!r}: latecast.image16(window=({low:g}, "
+                f"{high:g}))}})` and write the thresholds of the transforms after it in stored "
+                f"units (`CropForegroundd`'s `select_fn=lambda x: x > {low:g}`, "
+                f"`image_threshold={low:g}`: docs/dataloader.md)"
+            )
         if abs(darkest) < 1e-6 and abs(darkest + span * step - 1) < 1e-6:
             spec = f"window=(LOW, LOW + {span})"  # clamped to a window, mapped to [0, 1]
         else:
@@ -221,7 +236,8 @@ def diagnose(script: str, obs: Observer, outcome: dict) -> dict:
         if (steps >= 2 or steps == 0) and s.last_step == 0 and not s.evaluation:
             setup += [] if s.latecast else [{**row, "bytes": s.nbytes}]  # not its constants
             continue
-        row.update(verdict(s))
+        stored = [obs.loaders[i].stored for i in sorted(s.loaders) if obs.loaders[i].stored]
+        row.update(verdict(s, stored[0] if stored else False))
         advised += [(s, row)] if row["factor"] > 1 and not s.latecast else []
         if s.evaluation:
             per, unit, into = s.calls, "batch", evaluation

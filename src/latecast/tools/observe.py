@@ -65,6 +65,10 @@ class LoaderSeen:
     normalize: tuple | None  # (mean, std) of its transform's Normalize
     workers: int
     dataset: str  # the class (module.name) of the dataset that applies the transform
+    columns: list = field(default_factory=list)  # a dict batch's image-shaped (4-dim) keys
+    # the values were 16-bit before the transform: MONAI's ScaleIntensityRange(d, clip=True)
+    # window (a_min, a_max) and its key, or True where the dataset holds int16/uint16 arrays
+    stored: tuple | bool = False
 
 
 class Marks:
@@ -102,6 +106,8 @@ class Observer(TorchFunctionMode):
         self.loaders: list[LoaderSeen] = []  # every DataLoader the script made
         self.loader_of = Marks()  # a DataLoader -> its index in loaders
         self.batches = Marks()  # tensors a DataLoader handed out -> its index in loaders
+        # loaders (Ray Data's iterators) whose mark passes to what the host computes from them
+        self.derived: set[int] = set()
         # --eval-steps: the training pass ended after --steps, the evaluation watched
         self.ending, self.late_steps, self.eval_batches, self.stopped = False, 0, 0, ""
 
@@ -112,6 +118,12 @@ class Observer(TorchFunctionMode):
         if _torchs_own(caller):
             return out
         ours = caller == "latecast" or caller.startswith("latecast.")
+        if self.derived and not ours:  # a Ray batch normalized on the host stays its loader's
+            marks = (self.batches.get(t) for t in _tensors(list(args)))
+            loader = next((m for m in marks if m in self.derived), None)
+            for t in _tensors(out) if loader is not None else ():
+                if t.device.type == "cpu":
+                    self.batches.add(t, loader)
         for t in _tensors(out) if ours else ():
             self.latecasts.add(t)
         moved = _moved(func, args, kwargs, out)
@@ -209,6 +221,7 @@ def _sample(t: torch.Tensor, dtype: torch.dtype, axis: int | None) -> np.ndarray
 
 
 TRANSFORMS = "torchvision.transforms.transforms"  # where ToTensor and Normalize are defined
+RAY = "ray.data.iterator"  # where DataIterator.iter_torch_batches is (Dataset's calls it)
 MADE_AT = ("ToTensor", "Normalize")  # the transforms whose line doctor's advice edits
 
 
@@ -272,19 +285,31 @@ def watching(obs: Observer, cfg) -> Iterator[None]:
                 obs.batches.add(t, loader)
         return batch
 
+    def torch_batches(original: Callable, self, *args, **kwargs):
+        batches, frame = original(self, *args, **kwargs), script_frame(sys._getframe(1))
+        if frame is None:
+            return batches
+        where = (frame.f_code.co_filename, frame.f_lineno)
+        obs.loaders.append(LoaderSeen(*where, "iter_torch_batches", [], None, 0, RAY))
+        obs.derived.add(len(obs.loaders) - 1)
+        return _marked(batches, obs, len(obs.loaders) - 1)
+
     patch(DataLoader, "__init__", loader_init)
     patch(DataLoader, "__iter__", loader_iter)
     patch(_BaseDataLoaderIter, "__next__", loader_next)
-    finder = AfterImport(TRANSFORMS, transforms)
-    if TRANSFORMS in sys.modules:
-        transforms(sys.modules[TRANSFORMS])
-    else:
-        sys.meta_path.insert(0, finder)
+    ray = (RAY, lambda module: patch(module.DataIterator, "iter_torch_batches", torch_batches))
+    finders = [AfterImport(name, then) for name, then in [(TRANSFORMS, transforms), ray]]
+    for finder in finders:
+        if finder.name in sys.modules:
+            finder.then(sys.modules[finder.name])
+        else:
+            sys.meta_path.insert(0, finder)
     try:
         yield
     finally:
-        if finder in sys.meta_path:
-            sys.meta_path.remove(finder)
+        for finder in finders:
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
         for owner, name, original in reversed(undo):
             setattr(owner, name, original)
 
@@ -332,16 +357,44 @@ def _loader(loader, frame, made: Marks) -> LoaderSeen:
         todo += [d["dataset"]] if "dataset" in d else list(d.get("datasets", ()))[:8]
     held = [transform, *getattr(transform, "__dict__", {}).values()]  # a Compose, or holds one
     lists = (getattr(t, "__dict__", {}).get("transforms") for t in held)
-    parts = next((p for p in lists if isinstance(p, list)), [transform])
+    parts = next((p for p in lists if isinstance(p, (list, tuple))), [transform])
     parts = [p for p in parts if p is not None]
     normalize = next((p for p in parts if type(p).__name__ == "Normalize"), None)
     stats = normalize and tuple(tuple(float(x) for x in v) for v in (normalize.mean, normalize.std))
     made_at = [(type(p).__name__, made.get(p)) for p in parts]
     workers, dataset = vars(loader).get("num_workers", 0), type(holder)
+    held = getattr(holder, "__dict__", {}).values()
+    sixteen = any(str(getattr(v, "dtype", "")).endswith(SIXTEEN) for v in held)
     return LoaderSeen(
         frame.f_code.co_filename, frame.f_lineno, type(loader).__name__, made_at, stats,
         int(workers), f"{dataset.__module__}.{dataset.__name__}",
+        stored=next(filter(None, map(_window, parts)), sixteen),
     )  # fmt: skip
+
+
+SIXTEEN = ("int16", "uint16")  # numpy's and torch's names of them end so
+
+
+def _window(transform) -> tuple | None:
+    """MONAI's ``ScaleIntensityRange`` (or its ``d`` form's ``scaler``) that clips: its window
+    ``(a_min, a_max)`` in stored units and the key it reads, else None."""
+    scaler = getattr(transform, "scaler", transform)
+    if type(scaler).__name__ != "ScaleIntensityRange" or not getattr(scaler, "clip", False):
+        return None
+    keys = getattr(transform, "keys", None) or (0,)
+    return (float(scaler.a_min), float(scaler.a_max)), keys[0]
+
+
+def _marked(batches, obs: Observer, index: int) -> Iterator:
+    """Ray Data's batches, each tensor marked as loader ``index``'s; its image-shaped columns
+    kept."""
+    for batch in batches:
+        for t in _tensors(batch):
+            obs.batches.add(t, index)
+        if isinstance(batch, dict) and not obs.loaders[index].columns:
+            images = [k for k, t in batch.items() if isinstance(t, torch.Tensor) and t.dim() == 4]
+            obs.loaders[index].columns = images
+        yield batch
 
 
 def _tensors(batch) -> list[torch.Tensor]:
