@@ -16,13 +16,10 @@ shard of the split, whatever URL or path names them.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import queue
-import threading
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Iterator
@@ -131,41 +128,19 @@ class Plan:
 
 def ahead_by_thread(items: Iterator, depth: int) -> Iterator:
     """``items``, taken by a thread up to ``depth`` ahead of the consumer; its exception is
-    raised where its item would have come. A consumer that stops early stops the thread and
-    waits for it to finish the item in hand: left inside torch's C++ code as Python exits, a
-    daemon thread is unwound there and aborts the process ("terminate called without an
-    active exception")."""
-    out, stop, end = queue.Queue(depth), threading.Event(), object()
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            with contextlib.suppress(queue.Full):
-                out.put(item, timeout=0.1)
-                return True
-        return False
-
-    def work() -> None:
+    raised where its item would have come. A consumer that stops early cancels the takes not
+    begun and waits for the one in hand: left inside torch's C++ code as Python exits, a
+    thread is unwound there and aborts the process ("terminate called without an active
+    exception")."""
+    end = object()
+    with ThreadPoolExecutor(1, "latecast-shards") as pool:
+        ahead = deque(pool.submit(next, items, end) for _ in range(depth))
         try:
-            for item in items:
-                if not put((item, None)):
-                    return
-            put((end, None))
-        except BaseException as err:  # raised in the consumer instead
-            put((end, err))
-
-    worker = threading.Thread(target=work, daemon=True, name="latecast-shards")
-    worker.start()
-    try:
-        while True:
-            item, err = out.get()
-            if err is not None:
-                raise err
-            if item is end:
-                return
-            yield item
-    finally:
-        stop.set()
-        worker.join()
+            while (item := ahead.popleft().result()) is not end:
+                ahead.append(pool.submit(next, items, end))
+                yield item
+        finally:
+            pool.shutdown(cancel_futures=True)
 
 
 class Source:
