@@ -162,45 +162,36 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
     store; ``(out, skipped)``, skipped files as paths relative to ``config.folder``.
 
     Rules:
-      - classes: sorted subfolder names holding at least one image (a folder with none is
-        skipped with a warning); files with an image suffix are read (nested too; a FIFO or
-        device by that name is an unreadable file), others and hidden files ignored. A top
-        level of only ``train/`` plus ``test/`` and/or ``val/`` gives one store per split
-        (``out/train``, ...; see ``open_store``), all with the train split's classes, mean
-        and std. A plain class folder (or a lone ``train/``) is split: ``test_fraction`` of
-        each class (at least one of a class of two or more, chosen by ``seed``) goes to
-        ``out/test``; with ``test_fraction=0``, ``out`` is one train store.
-      - order: each split is stored in a seeded order that spreads every class evenly, so
-        the first N samples (``--limit-train N``) hold each class in proportion.
-      - every file is fully decoded with Pillow, a JPEG also with libjpeg as training
-        decodes it; a corrupt, truncated, empty or huge (over ``MAX_PIXELS``) file, or a JPEG
-        whose scan data libjpeg warns about (Pillow decodes it silently, partly wrong),
-        raises ``FormatError`` naming it, or with ``skip_bad`` is left out and listed in
-        ``out/skipped.txt``, one JSON object per line (``{"file": path relative to folder,
+      - classes: the sorted subfolders holding an image (one with none: skipped, warned); files
+        with an image suffix are read, nested too, hidden and other files ignored. Only
+        ``train/`` plus ``test/`` and/or ``val/`` at the top: one store per split
+        (``out/train``, ...; see ``open_store``), all with the train split's classes, mean and
+        std. Else (or a lone ``train/``) ``test_fraction`` of each class (at least one of two or
+        more, drawn by ``seed``) goes to ``out/test``; 0: one train store at ``out``.
+      - order: seeded, every class spread evenly: the first N samples (``--limit-train N``)
+        hold each class in proportion.
+      - each file decoded whole by Pillow, a JPEG also by libjpeg as training decodes it: a
+        corrupt, truncated, empty or huge (over ``MAX_PIXELS``) file, a FIFO or device, or a
+        JPEG libjpeg warns about (Pillow decodes it silently, partly wrong) is a
+        ``FormatError`` naming it; with ``skip_bad`` it is left out and listed in
+        ``out/skipped.txt``, a JSON object a line (``{"file": path relative to folder,
         "reason": ...}``: any file name reads back).
       - depth ``"16"``: 16-bit greyscale (``I;16``, ``I;16B``, ...; a PGM of maxval over 255,
-        which Pillow opens as ``I``, counts as ``I;16B``; or ``I`` with values in
-        0..65535) is stored as it is (a PGM's values as the file holds them, not as Pillow
-        scales them to 0..65535), uint16, in a raw store (resized in float32 and rounded
-        where its size is not the training size), mean/std in stored units; another mode is
-        a ``FormatError`` naming it. ``"auto"`` (the default): ``"16"`` when every image is
-        ``I;16``, ``"8"`` when none is, else a ``FormatError`` naming a file (a stray 8-bit
-        image never turns every 16-bit one into 8 bits unasked).
-      - pixels (``depth="8"``): deeper greyscale (``I;16``, ``I``, ``F``, ...) is scaled
-        linearly from each image's own min..max to 0..255 (a constant image becomes 0),
-        never clipped to white. Palette, CMYK and alpha images become RGB as Pillow converts
-        them (alpha dropped, as ``ImageFolder`` does); EXIF orientation is applied (as the
-        device's decoder does to the JPEG files kept). Channels: 1 if every image is
-        greyscale, else 3.
-      - ``raw``: every image scaled to cover the training size keeping its aspect ratio,
-        then center-cropped (torchvision ``Resize`` + ``CenterCrop``, bilinear).
-      - ``jpeg``: a JPEG file (by content, 8-bit greyscale or RGB, a whole file from its SOI
-        to its EOI marker that libjpeg decodes) is kept byte for byte; anything else (bytes
-        after the EOI, as phones append) is re-encoded at ``quality`` (recorded in meta.json
-        with the count re-encoded). Every image keeps its own size; the training size is
-        recorded for the device to crop or resize to.
-      - mean/std: exact (integer sums) over every train image as the raw store holds it,
-        i.e. at the training size, resized and center-cropped: what evaluation sees.
+        at the values the file holds; ``I`` within 0..65535) is kept as uint16 in a raw store
+        (resized in float32 and rounded), mean/std in stored units; another mode is a
+        ``FormatError``. ``"auto"``: 16 when every image is ``I;16``, 8 when none is, else a
+        ``FormatError`` naming a file (a stray 8-bit image never turns the rest to 8 bits).
+      - depth ``"8"``: deeper greyscale is scaled from each image's own min..max to 0..255 (a
+        constant image: 0), never clipped; palette, CMYK and alpha images become RGB as Pillow
+        converts them (alpha dropped, as ``ImageFolder``); EXIF orientation is applied (as the
+        device's decoder does to the JPEG files kept). 1 channel if every image is greyscale.
+      - ``raw``: each image scaled to cover the training size, then center-cropped
+        (torchvision ``Resize`` + ``CenterCrop``, bilinear). ``jpeg``: a whole JPEG file (8-bit
+        greyscale or RGB, SOI to EOI, decoded cleanly by libjpeg) is kept byte for byte, any
+        other image re-encoded at ``quality`` (meta.json records it and the count); each keeps
+        its own size, the training size recorded for the device to crop or resize to.
+      - mean/std: exact (integer sums) over the train images as the raw store holds them (at
+        the training size, resized and center-cropped): what evaluation sees.
     """
     try:
         import PIL.Image  # noqa: F401  (optional: the "bench" extra)

@@ -66,14 +66,6 @@ def batch_sizes(n: int, steps: int, batch: int) -> list[int]:
     return [batch] * full + [q + 1] * r + [q] * (steps - full - r)
 
 
-def _intervals(ks: np.ndarray) -> list[list[int]]:
-    """Sorted positions -> ``[[start, end), ...]`` of their runs."""
-    if not len(ks):
-        return []
-    cut = np.flatnonzero(np.diff(ks) != 1) + 1
-    return [[int(run[0]), int(run[-1]) + 1] for run in np.split(ks, cut)]
-
-
 class Plan:
     """One rank's share of an epoch of ``stream``: ``sizes`` (its batches), ``ids`` (its
     samples in order); ``read`` its batches, ``left`` what remains of the epoch."""
@@ -99,13 +91,16 @@ class Plan:
         self.sizes = batch_sizes(len(mine), self.steps, batch)
 
     def left(self, position: int) -> list[list[int]]:
-        """The epoch's positions left once every rank took ``position`` batches."""
+        """The epoch's positions left once every rank took ``position`` batches, as the
+        ``[start, end)`` of their runs."""
         ends = zip(self.bounds, self.bounds[1:])
         rest = [
             self.ks[a + sum(batch_sizes(b - a, self.steps, self.batch)[:position]) : b]
             for a, b in ends
         ]
-        return _intervals(np.concatenate(rest))
+        ks = np.concatenate(rest)
+        runs = np.split(ks, np.flatnonzero(np.diff(ks) != 1) + 1)
+        return [[int(run[0]), int(run[-1]) + 1] for run in runs if len(run)]
 
     def read(self, start: int) -> Iterator[tuple]:
         """``(EncodedDataset, ids, names)`` of each batch from ``start`` on, read in stream
@@ -287,7 +282,13 @@ def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> Stream
         empty = "the train shards" if not train else f"the test shard {shards[-1].url}"
         raise FormatError(f"{spec}: {empty} hold no samples")
     classes = int(max(s.labels.max() for s in train)) + 1
-    _check_test_labels(shards[-1], classes)
+    test, outside = shards[-1], np.flatnonzero(shards[-1].labels >= classes)
+    if len(outside):  # the model has `classes` outputs
+        k = int(outside[0])
+        raise FormatError(
+            f"{test.url}: test sample {test.keys[k]!r} has label {test.labels[k]}, outside the "
+            f"train shards' classes 0..{classes - 1} ({len(outside)} such test samples)"
+        )
     part = train if split == "train" else shards[-1:]
     with ThreadPoolExecutor(PROBES) as pool:  # a shard gone is said now, not hours in
         list(pool.map(Shard.probe, part))
@@ -299,17 +300,6 @@ def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> Stream
         channels=channels, file_bytes=sum(s.size for s in part), digest=_digest(part),
         shards=tuple(part), buffer=buffer,
     )  # fmt: skip
-
-
-def _check_test_labels(test: Shard, classes: int) -> None:
-    """Refuse a test label the train shards do not hold (the model has ``classes`` outputs)."""
-    outside = np.flatnonzero(test.labels >= classes)
-    if len(outside):
-        k = int(outside[0])
-        raise FormatError(
-            f"{test.url}: test sample {test.keys[k]!r} has label {test.labels[k]}, outside the "
-            f"train shards' classes 0..{classes - 1} ({len(outside)} such test samples)"
-        )
 
 
 def _digest(shards: list[Shard]) -> str:
