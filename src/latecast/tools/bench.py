@@ -155,14 +155,6 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
     return {"images": n, "workers": cfg.folder_workers, **measure.host_rows(runs, n, h2d)}
 
 
-def settings(cfg: BenchConfig, device: torch.device) -> TrainConfig:
-    """``latecast train``'s config with the bench's settings on top (the preset fills the rest)."""
-    same = {k: getattr(cfg, k) for k in ("dataset", "preset", "lr", "augment", "seed")}
-    return TrainConfig(
-        **same, epochs=cfg.e2e_epochs, batch_size=cfg.e2e_batch_size, device=str(device)
-    )
-
-
 def fit(
     batches: Callable[[], Iterable[Batch]],
     steps_per_epoch: int,
@@ -291,7 +283,10 @@ def bench(cfg: BenchConfig) -> dict:
         )
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = resolve_config(settings(cfg, device), ds, device)
+    # latecast train's config with the bench's settings on top (the preset fills the rest)
+    same = {k: getattr(cfg, k) for k in ("dataset", "preset", "lr", "augment", "seed")}
+    run = dict(epochs=cfg.e2e_epochs, batch_size=cfg.e2e_batch_size, device=str(device))
+    config = resolve_config(TrainConfig(**same, **run), ds, device)
     runs = loader_throughput(ds, cfg, device)
     medians = {k: float(np.median(v)) for k, v in runs.items()}
     tv = {k: v for k, v in medians.items() if k.startswith("torchvision")}
