@@ -341,8 +341,7 @@ def _depth(asked: str, modes: list[tuple[Path, str]]) -> int:
 
 def _find_splits(folder: Path) -> dict[str, Path]:
     """``{"train": .., "test": ..}`` when the top level holds only ``train`` plus ``test``
-    and/or ``val``; else ``{"": root}``: one split of class subfolders (the folder, or its
-    lone ``train``), to be divided by ``_hold_out``."""
+    and/or ``val``; else ``{"": root}`` (the folder, or its lone ``train``), for ``_hold_out``."""
     subdirs = {p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")}
     if subdirs == {"train"}:
         return {"": folder / "train"}
@@ -398,10 +397,9 @@ def _hold_out(files: list, fraction: float, rng: np.random.Generator, folder: Pa
 
 
 def _spread(labels: list[int], rng: np.random.Generator) -> np.ndarray:
-    """A seeded order that spreads every class evenly: the n samples of a class, shuffled,
-    get keys (i + u) / n (u uniform in [0, 1)), and the split is sorted by key. Any first k
-    samples then hold each class of a balanced split within 2 of k / classes (a random
-    permutation leaves classes out of short prefixes: ``--limit-train`` sees them all)."""
+    """A seeded order that spreads every class evenly: a class's n samples, shuffled, get keys
+    (i + u) / n (u uniform in [0, 1)), sorted. Any first k samples of a balanced split hold
+    each class within 2 of k / classes (a permutation would leave some out of short prefixes)."""
     labels = np.asarray(labels)
     key = np.empty(len(labels))
     for c in np.unique(labels):
@@ -510,10 +508,9 @@ def _pgm_maxval(im) -> int | None:
 
 
 def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndarray, bool]:
-    """What one image adds to its split: the bytes stored (pixels at the training size; for
-    jpeg the file itself when it is an 8-bit JPEG, else a re-encoding), its (H, W) as stored,
-    the sums of its pixels and of their squares at the training size, (2, C) Python ints, and
-    whether the bytes are the file's own."""
+    """What one image adds to its split: the bytes stored (pixels at the training size; jpeg:
+    an 8-bit JPEG's own file, else a re-encoding), its (H, W) as stored, (2, C) Python-int sums
+    of its pixels and their squares at the training size, and whether the bytes are its own."""
     from PIL import ImageOps
 
     maxval = _pgm_maxval(im)  # (its tile is gone once loaded)
@@ -574,10 +571,9 @@ def _eight_bit(im):
 
 
 def _sixteen(im, size: tuple[int, int], maxval: int | None = None) -> np.ndarray:
-    """uint16 ``(H, W, 1)`` of a 16-bit greyscale image (or an ``I`` one whose values fit) at
-    the training size: its own values, or where it has another size ``_fit`` in float32,
-    rounded. A FormatError for a value outside 0..65535. ``maxval``: a PGM's, whose values
-    Pillow scaled by 65535 / maxval: undone (exactly: the step is over 1), the file's own."""
+    """uint16 ``(H, W, 1)`` of a 16-bit greyscale image (or an ``I`` one in 0..65535, else a
+    FormatError) at the training size (where it differs ``_fit`` in float32, rounded). A PGM's
+    ``maxval``: Pillow's scaling by 65535 / maxval undone (exactly: the step is over 1)."""
     from PIL import Image
 
     a = np.asarray(im)
@@ -607,10 +603,9 @@ def _fit(im, size: tuple[int, int]):
 def _write_split(
     folder: Path, job: _Job, count: int, samples: Iterable, where: str
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int, str]:
-    """Append each sample's bytes to the split's images file through a file object (a full
-    disk is then an ``OSError``, never a memmap's SIGBUS), then map what was written.
-    Returns the arrays (``images``; or ``data``, ``offsets``, ``sizes``), the labels, the
-    summed pixel sums, the count of re-encoded images and the SHA-256 of the bytes."""
+    """Each sample's bytes appended to the split's images file by a file object (a full disk is
+    an ``OSError``, never a memmap's SIGBUS), then mapped: the arrays (``images``; or ``data``,
+    ``offsets``, ``sizes``), labels, summed pixel sums, re-encoded count and SHA-256."""
     raw = job.encoding == "raw"
     path = folder / (IMAGES if raw else DATA)
     shape = (*job.size, 1 if job.mode == "L" else 3)  # (H, W, C)
