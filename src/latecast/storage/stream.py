@@ -216,11 +216,8 @@ class StreamedDataset(Split):
 
     @property
     def counts(self) -> list[int]:
-        counts, left = [], self.limit if self.limit is not None else sum(map(len, self.shards))
-        for s in self.shards:
-            counts.append(min(len(s), left))
-            left -= counts[-1]
-        return counts
+        ends = np.cumsum([0] + [len(s) for s in self.shards])
+        return np.diff(ends if self.limit is None else ends.clip(max=self.limit)).tolist()
 
     def source(self, batch_size: int, **options) -> Source:
         """The Loader's source of this split (``Source``)."""
