@@ -22,14 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import ConfigError
-from .fields import (
-    Context,
-    Image,
-    Name,
-    Taken,
-    erased,
-    nhwc,
-)  # fmt: skip
+from .fields import Context, Image, Name, Taken, erased, nhwc
 from .transforms import Augment
 
 DEEP = (torch.uint16, torch.int16)

@@ -377,8 +377,8 @@ class Draw:
         """The draws of ``(N, ...)`` clips for their ``(N*T, ...)`` frames, each clip's alike."""
         if frames == 1:
             return self
-        each = ("shifts", "flips", "jitter", "cutout")
-        return replace(self, **{k: _frames(getattr(self, k), frames) for k in each})
+        each = [k for k in ("shifts", "flips", "jitter", "cutout") if getattr(self, k) is not None]
+        return replace(self, **{k: getattr(self, k).repeat_interleave(frames, 0) for k in each})
 
     def shift_and_flip(self, x: torch.Tensor) -> torch.Tensor:
         """The crop, then the flips, on ``(N, H, W, C)`` of any dtype (on the CPU ``_windows``,
@@ -502,11 +502,6 @@ class Augment:
 
     def __str__(self) -> str:
         return ",".join(f"{k}={v}" for k, v in vars(self).items() if v and v != "zero") or "crop=0"
-
-
-def _frames(per_clip: torch.Tensor | None, frames: int) -> torch.Tensor | None:
-    """``(N, ...)`` draws as ``(N*T, ...)``, each clip's for its ``frames`` frames."""
-    return per_clip if frames == 1 or per_clip is None else per_clip.repeat_interleave(frames, 0)
 
 
 # --augment and --mix: "name[=value],...", a bare name the CIFAR-style value (and the type) here

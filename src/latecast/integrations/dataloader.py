@@ -3,6 +3,7 @@ that look for one find it), any other iterable as a ``Forwarding`` (the core's `
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import threading
 from typing import Any, Callable, Iterable, Iterator
@@ -125,7 +126,10 @@ class Behind:
 
     def __init__(self, source: Iterable) -> None:
         self.it, self.attrs = iter(source), getattr(source, "__dict__", None)
-        self.length, self.taken = known_length(source), 0
+        self.length, self.taken = None, 0  # None: no len(), or a guess (an IterableDataset's)
+        if not isinstance(getattr(source, "dataset", None), torch.utils.data.IterableDataset):
+            with contextlib.suppress(TypeError):
+                self.length = len(source)
         self.changed: dict[str, tuple[Any, Any]] = {}  # by the last take: (before, after)
         self.held: list = []  # taken before it was asked for (END: the source has ended)
 
@@ -183,16 +187,6 @@ class Behind:
             return None
         self.length = None
         return iter(self)
-
-
-def known_length(source: Iterable) -> int | None:
-    """``len(source)``; None where it has none or guesses (a DataLoader of an IterableDataset)."""
-    if isinstance(getattr(source, "dataset", None), torch.utils.data.IterableDataset):
-        return None
-    try:
-        return len(source)
-    except TypeError:
-        return None
 
 
 class WrappedLoader(Forwarding, DataLoader):

@@ -3,19 +3,10 @@ width: 2x fewer bytes than float32 for int16) and become float on the device, sc
 decoders give float32 (int16 / 32768: ``torchaudio.load``, TorchCodec's ``AudioDecoder``),
 cropped or padded in time to a declared length, given a random gain and, when asked, made a
 log-mel spectrogram with ``torch.stft`` (torchaudio's ``MelSpectrogram`` and
-``AmplitudeToDB``, without depending on torchaudio).
-
-The samples must reach the DataLoader as the integers stored: ``soundfile.read(path,
-dtype="int16")``, or the standard library's ``wave`` (``np.frombuffer(w.readframes(n),
-np.int16)``). ``torchaudio.load(normalize=False)`` no longer gives them: torchaudio 2.9 and
-later load through TorchCodec, always float32. TorchCodec's ``AudioDecoder`` gives float32
-too; only where it must be the reader, scale its samples back,
-``(x * 32768).round().clamp(-32768, 32767).to(torch.int16)`` (exact for 16-bit files).
-
-A batch holds a field's clips as a tensor ``(N, L)`` or ``(N, C, L)``, as a list of ``(L_i,)``
-or ``(C, L_i)`` tensors (a ragged batch from a ``collate_fn`` of one's own: they cross back to
-back), or padded ``(N, [C,] L)`` beside an integer field of each clip's length, named by
-``lengths=``. Declared with ``wrap(fields={"audio": latecast.waveform(16000)})``.
+``AmplitudeToDB``, without depending on torchaudio). The samples must reach the DataLoader as
+the integers stored (``waveform``'s ``dtype`` says how to read them so), as ``(N, [C,] L)``, a
+list of ``(L_i,)`` or ``(C, L_i)`` clips (ragged: they cross back to back), or padded beside
+an integer field of each clip's length (``lengths=``).
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ class Image16Spec:
         dtype, rank, channel count or value it cannot take, a ConfigError for an ``augment``
         that does not apply to 16-bit values."""
         if not isinstance(t, torch.Tensor) or t.dtype not in DEEP or t.ndim not in (3, 4):
-            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else _what(t)
+            tensor = isinstance(t, torch.Tensor)
+            got = f"{t.dtype} {tuple(t.shape)}" if tensor else f"a {type(t).__name__} ({t!r:.40})"
             raise BatchError(
                 f"field {name!r} is declared a 16-bit image and must be uint16 or int16 "
                 f"(N, H, W), (N, H, W, C) or (N, C, H, W), got {got}"
@@ -45,7 +46,8 @@ class Image16Spec:
                              f"{self.channels}")  # fmt: skip
         mean, std = self._scale(t.dtype)
         check_channels(name, channels, len(mean), f" ({layout} {shape})")
-        if self.range and not _covers(t.dtype, self.range):  # some value may lie outside
+        least, most = limits(t.dtype)  # a range that covers the dtype's needs no read
+        if self.range and not self.range[0] <= least <= most <= self.range[1]:
             low, high = value_range(t)
             if low < self.range[0] or high > self.range[1]:
                 raise BatchError(
@@ -133,20 +135,9 @@ def image16(
     return Image16Spec(rng, win, m, s, None if channels is None else int(channels), layout)
 
 
-def _what(value: Any) -> str:
-    """What a value that is no tensor is, in a message: its type and a little of it."""
-    return f"a {type(value).__name__} ({value!r:.40})"
-
-
 def _rising(pair: tuple | None) -> bool:
     return pair is not None and len(pair) == 2 and pair[0] < pair[1]
 
 
 def _stats(mean: tuple | None, std: tuple | None) -> bool:
     return bool(mean and std and len(mean) == len(std) and min(std) > 0)
-
-
-def _covers(dtype: torch.dtype, declared: tuple) -> bool:
-    """Every value of ``dtype`` lies in ``declared``: no batch need be read to check it."""
-    least, most = limits(dtype)
-    return declared[0] <= least and most <= declared[1]

@@ -162,45 +162,36 @@ def convert(config: ConvertConfig) -> tuple[Path, list[str]]:
     store; ``(out, skipped)``, skipped files as paths relative to ``config.folder``.
 
     Rules:
-      - classes: sorted subfolder names holding at least one image (a folder with none is
-        skipped with a warning); files with an image suffix are read (nested too; a FIFO or
-        device by that name is an unreadable file), others and hidden files ignored. A top
-        level of only ``train/`` plus ``test/`` and/or ``val/`` gives one store per split
-        (``out/train``, ...; see ``open_store``), all with the train split's classes, mean
-        and std. A plain class folder (or a lone ``train/``) is split: ``test_fraction`` of
-        each class (at least one of a class of two or more, chosen by ``seed``) goes to
-        ``out/test``; with ``test_fraction=0``, ``out`` is one train store.
-      - order: each split is stored in a seeded order that spreads every class evenly, so
-        the first N samples (``--limit-train N``) hold each class in proportion.
-      - every file is fully decoded with Pillow, a JPEG also with libjpeg as training
-        decodes it; a corrupt, truncated, empty or huge (over ``MAX_PIXELS``) file, or a JPEG
-        whose scan data libjpeg warns about (Pillow decodes it silently, partly wrong),
-        raises ``FormatError`` naming it, or with ``skip_bad`` is left out and listed in
-        ``out/skipped.txt``, one JSON object per line (``{"file": path relative to folder,
+      - classes: the sorted subfolders holding an image (one with none: skipped, warned); files
+        with an image suffix are read, nested too, hidden and other files ignored. Only
+        ``train/`` plus ``test/`` and/or ``val/`` at the top: one store per split
+        (``out/train``, ...; see ``open_store``), all with the train split's classes, mean and
+        std. Else (or a lone ``train/``) ``test_fraction`` of each class (at least one of two or
+        more, drawn by ``seed``) goes to ``out/test``; 0: one train store at ``out``.
+      - order: seeded, every class spread evenly: the first N samples (``--limit-train N``)
+        hold each class in proportion.
+      - each file decoded whole by Pillow, a JPEG also by libjpeg as training decodes it: a
+        corrupt, truncated, empty or huge (over ``MAX_PIXELS``) file, a FIFO or device, or a
+        JPEG libjpeg warns about (Pillow decodes it silently, partly wrong) is a
+        ``FormatError`` naming it; with ``skip_bad`` it is left out and listed in
+        ``out/skipped.txt``, a JSON object a line (``{"file": path relative to folder,
         "reason": ...}``: any file name reads back).
       - depth ``"16"``: 16-bit greyscale (``I;16``, ``I;16B``, ...; a PGM of maxval over 255,
-        which Pillow opens as ``I``, counts as ``I;16B``; or ``I`` with values in
-        0..65535) is stored as it is (a PGM's values as the file holds them, not as Pillow
-        scales them to 0..65535), uint16, in a raw store (resized in float32 and rounded
-        where its size is not the training size), mean/std in stored units; another mode is
-        a ``FormatError`` naming it. ``"auto"`` (the default): ``"16"`` when every image is
-        ``I;16``, ``"8"`` when none is, else a ``FormatError`` naming a file (a stray 8-bit
-        image never turns every 16-bit one into 8 bits unasked).
-      - pixels (``depth="8"``): deeper greyscale (``I;16``, ``I``, ``F``, ...) is scaled
-        linearly from each image's own min..max to 0..255 (a constant image becomes 0),
-        never clipped to white. Palette, CMYK and alpha images become RGB as Pillow converts
-        them (alpha dropped, as ``ImageFolder`` does); EXIF orientation is applied (as the
-        device's decoder does to the JPEG files kept). Channels: 1 if every image is
-        greyscale, else 3.
-      - ``raw``: every image scaled to cover the training size keeping its aspect ratio,
-        then center-cropped (torchvision ``Resize`` + ``CenterCrop``, bilinear).
-      - ``jpeg``: a JPEG file (by content, 8-bit greyscale or RGB, a whole file from its SOI
-        to its EOI marker that libjpeg decodes) is kept byte for byte; anything else (bytes
-        after the EOI, as phones append) is re-encoded at ``quality`` (recorded in meta.json
-        with the count re-encoded). Every image keeps its own size; the training size is
-        recorded for the device to crop or resize to.
-      - mean/std: exact (integer sums) over every train image as the raw store holds it,
-        i.e. at the training size, resized and center-cropped: what evaluation sees.
+        at the values the file holds; ``I`` within 0..65535) is kept as uint16 in a raw store
+        (resized in float32 and rounded), mean/std in stored units; another mode is a
+        ``FormatError``. ``"auto"``: 16 when every image is ``I;16``, 8 when none is, else a
+        ``FormatError`` naming a file (a stray 8-bit image never turns the rest to 8 bits).
+      - depth ``"8"``: deeper greyscale is scaled from each image's own min..max to 0..255 (a
+        constant image: 0), never clipped; palette, CMYK and alpha images become RGB as Pillow
+        converts them (alpha dropped, as ``ImageFolder``); EXIF orientation is applied (as the
+        device's decoder does to the JPEG files kept). 1 channel if every image is greyscale.
+      - ``raw``: each image scaled to cover the training size, then center-cropped
+        (torchvision ``Resize`` + ``CenterCrop``, bilinear). ``jpeg``: a whole JPEG file (8-bit
+        greyscale or RGB, SOI to EOI, decoded cleanly by libjpeg) is kept byte for byte, any
+        other image re-encoded at ``quality`` (meta.json records it and the count); each keeps
+        its own size, the training size recorded for the device to crop or resize to.
+      - mean/std: exact (integer sums) over the train images as the raw store holds them (at
+        the training size, resized and center-cropped): what evaluation sees.
     """
     try:
         import PIL.Image  # noqa: F401  (optional: the "bench" extra)
@@ -350,8 +341,7 @@ def _depth(asked: str, modes: list[tuple[Path, str]]) -> int:
 
 def _find_splits(folder: Path) -> dict[str, Path]:
     """``{"train": .., "test": ..}`` when the top level holds only ``train`` plus ``test``
-    and/or ``val``; else ``{"": root}``: one split of class subfolders (the folder, or its
-    lone ``train``), to be divided by ``_hold_out``."""
+    and/or ``val``; else ``{"": root}`` (the folder, or its lone ``train``), for ``_hold_out``."""
     subdirs = {p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")}
     if subdirs == {"train"}:
         return {"": folder / "train"}
@@ -407,10 +397,9 @@ def _hold_out(files: list, fraction: float, rng: np.random.Generator, folder: Pa
 
 
 def _spread(labels: list[int], rng: np.random.Generator) -> np.ndarray:
-    """A seeded order that spreads every class evenly: the n samples of a class, shuffled,
-    get keys (i + u) / n (u uniform in [0, 1)), and the split is sorted by key. Any first k
-    samples then hold each class of a balanced split within 2 of k / classes (a random
-    permutation leaves classes out of short prefixes: ``--limit-train`` sees them all)."""
+    """A seeded order that spreads every class evenly: a class's n samples, shuffled, get keys
+    (i + u) / n (u uniform in [0, 1)), sorted. Any first k samples of a balanced split hold
+    each class within 2 of k / classes (a permutation would leave some out of short prefixes)."""
     labels = np.asarray(labels)
     key = np.empty(len(labels))
     for c in np.unique(labels):
@@ -519,10 +508,9 @@ def _pgm_maxval(im) -> int | None:
 
 
 def _encode(job: _Job, im, data: bytes) -> tuple[bytes, tuple[int, int], np.ndarray, bool]:
-    """What one image adds to its split: the bytes stored (pixels at the training size; for
-    jpeg the file itself when it is an 8-bit JPEG, else a re-encoding), its (H, W) as stored,
-    the sums of its pixels and of their squares at the training size, (2, C) Python ints, and
-    whether the bytes are the file's own."""
+    """What one image adds to its split: the bytes stored (pixels at the training size; jpeg:
+    an 8-bit JPEG's own file, else a re-encoding), its (H, W) as stored, (2, C) Python-int sums
+    of its pixels and their squares at the training size, and whether the bytes are its own."""
     from PIL import ImageOps
 
     maxval = _pgm_maxval(im)  # (its tile is gone once loaded)
@@ -583,10 +571,9 @@ def _eight_bit(im):
 
 
 def _sixteen(im, size: tuple[int, int], maxval: int | None = None) -> np.ndarray:
-    """uint16 ``(H, W, 1)`` of a 16-bit greyscale image (or an ``I`` one whose values fit) at
-    the training size: its own values, or where it has another size ``_fit`` in float32,
-    rounded. A FormatError for a value outside 0..65535. ``maxval``: a PGM's, whose values
-    Pillow scaled by 65535 / maxval: undone (exactly: the step is over 1), the file's own."""
+    """uint16 ``(H, W, 1)`` of a 16-bit greyscale image (or an ``I`` one in 0..65535, else a
+    FormatError) at the training size (where it differs ``_fit`` in float32, rounded). A PGM's
+    ``maxval``: Pillow's scaling by 65535 / maxval undone (exactly: the step is over 1)."""
     from PIL import Image
 
     a = np.asarray(im)
@@ -616,10 +603,9 @@ def _fit(im, size: tuple[int, int]):
 def _write_split(
     folder: Path, job: _Job, count: int, samples: Iterable, where: str
 ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, int, str]:
-    """Append each sample's bytes to the split's images file through a file object (a full
-    disk is then an ``OSError``, never a memmap's SIGBUS), then map what was written.
-    Returns the arrays (``images``; or ``data``, ``offsets``, ``sizes``), the labels, the
-    summed pixel sums, the count of re-encoded images and the SHA-256 of the bytes."""
+    """Each sample's bytes appended to the split's images file by a file object (a full disk is
+    an ``OSError``, never a memmap's SIGBUS), then mapped: the arrays (``images``; or ``data``,
+    ``offsets``, ``sizes``), labels, summed pixel sums, re-encoded count and SHA-256."""
     raw = job.encoding == "raw"
     path = folder / (IMAGES if raw else DATA)
     shape = (*job.size, 1 if job.mode == "L" else 3)  # (H, W, C)

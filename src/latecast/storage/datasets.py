@@ -231,7 +231,8 @@ def _find(name: str, spec: Spec, split: str, root: Path) -> list[Path]:
 
 
 def _cached(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
-    """The split memory-mapped from its cache store, rewritten if damaged or of other files."""
+    """The split memory-mapped from its cache store, else decoded and kept there (rewritten
+    where damaged or of other files)."""
     identity = "; ".join(
         f"{p.resolve()} ({st.st_size} bytes, mtime_ns {st.st_mtime_ns})"
         for p, st in ((p, p.stat()) for p in sources)
@@ -241,7 +242,12 @@ def _cached(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
     with contextlib.suppress(FormatError):
         if read_meta(folder).get("source") == identity:
             return open_store(folder)
-    ds = _decode(name, spec, split, sources)
+    for p in sources:
+        if p.parent == BUNDLED:
+            _check_bundled(p)
+    classes = _classes(spec, sources[0].parent)
+    images, labels = _READERS[spec.reader](sources, spec, len(classes))
+    ds = from_arrays(images, labels, name=name, split=split, classes=classes)
     try:
         for file in (META, IMAGES, LABELS):  # our own cache entry: replaced, even when damaged
             (folder / file).unlink(missing_ok=True)
@@ -251,15 +257,6 @@ def _cached(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
             f"cannot write the dataset cache {folder}: {e}; it will be decoded again", stacklevel=3
         )
         return ds
-
-
-def _decode(name: str, spec: Spec, split: str, sources: list[Path]) -> Dataset:
-    for p in sources:
-        if p.parent == BUNDLED:
-            _check_bundled(p)
-    classes = _classes(spec, sources[0].parent)
-    images, labels = _READERS[spec.reader](sources, spec, len(classes))
-    return from_arrays(images, labels, name=name, split=split, classes=classes)
 
 
 def _check_bundled(path: Path) -> None:

@@ -548,18 +548,12 @@ def _redo(spec: str, path: str) -> str:
 
 def _index_now(spec: str, urls: list[str], path: str) -> dict:
     """The index of ``urls``, each read whole now (said)."""
-    if _WRITE.get():
-        warnings.warn(
-            f"{spec}: no index of these shards: reading each once to index them into {path} "
-            f"(kept for the next run; latecast index does it ahead)",
-            stacklevel=3,
-        )
-    else:
-        warnings.warn(
-            f"{spec}: no index of these shards: reading each once to check them, writing "
-            f"nothing (--check); train would keep their index in {path}",
-            stacklevel=3,
-        )
+    what = (
+        f"index them into {path} (kept for the next run; latecast index does it ahead)"
+        if _WRITE.get()
+        else f"check them, writing nothing (--check); train would keep their index in {path}"
+    )
+    warnings.warn(f"{spec}: no index of these shards: reading each once to {what}", stacklevel=3)
     return _built(spec, urls, {}, progress=True)
 
 

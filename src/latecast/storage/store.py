@@ -262,10 +262,8 @@ def _open_array(folder: Path, name: str, entry: dict, rows: int | None, count: i
             arr = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
         raise FormatError(f"{path}: not a readable {path.suffix} file ({e})") from None
-    expected = (list(arr.shape), arr.dtype.name)
-    if expected != (entry.get("shape"), entry.get("dtype")) or (
-        rows is not None and arr.shape[:1] != (rows,)
-    ):
+    rows_ok = rows is None or arr.shape[:1] == (rows,)
+    if (list(arr.shape), arr.dtype.name) != (entry.get("shape"), entry.get("dtype")) or not rows_ok:
         raise FormatError(
             f"{path}: holds {arr.dtype.name} {list(arr.shape)}, {META} says "
             f"{entry.get('dtype')} {entry.get('shape')} with count {count}"
@@ -345,10 +343,8 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
         "std": tuple(map(float, std)),
         "digest": meta["images_sha256"],
     }
-    if encoding == "raw":
-        ds = pixels_of(arrays["images"])(
-            images=arrays["images"], **common
-        )  # checks the dtypes and ndim
+    if encoding == "raw":  # (pixels_of's class checks the dtypes and ndim)
+        ds = pixels_of(arrays["images"])(images=arrays["images"], **common)
     else:
         crc = np.array(arrays.pop("crc32"))  # small: read it whole
         ds = EncodedDataset(
@@ -363,10 +359,9 @@ def open_store(path: str | os.PathLike, split: str | None = None) -> Dataset | E
 
 def verify(ds: Dataset | EncodedDataset, where: str) -> bool:
     """Read every image byte of an opened store: each JPEG file's structure (``check_jpegs``)
-    and the SHA-256 of them all against meta.json's (a flipped byte anywhere is caught).
-    Returns False when the dataset has no SHA-256 to compare (not read from a store: a
-    dataset cache that could not be written); raises ``FormatError`` naming ``where`` when a
-    check fails."""
+    and the SHA-256 of them all against meta.json's (a flipped byte anywhere is caught), else
+    a ``FormatError`` naming ``where``. False: no SHA-256 to compare (a dataset cache that
+    could not be written)."""
     if isinstance(ds, EncodedDataset):
         check_jpegs(ds, where, range(len(ds)))
     if not ds.digest:
@@ -412,10 +407,8 @@ def check_jpegs(ds: EncodedDataset, where: str, picks) -> bool:
 
 
 def jpeg_problem(file: np.ndarray | bytes, hw: list[int] | None = None) -> str:
-    """Why ``file`` is not one whole JPEG of ``hw`` (H, W) pixels upright ("" when it is): it
-    must start with the SOI marker, end with EOI, and its frame header (SOF, found by
-    ``jpeg_header`` in the markers before it) must give that size once its EXIF orientation
-    is applied. ``hw`` None: the structure only."""
+    """Why ``file`` is not one whole JPEG ("" when it is): SOI first, EOI last, and a frame
+    header (SOF) giving ``hw`` (H, W; None: any) once its EXIF orientation is applied."""
     if len(file) < 4 or bytes(file[:2]) != b"\xff\xd8" or bytes(file[-2:]) != b"\xff\xd9":
         return "not a whole JPEG file (it must start with FF D8 and end with FF D9)"
     head = jpeg_header(file)

@@ -16,13 +16,10 @@ shard of the split, whatever URL or path names them.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import queue
-import threading
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Iterator
@@ -69,14 +66,6 @@ def batch_sizes(n: int, steps: int, batch: int) -> list[int]:
     return [batch] * full + [q + 1] * r + [q] * (steps - full - r)
 
 
-def _intervals(ks: np.ndarray) -> list[list[int]]:
-    """Sorted positions -> ``[[start, end), ...]`` of their runs."""
-    if not len(ks):
-        return []
-    cut = np.flatnonzero(np.diff(ks) != 1) + 1
-    return [[int(run[0]), int(run[-1]) + 1] for run in np.split(ks, cut)]
-
-
 class Plan:
     """One rank's share of an epoch of ``stream``: ``sizes`` (its batches), ``ids`` (its
     samples in order); ``read`` its batches, ``left`` what remains of the epoch."""
@@ -102,13 +91,16 @@ class Plan:
         self.sizes = batch_sizes(len(mine), self.steps, batch)
 
     def left(self, position: int) -> list[list[int]]:
-        """The epoch's positions left once every rank took ``position`` batches."""
+        """The epoch's positions left once every rank took ``position`` batches, as the
+        ``[start, end)`` of their runs."""
         ends = zip(self.bounds, self.bounds[1:])
         rest = [
             self.ks[a + sum(batch_sizes(b - a, self.steps, self.batch)[:position]) : b]
             for a, b in ends
         ]
-        return _intervals(np.concatenate(rest))
+        ks = np.concatenate(rest)
+        runs = np.split(ks, np.flatnonzero(np.diff(ks) != 1) + 1)
+        return [[int(run[0]), int(run[-1]) + 1] for run in runs if len(run)]
 
     def read(self, start: int) -> Iterator[tuple]:
         """``(EncodedDataset, ids, names)`` of each batch from ``start`` on, read in stream
@@ -131,41 +123,19 @@ class Plan:
 
 def ahead_by_thread(items: Iterator, depth: int) -> Iterator:
     """``items``, taken by a thread up to ``depth`` ahead of the consumer; its exception is
-    raised where its item would have come. A consumer that stops early stops the thread and
-    waits for it to finish the item in hand: left inside torch's C++ code as Python exits, a
-    daemon thread is unwound there and aborts the process ("terminate called without an
-    active exception")."""
-    out, stop, end = queue.Queue(depth), threading.Event(), object()
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            with contextlib.suppress(queue.Full):
-                out.put(item, timeout=0.1)
-                return True
-        return False
-
-    def work() -> None:
+    raised where its item would have come. A consumer that stops early cancels the takes not
+    begun and waits for the one in hand: left inside torch's C++ code as Python exits, a
+    thread is unwound there and aborts the process ("terminate called without an active
+    exception")."""
+    end = object()
+    with ThreadPoolExecutor(1, "latecast-shards") as pool:
+        ahead = deque(pool.submit(next, items, end) for _ in range(depth))
         try:
-            for item in items:
-                if not put((item, None)):
-                    return
-            put((end, None))
-        except BaseException as err:  # raised in the consumer instead
-            put((end, err))
-
-    worker = threading.Thread(target=work, daemon=True, name="latecast-shards")
-    worker.start()
-    try:
-        while True:
-            item, err = out.get()
-            if err is not None:
-                raise err
-            if item is end:
-                return
-            yield item
-    finally:
-        stop.set()
-        worker.join()
+            while (item := ahead.popleft().result()) is not end:
+                ahead.append(pool.submit(next, items, end))
+                yield item
+        finally:
+            pool.shutdown(cancel_futures=True)
 
 
 class Source:
@@ -246,11 +216,8 @@ class StreamedDataset(Split):
 
     @property
     def counts(self) -> list[int]:
-        counts, left = [], self.limit if self.limit is not None else sum(map(len, self.shards))
-        for s in self.shards:
-            counts.append(min(len(s), left))
-            left -= counts[-1]
-        return counts
+        ends = np.cumsum([0] + [len(s) for s in self.shards])
+        return np.diff(ends if self.limit is None else ends.clip(max=self.limit)).tolist()
 
     def source(self, batch_size: int, **options) -> Source:
         """The Loader's source of this split (``Source``)."""
@@ -312,7 +279,13 @@ def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> Stream
         empty = "the train shards" if not train else f"the test shard {shards[-1].url}"
         raise FormatError(f"{spec}: {empty} hold no samples")
     classes = int(max(s.labels.max() for s in train)) + 1
-    _check_test_labels(shards[-1], classes)
+    test, outside = shards[-1], np.flatnonzero(shards[-1].labels >= classes)
+    if len(outside):  # the model has `classes` outputs
+        k = int(outside[0])
+        raise FormatError(
+            f"{test.url}: test sample {test.keys[k]!r} has label {test.labels[k]}, outside the "
+            f"train shards' classes 0..{classes - 1} ({len(outside)} such test samples)"
+        )
     part = train if split == "train" else shards[-1:]
     with ThreadPoolExecutor(PROBES) as pool:  # a shard gone is said now, not hours in
         list(pool.map(Shard.probe, part))
@@ -324,17 +297,6 @@ def open_shards(spec: str, split: str = "train", buffer: int = BUFFER) -> Stream
         channels=channels, file_bytes=sum(s.size for s in part), digest=_digest(part),
         shards=tuple(part), buffer=buffer,
     )  # fmt: skip
-
-
-def _check_test_labels(test: Shard, classes: int) -> None:
-    """Refuse a test label the train shards do not hold (the model has ``classes`` outputs)."""
-    outside = np.flatnonzero(test.labels >= classes)
-    if len(outside):
-        k = int(outside[0])
-        raise FormatError(
-            f"{test.url}: test sample {test.keys[k]!r} has label {test.labels[k]}, outside the "
-            f"train shards' classes 0..{classes - 1} ({len(outside)} such test samples)"
-        )
 
 
 def _digest(shards: list[Shard]) -> str:

@@ -155,14 +155,6 @@ def image_folder_rows(ds: Dataset, cfg: BenchConfig, device: torch.device) -> di
     return {"images": n, "workers": cfg.folder_workers, **measure.host_rows(runs, n, h2d)}
 
 
-def settings(cfg: BenchConfig, device: torch.device) -> TrainConfig:
-    """``latecast train``'s config with the bench's settings on top (the preset fills the rest)."""
-    same = {k: getattr(cfg, k) for k in ("dataset", "preset", "lr", "augment", "seed")}
-    return TrainConfig(
-        **same, epochs=cfg.e2e_epochs, batch_size=cfg.e2e_batch_size, device=str(device)
-    )
-
-
 def fit(
     batches: Callable[[], Iterable[Batch]],
     steps_per_epoch: int,
@@ -235,18 +227,12 @@ def bytes_per_epoch(ds: Dataset, device: torch.device, batch_size: int) -> dict[
     return out
 
 
-def _two_pass(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> Callable:
+def _two_pass(images, mean, std, *, dtype, channels_last, out) -> torch.Tensor:
     """Normalize in two passes: addcmul on a float copy, then the dtype and layout change."""
-    m, s = torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
-    scale = (1 / (255 * s)).to(device, torch.float32).view(1, -1, 1, 1)  # (1, C, 1, 1)
-    shift = (-m / s).to(device, torch.float32).view(1, -1, 1, 1)
-
-    def two_pass(images, mean, std, *, dtype, channels_last, out):
-        x = torch.addcmul(shift, images.permute(0, 3, 1, 2).float(), scale)
-        fmt = torch.channels_last if channels_last else torch.contiguous_format
-        return x.to(dtype=dtype, memory_format=fmt)
-
-    return two_pass
+    scale, shift = transforms._scale_shift(mean, std, images.shape[3], images.device)
+    x = torch.addcmul(shift, images.permute(0, 3, 1, 2).float(), scale)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    return x.to(dtype=dtype, memory_format=fmt)
 
 
 def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict[str, dict]:
@@ -255,7 +241,7 @@ def prepare_kernels(ds: Dataset, cfg: BenchConfig, device: torch.device) -> dict
     from the fused result."""
     x = torch.randint(0, 256, (cfg.batch_size, *ds.image_shape), dtype=torch.uint8, device=device)
     h, w, c = ds.image_shape
-    kernels = {"two-pass": _two_pass(ds.mean, ds.std, device), "fused": transforms.normalize}
+    kernels = {"two-pass": _two_pass, "fused": transforms.normalize}
     kernels["compiled"] = torch.compile(transforms.normalize, dynamic=False)
     result = {}
     preset = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -297,7 +283,10 @@ def bench(cfg: BenchConfig) -> dict:
         )
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    config = resolve_config(settings(cfg, device), ds, device)
+    # latecast train's config with the bench's settings on top (the preset fills the rest)
+    same = {k: getattr(cfg, k) for k in ("dataset", "preset", "lr", "augment", "seed")}
+    run = dict(epochs=cfg.e2e_epochs, batch_size=cfg.e2e_batch_size, device=str(device))
+    config = resolve_config(TrainConfig(**same, **run), ds, device)
     runs = loader_throughput(ds, cfg, device)
     medians = {k: float(np.median(v)) for k, v in runs.items()}
     tv = {k: v for k, v in medians.items() if k.startswith("torchvision")}

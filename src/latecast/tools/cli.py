@@ -307,10 +307,6 @@ def _one_line(text: object) -> str:
     return re.sub(r"[\x00-\x1f\x7f]", lambda m: repr(m.group())[1:-1], str(text).strip())
 
 
-def _one_line_warning(message, category, filename, lineno, line=None) -> str:
-    return f"latecast: warning: {_one_line(message)}\n"
-
-
 def _strict(value):
     """``value`` with NaN and infinities as null: the ``--json`` line is strict JSON."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -356,7 +352,7 @@ def _main(argv: list[str] | None) -> int:
         raise
     shown, code = warnings.formatwarning, 0  # put back after: main() may be called in-process
     if not args.debug:  # warnings as one line each, without the source line under them
-        warnings.formatwarning = _one_line_warning
+        warnings.formatwarning = lambda message, *_: f"latecast: warning: {_one_line(message)}\n"
     try:
         result = COMMANDS[args.command][1](args)
     except Exception as err:

@@ -154,13 +154,19 @@ def save(path: str | os.PathLike, parts: dict, progress: Progress, config: dict,
 
 
 def restore(path: Path, run: dict, parts: dict) -> Progress:
-    """The checkpoint at ``path`` loaded into ``parts`` once it is known to be of the same run
-    (``run``: the config, ``world_size``, ``data_fingerprint``); its progress."""
+    """The checkpoint at ``path`` loaded into ``parts`` once it is of the same run (``run``: the
+    config, ``world_size``, ``data_fingerprint``: each of ``RUN_FIELDS`` that differs is named);
+    its progress."""
     state = load_checkpoint(path)
     saved = {**state["config"], **{k: state[k] for k in ("world_size", "data_fingerprint")}}
     if run.get("elastic"):  # a stream: what is left of the epoch is split again
         saved["world_size"] = run["world_size"]
-    check_same_run(path, saved, run)
+    differ = [k for k in RUN_FIELDS if saved.get(k) != run.get(k)]
+    if differ:
+        said = "; ".join(
+            f"{k} {saved.get(k)!r} (checkpoint) != {run.get(k)!r} (now)" for k in differ
+        )
+        raise CheckpointError(f"{path}: cannot resume, the run differs: {said}")
     try:  # a checkpoint edited by hand
         for name, part in parts.items():
             part.load_state_dict(state[name])
@@ -169,16 +175,6 @@ def restore(path: Path, run: dict, parts: dict) -> Progress:
     except (RuntimeError, ValueError, KeyError, TypeError, LatecastError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise CheckpointError(f"{path}: does not fit this run ({first})") from None
-
-
-def check_same_run(path: str | os.PathLike, saved: dict, now: dict) -> None:
-    """Refuse ``saved`` under a run that differs in any of ``RUN_FIELDS``, listing each."""
-    differ = [k for k in RUN_FIELDS if saved.get(k) != now.get(k)]
-    if differ:
-        said = "; ".join(
-            f"{k} {saved.get(k)!r} (checkpoint) != {now.get(k)!r} (now)" for k in differ
-        )
-        raise CheckpointError(f"{path}: cannot resume, the run differs: {said}")
 
 
 def rng_state() -> dict:

@@ -206,13 +206,6 @@ def loss_of(model: nn.Module, images: Tensor, labels: Tensor, smooth: float, amp
         return F.cross_entropy(model(images), labels, label_smoothing=smooth)
 
 
-def compiled(fn, device: torch.device, graph: bool):
-    """``torch.compile``: mode ``reduce-overhead`` (inductor's CUDA graphs) on CUDA unless
-    ``--graph`` captures the whole step; the default mode elsewhere."""
-    small_steps = device.type == "cuda" and not graph
-    return torch.compile(fn, mode="reduce-overhead" if small_steps else None)
-
-
 def train_step(
     model: torch.nn.Module,
     opt: torch.optim.Optimizer,
@@ -547,7 +540,9 @@ def _start(run: Run) -> tuple[Callable, Callable[[], Iterable[Batch]]]:
     run.startup["upload"] = lap()
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed shapes: autotune once, in the warm-up
-    loss_fn = compiled(loss_of, device, config.graph) if config.compile else loss_of
+    # reduce-overhead: inductor's CUDA graphs, unless --graph captures the whole step
+    mode = "reduce-overhead" if device.type == "cuda" and not config.graph else None
+    loss_fn = torch.compile(loss_of, mode=mode) if config.compile else loss_of
     if config.graph and todo:
         step = graphed.GraphedStep(run.model, run.opt, run.sched, loader, loss_fn, config)
         run.startup["warm_up"] = lap()  # on construction

@@ -48,18 +48,13 @@ class _Residual(nn.Module):
         return x + self.body(x)
 
 
-def resnet9(
-    in_shape: tuple[int, int, int],
-    num_classes: int,
-    widths: tuple[int, int, int, int] = (64, 128, 256, 512),
-) -> nn.Module:
+def resnet9(in_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """The ResNet-9 of the DAWNBench CIFAR-10 entries (Page, 2018): a prep conv, three stages
     of conv-bn-relu + 2x2 pool, residual pairs after the first and the last, global max pool,
     a linear head scaled by 1/8. Above 64 px a stride-2 prep conv and a 2x2 max pool first
     (ResNet's stem): the body runs on a quarter of the side."""
-    c = in_shape[0]
-    w0, w1, w2, w3 = widths
-    large = max(in_shape[1:]) > 64
+    c, large = in_shape[0], max(in_shape[1:]) > 64
+    w0, w1, w2, w3 = 64, 128, 256, 512
     return nn.Sequential(
         _conv_bn(c, w0, stride=2 if large else 1),
         nn.MaxPool2d(2) if large else nn.Identity(),
