@@ -98,7 +98,10 @@ def train(batches, prepare) -> list[float]:
     return losses
 
 
-def test_eurosat_converted_as_the_docs_say_gives_the_same_batches_and_losses(root):
+@pytest.mark.parametrize("doctors", [False, True], ids=["per-band", "as-doctor-says"])
+def test_eurosat_converted_as_the_docs_say_gives_the_same_batches_and_losses(root, doctors):
+    """Per band in the declaration (the loop's normalize dropped), or as doctor says:
+    ``image16(mean=0, std=1, channels=13)``, the values as floats, the loop's normalize kept."""
     mean, std = [MEAN[b] for b in BANDS], [STD[b] for b in BANDS]
     orders = [torch.Generator(), torch.Generator()]  # the same shuffle for both loops
     usual = DataLoader(EuroSAT(root), batch_size=6, shuffle=True, generator=orders[0])
@@ -112,20 +115,22 @@ def test_eurosat_converted_as_the_docs_say_gives_the_same_batches_and_losses(roo
     # the conversion: the dataset's transforms=, and one declaration in wrap
     ours = EuroSAT(root, transforms=as_stored)
     dl = DataLoader(ours, batch_size=6, shuffle=True, generator=orders[1])
-    train_dl = latecast.wrap(dl, fields={"image": latecast.image16(mean=mean, std=std)})
+    stats = {"mean": 0, "std": 1, "channels": 13} if doctors else {"mean": mean, "std": std}
+    train_dl = latecast.wrap(dl, fields={"image": latecast.image16(**stats)})
+    ours_normalized = normalized if doctors else lambda b: (b["image"], b["label"])
 
     for g in orders:
         g.manual_seed(0)
-    for a, b in zip(map(normalized, usual), train_dl):
-        assert b["image"].dtype == torch.float32 and b["image"].shape == (6, 13, 8, 8)
-        torch.testing.assert_close(b["image"].cpu(), a[0], atol=1e-5, rtol=1e-6)
-        assert torch.equal(b["label"].cpu(), a[1])
+    for a, b in zip(map(normalized, usual), map(ours_normalized, train_dl)):
+        assert b[0].dtype == torch.float32 and b[0].shape == (6, 13, 8, 8)
+        torch.testing.assert_close(b[0].cpu(), a[0], atol=1e-5, rtol=1e-6)
+        assert torch.equal(b[1].cpu(), a[1])
     assert train_dl.stats.image_bytes == 18 * 13 * 8 * 8 * 2  # uint16, half of float32
 
     for g in orders:
         g.manual_seed(0)
     before = train(usual, normalized)
-    after = train(train_dl, lambda b: (b["image"], b["label"]))
+    after = train(train_dl, ours_normalized)
     assert before[-1] < before[0]  # it learns
     np.testing.assert_allclose(after, before, rtol=1e-5, atol=1e-6)
 
@@ -185,3 +190,39 @@ def test_a_datamodule_hook_that_would_take_the_batch_is_refused_naming_the_chang
     change = r"EuroSATDataModule.on_after_batch_transfer .*= LightningDataModule.on_after_"
     with pytest.raises(ConfigError, match=change):
         fit(Prepared(), EuroSATDataModule, root=root, transforms=as_stored)
+
+
+UNCONVERTED = """
+import kornia.augmentation as K
+import torch
+from torch.utils.data import DataLoader
+from torchgeo.datamodules.eurosat import MEAN, STD
+from torchgeo.datasets import EuroSAT
+
+bands = EuroSAT.all_band_names
+mean, std = torch.tensor([MEAN[b] for b in bands]), torch.tensor([STD[b] for b in bands])
+norm = K.AugmentationSequential(K.Normalize(mean=mean, std=std), data_keys=None, keepdim=True)
+net = torch.nn.Sequential(torch.nn.Conv2d(13, 8, 3), torch.nn.Flatten(), torch.nn.LazyLinear(3))
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+for batch in DataLoader(EuroSAT(ROOT), batch_size=6, shuffle=True):
+    batch = norm({k: v.to("cpu") for k, v in batch.items()})  # MOVE
+    loss = torch.nn.functional.cross_entropy(net(batch["image"]), batch["label"])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+"""
+
+
+def test_doctor_on_the_unconverted_loop_tells_image16_as_stored(root, tmp_path, run_cli):
+    """EuroSAT's float32 tiles hold the files' uint16 values: doctor names ``image16`` and
+    the conversion the first test trains the same with, not a bare "move them as integers"."""
+    script = tmp_path / "train.py"
+    script.write_text(UNCONVERTED.replace("ROOT", repr(root)))
+    res = run_cli("doctor", "--steps", "3", "--json", "--", script)
+    assert res.rc == 0, res.err
+    line = 1 + next(i for i, x in enumerate(UNCONVERTED.splitlines()) if "# MOVE" in x)
+    at = f"{script}:{line}"
+    image = next(s for s in res.json["sites"] if s["site"] == at and s["dtype"] == "float32")
+    assert image["shape"] == [6, 13, 8, 8] and image["could_cross"] in ("uint16", "int16")
+    assert "latecast.image16(mean=0, std=1, channels=13)" in image["change"]
+    assert 'casts `sample["image"]` back to torch.' in image["change"]

@@ -204,6 +204,17 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi, stored=False) 
             f"stored units; LOW and MEAN are yours: the values alone do not tell the offset)"
         )
     if kind == "integers" and factor > 1:
+        if s.dtype.is_floating_point and len(s.shape) == 4 and then.itemsize == 2:
+            return (  # TorchGeo's tiles: read as stored, cast to float32 by the dataset
+                f"{now} holding only integers {lo}..{hi}, 4-dim (images, bands): "
+                f"16-bit values as stored: they could cross as {_name(then)}, {factor}x: make "
+                f"the dataset yield them as stored (TorchGeo's: a `transforms=` that casts "
+                f'`sample["image"]` back to torch.{_name(then)}) and declare them in '
+                f"`latecast.wrap(loader, fields={{KEY: latecast.image16(mean=0, std=1, "
+                f"channels={s.shape[s.axis or 1]})}})` "
+                f"(float on the device, the values as they are now; or your per-band mean/std "
+                f"there, in stored units, and your own normalize dropped: docs/dataloader.md)"
+            )
         if s.dtype.is_floating_point:
             return f"{now} holding only integers {lo}..{hi}: move them as {_name(then)}, {factor}x"
         if s.loaders:
