@@ -56,6 +56,7 @@ class VideoSpec:
     max_pixels: int = MAX_PIXELS
     nvdec: bool | None = None  # None: on a CUDA device where TorchCodec decodes there
     resize: int | tuple[int, int] | None = None  # Resize's: the shorter side, or (H, W)
+    antialias: bool = True  # the resizes' (torchvision's Resize(antialias=...))
 
     draws = True  # plan takes ``at``: the batch's host generator and its device
 
@@ -94,7 +95,7 @@ class VideoSpec:
                 "least size"
             )
         kind = VideoFiles if nvdec else VideoPlanes
-        return kind.of(name, heads, files, sizes, tuple(size), self.out, self.resize)
+        return kind.of(name, heads, files, sizes, tuple(size), self)
 
     def evaluated(self) -> VideoSpec:
         """This declaration for evaluation: the centre frames, nothing drawn."""
@@ -318,21 +319,20 @@ class VideoPlanes(Field):
     clips: list = field(default_factory=list, repr=False)  # _Clip of each
     sizes: torch.Tensor | None = None  # (N, 2) int64 each clip's (H, W)
     size: tuple[int, int] = (0, 0)  # out
-    out: str = "NCTHW"
-    resize: int | tuple[int, int] | None = None  # VideoSpec's
+    spec: VideoSpec = VideoSpec()  # out, resize, antialias
 
     category, what = "image", "video"
     pixels = True
 
     @classmethod
-    def of(cls, name, heads, files, sizes, size, out, resize) -> VideoPlanes:
+    def of(cls, name, heads, files, sizes, size, spec) -> VideoPlanes:
         deep = any(c.bits > 8 for c in heads)
         dtype = torch.uint16 if deep else torch.uint8
-        return cls(name, dtype, (len(heads),), None, heads, sizes, size, out, resize)
+        return cls(name, dtype, (len(heads),), None, heads, sizes, size, spec)
 
     @property
     def crops(self) -> bool:  # resized first: a random crop of size, as clip()'s
-        return self.resize is not None
+        return self.spec.resize is not None
 
     @property
     def frames(self) -> int:
@@ -365,34 +365,35 @@ class VideoPlanes(Field):
 
     def sizes_of(self, x: Any) -> torch.Tensor:
         """Each clip's (H, W) the draw is made for: resized, where ``resize`` is declared."""
-        if self.resize is None:
+        if self.spec.resize is None:
             return self.sizes
-        return torch.tensor([resized(c.size, self.resize) for c in self.clips])
+        return torch.tensor([resized(c.size, self.spec.resize) for c in self.clips])
 
     def finish(self, x: list, ctx: Context) -> torch.Tensor:
-        """Each clip RGB (``rgb``) into its slot: resized to ``resize`` (torchvision's Resize,
-        antialiased), then cropped as clips are (``video.crop_clip``: the draw's box, else the
-        centre); without ``resize``, resized by the draw's box (RandomResizedCrop), else its
-        shorter side resized to ``size`` and its centre cropped (Resize and CenterCrop: the
-        crop's border pixels weigh their neighbours outside it); then ``video.finished``."""
+        """Each clip RGB (``rgb``) into its slot: resized to ``resize`` (torchvision's Resize),
+        then cropped as clips are (``video.crop_clip``: the draw's box, else the centre);
+        without ``resize``, resized by the draw's box (RandomResizedCrop), else its shorter
+        side resized to ``size`` and its centre cropped (Resize and CenterCrop: the crop's
+        border pixels weigh their neighbours outside it); antialiased unless declared not;
+        then ``video.finished``."""
         boxes, (th, tw) = ctx.draw.boxes, self.size
         out = torch.empty(
             (len(x), self.frames, th, tw, 3), dtype=torch.uint8, device=ctx.generator.device
         )
         for i, clip in enumerate(self.clips):
             frames, box = self.rgb(x[i], clip), None if boxes is None else boxes[i].tolist()
-            if box is None or self.resize is not None:  # the whole frames resized first
+            if box is None or self.spec.resize is not None:  # the whole frames resized first
                 whole = frames.new_empty((self.frames, *self._resized(clip.size), 3))
-                crop_into(frames, (0, 0, *clip.size), whole)
+                crop_into(frames, (0, 0, *clip.size), whole, antialias=self.spec.antialias)
                 frames = whole
-            crop_clip(frames, box, out[i])
-        return finished(out, ctx, self.out)
+            crop_clip(frames, box, out[i], self.spec.antialias)
+        return finished(out, ctx, self.spec.out)
 
     def _resized(self, hw: tuple[int, int]) -> tuple[int, int]:
         """What frames of ``hw`` are resized to before their crop: ``resize``'s size, else
         the smallest covering ``size`` at their aspect."""
-        if self.resize is not None:
-            return resized(hw, self.resize)
+        if self.spec.resize is not None:
+            return resized(hw, self.spec.resize)
         (h, w), (th, tw) = hw, self.size
         return (th, th * w // h) if th * w >= tw * h else (tw * h // w, tw)
 
@@ -447,8 +448,8 @@ class VideoFiles(VideoPlanes):
     on_host = True
 
     @classmethod
-    def of(cls, name, heads, files, sizes, size, out, resize) -> VideoFiles:
-        return cls(name, torch.uint8, (len(heads),), None, heads, sizes, size, out, resize, files)
+    def of(cls, name, heads, files, sizes, size, spec) -> VideoFiles:
+        return cls(name, torch.uint8, (len(heads),), None, heads, sizes, size, spec, files)
 
     @functools.cached_property
     def nbytes(self) -> int:
@@ -488,6 +489,7 @@ def video(
     max_pixels: int = MAX_PIXELS,
     nvdec: bool | None = None,
     resize: int | tuple[int, int] | None = None,
+    antialias: bool = True,
 ) -> VideoSpec:
     """Declare a field of encoded video files for ``wrap(fields={name: latecast.video(...)})``.
 
@@ -514,10 +516,12 @@ def video(
             finished (NVDEC on CUDA); False: the host decodes to YUV 4:2:0 planes, which
             cross. None: NVDEC on a CUDA device where TorchCodec decodes there (checked once).
         resize: what torchvision's ``Resize`` takes, done on the device to the RGB frames
-            before the crop (bilinear, antialiased: torchvision v2's default): an int (or
-            ``[int]``) the shorter side, or ``(H, W)``. torchvision's video reference is
-            ``video(16, size=112, resize=(128, 171))`` under ``Augment(flip=0.5)``: its
-            Resize((128, 171)), RandomCrop(112), flip (its eval: CenterCrop, no Augment).
+            before the crop (bilinear): an int (or ``[int]``) the shorter side, or ``(H,
+            W)``. torchvision's video reference is ``video(16, size=112, resize=(128, 171),
+            antialias=False)`` under ``Augment(flip=0.5)``: its Resize((128, 171),
+            antialias=False), RandomCrop(112), flip (its eval: CenterCrop, no Augment).
+        antialias: the frames' resizes antialiased (torchvision v2's default), as Resize's
+            ``antialias``; False: bilinear without, as the video reference's presets.
 
     Example:
         >>> dl = DataLoader(mp4_bytes_and_labels, batch_size=24, num_workers=8)
@@ -554,5 +558,6 @@ def video(
     start = check(start, "latecast.video(start=...)", STARTS)
     out = check(out, "latecast.video(out=...)", OUTS)
     pad = check(pad, "latecast.video(pad=...)", bool)
+    antialias = check(antialias, "latecast.video(antialias=...)", bool)
     resize = to if resize is None or len(to) == 2 else to[0]
-    return VideoSpec(frames, hw, step, start, out, pad, max_pixels, nvdec, resize)
+    return VideoSpec(frames, hw, step, start, out, pad, max_pixels, nvdec, resize, antialias)

@@ -211,14 +211,14 @@ class Clips(Field):
         return finished(x, ctx, self.out)
 
 
-def crop_clip(x: torch.Tensor, box: list | None, dst: torch.Tensor) -> None:
+def crop_clip(x: torch.Tensor, box: list | None, dst: torch.Tensor, antialias=True) -> None:
     """Clip ``x`` (``(T, H, W, C)``) cropped into ``dst`` (``(T, h, w, C)``, a batch's slot) by
     the draw's ``box`` (a resized crop's, or a random crop's), else at its centre
     (torchvision's ``CenterCrop`` rounding): one box for all its frames."""
     if box is None:
         (h, w), (sh, sw) = x.shape[1:3], dst.shape[1:3]
         box = (round((h - sh) / 2), round((w - sw) / 2), sh, sw)
-    crop_into(x, box, dst)
+    crop_into(x, box, dst, antialias=antialias)
 
 
 def finished(x: torch.Tensor, ctx: Context, out: str) -> torch.Tensor:
