@@ -236,6 +236,7 @@ def _reflect(i: torch.Tensor, n: int) -> torch.Tensor:
 RATIO = (3 / 4, 4 / 3)  # RandomResizedCrop's aspect ratios
 _AA = torch.ops.aten  # INTERPOLATIONS: torch's uint8 kernels on the CPU, as torchvision v2's
 INTERPOLATIONS = {"bilinear": _AA._upsample_bilinear2d_aa, "bicubic": _AA._upsample_bicubic2d_aa}
+SHARP = {"bilinear": _AA.upsample_bilinear2d, "bicubic": _AA.upsample_bicubic2d}  # antialias=False
 
 
 def resized_crop_params(
@@ -292,9 +293,11 @@ def resized_crop(
     return out
 
 
-def crop_into(image: torch.Tensor, box, dst: torch.Tensor, interpolation="bilinear") -> None:
+def crop_into(
+    image: torch.Tensor, box, dst: torch.Tensor, interpolation="bilinear", antialias=True
+) -> None:
     """``resized_crop`` of one ``(H, W, C)`` image, or of a clip's ``(T, H, W, C)`` frames
-    alike, into ``dst`` (a batch's slot), no copy."""
+    alike, into ``dst`` (a batch's slot), no copy; ``antialias=False`` as torchvision's."""
     top, left, h, w = box
     crop = image[..., top : top + h, left : left + w, :]
     if crop.shape == dst.shape:
@@ -303,9 +306,10 @@ def crop_into(image: torch.Tensor, box, dst: torch.Tensor, interpolation="biline
     x, y = (t.movedim(-1, -3) for t in (crop, dst))  # (C, h, w) or (T, C, h, w) views
     x, y = (x, y) if x.ndim == 4 else (x[None], y[None])
     if dst.device.type == "cpu":  # torchvision's uint8 kernel, into the slot (no HWC copy)
-        INTERPOLATIONS[interpolation].out(x, list(dst.shape[-3:-1]), False, out=y)
+        kernels = INTERPOLATIONS if antialias else SHARP
+        kernels[interpolation].out(x, list(dst.shape[-3:-1]), False, out=y)
     else:  # no uint8 kernel there: float, then round (bicubic overshoots: clamped first)
-        z = F.interpolate(x.float(), y.shape[-2:], mode=interpolation, antialias=True)
+        z = F.interpolate(x.float(), y.shape[-2:], mode=interpolation, antialias=antialias)
         y.copy_(z.clamp_(0, 255).round_())
 
 
@@ -477,7 +481,7 @@ class Augment:
             if indices is None:
                 raise ConfigError("altflip needs the samples' dataset indices (Loader passes them)")
             flips = alternating_flip_params(indices.cpu(), epoch, seed).to(device)
-        if boxes is None and crop is not None and tuple(crop) != tuple(sizes[0].tolist()):
+        if boxes is None and crop is not None and bool((sizes != torch.tensor(crop)).any()):
             spare = (sizes - torch.tensor(crop)).double()  # RandomCrop: each corner uniform
             at = (torch.rand(n, 2, generator=host, dtype=torch.float64) * (spare + 1)).long()
             boxes = torch.cat([at, torch.tensor([crop]).expand(n, 2)], 1)

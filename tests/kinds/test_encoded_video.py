@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import re
 from fractions import Fraction
 
 import numpy as np
@@ -15,7 +16,7 @@ import torch
 from torch.utils.data import Dataset
 
 import latecast
-from latecast.errors import BatchError
+from latecast.errors import BatchError, ConfigError
 
 av = pytest.importorskip("av")
 v2 = pytest.importorskip("torchvision.transforms.v2")
@@ -131,10 +132,12 @@ def resized_midway() -> bytes:
     return b"".join(parts)
 
 
-def usual(data: bytes, indices: list[int], size: int, accurate: bool = False) -> torch.Tensor:
+def usual(
+    data: bytes, indices: list[int], size: int, accurate=False, resize=None, antialias=True
+) -> torch.Tensor:
     """The usual pipeline's clip: PyAV's rgb24 frames (``accurate``: swscale's exact
-    arithmetic and full chroma), then torchvision v2's Resize (shorter side) and CenterCrop on
-    float, Normalize: ``(C, T, H, W)``."""
+    arithmetic and full chroma), then torchvision v2's Resize (``resize``, else the shorter
+    side to ``size``) and CenterCrop on float, Normalize: ``(C, T, H, W)``."""
     how = av.video.reformatter.Interpolation
     flags = how.BILINEAR | how.ACCURATE_RND | how.FULL_CHR_H_INT if accurate else None
     with av.open(io.BytesIO(data)) as c:
@@ -143,7 +146,7 @@ def usual(data: bytes, indices: list[int], size: int, accurate: bool = False) ->
     ops = v2.Compose(
         [
             v2.ToDtype(torch.float32, scale=True),
-            v2.Resize(size, antialias=True),
+            v2.Resize(resize or size, antialias=antialias),
             v2.CenterCrop(size),
             v2.Normalize(MEAN, STD),
         ]
@@ -308,6 +311,45 @@ def test_a_bad_file_is_one_error_naming_the_field_and_the_clip(what):
     good = encode(frames=6)
     with pytest.raises(BatchError, match=f"field 0: the clip at position 1 in the batch.*{says}"):
         clips([good, make()], frames=4, **options)
+
+
+def test_resize_is_torchvisions_then_the_crop_is_the_clip_kinds():
+    """``resize=`` is v2's Resize (an int the shorter side, or (H, W); antialias or not), then
+    ``size`` cropped as ``latecast.clip`` crops: the centre without an Augment, under one a
+    random box (clips of other sizes too, the first's the crop's own); a resize smaller than
+    the crop is one BatchError naming the clip."""
+    data = encode(frames=10)  # 64x48
+    for resize, antialias in [(30, True), ((36, 40), False), ((36, 40), True)]:
+        options = dict(start="centre", resize=resize, antialias=antialias)
+        x = clips([data], frames=4, size=24, step=2, **options)
+        for aa in (True, False):
+            err = grey_levels(x, usual(data, [1, 3, 5, 7], 24, False, resize, aa)[None]).mean()
+            assert (err < 2) == (aa == antialias), f"{resize}, antialias={aa}: {err:.2f}"
+    square = encode(w=48, h=48)  # resized to 24x24, the crop's size; the other to 32x24
+    video = latecast.video(4, size=24, resize=24, start="start")
+    got = []
+    for seed in range(4):
+        options = dict(mean=MEAN, std=STD, seed=seed, fields={0: video})
+        w = latecast.wrap([([square, data],)], device="cpu", augment=latecast.Augment(), **options)
+        got.append(next(iter(w))[0])  # Augment(): RandomCrop alone
+    assert all(torch.equal(g[0], got[0][0]) for g in got)
+    assert len({g[1].sum().item() for g in got}) > 1  # the 24 of 32 columns, drawn
+    with pytest.raises(BatchError, match=r"position 0 .* resized to 20x26 \(resize=20\)"):
+        clips([data], frames=4, size=24, resize=20)
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ({"resize": 0}, "resize=...) must be an integer N"),
+        ({"resize": (1, 2, 3)}, "resize=...) must be an integer N"),
+        ({"resize": True}, "resize=...) must be an integer N"),
+        ({"antialias": "no"}, "antialias=...)"),
+    ],
+)
+def test_a_bad_resize_or_antialias_is_one_config_error(options, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        latecast.video(4, size=16, **options)
 
 
 def test_pad_repeats_the_last_frame_of_a_short_clip():

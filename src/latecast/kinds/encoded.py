@@ -6,8 +6,10 @@ resumed run's too), then, on a CUDA device where TorchCodec imports, its file cr
 NVDEC decodes it there (``VideoFiles``); else the host decodes those frames with PyAV to their
 YUV 4:2:0 planes and stops (no colour conversion, no resize): the planes cross, 1.5 bytes a
 pixel against RGB's 3 (``VideoPlanes``). On the device: YUV to RGB by the stream's own matrix
-and range, the clip's one resized crop (else its shorter side resized to ``size`` and its
-centre cropped), then the clip kind's flip, jitter and normalize (``video.finished``).
+and range; resized to ``resize`` and cropped to ``size`` as the clip kind crops (random under
+an ``Augment``, else the centre: ``video.crop_clip``), or without ``resize`` the clip's one
+resized crop (else its shorter side resized to ``size`` and its centre cropped); then the clip
+kind's flip, jitter and normalize (``video.finished``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..fields import Context, Field, Name, Planning, check_channels
 from ..threads import count, pool
 from ..transforms import crop_into
 from .jpeg import files_of
-from .video import OUTS, check_options, finished
+from .video import OUTS, check_options, crop_clip, finished
 
 STARTS = ("random", "start", "centre")
 MAX_PIXELS = 2**28  # frames x height x width of one clip (16 frames of 4K: 2**27)
@@ -53,6 +55,8 @@ class VideoSpec:
     pad: bool = False  # a shorter clip: its last frame repeated (else a BatchError)
     max_pixels: int = MAX_PIXELS
     nvdec: bool | None = None  # None: on a CUDA device where TorchCodec decodes there
+    resize: int | tuple[int, int] | None = None  # Resize's: the shorter side, or (H, W)
+    antialias: bool = True  # the resizes' (torchvision's Resize(antialias=...))
 
     draws = True  # plan takes ``at``: the batch's host generator and its device
 
@@ -74,15 +78,24 @@ class VideoSpec:
         threads = min(count(), len(files))  # PyAV decodes without the GIL: a clip a thread
         heads = list((pool(threads).map if threads > 1 else map)(work, where, files, u))
         sizes = torch.tensor([h.size for h in heads], dtype=torch.int64)
-        size = self.size or (heads[0].size if len({h.size for h in heads}) == 1 else None)
+        framed = [resized(h.size, self.resize) if self.resize else h.size for h in heads]
+        size = self.size or (framed[0] if len(set(framed)) == 1 else None)
         if size is None:
-            some = ", ".join(f"{h}x{w}" for h, w in sorted({h.size for h in heads})[:3])
+            some = ", ".join(f"{h}x{w}" for h, w in sorted(set(framed))[:3])
             raise BatchError(
-                f"field {name!r}: clips of {len({h.size for h in heads})} frame sizes ({some}, "
-                f"...): declare the size out, fields={{{name!r}: latecast.video(size=(H, W))}}"
+                f"field {name!r}: clips of {len(set(framed))} frame sizes ({some}, ...): "
+                f"declare the size out, fields={{{name!r}: latecast.video(size=(H, W))}}"
+            )
+        small = [i for i, (h, w) in enumerate(framed) if h < size[0] or w < size[1]]
+        if self.resize and small:
+            i, (h, w) = small[0], framed[small[0]]
+            raise BatchError(
+                f"{where[i]}: resized to {h}x{w} (resize={self.resize}), smaller than the "
+                f"{size[0]}x{size[1]} cropped from it; declare latecast.video(resize=...) at "
+                "least size"
             )
         kind = VideoFiles if nvdec else VideoPlanes
-        return kind.of(name, heads, files, sizes, tuple(size), self.out)
+        return kind.of(name, heads, files, sizes, tuple(size), self)
 
     def evaluated(self) -> VideoSpec:
         """This declaration for evaluation: the centre frames, nothing drawn."""
@@ -193,6 +206,15 @@ def _check_whole(at: _Source, container: Any, stream: Any, packets: list) -> Non
         )
 
 
+def resized(hw: tuple[int, int], to: int | tuple[int, int]) -> tuple[int, int]:
+    """Frames of ``hw`` (H, W) resized as torchvision's ``Resize(to)``: ``(H, W)`` as given, an
+    int the shorter side (the longer scaled to it, rounded down)."""
+    if not isinstance(to, int):
+        return tuple(to)
+    h, w = hw
+    return (to, to * w // h) if h <= w else (to * h // w, to)
+
+
 def _paths_read(name: Name, value: Any) -> Any:
     """``value`` with each path (str, PathLike) read to its bytes (a BatchError naming it)."""
     if not isinstance(value, (list, tuple)):
@@ -297,16 +319,20 @@ class VideoPlanes(Field):
     clips: list = field(default_factory=list, repr=False)  # _Clip of each
     sizes: torch.Tensor | None = None  # (N, 2) int64 each clip's (H, W)
     size: tuple[int, int] = (0, 0)  # out
-    out: str = "NCTHW"
+    spec: VideoSpec = VideoSpec()  # out, resize, antialias
 
     category, what = "image", "video"
     pixels = True
 
     @classmethod
-    def of(cls, name, heads, files, sizes, size, out) -> VideoPlanes:
+    def of(cls, name, heads, files, sizes, size, spec) -> VideoPlanes:
         deep = any(c.bits > 8 for c in heads)
         dtype = torch.uint16 if deep else torch.uint8
-        return cls(name, dtype, (len(heads),), None, heads, sizes, size, out)
+        return cls(name, dtype, (len(heads),), None, heads, sizes, size, spec)
+
+    @property
+    def crops(self) -> bool:  # resized first: a random crop of size, as clip()'s
+        return self.spec.resize is not None
 
     @property
     def frames(self) -> int:
@@ -338,28 +364,38 @@ class VideoPlanes(Field):
         return out
 
     def sizes_of(self, x: Any) -> torch.Tensor:
-        return self.sizes
+        """Each clip's (H, W) the draw is made for: resized, where ``resize`` is declared."""
+        if self.spec.resize is None:
+            return self.sizes
+        return torch.tensor([resized(c.size, self.spec.resize) for c in self.clips])
 
     def finish(self, x: list, ctx: Context) -> torch.Tensor:
-        """Each clip RGB (``rgb``) into its slot: resized by the draw's box (RandomResizedCrop),
-        else its shorter side resized to ``size`` and its centre cropped (torchvision's Resize
-        and CenterCrop: the crop's border pixels weigh their neighbours outside it); then
-        ``video.finished``."""
+        """Each clip RGB (``rgb``) into its slot: resized to ``resize`` (torchvision's Resize),
+        then cropped as clips are (``video.crop_clip``: the draw's box, else the centre);
+        without ``resize``, resized by the draw's box (RandomResizedCrop), else its shorter
+        side resized to ``size`` and its centre cropped (Resize and CenterCrop: the crop's
+        border pixels weigh their neighbours outside it); antialiased unless declared not;
+        then ``video.finished``."""
         boxes, (th, tw) = ctx.draw.boxes, self.size
         out = torch.empty(
             (len(x), self.frames, th, tw, 3), dtype=torch.uint8, device=ctx.generator.device
         )
         for i, clip in enumerate(self.clips):
-            frames, (h, w) = self.rgb(x[i], clip), clip.size
-            if boxes is not None:
-                crop_into(frames, boxes[i].tolist(), out[i])
-                continue
-            rh, rw = (th, th * w // h) if th * w >= tw * h else (tw * h // w, tw)  # covering
-            resized = frames.new_empty((self.frames, rh, rw, 3))
-            crop_into(frames, (0, 0, h, w), resized)
-            top, left = round((rh - th) / 2), round((rw - tw) / 2)  # CenterCrop's
-            out[i] = resized[:, top : top + th, left : left + tw]
-        return finished(out, ctx, self.out)
+            frames, box = self.rgb(x[i], clip), None if boxes is None else boxes[i].tolist()
+            if box is None or self.spec.resize is not None:  # the whole frames resized first
+                whole = frames.new_empty((self.frames, *self._resized(clip.size), 3))
+                crop_into(frames, (0, 0, *clip.size), whole, antialias=self.spec.antialias)
+                frames = whole
+            crop_clip(frames, box, out[i], self.spec.antialias)
+        return finished(out, ctx, self.spec.out)
+
+    def _resized(self, hw: tuple[int, int]) -> tuple[int, int]:
+        """What frames of ``hw`` are resized to before their crop: ``resize``'s size, else
+        the smallest covering ``size`` at their aspect."""
+        if self.spec.resize is not None:
+            return resized(hw, self.spec.resize)
+        (h, w), (th, tw) = hw, self.size
+        return (th, th * w // h) if th * w >= tw * h else (tw * h // w, tw)
 
     @staticmethod
     def rgb(yuv: tuple, clip: _Clip) -> torch.Tensor:
@@ -412,8 +448,8 @@ class VideoFiles(VideoPlanes):
     on_host = True
 
     @classmethod
-    def of(cls, name, heads, files, sizes, size, out) -> VideoFiles:
-        return cls(name, torch.uint8, (len(heads),), None, heads, sizes, size, out, files)
+    def of(cls, name, heads, files, sizes, size, spec) -> VideoFiles:
+        return cls(name, torch.uint8, (len(heads),), None, heads, sizes, size, spec, files)
 
     @functools.cached_property
     def nbytes(self) -> int:
@@ -452,14 +488,20 @@ def video(
     pad: bool = False,
     max_pixels: int = MAX_PIXELS,
     nvdec: bool | None = None,
+    resize: int | tuple[int, int] | None = None,
+    antialias: bool = True,
 ) -> VideoSpec:
     """Declare a field of encoded video files for ``wrap(fields={name: latecast.video(...)})``.
 
     Args:
         frames: the frames of every clip out.
-        size: the ``(H, W)`` out, or one int: under an ``Augment`` with ``resized_crop``
-            RandomResizedCrop to it (one box per clip), else the shorter side resized to it
-            and the centre cropped. None: the frames' own size, all alike.
+        size: the ``(H, W)`` out, or one int. With ``resize``, cropped as ``latecast.clip``
+            crops: under an ``Augment`` with ``resized_crop`` RandomResizedCrop to it, under
+            another ``Augment`` a random crop of it (RandomCrop), without one the centre
+            crop (CenterCrop); the same box for all frames of a clip. Without ``resize``:
+            RandomResizedCrop under an ``Augment`` with ``resized_crop`` (one box per clip),
+            else the shorter side resized to it and the centre cropped. None: the frames'
+            own size (resized), all alike.
         step: frames apart (2: every other frame).
         start: where in the clip its frames start: ``"random"`` (per clip, drawn from the
             batch's seeded generator: a resumed run draws the same), ``"start"``,
@@ -473,6 +515,13 @@ def video(
         nvdec: True: the files cross and TorchCodec decodes them where the batch is
             finished (NVDEC on CUDA); False: the host decodes to YUV 4:2:0 planes, which
             cross. None: NVDEC on a CUDA device where TorchCodec decodes there (checked once).
+        resize: what torchvision's ``Resize`` takes, done on the device to the RGB frames
+            before the crop (bilinear): an int (or ``[int]``) the shorter side, or ``(H,
+            W)``. torchvision's video reference is ``video(16, size=112, resize=(128, 171),
+            antialias=False)`` under ``Augment(flip=0.5)``: its Resize((128, 171),
+            antialias=False), RandomCrop(112), flip (its eval: CenterCrop, no Augment).
+        antialias: the frames' resizes antialiased (torchvision v2's default), as Resize's
+            ``antialias``; False: bilinear without, as the video reference's presets.
 
     Example:
         >>> dl = DataLoader(mp4_bytes_and_labels, batch_size=24, num_workers=8)
@@ -480,6 +529,7 @@ def video(
         ...                       fields={0: latecast.video(16, size=112)})
     """
     hw = numbers_of((size, size) if isinstance(size, numbers.Integral) else size, int)
+    to = numbers_of((resize,) if isinstance(resize, numbers.Integral) else resize, int)
     refuse(
         [
             (
@@ -487,6 +537,12 @@ def video(
                 "latecast.video(size=...)",
                 size,
                 "an integer N or (H, W) of integers >= 1 (None: the frames' own)",
+            ),
+            (
+                resize is None or (to and len(to) in (1, 2) and min(to) >= 1),
+                "latecast.video(resize=...)",
+                resize,
+                "an integer N (the shorter side) or (H, W) of integers >= 1, or None",
             ),
             (
                 nvdec in (None, True, False),
@@ -502,4 +558,6 @@ def video(
     start = check(start, "latecast.video(start=...)", STARTS)
     out = check(out, "latecast.video(out=...)", OUTS)
     pad = check(pad, "latecast.video(pad=...)", bool)
-    return VideoSpec(frames, hw, step, start, out, pad, max_pixels, nvdec)
+    antialias = check(antialias, "latecast.video(antialias=...)", bool)
+    resize = to if resize is None or len(to) == 2 else to[0]
+    return VideoSpec(frames, hw, step, start, out, pad, max_pixels, nvdec, resize, antialias)

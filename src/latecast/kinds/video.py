@@ -201,18 +201,24 @@ class Clips(Field):
         per clip for all its frames; normalized into ``out``."""
         n, t = x.shape[:2]
         boxes = ctx.draw.boxes
-        if boxes is None and tuple(x.shape[2:4]) != self.size:
-            (h, w), (sh, sw) = x.shape[2:4], self.size
-            at = torch.tensor([[round((h - sh) / 2), round((w - sw) / 2)]]).expand(n, 2)
-            boxes = torch.cat([at, torch.tensor([[sh, sw]]).expand(n, 2)], 1)
-        if boxes is None:
+        if boxes is None and tuple(x.shape[2:4]) == self.size:
             x = x.contiguous()  # a copy only for clips that crossed in another layout
         else:
             out = x.new_empty((n, t, *self.size, x.shape[4]))
-            for i, box in enumerate(boxes.tolist()):  # a crop's size differs by clip
-                crop_into(x[i], box, out[i])
+            for i in range(n):  # a crop's size differs by clip
+                crop_clip(x[i], None if boxes is None else boxes[i].tolist(), out[i])
             x = out
         return finished(x, ctx, self.out)
+
+
+def crop_clip(x: torch.Tensor, box: list | None, dst: torch.Tensor, antialias=True) -> None:
+    """Clip ``x`` (``(T, H, W, C)``) cropped into ``dst`` (``(T, h, w, C)``, a batch's slot) by
+    the draw's ``box`` (a resized crop's, or a random crop's), else at its centre
+    (torchvision's ``CenterCrop`` rounding): one box for all its frames."""
+    if box is None:
+        (h, w), (sh, sw) = x.shape[1:3], dst.shape[1:3]
+        box = (round((h - sh) / 2), round((w - sw) / 2), sh, sw)
+    crop_into(x, box, dst, antialias=antialias)
 
 
 def finished(x: torch.Tensor, ctx: Context, out: str) -> torch.Tensor:
