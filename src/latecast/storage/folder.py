@@ -10,6 +10,10 @@ them, folders and names sorted as strings, torchvision's image suffixes in any c
 files included (``latecast convert`` finds files its own way: hidden ones skipped, GIF
 taken). A file is read whole or refused as ``read_file`` says; one that is no JPEG is
 decoded on the host by ``wrap``, said once.
+
+A DataLoader asks for a batch's samples together (``__getitems__``, torch >= 2.1): its
+default collate makes them one ``Files`` buffer and the labels, which cross the worker pipe
+as three arrays and which ``wrap`` packs in one copy; no Python object per file crosses.
 """
 
 from __future__ import annotations
@@ -83,8 +87,9 @@ class Samples(Sequence):
 
 class Batch(list):
     """``[Files, int64 labels]``, a ``jpeg_folder`` batch collated. It crosses a worker pipe as
-    three arrays by value: a tensor would be shared through a file descriptor of its own, one
-    more round trip to the worker a batch (``benchmarks/jpeg_folder_read.py``)."""
+    three arrays by value: a tensor would cross as shared memory passed by a file descriptor,
+    one more round trip to the worker a batch, which costs more CPU than the copies it saves
+    (``benchmarks/jpeg_folder_read.py``)."""
 
     def __reduce__(self):
         files, labels = self
@@ -99,8 +104,8 @@ def _batch(data: np.ndarray, offsets: list[int], labels: np.ndarray) -> Batch:
 
 
 def collate(samples: Sequence, *, collate_fn_map: dict | None = None) -> list:
-    """``default_collate`` of ``Samples``: one ``Batch``, the files joined, a Python object
-    per file made nowhere; of other ``Sample`` lists, the collate of tuples."""
+    """``default_collate`` of ``Samples``: one ``Batch``, the files joined; of any other list
+    of ``Sample``, the collate of tuples (``[files, labels]``, as before the batch read)."""
     if not isinstance(samples, Samples):
         return default_collate([tuple(s) for s in samples])
     data = np.frombuffer(bytearray().join(samples.files), np.uint8)
@@ -189,7 +194,9 @@ def jpeg_folder(root: str | Path) -> JpegFolder:
     """torchvision's ``ImageFolder`` with the files kept as their bytes: the one line from
     an image folder to ``wrap``'s JPEG field, where the files cross as they are and are
     decoded, cropped, augmented and normalized on the device (as a JPEG store's batch).
-    The DataLoader's default collate makes each batch ``[list of bytes, int64 labels]``.
+    The DataLoader's default collate makes each batch ``[Files, int64 labels]``: the files
+    read together into one buffer (to other code a sequence of ``bytes``); a ``collate_fn``
+    of your own is given the ``(bytes, label)`` samples, as before.
 
     Args:
         root: ``root/<class>/**/<image>``, as ImageFolder reads it.
