@@ -142,8 +142,9 @@ def main() -> None:
             line = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             got[way].append(json.loads(line.splitlines()[-1]))
             print(f"round {r + 1}: {way}: {got[way][-1]}", file=sys.stderr)
-    print(f"\n{args.rounds} rounds, medians; git {git_revision()}; load average {load[0]:.2f} before, "
-          f"{os.getloadavg()[0]:.2f} after; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}\n")  # fmt: skip
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started))
+    loads = f"load average {load[0]:.2f} before, {os.getloadavg()[0]:.2f} after"
+    print(f"\n{args.rounds} rounds, medians; git {git_revision()}; {loads}; {when}\n")
     print("| read | CPU-us per file |\n|---|---|")
     for name in got["reads"][0]:
         print(f"| {name} | {statistics.median(r[name] for r in got['reads']):.2f} |")
