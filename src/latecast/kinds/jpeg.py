@@ -70,7 +70,8 @@ class JpegSpec:
         kept = [f[:0] if i in decoded else f for i, f in enumerate(files)]  # of its own type
         sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
         return JpegFiles.of(name, kept, sizes, size, channels, decoded=decoded, heads=heads,
-                           interpolation=self.interpolation)  # fmt: skip
+                           interpolation=self.interpolation,
+                           names=getattr(value, "names", None))  # fmt: skip
 
 
 def jpeg(
@@ -112,6 +113,7 @@ class Files:
 
     data: torch.Tensor  # (total,) uint8 on the CPU
     offsets: list[int]  # (n + 1,) from 0 to total
+    names: list[str] | None = None  # each file in messages (jpeg_folder's: its path)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -126,7 +128,7 @@ class Files:
         return [data[a:b] for a, b in zip(at, at[1:])]
 
     def pin_memory(self) -> Files:  # the DataLoader's pin_memory=True
-        return Files(self.data.pin_memory(), self.offsets)
+        return Files(self.data.pin_memory(), self.offsets, self.names)
 
 
 def files_of(value: Any, name: Name) -> list[bytes | np.ndarray] | None:

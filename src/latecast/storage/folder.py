@@ -62,7 +62,7 @@ class JpegFolder(torch.utils.data.Dataset):
         """The samples at ``indices``, as a DataLoader asks for a batch (torch >= 2.1): its
         default collate makes them ``[Files, int64 labels]``, the files as one buffer."""
         paths = [self.samples[i][0] for i in indices]
-        return Samples(read_files(paths), [self.samples[i][1] for i in indices])
+        return Samples(read_files(paths), [self.samples[i][1] for i in indices], paths)
 
 
 class Sample(tuple):
@@ -73,8 +73,8 @@ class Samples(Sequence):
     """A batch's ``(bytes, label)`` samples, read together; the DataLoader's default collate
     makes them a ``Batch`` (``collate``), any other ``collate_fn`` is given them as they are."""
 
-    def __init__(self, files: list[bytes], labels: list[int]) -> None:
-        self.files, self.labels = files, labels
+    def __init__(self, files: list[bytes], labels: list[int], paths: list[str]) -> None:
+        self.files, self.labels, self.paths = files, labels, paths
 
     def __len__(self) -> int:
         return len(self.files)
@@ -93,14 +93,14 @@ class Batch(list):
 
     def __reduce__(self):
         files, labels = self
-        return _batch, (files.data.numpy(), files.offsets, labels.numpy())
+        return _batch, (files.data.numpy(), files.offsets, labels.numpy(), files.names)
 
     def __copy__(self) -> Batch:  # the DataLoader's pin_memory copies the batch it pins
         return Batch(self)
 
 
-def _batch(data: np.ndarray, offsets: list[int], labels: np.ndarray) -> Batch:
-    return Batch([Files(torch.from_numpy(data), offsets), torch.from_numpy(labels)])
+def _batch(data: np.ndarray, offsets: list[int], labels: np.ndarray, names: list) -> Batch:
+    return Batch([Files(torch.from_numpy(data), offsets, names), torch.from_numpy(labels)])
 
 
 def collate(samples: Sequence, *, collate_fn_map: dict | None = None) -> list:
@@ -110,7 +110,8 @@ def collate(samples: Sequence, *, collate_fn_map: dict | None = None) -> list:
         return default_collate([tuple(s) for s in samples])
     data = np.frombuffer(bytearray().join(samples.files), np.uint8)
     offsets = list(itertools.accumulate(map(len, samples.files), initial=0))
-    return _batch(data, offsets, np.array(samples.labels, np.int64))
+    names = list(map(_shown, samples.paths))  # a file that does not decode: named by its path
+    return _batch(data, offsets, np.array(samples.labels, np.int64), names)
 
 
 default_collate_fn_map[Sample] = collate  # as torch's collate docs extend default_collate
