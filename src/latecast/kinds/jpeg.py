@@ -71,7 +71,7 @@ class JpegSpec:
         sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
         return JpegFiles.of(name, kept, sizes, size, channels, decoded=decoded, heads=heads,
                            interpolation=self.interpolation,
-                           names=getattr(value, "names", None))  # fmt: skip
+                           names=value.names if isinstance(value, Files) else None)  # fmt: skip
 
 
 def jpeg(

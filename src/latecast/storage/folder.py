@@ -12,8 +12,8 @@ taken). A file is read whole or refused as ``read_file`` says; one that is no JP
 decoded on the host by ``wrap``, said once.
 
 A DataLoader asks for a batch's samples together (``__getitems__``, torch >= 2.1): its
-default collate makes them one ``Files`` buffer and the labels, which cross the worker pipe
-as three arrays and which ``wrap`` packs in one copy; no Python object per file crosses.
+default collate makes them one ``Files`` buffer (with each file's path, for messages) and the
+labels, which cross the worker pipe by value and which ``wrap`` packs in one copy.
 """
 
 from __future__ import annotations
@@ -86,10 +86,10 @@ class Samples(Sequence):
 
 
 class Batch(list):
-    """``[Files, int64 labels]``, a ``jpeg_folder`` batch collated. It crosses a worker pipe as
-    three arrays by value: a tensor would cross as shared memory passed by a file descriptor,
-    one more round trip to the worker a batch, which costs more CPU than the copies it saves
-    (``benchmarks/jpeg_folder_read.py``)."""
+    """``[Files, int64 labels]``, a ``jpeg_folder`` batch collated. It crosses a worker pipe
+    by value (arrays and the paths): a tensor would cross as shared memory passed by a file
+    descriptor, one more round trip to the worker a batch, which costs more CPU than the
+    copies it saves (``benchmarks/jpeg_folder_read.py``)."""
 
     def __reduce__(self):
         files, labels = self
