@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import tempfile
 from pathlib import Path
 
@@ -90,17 +91,20 @@ def test_a_link_back_to_a_folder_above_is_one_error_where_image_folder_never_end
 
 
 def test_a_file_that_is_not_regular_empty_or_unreadable_is_named_by_its_path(tmp_path):
-    """A FIFO named ``*.jpg`` (whose reading waits for a writer: it hung) and a device are
-    refused by their type, never read; an empty file (named by its position in a shuffled
+    """A FIFO named ``*.jpg`` (whose reading waits for a writer: it hung), a device and a
+    socket are refused by their type, never read; an empty file (named by its position in a shuffled
     batch) and a link to nothing (a raw OSError) are one ``FormatError`` naming the path."""
     rng = np.random.default_rng(0)
     (tmp_path / "a").mkdir()
     for i in range(3):
         (tmp_path / "a" / f"{i}.jpg").write_bytes(noise_jpeg(rng))
     bad = {"pipe.jpg": "not a regular file", "zeros.jpg": "not a regular file"}
+    bad |= {"sock.jpg": "not a regular file (a socket)"}
     bad |= {"empty.jpg": "empty file", "gone.jpg": "cannot read it (No such file or directory)"}
     os.mkfifo(tmp_path / "a" / "pipe.jpg")
     (tmp_path / "a" / "zeros.jpg").symlink_to("/dev/zero")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "a" / "sock.jpg"))  # a socket's file: open() refuses it
     (tmp_path / "a" / "empty.jpg").write_bytes(b"")
     (tmp_path / "a" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
     folder = latecast.jpeg_folder(tmp_path)
@@ -116,6 +120,8 @@ def test_a_file_that_is_not_regular_empty_or_unreadable_is_named_by_its_path(tmp
             assert str(err.value).startswith(f"{path}: {why}"), err.value
     finally:
         os.close(fd)
+    sock.close()
+    (tmp_path / "a" / "sock.jpg").unlink()
     (tmp_path / "a" / "pipe.jpg").unlink()
     (tmp_path / "a" / "zeros.jpg").unlink()
     (tmp_path / "a" / "gone.jpg").unlink()
