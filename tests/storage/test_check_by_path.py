@@ -46,7 +46,6 @@ class Fires:
 
     kind: str
     words: tuple[str, ...]
-    missing: str = ""  # the check is missing on this path (a core fault): xfail, strictly
 
 
 @dataclass(frozen=True)
@@ -54,19 +53,14 @@ class NotApplicable:
     reason: str
 
 
-def E(*words: str, missing: str = "") -> Fires:
-    return Fires("error", words, missing)
+def E(*words: str) -> Fires:
+    return Fires("error", words)
 
 
 def W(*words: str) -> Fires:
     return Fires("warning", words)
 
 
-BY_POSITION = (  # a read error is named by its path (folder.read_file); a decode error is not
-    "wrap names a jpeg_folder file it cannot decode by its position in the batch, not its "
-    "path: a JPEG field's files are the DataLoader's bytes, which carry no path, and giving "
-    "each one costs a copy and a call per file in the main process's hand-off"
-)
 WRITTEN = "nothing was written or indexed before: the bomb row is this file on this path"
 VERIFY = (
     "a store's SHA-256 of all its images is read by latecast info --verify, not by training: "
@@ -87,7 +81,6 @@ def row(store, shards, own, folder=None, **cells) -> dict[str, Fires | NotApplic
     return {path: cells.get(path, given[path]) for path in PATHS}
 
 
-UNDECODABLE = E("{sample}", "not a decodable JPEG", missing=BY_POSITION)  # jpeg_folder's
 TABLE: dict[str, dict[str, Fires | NotApplicable]] = {
     # a file's bytes changed after latecast wrote or indexed it (one bit, sizes kept)
     "changed": row(
@@ -98,14 +91,13 @@ TABLE: dict[str, dict[str, Fires | NotApplicable]] = {
         E("{file}", "bytes", "truncated or replaced"),
         E("{file}", "the index says", "cut short"),
         E("{sample}", "not a decodable JPEG"),
-        UNDECODABLE,
     ),  # fmt: skip
     # a decompression bomb: a JPEG of a few hundred bytes whose header says 10001x10000
     "bomb": row(BOMB, BOMB, BOMB),
     # the same bomb put in place of a file after it was written or indexed (same length)
     "bomb_swapped": row(BOMB, CRC, NotApplicable(WRITTEN)),
     # a whole JPEG (markers, frame header) that does not decode: its scan names no component
-    "undecodable": row(*[E("{sample}: not a decodable JPEG")] * 3, UNDECODABLE),
+    "undecodable": row(*[E("{sample}: not a decodable JPEG")] * 3),
     # a label outside the classes: a store's labels.npy past meta.json's classes, a test
     # shard's label the train shards lack; wrap knows the classes only through mix=Mix(...)
     "label": row(
@@ -564,9 +556,7 @@ NEEDS = {
 def cells():
     for check in CHECKS:
         for path in PATHS:
-            cell, marks = TABLE[check][path], []
-            if isinstance(cell, Fires) and cell.missing:
-                marks.append(pytest.mark.xfail(strict=True, reason=f"missing: {cell.missing}"))
+            marks = []
             if path in ("shards_2", "store_cut", "lightning"):
                 marks.append(pytest.mark.slow)  # a torchrun launch, a training run, a Trainer
             yield pytest.param(check, path, marks=marks, id=f"{check}-{path}")

@@ -1,22 +1,27 @@
 """``latecast.jpeg_folder`` is ``ImageFolder`` with the files left encoded: its classes and
-samples are ImageFolder's on any tree, in its order, and a file that is no regular file, is
-empty or does not read is one error naming its path."""
+samples are ImageFolder's on any tree, in its order; a file that is no regular file, is
+empty or does not read is one error naming its path; a batch read as one buffer gives the
+batches of reading each sample alone."""
 
 from __future__ import annotations
 
 import os
+import re
+import socket
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import noise_jpeg
+import torch
+from _helpers import jpeg_bytes, noise_jpeg, smooth
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 import latecast
 from latecast.errors import FormatError
+from latecast.storage.folder import JpegFolder
 
 ImageFolder = pytest.importorskip("torchvision.datasets").ImageFolder
 
@@ -86,17 +91,20 @@ def test_a_link_back_to_a_folder_above_is_one_error_where_image_folder_never_end
 
 
 def test_a_file_that_is_not_regular_empty_or_unreadable_is_named_by_its_path(tmp_path):
-    """A FIFO named ``*.jpg`` (whose reading waits for a writer: it hung) and a device are
-    refused by their type, never opened; an empty file (named by its position in a shuffled
+    """A FIFO named ``*.jpg`` (whose reading waits for a writer: it hung), a device and a
+    socket are refused by their type, never read; an empty file (named by its position in a shuffled
     batch) and a link to nothing (a raw OSError) are one ``FormatError`` naming the path."""
     rng = np.random.default_rng(0)
     (tmp_path / "a").mkdir()
     for i in range(3):
         (tmp_path / "a" / f"{i}.jpg").write_bytes(noise_jpeg(rng))
     bad = {"pipe.jpg": "not a regular file", "zeros.jpg": "not a regular file"}
+    bad |= {"sock.jpg": "not a regular file (a socket)"}
     bad |= {"empty.jpg": "empty file", "gone.jpg": "cannot read it (No such file or directory)"}
     os.mkfifo(tmp_path / "a" / "pipe.jpg")
     (tmp_path / "a" / "zeros.jpg").symlink_to("/dev/zero")
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(tmp_path / "a" / "sock.jpg"))  # a socket's file: open() refuses it
     (tmp_path / "a" / "empty.jpg").write_bytes(b"")
     (tmp_path / "a" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
     folder = latecast.jpeg_folder(tmp_path)
@@ -112,6 +120,8 @@ def test_a_file_that_is_not_regular_empty_or_unreadable_is_named_by_its_path(tmp
             assert str(err.value).startswith(f"{path}: {why}"), err.value
     finally:
         os.close(fd)
+    sock.close()
+    (tmp_path / "a" / "sock.jpg").unlink()
     (tmp_path / "a" / "pipe.jpg").unlink()
     (tmp_path / "a" / "zeros.jpg").unlink()
     (tmp_path / "a" / "gone.jpg").unlink()
@@ -119,3 +129,44 @@ def test_a_file_that_is_not_regular_empty_or_unreadable_is_named_by_its_path(tmp
     with pytest.raises(FormatError, match=f"^{tmp_path / 'a' / 'empty.jpg'}: empty file$"):
         for _ in latecast.wrap(loader, device="cpu"):
             pass
+
+
+class OneByOne(JpegFolder):
+    """``jpeg_folder`` as it was: the DataLoader reads each sample alone (no ``__getitems__``)."""
+
+    __getitems__ = None
+
+
+def test_a_batch_read_as_one_buffer_gives_the_batches_of_one_read_a_sample(tmp_path):
+    """``__getitems__``: a batch's files joined in one buffer in 2 workers; through ``wrap``
+    the same batches, bit for bit, as each sample read alone, shuffled, cut by ``drop_last``,
+    under a sampler and a distributed one; a ``collate_fn`` of one's own and ``batch_size=None``
+    are given ``(bytes, label)`` samples; a file that does not read is named by its path."""
+    for i in range(11):
+        (tmp_path / "abc"[i % 3]).mkdir(exist_ok=True)
+        (tmp_path / "abc"[i % 3] / f"{i}.jpg").write_bytes(jpeg_bytes(smooth(12, 12, i)))
+    folder, alone = latecast.jpeg_folder(tmp_path), OneByOne(tmp_path)
+    aug = latecast.Augment(crop=2, flip=0.5)
+
+    def batches(ds, sampler=None, **how) -> list[torch.Tensor]:
+        sampler = sampler and (sampler(ds) if callable(sampler) else sampler)
+        seeded = torch.Generator().manual_seed(0)
+        dl = DataLoader(ds, 4, num_workers=2, sampler=sampler, generator=seeded, **how)
+        return [torch.cat(t) for t in zip(*latecast.wrap(dl, device="cpu", augment=aug))]
+
+    def distributed(ds) -> DistributedSampler:  # rank 1 of 2, each loader its own
+        return DistributedSampler(ds, 2, 1, seed=3)
+
+    shuffled = {"shuffle": True}
+    for how in (shuffled, shuffled | {"drop_last": True}, {"sampler": [7, 2, 9]}):
+        assert all(map(torch.equal, batches(folder, **how), batches(alone, **how))), how
+    assert all(map(torch.equal, batches(folder, distributed), batches(alone, distributed)))
+    files, labels = next(iter(DataLoader(folder, 3)))
+    samples = [folder[i] for i in range(3)]
+    assert type(files).__name__ == "Files" and labels.dtype == torch.int64
+    assert list(zip(files, labels.tolist())) == samples
+    assert next(iter(DataLoader(folder, 3, collate_fn=list))) == samples
+    assert list(next(iter(DataLoader(folder, None)))) == list(folder[0])
+    (tmp_path / "b" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    with pytest.raises(FormatError, match=re.escape(f"{tmp_path / 'b' / 'gone.jpg'}: cannot read")):
+        list(DataLoader(latecast.jpeg_folder(tmp_path), 4, num_workers=2))

@@ -29,6 +29,7 @@ from .decode import _MODES, At, Encoded, decoder, decoder_on
 from .jpegheader import JPEG_SIDE, jpeg_headers, too_big
 
 _said: set[Name] = set()  # fields whose non-JPEG files were announced
+SIGNATURE = b"\xff\xd8\xff"  # how a JPEG file starts
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ class JpegSpec:
         kept = [f[:0] if i in decoded else f for i, f in enumerate(files)]  # of its own type
         sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
         return JpegFiles.of(name, kept, sizes, size, channels, decoded=decoded, heads=heads,
-                           interpolation=self.interpolation)  # fmt: skip
+                           interpolation=self.interpolation,
+                           names=value.names if isinstance(value, Files) else None)  # fmt: skip
 
 
 def jpeg(
@@ -104,10 +106,37 @@ def jpeg(
     return JpegSpec(hw, None if channels is None else int(channels), how)
 
 
+@dataclass(frozen=True)
+class Files:
+    """JPEG files back to back, as ``jpeg_folder`` batches them: file ``i`` is
+    ``data[offsets[i]:offsets[i + 1]]``. To other code a sequence of ``bytes``."""
+
+    data: torch.Tensor  # (total,) uint8 on the CPU
+    offsets: list[int]  # (n + 1,) from 0 to total
+    names: list[str] | None = None  # each file in messages (jpeg_folder's: its path)
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> bytes:
+        k = range(len(self))[i]  # an index out of range: IndexError
+        return self.data[self.offsets[k] : self.offsets[k + 1]].numpy().tobytes()
+
+    def views(self) -> list[np.ndarray]:
+        """Each file as a 1-D uint8 array, a view of ``data``."""
+        data, at = self.data.numpy(), self.offsets
+        return [data[a:b] for a, b in zip(at, at[1:])]
+
+    def pin_memory(self) -> Files:  # the DataLoader's pin_memory=True
+        return Files(self.data.pin_memory(), self.offsets, self.names)
+
+
 def files_of(value: Any, name: Name) -> list[bytes | np.ndarray] | None:
     """The field's files, ``bytes`` as they came, else 1-D uint8 arrays (views), or None when
     ``value`` is not a list of files. A Hugging Face row ``{"bytes": None, "path": p}`` is
     read from ``p`` (in this process: a ``collate_fn`` that reads them uses the workers)."""
+    if isinstance(value, Files):
+        return value.views()
     if isinstance(value, np.ndarray) and value.dtype == object and value.ndim == 1:
         value = list(value)
     if not isinstance(value, (list, tuple)) or not value:
@@ -144,9 +173,12 @@ def _read(name: Name, k: int, path: Any) -> np.ndarray:
 def recognised(value: Any, name: Name) -> tuple[JpegSpec, list] | None:
     """An undeclared field as JPEG files (``Options.recognise``), when it is a list of files any
     of which starts with the JPEG signature (rows read from their paths: the first alone)."""
+    if isinstance(value, Files):  # jpeg_folder's batch: its views made once
+        files = value.views()
+        return (JpegSpec(), files) if any(bytes(f[:3]) == SIGNATURE for f in files) else None
     for k in range(len(value) if isinstance(value, (list, tuple, np.ndarray)) else 0):
         head = files_of(value[k : k + 1], name)
-        if head is not None and bytes(head[0][:3]) == b"\xff\xd8\xff":
+        if head is not None and bytes(head[0][:3]) == SIGNATURE:
             return JpegSpec(), files_of(value, name)
         if head is None or isinstance(value[k], dict):
             return None
