@@ -85,7 +85,7 @@ class Resident(Stored):
     epoch, each batch's rows gathered on the device. A DeviceError where it does not fit."""
 
     name = "resident"
-    CHUNK_BYTES = 64 << 20  # upload in 64 MiB pieces
+    CHUNK_BYTES = 16 << 20  # upload in 16 MiB pieces (_upload: why not more)
 
     @staticmethod
     def epoch_bytes(dataset: Split) -> dict[str, int]:
@@ -114,12 +114,16 @@ class Resident(Stored):
         ]
 
     def _upload(self, array: np.ndarray) -> torch.Tensor:
-        """``array``'s bytes on the device (1-d uint8)."""
+        """``array``'s bytes on the device (1-d uint8), through host copies of at most 16 MiB:
+        glibc's malloc, freeing one, raises its mmap threshold to that size (for chunks up to
+        32 MiB) and its heap-trim threshold to twice it. A batch's output (MNIST's 1.6 MB) then
+        reuses heap memory; after 64 MiB copies some processes trimmed and faulted it anew
+        every batch (2.5x an epoch's CPU, benchmarks/RESULTS.md)."""
         rows = array.reshape(len(array), -1).view(np.uint8)  # each sample's bytes
         out = torch.empty(rows.shape, dtype=torch.uint8, device=self.device)
         step = max(1, self.CHUNK_BYTES // max(1, rows[:1].nbytes))
         for start in range(0, len(rows), step):
-            part = torch.from_numpy(np.array(rows[start : start + step]))  # 64 MiB at most
+            part = torch.from_numpy(np.array(rows[start : start + step]))
             out[start : start + step].copy_(part)  # (the source may be a read-only memmap)
             self.stats.copies += 1
         return out.view(-1)
