@@ -35,6 +35,8 @@ class Stored:
     def __init__(self, dataset: Split, device: torch.device, batch_size: int) -> None:
         self.dataset, self.device, self.batch_size = dataset, device, batch_size
         self.stats = TransferStats()
+        if device.type == "cpu":  # the batches' work and outputs in host memory
+            keep_heap()
 
     @functools.cached_property
     def ring(self) -> Ring:
@@ -61,6 +63,16 @@ class Stored:
 Finish = Callable[[list, list, torch.device], list]  # (plans, values, device) -> values
 
 
+@functools.cache
+def keep_heap() -> None:
+    """Once a process: glibc's malloc serves blocks of up to the largest block it has
+    unmapped (capped at 32 MiB) from its heap, and gives the heap's free top back past twice
+    that. Freeing a 31 MiB block sets both to their cap. Otherwise they follow the first
+    large block freed, a batch's output: an epoch on the CPU gave pages back and faulted them
+    in anew every batch in some processes (MNIST: 43,000 faults, 2.5x the CPU; issue 48)."""
+    bytearray(31 << 20)  # calloc'd by mmap and freed at once, untouched: no page faulted in
+
+
 class Prefetch(Stored):
     """``uint8`` with the next batch copied on a side CUDA stream while this one is used."""
 
@@ -85,7 +97,7 @@ class Resident(Stored):
     epoch, each batch's rows gathered on the device. A DeviceError where it does not fit."""
 
     name = "resident"
-    CHUNK_BYTES = 16 << 20  # upload in 16 MiB pieces (_upload: why not more)
+    CHUNK_BYTES = 64 << 20  # upload in 64 MiB pieces
 
     @staticmethod
     def epoch_bytes(dataset: Split) -> dict[str, int]:
@@ -114,16 +126,12 @@ class Resident(Stored):
         ]
 
     def _upload(self, array: np.ndarray) -> torch.Tensor:
-        """``array``'s bytes on the device (1-d uint8), through host copies of at most 16 MiB:
-        glibc's malloc, freeing one, raises its mmap threshold to that size (for chunks up to
-        32 MiB) and its heap-trim threshold to twice it. A batch's output (MNIST's 1.6 MB) then
-        reuses heap memory; after 64 MiB copies some processes trimmed and faulted it anew
-        every batch (2.5x an epoch's CPU, benchmarks/RESULTS.md)."""
+        """``array``'s bytes on the device (1-d uint8)."""
         rows = array.reshape(len(array), -1).view(np.uint8)  # each sample's bytes
         out = torch.empty(rows.shape, dtype=torch.uint8, device=self.device)
         step = max(1, self.CHUNK_BYTES // max(1, rows[:1].nbytes))
         for start in range(0, len(rows), step):
-            part = torch.from_numpy(np.array(rows[start : start + step]))
+            part = torch.from_numpy(np.array(rows[start : start + step]))  # 64 MiB at most
             out[start : start + step].copy_(part)  # (the source may be a read-only memmap)
             self.stats.copies += 1
         return out.view(-1)
