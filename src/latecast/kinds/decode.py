@@ -80,6 +80,7 @@ class Encoded:
 
 
 _fd2_lock = threading.Lock()  # fd 2 is the process's: one redirection at a time
+_fd2_files: dict[int, Any] = {}  # process id -> its temporary file (a forked worker: its own)
 
 DECODERS = ("torchcodec", "torchvision")
 _MODES = {1: "GRAY", 3: "RGB"}  # channels -> the decoders' colour mode
@@ -338,9 +339,12 @@ def libjpeg_says(files: list, channels: int) -> list[str]:
 @contextlib.contextmanager
 def _fd2() -> Iterator[list[str]]:
     """fd 2 sent to a temporary file while the block runs; what was written there (by libjpeg,
-    or another thread meanwhile: ``_named`` passes that on) is then the yielded list's item."""
+    or another thread meanwhile: ``_named`` passes that on) is then the yielded list's item.
+    The process keeps its file, emptied after each use (one a batch cost 0.2 ms)."""
     said: list[str] = []
-    with _fd2_lock, tempfile.TemporaryFile() as tmp:
+    with _fd2_lock:
+        tmp = _fd2_files.get(os.getpid()) or tempfile.TemporaryFile()
+        _fd2_files[os.getpid()] = tmp
         sys.stderr.flush()
         saved = os.dup(2)
         os.dup2(tmp.fileno(), 2)
@@ -350,5 +354,8 @@ def _fd2() -> Iterator[list[str]]:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
-            tmp.seek(0)
-            said.append(tmp.read().decode(errors="replace"))
+            written = os.lseek(tmp.fileno(), 0, os.SEEK_CUR)  # fd 2 shared its offset
+            said.append(os.pread(tmp.fileno(), written, 0).decode(errors="replace"))
+            if written:
+                os.ftruncate(tmp.fileno(), 0)
+                os.lseek(tmp.fileno(), 0, os.SEEK_SET)
