@@ -46,6 +46,17 @@ Threads: latecast ``torch.set_num_threads(T)``, FFCV ``num_workers=T``, DALI
 ``num_threads=T``, torchvision ``num_workers=0`` at 1 thread, else T worker processes; the
 wrap rows ``torch.set_num_threads(T)`` beside their ``--loader-workers``.
 The last stdout line is JSON (also written to ``--json``).
+
+The peers' venvs, as built for issue 48 (Debian 12, Python 3.11; cupy is imported only by
+FFCV's GPU normalize)::
+
+    apt-get install -y libopencv-dev libturbojpeg0-dev pkg-config
+    python3 -m venv /work/peers/ffcv && python3 -m venv /work/peers/dali
+    /work/peers/dali/bin/pip install torch==2.14.1 torchvision==0.29.1 nvidia-dali-cuda120==2.4.0
+    /work/peers/ffcv/bin/pip install torch==2.14.1 torchvision==0.29.1 numpy numba \
+        opencv-python-headless cupy-cuda12x pkgconfig assertpy tqdm psutil terminaltables \
+        fastargs matplotlib pandas setuptools wheel Cython
+    /work/peers/ffcv/bin/pip install --no-build-isolation ffcv==1.0.2  # built from its sdist
 """
 
 from __future__ import annotations

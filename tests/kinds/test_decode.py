@@ -168,6 +168,20 @@ def test_files_at_the_training_size_are_stacked_as_decoded_and_a_bad_one_is_name
         torch.set_num_threads(before)
 
 
+def test_a_batch_at_the_training_size_decodes_into_slots_off_32_byte_boundaries():
+    """libjpeg-turbo's AVX2 colour conversion writes a row that starts on a 32-byte boundary
+    with non-temporal stores, past the cache: CIFAR-10's 96-byte rows decode into a batch that
+    starts 8 bytes past one, so none does (and each pixel is what it was)."""
+    files = [jpeg_bytes(photo(32, 32, 3, i)) for i in range(4)]
+    ds = dataclasses.replace(encoded(files, [(32, 32)] * 4), plain=True)
+    (f, _), _ = ds.batch(np.arange(4))
+    x = decode(f.view(torch.from_numpy(ds.data.copy()), torch.device("cpu")), (32, 32))
+    assert x.data_ptr() % 32 == 8 and x.is_contiguous() and x.shape == (4, 32, 32, 3)
+    for i, data in enumerate(files):
+        ref = np.array(Image.open(io.BytesIO(data)).convert("RGB"))
+        assert int((x[i].int() - torch.from_numpy(ref)).abs().max()) <= 1
+
+
 def test_bytes_counted_are_the_compressed_files_beside_uint8(colour):
     _, ds = colour
     loader = Loader(ds, 3, device="cpu")  # auto: jpeg for an encoded store
