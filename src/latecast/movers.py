@@ -65,12 +65,14 @@ Finish = Callable[[list, list, torch.device], list]  # (plans, values, device) -
 
 @functools.cache
 def keep_heap() -> None:
-    """Once a process: glibc's malloc serves blocks of up to the largest block it has
-    unmapped (capped at 32 MiB) from its heap, and gives the heap's free top back past twice
-    that. Freeing a 31 MiB block sets both to their cap. Otherwise they follow the first
-    large block freed, a batch's output: an epoch on the CPU gave pages back and faulted them
-    in anew every batch in some processes (MNIST: 43,000 faults, 2.5x the CPU; issue 48)."""
-    bytearray(31 << 20)  # calloc'd by mmap and freed at once, untouched: no page faulted in
+    """Once a process: glibc's malloc serves blocks up to the largest block it has unmapped
+    (at most 32 MiB) from its heap, and gives the heap's free top back past twice that; both
+    follow the first large block freed, a batch's output, where nothing else set them: an
+    epoch on the CPU then gave pages back and faulted them in anew every batch in some
+    processes (MNIST: 43,000 faults, 2.5x the CPU; issue 48). A 15 MiB block freed sets them
+    to 15 and 30 MiB, above CIFAR-10's batches. (At the 32 MiB cap, ImageNet-sized batches'
+    19 MB intermediates came from the heap too, and went past its 64 MiB in some processes.)"""
+    bytearray(15 << 20)  # calloc'd by mmap and freed at once, untouched: no page faulted in
 
 
 class Prefetch(Stored):
