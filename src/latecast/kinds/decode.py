@@ -236,7 +236,8 @@ def _decode_cpu(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | Non
     files = [data[a:b] for a, b in zip(batch.offsets, batch.offsets[1:])]
     plain = (*size, channels, 1) if batch.plain and whole and turbo else None  # every header
     heads = batch.heads or ([None] * n if plain else jpeg_headers(files))
-    out = _off_32((n, *size, channels))
+    shape = (n, *size, channels)  # files decoded straight into their slots: off 32 bytes
+    out = _off_32(shape) if whole and turbo else torch.empty(shape, dtype=torch.uint8)
     if turbo:
         import simplejpeg
 
@@ -283,10 +284,12 @@ def _decode_cpu(batch: Encoded, size: tuple[int, int], boxes: torch.Tensor | Non
 
 
 def _off_32(shape: tuple[int, ...]) -> torch.Tensor:
-    """An empty uint8 tensor that starts 8 bytes past a 32-byte boundary. libjpeg-turbo's AVX2
-    colour conversion writes a row that starts on one with non-temporal stores, past the cache:
-    CIFAR-10's 96-byte rows all did in torch's 64-byte aligned memory, which made decoding 20%
-    slower and the crop and normalize after it read the pixels back from memory."""
+    """An empty uint8 tensor that starts 8 bytes past a 32-byte boundary, for simplejpeg to
+    decode into. libjpeg-turbo's AVX2 colour conversion writes a row that starts on one with
+    non-temporal stores, past the cache: CIFAR-10's 96-byte rows all did in torch's 64-byte
+    aligned memory, which made decoding 20% slower and the crop and normalize after it read
+    the pixels back from memory. (Only there: a batch of crops, written by torch, kept 32
+    bytes more moved glibc's mmap threshold past its other blocks of that size.)"""
     flat = torch.empty(math.prod(shape) + 32, dtype=torch.uint8)
     skip = (8 - flat.data_ptr()) % 32
     return flat[skip : skip + math.prod(shape)].view(shape)
