@@ -87,7 +87,8 @@ def _free_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     try:
-        meminfo = dict(line.split(":", 1) for line in open("/proc/meminfo"))
+        with open("/proc/meminfo") as lines:
+            meminfo = dict(line.split(":", 1) for line in lines)
         return int(meminfo["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

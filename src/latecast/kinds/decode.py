@@ -80,7 +80,7 @@ class Encoded:
 
 
 _fd2_lock = threading.Lock()  # fd 2 is the process's: one redirection at a time
-_fd2_files: dict[int, Any] = {}  # process id -> its temporary file (a forked worker: its own)
+_fd2_files: dict[int, int] = {}  # process id -> its temporary file's fd (a forked worker: its own)
 
 DECODERS = ("torchcodec", "torchvision")
 _MODES = {1: "GRAY", 3: "RGB"}  # channels -> the decoders' colour mode
@@ -346,19 +346,20 @@ def _fd2() -> Iterator[list[str]]:
     The process keeps its file, emptied after each use (one a batch cost 0.2 ms)."""
     said: list[str] = []
     with _fd2_lock:
-        tmp = _fd2_files.get(os.getpid()) or tempfile.TemporaryFile()
-        _fd2_files[os.getpid()] = tmp
+        if (fd := _fd2_files.get(os.getpid())) is None:
+            with tempfile.TemporaryFile() as tmp:  # its descriptor kept: no file object left open
+                fd = _fd2_files[os.getpid()] = os.dup(tmp.fileno())
         sys.stderr.flush()
         saved = os.dup(2)
-        os.dup2(tmp.fileno(), 2)
+        os.dup2(fd, 2)
         try:
             yield said
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
-            written = os.lseek(tmp.fileno(), 0, os.SEEK_CUR)  # fd 2 shared its offset
-            said.append(os.pread(tmp.fileno(), written, 0).decode(errors="replace"))
+            written = os.lseek(fd, 0, os.SEEK_CUR)  # fd 2 shared its offset
+            said.append(os.pread(fd, written, 0).decode(errors="replace"))
             if written:
-                os.ftruncate(tmp.fileno(), 0)
-                os.lseek(tmp.fileno(), 0, os.SEEK_SET)
+                os.ftruncate(fd, 0)
+                os.lseek(fd, 0, os.SEEK_SET)
