@@ -339,8 +339,13 @@ class JpegStore(Stored):
         decodes silently, a lying ``offsets.npy``): a warning naming each once."""
         new, threads = np.flatnonzero(self.unread[idx]), count()
         parts = np.array_split(new, min(threads, len(new)))  # zlib lets go of the GIL past 5 KiB
-        crcs = pool(threads).map(lambda part: [zlib.crc32(files[k]) for k in part], parts)
-        crc = np.concatenate([np.array(c, np.uint32) for c in crcs])
+
+        def crcs(part: np.ndarray) -> list[int]:
+            return [zlib.crc32(files[k]) for k in part]
+
+        here = len(parts) < 2  # one part: here, not handed to a pool thread and waited for
+        done = map(crcs, parts) if here else pool(threads).map(crcs, parts)
+        crc = np.concatenate([np.array(c, np.uint32) for c in done])
         for k in new[crc != self.dataset.crc32[idx[new]]]:
             warnings.warn(
                 f"{self.dataset.name}/{self.dataset.split}: sample {idx[k]}: its bytes differ from "
