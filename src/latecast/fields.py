@@ -244,15 +244,9 @@ class Image(Field):
                 "those with PILToTensor() or ToImage(), not ToTensor()"
             )
         layout = "NHW" if t.ndim == 3 else options.layout
-        if layout == "auto":  # the one of dim 1 or 3 that looks like channels
-            ends = [axis for axis in (1, 3) if shape[axis] in (1, 3, 4)]
-            if len(ends) != 1:
-                raise BatchError(
-                    f"field {name!r}: uint8 images {shape} are ambiguous, "
-                    f"{'both' if ends else 'neither'} dim 1 and dim 3 look like channels "
-                    "(1, 3 or 4); pass layout='NHWC' or layout='NCHW'"
-                )
-            layout = "NCHW" if ends == [1] else "NHWC"
+        if layout == "auto":
+            fix = "pass layout='NHWC' or layout='NCHW'"
+            layout = layout_of(name, "uint8 images", shape, (1, 3, 4), fix)
         channels = {"NHW": 1, "NHWC": shape[-1], "NCHW": shape[1]}[layout]
         mask = f"; a mask? declare it: fields={{{name!r}: 'mask'}}" * (
             channels == 1 and not declared
@@ -275,6 +269,18 @@ def labels_field(labels: np.ndarray, n: int) -> Integer:
     """``n`` of a dataset's narrow labels (uint8 or uint16) as a field (``1``: after images)."""
     dtype = {"uint8": torch.uint8, "uint16": torch.uint16}[labels.dtype.name]
     return Integer(1, dtype, (n,), dtype)
+
+
+def layout_of(name: Name, what: str, shape: tuple, counts: tuple, fix: str) -> str:
+    """NCHW or NHWC: the one of dim 1 or 3 whose size is among ``counts``, else one BatchError
+    naming field ``name`` (``what``: its kind) and ``fix``."""
+    ends = [axis for axis in (1, 3) if shape[axis] in counts]
+    if len(ends) != 1:
+        raise BatchError(
+            f"field {name!r}: {what} {shape} are ambiguous, {'both' if ends else 'neither'} "
+            f"dim 1 and dim 3 look like channels {counts}; {fix}"
+        )
+    return "NCHW" if ends == [1] else "NHWC"
 
 
 def check_channels(name: Name, channels: int, means: int, where: str = "", hint: str = ""):

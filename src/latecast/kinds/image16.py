@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from ..errors import BatchError, ConfigError, numbers_of, refuse
-from ..fields import LAYOUTS, Name, check_channels, limits, value_range
+from ..fields import LAYOUTS, Name, check_channels, layout_of, limits, value_range
 from ..pixels16 import DEEP, Images16, check_augment
 
 
@@ -64,14 +64,8 @@ class Image16Spec:
         if layout != "auto":
             return layout
         count = self.channels or (len(self.mean) if self.mean and len(self.mean) > 1 else None)
-        ends = [axis for axis in (1, 3) if shape[axis] in ((count,) if count else (1, 3, 4))]
-        if len(ends) != 1:
-            raise BatchError(
-                f"field {name!r}: 16-bit images {shape} are ambiguous, "
-                f"{'both dim 1 and' if ends else 'neither dim 1 nor'} dim 3 look like channels; "
-                "declare latecast.image16(layout='NCHW') (or 'NHWC'), or channels=C"
-            )
-        return "NCHW" if ends == [1] else "NHWC"
+        fix = "declare latecast.image16(layout='NCHW') (or 'NHWC'), or channels=C"
+        return layout_of(name, "16-bit images", shape, (count,) if count else (1, 3, 4), fix)
 
     def _scale(self, dtype: torch.dtype) -> tuple[tuple, tuple]:
         """mean/std as given, else the window's (else the range's) low and width, else
