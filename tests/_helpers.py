@@ -36,9 +36,8 @@ def small(n: int = 300, shape=(28, 28, 1), classes: int = 10, seed: int = 0, nam
 
 
 def smooth(h: int, w: int, seed: int, channels: int = 3) -> np.ndarray:
-    """A distinct photo-like image JPEG keeps well: a gradient, each channel its own shade,
-    with a bright block in its top-left corner (so a turn or flip shows); uint8
-    ``(h, w, channels)``, ``(h, w)`` for 1 channel."""
+    """A distinct photo-like uint8 image JPEG keeps well, a bright block top left (a turn or
+    flip shows): ``(h, w, channels)``, ``(h, w)`` for 1 channel."""
     rng = np.random.default_rng(seed)
     ys, xs = np.mgrid[0:h, 0:w]
     ramp = 40 + 160 * (xs * rng.uniform() + ys * rng.uniform()) / (h + w)
@@ -57,6 +56,28 @@ def jpeg_bytes(pixels: np.ndarray, quality: int = 90) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, "JPEG", quality=quality)
     return buf.getvalue()
+
+
+def one_line_error(proc, *mentions: str, rc: int = 1) -> str:
+    """A command (``run_cli``'s result) failed with exit code ``rc``: one stderr line
+    ``latecast: error: ...`` holding every one of ``mentions``, no traceback; the line."""
+    lines = proc.err.strip().splitlines()
+    assert proc.rc == rc and len(lines) == 1, proc.out[-2000:] + proc.err[-2000:]
+    assert lines[0].startswith("latecast: error: "), proc.err
+    assert "Traceback" not in proc.err + proc.out and "internal error" not in proc.err
+    assert all(m in lines[0] for m in mentions), (mentions, lines[0])
+    return lines[0]
+
+
+def write_tar(path: Path, members, mode: str = "w") -> None:
+    """A tar file at ``path`` of ``(name, bytes)`` members, in order."""
+    import tarfile
+
+    with tarfile.open(path, mode) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
 
 
 def tree(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes | None]:
@@ -203,9 +224,8 @@ def accelerate(*argv, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def finished(images, labels, where, mean=(0.0,), std=(1.0,), **settings):
-    """What the one finish (``latecast.prepare.Prepare``) makes of uint8 ``(N, H, W, C)``
-    images and integer labels (or None) as batch ``where`` (epoch, rank, batch): a reference
-    for a way in that must seed and finish as the others do."""
+    """What ``latecast.prepare.Prepare`` makes of uint8 ``(N, H, W, C)`` images and labels (or
+    None) as batch ``where`` (epoch, rank, batch): the reference every way in must match."""
     import torch
 
     from latecast.fields import Image, Integer
@@ -232,9 +252,8 @@ def draw_of(aug, seed: int, where: tuple, nhwc):
 
 
 def lightning_hook(batch, where=(0, 0, 0), training=True, **options):
-    """What ``PrepareOnDevice`` makes of ``batch`` on a CPU device: its
-    ``transfer_batch_to_device``, then its ``on_after_batch_transfer``, as Lightning calls them
-    for the batch ``where`` (epoch, global rank, batch index)."""
+    """What ``PrepareOnDevice``'s two hooks make of ``batch`` on the CPU, called as Lightning
+    calls them for batch ``where`` (epoch, global rank, batch index)."""
     import types
 
     import torch

@@ -111,9 +111,8 @@ def _snapshot(model, buffers):
 
 
 def test_replayed_step_equals_the_eager_step(mnist):
-    """From the same state and the same staged batch (augmentation drawn inside the graph),
-    one replay of the captured step gives the weights, BatchNorm statistics, momentum and
-    loss of the same step run eagerly; the next replay moves on to the next batch."""
+    """One replay (augmentation drawn inside the graph) gives the eager step's weights,
+    BatchNorm statistics, momentum and loss; the next replay moves to the next batch."""
     with torch.backends.cudnn.flags(enabled=True, benchmark=False, deterministic=True):
         _replay_vs_eager(mnist)
 

@@ -239,10 +239,8 @@ def test_the_toy_kinds_under_the_lightning_hook_come_out_as_through_wrap():
 
 
 def test_the_new_kinds_under_the_lightning_hook_come_out_as_through_wrap():
-    """16-bit images with a mask, audio and a video clip in one batch, declared to a
-    ``PrepareOnDevice`` LightningModule under a real ``Trainer``: each training step sees
-    what ``wrap`` makes of the same batch (no augmentation: nothing drawn), and the bytes
-    counted are wrap's."""
+    """16-bit images with a mask, audio and a clip in one batch under a real ``Trainer``:
+    each step sees what ``wrap`` makes of it (nothing drawn), the bytes counted are wrap's."""
     pytest.importorskip("lightning")
     import lightning as L
     from _helpers import lightning_trainer
@@ -330,9 +328,7 @@ def test_a_dataset_brings_its_own_movers_and_the_loader_takes_them():
 
 
 def test_undeclared_jpeg_files_are_recognised_by_mover_as_by_wrap():
-    """The edge names the recogniser (``Options.recognise``): a field of JPEG files that
-    ``fields=`` does not declare is decoded alike by ``wrap``, ``Mover`` and the Lightning
-    hook."""
+    """Undeclared JPEG files are decoded alike by ``wrap``, ``Mover`` and the Lightning hook."""
     import numpy as np
     from _helpers import jpeg_bytes
 

@@ -1,14 +1,9 @@
-"""The golden cases: small seeded inputs through every path that moves and prepares a batch
-(the Loader with each mover, ``wrap``, ``Mover``, the Lightning hook), their outputs as flat
-lists of tensors. ``make_golden.py`` saves them from b931d8b's code (``b931d8b.pt``);
-``tests/core/test_golden.py`` runs them again and compares bit for bit.
-
-Everything is built here, from fixed seeds, on the CPU: no shared data, no network, nothing
-from ``tests/_helpers.py`` (a helper changed for another test must not change what is compared
-with b931d8b's batches). A case is ``name -> fn(tmp) -> list[tensor]`` (``tmp``: a folder the
-cases share, where the JPEG store is converted once); the JPEG cases run once per CPU decoder,
-saved as ``name@decoder``. The inputs stay small so the saved file stays near 1.5 MB.
-"""
+"""The golden cases: small seeded inputs through every path that moves and prepares a batch,
+their outputs as flat lists of tensors (saved by ``make_golden.py``, compared bit for bit by
+``tests/core/test_golden.py``). Built here from fixed seeds on the CPU, nothing from
+``_helpers.py`` (a helper changed elsewhere must not change a case). A case is ``name ->
+fn(tmp) -> list[tensor]`` (``tmp``: shared, the JPEG store converted once); JPEG cases run once
+per CPU decoder, saved as ``name@decoder``."""
 
 from __future__ import annotations
 
@@ -382,10 +377,8 @@ class _Hooked:
 
 
 def lightning_case(batches: Callable[[], list], **options) -> Callable:
-    """The hook's batches as Lightning hands them: packed by the mixin's own
-    ``transfer_batch_to_device``, then finished by its ``on_after_batch_transfer`` (the
-    cases saved at b931d8b handed the hook its batches on the host, what a hook of the user's
-    own that moved them to a CPU device gave it then; the batches are the same)."""
+    """The hook's batches as Lightning hands them: packed by the mixin's
+    ``transfer_batch_to_device``, finished by its ``on_after_batch_transfer``."""
 
     def run(tmp: Path) -> list[torch.Tensor]:
         module = type("Module", (PrepareOnDevice(), _Hooked), {})()

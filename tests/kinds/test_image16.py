@@ -1,7 +1,6 @@
-"""The 16-bit image kind (``latecast.image16``, issue 38 item 1): uint16/int16 images cross
-as stored, 2 bytes a pixel, and come out equal to the float32 pipeline (float32 on the
-host, torchvision v2's normalize, resized crop, pad + crop and flip, then ``.to(device)``)
-with the same draws, masks moving with them; bad input is one error naming the field."""
+"""The 16-bit image kind (``latecast.image16``): uint16/int16 images cross as stored and come
+out equal to the float32 pipeline (torchvision v2's ops) with the same draws, masks moved
+alike; bad input is one error naming the field."""
 
 from __future__ import annotations
 
@@ -48,9 +47,8 @@ def ct_slices(n=24, h=20, w=18, seed=0) -> tuple[np.ndarray, np.ndarray]:
 
 
 def float32_pipeline(images, draws, *, mean, std, window=None, crop=0) -> torch.Tensor:
-    """The usual way, (N, C, H, W) float32 on the host, with ``draws`` (a ``Moves``): clamp,
-    ``Normalize``, ``RandomResizedCrop``'s box, ``RandomCrop(padding=crop)``'s pad and crop,
-    ``RandomHorizontalFlip``, each torchvision v2's op on one image."""
+    """The usual way on (N, C, H, W) float32 with ``draws``: clamp, normalize, resized crop,
+    pad and crop, flip, each torchvision v2's op on one image."""
     out = []
     for i, x in enumerate(images.float()):  # (C, H, W)
         h, w = x.shape[1:]
@@ -117,9 +115,8 @@ def test_a_ct_window_through_wrap_equals_the_float32_pipeline_and_its_mask_follo
 
 
 def test_multispectral_bands_through_the_mover_per_band_mean_std_bfloat16_channels_last():
-    """TorchGeo's shape: uint16 13-band tiles (NHWC numpy, the bands recognised by the
-    13 mean/std values), values past 32767 (the sign bit), per-band statistics in stored
-    units; wrap's dtype and channels_last apply."""
+    """TorchGeo's uint16 13-band tiles (NHWC, past 32767), per-band statistics in stored
+    units; dtype and channels_last apply."""
     rng = np.random.default_rng(1)
     tiles = rng.integers(0, 65536, (6, 16, 16, 13)).astype(np.uint16)
     mean = tuple(float(v) for v in rng.uniform(500, 3000, 13))
@@ -270,11 +267,8 @@ def test_a_window_wholly_outside_the_range_is_one_config_error_naming_both(windo
 
 
 def test_a_torchgeo_style_segmentation_loop_trains_as_the_float32_pipeline():
-    """TorchGeo's shape (a datamodule's ``on_after_batch_transfer``: per-band ``Normalize``
-    of 13-band Sentinel-2 tiles, std 1e4, then flips of image and mask on the device; a
-    per-pixel classifier under cross-entropy): a few SGD steps with latecast's batches
-    (uint16 across, image16 + mask) land where the float32 pipeline's do (float32 tiles
-    from the workers, moved, normalized, flipped by the same draws)."""
+    """TorchGeo's datamodule shape (per-band normalize, flips of image and mask on the
+    device, a per-pixel classifier): SGD on latecast's batches lands where float32's does."""
     rng = np.random.default_rng(5)
     tiles = rng.integers(0, 12000, (32, 13, 16, 16)).astype(np.uint16)
     masks = (tiles[:, 3] >= 6000).astype(np.int64)  # water or not, say: from band 4

@@ -1,11 +1,7 @@
-"""The wheel a user installs: built from the package's files alone, installed into a fresh
-venv with no checkout on its path, it carries the bundled MNIST and ``py.typed``, and its
-command line trains from a folder outside the checkout.
-
-The fresh venv gets latecast from the wheel only; its dependencies (torch, numpy, tqdm) are
-the running interpreter's, reached through a ``.pth`` line (a path line adds that folder to
-``sys.path`` but runs none of the ``.pth`` files in it, so an editable latecast installed
-there stays out)."""
+"""The wheel, installed into a fresh venv with no checkout on its path, carries MNIST and
+``py.typed`` and trains from outside the checkout. Its dependencies come from this
+interpreter by a ``.pth`` path line (which runs none of the ``.pth`` files there: an
+editable latecast stays out)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,6 @@
-"""Every data check on every path that reads data (issue 36): one table, check x path.
-
-A cell either runs, and its check must fire as the table says (one ``LatecastError``, or one
-warning, naming the file or sample; at the CLI one line, exit 1 for an error), or is not
-applicable, with the reason in the table. Checks: a file's bytes changed after it was written
-(a store's CRC-32 per file, a shard index's CRC-32 per sample), a file cut short, a
-decompression bomb (a header over ``MAX_PIXELS``; and the same file put in place of one
-after it was written), a file that does not decode, a label outside the classes, bad
-arguments. Paths: the ``Loader`` over a store, whole and cut
-by ``latecast train --limit-train``; shards on 1 process, on 2 ``torchrun`` ranks (one
-launch for the whole column) and resumed mid-shard; ``wrap`` with a JPEG field,
-``jpeg_folder`` through ``wrap``, Lightning's hook (``PrepareOnDevice`` under a real
-``Trainer``).
-"""
+"""Every data check on every path that reads data (issue 36): one table, check x path. A
+cell runs and its check fires as the table says (one ``LatecastError`` or one warning naming
+the file or sample), or is not applicable, with the reason in the table."""
 
 from __future__ import annotations
 
@@ -79,9 +68,8 @@ CRC = E("{sample}: CRC-32", "the index says")
 
 
 def row(store, shards, own, folder=None, **cells) -> dict[str, Fires | NotApplicable]:
-    """A check's cells: ``store`` on both store paths, ``shards`` on the three shard paths,
-    ``own`` on wrap's and Lightning's (and jpeg_folder's unless ``folder``); ``cells`` each
-    path's own."""
+    """A check's cells: ``store``, ``shards`` and ``own`` (wrap's, Lightning's, jpeg_folder's
+    unless ``folder``) on their paths; ``cells`` each path's own."""
     given = dict(store=store, store_cut=store, wrap_jpeg=own, lightning=own)
     given.update(shards_1=shards, shards_2=shards, shards_resumed=shards, jpeg_folder=folder or own)
     return {path: cells.get(path, given[path]) for path in PATHS}
@@ -153,9 +141,8 @@ def said(run, names: dict) -> Said:
 
 
 def bomb(length: int = 0) -> bytes:
-    """A grey JPEG whose frame header says 10001 rows of 10000 (over ``MAX_PIXELS`` by 10,000
-    pixels: decoded, 100 MB, not the 10 GiB of a real bomb, should a check be missing),
-    padded with a comment segment to ``length`` bytes."""
+    """A grey JPEG whose header says 10001x10000 (just over ``MAX_PIXELS``: 100 MB decoded,
+    should a check be missing), padded by a comment to ``length`` bytes."""
     from PIL import Image
 
     buf = io.BytesIO()
@@ -179,9 +166,8 @@ def undecodable(jpeg: bytes) -> bytes:
 
 
 def cut(jpeg: bytes) -> bytes:
-    """``jpeg`` cut to two thirds: after its frame header, inside its tables (a small file's
-    headers are most of it), so every decoder refuses it; cut in its scan, one would say
-    "premature end" and decode the rest grey, another refuse it."""
+    """``jpeg`` cut inside its tables (not its scan, which some decoders fill grey): every
+    decoder refuses it."""
     return jpeg[: 2 * len(jpeg) // 3]
 
 
@@ -285,9 +271,8 @@ def run_store_cut(check, tmp_path, store_files, monkeypatch, run_cli, **_) -> Sa
 
 
 def stream_position(at: int = 18) -> tuple[str, str]:
-    """The shard and key at stream position ``at`` of epoch 0 (seed 0, a shuffle buffer of
-    1: the shards permuted, each in its order): with batches of 2, the first sample of the
-    second of 2 ranks and of a resume after 9 batches; mid-shard, so read by no one whole."""
+    """The shard and key at stream position ``at`` of epoch 0 (seed 0, buffer 1): rank 1's
+    first sample and a resume's after 9 batches of 2, mid-shard."""
     from latecast.storage.stream import epoch_order
 
     S, _ = epoch_order(COUNTS[:-1], seed=0, epoch=0, buffer=1, shuffle=True)
@@ -377,9 +362,8 @@ def run_shards_1(check, tmp_path, monkeypatch, **_) -> Said:
 
 
 def run_shards_resumed(check, tmp_path, monkeypatch, **_) -> Said:
-    """9 batches of 2 read, the loader's state kept; ``check``'s fault put in (the shards
-    changed between a kill and the resume); a loader on the same shards resumed from it,
-    whose first read starts mid-shard (``stream_position``)."""
+    """9 batches read, the state kept, the fault put in, then a loader resumed from that
+    state (its first read mid-shard)."""
     from latecast.storage import stream
 
     monkeypatch.setattr(stream, "STAT_FILES", 4)
@@ -428,9 +412,8 @@ with open(f"rank-{os.environ['RANK']}.json", "w") as f:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> dict:
-    """The 2-rank column in one ``torchrun`` launch: each rank reads its half of each
-    check's shards (rank and world from torchrun's environment); ``{check: [rank 0's, rank
-    1's]}``, each ``{"error": line or None, "warnings": [...]}``, and the names."""
+    """The 2-rank column in one ``torchrun`` launch: ``{check: ([rank 0's, rank 1's],
+    names)}``, each ``{"error": line or None, "warnings": [...]}``."""
     base = tmp_path_factory.mktemp("two-ranks")
     specs, names = {}, {}
     for check in CHECKS:

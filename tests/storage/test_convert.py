@@ -1,7 +1,5 @@
-"""`latecast convert` of issues 10 and 12: jpeg stores that
-keep each JPEG byte for byte, any worker count writing the same store, kill -9 mid-convert,
-image modes, class folders without images, odd file names, the held-out split and the
-stored order, full disks."""
+"""`latecast convert` (issues 10, 12): JPEGs kept byte for byte, any worker count, kill -9,
+image modes, odd folders and names, the held-out split and stored order, full disks."""
 
 from __future__ import annotations
 
@@ -149,9 +147,8 @@ def many_jpegs(tmp_path_factory) -> tuple[Path, bytes]:
 
 
 def interrupt_mid_write(src: Path, out: Path, sig: signal.Signals) -> subprocess.Popen:
-    """Start a real parallel `latecast convert` into ``out``; once it writes, send ``sig``: a
-    SIGINT to its process group, as a terminal's Ctrl-C; a SIGKILL to it alone, as ``kill -9
-    PID`` (its orphaned workers must then go away by themselves)."""
+    """A real parallel `latecast convert`, sent ``sig`` once it writes: SIGINT to its group
+    (Ctrl-C), SIGKILL to it alone (its orphaned workers must go by themselves)."""
     argv = [sys.executable, "-m", "latecast", "convert", src, out, "--encoding", "jpeg"]
     child = subprocess.Popen(
         [*argv, "--workers", "2"],

@@ -110,9 +110,8 @@ def test_damaged_jpeg_data_is_one_line_naming_it_never_libjpegs_text(tmp_path, r
 
 
 def test_a_cut_jpeg_store_trains_and_each_file_is_still_checked(tmp_path, run_cli):
-    """``--limit-train`` and ``--limit-test`` cut a JPEG store's CRC-32s with its files: the
-    cut store trains (it stopped with "crc32 must be (N,)"), and a file damaged inside the
-    cut, where libjpeg says nothing, is still named by its CRC-32."""
+    """The limits cut the CRC-32s with the files (once "crc32 must be (N,)"): a file damaged
+    inside the cut, silently for libjpeg, is still named."""
     src, store = tmp_path / "photos", tmp_path / "store"
     noise_folder(src, seed=2, per_class=40)  # 80 train files
     assert run_cli("convert", src, store, "--size", "32", "--encoding", "jpeg").rc == 0

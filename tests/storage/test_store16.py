@@ -1,7 +1,5 @@
-"""16-bit images in a store (issue 38 item 1): ``latecast convert`` keeps 16-bit greyscale
-PNGs as uint16, exactly; ``latecast info --verify`` reads them; the Loader moves them 2 bytes a
-pixel and makes them float on the device as the float32 pipeline does; ``latecast train``
-runs on them; mixed depths and bad files are one error naming the file."""
+"""16-bit images in a store (issue 38): converted exactly, verified, moved 2 bytes a pixel
+and finished as the float32 pipeline, trained on; bad files one error naming the file."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""``latecast train --check`` under generated argument lists.
-
-Every option of ``train`` (read from ``TrainConfig``, so an option added later is fuzzed too)
-gets valid values, out-of-range and non-finite numbers, odd strings and paths that are
-files, missing, held by another run or too long, mixed. Each list must end with exit code
-0, 1 or 2, exactly one line on stderr for 1 and 2, never a traceback or an internal
-error, strict JSON with ``--json``, and ``--check`` must write nothing. In-process through
-the CLI's ``main`` (about 50 ms a list), plus a handful of real ``python -m latecast`` runs.
-"""
+"""``latecast train --check`` under generated argument lists: every option (read from
+``TrainConfig``) gets valid, out-of-range and odd values and paths; each list ends with exit
+0, 1 or 2, one stderr line for 1 and 2, strict JSON, and writes nothing."""
 
 from __future__ import annotations
 
@@ -98,9 +92,8 @@ with claim(sys.argv[1], None, False):
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
-    """Folders and files the generated lists point at, the current folder for the test, a
-    run holding one folder, and an empty $LATECAST_DATA (the downloadable datasets fail
-    fast as "not found", never reaching the network)."""
+    """What the lists point at, a run holding one folder, an empty $LATECAST_DATA (datasets
+    "not found" without the network)."""
     from latecast.tools.cli import main
 
     root = tmp_path_factory.mktemp("fuzz")

@@ -133,9 +133,8 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
 
 
 def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path):
-    """A broken part (here: an unknown device for every latecast command; a shared-carry
-    tarball that fails its SHA-256) fails the run at the end, after every other part ran and
-    the summary was written."""
+    """A broken part (an unknown device; a tarball failing its SHA-256) fails the run at the
+    end, after every other part ran and the summary was written."""
     carry = tmp_path / "carry"
     carry.mkdir()
     (carry / "cifar10-jpg.tar.gz").write_bytes(b"not the tarball")

@@ -1,11 +1,6 @@
-"""Checkpoints and exact resume: atomic saves, corrupt or foreign files, refusing another run,
-bit-identical resume after an interruption or a real kill -9, and a NaN loss that keeps the
-last good checkpoint.
-
-Runs use one CPU thread (in-process and in subprocesses alike): float sums are then done in
-one fixed order, so "bit-identical" compares like with like, and a loaded 2-core machine
-does not spend its time with two spinning OpenMP threads per process.
-"""
+"""Checkpoints: atomic saves, corrupt or foreign files, another run refused, bit-identical
+resume after a kill -9, a NaN loss keeping the last good one. One CPU thread everywhere:
+float sums in one fixed order, so bit-identical compares like with like."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Static batches (same shape, same storage every step), the fused normalize, the training
-step compiled (--compile) and graph-captured (--graph: CUDA only, refused elsewhere), and
-the clock: on the CPU. The CUDA halves are in test_gpu.py."""
+"""Static batches, the fused normalize, --compile and --graph (CUDA only, refused here), the
+clock, on the CPU (the CUDA halves: test_gpu.py)."""
 
 from __future__ import annotations
 
@@ -21,9 +20,8 @@ AUG = latecast.Augment(crop=2, flip=0.5, cutout=3, fill="reflect")
 
 @pytest.mark.parametrize("transfer", list(MOVERS))
 def test_static_batches_are_one_storage_and_equal_the_ordinary_loader(transfer):
-    """Two epochs with augmentation: the static loader's outputs live in the same two
-    buffers every step and hold exactly what the ordinary loader (dropping its partial last
-    batch) yields for the same seed: same order, same augmentation draws, same normalize."""
+    """Two augmented epochs: the static loader's two buffers hold exactly what the ordinary
+    loader (its last partial batch dropped) yields for the same seed."""
     ds = small(shape=(8, 8, 3))
     kw = dict(device="cpu", transfer=transfer, seed=5, augment=AUG, channels_last=True)
     ordinary = Loader(ds, 64, drop_last=True, **kw)
@@ -174,10 +172,8 @@ def test_compiled_training_on_the_cpu_matches_eager(tmp_path, run_cli):
 
 
 def test_the_graphed_step_body_trains_like_train_step(monkeypatch):
-    """What ``--graph`` captures, run eagerly on the CPU: staged batch, ``fill``, loss,
-    backward and ``nesterov_sgd`` (device learning rate, zero-started momentum buffers in the
-    optimizer's state) follow ``train_step`` with ``torch.optim.SGD`` within float rounding,
-    schedule included, over more than one epoch."""
+    """What ``--graph`` captures, run eagerly (``fill``, ``nesterov_sgd``), follows
+    ``train_step`` with ``torch.optim.SGD`` within rounding, schedule included."""
     from latecast.trainer import graphed
     from latecast.trainer.loop import model_and_optimizer, resolve_config, train_step
 
