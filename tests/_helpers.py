@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
@@ -11,6 +12,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 TIMEOUT = 240  # seconds for one launched run: a hang fails instead of blocking CI
 PNG = b"\x89PNG\r\n\x1a\n"  # the signature every PNG file starts with
@@ -67,6 +69,23 @@ def one_line_error(proc, *mentions: str, rc: int = 1) -> str:
     assert "Traceback" not in proc.err + proc.out and "internal error" not in proc.err
     assert all(m in lines[0] for m in mentions), (mentions, lines[0])
     return lines[0]
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str):
+    """A real tmpfs of ``size`` mounted at ``path`` for the block; skipped where not allowed."""
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
+        proc = subprocess.run(mount, capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("no mount command here: cannot make a real small filesystem")
+    if proc.returncode:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {proc.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
 
 
 def write_tar(path: Path, members, mode: str = "w") -> None:

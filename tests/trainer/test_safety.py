@@ -22,7 +22,7 @@ import _helpers
 import numpy as np
 import pytest
 import torch
-from _helpers import one_line_error
+from _helpers import one_line_error, tmpfs
 
 from latecast.data import from_arrays
 from latecast.errors import CheckpointError, ConfigError, FormatError
@@ -42,23 +42,6 @@ TINY = TINY.split()
 
 
 tree = partial(_helpers.tree, skip=(LOCK,))  # the run lock's record of who held it last aside
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str):
-    """A real tmpfs of ``size`` mounted at ``path`` for the block; skipped where not allowed."""
-    path.mkdir(parents=True, exist_ok=True)
-    try:
-        mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
-        proc = subprocess.run(mount, capture_output=True, text=True)
-    except FileNotFoundError:
-        pytest.skip("no mount command here: cannot make a real small filesystem")
-    if proc.returncode:
-        pytest.skip(f"cannot mount a tmpfs (needs root): {proc.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 def read_only(path: Path) -> None:
