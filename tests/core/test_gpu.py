@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import mover
+from _helpers import mover, one_line_error
 
 import latecast
 from latecast import movers
@@ -190,5 +190,4 @@ def test_graph_needs_the_resident_transfer(tmp_path, run_cli):
     proc = run_cli(
         "train", "--graph", "--transfer", "prefetch", "--device", "cuda", "--output-dir", tmp_path
     )
-    assert proc.rc == 1 and len(proc.err.strip().splitlines()) == 1
-    assert "--graph needs the resident transfer" in proc.err and "prefetch" in proc.err
+    one_line_error(proc, "--graph needs the resident transfer", "prefetch")

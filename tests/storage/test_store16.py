@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _helpers import mover
+from _helpers import mover, one_line_error
 
 from latecast.data import from_arrays
 from latecast.errors import ConfigError, FormatError
@@ -134,8 +134,7 @@ def test_bad_16_bit_input_is_one_error_naming_the_file(tmp_path, run_cli):
     Image.fromarray(np.full((12, 10), 7, np.uint8)).save(src / "b" / "eight.png")
     with pytest.raises(FormatError, match=r"b/eight\.png: a L image, not 16-bit .*\.png \(I;16\)"):
         convert_folder(src, tmp_path / "s", test_fraction=0)
-    proc = run_cli("convert", src, tmp_path / "s")  # at the command line: one line, exit 1
-    assert proc.rc == 1 and len(proc.err.strip().splitlines()) == 1 and "eight.png" in proc.err
+    one_line_error(run_cli("convert", src, tmp_path / "s"), "eight.png")  # one line, exit 1
     with pytest.raises(FormatError, match=r"b/eight\.png: a L image, not 16-bit .*--depth 16"):
         convert_folder(src, tmp_path / "s", test_fraction=0, depth="16")
     eight = open_store(convert_folder(src, tmp_path / "s", test_fraction=0, depth="8")[0])

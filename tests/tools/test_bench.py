@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 import torch
-from _helpers import assert_report, mover
+from _helpers import assert_report, mover, one_line_error
 
 from latecast.data import from_arrays
 from latecast.loader import Loader
@@ -180,6 +180,5 @@ def test_a_16_bit_store_is_refused_in_one_line_naming_it(tmp_path, run_cli):
     for split in ("train", "test"):
         write_store(from_arrays(images, np.arange(20) % 2, split=split), tmp_path / "d16" / split)
     r = run_cli("bench", tmp_path / "d16", "--device", "cpu", "--output-dir", tmp_path / "out")
-    assert r.rc == 1 and len(r.err.splitlines()) == 1, r.err
-    assert f"{tmp_path / 'd16'} is a 16-bit store" in r.err and "latecast profile" in r.err
+    one_line_error(r, f"{tmp_path / 'd16'} is a 16-bit store", "latecast profile")
     assert not (tmp_path / "out").exists()
