@@ -294,6 +294,39 @@ def lightning_hook(batch, where=(0, 0, 0), training=True, **options):
     return module.on_after_batch_transfer(sent, 0)
 
 
+def hooked_fit(train, val=None, trainer: dict | None = None, **options):
+    """A ``PrepareOnDevice`` LightningModule (``prepare_on_device(**options)``, a zero weight
+    for a model) fitted on ``train`` (and ``val``) by a real CPU ``Trainer(**trainer)``: its
+    ``trained`` and ``validated`` batches, as each step saw them."""
+    import lightning as L
+    import torch
+    from torch.utils._pytree import tree_map
+
+    from latecast import PrepareOnDevice
+
+    class Model(PrepareOnDevice, L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.prepare_on_device(**options)
+            self.w = torch.nn.Parameter(torch.zeros(()))
+            self.trained, self.validated = [], []
+
+        def training_step(self, batch, i):
+            self.trained.append(tree_map(torch.clone, batch))
+            return self.w * (batch["image"] if isinstance(batch, dict) else batch[0]).float().mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), 0.1)
+
+    class Validated(Model):  # a validation_step with no loader for it: Lightning warns
+        def validation_step(self, batch, i):
+            self.validated.append(tree_map(torch.clone, batch))
+
+    model = Model() if val is None else Validated()
+    lightning_trainer(enable_checkpointing=False, **(trainer or {})).fit(model, train, val)
+    return model
+
+
 def mover(name: str):
     """A Loader's ``transfer=`` for mover ``name``: ``float32``, the usual pipeline kept as a
     baseline outside the core, is its class (``latecast.trainer.baseline.Float32``)."""

@@ -262,7 +262,7 @@ def test_bad_options_are_one_config_error_naming_them(options, says):
 def test_the_lightning_hook_draws_no_gain_or_crop_in_evaluation():
     """In evaluation the clips come out centred, without gain, whatever the seed (as
     ``augment`` is left to training): through the hook and a real ``Trainer``'s validation."""
-    from _helpers import lightning_hook
+    from _helpers import hooked_fit, lightning_hook
 
     waves = torch.stack(clips(4, [3000], channels=1))  # (4, 1, 3000): cropped to 1600
     centred = torch.stack([usual(w, 1600, start=700) for w in waves])  # (4, 1, 1600)
@@ -275,31 +275,10 @@ def test_the_lightning_hook_draws_no_gain_or_crop_in_evaluation():
     assert trained.shape == centred.shape and not torch.equal(trained, centred)  # drawn
 
     pytest.importorskip("lightning")
-    import lightning as L
-    from _helpers import lightning_trainer
-
     data = DataLoader(list(zip(waves, range(4))), batch_size=2)
-    evaluated, trained = [], []
-
-    class Model(latecast.PrepareOnDevice, L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.prepare_on_device(fields={0: latecast.waveform(1600, gain=(-6.0, 6.0))})
-            self.w = torch.nn.Parameter(torch.zeros(()))
-
-        def training_step(self, batch, i):
-            trained.append(batch[0].clone())
-            return self.w * batch[0].mean()
-
-        def validation_step(self, batch, i):
-            evaluated.append(batch[0].clone())
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), 0.1)
-
-    lightning_trainer(max_epochs=1, enable_checkpointing=False, num_sanity_val_steps=0).fit(
-        Model(), data, data
-    )
+    fields = {0: latecast.waveform(1600, gain=(-6.0, 6.0))}
+    model = hooked_fit(data, data, dict(max_epochs=1, num_sanity_val_steps=0), fields=fields)
+    trained, evaluated = ([b[0] for b in m] for m in (model.trained, model.validated))
     assert len(evaluated) == len(trained) == 2
     torch.testing.assert_close(torch.cat(evaluated), centred, atol=0, rtol=0)
     assert not torch.equal(torch.cat(trained), centred)
