@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _helpers import damage_mid_store, lightning_trainer, silent_damage
-from test_shard_checks import flip, small_jpeg
-from test_streams import COUNTS, ROOT, TIMEOUT, make_shards
+from _helpers import damage_mid_store, lightning_trainer, silent_damage, write_tar
+from test_shard_checks import flip, small_jpeg, stream_position
+from test_streams import ROOT, TIMEOUT, make_shards
 
 import latecast
 from latecast.errors import LatecastError
@@ -270,32 +270,14 @@ def run_store_cut(check, tmp_path, store_files, monkeypatch, run_cli, **_) -> Sa
 # -- shards ---------------------------------------------------------------------------------
 
 
-def stream_position(at: int = 18) -> tuple[str, str]:
-    """The shard and key at stream position ``at`` of epoch 0 (seed 0, buffer 1): rank 1's
-    first sample and a resume's after 9 batches of 2, mid-shard."""
-    from latecast.storage.stream import epoch_order
-
-    S, _ = epoch_order(COUNTS[:-1], seed=0, epoch=0, buffer=1, shuffle=True)
-    starts = np.cumsum([0, *COUNTS[:-1]])
-    shard = int(np.searchsorted(starts, S[at], side="right")) - 1
-    k = int(S[at] - starts[shard])
-    assert k > 0 and not (shard == 0 and k < 4)  # mid-shard; not among the 4 measured
-    return f"shard-{shard:03d}.tar", f"{100 * shard + k:06d}"
-
-
 def rewrite(path: Path, key: str, jpg: bytes | None = None, label: int | None = None) -> None:
     """The shard at ``path`` written again, sample ``key``'s JPEG or label replaced."""
     with tarfile.open(path) as tar:
-        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
-    with tarfile.open(path, "w") as tar:
-        for m, data in members:
-            if m.name == f"{key}.jpg" and jpg is not None:
-                data = jpg
-            if m.name == f"{key}.cls" and label is not None:
-                data = str(label).encode()
-            info = tarfile.TarInfo(m.name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+        members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
+    new = {f"{key}.jpg": jpg, f"{key}.cls": None if label is None else str(label).encode()}
+    write_tar(
+        path, [(name, data if new.get(name) is None else new[name]) for name, data in members]
+    )
 
 
 def shards_made(folder: Path) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import one_line_error
+from _helpers import one_line_error, write_tar
 from test_streams import (
     COUNTS,
     ROOT,
@@ -60,6 +60,19 @@ def launch(tmp_path: Path, world: int, argv: list, kill: int = 0) -> subprocess.
                           timeout=TIMEOUT, env=env)  # fmt: skip
 
 
+def stream_position(at: int = 18) -> tuple[str, str]:
+    """The shard and key at stream position ``at`` of epoch 0 (seed 0, buffer 1): rank 1's
+    first sample and a resume's after 9 batches of 2, mid-shard."""
+    from latecast.storage.stream import epoch_order
+
+    S, _ = epoch_order(COUNTS[:-1], seed=0, epoch=0, buffer=1, shuffle=True)
+    starts = np.cumsum([0, *COUNTS[:-1]])
+    shard = int(np.searchsorted(starts, S[at], side="right")) - 1
+    k = int(S[at] - starts[shard])
+    assert k > 0 and not (shard == 0 and k < 4)  # mid-shard; not among the 4 measured
+    return f"shard-{shard:03d}.tar", f"{100 * shard + k:06d}"
+
+
 def flip(path: Path, key: str) -> None:
     """One bit of ``key``'s JPEG scan data flipped in place: sizes, keys, offsets all kept."""
     with tarfile.open(path) as tar:
@@ -77,17 +90,12 @@ def test_a_sample_changed_after_indexing_is_refused_on_two_ranks_and_after_a_mid
     import torch
 
     from latecast.storage.shards import write_index
-    from latecast.storage.stream import epoch_order
 
     folder = tmp_path / "shards"
     make_shards(folder)
     spec = f"{folder}/shard-{{000..003}}.tar"
     write_index(spec)
-    S, _ = epoch_order(COUNTS[:-1], seed=0, epoch=0, buffer=1, shuffle=True)
-    starts = np.cumsum([0, *COUNTS[:-1]])
-    shard = int(np.searchsorted(starts, S[18], side="right")) - 1
-    key, name = f"{100 * shard + int(S[18] - starts[shard]):06d}", f"shard-{shard:03d}.tar"
-    assert S[18] != starts[shard]  # mid-shard
+    name, key = stream_position()
     named = f"{name}: sample '{key}': CRC-32"
 
     argv = ["train", spec, "--model", "cnn", "-b", 2, "--device", "cpu", "--epochs", 1,
@@ -116,12 +124,8 @@ def test_a_sample_changed_after_indexing_is_refused_on_two_ranks_and_after_a_mid
 
 def write_samples(path: Path, samples: list[tuple[str, bytes, int]]) -> None:
     """A shard of ``(key, jpeg, label)`` samples, in that order (keys may repeat)."""
-    with tarfile.open(path, "w") as tar:
-        for key, jpg, label in samples:
-            for ext, data in (("jpg", jpg), ("cls", str(label).encode())):
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+    pairs = [(key, (("jpg", jpg), ("cls", str(label).encode()))) for key, jpg, label in samples]
+    write_tar(path, [(f"{key}.{ext}", data) for key, files in pairs for ext, data in files])
 
 
 def small_jpeg(value: int = 90) -> bytes:
