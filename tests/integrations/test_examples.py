@@ -14,7 +14,7 @@ from typing import Callable
 import pytest
 import torch
 from _helpers import accelerate, assert_two_halves, launch, lightning_trainer, shares
-from test_dropin import MEAN, STD, end_signals, ids_data, reference, uneven_data
+from test_dropin import MEAN, STD, Streamed, end_signals, ids_data, reference, uneven_data
 from test_frameworks import BATCH, N, ids_dataset
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -423,19 +423,6 @@ def loader_and_sharded_wrap(acc, out: Path) -> dict:
             error = max(error, (x - want).abs().max().item())
     placed = [loader.rank, loader.world_size]
     return dict(placed=placed, seen=seen, resumed=resumed, wrapped=got, wrapped_error=error)
-
-
-class Streamed(torch.utils.data.IterableDataset):
-    """A map dataset read as an iterable one (with a length: accelerate's remainder)."""
-
-    def __init__(self, data) -> None:
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __iter__(self):
-        return iter(self.data)
 
 
 def prepared_wrap(acc) -> dict:
