@@ -259,10 +259,8 @@ def test_a_state_saved_at_the_last_batch_resumes_into_a_whole_new_epoch():
     list(plain)
     fresh = tdl.StatefulDataLoader(data, 4, shuffle=True)
     fresh.load_state_dict(plain.state_dict())
-    assert torch.equal(again, torch.cat([b[0] for b in fresh])) and sorted(again.tolist()) == list(
-        range(10)
-    )
-    assert resumed.epoch == 2
+    assert torch.equal(again, torch.cat([b[0] for b in fresh])) and resumed.epoch == 2
+    assert sorted(again.tolist()) == list(range(10))
 
 
 class Signalling:
@@ -364,11 +362,15 @@ def test_rank_and_device_are_read_at_the_first_pass(monkeypatch):
 # -- bad batches and arguments: one clear error naming the field --------------------------
 
 
+FLOATS = (torch.rand(2, 3, 8, 8), torch.arange(2))  # ToTensor()'s images, labels
+NHWC = torch.zeros(2, 8, 8, 3, dtype=torch.uint8)
+
+
 @pytest.mark.parametrize(
     "batch,kwargs,match",
     [
         (
-            (torch.rand(2, 3, 8, 8), torch.arange(2)),
+            FLOATS,
             {"fields": {0: "image"}},
             "field 0 is declared an image and must be uint8.*float32",
         ),
@@ -384,15 +386,11 @@ def test_rank_and_device_are_read_at_the_first_pass(monkeypatch):
         ),
         ({"img": torch.zeros(2, 5, 6, 7, dtype=torch.uint8)}, {}, "field 'img'.*neither"),
         (
-            (torch.rand(2, 3, 8, 8), torch.arange(2)),
+            FLOATS,
             {"mean": MEAN, "std": STD},
             "no field of this batch is a uint8 image.*PILToTensor",
         ),
-        (
-            {"img": torch.zeros(2, 8, 8, 3, dtype=torch.uint8)},
-            {"mean": (0.5, 0.5), "std": (1.0, 1.0)},
-            "field 'img': 3 channels",
-        ),
+        ({"img": NHWC}, {"mean": (0.5, 0.5), "std": (1.0, 1.0)}, "field 'img': 3 channels"),
         ({"x": torch.rand(3)}, {"fields": {"x": torch.int16}}, "field 'x' is torch.float32"),
         ({"x": torch.arange(3)}, {"fields": {"y": torch.int16}}, "'y'.*this batch has fields 'x'"),
         ({"x": torch.zeros(3, device="meta")}, {}, "field 'x' is already on meta"),

@@ -46,42 +46,35 @@ def ct_slices(n=24, h=20, w=18, seed=0) -> tuple[np.ndarray, np.ndarray]:
     return images, rng.integers(0, 3, (n, h, w)).astype(np.int64)
 
 
+def moved(x: torch.Tensor, i: int, draws, crop: int, nearest: bool = False) -> torch.Tensor:
+    """Image ``i``'s ``x`` (C, H, W) moved by ``draws`` with torchvision v2's ops: resized crop
+    (bilinear, or nearest as a ``Mask``), pad (0) and crop, flip."""
+    h, w = x.shape[1:]
+    if draws is not None and draws.boxes is not None:
+        top, left, bh, bw = draws.boxes[i].tolist()
+        mode = TF.InterpolationMode.NEAREST if nearest else TF.InterpolationMode.BILINEAR
+        x = TF.resized_crop(x, top, left, bh, bw, [h, w], mode, antialias=True)
+    if draws is not None and draws.shifts is not None:
+        dy, dx = draws.shifts[i].tolist()
+        x = TF.crop(TF.pad(x, [crop], fill=0), crop + dy, crop + dx, h, w)
+    if draws is not None and draws.flips is not None and draws.flips[i]:
+        x = TF.horizontal_flip(x)
+    return x
+
+
 def float32_pipeline(images, draws, *, mean, std, window=None, crop=0) -> torch.Tensor:
-    """The usual way on (N, C, H, W) float32 with ``draws``: clamp, normalize, resized crop,
-    pad and crop, flip, each torchvision v2's op on one image."""
+    """The usual way on (N, C, H, W) float32 with ``draws``: clamp, normalize, then moved."""
     out = []
     for i, x in enumerate(images.float()):  # (C, H, W)
-        h, w = x.shape[1:]
-        x = x.clamp(*window) if window else x
-        x = TF.normalize(x, list(mean), list(std))
-        if draws is not None and draws.boxes is not None:
-            top, left, bh, bw = draws.boxes[i].tolist()
-            x = TF.resized_crop(x, top, left, bh, bw, [h, w], antialias=True)
-        if draws is not None and draws.shifts is not None:
-            dy, dx = draws.shifts[i].tolist()
-            x = TF.crop(TF.pad(x, [crop], fill=0), crop + dy, crop + dx, h, w)
-        if draws is not None and draws.flips is not None and draws.flips[i]:
-            x = TF.horizontal_flip(x)
-        out.append(x)
+        x = TF.normalize(x.clamp(*window) if window else x, list(mean), list(std))
+        out.append(moved(x, i, draws, crop))
     return torch.stack(out)
 
 
 def mask_pipeline(masks, draws) -> torch.Tensor:
-    """The masks moved by ``draws`` as torchvision moves a ``Mask`` (nearest, 0 padding)."""
-    out = []
-    for i, m in enumerate(masks[:, None]):  # (1, H, W)
-        h, w = m.shape[1:]
-        if draws.boxes is not None:
-            top, left, bh, bw = draws.boxes[i].tolist()
-            m = TF.resized_crop(m, top, left, bh, bw, [h, w], TF.InterpolationMode.NEAREST)
-        if draws.shifts is not None:
-            crop = draws.augment.crop
-            dy, dx = draws.shifts[i].tolist()
-            m = TF.crop(TF.pad(m, [crop], fill=0), crop + dy, crop + dx, h, w)
-        if draws.flips is not None and draws.flips[i]:
-            m = TF.horizontal_flip(m)
-        out.append(m[0])
-    return torch.stack(out)
+    """The masks (N, H, W) moved by ``draws`` as torchvision moves a ``Mask``."""
+    each = enumerate(masks[:, None])  # (1, H, W)
+    return torch.stack([moved(m, i, draws, draws.augment.crop, nearest=True)[0] for i, m in each])
 
 
 def draws_of(aug, seed: int, k: int, nhwc: torch.Tensor, epoch: int = 0):
