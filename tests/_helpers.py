@@ -99,6 +99,17 @@ def write_tar(path: Path, members, mode: str = "w") -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
+def flip(path: Path, key: str) -> None:
+    """One bit of ``key``'s JPEG scan data flipped in place: sizes, keys, offsets all kept."""
+    import tarfile
+
+    with tarfile.open(path) as tar:
+        member = tar.getmember(f"{key}.jpg")
+    data = bytearray(path.read_bytes())
+    data[member.offset_data + member.size // 2] ^= 1
+    path.write_bytes(bytes(data))
+
+
 def tree(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes | None]:
     """Every file under ``folder`` with its bytes, every folder as None (names in ``skip``
     left out): what must be there, unchanged, after a refused or failed write."""

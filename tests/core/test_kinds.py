@@ -254,9 +254,6 @@ def test_the_new_kinds_under_the_lightning_hook_come_out_as_through_wrap():
 def test_a_dataset_brings_its_own_movers_and_the_loader_takes_them():
     """A split that names its movers (``movers``, as a JPEG store names ``jpeg``) is moved by
     them: ``auto`` is its first, another name one error saying what the split holds."""
-    import numpy as np
-
-    from latecast.data import Dataset
     from latecast.errors import ConfigError
     from latecast.movers import Stored
 
@@ -289,7 +286,6 @@ def test_a_dataset_brings_its_own_movers_and_the_loader_takes_them():
 
 def test_undeclared_jpeg_files_are_recognised_by_mover_as_by_wrap():
     """Undeclared JPEG files are decoded alike by ``wrap``, ``Mover`` and the Lightning hook."""
-    import numpy as np
     from _helpers import jpeg_bytes
 
     rng = np.random.default_rng(0)

@@ -15,6 +15,7 @@ from _helpers import lightning_trainer
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import latecast
+from latecast import PrepareOnDevice
 
 ROOT = Path(__file__).resolve().parents[2]
 N, BATCH = 64, 8  # per rank under DDP: 32 samples, 4 batches an epoch
@@ -505,8 +506,6 @@ def test_the_lightning_mixin_listed_after_lightningmodule_is_one_error():
     """After LightningModule in the bases, Lightning's own ``on_after_batch_transfer``
     would run and the batches stay uint8, silently."""
     L = pytest.importorskip("lightning")
-    from latecast import PrepareOnDevice
-
     with pytest.raises(latecast.LatecastError, match=r"list PrepareOnDevice before DataHooks"):
 
         class Late(L.LightningModule, PrepareOnDevice):
@@ -521,8 +520,6 @@ def test_the_lightning_mixin_listed_after_lightningmodule_is_one_error():
 def test_the_lightning_mixin_counts_the_bytes_lightning_moved(tmp_path):
     L = pytest.importorskip("lightning")
     import torch.nn.functional as F
-
-    from latecast import PrepareOnDevice
 
     images, _ = ids_data()
 

@@ -72,28 +72,12 @@ def test_the_wheel_installs_into_a_fresh_venv_and_trains_outside_the_checkout(tm
     away = tmp_path / "elsewhere"  # no checkout here or above: tmp is outside it
     away.mkdir()
     env = clean_env()
-    where = run(
-        str(venv / "bin" / "python"),
-        "-c",
-        "import latecast; latecast.wrap; print(latecast.__file__)",
-        cwd=away,
-        env=env,
-    )
+    code = "import latecast; latecast.wrap; print(latecast.__file__)"
+    where = run(str(venv / "bin" / "python"), "-c", code, cwd=away, env=env)
     assert Path(where.strip()).is_relative_to(venv), where  # the wheel's, not the checkout's
     assert run(str(venv / "bin" / "latecast"), "--version", cwd=away, env=env).strip() == (
         f"latecast {VERSION}"
     )
-    out = run(
-        str(venv / "bin" / "latecast"),
-        "train",
-        "--epochs",
-        "1",
-        "--limit-train",
-        "2048",
-        "--device",
-        "cpu",
-        "--json",
-        cwd=away,
-        env=env,
-    )
+    argv = ["train", "--epochs", "1", "--limit-train", "2048", "--device", "cpu", "--json"]
+    out = run(str(venv / "bin" / "latecast"), *argv, cwd=away, env=env)
     assert '"test_accuracy"' in out.splitlines()[-1], out[-2000:]

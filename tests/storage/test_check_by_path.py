@@ -17,12 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _helpers import damage_mid_store, lightning_trainer, silent_damage, write_tar
-from test_shard_checks import flip, small_jpeg, stream_position
+from _helpers import damage_mid_store, flip, lightning_trainer, silent_damage, write_tar
+from PIL import Image
+from test_shard_checks import small_jpeg, stream_position
 from test_streams import ROOT, TIMEOUT, make_shards
+from torch.utils.data import DataLoader
 
 import latecast
 from latecast.errors import LatecastError
+from latecast.storage import stream
 
 PATHS = ("store", "store_cut", "shards_1", "shards_2", "shards_resumed", "wrap_jpeg",
          "jpeg_folder", "lightning")  # fmt: skip
@@ -143,8 +146,6 @@ def said(run, names: dict) -> Said:
 def bomb(length: int = 0) -> bytes:
     """A grey JPEG whose header says 10001x10000 (just over ``MAX_PIXELS``: 100 MB decoded,
     should a check be missing), padded by a comment to ``length`` bytes."""
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.new("L", (8, 8)).save(buf, "JPEG")
     data = bytearray(buf.getvalue())
@@ -179,8 +180,6 @@ N, K, SIDE = 300, 149, 96  # K: mid-store (past data.bin's first MiB, before its
 
 @pytest.fixture(scope="module")
 def store_files() -> list[bytes]:
-    from PIL import Image
-
     rng, files = np.random.default_rng(0), []
     for _ in range(N):  # grey noise, ~9.6 KB a file: data.bin ~2.9 MB
         buf = io.BytesIO()
@@ -329,8 +328,6 @@ def shard_fault(check: str, folder: Path) -> dict:
 
 
 def run_shards_1(check, tmp_path, monkeypatch, **_) -> Said:
-    from latecast.storage import stream
-
     monkeypatch.setattr(stream, "STAT_FILES", 4)  # as a split of 512+: no shard read whole
     spec = shards_made(tmp_path / "shards")
     names = shard_fault(check, tmp_path / "shards")
@@ -346,8 +343,6 @@ def run_shards_1(check, tmp_path, monkeypatch, **_) -> Said:
 def run_shards_resumed(check, tmp_path, monkeypatch, **_) -> Said:
     """9 batches read, the state kept, the fault put in, then a loader resumed from that
     state (its first read mid-shard)."""
-    from latecast.storage import stream
-
     monkeypatch.setattr(stream, "STAT_FILES", 4)
     spec = shards_made(tmp_path / "shards")
     loader = latecast.Loader(stream.open_shards(spec, buffer=1), 2, device="cpu")
@@ -451,8 +446,6 @@ def options(check: str) -> dict:
 
 
 def run_wrap_jpeg(check, **_) -> Said:
-    from torch.utils.data import DataLoader
-
     samples, names = own_files(check)
     dl = DataLoader(samples, batch_size=4)
     return said(lambda: list(latecast.wrap(dl, device="cpu", **options(check))), names)
@@ -460,8 +453,6 @@ def run_wrap_jpeg(check, **_) -> Said:
 
 def run_jpeg_folder(check, tmp_path, **_) -> Said:
     """``jpeg_folder`` of 3 class folders (the faulty file ``b/2.jpg``), a DataLoader, wrap."""
-    from torch.utils.data import DataLoader
-
     samples, _ = own_files(check)
     root = tmp_path / "photos"
     for i, (jpg, _) in enumerate(samples):
@@ -484,7 +475,6 @@ def run_lightning(check, tmp_path, **_) -> Said:
     pytest.importorskip("lightning")
     import lightning as L
     import torch.nn.functional as F
-    from torch.utils.data import DataLoader
 
     from latecast.integrations.lightning import PrepareOnDevice
 

@@ -11,13 +11,13 @@ import json
 import os
 import subprocess
 import sys
-import tarfile
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import one_line_error, write_tar
+from _helpers import flip, one_line_error, write_tar
+from PIL import Image
 from test_streams import (
     COUNTS,
     ROOT,
@@ -73,15 +73,6 @@ def stream_position(at: int = 18) -> tuple[str, str]:
     return f"shard-{shard:03d}.tar", f"{100 * shard + k:06d}"
 
 
-def flip(path: Path, key: str) -> None:
-    """One bit of ``key``'s JPEG scan data flipped in place: sizes, keys, offsets all kept."""
-    with tarfile.open(path) as tar:
-        member = tar.getmember(f"{key}.jpg")
-    data = bytearray(path.read_bytes())
-    data[member.offset_data + member.size // 2] ^= 1
-    path.write_bytes(bytes(data))
-
-
 def test_a_sample_changed_after_indexing_is_refused_on_two_ranks_and_after_a_mid_shard_resume(
     tmp_path, run_cli
 ):
@@ -129,8 +120,6 @@ def write_samples(path: Path, samples: list[tuple[str, bytes, int]]) -> None:
 
 
 def small_jpeg(value: int = 90) -> bytes:
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.fromarray(np.full((24, 32, 3), value, np.uint8)).save(buf, "JPEG")
     return buf.getvalue()
@@ -146,8 +135,6 @@ def test_a_key_written_twice_and_a_decompression_bomb_are_refused_naming_shard_a
     write_samples(tmp_path / "later-000.tar", [("a", jpg, 0), ("b", jpg, 1), ("a", jpg, 0)])
     one_line_error(run_cli("index", tmp_path / "twice-000.tar"), "twice-000.tar", "'a'", "twice")
     one_line_error(run_cli("index", tmp_path / "later-000.tar"), "later-000.tar", "'a'", "twice")
-
-    from PIL import Image
 
     buf = io.BytesIO()
     Image.new("L", (8, 8)).save(buf, "JPEG")

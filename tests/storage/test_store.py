@@ -26,6 +26,7 @@ from PIL import Image
 from latecast.data import Dataset, from_arrays
 from latecast.errors import ConfigError, FormatError, LatecastError
 from latecast.kinds.jpegfiles import EncodedDataset
+from latecast.loader import Loader
 from latecast.storage import store
 from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store, write_store
@@ -34,14 +35,10 @@ small = partial(_helpers.small, n=10, shape=(6, 5, 3), classes=4)
 
 
 def same(a: Dataset, b: Dataset) -> bool:
-    return (
-        np.array_equal(a.images, b.images)
-        and np.array_equal(a.labels, b.labels)
-        and a.labels.dtype == b.labels.dtype
-        and (a.name, a.split, a.classes) == (b.name, b.split, b.classes)
-        and np.allclose(a.mean, b.mean)
-        and np.allclose(a.std, b.std)
-    )
+    arrays = np.array_equal(a.images, b.images) and np.array_equal(a.labels, b.labels)
+    described = [(x.labels.dtype, x.name, x.split, x.classes) for x in (a, b)]
+    stats = np.allclose(a.mean, b.mean) and np.allclose(a.std, b.std)
+    return arrays and described[0] == described[1] and stats
 
 
 # ---- round trip and layout -------------------------------------------------------------
@@ -353,8 +350,6 @@ def test_damaged_scan_data_mid_store_is_caught_by_verify_and_named_when_decoded(
     """Scan data damaged mid-store, libjpeg warning or silent (a bit flip, trained on unseen
     before the CRC-32s): ``verify`` and the first read name the sample; a store without
     CRC-32s gets libjpeg's warning only."""
-    from latecast.loader import Loader
-
     rng, k = np.random.default_rng(0), 48
     files = [noise_jpeg(rng) for _ in range(96)]
     ds = EncodedDataset(
@@ -392,8 +387,6 @@ def test_damaged_scan_data_mid_store_is_caught_by_verify_and_named_when_decoded(
 def test_sizes_that_disagree_with_the_files_headers_are_a_format_error_naming_the_sample(
     tmp_path, change
 ):
-    from latecast.loader import Loader
-
     out = write_store(encoded(n=300), tmp_path / "s")
     sampled = set(np.linspace(0, 299, store.STRUCTURE_SAMPLE).astype(int).tolist())
     unsampled = next(i for i in range(300) if i not in sampled)
@@ -479,9 +472,8 @@ def png_header(w: int, h: int) -> bytes:
     ihdr = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)
 
     def chunk(kind: bytes, body: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-        )
+        crc = struct.pack(">I", zlib.crc32(kind + body))
+        return struct.pack(">I", len(body)) + kind + body + crc
 
     body = chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 9)) + chunk(b"IEND", b"")
     return _helpers.PNG + body

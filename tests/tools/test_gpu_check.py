@@ -124,9 +124,8 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "CIFAR-10 JPEG: airbench94's mean accuracy in less time",
     ]
     assert summary["targets"][2]["measured"].startswith("missing (airbench94")
-    assert (
-        targets[-1].startswith("photos streamed") and " -> " in summary["targets"][-1]["measured"]
-    )
+    assert targets[-1].startswith("photos streamed")
+    assert " -> " in summary["targets"][-1]["measured"]
     assert summary["failed_parts"] == [] and summary["skipped_parts"] == ["peer-airbench"]
     assert "| target | measured |" in proc.stdout and "n/a (no device)" in proc.stdout
     assert (out / "gpu_check.log").stat().st_size > 0

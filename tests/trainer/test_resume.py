@@ -100,10 +100,8 @@ def test_interrupted_run_resumes_bit_identical(
     assert ckpt.load_checkpoint(tmp_path / "checkpoint.pt")["step"] == stop_after
     summary = run(tmp_path, resume="auto")
     assert_same_run(tmp_path, reference)
-    assert (
-        summary["test_accuracy"]
-        == json.loads((reference / "summary.json").read_text())["test_accuracy"]
-    )
+    want = json.loads((reference / "summary.json").read_text())
+    assert summary["test_accuracy"] == want["test_accuracy"]
 
 
 KILLED = dict(

@@ -117,18 +117,14 @@ def test_graph_is_refused_on_the_cpu_in_one_line(tmp_path, run_cli):
 
 
 def test_a_batch_larger_than_the_training_split_is_refused(tmp_path):
+    out = str(tmp_path)
+    config = TrainConfig(
+        model="mlp", limit_train=500, batch_size=1024, device="cpu", output_dir=out
+    )
     with pytest.raises(
         ConfigError, match="batch_size 1024 is larger than the 500 training samples"
     ):
-        train(
-            TrainConfig(
-                model="mlp",
-                limit_train=500,
-                batch_size=1024,
-                device="cpu",
-                output_dir=str(tmp_path),
-            )
-        )
+        train(config)
 
 
 def test_clock_and_startup_are_reported_apart(tmp_path, run_cli):
