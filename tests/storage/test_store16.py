@@ -118,12 +118,8 @@ def test_latecast_train_runs_on_a_16_bit_store(tmp_path, run_cli):
     proc = run_cli("convert", tmp_path / "src", tmp_path / "s", "--json")
     assert proc.rc == 0, proc.err
     assert proc.json["image_bytes"] == proc.json["splits"]["train"] * 12 * 10 * 2
-    rc, result = run_cli(
-        "train",
-        tmp_path / "s",
-        *("--model", "mlp", "--epochs", "1", "-b", "6", "--limit-train", "12"),
-        *("--device", "cpu", "--output-dir", tmp_path / "run", "--json"),
-    )
+    argv = ["--model", "mlp", "--epochs", "1", "-b", "6", "--limit-train", "12", "--device", "cpu"]
+    rc, result = run_cli("train", tmp_path / "s", *argv, "--output-dir", tmp_path / "run", "--json")
     assert rc == 0 and result["epochs"] == 1 and result["step"] == 2
     assert np.isfinite(result["test_accuracy"])
 
