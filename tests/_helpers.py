@@ -88,6 +88,29 @@ def tmpfs(path: Path, size: str):
         subprocess.run(["umount", str(path)], check=True)
 
 
+HOLD = """import sys, time
+from latecast.trainer.rundir import claim
+with claim(sys.argv[1], None, False):
+    print("held", flush=True)
+    time.sleep(900)
+"""  # another run holding a folder, as `latecast train` holds its own
+
+
+@contextlib.contextmanager
+def held(out: Path):
+    """Another process holding ``out`` as a run does (``rundir.claim``) for the block; then
+    killed (``SIGKILL``, as a run that crashed)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
 def write_tar(path: Path, members, mode: str = "w") -> None:
     """A tar file at ``path`` of ``(name, bytes)`` members, in order."""
     import tarfile

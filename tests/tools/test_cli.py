@@ -7,13 +7,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 from dataclasses import fields
 
 import pytest
-from _helpers import tree
+from _helpers import held, tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -82,14 +79,6 @@ def argument_lists(draw, paths: dict[str, str]) -> list[str]:
     return [*argv, "--check"]  # last: a generated --no-check never wins
 
 
-HOLD = """import sys, time
-from latecast.trainer.rundir import claim
-with claim(sys.argv[1], None, False):
-    print("held", flush=True)
-    time.sleep(900)
-"""  # another run holding a folder, as `latecast train` holds its own
-
-
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
     """What the lists point at, a run holding one folder, an empty $LATECAST_DATA (datasets
@@ -110,21 +99,15 @@ def sandbox(tmp_path_factory):
     (root / "garbage.pt").write_bytes(os.urandom(512))
     argv = "train --model mlp --epochs 1 --limit-train 64 --limit-test 64 --no-progress".split()
     assert main([*argv, "--output-dir", str(root / "prev")]) == 0
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(root / "held")], stdout=subprocess.PIPE, text=True
-    )
-    assert holder.stdout.readline().strip() == "held"
     paths = {name: name for name in ("store", "mnist-raw", "empty", "prev", "held")}
     paths.update(fresh="runs/new", deep="a/b/c/d", ckpt="prev/checkpoint.pt", long="x" * 300)
     paths.update({"garbage": "garbage.pt", "missing": "missing.pt", "file": "afile"})
     paths["under-file"] = "afile/run"
-    with pytest.MonkeyPatch.context() as patch:
+    with held(root / "held"), pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
         patch.setenv("LATECAST_DATA", str(root / "nodata"))
         patch.setenv("LATECAST_MIRRORS", "https://127.0.0.1:9/")  # refused at once, if reached
         yield root, paths
-    holder.send_signal(signal.SIGKILL)
-    holder.wait(30)
 
 
 def strict_json(line: str) -> dict:

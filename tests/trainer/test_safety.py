@@ -22,7 +22,7 @@ import _helpers
 import numpy as np
 import pytest
 import torch
-from _helpers import one_line_error, tmpfs
+from _helpers import held, one_line_error, tmpfs
 
 from latecast.data import from_arrays
 from latecast.errors import CheckpointError, ConfigError, FormatError
@@ -48,17 +48,6 @@ def read_only(path: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
 
 
-def holder(out: Path) -> subprocess.Popen:
-    """Another process holding ``out`` the way a run does (``rundir.claim``), until killed."""
-    code = (
-        "import sys, time\nfrom latecast.trainer.rundir import claim\n"
-        "with claim(sys.argv[1], None, False):\n    print('held', flush=True)\n    time.sleep(600)"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=PIPE, text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
-
-
 def started(*argv, env: dict | None = None, **kwargs) -> subprocess.Popen:
     """A real ``python -m latecast *argv`` (``env`` added to this one's), running."""
     argv = [sys.executable, "-m", "latecast", *map(str, argv)]
@@ -78,15 +67,11 @@ def test_a_held_folder_is_refused_naming_the_other_run_and_a_dead_holder_does_no
     tmp_path, run_cli
 ):
     out = tmp_path / "run"
-    other = holder(out)
-    try:
+    with held(out) as other:
         for extra in ([], ["--check"], ["--resume", "auto"], ["--overwrite"]):
             proc = run_cli("train", *TINY, "--output-dir", out, *extra)
             one_line_error(proc, str(out), "in use by another latecast run", f"pid {other.pid}")
         assert sorted(p.name for p in out.iterdir()) == [LOCK]  # nothing else written
-    finally:
-        other.send_signal(signal.SIGKILL)
-        other.wait(30)
     assert (out / LOCK).read_text().startswith(f"latecast run: pid {other.pid}")  # stale file
     rc, summary = run_cli("train", *TINY, "--output-dir", out, "--json")
     assert rc == 0 and summary["step"] == 2
@@ -115,16 +100,12 @@ def test_two_runs_started_at_once_into_one_folder_never_both_run(tmp_path, run_c
 def test_under_torchrun_a_held_folder_is_refused_by_rank_0(tmp_path):
     """Rank 0 alone locks the folder; another run holds it: the job stops before training."""
     out = tmp_path / "held"
-    other = holder(out)
-    try:
+    with held(out) as other:
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
             + ["--monitor-interval=0.1", "-m", "latecast", "train", *TINY, "--output-dir", out],
             capture_output=True, text=True, timeout=180,
         )  # fmt: skip
-    finally:
-        other.send_signal(signal.SIGKILL)
-        other.wait(30)
     assert proc.returncode != 0
     assert proc.stderr.count(f"in use by another latecast run (pid {other.pid}") == 1, proc.stderr
     assert "epoch 1/1" not in proc.stdout and sorted(os.listdir(out)) == [LOCK]
