@@ -4,14 +4,12 @@ line each; unindexed shards indexed by ``train``. Real HTTP servers, real proces
 
 from __future__ import annotations
 
-import functools
 import http.server
 import io
 import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -173,11 +171,8 @@ def unavailable(tmp_path):
     """A real HTTP server on 127.0.0.1 (``Unavailable``) for ``tmp_path / "shards"``."""
     folder = tmp_path / "shards"
     make_shards(folder)
-    handler = functools.partial(Unavailable, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield folder, f"http://127.0.0.1:{server.server_address[1]}/shard-{{000..003}}.tar"
-    server.shutdown()
+    with serving(folder, Unavailable) as (_, url):
+        yield folder, url
 
 
 def test_a_503_when_a_shard_is_opened_is_retried_as_reads_are(unavailable, run_cli, quick_retries):

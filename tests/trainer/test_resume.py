@@ -104,18 +104,9 @@ def test_interrupted_run_resumes_bit_identical(
     assert summary["test_accuracy"] == want["test_accuracy"]
 
 
-KILLED = dict(
-    model="mlp",
-    epochs=2,
-    batch_size=16,
-    lr=0.05,
-    augment="crop=2",
-    limit_train=2048,
-    limit_test=1000,
-    device="cpu",
-    checkpoint_every=20,
-    progress=False,
-)  # 128 steps an epoch: long enough to be killed mid-run
+# TINY at 128 steps an epoch: long enough to be killed mid-run
+KILLED = dict(TINY, batch_size=16, limit_train=2048, limit_test=1000, checkpoint_every=20)
+del KILLED["log_every"]
 
 
 def _cli(out: Path, *extra: str) -> list[str]:
@@ -306,18 +297,9 @@ def test_checkpoint_is_plain_data_with_everything_for_resume(reference):
     keys = "model optimizer scheduler epoch step loader rng config world_size history best_accuracy"
     for key in keys.split():
         assert key in raw, key
-    assert raw["config"] == asdict(
-        TrainConfig(
-            **{
-                **TINY,
-                "output_dir": str(reference),
-                "label_smoothing": 0.0,
-                "amp": False,
-                "channels_last": True,
-                "preset": "gray",
-            }
-        )
-    )
+    resolved = dict(label_smoothing=0.0, amp=False, channels_last=True, preset="gray")
+    config = TrainConfig(**{**TINY, "output_dir": str(reference), **resolved})
+    assert raw["config"] == asdict(config)
     assert raw["loader"]["epoch"] == 2 and raw["loader"]["position"] == 0 and raw["step"] == 20
     assert not any(k.startswith("module.") for k in raw["model"])
     best = ckpt.load_checkpoint(reference / "best.pt")
