@@ -1,5 +1,6 @@
-"""``latecast.jpeg_folder`` is ``ImageFolder`` with the files left encoded, on any tree; a
-file that is not regular, empty or unreadable is one error naming its path."""
+"""``latecast.jpeg_folder`` is ``ImageFolder`` with the files left encoded: its classes and
+samples are ImageFolder's on any tree, in its order, and a file that is no regular file, is
+empty or does not read is one error naming its path."""
 
 from __future__ import annotations
 
@@ -50,7 +51,9 @@ def listing(make_dataset) -> tuple | None:
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(inside=TREES, outside=TREES, data=st.data())
 def test_its_samples_are_image_folders_on_any_tree(inside, outside, data):
-    """Random trees: nesting, hidden entries, odd suffixes, unicode, symlinks of every kind."""
+    """Random trees: nested folders, hidden files and folders, odd and upper-case suffixes,
+    unicode names, and symlinks (to folders and files outside the root, to files inside it,
+    a class that is a link, a link to nothing)."""
     with tempfile.TemporaryDirectory() as tmp:
         root, away = Path(tmp, "root"), Path(tmp, "away")
         make(root, inside)
@@ -68,7 +71,9 @@ def test_its_samples_are_image_folders_on_any_tree(inside, outside, data):
 
 
 def test_a_link_back_to_a_folder_above_is_one_error_where_image_folder_never_ends(tmp_path):
-    """A link to itself or above: ImageFolder's ``os.walk`` runs out of memory (10 GB seen)."""
+    """A class folder holding a link to itself or to a folder above it: ``os.walk`` with
+    ``followlinks=True`` (ImageFolder's) walks it until memory or the recursion limit runs
+    out (10 GB seen in a run of the property test above before its trees left loops out)."""
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / "a" / "b" / "x.jpg").write_bytes(b"\xff\xd8\xff")
     (tmp_path / "a" / "b" / "up").symlink_to(tmp_path / "a")
@@ -81,8 +86,9 @@ def test_a_link_back_to_a_folder_above_is_one_error_where_image_folder_never_end
 
 
 def test_a_file_that_is_not_regular_empty_or_unreadable_is_named_by_its_path(tmp_path):
-    """A FIFO (reading it hung) and a device refused unopened; an empty file (once named by
-    its batch position) and a broken link (a raw OSError) are one error naming the path."""
+    """A FIFO named ``*.jpg`` (whose reading waits for a writer: it hung) and a device are
+    refused by their type, never opened; an empty file (named by its position in a shuffled
+    batch) and a link to nothing (a raw OSError) are one ``FormatError`` naming the path."""
     rng = np.random.default_rng(0)
     (tmp_path / "a").mkdir()
     for i in range(3):
