@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
@@ -11,6 +12,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 TIMEOUT = 240  # seconds for one launched run: a hang fails instead of blocking CI
 PNG = b"\x89PNG\r\n\x1a\n"  # the signature every PNG file starts with
@@ -36,9 +38,8 @@ def small(n: int = 300, shape=(28, 28, 1), classes: int = 10, seed: int = 0, nam
 
 
 def smooth(h: int, w: int, seed: int, channels: int = 3) -> np.ndarray:
-    """A distinct photo-like image JPEG keeps well: a gradient, each channel its own shade,
-    with a bright block in its top-left corner (so a turn or flip shows); uint8
-    ``(h, w, channels)``, ``(h, w)`` for 1 channel."""
+    """A distinct photo-like uint8 image JPEG keeps well, a bright block top left (a turn or
+    flip shows): ``(h, w, channels)``, ``(h, w)`` for 1 channel."""
     rng = np.random.default_rng(seed)
     ys, xs = np.mgrid[0:h, 0:w]
     ramp = 40 + 160 * (xs * rng.uniform() + ys * rng.uniform()) / (h + w)
@@ -57,6 +58,79 @@ def jpeg_bytes(pixels: np.ndarray, quality: int = 90) -> bytes:
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, "JPEG", quality=quality)
     return buf.getvalue()
+
+
+def one_line_error(proc, *mentions: str, rc: int = 1) -> str:
+    """A command (``run_cli``'s result) failed with exit code ``rc``: one stderr line
+    ``latecast: error: ...`` holding every one of ``mentions``, no traceback; the line."""
+    lines = proc.err.strip().splitlines()
+    assert proc.rc == rc and len(lines) == 1, proc.out[-2000:] + proc.err[-2000:]
+    assert lines[0].startswith("latecast: error: "), proc.err
+    assert "Traceback" not in proc.err + proc.out and "internal error" not in proc.err
+    assert all(m in lines[0] for m in mentions), (mentions, lines[0])
+    return lines[0]
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str):
+    """A real tmpfs of ``size`` mounted at ``path`` for the block; skipped where not allowed."""
+    path.mkdir(parents=True, exist_ok=True)
+    try:
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
+        proc = subprocess.run(mount, capture_output=True, text=True)
+    except FileNotFoundError:
+        pytest.skip("no mount command here: cannot make a real small filesystem")
+    if proc.returncode:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {proc.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+HOLD = """import sys, time
+from latecast.trainer.rundir import claim
+with claim(sys.argv[1], None, False):
+    print("held", flush=True)
+    time.sleep(900)
+"""  # another run holding a folder, as `latecast train` holds its own
+
+
+@contextlib.contextmanager
+def held(out: Path):
+    """Another process holding ``out`` as a run does (``rundir.claim``) for the block; then
+    killed (``SIGKILL``, as a run that crashed)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(out)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait(30)
+
+
+def write_tar(path: Path, members, mode: str = "w") -> None:
+    """A tar file at ``path`` of ``(name, bytes)`` members, in order."""
+    import tarfile
+
+    with tarfile.open(path, mode) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def flip(path: Path, key: str) -> None:
+    """One bit of ``key``'s JPEG scan data flipped in place: sizes, keys, offsets all kept."""
+    import tarfile
+
+    with tarfile.open(path) as tar:
+        member = tar.getmember(f"{key}.jpg")
+    data = bytearray(path.read_bytes())
+    data[member.offset_data + member.size // 2] ^= 1
+    path.write_bytes(bytes(data))
 
 
 def tree(folder: Path, skip: tuple[str, ...] = ()) -> dict[str, bytes | None]:
@@ -203,9 +277,8 @@ def accelerate(*argv, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def finished(images, labels, where, mean=(0.0,), std=(1.0,), **settings):
-    """What the one finish (``latecast.prepare.Prepare``) makes of uint8 ``(N, H, W, C)``
-    images and integer labels (or None) as batch ``where`` (epoch, rank, batch): a reference
-    for a way in that must seed and finish as the others do."""
+    """What ``latecast.prepare.Prepare`` makes of uint8 ``(N, H, W, C)`` images and labels (or
+    None) as batch ``where`` (epoch, rank, batch): the reference every way in must match."""
     import torch
 
     from latecast.fields import Image, Integer
@@ -232,9 +305,8 @@ def draw_of(aug, seed: int, where: tuple, nhwc):
 
 
 def lightning_hook(batch, where=(0, 0, 0), training=True, **options):
-    """What ``PrepareOnDevice`` makes of ``batch`` on a CPU device: its
-    ``transfer_batch_to_device``, then its ``on_after_batch_transfer``, as Lightning calls them
-    for the batch ``where`` (epoch, global rank, batch index)."""
+    """What ``PrepareOnDevice``'s two hooks make of ``batch`` on the CPU, called as Lightning
+    calls them for batch ``where`` (epoch, global rank, batch index)."""
     import types
 
     import torch
@@ -254,6 +326,39 @@ def lightning_hook(batch, where=(0, 0, 0), training=True, **options):
     )
     sent = batch if moved else module.transfer_batch_to_device(batch, torch.device("cpu"), 0)
     return module.on_after_batch_transfer(sent, 0)
+
+
+def hooked_fit(train, val=None, trainer: dict | None = None, **options):
+    """A ``PrepareOnDevice`` LightningModule (``prepare_on_device(**options)``, a zero weight
+    for a model) fitted on ``train`` (and ``val``) by a real CPU ``Trainer(**trainer)``: its
+    ``trained`` and ``validated`` batches, as each step saw them."""
+    import lightning as L
+    import torch
+    from torch.utils._pytree import tree_map
+
+    from latecast import PrepareOnDevice
+
+    class Model(PrepareOnDevice, L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.prepare_on_device(**options)
+            self.w = torch.nn.Parameter(torch.zeros(()))
+            self.trained, self.validated = [], []
+
+        def training_step(self, batch, i):
+            self.trained.append(tree_map(torch.clone, batch))
+            return self.w * (batch["image"] if isinstance(batch, dict) else batch[0]).float().mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), 0.1)
+
+    class Validated(Model):  # a validation_step with no loader for it: Lightning warns
+        def validation_step(self, batch, i):
+            self.validated.append(tree_map(torch.clone, batch))
+
+    model = Model() if val is None else Validated()
+    lightning_trainer(enable_checkpointing=False, **(trainer or {})).fit(model, train, val)
+    return model
 
 
 def mover(name: str):

@@ -38,10 +38,8 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 @pytest.fixture(autouse=True, scope="session")
 def _latecast_env(tmp_path_factory):
-    """Tests never touch ~/.cache/latecast and ignore the user's LATECAST_* settings.
-
-    One cache for the whole session, so the bundled MNIST is decoded once, not per test.
-    """
+    """No test touches ~/.cache/latecast or reads LATECAST_*; one cache a session (MNIST
+    decoded once)."""
     patch = pytest.MonkeyPatch()
     patch.setenv("LATECAST_CACHE", str(tmp_path_factory.mktemp("latecast-cache")))
     for var in ("LATECAST_DATA", "LATECAST_MIRRORS", "LATECAST_DECODER", "LATECAST_STOP_AT"):

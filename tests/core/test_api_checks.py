@@ -1,7 +1,5 @@
-"""The Python API's edges (issue 18, points 5, 7 and 8): declared dtypes checked, never
-wrapped around; every entry point checks its arguments when called, with one LatecastError
-naming the argument and its value; what it accepts does not fail later; nested tensors,
-a failing source."""
+"""The Python API's edges (issue 18): declared dtypes checked, never wrapped around; every
+argument checked when called (one LatecastError naming it); nested tensors, a failing source."""
 
 from __future__ import annotations
 

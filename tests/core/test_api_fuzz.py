@@ -1,8 +1,6 @@
-"""The Python API under random arguments (issues 18, 27): values of random types into ``wrap``,
-``Loader``, ``Augment``, ``Mix``, ``from_arrays``, ``latecast.jpeg``, ``Erasing`` and ``Mover``
-(masks beside JPEG fields too), each then used on a tiny batch. Every
-call either works or raises one ``LatecastError``; any other exception fails the test. Each
-argument is a valid value most of the time, so the calls also get past the first check."""
+"""The Python API under random arguments (issues 18, 27), each entry point then used on a
+tiny batch: every call works or raises one ``LatecastError``. Arguments are mostly valid, so
+calls get past the first check."""
 
 from __future__ import annotations
 
@@ -258,9 +256,8 @@ ERASINGS = st.builds(
 def test_jpeg_fields_masks_erasing_and_the_mover_under_random_arguments(
     paired, spec, erase, augment, mean, declared, mover
 ):
-    """A batch of JPEG files (or anything) with a mask beside it (or anything), the field
-    declared by a random ``latecast.jpeg(...)``, a random ``Erasing`` and ``Augment``: through
-    ``wrap`` or a ``Mover``."""
+    """JPEG files (or anything) with a mask (or anything), a random ``latecast.jpeg``,
+    ``Erasing`` and ``Augment``, through ``wrap`` or a ``Mover``."""
 
     def run():
         fields = {"mask": "mask", **({"jpg": made(spec)} if declared else {})}

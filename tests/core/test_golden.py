@@ -1,13 +1,8 @@
-"""The same seed gives the same batches, bit for bit, as the code they were saved from: the
-Loader with every mover, ``wrap`` (images, masks, integer and float fields, JPEG fields, mix,
-erase), ``Mover`` and the Lightning hook, the JPEG cases under each CPU decoder, as b931d8b gave
-them (``b931d8b.pt``); the kinds added since (16-bit images and stores, audio, clips, the
-Lightning hook's packed batches) as a755c18 gave them (``a755c18.pt``). The cases are
-``golden/cases.py``; ``golden/make_golden.py`` saves their outputs. One case changed on
-purpose since (``issue47.pt``, which replaces its a755c18 outputs): issue 47 stopped the
-Lightning hook drawing a waveform's random crop in evaluation, so ``lightning-audio/packed``'s
-evaluation pass comes out centred; its training passes are still a755c18's, bit for bit
-(``test_issue_47_changed_only_the_evaluation_pass``)."""
+"""The same seed gives the same batches, bit for bit, as the code they were saved from
+(``golden/cases.py``, saved by ``golden/make_golden.py``): every way in as b931d8b gave them,
+the kinds added since as a755c18 did. One case changed on purpose (``issue47.pt``): the
+Lightning hook draws no waveform crop in evaluation, so ``lightning-audio/packed``'s
+evaluation pass comes out centred (``test_issue_47_changed_only_the_evaluation_pass``)."""
 
 from __future__ import annotations
 

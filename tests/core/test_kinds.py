@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from _helpers import mover
+from _helpers import hooked_fit, lightning_hook, mover
 from torch.utils.data import DataLoader, TensorDataset
 
 import latecast
@@ -207,31 +207,12 @@ def test_the_toy_kinds_under_the_lightning_hook_come_out_as_through_wrap():
     """The pixel kind and the stored kind declared to a ``PrepareOnDevice`` LightningModule
     under a real ``Trainer``: each training step sees what ``wrap`` makes of the batch."""
     pytest.importorskip("lightning")
-    import lightning as L
-    from _helpers import lightning_trainer
-
     for batches, options in (
         (heat_batches(), dict(augment=latecast.Augment(**AUG), fields={"heat": Heat}, seed=3)),
         (nibble_batches(), dict(fields={"image": Nibbles}, mean=(0.5,), std=(0.25,))),
     ):
-        seen = []
-
-        class Model(latecast.PrepareOnDevice, L.LightningModule):
-            def __init__(self, options=options, seen=seen):
-                super().__init__()
-                self.prepare_on_device(**options)
-                self.seen = seen
-                self.w = torch.nn.Parameter(torch.zeros(()))
-
-            def training_step(self, batch, i):
-                self.seen.append({k: v.clone() for k, v in batch.items()})
-                return self.w * batch["image"].float().mean()
-
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), 0.1)
-
         loader = DataLoader(batches, batch_size=None)  # each batch as it is
-        lightning_trainer(max_steps=2, enable_checkpointing=False).fit(Model(), loader)
+        seen = hooked_fit(loader, trainer=dict(max_steps=2), **options).trained
         want = list(latecast.wrap(batches, device="cpu", **options))
         assert len(seen) == len(want) == 2
         for got, ref in zip(seen, want):
@@ -239,14 +220,9 @@ def test_the_toy_kinds_under_the_lightning_hook_come_out_as_through_wrap():
 
 
 def test_the_new_kinds_under_the_lightning_hook_come_out_as_through_wrap():
-    """16-bit images with a mask, audio and a video clip in one batch, declared to a
-    ``PrepareOnDevice`` LightningModule under a real ``Trainer``: each training step sees
-    what ``wrap`` makes of the same batch (no augmentation: nothing drawn), and the bytes
-    counted are wrap's."""
+    """16-bit images with a mask, audio and a clip in one batch under a real ``Trainer``:
+    each step sees what ``wrap`` makes of it (nothing drawn), the bytes counted are wrap's."""
     pytest.importorskip("lightning")
-    import lightning as L
-    from _helpers import lightning_trainer
-
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(
         torch.randint(-1024, 3000, (16, 1, 8, 8), dtype=torch.int16, generator=g),
@@ -261,28 +237,10 @@ def test_the_new_kinds_under_the_lightning_hook_come_out_as_through_wrap():
         2: latecast.waveform(1600),
         3: latecast.clip(frames=4),
     }
-    seen = []
-
-    class Model(latecast.PrepareOnDevice, L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.prepare_on_device(fields=fields, mean=(0.5,), std=(0.25,))
-            self.w = torch.nn.Parameter(torch.zeros(()))
-
-        def training_step(self, batch, i):
-            seen.append([t.clone() for t in batch])
-            return self.w * batch[0].mean()
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), 0.1)
-
-    model = Model()
-    lightning_trainer(max_steps=2, enable_checkpointing=False).fit(
-        model, DataLoader(data, batch_size=8)
-    )
-    wrapped = latecast.wrap(
-        DataLoader(data, batch_size=8), device="cpu", fields=fields, mean=(0.5,), std=(0.25,)
-    )
+    options = dict(fields=fields, mean=(0.5,), std=(0.25,))
+    model = hooked_fit(DataLoader(data, batch_size=8), trainer=dict(max_steps=2), **options)
+    seen = model.trained
+    wrapped = latecast.wrap(DataLoader(data, batch_size=8), device="cpu", **options)
     want = list(wrapped)
     assert len(seen) == len(want) == 2
     for got, ref in zip(seen, want):
@@ -296,9 +254,6 @@ def test_the_new_kinds_under_the_lightning_hook_come_out_as_through_wrap():
 def test_a_dataset_brings_its_own_movers_and_the_loader_takes_them():
     """A split that names its movers (``movers``, as a JPEG store names ``jpeg``) is moved by
     them: ``auto`` is its first, another name one error saying what the split holds."""
-    import numpy as np
-
-    from latecast.data import Dataset
     from latecast.errors import ConfigError
     from latecast.movers import Stored
 
@@ -330,10 +285,7 @@ def test_a_dataset_brings_its_own_movers_and_the_loader_takes_them():
 
 
 def test_undeclared_jpeg_files_are_recognised_by_mover_as_by_wrap():
-    """The edge names the recogniser (``Options.recognise``): a field of JPEG files that
-    ``fields=`` does not declare is decoded alike by ``wrap``, ``Mover`` and the Lightning
-    hook."""
-    import numpy as np
+    """Undeclared JPEG files are decoded alike by ``wrap``, ``Mover`` and the Lightning hook."""
     from _helpers import jpeg_bytes
 
     rng = np.random.default_rng(0)
@@ -343,26 +295,4 @@ def test_undeclared_jpeg_files_are_recognised_by_mover_as_by_wrap():
     by_mover = latecast.Mover(device="cpu")(b)
     assert by_wrap["image"].shape == (3, 3, 8, 8) and by_wrap["image"].dtype == torch.float32
     assert torch.equal(by_mover["image"], by_wrap["image"])
-    from latecast.integrations.lightning import PrepareOnDevice
-
-    module = type("Module", (PrepareOnDevice, _Hooked), {})()
-    module.prepare_on_device()
-    sent = module.transfer_batch_to_device(b, torch.device("cpu"), 0)
-    module.trainer = _Trainer()
-    assert torch.equal(module.on_after_batch_transfer(sent, 0)["image"], by_wrap["image"])
-
-
-class _Hooked:
-    """What Lightning's module gives the mixin: the base hook, ``training``."""
-
-    training = True
-
-    def on_after_batch_transfer(self, batch, dataloader_idx):
-        return batch
-
-
-class _Trainer:
-    """The trainer's counters the hook reads (its epoch, global rank, batch index)."""
-
-    current_epoch = global_rank = 0
-    fit_loop = type("Loop", (), {"epoch_loop": type("Epoch", (), {"batch_idx": -1})})
+    assert torch.equal(lightning_hook(b)["image"], by_wrap["image"])

@@ -61,16 +61,12 @@ def test_strategies_agree_bitwise_with_partial_batch():
 def test_uint16_labels_survive_the_packed_copy():
     rng = np.random.default_rng(0)
     labels = rng.integers(0, 1000, 50)
-    ds = latecast.from_arrays(
-        rng.integers(0, 256, (50, 4, 4, 1), dtype=np.uint8),
-        labels,
-        classes=[str(i) for i in range(1000)],
-    )
+    images = rng.integers(0, 256, (50, 4, 4, 1), dtype=np.uint8)
+    ds = latecast.from_arrays(images, labels, classes=[str(i) for i in range(1000)])
     assert ds.labels.dtype == np.uint16
     for name in STRATS:
-        got = torch.cat(
-            [y for _, y in Loader(ds, 16, device="cpu", transfer=mover(name), shuffle=False)]
-        )
+        loader = Loader(ds, 16, device="cpu", transfer=mover(name), shuffle=False)
+        got = torch.cat([y for _, y in loader])
         assert torch.equal(got, torch.from_numpy(labels.astype(np.int64))), name
 
 
@@ -86,10 +82,8 @@ def test_channels_last_layout_same_values():
     ds = small(n=20, shape=(6, 5, 3))
     x, _ = next(iter(Loader(ds, 20, device="cpu", shuffle=False)))
     y, _ = next(iter(Loader(ds, 20, device="cpu", shuffle=False, channels_last=True)))
-    assert y.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(
-        memory_format=torch.channels_last
-    )
-    assert x.is_contiguous() and torch.equal(x, y)
+    assert y.is_contiguous(memory_format=torch.channels_last) and x.is_contiguous()
+    assert not x.is_contiguous(memory_format=torch.channels_last) and torch.equal(x, y)
 
 
 def test_augmentation_is_seeded_and_per_batch():
@@ -155,12 +149,8 @@ def test_every_index_exactly_once_per_epoch():
     ds = latecast.from_arrays(
         images, np.zeros(n, np.int64), classes=["a"], mean=(0.0,), std=(1 / 255,)
     )
-    seen = torch.cat(
-        [
-            (x[:, 0, 0, 0] + 256 * x[:, 0, 0, 1]).round().long()
-            for x, _ in Loader(ds, 64, device="cpu")
-        ]
-    )
+    batches = Loader(ds, 64, device="cpu")
+    seen = torch.cat([(x[:, 0, 0, 0] + 256 * x[:, 0, 0, 1]).round().long() for x, _ in batches])
     assert sorted(seen.tolist()) == list(range(n))
 
 
@@ -311,10 +301,8 @@ def test_byte_accounting_is_exact():
     assert stats["prefetch"].h2d_bytes == u8.h2d_bytes
     assert u8.copies == 2 * 5 and f32.copies == 2 * 2 * 5  # one packed copy per batch
     res = stats["resident"]  # one upload of the dataset, then one permutation per epoch
-    assert (
-        res.image_bytes == 300 * 784 and res.label_bytes == 300 and res.index_bytes == 2 * 300 * 8
-    )
-    assert res.batches == 10
+    assert res.image_bytes == 300 * 784 and res.label_bytes == 300
+    assert res.index_bytes == 2 * 300 * 8 and res.batches == 10
 
 
 def test_resident_moves_nothing_per_step():

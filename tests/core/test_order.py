@@ -46,9 +46,8 @@ def test_block_order_reads_blocks_whole_within_a_window():
     span = block * window
     for k in range(0, n, span):  # each run of the order is `window` whole blocks
         blocks = order[k : k + span] // block
-        assert (
-            len(blocks.unique()) == window and (blocks.bincount()[blocks.unique()] == block).all()
-        )
+        assert len(blocks.unique()) == window
+        assert (blocks.bincount()[blocks.unique()] == block).all()
     assert not torch.equal(order, block_order(n, seed=0, epoch=4, block=block, window=window))
     assert (order[:span].diff() == 1).float().mean() < 0.1  # shuffled within the window
 

@@ -252,10 +252,8 @@ def test_applying_halves_take_explicit_parameters():
     seed=st.integers(0, 2**31),
 )
 def test_cpu_copies_equal_the_batched_gathers(shape, padding, fill, crop, flips, size, dtype, seed):
-    """On the CPU an ``Augment`` moves images by copies of whole rows and zeroes only the
-    cutout squares' pixels; the output equals ``translate``, ``flip`` and ``erase`` (one gather
-    or mask over the whole batch, what the GPU runs) value for value: both fills, padding
-    past the image, no flips, every image flipped, flips off, and any dtype (masks)."""
+    """The CPU's row copies equal the GPU's batched ``translate``, ``flip`` and ``erase``
+    value for value: both fills, padding past the image, any flips, any dtype (masks)."""
     n, h, w, _ = shape
     padding = min(padding, min(h, w) - 1) if fill == "reflect" else padding
     g = gen(seed)

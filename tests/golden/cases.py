@@ -1,14 +1,9 @@
-"""The golden cases: small seeded inputs through every path that moves and prepares a batch
-(the Loader with each mover, ``wrap``, ``Mover``, the Lightning hook), their outputs as flat
-lists of tensors. ``make_golden.py`` saves them from b931d8b's code (``b931d8b.pt``);
-``tests/core/test_golden.py`` runs them again and compares bit for bit.
-
-Everything is built here, from fixed seeds, on the CPU: no shared data, no network, nothing
-from ``tests/_helpers.py`` (a helper changed for another test must not change what is compared
-with b931d8b's batches). A case is ``name -> fn(tmp) -> list[tensor]`` (``tmp``: a folder the
-cases share, where the JPEG store is converted once); the JPEG cases run once per CPU decoder,
-saved as ``name@decoder``. The inputs stay small so the saved file stays near 1.5 MB.
-"""
+"""The golden cases: small seeded inputs through every path that moves and prepares a batch,
+their outputs as flat lists of tensors (saved by ``make_golden.py``, compared bit for bit by
+``tests/core/test_golden.py``). Built here from fixed seeds on the CPU, nothing from
+``_helpers.py`` (a helper changed elsewhere must not change a case). A case is ``name ->
+fn(tmp) -> list[tensor]`` (``tmp``: shared, the JPEG store converted once); JPEG cases run once
+per CPU decoder, saved as ``name@decoder``."""
 
 from __future__ import annotations
 
@@ -144,18 +139,21 @@ def epochs(loader, n: int = 2) -> list[torch.Tensor]:
 # ---- the Loader -------------------------------------------------------------------------------
 
 AUG_A = dict(crop=2, flip=0.5, cutout=4, jitter=0.3)
+BF16_CL = dict(dtype=torch.bfloat16, channels_last=True)
 AUG_B = dict(crop=3, fill="reflect", altflip=True, resized_crop=0.35)
 MIX = dict(classes=CLASSES, mixup=0.4, cutmix=1.0)
 
 
-def loader_case(transfer: str, static: bool, aug: dict, mix: bool, **more) -> Callable:
+def loader_case(
+    transfer: str, static: bool, aug: dict, mix: bool, data=dataset, seed=7, **more
+) -> Callable:
     def run(tmp: Path) -> list[torch.Tensor]:
         loader = latecast.Loader(
-            dataset(),
+            data(),
             batch_size=12,
             device="cpu",
             transfer=Float32 if transfer == "float32" else transfer,
-            seed=7,
+            seed=seed,
             augment=latecast.Augment(**aug) if aug else None,
             mix=Mix(**MIX) if mix else None,
             static=static,
@@ -178,14 +176,7 @@ def loader_cases() -> dict[str, Callable]:
                 transfer, False, AUG_A, False, rank=rank, world_size=2
             )
         cases[f"loader/{transfer}/eval-bf16-cl"] = loader_case(
-            transfer,
-            True,
-            {},
-            False,
-            pad=False,
-            shuffle=False,
-            dtype=torch.bfloat16,
-            channels_last=True,
+            transfer, True, {}, False, pad=False, shuffle=False, **BF16_CL
         )
         cases[f"loader/{transfer}/block-drop"] = loader_case(
             transfer, False, AUG_A, False, order="block:4:2", drop_last=True
@@ -272,6 +263,10 @@ def jpeg_batches(masks: bool) -> list[dict[str, Any]]:
     return out
 
 
+def masked() -> list[dict[str, Any]]:
+    return jpeg_batches(True)
+
+
 def wrap_case(batches: Callable[[], Any], passes: int = 2, **options) -> Callable:
     def run(tmp: Path) -> list[torch.Tensor]:
         made = batches()
@@ -294,6 +289,7 @@ AUG = latecast.Augment(crop=2, flip=0.5, cutout=3, jitter=0.2)
 GEO = latecast.Augment(crop=2, flip=0.5, resized_crop=0.4)
 FIELDS = {"mask": "mask", "tokens": torch.uint16, "i32": (torch.int32, torch.int32)}
 NORM = dict(mean=MEAN, std=STD)
+JPEG_MASKS = {"jpg": latecast.jpeg(12), "mask": "mask"}
 
 WRAP = {
     "wrap/list-nhwc": wrap_case(plain_batches, **NORM, augment=AUG, seed=3),
@@ -301,13 +297,7 @@ WRAP = {
     "wrap/generator-plain": wrap_case(lambda: iter(plain_batches()), passes=1),
     "wrap/dataloader-nhwc": wrap_case(dataloader(False), **NORM, augment=AUG),
     "wrap/dataloader-nchw-bf16-cl": wrap_case(
-        dataloader(True),
-        **NORM,
-        layout="NCHW",
-        dtype=torch.bfloat16,
-        channels_last=True,
-        augment=GEO,
-        seed=9,
+        dataloader(True), **NORM, layout="NCHW", **BF16_CL, augment=GEO, seed=9
     ),
     "wrap/fields-masks": wrap_case(field_batches, **NORM, augment=GEO, fields=FIELDS, seed=5),
     "wrap/fields-no-aug": wrap_case(field_batches, fields=FIELDS),
@@ -330,18 +320,14 @@ JPEG_WRAP = {
     ),
     "wrap-jpeg/recognised-centre": wrap_case(lambda: jpeg_batches(False), **NORM),
     "wrap-jpeg/masks": wrap_case(
-        lambda: jpeg_batches(True),
+        masked,
         **NORM,
         augment=GEO,
         seed=8,
         fields={"jpg": latecast.jpeg((12, 14)), "mask": "mask"},
     ),
     "wrap-jpeg/masks-centre+mix": wrap_case(
-        lambda: jpeg_batches(True),
-        **NORM,
-        dtype=torch.bfloat16,
-        fields={"jpg": latecast.jpeg(12), "mask": "mask"},
-        mix=Mix(classes=3, mixup=0.3),
+        masked, **NORM, dtype=torch.bfloat16, fields=JPEG_MASKS, mix=Mix(classes=3, mixup=0.3)
     ),
 }
 
@@ -362,12 +348,7 @@ MOVER = {
     "mover/plain": mover_case(plain_batches),
 }
 JPEG_MOVER = {
-    "mover-jpeg/masks": mover_case(
-        lambda: jpeg_batches(True),
-        **NORM,
-        augment=GEO,
-        fields={"jpg": latecast.jpeg(12), "mask": "mask"},
-    ),
+    "mover-jpeg/masks": mover_case(masked, **NORM, augment=GEO, fields=JPEG_MASKS),
 }
 
 
@@ -382,10 +363,8 @@ class _Hooked:
 
 
 def lightning_case(batches: Callable[[], list], **options) -> Callable:
-    """The hook's batches as Lightning hands them: packed by the mixin's own
-    ``transfer_batch_to_device``, then finished by its ``on_after_batch_transfer`` (the
-    cases saved at b931d8b handed the hook its batches on the host, what a hook of the user's
-    own that moved them to a CPU device gave it then; the batches are the same)."""
+    """The hook's batches as Lightning hands them: packed by the mixin's
+    ``transfer_batch_to_device``, finished by its ``on_after_batch_transfer``."""
 
     def run(tmp: Path) -> list[torch.Tensor]:
         module = type("Module", (PrepareOnDevice(), _Hooked), {})()
@@ -418,11 +397,7 @@ LIGHTNING = {
         erase=latecast.Erasing(p=0.6),
     ),
     "lightning/mix-bf16": lightning_case(
-        plain_batches,
-        **NORM,
-        dtype=torch.bfloat16,
-        channels_last=True,
-        mix=Mix(classes=CLASSES, cutmix=1.0),
+        plain_batches, **NORM, **BF16_CL, mix=Mix(classes=CLASSES, cutmix=1.0)
     ),
     "lightning/unprepared": lightning_case(plain_batches),
 }
@@ -464,23 +439,6 @@ def deep_dataset() -> latecast.Dataset:
     g = torch.Generator().manual_seed(90)
     x = torch.randint(0, 60000, (25, 10, 10, 2), generator=g).numpy().astype(np.uint16)
     return latecast.from_arrays(x, labels(25, 91).numpy().astype(np.uint8))
-
-
-def deep_loader_case(transfer: str, static: bool, aug: dict, mix: bool = False) -> Callable:
-    def run(tmp: Path) -> list[torch.Tensor]:
-        loader = latecast.Loader(
-            deep_dataset(),
-            batch_size=12,
-            device="cpu",
-            transfer=Float32 if transfer == "float32" else transfer,
-            seed=17,
-            augment=latecast.Augment(**aug) if aug else None,
-            mix=Mix(**MIX) if mix else None,
-            static=static,
-        )
-        return epochs(loader)
-
-    return run
 
 
 def deep_batches() -> list[dict[str, Any]]:
@@ -531,17 +489,19 @@ DEEP_FIELDS = {
 }
 KINDS = {
     **{
-        f"loader16/{t}/{'static' if s else 'dynamic'}": deep_loader_case(t, s, AUG_B if s else {})
+        f"loader16/{t}/{'static' if s else 'dynamic'}": loader_case(
+            t, s, AUG_B if s else {}, False, deep_dataset, 17
+        )
         for t in ("float32", "uint8", "prefetch", "resident")
         for s in (False, True)
     },
-    "loader16/uint8/geo+mix": deep_loader_case("uint8", False, dict(crop=2, flip=0.5), True),
+    "loader16/uint8/geo+mix": loader_case(
+        "uint8", False, dict(crop=2, flip=0.5), True, deep_dataset, 17
+    ),
     "wrap16/fields-geo+erase": wrap_case(
         deep_batches, fields=DEEP_FIELDS, augment=GEO, seed=21, erase=latecast.Erasing(p=0.7)
     ),
-    "wrap16/fields-plain-bf16": wrap_case(
-        deep_batches, fields=DEEP_FIELDS, dtype=torch.bfloat16, channels_last=True
-    ),
+    "wrap16/fields-plain-bf16": wrap_case(deep_batches, fields=DEEP_FIELDS, **BF16_CL),
     "mover16/fields": mover_case(deep_batches, fields=DEEP_FIELDS, augment=GEO, seed=22),
     "lightning16/fields": lightning_case(deep_batches, fields=DEEP_FIELDS, augment=GEO, seed=23),
     "lightning16/packed": lightning_case(deep_batches, fields=DEEP_FIELDS, augment=GEO, seed=23),
@@ -601,21 +561,12 @@ KINDS = {
 
 # ---- all of them ------------------------------------------------------------------------------
 
-CASES: dict[str, Callable[[Path], list[torch.Tensor]]] = {
-    **loader_cases(),
-    **WRAP,
-    **MOVER,
-    **LIGHTNING,
-    **TRANSFORMS,
-}
-SINCE: dict[str, Callable[[Path], list[torch.Tensor]]] = KINDS  # saved at a755c18
-JPEG_SINCE: dict[str, Callable[[Path], list[torch.Tensor]]] = {
+Cases = dict[str, Callable[[Path], list[torch.Tensor]]]
+CASES: Cases = {**loader_cases(), **WRAP, **MOVER, **LIGHTNING, **TRANSFORMS}
+SINCE: Cases = KINDS  # saved at a755c18
+JPEG_SINCE: Cases = {
     "lightning-jpeg/packed-masks": lightning_case(
-        lambda: jpeg_batches(True),
-        **NORM,
-        augment=GEO,
-        seed=31,
-        fields={"jpg": latecast.jpeg(12), "mask": "mask"},
+        masked, **NORM, augment=GEO, seed=31, fields=JPEG_MASKS
     ),
     "wrap-jpeg/colour+erase": wrap_case(
         lambda: jpeg_batches(False),
@@ -627,11 +578,7 @@ JPEG_SINCE: dict[str, Callable[[Path], list[torch.Tensor]]] = {
     ),
     "jpeg-loader/prefetched-eval": jpeg_loader_case(False, {}, shuffle=False, pad=False),
 }
-JPEG_CASES: dict[str, Callable[[Path], list[torch.Tensor]]] = {
-    **JPEG_LOADER,
-    **JPEG_WRAP,
-    **JPEG_MOVER,
-}
+JPEG_CASES: Cases = {**JPEG_LOADER, **JPEG_WRAP, **JPEG_MOVER}
 
 
 def keys() -> list[tuple[str, str | None]]:

@@ -1,12 +1,9 @@
-"""Save the golden cases' outputs (``cases.py``) from the code on PYTHONPATH: run at b931d8b,
-it wrote ``b931d8b.pt`` (``cases.keys()``); run at a755c18 with ``--since``, ``a755c18.pt`` (the
-kinds added after b931d8b, ``cases.since()``). ``tests/core/test_golden.py`` compares every later
-revision with both.
+"""Save the golden cases' outputs from the code on PYTHONPATH: at b931d8b ``b931d8b.pt``
+(``cases.keys()``), at a755c18 with ``--since`` ``a755c18.pt`` (``cases.since()``).
 
     PYTHONPATH=src python tests/golden/make_golden.py [--since] [OUT]
 
-The file is ``torch.save`` of ``{key: [tensors]}`` (key: the case, ``case@decoder`` for the
-JPEG cases, one per CPU decoder); equal tensors are saved once (one shared object).
+The file is ``torch.save`` of ``{key: [tensors]}``, equal tensors saved once.
 """
 
 from __future__ import annotations

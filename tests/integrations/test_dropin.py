@@ -1,10 +1,6 @@
-"""``latecast.wrap`` inside programs nobody here wrote (issue 20): what a DataLoader is to
-Lightning and accelerate, attributes the program reads and sets on its loader, the set-ups
-that used to run silently wrong. The tests have the shape of the real programs (Lightning's
+"""``latecast.wrap`` inside programs nobody here wrote (issue 20), in their shapes: Lightning's
 sampler injection, accelerate's end-of-data signals, timm's loader attributes, the ImageNet
-script's second loader from ``loader.dataset``). The same shapes under Lightning's and
-accelerate's launchers (2 processes) and the examples are in ``test_examples.py``.
-"""
+script's second loader; set-ups that ran silently wrong. Under launchers: test_examples.py."""
 
 from __future__ import annotations
 
@@ -19,6 +15,7 @@ from _helpers import lightning_trainer
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import latecast
+from latecast import PrepareOnDevice
 
 ROOT = Path(__file__).resolve().parents[2]
 N, BATCH = 64, 8  # per rank under DDP: 32 samples, 4 batches an epoch
@@ -117,11 +114,9 @@ def test_a_loader_that_is_no_dataloader_gets_its_attributes_set_too():
 
 
 def test_the_imagenet_scripts_second_val_loader_from_loader_dataset():
-    """pytorch/examples' ImageNet script validates the samples a drop_last DistributedSampler
-    leaves out with a second DataLoader over ``Subset(val_loader.dataset, ...)`` (regression:
-    uint8 batches, "expected scalar type Byte but found Float"). Re-made with ``wrap`` and the
-    wrapper's public ``mean``/``std``, or as ``type(val_loader)(...)``: every rank's share
-    plus the rest is every sample once, all normalized."""
+    """The samples a drop_last sampler leaves out, validated by a second loader over
+    ``Subset(val_loader.dataset, ...)`` (regression: uint8, "expected scalar type Byte"),
+    re-made by ``wrap`` with its ``mean``/``std`` or ``type(val_loader)``: all normalized."""
     from torch.utils.data import Subset
 
     images, _ = ids_data()
@@ -177,9 +172,8 @@ def test_nanogpt_get_batch_through_the_mover_same_tokens_same_draws_two_bytes(tm
 
 
 def test_wrap_reads_one_batch_ahead_of_its_consumer_and_the_mover_none():
-    """What the README says: wrap takes batch k + 1 from its source before it hands out
-    batch k, so a source drawing from the global RNG draws before step k's own draws
-    (dropout); the Mover draws when called."""
+    """As the README says: a source drawing from the global RNG draws before step k's own
+    draws through wrap (batch k + 1 taken first); through the Mover, when called."""
     calls = []
 
     def batches():
@@ -197,9 +191,8 @@ def test_wrap_reads_one_batch_ahead_of_its_consumer_and_the_mover_none():
 
 
 def test_the_global_rng_draws_a_dataloader_makes_per_pass_can_be_made_before_a_loader():
-    """A DataLoader draws one int64 from the global RNG as each pass starts (its workers'
-    base seed), and its RandomSampler one more with shuffle=True and no generator=; the
-    Loader draws none. Drawing them before each pass (README) keeps dropout where it was."""
+    """A DataLoader draws one int64 a pass (two shuffled), the Loader none: drawn by hand
+    before each pass (README), dropout stays where it was."""
     data = TensorDataset(torch.arange(N))
     for shuffle, draws in ((False, 1), (True, 2)):
         torch.manual_seed(0)
@@ -320,9 +313,8 @@ def test_usual_bytes_are_what_the_batches_cost_as_they_arrive():
 
 
 def test_random_erasing_equals_torchvisions_for_the_same_draws():
-    """torchvision's ``RandomErasing`` draws its box per image (``get_params``); erasing the
-    whole batch with those boxes equals its ``F.erase`` image by image, for 0, per-channel
-    and per-pixel ("random") values."""
+    """The batch erased with ``get_params``' boxes equals ``F.erase`` image by image, for 0,
+    per-channel and per-pixel ("random") values."""
     T = pytest.importorskip("torchvision.transforms")
     from torchvision.transforms import functional as TF
 
@@ -386,9 +378,8 @@ def test_images_come_out_in_the_models_dtype():
 
 
 def train_steps(loader, loss_fn, features: int, mixup_fn=None) -> tuple[list, torch.Tensor]:
-    """A reference script's epoch, shortened: every batch (through ``mixup_fn``, as timm's
-    train.py without its prefetcher) into a linear model and SGD, which draw nothing from the
-    global RNG in the loop (the loader's transforms do). The batches it saw, its weights."""
+    """A reference script's epoch (``mixup_fn`` as timm's without its prefetcher), a linear
+    model and SGD drawing nothing from the global RNG: the batches it saw, its weights."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(features, 5))
     seen, opt = [], torch.optim.SGD(model.parameters(), lr=0.1)
@@ -413,12 +404,9 @@ def assert_same_run(run, usual, atol=1e-5) -> None:
 
 
 def test_torchvision_references_collate_mixing_moves_to_wrap_and_trains_the_same():
-    """torchvision's references/classification/train.py mixes in its ``collate_fn``
-    (``mixup_cutmix(*default_collate(batch))``, v2 ``MixUp``/``CutMix`` with ``--use-v2``), on
-    float images; on uint8 it fails. Converted as the README says (``PILToTensor()``, the same
-    transform given to wrap as ``mix=``, after the device normalize), an epoch trains as the
-    original's: the same mixed batches within rounding (the same global-RNG draws, in the same
-    order), the same weights."""
+    """torchvision's reference mixes floats in its ``collate_fn`` (fails on uint8); converted
+    as the README says (``PILToTensor()``, the mix given to wrap as ``mix=``) an epoch trains
+    as the original's: the same mixed batches within rounding, the same weights."""
     v2 = pytest.importorskip("torchvision.transforms.v2")
     from torch.utils.data import default_collate
     from torchvision.datasets import FakeData
@@ -448,13 +436,9 @@ def test_torchvision_references_collate_mixing_moves_to_wrap_and_trains_the_same
 
 
 def test_timms_mixing_and_its_switch_at_mixup_off_epoch_through_wrap():
-    """timm's train.py with ``--mixup 0.2 --mixup-off-epoch 1``. With its prefetcher the
-    loader's ``collate_fn`` (``FastCollateMixup``) mixes uint8, the prefetch loader normalizes,
-    and train.py turns mixing off at epoch 1 with ``loader.mixup_enabled = False``
-    (regression: through wrap an AttributeError, or a set that changed nothing). Without
-    it, train.py applies ``Mixup`` to each batch and switches that off itself. Converted as
-    the README says (wrap of ``create_loader``'s DataLoader, or a uint8 loader wrapped), both
-    train as timm's own loaders do: the same batches within rounding, mixing off at epoch 1."""
+    """timm's ``--mixup 0.2 --mixup-off-epoch 1``, with its prefetcher (``FastCollateMixup``,
+    off by ``loader.mixup_enabled = False``: through wrap once an AttributeError or a no-op)
+    and without (``Mixup`` per batch): through wrap, the same batches, mixing off at epoch 1."""
     pytest.importorskip("timm")
     from timm.data import FastCollateMixup, Mixup, create_loader
     from timm.loss import SoftTargetCrossEntropy
@@ -522,8 +506,6 @@ def test_the_lightning_mixin_listed_after_lightningmodule_is_one_error():
     """After LightningModule in the bases, Lightning's own ``on_after_batch_transfer``
     would run and the batches stay uint8, silently."""
     L = pytest.importorskip("lightning")
-    from latecast import PrepareOnDevice
-
     with pytest.raises(latecast.LatecastError, match=r"list PrepareOnDevice before DataHooks"):
 
         class Late(L.LightningModule, PrepareOnDevice):
@@ -538,8 +520,6 @@ def test_the_lightning_mixin_listed_after_lightningmodule_is_one_error():
 def test_the_lightning_mixin_counts_the_bytes_lightning_moved(tmp_path):
     L = pytest.importorskip("lightning")
     import torch.nn.functional as F
-
-    from latecast import PrepareOnDevice
 
     images, _ = ids_data()
 
@@ -616,16 +596,10 @@ class Streamed(torch.utils.data.IterableDataset):
     ("n", "batch", "streamed"), [(100, 64, False), (128, 64, False), (37, 8, True)]
 )
 def test_accelerate_end_of_data_is_the_batch_in_use_through_wrap(accelerator, n, batch, streamed):
-    """``gather_for_metrics`` cuts a loader's padding off its last batch by the
-    ``DataLoaderShard``'s ``end_of_dataloader`` and ``remainder`` (regression: wrap's read-ahead
-    set them a batch early, 72 of 100 counted, batches [36, 36]). Through wrap every batch
-    sees what the plain loader's sees, with a partial last batch, none, and over an
-    ``IterableDataset`` (regression: with no ``len()`` wrap read past the last batch before
-    handing it out, accelerate's loader ended and left its ``GradientState``, and
-    ``gather_for_metrics`` kept every padded sample: 48 of 37 labels on two processes; the
-    source's own ``end_of_dataloader`` says the last batch: read no further). ``prepare`` of
-    a wrapped loader it has not sharded is one error naming the order that works; one it has
-    is returned as it is."""
+    """Every batch sees the plain loader's ``end_of_dataloader`` and ``remainder`` (wrap's
+    read-ahead once set them a batch early: 72 of 100 counted; with no ``len()`` it read past
+    the end: 48 of 37 kept), partial last batch or not; ``prepare`` of an unsharded wrap is one
+    error naming the order that works, of a sharded one the same loader."""
     data = Streamed(uneven_data(n)) if streamed else uneven_data(n)
     plain = accelerator.prepare(DataLoader(data, batch_size=batch), device_placement=[False])
     w = latecast.wrap(plain, mean=MEAN, std=STD, device="cpu")

@@ -1,10 +1,6 @@
-"""The examples/ programs as users run them, and latecast inside Lightning and accelerate under
-their own launchers: 2 processes on the CPU (gloo), every launch under a timeout.
-
-Each framework is launched once. Its program (``_lightning``, ``_accelerate``; this very file
-is the script) runs every shape the tests check, the Loader and ``wrap`` alike, and records
-what each rank saw; the tests below read those records.
-"""
+"""The examples/ programs as users run them, and latecast under Lightning's and accelerate's
+launchers: 2 CPU processes (gloo). Each framework is launched once (this file is the script:
+``_lightning``, ``_accelerate``), records what each rank saw; the tests read the records."""
 
 from __future__ import annotations
 
@@ -18,7 +14,7 @@ from typing import Callable
 import pytest
 import torch
 from _helpers import accelerate, assert_two_halves, launch, lightning_trainer, shares
-from test_dropin import MEAN, STD, end_signals, ids_data, reference, uneven_data
+from test_dropin import MEAN, STD, Streamed, end_signals, ids_data, reference, uneven_data
 from test_frameworks import BATCH, N, ids_dataset
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -188,9 +184,8 @@ EXAMPLES = {
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(EXAMPLES))
 def test_examples_run(name, tmp_path):
-    """The README's and the docs' snippets are cut from these files (``test_docs.py``): each
-    runs as users run it, at tiny sizes, and says what it should (its accuracy, each rank's
-    share, the bytes it saved)."""
+    """Each (the docs' snippets are cut from them) runs at tiny sizes and says what it
+    should: its accuracy, each rank's share, the bytes it saved."""
     example = EXAMPLES[name]
     pytest.importorskip(example.needs)
     path = str(ROOT / "examples" / name.split()[0])
@@ -213,10 +208,8 @@ def test_lightning_ddp_loader_and_wrap(tmp_path):
 
 
 def loader_shares_checkpoint_and_one_process_equal(out: Path) -> None:
-    """The Loader as Lightning's train dataloader: built before the processes exist, each
-    rank takes its own half, every sample once per epoch; the checkpoint holds the loader's
-    position and a resumed run continues exactly; the weights equal one process stepping on
-    both halves at once."""
+    """The Loader built before the processes: each rank its half, every sample once an
+    epoch; a resume continues exactly; the weights equal one process on both halves."""
     full, resumed = out / "full", out / "resumed"
     runs = [torch.load(full / f"rank{r}.pt") for r in range(2)]
     assert [r["built"] for r in runs] == [[0, 1], [1, 2]]  # rank 0 built it before fit
@@ -237,11 +230,8 @@ def loader_shares_checkpoint_and_one_process_equal(out: Path) -> None:
 
 
 def wrap_gets_lightnings_sampler_and_evaluates_as_the_original(out: Path) -> None:
-    """``trainer.fit(model, latecast.wrap(dl))`` (``fit``) or a DataModule's wrapped loader
-    (``datamodule``): each rank its own half, every sample once an epoch, normalized on the
-    device (regression: every rank trained on all 64 samples). ``trainer.validate`` and
-    ``trainer.predict`` of a wrapped loader with a partial last batch count and score what
-    the original loader does."""
+    """``fit`` of a wrapped loader or DataModule: each rank its half (once all 64 samples),
+    normalized; ``validate``/``predict`` with a partial last batch score as the original."""
     how = out.name
     runs = [torch.load(out / f"rank{r}.pt") for r in range(2)]
     assert_two_halves(runs, N)
@@ -262,18 +252,10 @@ def wrap_gets_lightnings_sampler_and_evaluates_as_the_original(out: Path) -> Non
 
 @pytest.mark.slow
 def test_accelerate_launch_loader_checkpoint_and_wrap(tmp_path):
-    """Under ``accelerate launch`` (one launch of ``_accelerate``):
-
-    - the Loader's shares are disjoint and whole, its position comes back through
-      ``save_state``/``load_state``;
-    - ``wrap`` over accelerate's own sharded DataLoader (``prepare_data_loader``) gives each
-      rank its batches prepared, values equal to the reference;
-    - ``wrap(accelerator.prepare(dl, device_placement=[False]))`` is still accelerate's
-      ``DataLoaderShard`` (its own tools recognise it), each rank its own half, prepared on
-      the device; ``gather_for_metrics`` over both ranks keeps every sample once, as from
-      the plain loader, with a last batch padded (27 samples in batches of 8 a rank) or not
-      (32) (regression: 128 of 100 counted), and over an ``IterableDataset`` of 37
-      (regression: 48 kept); ``prepare(wrap(dl))`` refused."""
+    """One ``accelerate launch``: the Loader's shares whole, its position through
+    ``save_state``/``load_state``; ``wrap`` of accelerate's sharded loaders stays a
+    ``DataLoaderShard``, each rank its half prepared; ``gather_for_metrics`` keeps every sample
+    once, last batch padded or not (once 128 of 100), unsized (once 48 of 37)."""
     pytest.importorskip("accelerate")
     accelerate(__file__, "accelerate", tmp_path, cwd=tmp_path)
     runs = [torch.load(tmp_path / f"acc{r}.pt") for r in range(2)]
@@ -451,19 +433,6 @@ def loader_and_sharded_wrap(acc, out: Path) -> dict:
             error = max(error, (x - want).abs().max().item())
     placed = [loader.rank, loader.world_size]
     return dict(placed=placed, seen=seen, resumed=resumed, wrapped=got, wrapped_error=error)
-
-
-class Streamed(torch.utils.data.IterableDataset):
-    """A map dataset read as an iterable one (with a length: accelerate's remainder)."""
-
-    def __init__(self, data) -> None:
-        self.data = data
-
-    def __len__(self) -> int:
-        return len(self.data)
-
-    def __iter__(self):
-        return iter(self.data)
 
 
 def prepared_wrap(acc) -> dict:

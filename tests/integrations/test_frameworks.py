@@ -1,8 +1,5 @@
-"""latecast inside the frameworks people train with: the Loader's lazy placement and epoch
-state as Lightning and accelerate drive them, the Lightning mixin (docs/RELIABILITY.md,
-issue 9 rows). The 2-process runs under Lightning's DDP launcher and
-``accelerate launch``, and the examples, are in ``test_examples.py``.
-"""
+"""The Loader's lazy placement and epoch state as Lightning and accelerate drive them, and
+the Lightning mixin; 2-process runs are in ``test_examples.py``."""
 
 from __future__ import annotations
 
@@ -41,9 +38,8 @@ def test_a_loader_built_before_the_launcher_reads_its_rank_at_the_first_pass(mon
 
 
 def test_the_last_batch_moves_the_loader_to_the_next_epoch():
-    """Lightning knows ``len()`` and never asks for a batch after the last: the Loader's
-    state must say "next epoch" once the last batch is handed out (regression: its second
-    epoch under Lightning used to be empty)."""
+    """Lightning never asks past the last batch: the state says "next epoch" once it is out
+    (regression: an empty second epoch)."""
     loader = Loader(ids_dataset(), BATCH, device="cpu")
     firsts = []
     for epoch in range(3):
@@ -58,9 +54,8 @@ def test_the_last_batch_moves_the_loader_to_the_next_epoch():
 
 @pytest.mark.slow
 def test_prepare_on_device_mixin_normalizes_and_draws_as_the_loader_would():
-    """Lightning moves uint8 batches; the mixin augments them in training (seeded from seed,
-    epoch, rank and Lightning's batch index), mixes them there with ``mix=``, and only
-    normalizes them in validation."""
+    """The mixin augments and mixes in training (seeded by seed, epoch, rank and batch
+    index), only normalizes in validation."""
     L = pytest.importorskip("lightning")
     import torch.nn.functional as F
     from torch.utils.data import DataLoader, TensorDataset

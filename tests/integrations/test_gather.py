@@ -27,13 +27,9 @@ class Unsized(IterableDataset):
 
 @pytest.mark.slow
 def test_gather_for_metrics_over_an_unsized_iterable_dataset_on_two_processes(tmp_path):
-    """``wrap`` of what ``prepare`` returns for a ``DataLoader`` over an ``IterableDataset`` with
-    no ``__len__``, 2 processes: every batch sees the plain prepared loader's
-    ``end_of_dataloader`` and ``remainder``, and ``gather_for_metrics`` keeps what it keeps.
-    ``prepare(dl, device_placement=[False])`` makes a ``DataLoaderShard`` whose ``remainder``
-    stays -1 with no length: accelerate itself keeps the padding (48 labels of 37; it logs "drop
-    the remainder yourself"). With ``dispatch_batches=True`` (which needs device placement)
-    its ``DataLoaderDispatcher`` knows the last batch's size: 37, through wrap as well."""
+    """Over an unsized ``IterableDataset`` on 2 processes, every batch sees the plain prepared
+    loader's signals and ``gather_for_metrics`` keeps what it keeps: accelerate's own padding
+    with a ``DataLoaderShard`` (48 of 37), 37 with ``dispatch_batches=True``, through wrap too."""
     pytest.importorskip("accelerate")
     accelerate(__file__, tmp_path, cwd=tmp_path)
     for rank in range(2):

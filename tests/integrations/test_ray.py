@@ -1,10 +1,6 @@
-"""Ray Data (issue 47): a Ray Train-style loop over ``ds.iter_torch_batches`` converted as
-docs/dataloader.md says. The loop as written asks Ray for float32 batches
-(``dtypes=torch.float32``: NHWC images and labels both cast on the host) and normalizes them
-on the host; converted, ``dtypes=None`` keeps the uint8 ``(N, H, W, C)`` column, and
-``latecast.wrap(..., fields={"image": "image"})`` makes the normalized float32 NCHW batch
-on the device. The batches agree within float rounding, SGD gives the same losses, and a
-quarter of the image bytes cross."""
+"""Ray Data (issue 47): a Ray Train-style loop over ``iter_torch_batches`` (float32 batches
+normalized on the host) converted as docs/dataloader.md says (``dtypes=None``, uint8 through
+``wrap``): the same batches and losses within rounding, a quarter of the image bytes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""``latecast.wrap`` over batches latecast does not hold: a real torchvision ``ImageFolder``,
-nanoGPT-style token batches from a memmap, torchdata's ``StatefulDataLoader``; the values,
-the bytes, the pass-throughs and the errors (docs/RELIABILITY.md, issue 9 rows)."""
+"""``latecast.wrap`` over batches latecast does not hold (``ImageFolder``, memmapped tokens,
+``StatefulDataLoader``): the values, the bytes, the pass-throughs and the errors."""
 
 from __future__ import annotations
 
@@ -64,9 +63,8 @@ def test_imagefolder_with_pil_to_tensor_equals_to_tensor_normalize(image_folder)
 
 
 def test_values_augmentation_and_mixing_equal_the_loaders():
-    """Fed the Loader's own uint8 batches in its order, wrap gives bitwise what the Loader
-    gives, augmentation and MixUp/CutMix (``mix=``) included, over two epochs (same seeds:
-    seed, epoch, rank, batch); ``mixup_enabled = False`` (timm's switch) turns its mix off."""
+    """Fed the Loader's uint8 batches, wrap gives bitwise the Loader's, augmented and mixed,
+    over two epochs; ``mixup_enabled = False`` (timm's switch) turns its mix off."""
     rng = np.random.default_rng(1)
     ds = latecast.from_arrays(
         rng.integers(0, 256, (70, 9, 9, 3), dtype=np.uint8), rng.integers(0, 5, 70)
@@ -239,10 +237,8 @@ def test_stateful_dataloader_resumes_exactly_through_wrap():
 
 
 def test_a_state_saved_at_the_last_batch_resumes_into_a_whole_new_epoch():
-    """wrap runs a source of known length to its end only when asked past the last batch
-    (its end-of-pass code runs then, as without a read-ahead); a state saved at the last
-    batch, as Lightning saves at an epoch's end, runs it to its end first (regression risk:
-    torchdata resumes a state taken before its end into an empty pass)."""
+    """A state saved at the last batch (Lightning's epoch end) runs the source to its end
+    first: torchdata resumes a state taken before its end into an empty pass."""
     tdl = pytest.importorskip("torchdata.stateful_dataloader")
     data = TensorDataset(torch.arange(10))
 
@@ -263,16 +259,13 @@ def test_a_state_saved_at_the_last_batch_resumes_into_a_whole_new_epoch():
     list(plain)
     fresh = tdl.StatefulDataLoader(data, 4, shuffle=True)
     fresh.load_state_dict(plain.state_dict())
-    assert torch.equal(again, torch.cat([b[0] for b in fresh])) and sorted(again.tolist()) == list(
-        range(10)
-    )
-    assert resumed.epoch == 2
+    assert torch.equal(again, torch.cat([b[0] for b in fresh])) and resumed.epoch == 2
+    assert sorted(again.tolist()) == list(range(10))
 
 
 class Signalling:
-    """A loader that says, as it yields, which batch is out and whether it is the last, and
-    counts its finished passes after its last batch (accelerate's ``DataLoaderShard`` does
-    the same with ``end_of_dataloader`` and ``GradientState``)."""
+    """Says which batch is out and whether it is the last, counts finished passes (as
+    accelerate's ``DataLoaderShard``)."""
 
     def __init__(self, batches: list, sized: bool = True):
         self.batches, self.sized, self.passes = batches, sized, 0
@@ -290,9 +283,8 @@ class Signalling:
 
 
 def test_a_loaders_own_signals_are_those_of_the_batch_in_use():
-    """wrap takes batch k + 1 before it hands out batch k; what the source set in taking it is
-    put back while batch k is out, and its end-of-pass code runs when the batch after the
-    last is asked for. Without ``len()`` the end is found by reading past it, and said so."""
+    """What the source set in taking batch k + 1 is put back while batch k is out; its end
+    runs when asked past the last (without ``len()``, found by reading past it, said so)."""
     batches = [torch.full((2,), k) for k in range(4)]
     for sized in (True, False):
         source = Signalling(batches, sized)
@@ -333,9 +325,8 @@ def test_outputs_never_share_the_reused_buffer_and_the_ring_grows_once():
 
 
 def test_one_mover_from_several_threads_gives_each_thread_its_own_batches():
-    """Before its lock, two threads' calls shared a ring slot now and then (the slot counter
-    read by both): a thread got the other's tensors, about 25 of 4,000 calls here. The
-    interpreter switches threads every microsecond meanwhile, so a race shows at once."""
+    """Without its lock two threads shared a ring slot (~25 of 4,000 calls got the other's
+    tensors); threads switch every microsecond here, so a race shows at once."""
     mover, wrong, interval = latecast.Mover(device="cpu"), [], sys.getswitchinterval()
 
     def calls(k: int) -> None:
@@ -371,11 +362,15 @@ def test_rank_and_device_are_read_at_the_first_pass(monkeypatch):
 # -- bad batches and arguments: one clear error naming the field --------------------------
 
 
+FLOATS = (torch.rand(2, 3, 8, 8), torch.arange(2))  # ToTensor()'s images, labels
+NHWC = torch.zeros(2, 8, 8, 3, dtype=torch.uint8)
+
+
 @pytest.mark.parametrize(
     "batch,kwargs,match",
     [
         (
-            (torch.rand(2, 3, 8, 8), torch.arange(2)),
+            FLOATS,
             {"fields": {0: "image"}},
             "field 0 is declared an image and must be uint8.*float32",
         ),
@@ -391,15 +386,11 @@ def test_rank_and_device_are_read_at_the_first_pass(monkeypatch):
         ),
         ({"img": torch.zeros(2, 5, 6, 7, dtype=torch.uint8)}, {}, "field 'img'.*neither"),
         (
-            (torch.rand(2, 3, 8, 8), torch.arange(2)),
+            FLOATS,
             {"mean": MEAN, "std": STD},
             "no field of this batch is a uint8 image.*PILToTensor",
         ),
-        (
-            {"img": torch.zeros(2, 8, 8, 3, dtype=torch.uint8)},
-            {"mean": (0.5, 0.5), "std": (1.0, 1.0)},
-            "field 'img': 3 channels",
-        ),
+        ({"img": NHWC}, {"mean": (0.5, 0.5), "std": (1.0, 1.0)}, "field 'img': 3 channels"),
         ({"x": torch.rand(3)}, {"fields": {"x": torch.int16}}, "field 'x' is torch.float32"),
         ({"x": torch.arange(3)}, {"fields": {"y": torch.int16}}, "'y'.*this batch has fields 'x'"),
         ({"x": torch.zeros(3, device="meta")}, {}, "field 'x' is already on meta"),

@@ -3,12 +3,12 @@ masks' padding value, JPEG files given as strided views, a decompression bomb am
 
 from __future__ import annotations
 
-import io
+from functools import partial
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from _helpers import jpeg_bytes
 
 import latecast
 from latecast.errors import BatchError, ConfigError
@@ -24,10 +24,7 @@ def segmentation(n: int = 8, h: int = 12, w: int = 12) -> dict:
 
 
 def jpeg_file(h: int = 16, w: int = 16) -> bytes:
-    pixels = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)
-    out = io.BytesIO()
-    Image.fromarray(pixels).save(out, "JPEG", quality=90)
-    return out.getvalue()
+    return jpeg_bytes(np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8))
 
 
 def test_an_undeclared_per_pixel_field_under_a_geometric_augmentation_is_one_config_error():
@@ -47,15 +44,9 @@ def test_an_undeclared_per_pixel_field_under_a_geometric_augmentation_is_one_con
 
 def test_masks_are_padded_with_mask_fill_where_the_crop_leaves_no_pixel():
     batch = segmentation()
+    options = dict(device="cpu", augment=AUG, fields={"mask": "mask"})
     runs = {
-        fill: next(
-            iter(
-                latecast.wrap(
-                    [batch], device="cpu", augment=AUG, fields={"mask": "mask"}, mask_fill=fill
-                )
-            )
-        )
-        for fill in (0, 255)
+        fill: next(iter(latecast.wrap([batch], **options, mask_fill=fill))) for fill in (0, 255)
     }
     assert torch.equal(runs[0]["image"], runs[255]["image"])
     padded = runs[0]["mask"] == 0  # the labels are 1..3: 0 is padding
@@ -91,9 +82,8 @@ def test_a_decompression_bomb_in_a_jpeg_field_is_named_before_any_pixel_is_decod
 
 
 def test_jpeg_fields_resize_bicubic_as_torchvision_v2_within_one_grey_level():
-    """A bicubic pipeline (OpenCLIP, timm) differed by 2 grey levels on average, up to 29, from
-    the JPEG field's bilinear resize; ``latecast.jpeg(interpolation="bicubic")`` and
-    ``transforms.resized_crop(interpolation=...)`` resize as torchvision v2 does."""
+    """A bicubic pipeline (OpenCLIP, timm) was 2 grey levels off on average (up to 29) with a
+    bilinear resize; ``interpolation="bicubic"`` resizes as torchvision v2 does."""
     from torchvision.io import decode_jpeg
     from torchvision.transforms.v2 import InterpolationMode
     from torchvision.transforms.v2 import functional as F2
@@ -104,25 +94,20 @@ def test_jpeg_fields_resize_bicubic_as_torchvision_v2_within_one_grey_level():
     images = [decode_jpeg(torch.frombuffer(bytearray(f), dtype=torch.uint8)) for f in files]
     sizes = torch.tensor([im.shape[1:] for im in images])
     boxes = centre_boxes(sizes, (24, 24))
+    hwc = [im.permute(1, 2, 0) for im in images]
     for how, mode in (
         ("bilinear", InterpolationMode.BILINEAR),
         ("bicubic", InterpolationMode.BICUBIC),
     ):
-        want = torch.stack(
-            [
-                F2.resized_crop(im, *box, size=[24, 24], interpolation=mode, antialias=True)
-                for im, box in zip(images, boxes.tolist())
-            ]
-        )  # (N, C, 24, 24)
-        hwc = [im.permute(1, 2, 0) for im in images]
+        crop = partial(F2.resized_crop, size=[24, 24], interpolation=mode, antialias=True)
+        want = torch.stack([crop(im, *box) for im, box in zip(images, boxes.tolist())])
         got = resized_crop(hwc, boxes, (24, 24), interpolation=how).permute(0, 3, 1, 2)
         assert (got.int() - want.int()).abs().max() <= 1, how
         fields = {"jpg": latecast.jpeg(24, interpolation=how)}
         out = next(iter(latecast.wrap([{"jpg": files}], device="cpu", fields=fields)))["jpg"]
         assert ((out * 255).round().int() - want.int()).abs().max() <= 1, how
     bicubic, bilinear = (
-        resized_crop([im.permute(1, 2, 0) for im in images], boxes, (24, 24), interpolation=h)
-        for h in ("bicubic", "bilinear")
+        resized_crop(hwc, boxes, (24, 24), interpolation=h) for h in ("bicubic", "bilinear")
     )
     assert not torch.equal(bicubic, bilinear)  # the option does something
     with pytest.raises(ConfigError, match="interpolation=.... must be one of bilinear, bicubic"):

@@ -1,7 +1,6 @@
-"""The audio kind (``latecast.waveform``): int16 clips cross as stored and come out as the usual
-float32 pipeline's (``torchaudio.load``'s x / 32768, cropped, padded, a gain, a log-mel) on the
-device; the bytes they save; bad input named; a speech-commands-style classifier trained on
-them as on the float32 pipeline's."""
+"""The audio kind (``latecast.waveform``): int16 clips cross as stored and come out as the
+float32 pipeline's (x / 32768, cropped, padded, a gain, a log-mel); bad input named; a
+speech-commands classifier trains as on float32."""
 
 from __future__ import annotations
 
@@ -36,8 +35,8 @@ def clips(n: int, sizes: list[int], channels: int | None = None, seed: int = 0) 
 
 
 def usual(clip: torch.Tensor, length: int, start: int = 0) -> torch.Tensor:
-    """The float32 pipeline's clip, in a DataLoader worker: as torchaudio.load normalizes it,
-    cropped at ``start`` or zero-padded at the end to ``length``."""
+    """The float32 pipeline's clip (torchaudio.load's x / 32768) cropped at ``start`` or
+    zero-padded to ``length``."""
     x = clip.float() / 32768
     x = x[..., start : start + length]
     return F.pad(x, (0, length - x.shape[-1]))
@@ -104,8 +103,7 @@ def test_ragged_and_padded_clips_come_out_padded_to_the_declared_length_with_the
 
 @pytest.mark.parametrize("dtype, scale, zero", [(torch.uint8, 128, 128), (torch.int32, 2**31, 0)])
 def test_other_widths_are_scaled_as_torchaudio_load_scales_them(dtype, scale, zero):
-    """8-bit WAV (unsigned, silence at 128) and 32-bit PCM, padded beside their lengths to
-    more than their longest: the padding is silence, 0.0."""
+    """8-bit WAV (silence at 128) and 32-bit PCM, padded past their longest with 0.0."""
     info = torch.iinfo(dtype)
     g = torch.Generator().manual_seed(0)
     waves = torch.randint(info.min, info.max, (3, 2, 1000), dtype=torch.int64, generator=g)
@@ -156,9 +154,8 @@ def test_random_crops_and_gains_are_per_clip_in_range_and_the_same_for_the_same_
 
 
 def mel_reference(x: torch.Tensor, rate: int, n_fft: int, hop: int, n_mels: int) -> torch.Tensor:
-    """torchaudio's MelSpectrogram + AmplitudeToDB by their documented formulas, in float64:
-    reflect-padded frames, a periodic Hann window, |DFT|^2, HTK triangles from f_min 0 to
-    rate / 2 (torchaudio.functional.melscale_fbanks), 10 log10(max(x, 1e-10))."""
+    """torchaudio's MelSpectrogram + AmplitudeToDB by their formulas, in float64 (reflect
+    padding, periodic Hann, HTK triangles from 0 to rate / 2, 10 log10(max(x, 1e-10)))."""
     x = F.pad(x.double()[None], (n_fft // 2, n_fft // 2), mode="reflect")[0]
     frames = x.unfold(-1, n_fft, hop)  # (..., frames, n_fft)
     k = torch.arange(n_fft, dtype=torch.float64)
@@ -230,9 +227,8 @@ def test_bad_input_is_one_batch_error_naming_the_field(value, spec, says):
 
 @pytest.mark.parametrize("pad", [False, True])
 def test_clips_shorter_than_n_fft_without_centring_are_refused_naming_the_field(pad):
-    """``mel={"center": False}`` with clips shorter than ``n_fft``: refused when the batch is
-    planned, naming the field, the length and n_fft, not torch.stft's RuntimeError in the
-    finish; clips of n_fft samples make one frame."""
+    """Refused when planned, naming field, length and n_fft (not torch.stft's RuntimeError);
+    clips of n_fft samples make one frame."""
     mel = {"center": False, "n_fft": 400, "n_mels": 16}
     short = latecast.Mover(device="cpu", fields={"audio": latecast.waveform(300, pad=pad, mel=mel)})
     says = r"^field 'audio': clips of 300 samples .*n_fft \(400\) with center=False"
@@ -264,11 +260,9 @@ def test_bad_options_are_one_config_error_naming_them(options, says):
 
 
 def test_the_lightning_hook_draws_no_gain_or_crop_in_evaluation():
-    """``PrepareOnDevice`` leaves a waveform field's own draws (its gain, its random crop) to
-    training, as it leaves ``augment``, ``erase`` and ``mix``: in evaluation (``training``
-    False) the clips come out centred, without gain, the same whatever the batch's seed; through
-    the hook as Lightning calls it and under a real ``Trainer``'s validation."""
-    from _helpers import lightning_hook
+    """In evaluation the clips come out centred, without gain, whatever the seed (as
+    ``augment`` is left to training): through the hook and a real ``Trainer``'s validation."""
+    from _helpers import hooked_fit, lightning_hook
 
     waves = torch.stack(clips(4, [3000], channels=1))  # (4, 1, 3000): cropped to 1600
     centred = torch.stack([usual(w, 1600, start=700) for w in waves])  # (4, 1, 1600)
@@ -281,39 +275,17 @@ def test_the_lightning_hook_draws_no_gain_or_crop_in_evaluation():
     assert trained.shape == centred.shape and not torch.equal(trained, centred)  # drawn
 
     pytest.importorskip("lightning")
-    import lightning as L
-    from _helpers import lightning_trainer
-
     data = DataLoader(list(zip(waves, range(4))), batch_size=2)
-    evaluated, trained = [], []
-
-    class Model(latecast.PrepareOnDevice, L.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.prepare_on_device(fields={0: latecast.waveform(1600, gain=(-6.0, 6.0))})
-            self.w = torch.nn.Parameter(torch.zeros(()))
-
-        def training_step(self, batch, i):
-            trained.append(batch[0].clone())
-            return self.w * batch[0].mean()
-
-        def validation_step(self, batch, i):
-            evaluated.append(batch[0].clone())
-
-        def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), 0.1)
-
-    lightning_trainer(max_epochs=1, enable_checkpointing=False, num_sanity_val_steps=0).fit(
-        Model(), data, data
-    )
+    fields = {0: latecast.waveform(1600, gain=(-6.0, 6.0))}
+    model = hooked_fit(data, data, dict(max_epochs=1, num_sanity_val_steps=0), fields=fields)
+    trained, evaluated = ([b[0] for b in m] for m in (model.trained, model.validated))
     assert len(evaluated) == len(trained) == 2
     torch.testing.assert_close(torch.cat(evaluated), centred, atol=0, rtol=0)
     assert not torch.equal(torch.cat(trained), centred)
 
 
 class M5(torch.nn.Module):
-    """The speech-commands classifier's shape (torchaudio's tutorial): strided conv on the raw
-    waveform, batch norm, pooling, a linear head over the classes; smaller."""
+    """torchaudio's speech-commands classifier's shape, smaller."""
 
     def __init__(self, classes: int = 10, width: int = 8) -> None:
         super().__init__()
@@ -343,8 +315,7 @@ def train(model: torch.nn.Module, batches, wave=lambda x: x, opt=None) -> list[f
 
 
 def test_a_speech_commands_classifier_trains_as_on_the_float32_pipeline():
-    """1-s int16 clips at 16 kHz, some shorter (padded, as the tutorial's collate pads them),
-    a few steps of the tutorial's optimizer: the same losses and weights as on float32."""
+    """1-s int16 clips, some shorter (padded): the same losses and weights as on float32."""
     waves = clips(24, [RATE, 14000, 15500], channels=1, seed=3)
     torch.manual_seed(0)
     model = M5()
@@ -366,9 +337,7 @@ def test_a_speech_commands_classifier_trains_as_on_the_float32_pipeline():
 
 
 class WavFiles(Dataset):
-    """WAV files read as the docs say: the standard library's ``wave``,
-    ``np.frombuffer(w.readframes(n), np.int16)`` (``float32``: as decoders give them,
-    int16 / 32768, the usual pipeline's place)."""
+    """WAV files read as the docs say, ``wave``'s frames as int16 (``float32``: / 32768)."""
 
     def __init__(self, paths: list, float32: bool = False) -> None:
         self.paths, self.float32 = paths, float32
@@ -386,11 +355,9 @@ class WavFiles(Dataset):
 
 
 def test_wav_files_read_as_the_docs_say_equal_the_float32_pipeline(tmp_path):
-    """WAV files written by the ``wave`` module, read through the documented way (``wave``'s
-    frames as int16; soundfile's ``dtype="int16"`` and TorchCodec's float32 scaled back,
-    where they are installed and load, give the same integers), through ``wrap``: equal to
-    the float32 pipeline's batches; the float32 batches themselves are refused, naming the
-    ways that give integers now."""
+    """Read the documented ways (``wave``, soundfile's int16, TorchCodec scaled back: the same
+    integers), through ``wrap``: the float32 pipeline's batches; float32 batches are refused
+    naming those ways."""
     import wave
 
     waves, paths = clips(6, [RATE, 12000], channels=2, seed=3), []
@@ -440,8 +407,7 @@ def test_wav_files_read_as_the_docs_say_equal_the_float32_pipeline(tmp_path):
 
 
 class SpeechFolder(Dataset):
-    """The tutorial's dataset as users have it on disk: a folder of WAV files per word, read by
-    soundfile as ``(1, L)`` (torchaudio.load's shape), labelled by the folder's index."""
+    """A folder of WAV files per word, read by soundfile as ``(1, L)``, labelled by folder."""
 
     def __init__(self, root, dtype: str) -> None:
         self.paths, self.dtype = sorted(root.glob("*/*.wav")), dtype
@@ -458,19 +424,15 @@ class SpeechFolder(Dataset):
 
 
 def tutorial_collate(batch: list) -> tuple:
-    """The tutorial's ``collate_fn``: each batch's clips zero-padded to its longest clip,
-    ``(N, 1, longest)``, the labels stacked."""
+    """The tutorial's ``collate_fn``: clips zero-padded to the longest, ``(N, 1, longest)``."""
     tensors = [w.t() for w, _ in batch]
     tensors = torch.nn.utils.rnn.pad_sequence(tensors, batch_first=True, padding_value=0.0)
     return tensors.permute(0, 2, 1), torch.stack([y for _, y in batch])
 
 
 def test_the_speech_commands_tutorial_converted_as_the_docs_say_trains_the_same(tmp_path):
-    """pytorch/tutorials' speech-commands program on int16 WAV files in a folder per word: the
-    original reads float32 (soundfile ``dtype="float32"``, torchaudio.load's x / 32768), pads
-    each batch to its longest clip and trains an M5; converted as docs/dataloader.md says
-    (``dtype="int16"``, the same collate, ``latecast.waveform(longest, pad=True)``, each
-    batch cut back to its longest clip), the batches and the losses are the same."""
+    """pytorch/tutorials' speech-commands M5 converted as docs/dataloader.md says (int16 read,
+    ``waveform(longest, pad=True)``, cut back per batch): the same batches and losses."""
     soundfile = pytest.importorskip("soundfile")
     sizes = [4000, 3000, 2400, 3600, 2000, 3200]  # the second batch of 4 is shorter than 4000
     waves = clips(12, sizes, seed=5)

@@ -128,10 +128,9 @@ def test_threads_do_not_change_the_result(colour):
 
 @pytest.mark.parametrize("plain", [False, True], ids=["headers-read", "plain-store"])
 def test_files_at_the_training_size_are_stacked_as_decoded_and_a_bad_one_is_named(plain):
-    """Every file already 32x32 (CIFAR-10): each of 3 threads decodes its share straight into
-    the batch (a store whose files are all plain without reading their headers); a file
-    turned by EXIF (headers read) is shown upright; a file that does not decode, or is not
-    the size sizes.npy says (larger or smaller), is named; a damaged one is named once."""
+    """Files at 32x32 decode straight into the batch (3 threads); an EXIF turn is shown
+    upright; a file that does not decode or differs from sizes.npy is named, a damaged one
+    once."""
     from PIL import ImageOps
 
     files = [jpeg_bytes(photo(32, 32, 3, i)) for i in range(7)]
@@ -236,9 +235,8 @@ def test_a_file_that_does_not_decode_is_named(colour):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_nvjpeg_batches_are_close_to_pillow_and_repeatable(colour):
-    """nvJPEG's IDCT and chroma upsampling are not libjpeg-turbo's, so the CUDA path is held
-    to close (mean error under a grey level), not to 1 grey level everywhere; and a seeded
-    augmented pass repeats exactly."""
+    """nvJPEG is not libjpeg-turbo: held to a mean error under a grey level; a seeded pass
+    repeats exactly."""
     _, ds = colour
     loader = Loader(ds, 4, device="cuda", shuffle=False, pad=False)
     got = torch.cat([as_uint8(x).cpu() for x, _ in loader])

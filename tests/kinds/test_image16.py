@@ -1,7 +1,6 @@
-"""The 16-bit image kind (``latecast.image16``, issue 38 item 1): uint16/int16 images cross
-as stored, 2 bytes a pixel, and come out equal to the float32 pipeline (float32 on the
-host, torchvision v2's normalize, resized crop, pad + crop and flip, then ``.to(device)``)
-with the same draws, masks moving with them; bad input is one error naming the field."""
+"""The 16-bit image kind (``latecast.image16``): uint16/int16 images cross as stored and come
+out equal to the float32 pipeline (torchvision v2's ops) with the same draws, masks moved
+alike; bad input is one error naming the field."""
 
 from __future__ import annotations
 
@@ -47,43 +46,35 @@ def ct_slices(n=24, h=20, w=18, seed=0) -> tuple[np.ndarray, np.ndarray]:
     return images, rng.integers(0, 3, (n, h, w)).astype(np.int64)
 
 
+def moved(x: torch.Tensor, i: int, draws, crop: int, nearest: bool = False) -> torch.Tensor:
+    """Image ``i``'s ``x`` (C, H, W) moved by ``draws`` with torchvision v2's ops: resized crop
+    (bilinear, or nearest as a ``Mask``), pad (0) and crop, flip."""
+    h, w = x.shape[1:]
+    if draws is not None and draws.boxes is not None:
+        top, left, bh, bw = draws.boxes[i].tolist()
+        mode = TF.InterpolationMode.NEAREST if nearest else TF.InterpolationMode.BILINEAR
+        x = TF.resized_crop(x, top, left, bh, bw, [h, w], mode, antialias=True)
+    if draws is not None and draws.shifts is not None:
+        dy, dx = draws.shifts[i].tolist()
+        x = TF.crop(TF.pad(x, [crop], fill=0), crop + dy, crop + dx, h, w)
+    if draws is not None and draws.flips is not None and draws.flips[i]:
+        x = TF.horizontal_flip(x)
+    return x
+
+
 def float32_pipeline(images, draws, *, mean, std, window=None, crop=0) -> torch.Tensor:
-    """The usual way, (N, C, H, W) float32 on the host, with ``draws`` (a ``Moves``): clamp,
-    ``Normalize``, ``RandomResizedCrop``'s box, ``RandomCrop(padding=crop)``'s pad and crop,
-    ``RandomHorizontalFlip``, each torchvision v2's op on one image."""
+    """The usual way on (N, C, H, W) float32 with ``draws``: clamp, normalize, then moved."""
     out = []
     for i, x in enumerate(images.float()):  # (C, H, W)
-        h, w = x.shape[1:]
-        x = x.clamp(*window) if window else x
-        x = TF.normalize(x, list(mean), list(std))
-        if draws is not None and draws.boxes is not None:
-            top, left, bh, bw = draws.boxes[i].tolist()
-            x = TF.resized_crop(x, top, left, bh, bw, [h, w], antialias=True)
-        if draws is not None and draws.shifts is not None:
-            dy, dx = draws.shifts[i].tolist()
-            x = TF.crop(TF.pad(x, [crop], fill=0), crop + dy, crop + dx, h, w)
-        if draws is not None and draws.flips is not None and draws.flips[i]:
-            x = TF.horizontal_flip(x)
-        out.append(x)
+        x = TF.normalize(x.clamp(*window) if window else x, list(mean), list(std))
+        out.append(moved(x, i, draws, crop))
     return torch.stack(out)
 
 
 def mask_pipeline(masks, draws) -> torch.Tensor:
-    """The masks moved by ``draws`` as torchvision moves a ``Mask`` (nearest, 0 padding)."""
-    out = []
-    for i, m in enumerate(masks[:, None]):  # (1, H, W)
-        h, w = m.shape[1:]
-        if draws.boxes is not None:
-            top, left, bh, bw = draws.boxes[i].tolist()
-            m = TF.resized_crop(m, top, left, bh, bw, [h, w], TF.InterpolationMode.NEAREST)
-        if draws.shifts is not None:
-            crop = draws.augment.crop
-            dy, dx = draws.shifts[i].tolist()
-            m = TF.crop(TF.pad(m, [crop], fill=0), crop + dy, crop + dx, h, w)
-        if draws.flips is not None and draws.flips[i]:
-            m = TF.horizontal_flip(m)
-        out.append(m[0])
-    return torch.stack(out)
+    """The masks (N, H, W) moved by ``draws`` as torchvision moves a ``Mask``."""
+    each = enumerate(masks[:, None])  # (1, H, W)
+    return torch.stack([moved(m, i, draws, draws.augment.crop, nearest=True)[0] for i, m in each])
 
 
 def draws_of(aug, seed: int, k: int, nhwc: torch.Tensor, epoch: int = 0):
@@ -117,9 +108,8 @@ def test_a_ct_window_through_wrap_equals_the_float32_pipeline_and_its_mask_follo
 
 
 def test_multispectral_bands_through_the_mover_per_band_mean_std_bfloat16_channels_last():
-    """TorchGeo's shape: uint16 13-band tiles (NHWC numpy, the bands recognised by the
-    13 mean/std values), values past 32767 (the sign bit), per-band statistics in stored
-    units; wrap's dtype and channels_last apply."""
+    """TorchGeo's uint16 13-band tiles (NHWC, past 32767), per-band statistics in stored
+    units; dtype and channels_last apply."""
     rng = np.random.default_rng(1)
     tiles = rng.integers(0, 65536, (6, 16, 16, 13)).astype(np.uint16)
     mean = tuple(float(v) for v in rng.uniform(500, 3000, 13))
@@ -270,11 +260,8 @@ def test_a_window_wholly_outside_the_range_is_one_config_error_naming_both(windo
 
 
 def test_a_torchgeo_style_segmentation_loop_trains_as_the_float32_pipeline():
-    """TorchGeo's shape (a datamodule's ``on_after_batch_transfer``: per-band ``Normalize``
-    of 13-band Sentinel-2 tiles, std 1e4, then flips of image and mask on the device; a
-    per-pixel classifier under cross-entropy): a few SGD steps with latecast's batches
-    (uint16 across, image16 + mask) land where the float32 pipeline's do (float32 tiles
-    from the workers, moved, normalized, flipped by the same draws)."""
+    """TorchGeo's datamodule shape (per-band normalize, flips of image and mask on the
+    device, a per-pixel classifier): SGD on latecast's batches lands where float32's does."""
     rng = np.random.default_rng(5)
     tiles = rng.integers(0, 12000, (32, 13, 16, 16)).astype(np.uint16)
     masks = (tiles[:, 3] >= 6000).astype(np.int64)  # water or not, say: from band 4

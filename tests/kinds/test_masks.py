@@ -1,6 +1,5 @@
-"""Masks through ``wrap`` (issue 18, point 3): a field declared ``"mask"`` is moved by the
-same geometric draw as its batch's images (resized crop by nearest neighbour, crop, flip),
-pixel for pixel, and is never normalized, jittered or cut out."""
+"""Masks (issue 18): moved by their images' geometric draws, pixel for pixel (nearest
+neighbour), never normalized, jittered or cut out."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ CUDA = [
 
 
 def segmentation_batches(count: int = 3) -> list[dict]:
-    """``{"image": uint8 (N, 3, H, W), "mask": int64 (N, H, W), "mask1": uint8 (N, 1, H, W)}``:
-    channel 0 of each image is its mask (values 1..200, 0 is the crop's padding), so a
-    geometric op applied alike keeps them equal pixel by pixel."""
+    """Images (N, 3, H, W) whose channel 0 is their mask (values 1..200; 0 the padding),
+    and the masks (N, H, W) int64 and (N, 1, H, W) uint8: moved alike, they stay equal."""
     g = torch.Generator().manual_seed(3)
     out = []
     for _ in range(count):
@@ -172,9 +170,8 @@ def test_a_mask_with_an_augmentation_that_cannot_move_it_is_refused_at_once():
 
 
 def test_masks_through_the_lightning_hook_are_moved_as_wraps_are():
-    """What ``PrepareOnDevice``'s two hooks make of a batch with masks is what ``wrap`` makes
-    of it for the same seed; a batch another ``transfer_batch_to_device`` moved is refused
-    (the hook packs every batch itself: one path)."""
+    """The hooks make what ``wrap`` makes; a batch another ``transfer_batch_to_device``
+    moved is refused (one path)."""
     aug = latecast.Augment(resized_crop=0.3, crop=2, flip=0.5, jitter=0.2)
     batch = segmentation_batches(1)[0]
     want = next(iter(latecast.wrap([batch], device="cpu", augment=aug, fields=MASKS, seed=2)))
@@ -234,12 +231,9 @@ def reference(batch: dict, aug, size, seed: int, k: int):
 def test_masks_beside_a_jpeg_field_are_cropped_resized_and_flipped_as_its_images(
     decoder, aug, device
 ):
-    """Files of 48x64 trained at 24x32 (their masks came out 48x64, unmoved): each mask is
-    its image's, pixel by pixel: by the boxes the files were decoded with (RandomResizedCrop,
-    else the centre crop), by nearest neighbour, flipped alike (on the CPU against Pillow and
-    the same draws; CUDA draws its flips from its own generator); and the colours of the
-    decoded image say the mask's labels wherever a label's 5x5 neighbourhood is its own (the
-    bilinear blur reaches 2 source pixels; nearest samples the top-left one, as torch's)."""
+    """48x64 files trained at 24x32 (their masks once came out unmoved): each mask follows
+    its image's decode box by nearest neighbour and flips alike (against Pillow); the decoded
+    colours say the labels wherever a 5x5 neighbourhood is one label (bilinear blur)."""
     batches = [jpeg_segmentation() for _ in range(2)]
     fields = {"image": latecast.jpeg(size=(24, 32)), "mask": "mask"}
     got = list(latecast.wrap(batches, device=device, augment=aug, fields=fields, seed=3))
@@ -303,11 +297,9 @@ def cat_list_per_channel(images, fill_value=0):
 
 
 def test_torchvisions_segmentation_padding_converted_pads_uint8_with_the_mean():
-    """torchvision's segmentation reference pads each batch to its largest image after its
-    transforms normalized it: 0 there is the mean. Converted as the docs say (uint8 out of the
-    DataLoader, normalized by ``wrap``), the same ``collate_fn`` pads uint8 with 0, black,
-    which comes out -mean/std (about 2.1 off). Padding uint8 with ``round(255 * mean)`` per
-    channel comes out within 0.5/255/std of 0; masks are padded with 255 both ways."""
+    """torchvision's reference pads after normalizing (0 is the mean); converted, its
+    ``collate_fn`` pads uint8 with black (-mean/std, 2.1 off): padded with ``round(255 *
+    mean)`` it comes out within 0.5/255/std of 0; masks padded with 255 both ways."""
     g = torch.Generator().manual_seed(47)
     sizes = [(10, 12), (7, 12), (10, 9), (6, 5), (9, 11), (8, 8)]
     samples = []

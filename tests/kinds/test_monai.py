@@ -1,10 +1,7 @@
-"""MONAI's spleen-segmentation tutorial converted as docs/dataloader.md says (issue 47):
-``ScaleIntensityRanged(a_min=-57, a_max=164, b_min=0, b_max=1, clip=True)`` dropped for
-``latecast.image16(window=(-57, 164))``, the label declared ``"mask"``, the slices kept int16
-through the same MONAI crops. ``CropForegroundd``'s ``select_fn`` and
-``RandCropByPosNegLabeld``'s ``image_threshold`` ran after the windowing and now read stored
-Hounsfield units: as they were (``x > 0``, ``0``) the crops differ; rewritten in stored units
-(``x > -57``, ``-57``) the batches and the losses are the tutorial's."""
+"""MONAI's spleen tutorial converted as docs/dataloader.md says (issue 47): the windowing
+moved to ``latecast.image16(window=(-57, 164))``, slices int16 through MONAI's crops, whose
+thresholds now read stored HU: left as they were the crops differ, rewritten (``x > -57``)
+the batches and losses are the tutorial's."""
 
 from __future__ import annotations
 
@@ -31,10 +28,8 @@ SIZE = 16  # its spatial_size, shrunk to the tiny slices
 
 
 def ct_slices(n: int = 6, h: int = 48, w: int = 40, seed: int = 0) -> list[dict]:
-    """``{"image": int16 (1, H, W) in HU, "label": int64 (1, H, W)}``: a body ellipse of
-    soft tissue (-57..400 HU) with a rim of fat just above the window's floor (-50..-1 HU:
-    foreground to the tutorial, whose window maps -57 to 0) in air of -1000, and a small
-    organ inside."""
+    """int16 HU images and int64 labels: a soft-tissue body with a rim of fat just above the
+    window's floor (foreground to the tutorial) in air, a small organ inside."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[:h, :w]
     out = []

@@ -1,9 +1,7 @@
-"""The package's shape, read from its source with ``ast`` (nothing is imported): no import
-cycle (imports by name, as the CLI imports each command's module, included), and the
-folder rule. The core (modules at the top of the package) imports nothing from the
-subpackages; ``kinds`` (field kinds beyond the core's) import only the core; ``integrations``
-and ``storage`` the core and the kinds; ``trainer`` those and storage; ``tools`` anything.
-Nothing imports ``tools`` but ``tools`` and ``__main__``."""
+"""The package's shape, read with ``ast``: no import cycle (imports by name included), and
+the folder rule: the core imports no subpackage; ``kinds`` only the core; ``integrations`` and
+``storage`` the core and kinds; ``trainer`` those and storage; only ``tools`` and
+``__main__`` import ``tools``."""
 
 from __future__ import annotations
 
@@ -34,11 +32,9 @@ def module_name(package_dir: Path, path: Path) -> str:
 
 
 def module_imports(path: Path, name: str, package: str, modules: set[str]) -> set[str]:
-    """The package's modules that module ``name`` (at ``path``) imports, at the top or inside
-    functions; ``__init__`` for a name taken from the package itself (``from . import Loader``
-    at the top); and those it imports by name, a string naming one given to a call
-    (``importlib.import_module("latecast.tools.doctor")``, the CLI's ``_options("trainer.loop",
-    ...)``: a subpackage's module, or any with the package's prefix)."""
+    """The package's modules ``name`` imports anywhere (``__init__`` for ``from . import X``),
+    and by name: a string naming one given to a call (``import_module``, the CLI's
+    ``_options("trainer.loop", ...)``)."""
     here = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
     if name == "__init__":
         here = []
@@ -132,9 +128,8 @@ def test_the_folder_rule():
 
 
 def test_storage_and_the_data_types_load_without_torch():
-    """``latecast convert``'s workers and the command line start without torch (about 2 s):
-    the data types (``Batch``, ``Encoded`` too) name torch only for type checkers; ``latecast
-    --help`` imports no command's module (each would import torch: 2.2 s, now 0.07)."""
+    """``convert``'s workers and ``--help`` start without torch (about 2 s): the data types
+    name torch only for type checkers, ``--help`` imports no command's module."""
     code = (
         "import sys, latecast.data, latecast.storage.convert\n"
         "from latecast.tools.cli import main\n"
@@ -195,9 +190,8 @@ def test_the_checks_see_every_kind_of_import(tmp_path):
 
 
 def private_names(path: Path) -> list[str]:
-    """The private latecast names a script outside the package uses: imported
-    (``from latecast.tools.bench import _rates``, ``import latecast._x``) or reached as an
-    attribute of a latecast module it imported (``latecast.transforms._scale_shift``)."""
+    """The private latecast names a script uses: imported, or an attribute of a latecast
+    module it imported (``latecast.transforms._scale_shift``)."""
     tree = ast.parse(path.read_text(), str(path))
     found, modules = [], set()
 

@@ -1,7 +1,5 @@
-"""The documentation: the site builds with warnings as errors (no broken link, no unresolved
-API name), its API reference names every public name and every option of the main entry
-points, and every Python snippet in the README and the docs is cut, verbatim, from an example
-the tests run."""
+"""The docs: the site builds with warnings as errors, the API reference names every public
+name and option, every Python snippet is cut verbatim from an example the tests run."""
 
 from __future__ import annotations
 
@@ -95,9 +93,8 @@ def test_readme_python_snippets_are_verbatim_from_tested_examples():
 
 
 def test_docs_python_snippets_are_verbatim_sections_of_tested_examples():
-    """Each Python block of docs/ is, verbatim, one marked section of an example the tests run
-    (``# --8<-- [start:NAME]`` to ``[end:NAME]``, dedented) or the whole file; no page includes
-    one (``--8<--``), so the code reads on a code host and in an editor as on the site."""
+    """Each block is a marked section (``# --8<-- [start:NAME]``..``[end:NAME]``, dedented)
+    or the whole file, never included (``--8<--``): it reads the same off the site."""
     pages = {page.name: page.read_text() for page in sorted((ROOT / "docs").glob("*.md"))}
     including = [name for name, text in pages.items() if "--8<--" in text]
     assert not including, f"an include line, not the code, in docs/{including}"

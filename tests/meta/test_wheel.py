@@ -1,11 +1,7 @@
-"""The wheel a user installs: built from the package's files alone, installed into a fresh
-venv with no checkout on its path, it carries the bundled MNIST and ``py.typed``, and its
-command line trains from a folder outside the checkout.
-
-The fresh venv gets latecast from the wheel only; its dependencies (torch, numpy, tqdm) are
-the running interpreter's, reached through a ``.pth`` line (a path line adds that folder to
-``sys.path`` but runs none of the ``.pth`` files in it, so an editable latecast installed
-there stays out)."""
+"""The wheel, installed into a fresh venv with no checkout on its path, carries MNIST and
+``py.typed`` and trains from outside the checkout. Its dependencies come from this
+interpreter by a ``.pth`` path line (which runs none of the ``.pth`` files there: an
+editable latecast stays out)."""
 
 from __future__ import annotations
 
@@ -76,28 +72,12 @@ def test_the_wheel_installs_into_a_fresh_venv_and_trains_outside_the_checkout(tm
     away = tmp_path / "elsewhere"  # no checkout here or above: tmp is outside it
     away.mkdir()
     env = clean_env()
-    where = run(
-        str(venv / "bin" / "python"),
-        "-c",
-        "import latecast; latecast.wrap; print(latecast.__file__)",
-        cwd=away,
-        env=env,
-    )
+    code = "import latecast; latecast.wrap; print(latecast.__file__)"
+    where = run(str(venv / "bin" / "python"), "-c", code, cwd=away, env=env)
     assert Path(where.strip()).is_relative_to(venv), where  # the wheel's, not the checkout's
     assert run(str(venv / "bin" / "latecast"), "--version", cwd=away, env=env).strip() == (
         f"latecast {VERSION}"
     )
-    out = run(
-        str(venv / "bin" / "latecast"),
-        "train",
-        "--epochs",
-        "1",
-        "--limit-train",
-        "2048",
-        "--device",
-        "cpu",
-        "--json",
-        cwd=away,
-        env=env,
-    )
+    argv = ["train", "--epochs", "1", "--limit-train", "2048", "--device", "cpu", "--json"]
+    out = run(str(venv / "bin" / "latecast"), *argv, cwd=away, env=env)
     assert '"test_accuracy"' in out.splitlines()[-1], out[-2000:]

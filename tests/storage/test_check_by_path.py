@@ -1,17 +1,6 @@
-"""Every data check on every path that reads data (issue 36): one table, check x path.
-
-A cell either runs, and its check must fire as the table says (one ``LatecastError``, or one
-warning, naming the file or sample; at the CLI one line, exit 1 for an error), or is not
-applicable, with the reason in the table. Checks: a file's bytes changed after it was written
-(a store's CRC-32 per file, a shard index's CRC-32 per sample), a file cut short, a
-decompression bomb (a header over ``MAX_PIXELS``; and the same file put in place of one
-after it was written), a file that does not decode, a label outside the classes, bad
-arguments. Paths: the ``Loader`` over a store, whole and cut
-by ``latecast train --limit-train``; shards on 1 process, on 2 ``torchrun`` ranks (one
-launch for the whole column) and resumed mid-shard; ``wrap`` with a JPEG field,
-``jpeg_folder`` through ``wrap``, Lightning's hook (``PrepareOnDevice`` under a real
-``Trainer``).
-"""
+"""Every data check on every path that reads data (issue 36): one table, check x path. A
+cell runs and its check fires as the table says (one ``LatecastError`` or one warning naming
+the file or sample), or is not applicable, with the reason in the table."""
 
 from __future__ import annotations
 
@@ -28,12 +17,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from _helpers import damage_mid_store, lightning_trainer, silent_damage
-from test_shard_checks import flip, small_jpeg
-from test_streams import COUNTS, ROOT, TIMEOUT, make_shards
+from _helpers import damage_mid_store, flip, lightning_trainer, silent_damage, write_tar
+from PIL import Image
+from test_shard_checks import small_jpeg, stream_position
+from test_streams import ROOT, TIMEOUT, make_shards
+from torch.utils.data import DataLoader
 
 import latecast
 from latecast.errors import LatecastError
+from latecast.storage import stream
 
 PATHS = ("store", "store_cut", "shards_1", "shards_2", "shards_resumed", "wrap_jpeg",
          "jpeg_folder", "lightning")  # fmt: skip
@@ -73,9 +65,8 @@ CRC = E("{sample}: CRC-32", "the index says")
 
 
 def row(store, shards, own, folder=None, **cells) -> dict[str, Fires | NotApplicable]:
-    """A check's cells: ``store`` on both store paths, ``shards`` on the three shard paths,
-    ``own`` on wrap's and Lightning's (and jpeg_folder's unless ``folder``); ``cells`` each
-    path's own."""
+    """A check's cells: ``store``, ``shards`` and ``own`` (wrap's, Lightning's, jpeg_folder's
+    unless ``folder``) on their paths; ``cells`` each path's own."""
     given = dict(store=store, store_cut=store, wrap_jpeg=own, lightning=own)
     given.update(shards_1=shards, shards_2=shards, shards_resumed=shards, jpeg_folder=folder or own)
     return {path: cells.get(path, given[path]) for path in PATHS}
@@ -145,11 +136,8 @@ def said(run, names: dict) -> Said:
 
 
 def bomb(length: int = 0) -> bytes:
-    """A grey JPEG whose frame header says 10001 rows of 10000 (over ``MAX_PIXELS`` by 10,000
-    pixels: decoded, 100 MB, not the 10 GiB of a real bomb, should a check be missing),
-    padded with a comment segment to ``length`` bytes."""
-    from PIL import Image
-
+    """A grey JPEG whose header says 10001x10000 (just over ``MAX_PIXELS``: 100 MB decoded,
+    should a check be missing), padded by a comment to ``length`` bytes."""
     buf = io.BytesIO()
     Image.new("L", (8, 8)).save(buf, "JPEG")
     data = bytearray(buf.getvalue())
@@ -171,9 +159,8 @@ def undecodable(jpeg: bytes) -> bytes:
 
 
 def cut(jpeg: bytes) -> bytes:
-    """``jpeg`` cut to two thirds: after its frame header, inside its tables (a small file's
-    headers are most of it), so every decoder refuses it; cut in its scan, one would say
-    "premature end" and decode the rest grey, another refuse it."""
+    """``jpeg`` cut inside its tables (not its scan, which some decoders fill grey): every
+    decoder refuses it."""
     return jpeg[: 2 * len(jpeg) // 3]
 
 
@@ -185,8 +172,6 @@ N, K, SIDE = 300, 149, 96  # K: mid-store (past data.bin's first MiB, before its
 
 @pytest.fixture(scope="module")
 def store_files() -> list[bytes]:
-    from PIL import Image
-
     rng, files = np.random.default_rng(0), []
     for _ in range(N):  # grey noise, ~9.6 KB a file: data.bin ~2.9 MB
         buf = io.BytesIO()
@@ -276,33 +261,14 @@ def run_store_cut(check, tmp_path, store_files, monkeypatch, run_cli, **_) -> Sa
 # -- shards ---------------------------------------------------------------------------------
 
 
-def stream_position(at: int = 18) -> tuple[str, str]:
-    """The shard and key at stream position ``at`` of epoch 0 (seed 0, a shuffle buffer of
-    1: the shards permuted, each in its order): with batches of 2, the first sample of the
-    second of 2 ranks and of a resume after 9 batches; mid-shard, so read by no one whole."""
-    from latecast.storage.stream import epoch_order
-
-    S, _ = epoch_order(COUNTS[:-1], seed=0, epoch=0, buffer=1, shuffle=True)
-    starts = np.cumsum([0, *COUNTS[:-1]])
-    shard = int(np.searchsorted(starts, S[at], side="right")) - 1
-    k = int(S[at] - starts[shard])
-    assert k > 0 and not (shard == 0 and k < 4)  # mid-shard; not among the 4 measured
-    return f"shard-{shard:03d}.tar", f"{100 * shard + k:06d}"
-
-
 def rewrite(path: Path, key: str, jpg: bytes | None = None, label: int | None = None) -> None:
     """The shard at ``path`` written again, sample ``key``'s JPEG or label replaced."""
     with tarfile.open(path) as tar:
-        members = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
-    with tarfile.open(path, "w") as tar:
-        for m, data in members:
-            if m.name == f"{key}.jpg" and jpg is not None:
-                data = jpg
-            if m.name == f"{key}.cls" and label is not None:
-                data = str(label).encode()
-            info = tarfile.TarInfo(m.name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+        members = [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]
+    new = {f"{key}.jpg": jpg, f"{key}.cls": None if label is None else str(label).encode()}
+    write_tar(
+        path, [(name, data if new.get(name) is None else new[name]) for name, data in members]
+    )
 
 
 def shards_made(folder: Path) -> str:
@@ -354,8 +320,6 @@ def shard_fault(check: str, folder: Path) -> dict:
 
 
 def run_shards_1(check, tmp_path, monkeypatch, **_) -> Said:
-    from latecast.storage import stream
-
     monkeypatch.setattr(stream, "STAT_FILES", 4)  # as a split of 512+: no shard read whole
     spec = shards_made(tmp_path / "shards")
     names = shard_fault(check, tmp_path / "shards")
@@ -369,11 +333,8 @@ def run_shards_1(check, tmp_path, monkeypatch, **_) -> Said:
 
 
 def run_shards_resumed(check, tmp_path, monkeypatch, **_) -> Said:
-    """9 batches of 2 read, the loader's state kept; ``check``'s fault put in (the shards
-    changed between a kill and the resume); a loader on the same shards resumed from it,
-    whose first read starts mid-shard (``stream_position``)."""
-    from latecast.storage import stream
-
+    """9 batches read, the state kept, the fault put in, then a loader resumed from that
+    state (its first read mid-shard)."""
     monkeypatch.setattr(stream, "STAT_FILES", 4)
     spec = shards_made(tmp_path / "shards")
     loader = latecast.Loader(stream.open_shards(spec, buffer=1), 2, device="cpu")
@@ -420,9 +381,8 @@ with open(f"rank-{os.environ['RANK']}.json", "w") as f:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory) -> dict:
-    """The 2-rank column in one ``torchrun`` launch: each rank reads its half of each
-    check's shards (rank and world from torchrun's environment); ``{check: [rank 0's, rank
-    1's]}``, each ``{"error": line or None, "warnings": [...]}``, and the names."""
+    """The 2-rank column in one ``torchrun`` launch: ``{check: ([rank 0's, rank 1's],
+    names)}``, each ``{"error": line or None, "warnings": [...]}``."""
     base = tmp_path_factory.mktemp("two-ranks")
     specs, names = {}, {}
     for check in CHECKS:
@@ -478,8 +438,6 @@ def options(check: str) -> dict:
 
 
 def run_wrap_jpeg(check, **_) -> Said:
-    from torch.utils.data import DataLoader
-
     samples, names = own_files(check)
     dl = DataLoader(samples, batch_size=4)
     return said(lambda: list(latecast.wrap(dl, device="cpu", **options(check))), names)
@@ -487,8 +445,6 @@ def run_wrap_jpeg(check, **_) -> Said:
 
 def run_jpeg_folder(check, tmp_path, **_) -> Said:
     """``jpeg_folder`` of 3 class folders (the faulty file ``b/2.jpg``), a DataLoader, wrap."""
-    from torch.utils.data import DataLoader
-
     samples, _ = own_files(check)
     root = tmp_path / "photos"
     for i, (jpg, _) in enumerate(samples):
@@ -511,7 +467,6 @@ def run_lightning(check, tmp_path, **_) -> Said:
     pytest.importorskip("lightning")
     import lightning as L
     import torch.nn.functional as F
-    from torch.utils.data import DataLoader
 
     from latecast.integrations.lightning import PrepareOnDevice
 

@@ -1,7 +1,5 @@
-"""`latecast convert` of issues 10 and 12: jpeg stores that
-keep each JPEG byte for byte, any worker count writing the same store, kill -9 mid-convert,
-image modes, class folders without images, odd file names, the held-out split and the
-stored order, full disks."""
+"""`latecast convert` (issues 10, 12): JPEGs kept byte for byte, any worker count, kill -9,
+image modes, odd folders and names, the held-out split and stored order, full disks."""
 
 from __future__ import annotations
 
@@ -16,7 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _helpers import damage_scan, seed_of, smooth
+from _helpers import damage_scan, one_line_error, seed_of, smooth, tmpfs
+from _helpers import jpeg_bytes as jpeg_of
+from _helpers import tree as files
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,14 +35,11 @@ def save(path: Path, pixels: np.ndarray, fmt: str | None = None, **options) -> P
     return path
 
 
-def jpeg_of(pixels: np.ndarray, quality: int = 90) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, "JPEG", quality=quality)
-    return buf.getvalue()
-
-
-def files(out: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+def pngs(src: Path, classes: str = "ab") -> None:
+    """Two 4x4 PNGs in each class folder of ``classes``."""
+    for cls in classes:
+        for i in range(2):
+            save(src / cls / f"{i}.png", smooth(4, 4, seed_of(cls, i)))
 
 
 # ---- the jpeg store, and any worker count writes the same store ----------------------
@@ -149,9 +146,8 @@ def many_jpegs(tmp_path_factory) -> tuple[Path, bytes]:
 
 
 def interrupt_mid_write(src: Path, out: Path, sig: signal.Signals) -> subprocess.Popen:
-    """Start a real parallel `latecast convert` into ``out``; once it writes, send ``sig``: a
-    SIGINT to its process group, as a terminal's Ctrl-C; a SIGKILL to it alone, as ``kill -9
-    PID`` (its orphaned workers must then go away by themselves)."""
+    """A real parallel `latecast convert`, sent ``sig`` once it writes: SIGINT to its group
+    (Ctrl-C), SIGKILL to it alone (its orphaned workers must go by themselves)."""
     argv = [sys.executable, "-m", "latecast", "convert", src, out, "--encoding", "jpeg"]
     child = subprocess.Popen(
         [*argv, "--workers", "2"],
@@ -279,9 +275,7 @@ def test_palette_cmyk_and_alpha_become_rgb_as_pillow_converts_them(tmp_path, enc
 
 def test_a_class_folder_without_readable_images_is_not_a_class(tmp_path):
     src = tmp_path / "src"
-    for cls in ("a", "d"):
-        for i in range(2):
-            save(src / cls / f"{i}.png", smooth(4, 4, seed_of(cls, i)))
+    pngs(src, "ad")
     (src / "b").mkdir()
     (src / "c").mkdir()
     (src / "c" / "README.txt").write_text("no images here")
@@ -290,9 +284,8 @@ def test_a_class_folder_without_readable_images_is_not_a_class(tmp_path):
     with pytest.warns(UserWarning, match=r"\['b', 'c', 'e'\] hold no readable images; not classes"):
         out, skipped = convert_folder(src, tmp_path / "s", test_fraction=0, skip_bad=True)
     ds = open_store(out)
-    assert (
-        ds.classes == ("a", "d") and sorted(ds.labels) == [0, 0, 1, 1] and skipped == ["e/bad.png"]
-    )
+    assert ds.classes == ("a", "d") and sorted(ds.labels) == [0, 0, 1, 1]
+    assert skipped == ["e/bad.png"]
     split = tmp_path / "split"  # test images of a class whose train images are all unreadable
     for part in ("train", "test"):
         save(split / part / "a" / "0.png", smooth(4, 4, 1))
@@ -317,13 +310,11 @@ ODD_NAMES += ["'tab\\there'.png"]  # printable, but shown as it is it would read
 
 def test_skipped_files_with_tabs_and_newlines_read_back(tmp_path, run_cli):
     src = tmp_path / "src"
-    for cls in ("a", "b"):
-        for i in range(2):
-            save(src / cls / f"{i}.png", smooth(4, 4, seed_of(cls, i)))
+    pngs(src)
     for name in ODD_NAMES:
         (src / "b" / name).write_bytes(b"broken")
     proc = run_cli("convert", src, tmp_path / "s", "--test-fraction", "0", process=True)
-    assert proc.rc == 1 and len(proc.err.splitlines()) == 1 and "Traceback" not in proc.err
+    one_line_error(proc)
     proc = run_cli("convert", src, tmp_path / "s", "--test-fraction", "0", "--skip-bad", "--json")
     assert proc.rc == 0, proc.err
     want = sorted(f"b/{name}" for name in ODD_NAMES)
@@ -341,9 +332,7 @@ def test_fifos_and_devices_among_the_images_are_refused_or_skipped_never_read(tm
     """A FIFO named like an image was passed over without a word (reading it would wait for
     a writer forever); a device (here a link to /dev/zero) never ends."""
     src = tmp_path / "src"
-    for cls in ("a", "b"):
-        for i in range(2):
-            save(src / cls / f"{i}.png", smooth(4, 4, seed_of(cls, i)))
+    pngs(src)
     os.mkfifo(src / "a" / "pipe.png")
     (src / "b" / "zeros.jpg").symlink_to("/dev/zero")
     with pytest.raises(FormatError, match=r"pipe.png: not a regular file \(a FIFO"):
@@ -421,12 +410,8 @@ def test_convert_then_train_and_info_on_a_plain_folder(tmp_path, run_cli):
     assert proc.json["splits"] == {"train": 27, "test": 3} and proc.json["encoding"] == "raw"
     rc, info = run_cli("info", tmp_path / "s", "--json")
     assert rc == 0 and (info["train"]["samples"], info["test"]["samples"]) == (27, 3)
-    rc, result = run_cli(
-        "train",
-        tmp_path / "s",
-        *("--model", "mlp", "--epochs", "1", "-b", "6", "--limit-train", "6"),
-        *("--device", "cpu", "--output-dir", tmp_path / "run", "--json"),
-    )
+    argv = ["--model", "mlp", "--epochs", "1", "-b", "6", "--limit-train", "6", "--device", "cpu"]
+    rc, result = run_cli("train", tmp_path / "s", *argv, "--output-dir", tmp_path / "run", "--json")
     assert rc == 0 and result["epochs"] == 1
 
 
@@ -436,17 +421,8 @@ def test_convert_then_train_and_info_on_a_plain_folder(tmp_path, run_cli):
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 512 KiB tmpfs, unmounted afterwards."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mount = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(disk)], capture_output=True
-    )
-    if mount.returncode:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mount.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "disk", "512k") as disk:
         yield disk
-    finally:
-        subprocess.run(["umount", str(disk)], check=True)
 
 
 @pytest.mark.parametrize("encoding", ["raw", "jpeg"])
@@ -462,11 +438,8 @@ def test_a_full_disk_is_one_line_and_keeps_the_old_store(tmp_path, small_disk, r
     proc = run_cli(
         *("convert", src, old, "--encoding", encoding, "--workers", "1"), process=True, timeout=120
     )
-    assert proc.rc == 1 and "Traceback" not in proc.err, proc.err
-    assert (
-        proc.err
-        == f"latecast: error: {old}: cannot write the store there: No space left on device\n"
-    )
+    said = f"latecast: error: {old}: cannot write the store there: No space left on device"
+    assert one_line_error(proc) == said and proc.err == said + "\n"
     assert sorted(os.listdir(small_disk)) == ["s"] and files(old) == before  # no debris, old kept
     big = from_arrays(np.zeros((100, 64, 64, 3), np.uint8), np.arange(100) % 2)  # 1.2 MB
     with pytest.raises(WriteError, match=r"disk/big: cannot write the store there: No space left"):
@@ -480,8 +453,7 @@ def test_an_unwritable_out_is_one_line_naming_it(tmp_path, run_cli, where):
     (tmp_path / "file").write_text("mine")
     out = tmp_path / "file" / "s" if where == "under a file" else tmp_path / ("n" * 300)
     proc = run_cli("convert", tmp_path / "src", out)
-    assert proc.rc == 1 and proc.err.startswith(f"latecast: error: {out}: cannot write the store")
-    assert len(proc.err.splitlines()) == 1
+    assert one_line_error(proc).startswith(f"latecast: error: {out}: cannot write the store")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "src"]
     assert (tmp_path / "file").read_text() == "mine"
 

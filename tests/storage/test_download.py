@@ -153,15 +153,16 @@ def test_wrong_hash_names_url_and_both_hashes_and_removes_the_file(server, tmp_p
     assert server.url("/a.gz") in message and "ab" * 32 in message and sha(DATA) in message
 
 
-def test_dropped_connection_never_leaves_a_file(server, tmp_path):
-    server.routes["/a.gz"] = dropped(DATA)
-    said = "connection dropped after 50,000 of 100,000 bytes"
+CUT = {
+    "dropped": (dropped(DATA), "connection dropped after 50,000 of 100,000 bytes"),
+    "truncated": (body(DATA[:-10]), "SHA-256 mismatch"),
+}
+
+
+@pytest.mark.parametrize("cut", CUT)
+def test_a_dropped_or_truncated_file_never_leaves_a_file(server, tmp_path, cut):
+    server.routes["/a.gz"], said = CUT[cut]
     refused([server.url("/a.gz")], tmp_path / "a.gz", said)
-
-
-def test_truncated_file_fails_its_hash(server, tmp_path):
-    server.routes["/a.gz"] = body(DATA[:-10])
-    refused([server.url("/a.gz")], tmp_path / "a.gz", "SHA-256 mismatch")
 
 
 def test_timeout_moves_on_to_the_next_mirror(server, tmp_path):

@@ -265,9 +265,8 @@ def test_a_file_of_no_images_or_labels_is_named(tmp_path, run_cli):
 
 
 def test_a_header_of_a_zero_and_huge_dimensions_is_a_format_error():
-    """A flipped ndim byte can read the values as dimensions: one of them 0 (so the header
-    claims no bytes, and the file's size agrees) beside others whose product numpy cannot
-    hold. Found by the byte-flip property test: a ValueError from numpy, now a FormatError."""
+    """A flipped ndim byte: a 0 dimension (no bytes claimed, the size agrees) beside ones
+    numpy cannot multiply (found by the property test: a ValueError, now a FormatError)."""
     dims = (3, 4, 2**31, 2**32 - 1, 2**20, 0, 2**31)
     data = bytes([0, 0, 0x0E, len(dims)]) + struct.pack(f">{len(dims)}I", *dims)
     with pytest.raises(FormatError, match=r"huge.idx: IDX header .* is no array numpy can hold"):

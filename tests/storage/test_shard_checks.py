@@ -1,32 +1,27 @@
-"""Streamed shards checked on every path (issue 36): a sample changed since ``latecast index``
-is refused by its CRC-32 wherever it is read (1 process, 2 ``torchrun`` ranks splitting a
-shard, a resume mid-shard); a key written twice, a shard gone, a 503, a test label the train
-shards lack, a decompression bomb are one line each, and a dropped connection leaves no
-"Unclosed connection" behind. Shards without an index are indexed by ``train`` itself, the
-index kept for the next run (issue 37). Real HTTP servers on 127.0.0.1, real processes."""
+"""Streamed shards checked on every path (issues 36, 37): a changed sample refused by its
+CRC-32 wherever read; a duplicate key, a shard gone, a 503, a stray test label, a bomb one
+line each; unindexed shards indexed by ``train``. Real HTTP servers, real processes."""
 
 from __future__ import annotations
 
-import functools
 import http.server
 import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import flip, one_line_error, write_tar
+from PIL import Image
 from test_streams import (
     COUNTS,
     ROOT,
     TIMEOUT,
     Throttled,
     make_shards,
-    one_line,
     serving,
 )
 
@@ -63,36 +58,33 @@ def launch(tmp_path: Path, world: int, argv: list, kill: int = 0) -> subprocess.
                           timeout=TIMEOUT, env=env)  # fmt: skip
 
 
-def flip(path: Path, key: str) -> None:
-    """One bit of ``key``'s JPEG scan data flipped in place: sizes, keys, offsets all kept."""
-    with tarfile.open(path) as tar:
-        member = tar.getmember(f"{key}.jpg")
-    data = bytearray(path.read_bytes())
-    data[member.offset_data + member.size // 2] ^= 1
-    path.write_bytes(bytes(data))
+def stream_position(at: int = 18) -> tuple[str, str]:
+    """The shard and key at stream position ``at`` of epoch 0 (seed 0, buffer 1): rank 1's
+    first sample and a resume's after 9 batches of 2, mid-shard."""
+    from latecast.storage.stream import epoch_order
+
+    S, _ = epoch_order(COUNTS[:-1], seed=0, epoch=0, buffer=1, shuffle=True)
+    starts = np.cumsum([0, *COUNTS[:-1]])
+    shard = int(np.searchsorted(starts, S[at], side="right")) - 1
+    k = int(S[at] - starts[shard])
+    assert k > 0 and not (shard == 0 and k < 4)  # mid-shard; not among the 4 measured
+    return f"shard-{shard:03d}.tar", f"{100 * shard + k:06d}"
 
 
 def test_a_sample_changed_after_indexing_is_refused_on_two_ranks_and_after_a_mid_shard_resume(
     tmp_path, run_cli
 ):
-    """``--shuffle-buffer 1`` streams the 36 train samples in the shards' permuted order;
-    stream position 18 is mid-shard (no sum of the train shards' counts is 18): where the
-    second of 2 ranks starts, and where a 1-process run killed after step 9 (batch 2)
-    resumes. The sample there, changed after indexing, is read by no one whole-shard."""
+    """Stream position 18 (buffer 1) is mid-shard: rank 1's start of 2, and where a run
+    killed after step 9 resumes; the sample there is changed after indexing."""
     import torch
 
     from latecast.storage.shards import write_index
-    from latecast.storage.stream import epoch_order
 
     folder = tmp_path / "shards"
     make_shards(folder)
     spec = f"{folder}/shard-{{000..003}}.tar"
     write_index(spec)
-    S, _ = epoch_order(COUNTS[:-1], seed=0, epoch=0, buffer=1, shuffle=True)
-    starts = np.cumsum([0, *COUNTS[:-1]])
-    shard = int(np.searchsorted(starts, S[18], side="right")) - 1
-    key, name = f"{100 * shard + int(S[18] - starts[shard]):06d}", f"shard-{shard:03d}.tar"
-    assert S[18] != starts[shard]  # mid-shard
+    name, key = stream_position()
     named = f"{name}: sample '{key}': CRC-32"
 
     argv = ["train", spec, "--model", "cnn", "-b", 2, "--device", "cpu", "--epochs", 1,
@@ -121,17 +113,11 @@ def test_a_sample_changed_after_indexing_is_refused_on_two_ranks_and_after_a_mid
 
 def write_samples(path: Path, samples: list[tuple[str, bytes, int]]) -> None:
     """A shard of ``(key, jpeg, label)`` samples, in that order (keys may repeat)."""
-    with tarfile.open(path, "w") as tar:
-        for key, jpg, label in samples:
-            for ext, data in (("jpg", jpg), ("cls", str(label).encode())):
-                info = tarfile.TarInfo(f"{key}.{ext}")
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
+    pairs = [(key, (("jpg", jpg), ("cls", str(label).encode()))) for key, jpg, label in samples]
+    write_tar(path, [(f"{key}.{ext}", data) for key, files in pairs for ext, data in files])
 
 
 def small_jpeg(value: int = 90) -> bytes:
-    from PIL import Image
-
     buf = io.BytesIO()
     Image.fromarray(np.full((24, 32, 3), value, np.uint8)).save(buf, "JPEG")
     return buf.getvalue()
@@ -140,16 +126,13 @@ def small_jpeg(value: int = 90) -> bytes:
 def test_a_key_written_twice_and_a_decompression_bomb_are_refused_naming_shard_and_key(
     tmp_path, run_cli
 ):
-    """A sample written twice in a row (WebDataset: "duplicate file name") or a key again
-    later in the shard; a JPEG of 631 bytes whose header says 60000x60000: each one line at
-    ``latecast index`` and at ``train`` without an index (which indexes first)."""
+    """A key twice in a row or later in the shard, a 631-byte JPEG saying 60000x60000: one
+    line each at ``index`` and at ``train`` without an index."""
     jpg = small_jpeg()
     write_samples(tmp_path / "twice-000.tar", [("a", jpg, 0), ("a", jpg, 0), ("b", jpg, 1)])
     write_samples(tmp_path / "later-000.tar", [("a", jpg, 0), ("b", jpg, 1), ("a", jpg, 0)])
-    one_line(run_cli("index", tmp_path / "twice-000.tar"), "twice-000.tar", "'a'", "twice")
-    one_line(run_cli("index", tmp_path / "later-000.tar"), "later-000.tar", "'a'", "twice")
-
-    from PIL import Image
+    one_line_error(run_cli("index", tmp_path / "twice-000.tar"), "twice-000.tar", "'a'", "twice")
+    one_line_error(run_cli("index", tmp_path / "later-000.tar"), "later-000.tar", "'a'", "twice")
 
     buf = io.BytesIO()
     Image.new("L", (8, 8)).save(buf, "JPEG")
@@ -162,9 +145,9 @@ def test_a_key_written_twice_and_a_decompression_bomb_are_refused_naming_shard_a
     write_samples(folder / "s-001.tar", [("c", jpg, 0)])
     spec = f"{folder}/s-*.tar"
     said = ("s-000.tar", "'boom'", "60000x60000", "pixels allowed")
-    one_line(run_cli("index", spec), *said)
+    one_line_error(run_cli("index", spec), *said)
     with pytest.warns(UserWarning, match="no index"):
-        one_line(run_cli("train", spec, "--check", "--output-dir", tmp_path / "r"), *said)
+        one_line_error(run_cli("train", spec, "--check", "--output-dir", tmp_path / "r"), *said)
 
 
 class Unavailable(http.server.SimpleHTTPRequestHandler):
@@ -188,11 +171,8 @@ def unavailable(tmp_path):
     """A real HTTP server on 127.0.0.1 (``Unavailable``) for ``tmp_path / "shards"``."""
     folder = tmp_path / "shards"
     make_shards(folder)
-    handler = functools.partial(Unavailable, directory=str(folder))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield folder, f"http://127.0.0.1:{server.server_address[1]}/shard-{{000..003}}.tar"
-    server.shutdown()
+    with serving(folder, Unavailable) as (_, url):
+        yield folder, url
 
 
 def test_a_503_when_a_shard_is_opened_is_retried_as_reads_are(unavailable, run_cli, quick_retries):
@@ -214,11 +194,8 @@ def test_a_503_when_a_shard_is_opened_is_retried_as_reads_are(unavailable, run_c
 def test_a_shard_gone_or_a_test_label_outside_the_train_classes_is_refused_before_a_step(
     served, run_cli, tmp_path
 ):
-    """A train shard deleted since indexing (404), the last one the first epoch reaches
-    (seed 0 streams shard-002, -000, -001; a shuffle buffer smaller than a shard), is one
-    line before the first step, no checkpoint written, not a run stopped 60 steps in; a
-    test label the train shards do not hold is one line naming it and the train classes,
-    not a run with accuracy 0."""
+    """A train shard gone (404), the last the epoch reaches, is one line before the first
+    step (not 60 steps in); a stray test label one line naming it (not accuracy 0)."""
     folder, base = served
     make_shards(folder, (60, 16, 60, 10))
     url = f"{base}/shard-{{000..003}}.tar"
@@ -238,7 +215,7 @@ def test_a_shard_gone_or_a_test_label_outside_the_train_classes_is_refused_befor
     write_samples(folder / "shard-003.tar", [("x", jpg, 2), ("y", jpg, 7)])  # train: 0..3
     assert run_cli("index", url, "--output", folder / "index.json").rc == 0
     proc = run_cli(*argv, "--output-dir", tmp_path / "run2")
-    one_line(proc, "shard-003.tar", "'y'", "label 7", "classes 0..3")
+    one_line_error(proc, "shard-003.tar", "'y'", "label 7", "classes 0..3")
 
 
 QUICK = """
@@ -251,9 +228,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_a_dropped_connection_is_one_error_line_and_no_unclosed_connection(tmp_path, run_cli):
-    """A server that closes every connection for shard-001 halfway: each of 3 runs ends in
-    the one error line (after the one retry warning), with nothing from aiohttp after it
-    ("Unclosed connection" came in about half the runs, up to 4 of them)."""
+    """Connections for shard-001 closed halfway: each of 3 runs ends in the one error line,
+    nothing from aiohttp after it (once "Unclosed connection" in half the runs)."""
     folder = tmp_path / "shards"
     make_shards(folder)
     try:
@@ -318,10 +294,8 @@ def read_only(monkeypatch, *folders: Path) -> None:
 def test_same_named_shards_in_two_read_only_folders_have_an_index_each(
     tmp_path, fresh_cache, monkeypatch
 ):
-    """``shard-*.tar`` typed in two read-only folders whose shards share names and sizes (one
-    bit apart): each is indexed into the cache under its own location, and both read whole
-    against their index; keyed by the names as typed, the second took the first's index and
-    was refused as changed."""
+    """Two read-only folders of same-named, same-sized shards get an index each in the
+    cache (keyed by the names as typed, the second took the first's: refused)."""
     from latecast.storage.stream import open_shards, verify
 
     first, second = tmp_path / "a", tmp_path / "b"
@@ -341,10 +315,8 @@ def test_same_named_shards_in_two_read_only_folders_have_an_index_each(
 def test_train_check_on_unindexed_shards_checks_them_and_writes_nothing(
     served, run_cli, fresh_cache, tmp_path
 ):
-    """``train --check`` on shards without an index, local (a writable folder) and over HTTP
-    (the cache's case): each shard read and checked, said in one warning, no ``index.json``,
-    nothing in the cache, no output folder; a run after it in the same process still keeps
-    the index (before, --check wrote ``index.json`` beside the shards, or into the cache)."""
+    """``--check`` (local and over HTTP) reads and checks each shard, says so once, and
+    writes no index (it once did), no output folder; a run after it keeps the index."""
     local = tmp_path / "local"
     make_shards(local)
     folder, base = served
@@ -369,10 +341,8 @@ def test_train_check_on_unindexed_shards_checks_them_and_writes_nothing(
 def test_an_unwritable_cache_keeps_the_index_in_memory_for_the_run_said_once(
     served, run_cli, tmp_path, monkeypatch
 ):
-    """``$LATECAST_CACHE`` naming a file (no folder can be made there, whoever runs it):
-    ``train`` over HTTP reads the shards once to index them, cannot keep the index, says so
-    in one warning and trains on it (both splits) instead of throwing it away; the file is
-    left as it was."""
+    """``$LATECAST_CACHE`` a file: the index made over HTTP is used for both splits, not
+    kept, said once; the file left as it was."""
     folder, base = served
     make_shards(folder)
     cache = tmp_path / "not-a-folder"
@@ -393,10 +363,8 @@ def test_an_unwritable_cache_keeps_the_index_in_memory_for_the_run_said_once(
 def test_a_stale_cached_index_over_http_names_a_command_that_indexes_them_again(
     served, run_cli, fresh_cache, tmp_path
 ):
-    """Shards over HTTP indexed by ``train`` into the cache, then one rewritten with its size
-    kept: the refusal names a command; run as said, the next ``train`` reads that index and
-    trains. ("run latecast index again" could not be followed: ``index`` refuses HTTP without
-    ``--output``, and ``train`` never read an index written elsewhere.)"""
+    """A shard rewritten (size kept): the refusal names a command that, run as said, makes
+    the next ``train`` work ("run latecast index again" could not be followed over HTTP)."""
     import re
     import shlex
 
@@ -409,7 +377,7 @@ def test_a_stale_cached_index_over_http_names_a_command_that_indexes_them_again(
         assert run_cli(*argv, tmp_path / "r1").rc == 0
     (cached,) = (fresh_cache / "shard-index").glob("*.json")
     flip(folder / "shard-000.tar", "000003")
-    line = one_line(run_cli(*argv, tmp_path / "r2"), "shard-000.tar", "changed since")
+    line = one_line_error(run_cli(*argv, tmp_path / "r2"), "shard-000.tar", "changed since")
     said = re.search(r"run latecast (index .*)\)$", line)
     assert said and f"--output {cached}" in line, line
     assert run_cli(*shlex.split(said[1])).rc == 0

@@ -26,6 +26,7 @@ from PIL import Image
 from latecast.data import Dataset, from_arrays
 from latecast.errors import ConfigError, FormatError, LatecastError
 from latecast.kinds.jpegfiles import EncodedDataset
+from latecast.loader import Loader
 from latecast.storage import store
 from latecast.storage.convert import convert_folder
 from latecast.storage.store import open_store, write_store
@@ -34,20 +35,10 @@ small = partial(_helpers.small, n=10, shape=(6, 5, 3), classes=4)
 
 
 def same(a: Dataset, b: Dataset) -> bool:
-    return (
-        np.array_equal(a.images, b.images)
-        and np.array_equal(a.labels, b.labels)
-        and a.labels.dtype == b.labels.dtype
-        and (a.name, a.split, a.classes) == (b.name, b.split, b.classes)
-        and np.allclose(a.mean, b.mean)
-        and np.allclose(a.std, b.std)
-    )
-
-
-def dead_pid() -> int:
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    return p.pid
+    arrays = np.array_equal(a.images, b.images) and np.array_equal(a.labels, b.labels)
+    described = [(x.labels.dtype, x.name, x.split, x.classes) for x in (a, b)]
+    stats = np.allclose(a.mean, b.mean) and np.allclose(a.std, b.std)
+    return arrays and described[0] == described[1] and stats
 
 
 # ---- round trip and layout -------------------------------------------------------------
@@ -269,10 +260,9 @@ ENCODED_CORRUPTIONS = {
 
 
 def test_a_jpeg_store_says_whether_its_files_are_plain_and_a_false_claim_is_named(tmp_path):
-    """meta.json's ``plain``: every file upright (no EXIF turn) with 1 or 3 channels, so the
-    CPU decoder reads no header; one turned file makes it false. A meta.json that claims it
-    over a turned file is refused at opening (and by ``verify``) naming the sample; a value
-    that is not true or false, or none, names meta.json."""
+    """``plain`` (every file upright, 1 or 3 channels: no header read) is false with one
+    turned file; a false claim is refused naming the sample, a bad or missing value names
+    meta.json."""
     ds = encoded()
     out = write_store(ds, tmp_path / "plain")
     assert json.loads((out / "meta.json").read_text())["plain"] is True
@@ -357,12 +347,9 @@ def test_any_byte_flip_or_cut_gives_equal_data_or_a_latecast_error(tmp_path_fact
 def test_damaged_scan_data_mid_store_is_caught_by_verify_and_named_when_decoded(
     tmp_path, capfd, damage
 ):
-    """Damage mid-store in a file's scan data: libjpeg warns of some (named, never its own
-    text), of others it says nothing (one bit flipped: trained on without a word before each
-    file's CRC-32 was kept). ``verify`` names the sample; training, the first time it reads
-    the file; a store written before the CRC-32s: libjpeg's warning only."""
-    from latecast.loader import Loader
-
+    """Scan data damaged mid-store, libjpeg warning or silent (a bit flip, trained on unseen
+    before the CRC-32s): ``verify`` and the first read name the sample; a store without
+    CRC-32s gets libjpeg's warning only."""
     rng, k = np.random.default_rng(0), 48
     files = [noise_jpeg(rng) for _ in range(96)]
     ds = EncodedDataset(
@@ -400,8 +387,6 @@ def test_damaged_scan_data_mid_store_is_caught_by_verify_and_named_when_decoded(
 def test_sizes_that_disagree_with_the_files_headers_are_a_format_error_naming_the_sample(
     tmp_path, change
 ):
-    from latecast.loader import Loader
-
     out = write_store(encoded(n=300), tmp_path / "s")
     sampled = set(np.linspace(0, 299, store.STRUCTURE_SAMPLE).astype(int).tolist())
     unsampled = next(i for i in range(300) if i not in sampled)
@@ -448,30 +433,26 @@ def test_kill_9_during_write_keeps_previous_store(tmp_path):
     assert child.returncode == -signal.SIGKILL, "the writer finished before it was killed"
     assert partial.exists()  # killed mid-write: its half store is still lying around
     assert same(open_store(out), small())  # ... but out is the previous good store
-    write_store(small(seed=3), out)  # the next run removes the dead writer's leftovers
+    busy = tmp_path / f".s.tmp-{os.getppid()}"  # a live writer's: our parent is alive
+    busy.mkdir()
+    write_store(small(seed=3), out)  # the next run removes the dead writer's leftovers only
     assert same(open_store(out), small(seed=3))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["s", busy.name])
 
 
 def test_crash_between_renames_restores_the_old_store(tmp_path):
     # A writer died after renaming the old store away and before renaming its new one in.
     old = write_store(small(seed=4), tmp_path / "elsewhere")
-    pid = dead_pid()
-    os.replace(old, tmp_path / f".s.old-{pid}")
-    (tmp_path / f".s.tmp-{pid}").mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    os.replace(old, tmp_path / f".s.old-{dead.pid}")
+    (tmp_path / f".s.tmp-{dead.pid}").mkdir()
     ds = small()
     bad = Dataset("x", "train", np.full(10, 9, np.uint8), ("a",), ds.mean, ds.std, ds.images)
     with pytest.raises(FormatError):  # this write fails, so nothing replaces the restored store
         write_store(bad, tmp_path / "s")
     assert same(open_store(tmp_path / "s"), small(seed=4))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
-
-
-def test_a_live_writers_temp_folder_is_left_alone(tmp_path):
-    busy = tmp_path / f".s.tmp-{os.getppid()}"  # our parent is alive
-    busy.mkdir()
-    write_store(small(), tmp_path / "s")
-    assert busy.exists()
 
 
 # ---- image-folder conversion ------------------------------------------------------
@@ -491,9 +472,8 @@ def png_header(w: int, h: int) -> bytes:
     ihdr = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)
 
     def chunk(kind: bytes, body: bytes) -> bytes:
-        return (
-            struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-        )
+        crc = struct.pack(">I", zlib.crc32(kind + body))
+        return struct.pack(">I", len(body)) + kind + body + crc
 
     body = chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 9)) + chunk(b"IEND", b"")
     return _helpers.PNG + body

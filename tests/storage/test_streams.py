@@ -1,12 +1,7 @@
-"""Photos from real streaming components (issue 16): WebDataset shards read over a real
-``http.server`` on 127.0.0.1 by 2 ``torchrun`` ranks, and a Hugging Face ``datasets``
-parquet with ``Image(decode=False)``, both through ``latecast.wrap`` as the examples do.
-
-Shards streamed by latecast itself (issue 25): ``latecast index``, then ``train`` over a real
-``http.server`` (one killed by its PID mid-shard, one that closes the connection before its
-Content-Length), a real S3 endpoint (moto's server on 127.0.0.1, through s3fs) and local
-files; every sample once an epoch under ``torchrun``, across a kill and a resume on another
-number of ranks, counted by key."""
+"""Streamed photos: WebDataset shards over HTTP on 2 ranks and an HF parquet through ``wrap``
+(issue 16); shards streamed by latecast (issue 25) over real HTTP servers (killed, closing
+early), a real S3 endpoint and local files: every sample once an epoch across kills and
+resumes on other rank counts."""
 
 from __future__ import annotations
 
@@ -28,7 +23,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import flip, one_line_error
 from PIL import Image
+
+from latecast.storage.shards import write_index
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 300  # seconds for one launch; a hang fails instead of blocking CI
@@ -110,18 +108,9 @@ def make_shards(folder: Path, counts=COUNTS) -> list[str]:
     return [f"{100 * s + i:06d}" for s, n in enumerate(counts[:-1]) for i in range(n)]
 
 
-def one_line(proc, *words) -> str:
-    line = proc.err.strip()
-    assert proc.rc == 1 and len(line.splitlines()) == 1, proc.err[-2000:]
-    assert all(w in line for w in words), line
-    return line
-
-
 def test_train_over_http_resumes_on_another_port_and_refuses_changed_shards(served, run_cli):
-    """With ``latecast index``'s index, ``latecast train URL`` streams the shards (the last
-    is the test split) and decodes on the device; the same shards on another port resume
-    (identity by content); a shard changed by one bit is one line when read (the sample's
-    CRC-32) and a resume after ``index`` again is one line naming the data fingerprint."""
+    """Trains over HTTP; resumes on another port (identity by content); a bit changed is one
+    line naming the sample's CRC-32, a resume after re-indexing one naming the fingerprint."""
     folder, base = served
     make_shards(folder)
     url, out = f"{base}/shard-{{000..003}}.tar", folder.parent / "run"
@@ -137,15 +126,13 @@ def test_train_over_http_resumes_on_another_port_and_refuses_changed_shards(serv
                        "--resume", "auto")  # fmt: skip
     assert proc.rc == 0, proc.err
     with tarfile.open(folder / "shard-001.tar") as tar:
-        last = [m for m in tar.getmembers() if m.name.endswith(".jpg")][-1]
-    data = bytearray((folder / "shard-001.tar").read_bytes())
-    data[last.offset_data + last.size // 2] ^= 1  # inside the last file's scan data
-    (folder / "shard-001.tar").write_bytes(bytes(data))
-    said = ("shard-001.tar", f"'{last.name[:-4]}': CRC-32", "run latecast index")
-    one_line(run_cli("info", url, "--verify"), *said)
+        last = [m.name[:-4] for m in tar.getmembers() if m.name.endswith(".jpg")][-1]
+    flip(folder / "shard-001.tar", last)  # inside the last file's scan data
+    said = ("shard-001.tar", f"'{last}': CRC-32", "run latecast index")
+    one_line_error(run_cli("info", url, "--verify"), *said)
     assert run_cli("index", url, "--output", folder / "index.json").rc == 0
-    one_line(run_cli(*argv, "--epochs", "1", "--output-dir", out, "--resume", "auto"),
-             "data_fingerprint")  # fmt: skip
+    resumed = run_cli(*argv, "--epochs", "1", "--output-dir", out, "--resume", "auto")
+    one_line_error(resumed, "data_fingerprint")
 
 
 def test_store_folders_spelled_three_ways_are_one_store_to_resume(tmp_path, run_cli, monkeypatch):
@@ -166,9 +153,8 @@ def test_store_folders_spelled_three_ways_are_one_store_to_resume(tmp_path, run_
 
 
 class Throttled(http.server.SimpleHTTPRequestHandler):
-    """Serves ``shard-001.tar`` in two halves: after the first, ``cut`` decides: ``"close"``
-    closes the connection short of the Content-Length it sent; ``"hang"`` writes a file
-    ``sent`` and waits (for the test to kill the process)."""
+    """Serves ``shard-001.tar``'s first half, then ``cut``: "close" short of its
+    Content-Length, "hang" (writes ``sent``, waits to be killed)."""
 
     cut = "close"
 
@@ -222,14 +208,14 @@ def test_a_server_killed_mid_shard_and_one_that_closes_early_are_errors_not_earl
     with serving(folder) as (server, url):
         with pytest.warns(UserWarning, match="retrying from there"):
             proc = run_cli("index", url, "--output", tmp_path / "i.json")
-        one_line(proc, "shard-001.tar", "read failed at byte", "4 retries")
+        one_line_error(proc, "shard-001.tar", "read failed at byte", "4 retries")
         Throttled.cut = None  # a good server: indexed, copied where train looks
         assert run_cli("index", url, "--output", folder / "index.json").rc == 0
         Throttled.cut = "close"
         argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", "1"]
         with pytest.warns(UserWarning, match="retrying from there") as said:
             proc = run_cli(*argv, "--output-dir", tmp_path / "run", "--no-progress")
-        one_line(proc, "shard-001.tar", "read failed at byte")
+        one_line_error(proc, "shard-001.tar", "read failed at byte")
         assert len([w for w in said if "retrying" in str(w.message)]) == 1  # said once
     proc = subprocess.Popen(
         [sys.executable, "-c", SERVER, str(folder), str(ROOT / "tests" / "storage")],
@@ -248,16 +234,15 @@ def test_a_server_killed_mid_shard_and_one_that_closes_early_are_errors_not_earl
         with pytest.warns(UserWarning, match="retrying from there") as said:
             proc_ = run_cli("index", url, "--output", tmp_path / "i.json")
         assert len([w for w in said if "retrying" in str(w.message)]) == 1
-        one_line(proc_, "shard-001.tar", "read failed at byte", "4 retries")
+        one_line_error(proc_, "shard-001.tar", "read failed at byte", "4 retries")
     finally:
         proc.kill()
         proc.wait(timeout=TIMEOUT)
 
 
 def test_bad_shards_are_one_line_each_and_odd_good_ones_read(tmp_path, run_cli):
-    """``./`` members (``tar -C dir .``) and a ``.tar.gz`` shard are read as any; an empty
-    shard is skipped and said; a sample without ``.cls``, an empty test shard, a shard cut
-    short (with an index and without) and a damaged JPEG are one line naming shard and key."""
+    """``./`` members and ``.tar.gz`` read; an empty shard skipped and said; a missing
+    ``.cls``, an empty test shard, a cut shard, a damaged JPEG: one line naming shard, key."""
     from _helpers import damage_scan, noise_jpeg
 
     (d := tmp_path / "ok").mkdir()
@@ -281,13 +266,15 @@ def test_bad_shards_are_one_line_each_and_odd_good_ones_read(tmp_path, run_cli):
     with pytest.warns(UserWarning, match="b-001.tar: no samples"):
         assert run_cli("index", f"{bad}/b-*.tar").rc == 0
         proc = run_cli("train", f"{bad}/b-*.tar", "--check", "--output-dir", tmp_path / "r")
-    one_line(proc, "test shard", "b-001.tar", "no samples")
+    one_line_error(proc, "test shard", "b-001.tar", "no samples")
     one = run_cli("train", bad / "b-000.tar", "--check", "--output-dir", tmp_path / "r")
-    one_line(one, "1 shard(s); give two or more")
-    one_line(run_cli("index", f"{bad}/none-*.tar"), "no shards match it")
+    one_line_error(one, "1 shard(s); give two or more")
+    one_line_error(run_cli("index", f"{bad}/none-*.tar"), "no shards match it")
     with tarfile.open(bad / "b-002.tar", "w") as tar:  # a sample without its label
         tar.addfile(tarfile.TarInfo("000009.jpg"), io.BytesIO(b""))
-    one_line(run_cli("index", f"{bad}/b-002.tar"), "b-002.tar", "'000009' has no .jpg and .cls")
+    one_line_error(
+        run_cli("index", f"{bad}/b-002.tar"), "b-002.tar", "'000009' has no .jpg and .cls"
+    )
 
     cut = tmp_path / "cut"
     make_shards(cut)
@@ -299,10 +286,10 @@ def test_bad_shards_are_one_line_each_and_odd_good_ones_read(tmp_path, run_cli):
     (cut / "shard-001.tar").write_bytes(whole[: members[9].offset])  # an interrupted copy
     argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", "1"]
     proc = run_cli(*argv, "--no-progress", "--output-dir", tmp_path / "run")  # refused when read
-    one_line(proc, "shard-001.tar", "the index says 51,200")
-    one_line(run_cli("index", url), "shard-001.tar", "ends inside a tar header")
+    one_line_error(proc, "shard-001.tar", "the index says 51,200")
+    one_line_error(run_cli("index", url), "shard-001.tar", "ends inside a tar header")
     (cut / "shard-001.tar").write_bytes(whole[: members[9].offset_data + 10])
-    one_line(run_cli("index", url), "shard-001.tar", "ends inside a member")
+    one_line_error(run_cli("index", url), "shard-001.tar", "ends inside a member")
 
     (cut / "shard-001.tar").write_bytes(whole)
     with tarfile.open(cut / "shard-001.tar") as tar, tarfile.open(cut / "x.tar", "w") as out:
@@ -344,9 +331,8 @@ def test_shards_on_a_real_s3_endpoint_through_s3fs(tmp_path, run_cli, monkeypatc
             fs.put(str(f), f"shards/{f.name}")
         url = "s3://shards/shard-{000..003}.tar"
         rc, made = run_cli("index", url, "--json")
-        assert (
-            rc == 0 and made["index"] == "s3://shards/index.json" and fs.exists("shards/index.json")
-        )
+        assert rc == 0 and made["index"] == "s3://shards/index.json"
+        assert fs.exists("shards/index.json")
         argv = ["train", url, "--model", "cnn", "-b", "8", "--device", "cpu", "--epochs", "1"]
         rc, summary = run_cli(*argv, "--no-progress", "--json", "--output-dir", tmp_path / "r")
         assert rc == 0 and summary["step"] == 5 and summary["dataset"] == url
@@ -356,10 +342,8 @@ def test_shards_on_a_real_s3_endpoint_through_s3fs(tmp_path, run_cli, monkeypatc
 
 
 def test_a_stream_stopped_early_then_the_process_exiting_is_no_abort():
-    """A consumer that stops before the stream's end (a rank a few batches short of another),
-    then the process exits: the read-ahead thread is not left inside torch's C++ code, where
-    Python's exit unwinds a daemon thread and the process aborts ("terminate called without
-    an active exception", exit -6: seen as a torchrun rank's failure). In a fresh process."""
+    """Stopped early, then exiting: the read-ahead thread is not left in torch's C++ code
+    (the exit aborted, "terminate called without an active exception", -6)."""
     script = """
 import sys, torch
 from latecast.storage.stream import ahead_by_thread
@@ -417,16 +401,12 @@ sys.exit(main(sys.argv[2:]))
 
 
 def test_every_sample_once_an_epoch_across_ranks_kills_and_resumes_on_other_counts(tmp_path):
-    """36 train samples in shards of 13, 16 and 7, batch 4, 3 epochs: 2 ranks (epoch 1 whole)
-    killed after step 7 (mid epoch 2); resumed on 1 rank (the rest of epoch 2), killed after
-    step 15 (mid epoch 3); resumed on 2 ranks. Each epoch: every train key exactly once,
-    counted over the batches each launch trained before its checkpoint."""
+    """36 samples, batch 4, 3 epochs: 2 ranks killed after step 7, resumed on 1 killed after
+    step 15, resumed on 2: every train key once an epoch, counted up to each checkpoint."""
     import torch
 
     keys = make_shards(tmp_path / "shards")
     spec = f"{tmp_path}/shards/shard-{{000..003}}.tar"
-    from latecast.storage.shards import write_index
-
     write_index(spec)
     (tmp_path / "worker.py").write_text(WORKER)
     out, trained = tmp_path / "run", {}
@@ -456,8 +436,6 @@ def test_every_sample_once_an_epoch_across_ranks_kills_and_resumes_on_other_coun
 def test_the_index_is_a_wids_shard_index(tmp_path):
     """wids (WebDataset's indexed reader) reads ``index.json`` as its own shard index."""
     wids = pytest.importorskip("wids")
-    from latecast.storage.shards import write_index
-
     keys = make_shards(tmp_path / "shards", (3, 5, 2))
     write_index(f"{tmp_path}/shards/shard-*.tar")
     with warnings.catch_warnings():
@@ -468,9 +446,8 @@ def test_the_index_is_a_wids_shard_index(tmp_path):
 
 
 def test_the_epochs_order_is_one_for_any_world_size_and_a_resume_leaves_what_was_not_taken():
-    """The plans alone (no shard read): for any world size the ranks' spans, in rank order,
-    are the 1-rank order; every rank takes the same number of steps; after every rank took
-    ``p`` batches, what ``left`` gives plus what was taken is every sample once."""
+    """The plans alone: for any world size the ranks' spans make the 1-rank order, equal
+    step counts, and ``left`` after ``p`` batches plus what was taken is every sample once."""
     from types import SimpleNamespace
 
     from latecast.storage.stream import Plan
@@ -497,9 +474,8 @@ def test_the_epochs_order_is_one_for_any_world_size_and_a_resume_leaves_what_was
 
 
 def test_a_stream_loaders_state_without_its_world_size_is_one_config_error(tmp_path, run_cli):
-    """A stream resumes on any number of ranks by splitting what the saving run's ranks had
-    left, so its state must say how many there were: without it (a hand-made or cut state),
-    one ConfigError naming ``world_size``, not a KeyError from inside the source."""
+    """A resume splits what the saving ranks left, so a state without ``world_size`` is one
+    ConfigError naming it, not a KeyError."""
     from latecast.errors import ConfigError
     from latecast.loader import Loader
     from latecast.storage.stream import open_shards

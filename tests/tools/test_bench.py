@@ -8,11 +8,12 @@ import time
 import numpy as np
 import pytest
 import torch
-from _helpers import assert_report, mover
+from _helpers import assert_report, mover, one_line_error
 
 from latecast.data import from_arrays
 from latecast.loader import Loader
 from latecast.movers import MOVERS
+from latecast.storage.store import write_store
 from latecast.tools.bench import bytes_per_epoch
 from latecast.tools.measure import epochs
 
@@ -156,8 +157,6 @@ def test_bad_settings_are_a_one_line_error(run_cli):
 
 def test_colour_store_with_augmentation(tmp_path, run_cli):
     """A CIFAR-shaped store, augmentation on: every loader row still runs, bytes are 4x/8x."""
-    from latecast.storage.store import write_store
-
     rng = np.random.default_rng(0)
     for split, n in (("train", 300), ("test", 50)):
         images = rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
@@ -174,12 +173,9 @@ def test_colour_store_with_augmentation(tmp_path, run_cli):
 
 
 def test_a_16_bit_store_is_refused_in_one_line_naming_it(tmp_path, run_cli):
-    from latecast.storage.store import write_store
-
     images = np.random.default_rng(0).integers(0, 65536, (20, 12, 10, 1), dtype=np.uint16)
     for split in ("train", "test"):
         write_store(from_arrays(images, np.arange(20) % 2, split=split), tmp_path / "d16" / split)
     r = run_cli("bench", tmp_path / "d16", "--device", "cpu", "--output-dir", tmp_path / "out")
-    assert r.rc == 1 and len(r.err.splitlines()) == 1, r.err
-    assert f"{tmp_path / 'd16'} is a 16-bit store" in r.err and "latecast profile" in r.err
+    one_line_error(r, f"{tmp_path / 'd16'} is a 16-bit store", "latecast profile")
     assert not (tmp_path / "out").exists()

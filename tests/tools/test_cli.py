@@ -1,25 +1,16 @@
-"""``latecast train --check`` under generated argument lists.
-
-Every option of ``train`` (read from ``TrainConfig``, so an option added later is fuzzed too)
-gets valid values, out-of-range and non-finite numbers, odd strings and paths that are
-files, missing, held by another run or too long, mixed. Each list must end with exit code
-0, 1 or 2, exactly one line on stderr for 1 and 2, never a traceback or an internal
-error, strict JSON with ``--json``, and ``--check`` must write nothing. In-process through
-the CLI's ``main`` (about 50 ms a list), plus a handful of real ``python -m latecast`` runs.
-"""
+"""``latecast train --check`` under generated argument lists: every option (read from
+``TrainConfig``) gets valid, out-of-range and odd values and paths; each list ends with exit
+0, 1 or 2, one stderr line for 1 and 2, strict JSON, and writes nothing."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
-import subprocess
-import sys
 from dataclasses import fields
 
 import pytest
-from _helpers import tree
+from _helpers import held, tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -88,19 +79,10 @@ def argument_lists(draw, paths: dict[str, str]) -> list[str]:
     return [*argv, "--check"]  # last: a generated --no-check never wins
 
 
-HOLD = """import sys, time
-from latecast.trainer.rundir import claim
-with claim(sys.argv[1], None, False):
-    print("held", flush=True)
-    time.sleep(900)
-"""  # another run holding a folder, as `latecast train` holds its own
-
-
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
-    """Folders and files the generated lists point at, the current folder for the test, a
-    run holding one folder, and an empty $LATECAST_DATA (the downloadable datasets fail
-    fast as "not found", never reaching the network)."""
+    """What the lists point at, a run holding one folder, an empty $LATECAST_DATA (datasets
+    "not found" without the network)."""
     from latecast.tools.cli import main
 
     root = tmp_path_factory.mktemp("fuzz")
@@ -117,21 +99,15 @@ def sandbox(tmp_path_factory):
     (root / "garbage.pt").write_bytes(os.urandom(512))
     argv = "train --model mlp --epochs 1 --limit-train 64 --limit-test 64 --no-progress".split()
     assert main([*argv, "--output-dir", str(root / "prev")]) == 0
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD, str(root / "held")], stdout=subprocess.PIPE, text=True
-    )
-    assert holder.stdout.readline().strip() == "held"
     paths = {name: name for name in ("store", "mnist-raw", "empty", "prev", "held")}
     paths.update(fresh="runs/new", deep="a/b/c/d", ckpt="prev/checkpoint.pt", long="x" * 300)
     paths.update({"garbage": "garbage.pt", "missing": "missing.pt", "file": "afile"})
     paths["under-file"] = "afile/run"
-    with pytest.MonkeyPatch.context() as patch:
+    with held(root / "held"), pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
         patch.setenv("LATECAST_DATA", str(root / "nodata"))
         patch.setenv("LATECAST_MIRRORS", "https://127.0.0.1:9/")  # refused at once, if reached
         yield root, paths
-    holder.send_signal(signal.SIGKILL)
-    holder.wait(30)
 
 
 def strict_json(line: str) -> dict:

@@ -1,8 +1,6 @@
-"""``latecast doctor`` on small, ordinary training scripts of the common kinds, written here
-the way people write them (an MNIST loop with ``ToTensor + Normalize``, ``ImageFolder``
-photos with ``RandomResizedCrop``, nanoGPT's ``get_batch``, a loop already on
-``latecast.wrap``, float features), each checked for its verdict; a doctored run computes
-what an undoctored one does; every bad input of issue 17."""
+"""``latecast doctor`` on small training scripts written the way people write them, each
+checked for its verdict and its advice applied; a doctored run computes what an undoctored
+one does; every bad input of issue 17."""
 
 from __future__ import annotations
 
@@ -19,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch.distributed as dist
+from _helpers import one_line_error
 
 import latecast
 from latecast.tools.doctor import grid
@@ -503,11 +502,9 @@ def applied(text: str, edits: list[dict]) -> str:
 def test_the_mnist_examples_advice_applied_as_written_trains_as_converted_by_hand(
     tmp_path, run_cli, torchvision_mnist, monkeypatch
 ):
-    """Doctor stops in the first epoch, before the test loader has moved a batch, yet names
-    it: it shares the transform. Its edits, made as written, train and test exactly as the
-    README's hand conversion (and as the original within float32 rounding: the normalize
-    on the device), where wrapping the train loader alone crashes the first test pass; the
-    converted script gets "nothing to change", and --eval-steps reaches its test pass."""
+    """Stopped before the test loader moved a batch, doctor still wraps it (shared transform):
+    applied as written, the run equals the hand conversion (wrapping the train loader alone
+    crashes the test pass); the converted script gets "nothing to change"."""
     monkeypatch.chdir(tmp_path)
     script, _ = write(tmp_path, "train.py", MNIST_EXAMPLE)
     # on the CPU also where there is CUDA: GPU kernels are not bitwise deterministic
@@ -655,11 +652,9 @@ NANOGPT_BY_HAND = (
 def test_nanogpts_advice_is_the_mover_applied_as_written_the_same_run(
     tmp_path, run_cli, monkeypatch
 ):
-    """Batches made per call (``get_batch``) get ``latecast.Mover`` at the move, both branches
-    of its device test: applied as written, the run equals the original and the hand
-    conversion exactly (the Mover reads nothing ahead, so the global-RNG draws of
-    get_batch and dropout stay in order), its tokens crossing as uint16. estimate_loss's
-    batches (gradients off) are evaluation rows; clip_grad_norm_'s norms are no row."""
+    """``get_batch`` gets a ``latecast.Mover`` in both device branches: applied, the run equals
+    the original exactly (the Mover reads nothing ahead: global-RNG draws stay in order);
+    estimate_loss's batches are evaluation rows, clip_grad_norm_'s norms no row."""
     rng = np.random.default_rng(0)
     for split, n in (("train", 4096), ("val", 1024)):
         rng.integers(0, 50257, n, dtype=np.uint16).tofile(tmp_path / f"{split}.bin")
@@ -687,17 +682,10 @@ def test_nanogpts_advice_is_the_mover_applied_as_written_the_same_run(
 # -- bad input ----------------------------------------------
 
 
-def one_error_line(res, rc: int = 1) -> str:
-    lines = res.err.strip().splitlines()
-    assert res.rc == rc and len(lines) == 1 and "Traceback" not in res.err, res.err
-    assert lines[0].startswith("latecast: error: ")
-    return lines[0]
-
-
 def test_a_script_or_module_that_is_not_there(tmp_path, run_cli):
-    assert "not found" in one_error_line(run_cli("doctor", "--", tmp_path / "nope.py"))
-    assert "no module named" in one_error_line(run_cli("doctor", "-m", "no_such.module"))
-    assert "name the script" in one_error_line(run_cli("doctor"))
+    one_line_error(run_cli("doctor", "--", tmp_path / "nope.py"), "not found")
+    one_line_error(run_cli("doctor", "-m", "no_such.module"), "no module named")
+    one_line_error(run_cli("doctor"), "name the script")
 
 
 def test_the_stop_after_steps_passes_the_scripts_own_except_exception(tmp_path, run_cli):
@@ -756,11 +744,9 @@ for batch in DataLoader(Broken(), batch_size=2, num_workers=1, multiprocessing_c
 def test_python_options_a_relative_output_dir_a_workers_error_and_warnings(
     tmp_path, run_cli, monkeypatch
 ):
-    """``latecast doctor -- python -u -W ... -B script``, as a user types it (a real process:
-    stderr and the exit code as a shell sees them): the options apply to the script; its
-    warning is shown as Python shows it; the error in its DataLoader worker keeps its own
-    message and line; a relative --output-dir lands where doctor started although the script
-    changed directory; the --json line carries the report, the error and the exit code."""
+    """A real process, as a user types it: the options apply to the script, its warning shows
+    as Python shows it, its worker's error keeps its line, a relative --output-dir lands where
+    doctor started (the script changed directory), --json carries error and exit code."""
     monkeypatch.chdir(tmp_path)
     script, _ = write(tmp_path, "edges.py", EDGES, "# RAISE")
     raise_at, warn_at = line_of(EDGES, "# RAISE"), line_of(EDGES, "# WARN")
@@ -785,10 +771,10 @@ def test_options_that_shape_the_interpreter_say_how_to_start_doctor(tmp_path, ru
     script = tmp_path / "away.py"
     script.write_text("import os, torch\nos.chdir('/')\ntorch.zeros(2).to('cpu')\n")
     for given in (["-O"], ["-X", "dev"], ["-uE"]):
-        line = one_error_line(run_cli("doctor", "--", "python", *given, script))
+        line = one_line_error(run_cli("doctor", "--", "python", *given, script))
         shown = " ".join(given) if given != ["-uE"] else "-E"
         assert f"start doctor under it, python {shown} -m latecast doctor -- SCRIPT" in line
-    assert "not python -c code" in one_error_line(run_cli("doctor", "--", "python", "-c", "1"))
+    one_line_error(run_cli("doctor", "--", "python", "-c", "1"), "not python -c code")
     here = os.getcwd()
     res = run_cli("doctor", "--json", "--", "python", "-Walways", script)
     assert res.rc == 0 and os.getcwd() == here and res.json["setup"][0]["site"] == f"{script}:3"
@@ -801,13 +787,12 @@ def test_sys_exit_is_reported_with_its_status(tmp_path, run_cli):
         res = run_cli("doctor", "--", script)
         assert res.rc == rc
         if rc:
-            assert "exited with status" in one_error_line(res, rc)
+            one_line_error(res, "exited with status", rc=rc)
 
 
 @pytest.mark.slow  # a spawned worker imports torch and torchvision
 def test_own_argparse_and_dataloader_workers_under_main_guard(tmp_path, run_cli):
-    """A spawned worker re-imports the script (as ``__mp_main__``): the guard keeps it from
-    training; the moves are the main process's own."""
+    """A spawned worker re-imports the script (``__mp_main__``): the guard keeps it out."""
     script, where = write(tmp_path, "train.py", MNIST)
     res = run_cli("doctor", "--", script, "--no-such-flag")
     *script_says, last = res.err.strip().splitlines()  # the script's argparse, then doctor
@@ -842,9 +827,8 @@ ONE_RANK = "import builtins, sys, weakref\n" + DDP.replace(  # one rank, in this
 
 
 def test_a_script_stopped_at_steps_leaves_no_process_group_behind(tmp_path, run_cli):
-    """``--steps`` stops a script before its ``destroy_process_group()``: doctor destroys the
-    group and frees the script's DDP model, so no gloo thread is left to free tensors while
-    Python shuts down (the abort at exit of pytorch/pytorch#179291)."""
+    """Stopped before its ``destroy_process_group()``, the script's group and DDP model are
+    freed by doctor: no gloo thread left at exit (the abort of pytorch/pytorch#179291)."""
     script, _ = write(tmp_path, "one_rank.py", ONE_RANK)
     try:
         res = run_cli("doctor", "--steps", "2", "--json", "--", script, tmp_path / "group")
@@ -868,7 +852,7 @@ def test_under_torchrun_rank_0_reports_and_torchrun_after_the_dashes_is_refused(
     (moved,) = reports[0]["sites"]
     assert moved["site"] == where and moved["kind"] == "integers" and moved["factor"] == 4.0
     res = run_cli("doctor", "--", "torchrun", "--nproc_per_node=2", script)
-    assert "start doctor under torchrun" in one_error_line(res)
+    one_line_error(res, "start doctor under torchrun")
 
 
 def test_profile_needs_cuda_and_a_bad_output_dir_is_refused_before_the_script_runs(
@@ -881,13 +865,14 @@ def test_profile_needs_cuda_and_a_bad_output_dir_is_refused_before_the_script_ru
     (tmp_path / "file").write_text("")
     monkeypatch.chdir(tmp_path)
     if not torch.cuda.is_available():
-        assert "needs CUDA" in one_error_line(run_cli("doctor", "--profile", "--", script))
+        one_line_error(run_cli("doctor", "--profile", "--", script), "needs CUDA")
     else:  # the MNIST loop on the GPU: the copies' share of the profiled steps
         mnist, _ = write(tmp_path, "train.py", MNIST)
         p = run_cli("doctor", "--profile", "--steps", "6", "--json", "--", mnist).json["profile"]
         assert p["steps"] == 3 and p["memcpy_htod_ms"] > 0 and 0 < p["memcpy_share"] < 1
     bad = run_cli("doctor", "--output-dir", tmp_path / "file" / "out", "--", script)
-    assert "not a folder" in one_error_line(bad) and not (tmp_path / "ran").exists()
+    one_line_error(bad, "not a folder")
+    assert not (tmp_path / "ran").exists()
     assert run_cli("doctor", "--help").rc == 0
 
 
@@ -909,12 +894,9 @@ TOKENS_MOVER = (
 def test_tokens_made_per_call_and_cast_in_the_move_get_the_mover_or_plain_pytorch(
     tmp_path, run_cli, monkeypatch
 ):
-    """The dtype that crosses is reported (int64 after a blocking ``.to(device, dtype)``,
-    keyword or positional; the source's int32 after a non-blocking one), and batches made
-    per call are told to cross narrow and widen on the device, in plain PyTorch first and
-    through a ``latecast.Mover``, never through ``wrap`` (they come from no DataLoader):
-    the Mover's edit, applied as written, runs as the original and both hand conversions.
-    Floats cast to int64 in the move get no Mover (it would hand them out as floats)."""
+    """The dtype that crosses (int64 after a blocking ``.to(device, dtype)``, int32 after a
+    non-blocking one); batches made per call get plain PyTorch and a Mover, never ``wrap``:
+    applied, the run is the original's. Floats cast in the move get no Mover (kept floats)."""
     rng = np.random.default_rng(0)
     rng.integers(0, 50257, 2048, dtype=np.uint16).tofile(tmp_path / "train.bin")
     monkeypatch.chdir(tmp_path)
@@ -1039,12 +1021,9 @@ SEGMENTATION_BY_HAND = by_hand(
 def test_a_segmentation_presets_advice_keeps_mean_std_and_wraps_the_test_loader_too(
     tmp_path, run_cli
 ):
-    """A joint (image, mask) preset given as ``transforms=``: its image half's ToTensor and
-    Normalize are found through it, so the written edits make it yield uint8 and wrap the
-    train and the test loader (it shares the preset class) with the mean and std the words
-    give. Before, the only edit wrapped the train loader for its masks, without mean/std:
-    made with the words' PILToTensor, its images were silently not normalized. Applied as
-    written, the run equals the hand conversion (the original within float32 rounding)."""
+    """A joint (image, mask) ``transforms=`` preset: its Normalize is found through it, both
+    loaders are wrapped with its mean/std (once only the train loader, without them: images
+    silently unnormalized); applied, the run equals the hand conversion."""
     script, where = write(tmp_path, "seg.py", SEGMENTATION)
     r = run_cli("doctor", "--steps", "3", "--json", "--", script).json
     found = sites(r, where)
@@ -1064,9 +1043,8 @@ def test_a_segmentation_presets_advice_keeps_mean_std_and_wraps_the_test_loader_
 
 
 def test_a_loader_whose_images_stay_float_is_not_wrapped_for_its_labels_alone(tmp_path, run_cli):
-    """Where doctor cannot make the images uint8 (a transform of the script's own, not
-    torchvision's ToTensor), it writes no ``wrap`` for the labels of that loader: written
-    without mean/std it would leave images made uint8 by hand unnormalized."""
+    """Images doctor cannot make uint8 (the script's own transform): no ``wrap`` written for
+    the labels alone (without mean/std, images made uint8 by hand go unnormalized)."""
     own = SEGMENTATION.replace("transforms.ToTensor(), transforms.Normalize", "ToFloat(), Norm")
     own = own.replace(
         "class SegmentationPreset:",
@@ -1154,10 +1132,8 @@ if __name__ == "__main__":
 
 
 def test_a_batch_accelerate_moved_then_moved_again_by_the_script_crosses_once(tmp_path, run_cli):
-    """The prepared loader moves each batch (charged to the loop's line); the script's own
-    ``.to(accelerator.device)`` of it is a no-op on the GPU and no row here (it counted the
-    batch twice: 2x the bytes a step). The images stay floats where doctor cannot convert
-    their transform (``image_transform``, not ``transform``), so no edit is written."""
+    """The prepared loader's move is charged to the loop's line; the script's own ``.to`` of
+    it is no row (once counted twice); ``image_transform`` cannot be converted: no edit."""
     pytest.importorskip("accelerate")
     from PIL import Image
 
@@ -1188,12 +1164,11 @@ raise ValueError("no data")
 
 
 def test_a_script_that_dies_before_its_first_step_is_told_no_step_ran(tmp_path, run_cli):
-    """Not "nothing to change" for the model it moved before it died: no step ran, its error
-    (its file and line) beside it, and doctor exits with the script's own code. Its moves
-    (the model's one-time ``.to``) are no per-step rows: listed apart, with no step run."""
+    """Not "nothing to change": no step ran, its error and line said, the script's exit code;
+    its one-time moves are listed apart, no per-step rows."""
     script, _ = write(tmp_path, "early.py", EARLY, None)
     res = run_cli("doctor", "--json", "--", script)
-    line = one_error_line(res)
+    line = one_line_error(res)
     assert "raised ValueError: no data" in line and f"{script}:7" in line
     assert "nothing to change" not in res.out and res.json["sites"] == []  # no per-step row
     assert {s["site"] for s in res.json["setup"]} == {f"{script}:3", f"{script}:4"}
@@ -1203,7 +1178,8 @@ def test_a_script_that_dies_before_its_first_step_is_told_no_step_ran(tmp_path, 
     assert res.json["steps"] == 0 and res.json["exit_status"] == 1 and res.json["exit_code"] == 1
     assert res.json["error"] == line.removeprefix("latecast: error: ")  # the --json contract
     res = run_cli("doctor", "--json", "--", script, "exit")
-    assert "exited with status 3" in one_error_line(res, 3) and res.json["exit_code"] == 3
+    one_line_error(res, "exited with status 3", rc=3)
+    assert res.json["exit_code"] == 3
     assert "no optimizer step ran: the script exited with status 3" in res.out
 
 

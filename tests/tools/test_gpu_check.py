@@ -15,6 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY = "--model mlp --epochs 1 -b 256 --limit-train 512 --limit-test 500"
 
 
+def gpu_check(env: dict) -> subprocess.CompletedProcess:
+    """``bash benchmarks/gpu_check.sh``, ``env`` added to this process's environment."""
+    script = str(ROOT / "benchmarks" / "gpu_check.sh")
+    return subprocess.run(
+        ["bash", script], env={**os.environ, **env}, capture_output=True, text=True
+    )
+
+
 def tiny_carry(folder: Path) -> Path:
     """What `make shared-carry` puts in shared-carry/, at a tiny size: a CIFAR-10-like JPEG
     tarball (3 classes, 32x32) and its SHA256SUMS; no airbench (it runs on CUDA only)."""
@@ -42,7 +50,6 @@ def tiny_carry(folder: Path) -> Path:
 def test_gpu_check_runs_every_part_on_cpu(tmp_path):
     out = tmp_path / "out"
     env = {
-        **os.environ,
         "OUT": str(out),
         "PYTHON": sys.executable,
         "DEVICE": "cpu",
@@ -68,12 +75,7 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "WDS_PHOTOS": "16",
         "TORCHRUN_ARGS": TINY,
     }
-    proc = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    proc = gpu_check(env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [line.split("\t") for line in (out / "parts.tsv").read_text().splitlines()[1:]]
     status = {name: state for name, state, _ in rows}
@@ -124,24 +126,21 @@ def test_gpu_check_runs_every_part_on_cpu(tmp_path):
         "CIFAR-10 JPEG: airbench94's mean accuracy in less time",
     ]
     assert summary["targets"][2]["measured"].startswith("missing (airbench94")
-    assert (
-        targets[-1].startswith("photos streamed") and " -> " in summary["targets"][-1]["measured"]
-    )
+    assert targets[-1].startswith("photos streamed")
+    assert " -> " in summary["targets"][-1]["measured"]
     assert summary["failed_parts"] == [] and summary["skipped_parts"] == ["peer-airbench"]
     assert "| target | measured |" in proc.stdout and "n/a (no device)" in proc.stdout
     assert (out / "gpu_check.log").stat().st_size > 0
 
 
 def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path):
-    """A broken part (here: an unknown device for every latecast command; a shared-carry
-    tarball that fails its SHA-256) fails the run at the end, after every other part ran and
-    the summary was written."""
+    """A broken part (an unknown device; a tarball failing its SHA-256) fails the run at the
+    end, after every other part ran and the summary was written."""
     carry = tmp_path / "carry"
     carry.mkdir()
     (carry / "cifar10-jpg.tar.gz").write_bytes(b"not the tarball")
     (carry / "SHA256SUMS").write_text(f"{'0' * 64}  cifar10-jpg.tar.gz\n")
     env = {
-        **os.environ,
         "OUT": str(tmp_path),
         "PYTHON": sys.executable,
         "DEVICE": "nodevice",
@@ -152,12 +151,7 @@ def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path):
         "VARIANTS": "eager:",
         "PYTEST_ARGS": "-m gpu --co tests/tools/test_gpu_check.py",
     }
-    proc = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    proc = gpu_check(env)
     assert proc.returncode != 0
     table = (tmp_path / "parts.tsv").read_text()
     parts = (
@@ -180,13 +174,8 @@ def test_a_failing_part_is_recorded_and_the_rest_still_runs(tmp_path):
 def test_the_budget_skips_what_would_start_too_late(tmp_path):
     """With no time left every part is recorded as skipped, the table is still written, and
     the whole check returns at once."""
-    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "TOTAL_BUDGET": "0"}
-    proc = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh")],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    env = {"OUT": str(tmp_path), "PYTHON": sys.executable, "TOTAL_BUDGET": "0"}
+    proc = gpu_check(env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = (tmp_path / "parts.tsv").read_text().splitlines()[1:]
     assert rows[0].startswith("gpu-tests\tskipped (out of time)")

@@ -1,11 +1,6 @@
-"""Checkpoints and exact resume: atomic saves, corrupt or foreign files, refusing another run,
-bit-identical resume after an interruption or a real kill -9, and a NaN loss that keeps the
-last good checkpoint.
-
-Runs use one CPU thread (in-process and in subprocesses alike): float sums are then done in
-one fixed order, so "bit-identical" compares like with like, and a loaded 2-core machine
-does not spend its time with two spinning OpenMP threads per process.
-"""
+"""Checkpoints: atomic saves, corrupt or foreign files, another run refused, bit-identical
+resume after a kill -9, a NaN loss keeping the last good one. One CPU thread everywhere:
+float sums in one fixed order, so bit-identical compares like with like."""
 
 from __future__ import annotations
 
@@ -105,24 +100,13 @@ def test_interrupted_run_resumes_bit_identical(
     assert ckpt.load_checkpoint(tmp_path / "checkpoint.pt")["step"] == stop_after
     summary = run(tmp_path, resume="auto")
     assert_same_run(tmp_path, reference)
-    assert (
-        summary["test_accuracy"]
-        == json.loads((reference / "summary.json").read_text())["test_accuracy"]
-    )
+    want = json.loads((reference / "summary.json").read_text())
+    assert summary["test_accuracy"] == want["test_accuracy"]
 
 
-KILLED = dict(
-    model="mlp",
-    epochs=2,
-    batch_size=16,
-    lr=0.05,
-    augment="crop=2",
-    limit_train=2048,
-    limit_test=1000,
-    device="cpu",
-    checkpoint_every=20,
-    progress=False,
-)  # 128 steps an epoch: long enough to be killed mid-run
+# TINY at 128 steps an epoch: long enough to be killed mid-run
+KILLED = dict(TINY, batch_size=16, limit_train=2048, limit_test=1000, checkpoint_every=20)
+del KILLED["log_every"]
 
 
 def _cli(out: Path, *extra: str) -> list[str]:
@@ -313,18 +297,9 @@ def test_checkpoint_is_plain_data_with_everything_for_resume(reference):
     keys = "model optimizer scheduler epoch step loader rng config world_size history best_accuracy"
     for key in keys.split():
         assert key in raw, key
-    assert raw["config"] == asdict(
-        TrainConfig(
-            **{
-                **TINY,
-                "output_dir": str(reference),
-                "label_smoothing": 0.0,
-                "amp": False,
-                "channels_last": True,
-                "preset": "gray",
-            }
-        )
-    )
+    resolved = dict(label_smoothing=0.0, amp=False, channels_last=True, preset="gray")
+    config = TrainConfig(**{**TINY, "output_dir": str(reference), **resolved})
+    assert raw["config"] == asdict(config)
     assert raw["loader"]["epoch"] == 2 and raw["loader"]["position"] == 0 and raw["step"] == 20
     assert not any(k.startswith("module.") for k in raw["model"])
     best = ckpt.load_checkpoint(reference / "best.pt")

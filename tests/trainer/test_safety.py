@@ -1,12 +1,6 @@
-"""Never lose a user's data, never show a traceback (issue 12):
-the output folder of a run (one run at a time, a previous run never silently replaced,
-unwritable places), the data fingerprint in the resume identity, full disks on a real tmpfs,
-temporary files of killed saves, every argument and API input checked before work starts,
-messages that never advise loading untrusted code, and Ctrl-C at any moment.
-
-Full and read-only filesystems are real: a small tmpfs (root only; skipped with the reason
-where mounting is refused) that is unmounted again in a ``finally``.
-"""
+"""Never lose a user's data, never show a traceback (issue 12): the output folder, the data
+fingerprint, full and read-only disks (a real small tmpfs: root only, else skipped with the
+reason), killed saves, every input checked before work starts, and Ctrl-C at any moment."""
 
 from __future__ import annotations
 
@@ -28,6 +22,7 @@ import _helpers
 import numpy as np
 import pytest
 import torch
+from _helpers import held, one_line_error, tmpfs
 
 from latecast.data import from_arrays
 from latecast.errors import CheckpointError, ConfigError, FormatError
@@ -46,50 +41,11 @@ TINY = "--model mlp --epochs 1 -b 128 --limit-train 256 --limit-test 128 --devic
 TINY = TINY.split()
 
 
-def one_line_error(proc, *mentions: str) -> str:
-    """The run failed with exit code 1 and exactly one line on stderr naming ``mentions``."""
-    assert proc.rc == 1, proc.out + proc.err
-    lines = proc.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("latecast: error: "), proc.err
-    assert "Traceback" not in proc.err + proc.out and "internal error" not in proc.err
-    for text in mentions:
-        assert text in lines[0], (text, lines[0])
-    return lines[0]
-
-
 tree = partial(_helpers.tree, skip=(LOCK,))  # the run lock's record of who held it last aside
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: str):
-    """A real tmpfs of ``size`` mounted at ``path`` for the block; skipped where not allowed."""
-    path.mkdir(parents=True, exist_ok=True)
-    try:
-        mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]
-        proc = subprocess.run(mount, capture_output=True, text=True)
-    except FileNotFoundError:
-        pytest.skip("no mount command here: cannot make a real small filesystem")
-    if proc.returncode:
-        pytest.skip(f"cannot mount a tmpfs (needs root): {proc.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 def read_only(path: Path) -> None:
     subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True)
-
-
-def holder(out: Path) -> subprocess.Popen:
-    """Another process holding ``out`` the way a run does (``rundir.claim``), until killed."""
-    code = (
-        "import sys, time\nfrom latecast.trainer.rundir import claim\n"
-        "with claim(sys.argv[1], None, False):\n    print('held', flush=True)\n    time.sleep(600)"
-    )
-    proc = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=PIPE, text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
 
 
 def started(*argv, env: dict | None = None, **kwargs) -> subprocess.Popen:
@@ -111,15 +67,11 @@ def test_a_held_folder_is_refused_naming_the_other_run_and_a_dead_holder_does_no
     tmp_path, run_cli
 ):
     out = tmp_path / "run"
-    other = holder(out)
-    try:
+    with held(out) as other:
         for extra in ([], ["--check"], ["--resume", "auto"], ["--overwrite"]):
             proc = run_cli("train", *TINY, "--output-dir", out, *extra)
             one_line_error(proc, str(out), "in use by another latecast run", f"pid {other.pid}")
         assert sorted(p.name for p in out.iterdir()) == [LOCK]  # nothing else written
-    finally:
-        other.send_signal(signal.SIGKILL)
-        other.wait(30)
     assert (out / LOCK).read_text().startswith(f"latecast run: pid {other.pid}")  # stale file
     rc, summary = run_cli("train", *TINY, "--output-dir", out, "--json")
     assert rc == 0 and summary["step"] == 2
@@ -128,9 +80,7 @@ def test_a_held_folder_is_refused_naming_the_other_run_and_a_dead_holder_does_no
 
 def test_two_runs_started_at_once_into_one_folder_never_both_run(tmp_path, run_cli):
     """The folder is held before any data loads: a second run started while the first loads
-    its data (stopped there, ``LATECAST_STOP_AT``) is refused naming it, instead of passing
-    the check, training, and having its finished run replaced (``--resume auto`` found no
-    checkpoint yet in either) by the first."""
+    (stopped there) is refused, not trained and then replaced by the first."""
     out, args = tmp_path / "run", [*TINY, "--resume", "auto"]
     stop = {"LATECAST_STOP_AT": "data:STOP"}
     first = started("train", *args, "--output-dir", out, "--json", stdout=PIPE, text=True, env=stop)
@@ -148,19 +98,14 @@ def test_two_runs_started_at_once_into_one_folder_never_both_run(tmp_path, run_c
 
 @pytest.mark.slow
 def test_under_torchrun_a_held_folder_is_refused_by_rank_0(tmp_path):
-    """Rank 0 alone locks the folder (that rank 1 does not fight it is seen by every run of
-    test_distributed.py); here another run holds it, and the job stops before training."""
+    """Rank 0 alone locks the folder; another run holds it: the job stops before training."""
     out = tmp_path / "held"
-    other = holder(out)
-    try:
+    with held(out) as other:
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
             + ["--monitor-interval=0.1", "-m", "latecast", "train", *TINY, "--output-dir", out],
             capture_output=True, text=True, timeout=180,
         )  # fmt: skip
-    finally:
-        other.send_signal(signal.SIGKILL)
-        other.wait(30)
     assert proc.returncode != 0
     assert proc.stderr.count(f"in use by another latecast run (pid {other.pid}") == 1, proc.stderr
     assert "epoch 1/1" not in proc.stdout and sorted(os.listdir(out)) == [LOCK]
@@ -242,9 +187,8 @@ STAGES = {"aside": "aside", "new config": "config", "new checkpoint": "checkpoin
 
 
 def test_a_replacement_stopped_while_moving_the_files_aside_is_put_back(tmp_path, run_cli):
-    """``kill -9`` between two of ``--overwrite``'s moves (each an ``os.replace``, too quick
-    to stop a real process in between) leaves some of the previous run's files in the
-    folder and some in ``.latecast-replacing``: the next run puts every one back."""
+    """``kill -9`` between two of ``--overwrite``'s ``os.replace`` moves (made here, too quick
+    to stop a real process between): the next run puts every file back."""
     out = tmp_path / "run"
     assert run_cli("train", *TINY, "--output-dir", out).rc == 0
     previous = run_files(out)
@@ -259,9 +203,8 @@ def test_a_replacement_stopped_while_moving_the_files_aside_is_put_back(tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["set-up", "aside", "new config", "new checkpoint", "finished"])
 def test_overwrite_killed_at_any_stage_leaves_one_whole_run(stage, tmp_path, run_cli):
-    """A real ``python -m latecast train --overwrite`` stopped when each stage is seen, then
-    ``kill -9``: the folder holds the previous run byte for byte or the new one with its
-    checkpoint; the next run says which and goes on from it."""
+    """A real ``train --overwrite`` stopped at each stage, then ``kill -9``: the previous run
+    byte for byte or the new one with its checkpoint; the next run says which, goes on."""
     out = tmp_path / "run"
     assert run_cli("train", *TINY, "--output-dir", out).rc == 0  # lr 0.1: the gray preset's
     (out / "notes.txt").write_text("mine")
@@ -335,8 +278,7 @@ def fill(disk: Path, leave: int) -> None:
 
 
 def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_and_no_temp(tmp_path, run_cli):
-    """Room for checkpoint.pt and best.pt but not for a third file of their size: the save
-    after epoch 2 runs out of space (a real ENOSPC on a tmpfs)."""
+    """Room for two checkpoints, not a third: epoch 2's save gets a real ENOSPC (tmpfs)."""
     assert run_cli("train", *TINY, "--output-dir", tmp_path / "sized").rc == 0
     size = (tmp_path / "sized" / "checkpoint.pt").stat().st_size
     with tmpfs(tmp_path / "disk", f"{4 * size // 1024 + 1024}k") as disk:
@@ -447,12 +389,6 @@ def test_fingerprint_is_the_same_in_another_process_and_follows_content(tmp_path
     assert fingerprint(copy) == fingerprint(replace(ds, digest=""))  # no SHA-256: sampled
 
 
-def test_a_store_remade_with_one_image_mirrored_has_another_fingerprint(tmp_path):
-    stores = [mnist_store(tmp_path / "a"), mnist_store(tmp_path / "b", mirror=100)]
-    prints = [fingerprint(open_store(s, "train")) for s in stores]
-    assert prints[0] != prints[1]
-
-
 # -- every argument and API input checked before work starts -----------------
 
 
@@ -480,8 +416,7 @@ def test_bad_values_are_refused_before_any_work(flags, mentions, tmp_path, run_c
      (["--order", f"block:{2**63}:1"], 1)],
 )  # fmt: skip
 def test_what_check_accepts_does_not_fail_at_the_first_step(flags, rc, tmp_path, run_cli):
-    """``--check`` runs the run's own set-up, which makes the first step's data in miniature
-    (order, augment, normalize, mix): both say yes, or both refuse before anything is written."""
+    """``--check`` makes the first step's data in miniature: both say yes, or both refuse."""
     out = tmp_path / "run"
     checked = run_cli("train", *TINY, *flags, "--output-dir", out, "--check")
     ran = run_cli("train", *TINY, *flags, "--output-dir", out)
@@ -662,9 +597,8 @@ SAVING = [*TINY, "--limit-train", "512", "--checkpoint-every", "1"]
     ],
 )
 def test_ctrl_c_at_any_moment_is_one_line_and_exit_130(point, saved, tmp_path):
-    """SIGINT to a real ``python -m latecast train`` while torch is still importing, and
-    (sent by itself, ``LATECAST_STOP_AT``) at each named moment of a run: one line, exit 130,
-    the last checkpoint whole and no temporary file left."""
+    """SIGINT to a real ``train`` while torch imports and at each named moment (sent by
+    itself): one line, exit 130, the last checkpoint whole, no temporary file left."""
     if point == "importing" and not Path("/proc/self/maps").exists():
         pytest.skip("needs /proc to see when torch is being imported")
     out = tmp_path / "run"

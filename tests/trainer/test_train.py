@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _helpers import one_line_error
 
 import latecast
 from latecast.errors import ConfigError
@@ -94,13 +95,6 @@ def _data_root(tmp_path: Path) -> Path:
     return root
 
 
-def _one_line_error(proc, mentions: str) -> None:
-    assert proc.rc == 1, proc.out + proc.err
-    lines = proc.err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.err, proc.err
-    assert mentions in lines[0]
-
-
 @pytest.mark.parametrize("fault", ["missing", "truncated", "wrong-role", "html"])
 def test_bad_data_root_gives_one_line_naming_the_file(fault, tmp_path, run_cli):
     root = _data_root(tmp_path)
@@ -115,7 +109,7 @@ def test_bad_data_root_gives_one_line_naming_the_file(fault, tmp_path, run_cli):
         target.write_bytes(b"<!DOCTYPE html><html>Not found</html>")
     argv = ["--data-root", root, "--epochs", "1", "--device", "cpu"]
     proc = run_cli("train", *argv, "--output-dir", tmp_path / "out", process=True)
-    _one_line_error(proc, "train-labels-idx1-ubyte")
+    one_line_error(proc, "train-labels-idx1-ubyte")
 
 
 def test_data_root_with_good_files_trains(tmp_path, run_cli):
@@ -126,7 +120,7 @@ def test_data_root_with_good_files_trains(tmp_path, run_cli):
 
 def test_unknown_dataset_lists_valid_names(tmp_path, run_cli):
     proc = run_cli("train", "imagenet-22k", "--output-dir", tmp_path)
-    _one_line_error(proc, "imagenet-22k")
+    one_line_error(proc, "imagenet-22k")
     assert "mnist" in proc.err
 
 

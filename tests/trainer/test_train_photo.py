@@ -34,19 +34,8 @@ def test_photo_store_trains_with_the_photo_preset(tmp_path, run_cli):
             Image.fromarray(img).save(folder / f"{k}.png")
     assert run_cli("convert", tmp_path / "photos", tmp_path / "store").rc == 0
     out = tmp_path / "run"
-    rc, result = run_cli(
-        "train",
-        tmp_path / "store",
-        "--epochs",
-        "1",
-        "-b",
-        "8",
-        "--device",
-        "cpu",
-        "--output-dir",
-        out,
-        "--json",
-    )
+    argv = ["--epochs", "1", "-b", "8", "--device", "cpu", "--output-dir", out, "--json"]
+    rc, result = run_cli("train", tmp_path / "store", *argv)
     config = json.loads((out / "config.json").read_text())
     assert rc == 0 and 0 <= result["test_accuracy"] <= 1
     assert config["preset"] == "photo" and config["augment"] == "resized_crop=0.35,flip"
@@ -121,9 +110,7 @@ def test_a_jpeg_store_trains_saves_and_its_content_is_the_resume_identity(tmp_pa
     out = tmp_path / "run"
     rc, result = run_cli("train", tmp_path / "store", *flags, "--output-dir", out, "--json")
     assert rc == 0 and result["transfer"] == "jpeg" and (out / "checkpoint.pt").is_file()
-    assert (
-        run_cli("train", tmp_path / "store", *flags, "--output-dir", out, "--resume", "auto").rc
-        == 0
-    )
+    resumed = run_cli("train", tmp_path / "store", *flags, "--output-dir", out, "--resume", "auto")
+    assert resumed.rc == 0, resumed.err
     proc = run_cli("train", tmp_path / "other", *flags, "--output-dir", out, "--resume", "auto")
     assert proc.rc == 1 and "data_fingerprint" in proc.err

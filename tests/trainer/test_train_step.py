@@ -1,12 +1,11 @@
-"""Static batches (same shape, same storage every step), the fused normalize, the training
-step compiled (--compile) and graph-captured (--graph: CUDA only, refused elsewhere), and
-the clock: on the CPU. The CUDA halves are in test_gpu.py."""
+"""Static batches, the fused normalize, --compile and --graph (CUDA only, refused here), the
+clock, on the CPU (the CUDA halves: test_gpu.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from _helpers import small
+from _helpers import one_line_error, small
 
 import latecast
 from latecast.errors import ConfigError
@@ -21,9 +20,8 @@ AUG = latecast.Augment(crop=2, flip=0.5, cutout=3, fill="reflect")
 
 @pytest.mark.parametrize("transfer", list(MOVERS))
 def test_static_batches_are_one_storage_and_equal_the_ordinary_loader(transfer):
-    """Two epochs with augmentation: the static loader's outputs live in the same two
-    buffers every step and hold exactly what the ordinary loader (dropping its partial last
-    batch) yields for the same seed: same order, same augmentation draws, same normalize."""
+    """Two augmented epochs: the static loader's two buffers hold exactly what the ordinary
+    loader (its last partial batch dropped) yields for the same seed."""
     ds = small(shape=(8, 8, 3))
     kw = dict(device="cpu", transfer=transfer, seed=5, augment=AUG, channels_last=True)
     ordinary = Loader(ds, 64, drop_last=True, **kw)
@@ -114,26 +112,19 @@ def test_normalize_is_one_op_into_a_given_buffer():
 
 def test_graph_is_refused_on_the_cpu_in_one_line(tmp_path, run_cli):
     proc = run_cli("train", "--graph", "--device", "cpu", "--output-dir", tmp_path / "g")
-    assert proc.rc == 1, proc.out + proc.err
-    lines = proc.err.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.err
-    assert "--graph" in lines[0] and "CUDA" in lines[0] and "cpu" in lines[0]
+    one_line_error(proc, "--graph", "CUDA", "cpu")
     assert not (tmp_path / "g").exists()  # refused before anything was written
 
 
 def test_a_batch_larger_than_the_training_split_is_refused(tmp_path):
+    out = str(tmp_path)
+    config = TrainConfig(
+        model="mlp", limit_train=500, batch_size=1024, device="cpu", output_dir=out
+    )
     with pytest.raises(
         ConfigError, match="batch_size 1024 is larger than the 500 training samples"
     ):
-        train(
-            TrainConfig(
-                model="mlp",
-                limit_train=500,
-                batch_size=1024,
-                device="cpu",
-                output_dir=str(tmp_path),
-            )
-        )
+        train(config)
 
 
 def test_clock_and_startup_are_reported_apart(tmp_path, run_cli):
@@ -174,10 +165,8 @@ def test_compiled_training_on_the_cpu_matches_eager(tmp_path, run_cli):
 
 
 def test_the_graphed_step_body_trains_like_train_step(monkeypatch):
-    """What ``--graph`` captures, run eagerly on the CPU: staged batch, ``fill``, loss,
-    backward and ``nesterov_sgd`` (device learning rate, zero-started momentum buffers in the
-    optimizer's state) follow ``train_step`` with ``torch.optim.SGD`` within float rounding,
-    schedule included, over more than one epoch."""
+    """What ``--graph`` captures, run eagerly (``fill``, ``nesterov_sgd``), follows
+    ``train_step`` with ``torch.optim.SGD`` within rounding, schedule included."""
     from latecast.trainer import graphed
     from latecast.trainer.loop import model_and_optimizer, resolve_config, train_step
 
