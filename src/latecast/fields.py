@@ -283,6 +283,18 @@ def layout_of(name: Name, what: str, shape: tuple, counts: tuple, fix: str) -> s
     return "NCHW" if ends == [1] else "NHWC"
 
 
+def one_size(name: Name, sizes: list, what: str, kind: str) -> tuple[int, int]:
+    """The one ``(H, W)`` of a batch's ``sizes``, else one BatchError naming field ``name``
+    (``what`` it holds) and the declaration of ``kind`` that gives the size out."""
+    if len(set(sizes)) == 1:
+        return sizes[0]
+    some = ", ".join(f"{h}x{w}" for h, w in sorted(set(sizes))[:3])
+    raise BatchError(
+        f"field {name!r}: {what} of {len(set(sizes))} sizes ({some}, ...): declare the size "
+        f"out, fields={{{name!r}: latecast.{kind}(size=(H, W))}}"
+    )
+
+
 def check_channels(name: Name, channels: int, means: int, where: str = "", hint: str = ""):
     """A BatchError naming field ``name`` (``where``: its layout and shape) when its
     ``channels`` do not take ``means`` mean/std values: one, or one a channel."""

@@ -313,6 +313,12 @@ def test_a_bad_file_is_one_error_naming_the_field_and_the_clip(what):
         clips([good, make()], frames=4, **options)
 
 
+def test_clips_of_two_sizes_and_no_size_declared_are_one_error_asking_for_it():
+    other = encode("libvpx-vp9", "webm", w=47, h=33, frames=6)
+    with pytest.raises(BatchError, match=r"field 0: clips of 2 sizes \(33x47, 48x64.*video\("):
+        clips([encode(frames=6), other], frames=4)
+
+
 def test_resize_is_torchvisions_then_the_crop_is_the_clip_kinds():
     """``resize=`` is v2's Resize (an int the shorter side, or (H, W); antialias or not), then
     ``size`` cropped as ``latecast.clip`` crops: the centre without an Augment, under one a

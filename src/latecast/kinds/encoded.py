@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import BatchError, check, numbers_of, refuse
-from ..fields import Context, Field, Name, Planning, check_channels
+from ..fields import Context, Field, Name, Planning, check_channels, one_size
 from ..threads import count, pool
 from ..transforms import crop_into
 from .jpeg import files_of
@@ -79,13 +79,7 @@ class VideoSpec:
         heads = list((pool(threads).map if threads > 1 else map)(work, where, files, u))
         sizes = torch.tensor([h.size for h in heads], dtype=torch.int64)
         framed = [resized(h.size, self.resize) if self.resize else h.size for h in heads]
-        size = self.size or (framed[0] if len(set(framed)) == 1 else None)
-        if size is None:
-            some = ", ".join(f"{h}x{w}" for h, w in sorted(set(framed))[:3])
-            raise BatchError(
-                f"field {name!r}: clips of {len(set(framed))} frame sizes ({some}, ...): "
-                f"declare the size out, fields={{{name!r}: latecast.video(size=(H, W))}}"
-            )
+        size = self.size or one_size(name, framed, "clips", "video")
         small = [i for i, (h, w) in enumerate(framed) if h < size[0] or w < size[1]]
         if self.resize and small:
             i, (h, w) = small[0], framed[small[0]]

@@ -21,7 +21,7 @@ import torch
 
 from ..data import Split
 from ..errors import BatchError, check, numbers_of, refuse
-from ..fields import Context, Field, Image, Mask, Name, check_channels, normalized
+from ..fields import Context, Field, Image, Mask, Name, check_channels, normalized, one_size
 from ..movers import Stored
 from ..threads import count, pool
 from ..transforms import INTERPOLATIONS
@@ -59,13 +59,7 @@ class JpegSpec:
         no_jpeg = [i for i, h in enumerate(heads) if h is None]
         decoded = {i: host_decode(name, i, files[i], channels) for i in no_jpeg}
         sizes = [tuple(decoded[i].shape[1:]) if h is None else h[:2] for i, h in enumerate(heads)]
-        size = self.size or (sizes[0] if len(set(sizes)) == 1 else None)
-        if size is None:
-            some = ", ".join(f"{h}x{w}" for h, w in sorted(set(sizes))[:3])
-            raise BatchError(
-                f"field {name!r}: JPEG files of {len(set(sizes))} sizes ({some}, ...): declare "
-                f"the training size, fields={{{name!r}: latecast.jpeg(size=(H, W))}}"
-            )
+        size = self.size or one_size(name, sizes, "JPEG files", "jpeg")
         check_channels(name, channels, len(options.mean or (0,)))
         kept = [f[:0] if i in decoded else f for i, f in enumerate(files)]  # of its own type
         sizes = torch.from_numpy(np.array(sizes, dtype=np.int64).reshape(-1, 2))
