@@ -4,8 +4,9 @@
 # the checkout (PYTHONPATH=src), installs nothing, and within $TOTAL_BUDGET seconds (7.5 min)
 # runs, most important first:
 #   1. the gpu-marked tests             (pytest -m gpu: the captured step equals the eager one;
-#                                        video files: YUV planes made RGB on CUDA, and NVDEC
-#                                        through TorchCodec where PyAV and TorchCodec import)
+#                                        video files: random YUV planes made RGB on CUDA as
+#                                        on the CPU; files, and NVDEC through TorchCodec, only
+#                                        where PyAV and TorchCodec import: not on a bare machine)
 #   1b. photos streamed                 (bench's WebDataset rows: PIL + torchvision in the
 #                                        workers vs wrap decoding the JPEGs on the device)
 #   2. time to 99% on MNIST, --graph    (one warm-up run, then the median of $SEEDS seeds)

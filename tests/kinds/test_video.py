@@ -387,3 +387,28 @@ def test_the_bytes_saved_are_4x_at_the_same_size_and_2_29x_against_the_reference
     fields = (ROOT / "docs" / "dataloader.md").read_text()
     row = next(line for line in fields.splitlines() if line.startswith("| video clips"))
     assert "2.29x" in row and "a quarter of the float32 frames at the same size" in row
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "bits, h, w, full, left, matrix",
+    [(8, 48, 64, False, True, 5), (8, 33, 47, True, False, 1), (10, 33, 47, False, True, 1)],
+)
+def test_yuv_planes_made_rgb_on_cuda_equal_the_cpus(bits, h, w, full, left, matrix):
+    """``latecast.video``'s device half without a decoder (the GPU machine has no PyAV to make
+    files): random 4:2:0 planes, 8 and 10 bits, odd sizes, either range, BT.601 and 709, made
+    RGB on CUDA as on the CPU (float32 either side: at most a level apart where a value
+    rounds on its half)."""
+    from latecast.kinds.encoded import BT601, MATRICES, VideoPlanes, _Clip
+
+    g = torch.Generator().manual_seed(bits + h)
+    top = 2**bits
+    half = ((h + 1) // 2, (w + 1) // 2)
+    planes = [torch.randint(0, top, (3, *s), generator=g) for s in [(h, w), half, half]]
+    clip = _Clip((h, w), 3, None, bits=bits, full=full, left=left)
+    clip.matrix = MATRICES.get(matrix, BT601)
+    cpu = VideoPlanes.rgb(planes, clip)
+    cuda = VideoPlanes.rgb([p.cuda() for p in planes], clip).cpu()
+    diff = (cpu.int() - cuda.int()).abs()
+    assert cpu.shape == (3, h, w, 3) and diff.max() <= 1 and diff.float().mean() < 0.01
