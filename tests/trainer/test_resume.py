@@ -176,19 +176,14 @@ def test_resume_refuses_other_world_size_or_data(field, value, tmp_path, one_thr
 # -- atomic saves -----------------------------------------------------
 
 
+# a checkpoint's keys, each empty (what save_checkpoint and load_checkpoint check)
+STATE = dict.fromkeys(["model", "optimizer", "scheduler", "loader", "rng", "config"], {})
+STATE.update(step=0, world_size=1, data_fingerprint="0" * 16)
+
+
 def test_failed_save_keeps_previous_checkpoint(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
-    good = {
-        "model": {"w": torch.arange(4.0)},
-        "optimizer": {},
-        "scheduler": {},
-        "step": 1,
-        "loader": {},
-        "rng": {},
-        "config": {},
-        "world_size": 1,
-        "data_fingerprint": "0" * 16,
-    }
+    good = dict(STATE, model={"w": torch.arange(4.0)}, step=1)
     ckpt.save_checkpoint(path, good)
 
     def torn_save(obj, f):
@@ -230,17 +225,7 @@ def test_kill9_during_saves_leaves_a_loadable_checkpoint(save, tmp_path):
 
 
 def _corrupt(path: Path, kind: str) -> None:
-    good = {
-        "model": {},
-        "optimizer": {},
-        "scheduler": {},
-        "step": 0,
-        "loader": {},
-        "rng": {},
-        "config": {},
-        "world_size": 1,
-        "data_fingerprint": "0" * 16,
-    }
+    good = STATE
     ckpt.save_checkpoint(path, good)
     data = path.read_bytes()
     if kind == "empty":
