@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import itertools
 import re
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -391,3 +392,13 @@ def test_on_cuda_clips_are_the_cpus_and_nvdec_decodes_the_frames_the_host_would(
     files, stats = run("cuda", None)  # the default where NVDEC decodes
     assert stats.image_bytes == 2 * len(data) and stats.decoder == "torchcodec nvdec"
     assert grey_levels(files, planes).mean() < 2
+
+
+def test_without_pyav_a_video_declaration_is_one_config_error_naming_the_extra(monkeypatch):
+    """Where PyAV is not installed (None in sys.modules: its import fails, as it does there),
+    the declaration says what to install, not a ModuleNotFoundError at the first batch."""
+    monkeypatch.setitem(sys.modules, "av", None)
+    with pytest.raises(
+        ConfigError, match=r"^latecast.video .*PyAV: pip install 'latecast\[video\]'"
+    ):
+        latecast.video(4)

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import BatchError, check, numbers_of, refuse
+from ..errors import BatchError, ConfigError, check, numbers_of, refuse
 from ..fields import Context, Field, Name, Planning, check_channels, one_size
 from ..threads import count, pool
 from ..transforms import crop_into
@@ -554,4 +554,10 @@ def video(
     pad = check(pad, "latecast.video(pad=...)", bool)
     antialias = check(antialias, "latecast.video(antialias=...)", bool)
     resize = to if resize is None or len(to) == 2 else to[0]
+    try:
+        import av  # noqa: F401  (the host reads every file with it, NVDEC or not)
+    except ImportError:
+        raise ConfigError(
+            "latecast.video reads video files with PyAV: pip install 'latecast[video]'"
+        ) from None
     return VideoSpec(frames, hw, step, start, out, pad, max_pixels, nvdec, resize, antialias)
