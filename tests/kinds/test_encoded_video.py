@@ -402,3 +402,23 @@ def test_without_pyav_a_video_declaration_is_one_config_error_naming_the_extra(m
         ConfigError, match=r"^latecast.video .*PyAV: pip install 'latecast\[video\]'"
     ):
         latecast.video(4)
+
+
+def test_the_same_clips_through_wrap_a_mover_and_the_lightning_hook_under_a_trainer():
+    """The starts (drawn as each batch is sent) and the flips are the batch's draws on every
+    way in: ``wrap``, a ``Mover`` called per batch and ``PrepareOnDevice`` under a real
+    ``Trainer`` give the same clips."""
+    from _helpers import hooked_fit
+    from torch.utils.data import DataLoader
+
+    data = encode(frames=12)
+    batches = [([data, data, data],), ([data, data, data],)]
+    fields = {0: latecast.video(4, size=24)}
+    options = dict(mean=MEAN, std=STD, augment=latecast.Augment(flip=0.5), seed=3, fields=fields)
+    want = [x for (x,) in latecast.wrap(batches, device="cpu", **options)]
+    mover = latecast.Mover(device="cpu", **options)
+    loader = DataLoader(batches, batch_size=None)  # each batch as it is
+    seen = hooked_fit(loader, trainer=dict(max_steps=2), **options).trained
+    assert len(seen) == len(want) == 2 and not torch.equal(want[0], want[1])  # drawn per batch
+    for x, (moved,), (hooked,) in zip(want, map(mover, batches), seen):
+        assert torch.equal(x, moved) and torch.equal(x, hooked)
