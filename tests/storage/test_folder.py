@@ -170,3 +170,24 @@ def test_a_batch_read_as_one_buffer_gives_the_batches_of_one_read_a_sample(tmp_p
     (tmp_path / "b" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
     with pytest.raises(FormatError, match=re.escape(f"{tmp_path / 'b' / 'gone.jpg'}: cannot read")):
         list(DataLoader(latecast.jpeg_folder(tmp_path), 4, num_workers=2))
+
+
+def test_a_batch_read_as_one_buffer_moves_alike_through_wrap_a_mover_and_the_lightning_hook(
+    tmp_path,
+):
+    """The ``Files`` batch is recognised by the one ``plan`` on every way in: ``wrap``, a
+    ``Mover`` and ``PrepareOnDevice`` under a real ``Trainer`` give the same batches, plain
+    lists (a list type of the worker pipe's, kept, broke Lightning's clone of the batch)."""
+    from _helpers import hooked_fit
+
+    for i in range(8):
+        (tmp_path / "ab"[i % 2]).mkdir(exist_ok=True)
+        (tmp_path / "ab"[i % 2] / f"{i}.jpg").write_bytes(jpeg_bytes(smooth(12, 12, i)))
+    loader = DataLoader(latecast.jpeg_folder(tmp_path), 4)  # in order: the same batches
+    aug = latecast.Augment(crop=2, flip=0.5)
+    want = list(latecast.wrap(loader, device="cpu", augment=aug))
+    seen = hooked_fit(loader, trainer=dict(max_steps=2), augment=aug).trained
+    mover = latecast.Mover(device="cpu", augment=aug)
+    assert len(want) == len(seen) == 2 and all(type(b) is list for b in want)  # as collated
+    for ref, hooked, moved in zip(want, seen, map(mover, loader)):
+        assert all(map(torch.equal, ref, hooked)) and all(map(torch.equal, ref, moved))

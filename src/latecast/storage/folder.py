@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.data import default_collate
+from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import default_collate_fn_map
 
 from ..errors import FormatError
@@ -71,7 +71,8 @@ class Sample(tuple):
 
 class Samples(Sequence):
     """A batch's ``(bytes, label)`` samples, read together; the DataLoader's default collate
-    makes them a ``Batch`` (``collate``), any other ``collate_fn`` is given them as they are."""
+    makes them ``[Files, labels]`` (``collate``), any other ``collate_fn`` is given them as
+    they are."""
 
     def __init__(self, files: list[bytes], labels: list[int], paths: list[str]) -> None:
         self.files, self.labels, self.paths = files, labels, paths
@@ -85,33 +86,31 @@ class Samples(Sequence):
         return Sample((self.files[i], self.labels[i]))
 
 
-class Batch(list):
-    """``[Files, int64 labels]``, a ``jpeg_folder`` batch collated. It crosses a worker pipe
-    by value (arrays and the paths): a tensor would cross as shared memory passed by a file
-    descriptor, one more round trip to the worker a batch, which costs more CPU than the
-    copies it saves (``benchmarks/jpeg_folder_read.py``)."""
+class ByValue(list):
+    """``[Files, int64 labels]`` as a worker sends it: across the pipe by value (arrays and
+    the paths), a plain list on the other side. A tensor would cross as shared memory passed
+    by a file descriptor, one more round trip to the worker a batch, which costs more CPU
+    than the copies it saves (``benchmarks/jpeg_folder_read.py``)."""
 
     def __reduce__(self):
         files, labels = self
-        return _batch, (files.data.numpy(), files.offsets, labels.numpy(), files.names)
-
-    def __copy__(self) -> Batch:  # the DataLoader's pin_memory copies the batch it pins
-        return Batch(self)
+        return _received, (files.data.numpy(), files.offsets, labels.numpy(), files.names)
 
 
-def _batch(data: np.ndarray, offsets: list[int], labels: np.ndarray, names: list) -> Batch:
-    return Batch([Files(torch.from_numpy(data), offsets, names), torch.from_numpy(labels)])
+def _received(data: np.ndarray, offsets: list[int], labels: np.ndarray, names: list) -> list:
+    return [Files(torch.from_numpy(data), offsets, names), torch.from_numpy(labels)]
 
 
 def collate(samples: Sequence, *, collate_fn_map: dict | None = None) -> list:
-    """``default_collate`` of ``Samples``: one ``Batch``, the files joined; of any other list
-    of ``Sample``, the collate of tuples (``[files, labels]``, as before the batch read)."""
+    """``default_collate`` of ``Samples``: ``[Files, int64 labels]``, the files joined; of any
+    other list of ``Sample``, the collate of tuples (``[files, labels]``, as before)."""
     if not isinstance(samples, Samples):
         return default_collate([tuple(s) for s in samples])
     data = np.frombuffer(bytearray().join(samples.files), np.uint8)
     offsets = list(itertools.accumulate(map(len, samples.files), initial=0))
     names = list(map(_shown, samples.paths))  # a file that does not decode: named by its path
-    return _batch(data, offsets, np.array(samples.labels, np.int64), names)
+    batch = [Files(torch.from_numpy(data), offsets, names), torch.tensor(samples.labels)]
+    return ByValue(batch) if get_worker_info() else batch  # in the main process: no pipe
 
 
 default_collate_fn_map[Sample] = collate  # as torch's collate docs extend default_collate
