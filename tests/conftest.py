@@ -35,6 +35,13 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, (os.environ.get("PYTHONP
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# The Ray tests start Ray themselves (ray.init) and stop it mid-iteration (doctor's --steps).
+# Ray Data's prefetch threads outlive ray.shutdown() on a busy machine, and their next call
+# would start a new local Ray from that thread; its GCS dies with the thread, and 60 s later
+# Ray's core worker ends the whole process with exit 1, silently (an xdist worker "node
+# down" in whatever test it runs then). Without auto-connect that call raises in its thread.
+os.environ.setdefault("RAY_ENABLE_AUTO_CONNECT", "0")
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _latecast_env(tmp_path_factory):
