@@ -20,8 +20,6 @@ from .errors import ConfigError, DeviceError
 from .fields import Field
 from .transfer import Ring, TransferStats, ahead, pack, uint8_bytes, unpack
 
-_HOST = torch.device("cpu")
-
 
 class Stored:
     """A Loader's mover, ``uint8``: each batch moved as it is stored and finished on the device;

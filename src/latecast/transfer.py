@@ -17,8 +17,6 @@ from torch.profiler import record_function
 from .data import Dataset, Split
 from .fields import Field
 
-_HOST = torch.device("cpu")
-
 
 @dataclass
 class TransferStats:

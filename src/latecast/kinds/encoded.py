@@ -73,7 +73,7 @@ class VideoSpec:
         u = torch.rand(len(files), generator=at.generator, dtype=torch.float64).tolist()
         nvdec = self.nvdec if self.nvdec is not None else _nvdec(at.device)
 
-        where = [_Source(name, i, value) for i in range(len(files))]
+        where = [_source(name, i, value) for i in range(len(files))]
         work = functools.partial(self._picked, nvdec=nvdec)
         threads = min(count(), len(files))  # PyAV decodes without the GIL: a clip a thread
         heads = list((pool(threads).map if threads > 1 else map)(work, where, files, u))
@@ -95,7 +95,7 @@ class VideoSpec:
         """This declaration for evaluation: the centre frames, nothing drawn."""
         return replace(self, start="centre" if self.start == "random" else self.start)
 
-    def _picked(self, at: _Source, data: np.ndarray | bytes, u: float, nvdec: bool) -> _Clip:
+    def _picked(self, at: str, data: np.ndarray | bytes, u: float, nvdec: bool) -> _Clip:
         """Clip ``at``'s header checked, its frames picked (``u``: its draw in [0, 1)) and,
         unless the device decodes it, decoded to its planes."""
         import av
@@ -111,7 +111,7 @@ class VideoSpec:
             raise BatchError(f"{at}: does not decode ({err}); is it a whole video file?") from None
         return clip
 
-    def _demuxed(self, at: _Source, container: Any) -> _Clip:
+    def _demuxed(self, at: str, container: Any) -> _Clip:
         """The stream's header (its size, refused past ``max_pixels`` before any frame is
         decoded) and its packets, read without decoding: how many frames, at one rate."""
         if not container.streams.video:
@@ -138,7 +138,7 @@ class VideoSpec:
         clip.left = stream.codec_context.name in LEFT_SITED
         return clip
 
-    def _indices(self, at: _Source, count: int, u: float) -> list[int]:
+    def _indices(self, at: str, count: int, u: float) -> list[int]:
         """The frames taken: ``frames`` of them ``step`` apart from the start (``u``: its
         draw); a clip too short for them is a BatchError, or with ``pad`` its last frame
         repeated."""
@@ -155,17 +155,12 @@ class VideoSpec:
         return [min(first + self.step * k, count - 1) for k in range(self.frames)]
 
 
-class _Source:
+def _source(name: Name, i: int, value: Any) -> str:
     """Clip ``i`` of field ``name`` in messages (its path, where it came as one)."""
-
-    def __init__(self, name: Name, i: int, value: Any) -> None:
-        item = value[i]
-        path = item.get("path") if isinstance(item, dict) else item
-        path = f" ({os.fspath(path)})" if isinstance(path, (str, os.PathLike)) else ""
-        self.text = f"field {name!r}: the clip at position {i} in the batch{path}"
-
-    def __str__(self) -> str:
-        return self.text
+    item = value[i]
+    path = item.get("path") if isinstance(item, dict) else item
+    path = f" ({os.fspath(path)})" if isinstance(path, (str, os.PathLike)) else ""
+    return f"field {name!r}: the clip at position {i} in the batch{path}"
 
 
 @dataclass
@@ -184,7 +179,7 @@ class _Clip:
     left: bool = False  # chroma sited left (H.264, HEVC: FFmpeg's default for them)
 
 
-def _check_whole(at: _Source, container: Any, stream: Any, packets: list) -> None:
+def _check_whole(at: str, container: Any, stream: Any, packets: list) -> None:
     """A BatchError where the video's packets end more than two frames before the duration
     its header gives (the stream's, else the file's where it holds the video alone)."""
     tb = float(stream.time_base)
@@ -219,12 +214,12 @@ def _paths_read(name: Name, value: Any) -> Any:
             try:
                 item = np.fromfile(os.fspath(item), np.uint8)
             except OSError as err:
-                raise BatchError(f"{_Source(name, i, value)}: {err.strerror}") from None
+                raise BatchError(f"{_source(name, i, value)}: {err.strerror}") from None
         out.append(item)
     return out
 
 
-def _decoded(at: _Source, clip: _Clip, codec: Any) -> np.ndarray:
+def _decoded(at: str, clip: _Clip, codec: Any) -> np.ndarray:
     """The clip's frames ``clip.indices`` decoded by ``codec`` to 4:2:0 planes, flat: each
     frame's Y (H, W) then U and V (ceil(H/2), ceil(W/2)), uint8 or uint16 (deep video); from
     the last keyframe at or before the first frame taken, frames known by their timestamps

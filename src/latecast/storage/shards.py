@@ -451,12 +451,9 @@ def index_path(urls: list[str], spec: str) -> str:
     return posixpath.join(folders.pop(), INDEX)
 
 
-def write_index(
-    spec: str, output: str | None = None, progress: bool = False
-) -> tuple[str, list[dict]]:
+def write_index(spec: str, output: str | None = None) -> tuple[str, list[dict]]:
     """Index the shards of ``spec`` (each read whole) into ``index.json`` beside them (or
-    ``output``), atomically, keeping other shards' entries; ``(where, spec's entries)``.
-    ``progress``: a tqdm bar on a terminal."""
+    ``output``), atomically, keeping other shards' entries; ``(where, spec's entries)``."""
     urls = _expanded(spec)
     path = output or index_path(urls, spec)
     if output is None and path.startswith(("http://", "https://")):
@@ -464,7 +461,7 @@ def write_index(
             f"{spec}: an index cannot be written over HTTP: give --output FILE and upload it "
             f"as {path}"
         )
-    index = _built(spec, urls, _read_json(path, missing_ok=True), progress)
+    index = _built(spec, urls, _read_json(path, missing_ok=True), progress=False)
     _put(path, index)
     entries = {e["url"]: e for e in index["shardlist"]}
     return path, [entries[posixpath.basename(u)] for u in urls]
@@ -594,7 +591,7 @@ def find_index(urls: list[str], spec: str) -> tuple[str, bool]:
     sizes = [shard_size(url) for url in urls]
     # named by where the shards are, not by how they were typed: `shard-*.tar` in two folders
     # is two sets of shards, each with its own index
-    where = [url if "://" in url else os.path.realpath(url) for url in urls]
+    where = [_location(url) for url in urls]
     key = hashlib.sha256(json.dumps([where, sizes]).encode()).hexdigest()[:32]
     cached = str(cache_dir() / "shard-index" / f"{key}.json")
     return cached, os.path.exists(cached)

@@ -143,9 +143,10 @@ def _name(dtype: torch.dtype) -> str:
 
 def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi, stored=False) -> str:
     now, factor = _name(s.dtype), s.dtype.itemsize // then.itemsize
-    if kind == "8-bit image":
+    if kind in ("8-bit image", "video clips"):
         m, sd = (tuple(round(float(x), 4) for x in v) for v in stats)
         norm = f"mean={m}, std={sd}" if any(m) or any(x != 1 for x in sd) else ""
+    if kind == "8-bit image":
         if s.axis is None:  # not an image batch latecast.wrap would recognise
             return f"move it as uint8 and normalize on the device ({norm or 'k/255'}), {factor}x"
         given = f" + `Normalize({norm})`" if norm else ""
@@ -166,8 +167,6 @@ def _change(s: Site, kind: str, then: torch.dtype, stats, lo, hi, stored=False) 
             f"(0: the waveforms' place in the batch)"
         )
     if kind == "video clips":
-        m, sd = (tuple(round(float(x), 4) for x in v) for v in stats)
-        norm = f"mean={m}, std={sd}" if any(m) or any(x != 1 for x in sd) else ""
         layout = LAYOUT.get(s.axis, "auto")
         frames = s.shape[2] if layout == "NCTHW" else s.shape[1]
         out = ', out="NTCHW"' if layout == "NTCHW" else ""
