@@ -60,6 +60,7 @@ def _run(out: Path) -> None:
                 labels += acc.gather_for_metrics(y).tolist()
             got[kind, how] = labels, signals
     torch.save(got, out / f"gather{acc.process_index}.pt")
+    acc.end_training()  # the gloo group alive at exit aborted a rank now and then (busy CPUs)
 
 
 if __name__ == "__main__":
