@@ -61,7 +61,8 @@ class Wrapped(Epochs):
         which seeds a kind's draws on the host too (``Planning``)."""
         leaves, rebuild = split(batch)
         where = where or (self.epoch, self._where[1], self.position)
-        at = Planning(self.prepare.planning(where), self._ring.device)
+        draws = any(getattr(kind, "draws", False) for kind in self.options.kinds.values())
+        at = Planning(self.prepare.planning(where), self._ring.device) if draws else None
         values, plans = plan(self.options, leaves, not self._looked, at)  # look-alikes: once
         self._looked = True
         for f, v in zip(plans, values):
