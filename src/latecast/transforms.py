@@ -481,8 +481,8 @@ class Augment:
             if indices is None:
                 raise ConfigError("altflip needs the samples' dataset indices (Loader passes them)")
             flips = alternating_flip_params(indices.cpu(), epoch, seed).to(device)
-        if boxes is None and crop is not None and bool((sizes != torch.tensor(crop)).any()):
-            spare = (sizes - torch.tensor(crop)).double()  # RandomCrop: each corner uniform
+        spare = None if boxes is not None or crop is None else sizes - torch.tensor(crop)
+        if spare is not None and bool(spare.any()):  # RandomCrop: each corner uniform
             at = (torch.rand(n, 2, generator=host, dtype=torch.float64) * (spare + 1)).long()
             boxes = torch.cat([at, torch.tensor([crop]).expand(n, 2)], 1)
         j = self.jitter
